@@ -1,0 +1,30 @@
+# Two entry points for a fresh machine (see README):
+#   make generate   set up .venv, then run `sagevideo generate` on the built-in tiny model (CPU is fine)
+#   make test       set up .venv, then run the test suite
+#
+# The pins below only apply to this development venv: they take the CPU build of torch and the
+# triton wheel that lie on the CPU machines' disk (an unpinned torch pulls a multi-GB CUDA build).
+# On a GPU machine, run `make test TORCH_PINS=` to keep the torch you have.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_PINS ?= torch==2.13.0 triton==3.8.0
+OUT ?= outputs/demo
+
+.PHONY: generate test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(TORCH_PINS) -e '.[dev]'
+	touch $@
+
+generate: $(VENV)/.installed
+	HF_HUB_OFFLINE=1 $(VENV)/bin/sagevideo generate --out $(OUT)
+
+test: $(VENV)/.installed
+	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) $(OUT)

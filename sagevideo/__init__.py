@@ -1,0 +1,42 @@
+"""sagevideo: fast long-sequence video diffusion with SageAttention-style quantized attention.
+
+The public surface is small and imported lazily: `import sagevideo` loads neither triton,
+diffusers nor ray. Heavy modules load on first use of the name that needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "sageattn": "sagevideo.api.attention",
+    "record_backends": "sagevideo.api.backends",
+    "last_backend": "sagevideo.api.backends",
+    "generate": "sagevideo.api.generate",
+    "install": "sagevideo.pipelines.install",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sagevideo.api.attention import sageattn
+    from sagevideo.api.backends import last_backend, record_backends
+    from sagevideo.api.generate import generate
+    from sagevideo.pipelines.install import install
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sagevideo' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

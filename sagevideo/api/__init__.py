@@ -1,0 +1,1 @@
+"""User-facing Python API: the attention function, backend records, generation."""

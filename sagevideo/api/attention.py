@@ -1,0 +1,258 @@
+"""`sageattn`: the drop-in replacement for `F.scaled_dot_product_attention` (forward only).
+
+This is the user-facing layer: it validates arguments (clear errors before any GPU work),
+normalises layout and mask, picks the backend that can run, records the choice
+(`sagevideo.last_backend()`, `sagevideo.record_backends()`), and calls
+- the Triton op `torch.ops.sagevideo.sageattn_fwd` (INT8 QK, FP16/FP8 PV),
+- the pure-PyTorch reference that emulates the same numerics, or
+- full-precision SDPA.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from sagevideo.api import backends
+from sagevideo.kernels import plans
+
+LAYOUTS = ("HND", "NHD")
+GRANULARITIES = ("block", "token")
+BACKENDS = ("auto", "triton", "reference", "sdpa")
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+_warned: set[str] = set()
+
+
+def sageattn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    sm_scale: float | None = None,
+    attn_mask: torch.Tensor | None = None,
+    qk_granularity: str = "block",
+    pv: str = "fp16",
+    smooth_k: bool = True,
+    return_lse: bool = False,
+    backend: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Quantized scaled-dot-product attention with SDPA semantics.
+
+    Shapes: "HND" q (B, H, Nq, D), k/v (B, H, Nk, D); "NHD" q (B, Nq, H, D), k/v (B, Nk, H, D).
+    Output has q's layout and dtype. With `return_lse`, also returns the natural-log
+    log-sum-exp of the (unsmoothed) scaled scores, fp32 (B, H, Nq), so that attention over
+    key shards merges exactly.
+
+    Numerics (Triton and reference): K minus its mean over valid tokens; Q·sm_scale·log2(e) and
+    K quantized to INT8 per tile ("block") or per token; scores from an int32 dot, softmax in
+    fp32 with exp2; PV with 16-bit operands and fp32 accumulation ("fp16"; bf16 inputs keep bf16
+    operands) or FP8 e4m3 P and per-channel-scaled V with two-level accumulation ("fp8").
+
+    attn_mask: a boolean key-padding mask (True = attend) broadcastable as (B, 1, 1, Nk) runs in
+    the kernels; any other mask runs on SDPA under backend="auto" and raises for "triton" or
+    "reference". backend="auto" uses Triton when it can, else SDPA with a one-time warning; the
+    backend that ran is readable through `sagevideo.last_backend()`.
+    """
+    _check_options(tensor_layout, qk_granularity, pv, backend)
+    _check_tensors(q, k, v, tensor_layout)
+    if tensor_layout == "NHD":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    batch, heads, n_q, head_dim = q.shape
+    n_k = k.shape[2]
+    scale = _check_scale(sm_scale, head_dim)
+    key_mask, mask_problem = _key_padding_mask(attn_mask, batch, heads, n_q, n_k)
+    if is_causal and attn_mask is not None:
+        raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
+
+    ran, reason = _choose_backend(backend, q, head_dim, pv, mask_problem)
+    if not torch.compiler.is_compiling():
+        choice = backends.BackendChoice(backend, ran, None if ran == "sdpa" else pv, reason)
+        backends.report(choice)
+        if reason and reason not in _warned:
+            _warned.add(reason)
+            warnings.warn(f"sageattn: running full-precision SDPA: {reason}", stacklevel=2)
+
+    if ran == "sdpa":
+        out, lse = _sdpa(q, k, v, attn_mask, is_causal, scale, return_lse)
+    elif ran == "reference":
+        from sagevideo.kernels.reference import sageattn_reference
+
+        block_m, block_n = plans.tiles(pv)
+        out, lse = sageattn_reference(
+            q, k, v, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
+            qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k, return_lse=return_lse,
+            block_m=block_m, block_n=block_n,
+        )
+    else:
+        from sagevideo.kernels.op import sageattn_triton
+
+        plan = plans.select_plan(q.device, head_dim, pv).plan
+        out, lse = sageattn_triton(
+            q, k, v, plan, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
+            per_token=qk_granularity == "token", smooth_k=smooth_k, return_lse=return_lse,
+        )
+    if tensor_layout == "NHD":
+        out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
+
+
+def _check_options(layout: str, granularity: str, pv: str, backend: str) -> None:
+    for name, value, allowed in (
+        ("tensor_layout", layout, LAYOUTS),
+        ("qk_granularity", granularity, GRANULARITIES),
+        ("pv", pv, plans.PV_MODES),
+        ("backend", backend, BACKENDS),
+    ):
+        if value not in allowed:
+            raise ValueError(f"sageattn: {name}={value!r} is not supported; use one of {allowed}")
+
+
+def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"sageattn: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            dims = "(B, H, N, D)" if layout == "HND" else "(B, N, H, D)"
+            raise ValueError(
+                f"sageattn: {name} must have rank 4 {dims} for tensor_layout={layout!r}, "
+                f"got shape {tuple(t.shape)}"
+            )
+        if not t.is_floating_point():
+            raise TypeError(f"sageattn: {name} must be a floating tensor, got {t.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"sageattn: q, k, v are on different devices ({q.device}, {k.device}, {v.device})")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"sageattn: q, k, v have different dtypes ({q.dtype}, {k.dtype}, {v.dtype}); cast them")
+    n_axis, h_axis = (2, 1) if layout == "HND" else (1, 2)
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        raise ValueError(f"sageattn: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if not (q.shape[h_axis] == k.shape[h_axis] == v.shape[h_axis]):
+        raise ValueError(
+            f"sageattn: head counts differ: q {q.shape[h_axis]}, k {k.shape[h_axis]}, v {v.shape[h_axis]} "
+            f"(layout {layout}: heads are axis {h_axis}); repeat K/V heads for grouped-query attention"
+        )
+    if q.shape[3] != k.shape[3] or v.shape[3] != q.shape[3]:
+        raise ValueError(
+            f"sageattn: head dims differ: q {q.shape[3]}, k {k.shape[3]}, v {v.shape[3]}; they must be equal"
+        )
+    if k.shape[n_axis] != v.shape[n_axis]:
+        raise ValueError(f"sageattn: k and v sequence lengths differ: {k.shape[n_axis]} vs {v.shape[n_axis]}")
+    if q.shape[n_axis] == 0 or k.shape[n_axis] == 0:
+        raise ValueError(
+            f"sageattn: empty sequence (q has {q.shape[n_axis]} tokens, k has {k.shape[n_axis]}); "
+            "attention needs at least one query and one key"
+        )
+    if q.shape[0] == 0 or q.shape[h_axis] == 0 or q.shape[3] == 0:
+        raise ValueError(f"sageattn: q has an empty batch, head or head-dim axis: {tuple(q.shape)}")
+
+
+def _check_scale(sm_scale: float | None, head_dim: int) -> float:
+    if sm_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    scale = float(sm_scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"sageattn: sm_scale must be a positive finite number, got {sm_scale!r}")
+    return scale
+
+
+def _key_padding_mask(
+    attn_mask: torch.Tensor | None, batch: int, heads: int, n_q: int, n_k: int
+) -> tuple[torch.Tensor | None, str]:
+    """Return (key mask (B', Nk) bool with B' in {1, B}, "") or (None, why the kernels can't use it)."""
+    if attn_mask is None:
+        return None, ""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"sageattn: attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dim() > 4:
+        raise ValueError(f"sageattn: attn_mask has rank {attn_mask.dim()}; at most 4 (B, H, Nq, Nk)")
+    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+    target = (batch, heads, n_q, n_k)
+    for got, want in zip(shape, target, strict=True):
+        if got not in (1, want):
+            raise ValueError(
+                f"sageattn: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                f"(B, H, Nq, Nk) = {target}"
+            )
+    if attn_mask.dtype != torch.bool:
+        return None, f"attn_mask of dtype {attn_mask.dtype}: only boolean key-padding masks run in the kernels"
+    if shape[1] != 1 or shape[2] != 1 or shape[3] != n_k:
+        return None, (
+            f"attn_mask of shape {tuple(attn_mask.shape)} is not a key-padding mask (B, 1, 1, Nk); "
+            "only those run in the kernels"
+        )
+    return attn_mask.reshape(shape[0], n_k), ""
+
+
+def _choose_backend(backend: str, q: torch.Tensor, head_dim: int, pv: str, mask_problem: str) -> tuple[str, str]:
+    """(backend that runs, fallback reason or "")."""
+    if backend == "sdpa":
+        return "sdpa", ""
+    if mask_problem:
+        return _fallback_or_raise(backend, mask_problem)
+    if backend == "reference":
+        return "reference", ""
+    if q.dtype not in KERNEL_DTYPES:
+        problem = f"dtype {q.dtype}: the Triton kernels take float16 or bfloat16 inputs"
+        return _fallback_or_raise(backend, problem)
+    choice = plans.select_plan(q.device, head_dim, pv)
+    if choice.plan is None:
+        return _fallback_or_raise(backend, choice.reason)
+    if not _triton_available():
+        return _fallback_or_raise(backend, "triton is not installed")
+    return "triton", ""
+
+
+def _fallback_or_raise(backend: str, problem: str) -> tuple[str, str]:
+    if backend == "auto":
+        return "sdpa", problem
+    raise ValueError(f"sageattn: backend={backend!r} cannot run: {problem}. Use backend='auto' to fall back to SDPA.")
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    lse = _lse_full_precision(q, k, attn_mask, is_causal, scale) if return_lse else None
+    return out, lse
+
+
+def _lse_full_precision(
+    q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool, scale: float,
+    chunk: int = 1024,
+) -> torch.Tensor:
+    """fp32 log-sum-exp of the scaled scores, (B, H, Nq), in query chunks to bound memory."""
+    n_q, n_k = q.shape[2], k.shape[2]
+    kf = k.float()
+    parts = []
+    for start in range(0, n_q, chunk):
+        stop = min(start + chunk, n_q)
+        s = q[:, :, start:stop].float() @ kf.transpose(-1, -2) * scale
+        if is_causal:
+            rows = torch.arange(start, stop, device=q.device)[:, None]
+            s = s.masked_fill(torch.arange(n_k, device=q.device)[None, :] > rows, float("-inf"))
+        if attn_mask is not None:
+            m = attn_mask if attn_mask.dim() == 4 else attn_mask.reshape((1,) * (4 - attn_mask.dim()) + attn_mask.shape)
+            m = m[:, :, start:stop] if m.shape[2] != 1 else m
+            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+        parts.append(torch.logsumexp(s, dim=-1))
+    return torch.cat(parts, dim=-1)

@@ -1,0 +1,97 @@
+"""Which attention backend actually ran, readable by callers.
+
+Every `sageattn` call reports one `BackendChoice`. Callers read it in two ways:
+- `last_backend()`: the choice of the most recent call in this thread;
+- `with record_backends() as log:` collects every call made inside the block (nested blocks
+  each see all calls), e.g. to put "what really ran" into a generation manifest.
+
+Recording happens in Python at dispatch time; under `torch.compile` it happens while tracing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """One dispatch decision.
+
+    requested: the `backend=` argument ("auto", "triton", "reference", "sdpa").
+    ran: the backend that computed the output ("triton", "reference", "sdpa").
+    pv: PV precision that ran ("fp16", "fp8"), or None for full-precision SDPA.
+    reason: why a fallback happened (empty when the requested backend ran).
+    """
+
+    requested: str
+    ran: str
+    pv: str | None
+    reason: str = ""
+
+    @property
+    def label(self) -> str:
+        """Short name such as "triton/fp8" or "sdpa"."""
+        return f"{self.ran}/{self.pv}" if self.pv else self.ran
+
+    @property
+    def is_fallback(self) -> bool:
+        return bool(self.reason)
+
+
+@dataclass
+class BackendLog:
+    """All choices made inside one `record_backends()` block."""
+
+    choices: list[BackendChoice] = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Calls per backend label, e.g. {"triton/fp16": 60, "sdpa": 2}."""
+        return dict(Counter(c.label for c in self.choices))
+
+    @property
+    def fallback_reasons(self) -> dict[str, int]:
+        """Fallback reasons with how often each occurred."""
+        return dict(Counter(c.reason for c in self.choices if c.reason))
+
+    def summary(self) -> dict[str, object]:
+        """JSON-ready summary for manifests and reports."""
+        return {"counts": self.counts, "fallbacks": self.fallback_reasons}
+
+
+_state = threading.local()
+
+
+def _active_logs() -> list[BackendLog]:
+    logs = getattr(_state, "logs", None)
+    if logs is None:
+        logs = _state.logs = []
+    return logs
+
+
+def report(choice: BackendChoice) -> None:
+    """Record one dispatch decision (called by `sageattn`)."""
+    _state.last = choice
+    for log in _active_logs():
+        log.choices.append(choice)
+
+
+def last_backend() -> BackendChoice | None:
+    """The backend choice of the most recent `sageattn` call in this thread, or None."""
+    return getattr(_state, "last", None)
+
+
+@contextlib.contextmanager
+def record_backends() -> Iterator[BackendLog]:
+    """Collect the backend choice of every `sageattn` call made inside the block."""
+    log = BackendLog()
+    logs = _active_logs()
+    logs.append(log)
+    try:
+        yield log
+    finally:
+        logs.remove(log)

@@ -1,0 +1,123 @@
+"""Kernel plans: the fixed configuration the Triton path uses per (arch, head dim, PV mode).
+
+Block sizes are part of the numerical contract: the quantization groups of Q and K are the
+attention tiles (BLOCK_M query rows, BLOCK_N key rows), so the reference emulates a plan's
+blocks exactly. Only `num_warps`/`num_stages` are speed knobs.
+
+`select_plan` never raises: it returns a plan, or None with the reason the kernel cannot run,
+so that `sageattn(backend="auto")` can fall back and say why, and `sagevideo env` can print it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+PV_MODES = ("fp16", "fp8")
+MAX_HEAD_DIM = 128
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """One Triton configuration.
+
+    arch: "sm90", "sm89", "sm80" or "interpreter" (TRITON_INTERPRET=1 on CPU tensors).
+    block_d: head dim the kernel computes at (64 or 128); smaller dims are zero-padded in-kernel.
+    block_m/block_n: query/key tile = Q/K quantization group for qk_granularity="block".
+    """
+
+    arch: str
+    block_d: int
+    pv: str
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.arch} d{self.block_d} pv={self.pv}: BLOCK_M={self.block_m} BLOCK_N={self.block_n} "
+            f"warps={self.num_warps} stages={self.num_stages}"
+        )
+
+
+@dataclass(frozen=True)
+class PlanChoice:
+    plan: KernelPlan | None
+    reason: str = ""
+
+
+# Tiles per PV mode, identical on every arch so that results do not depend on the GPU model.
+# FP8 PV uses 64-row query tiles (measured faster on H200 in the calibration runs, issue 3).
+_TILES = {"fp16": (128, 64), "fp8": (64, 64)}
+
+# (arch, block_d) -> (num_warps, num_stages); speed only.
+_LAUNCH = {
+    ("sm90", 64): (4, 3),
+    ("sm90", 128): (8, 3),
+    ("sm89", 64): (4, 2),
+    ("sm89", 128): (8, 2),
+    ("sm80", 64): (4, 3),
+    ("sm80", 128): (8, 2),
+    ("interpreter", 64): (4, 1),
+    ("interpreter", 128): (4, 1),
+}
+
+
+def padded_head_dim(head_dim: int) -> int | None:
+    """Head dim the kernel runs at, or None when above MAX_HEAD_DIM."""
+    if head_dim <= 64:
+        return 64
+    if head_dim <= MAX_HEAD_DIM:
+        return 128
+    return None
+
+
+def interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def arch_of(device: torch.device) -> tuple[str | None, str]:
+    """Map a device to a plan arch name, or (None, reason)."""
+    if device.type == "cpu":
+        if interpreter_enabled():
+            return "interpreter", ""
+        return None, "CPU tensors: the Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 for tests)"
+    if device.type != "cuda":
+        return None, f"{device.type} tensors: the Triton kernels need a CUDA GPU"
+    if torch.version.hip is not None:
+        return None, "ROCm is not supported by the INT8/FP8 Triton kernels yet"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major >= 9:
+        return "sm90", ""
+    if (major, minor) >= (8, 9):
+        return "sm89", ""
+    if major == 8:
+        return "sm80", ""
+    return None, f"compute capability {major}.{minor}: the kernels need sm80 or newer (INT8 tensor cores)"
+
+
+def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
+    """The plan for `device`, `head_dim` and PV mode, or None with the reason."""
+    if pv not in PV_MODES:
+        return PlanChoice(None, f"pv={pv!r} is not one of {PV_MODES}")
+    block_d = padded_head_dim(head_dim)
+    if block_d is None:
+        return PlanChoice(None, f"head dim {head_dim} > {MAX_HEAD_DIM}: not supported by the kernels")
+    arch, reason = arch_of(device)
+    if arch is None:
+        return PlanChoice(None, reason)
+    if pv == "fp8" and arch == "sm80":
+        return PlanChoice(None, "pv='fp8' needs FP8 tensor cores (sm89 or newer); use pv='fp16'")
+    block_m, block_n = _TILES[pv]
+    num_warps, num_stages = _LAUNCH[(arch, block_d)]
+    return PlanChoice(KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages))
+
+
+def tiles(pv: str) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) for a PV mode: what the reference must emulate."""
+    if pv not in _TILES:
+        raise ValueError(f"pv={pv!r} is not one of {PV_MODES}")
+    return _TILES[pv]
