@@ -41,6 +41,7 @@ def sageattn(
     smooth_k: bool = True,
     return_lse: bool = False,
     backend: str = "auto",
+    rotate_qk: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantized scaled-dot-product attention with SDPA semantics.
 
@@ -49,8 +50,9 @@ def sageattn(
     log-sum-exp of the (unsmoothed) scaled scores, fp32 (B, H, Nq), so that attention over
     key shards merges exactly.
 
-    Numerics (Triton and reference): K minus its mean over valid tokens; Q·sm_scale·log2(e) and
-    K quantized to INT8 per tile ("block") or per token; scores from an int32 dot, softmax in
+    Numerics (Triton and reference): K minus its mean over valid tokens; Q and K rotated by the
+    same random-sign Hadamard matrix (`rotate_qk`, QKᵀ unchanged, spreads channel outliers);
+    Q·sm_scale·log2(e) and K quantized to INT8 per tile ("block") or per token; scores from an int32 dot, softmax in
     fp32 with exp2; PV with 16-bit operands and fp32 accumulation ("fp16"; bf16 inputs keep bf16
     operands) or FP8 e4m3 P and per-channel-scaled V with two-level accumulation ("fp8").
 
@@ -86,8 +88,8 @@ def sageattn(
         block_m, block_n = plans.tiles(pv)
         out, lse = sageattn_reference(
             q, k, v, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
-            qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k, return_lse=return_lse,
-            block_m=block_m, block_n=block_n,
+            qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k, rotate_qk=rotate_qk,
+            return_lse=return_lse, block_m=block_m, block_n=block_n,
         )
     else:
         from sagevideo.kernels.op import sageattn_triton
@@ -95,7 +97,8 @@ def sageattn(
         plan = plans.select_plan(q.device, head_dim, pv).plan
         out, lse = sageattn_triton(
             q, k, v, plan, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
-            per_token=qk_granularity == "token", smooth_k=smooth_k, return_lse=return_lse,
+            per_token=qk_granularity == "token", smooth_k=smooth_k, rotate_qk=rotate_qk,
+            return_lse=return_lse,
         )
     if tensor_layout == "NHD":
         out = out.transpose(1, 2)

@@ -1,0 +1,1 @@
+"""Evaluation: attention-error metrics, synthetic inputs, the quantization-error simulator."""

@@ -1,0 +1,81 @@
+"""The op boundary: `torch.ops.sagevideo.sageattn_fwd`, a `torch.library.triton_op`.
+
+Registering the quantize + attention launches as one triton_op lets `torch.compile(fullgraph=True)`
+trace through it (and Inductor see the Triton kernels) instead of graph-breaking on Python.
+`sageattn_triton` is the thin Python entry used by `sagevideo.api.attention`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import triton_op
+
+from sagevideo.kernels.attention_fwd import attention_forward
+from sagevideo.kernels.plans import KernelPlan
+from sagevideo.kernels.quantize import quantize_inputs
+from sagevideo.kernels.rotation import hadamard_pm1
+
+
+@triton_op("sagevideo::sageattn_fwd", mutates_args=())
+def sageattn_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    rotation: torch.Tensor | None,
+    sm_scale: float,
+    is_causal: bool,
+    per_token: bool,
+    smooth_k: bool,
+    return_lse: bool,
+    pv: str,
+    arch: str,
+    block_d: int,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q/k/v (B, H, N, D) views with unit head-dim stride; key_mask (B', Nk) uint8.
+
+    Returns (out like q, lse (B, H, Nq) fp32; an empty tensor unless return_lse).
+    """
+    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
+    batch, heads, n_q, _ = q.shape
+    n_k = k.shape[2]
+    prepared = quantize_inputs(
+        q, k, v, key_mask, rotation, plan,
+        sm_scale=sm_scale, per_token=per_token, smooth_k=smooth_k, need_shift=return_lse,
+    )
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
+    attention_forward(
+        prepared, v, key_mask, out, lse if return_lse else None, plan,
+        is_causal=is_causal, n_q=n_q, n_k=n_k,
+    )
+    return out, lse
+
+
+def sageattn_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: KernelPlan,
+    *,
+    sm_scale: float,
+    is_causal: bool,
+    key_mask: torch.Tensor | None,
+    per_token: bool,
+    smooth_k: bool,
+    rotate_qk: bool,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Run the Triton path on HND views; copies only tensors whose head dim is not contiguous."""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
+    rotation = hadamard_pm1(plan.block_d, q.device) if rotate_qk else None
+    out, lse = torch.ops.sagevideo.sageattn_fwd(
+        q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
+        plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages,
+    )
+    return out, (lse if return_lse else None)

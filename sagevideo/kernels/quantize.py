@@ -1,0 +1,283 @@
+"""Triton kernels that prepare attention inputs: K smoothing, INT8 Q/K, FP8 V; and their launcher.
+
+Three launches, each reading its tensor once:
+1. `_kv_stats_kernel`, grid (B·H, splits): partial sums of K and partial max|V| per channel over
+   valid keys, in token splits so that long sequences spread over the whole GPU.
+2. `_quantize_kv_kernel`, grid (Nk tiles, B·H): reduces the partials (same order in every program,
+   so every tile sees the same mean), subtracts mean(K), optionally rotates, quantizes each
+   BLOCK_N tile of K to INT8 and (FP8 mode) writes V as e4m3 transposed to (D, N), the layout
+   Hopper's FP8 tensor-core instruction wants for the PV product.
+3. `_quantize_q_kernel`, grid (Nq tiles, B·H): folds sm_scale·log2(e) into Q, optionally rotates,
+   quantizes each BLOCK_M tile to INT8, and (LSE mode) stores sm_scale·q·mean(K), the smoothing
+   shift that turns the kernel's LSE into the true one.
+
+Numerics are documented in `reference.py`, which emulates them exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from sagevideo.kernels.plans import KernelPlan
+from sagevideo.kernels.reference import LOG2E
+
+# The rotation matrix is exactly ±1 and 16-bit Q is exact in tf32, so tf32 rotates Q exactly;
+# smoothed K (fp32) is rounded to tf32's 11 significant bits, far below the INT8 step (2^-7).
+ROT_PRECISION = "tf32"
+STATS_CHUNK = 64
+MIN_TOKENS_PER_SPLIT = 2048
+
+
+@triton.jit
+def _round_to_int8(x):
+    """Round half away from zero (x ± 0.5, truncate); |x| <= 127.5 by construction."""
+    return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8)
+
+
+@triton.jit
+def _kv_stats_kernel(
+    K, V, Mask, KSum, KCount, VMax,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_mb,
+    H, N_K, TOKENS_PER_SPLIT, NUM_SPLITS,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
+    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, FP8_V: tl.constexpr,
+):
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    count = tl.zeros((CHUNK,), dtype=tl.float32)
+    start = split * TOKENS_PER_SPLIT
+    end = tl.minimum(start + TOKENS_PER_SPLIT, N_K)
+    for off in range(start, end, CHUNK):
+        offs_n = off + tl.arange(0, CHUNK)
+        ok = offs_n < end
+        if HAS_MASK:
+            ok = ok & (tl.load(Mask + b * stride_mb + offs_n, mask=ok, other=0) != 0)
+        count += ok.to(tl.float32)
+        tile_ok = ok[:, None] & d_ok[None, :]
+        if SMOOTH_K:
+            k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                        mask=tile_ok, other=0.0)
+            k_sum += tl.sum(k.to(tl.float32), axis=0)
+        if FP8_V:
+            v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                        mask=tile_ok, other=0.0)
+            v_max = tl.maximum(v_max, tl.max(tl.abs(v.to(tl.float32)), axis=0))
+    row = bh * NUM_SPLITS + split
+    tl.store(KSum + row * BLOCK_D + offs_d, k_sum)
+    tl.store(VMax + row * BLOCK_D + offs_d, v_max)
+    tl.store(KCount + row, tl.sum(count, axis=0))
+
+
+@triton.jit
+def _quantize_kv_kernel(
+    K, V, Mask, KSum, KCount, VMax, Rot,
+    KQ, KScale, KMean, VQ, VScale,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_mb,
+    H, N_K, N_PAD, NUM_SPLITS,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
+    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, ROT_PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = offs_n < N_K
+    if HAS_MASK:
+        ok = ok & (tl.load(Mask + b * stride_mb + offs_n, mask=offs_n < N_K, other=0) != 0)
+    tile_ok = ok[:, None] & d_ok[None, :]
+
+    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                mask=tile_ok, other=0.0).to(tl.float32)
+    if SMOOTH_K:
+        k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        count = 0.0
+        for s in range(0, NUM_SPLITS):
+            k_sum += tl.load(KSum + (bh * NUM_SPLITS + s) * BLOCK_D + offs_d)
+            count += tl.load(KCount + bh * NUM_SPLITS + s)
+        mean = tl.math.div_rn(k_sum, tl.maximum(count, 1.0))
+        k = tl.where(tile_ok, k - mean[None, :], 0.0)
+        if tile == 0:
+            tl.store(KMean + bh * BLOCK_D + offs_d, mean)
+    if ROTATE:
+        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
+        k = tl.dot(k, rot, input_precision=ROT_PRECISION)
+    if PER_TOKEN:
+        amax = tl.max(tl.abs(k), axis=1)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+        codes = _round_to_int8(tl.math.div_rn(k, scale[:, None]))
+    else:
+        amax = tl.max(tl.max(tl.abs(k), axis=1), axis=0)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+        codes = _round_to_int8(tl.math.div_rn(k, scale))
+        scale = tl.zeros((BLOCK_N,), dtype=tl.float32) + scale
+    # Buffers are padded to N_PAD (a multiple of BLOCK_N) and written in full, tails as zeros,
+    # so the attention kernel loads whole tiles without masks.
+    kq_base = KQ + bh * N_PAD * BLOCK_D
+    tl.store(kq_base + offs_n[:, None] * BLOCK_D + offs_d[None, :], codes)
+    tl.store(KScale + bh * N_PAD + offs_n, scale)
+
+    if FP8_V:
+        v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for s in range(0, NUM_SPLITS):
+            v_max = tl.maximum(v_max, tl.load(VMax + (bh * NUM_SPLITS + s) * BLOCK_D + offs_d))
+        v_scale = tl.where(v_max > 0, tl.math.div_rn(v_max, 448.0), 1.0)
+        if tile == 0:
+            tl.store(VScale + bh * BLOCK_D + offs_d, v_scale)
+        v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                    mask=tile_ok, other=0.0).to(tl.float32)
+        v8 = tl.math.div_rn(v, v_scale[None, :]).to(tl.float8e4nv)
+        # transposed store: VQ is (B·H, BLOCK_D, N_PAD)
+        tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[None, :] * N_PAD + offs_n[:, None], v8)
+
+
+@triton.jit
+def _quantize_q_kernel(
+    Q, KMean, Rot, QQ, QScale, QShift,
+    stride_qb, stride_qh, stride_qn,
+    H, N_Q, M_PAD, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_SHIFT: tl.constexpr,
+    ROT_PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < N_Q
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+                mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0).to(tl.float32)
+    if STORE_SHIFT:
+        mean = tl.load(KMean + bh * BLOCK_D + offs_d)
+        tl.store(QShift + bh * M_PAD + offs_m, tl.sum(q * mean[None, :], axis=1) * sm_scale)
+    if ROTATE:
+        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
+        q = tl.dot(q, rot, input_precision=ROT_PRECISION)
+    q = q * qk_scale
+    if PER_TOKEN:
+        amax = tl.max(tl.abs(q), axis=1)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+        codes = _round_to_int8(tl.math.div_rn(q, scale[:, None]))
+    else:
+        amax = tl.max(tl.max(tl.abs(q), axis=1), axis=0)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+        codes = _round_to_int8(tl.math.div_rn(q, scale))
+        scale = tl.zeros((BLOCK_M,), dtype=tl.float32) + scale
+    tl.store(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :], codes)
+    tl.store(QScale + bh * M_PAD + offs_m, scale)
+
+
+@dataclass
+class QuantizedInputs:
+    """Kernel-ready tensors, padded to whole tiles; `bh` = B·H.
+
+    q_codes (bh, M_PAD, block_d) int8; q_scale (bh, M_PAD) fp32 (scores in log2 units);
+    k_codes (bh, N_PAD, block_d) int8; k_scale (bh, N_PAD) fp32;
+    v_fp8_t (bh, block_d, N_PAD) e4m3 or None; v_scale (bh, block_d) fp32 or None;
+    q_shift (bh, M_PAD) fp32 = sm_scale·q·mean(K), or None.
+    """
+
+    q_codes: torch.Tensor
+    q_scale: torch.Tensor
+    k_codes: torch.Tensor
+    k_scale: torch.Tensor
+    v_fp8_t: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    q_shift: torch.Tensor | None
+
+
+def quantize_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    rotation: torch.Tensor | None,
+    plan: KernelPlan,
+    *,
+    sm_scale: float,
+    per_token: bool,
+    smooth_k: bool,
+    need_shift: bool,
+) -> QuantizedInputs:
+    """Launch the three preparation kernels. q/k/v HND views with unit stride on the head dim;
+    key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 fp32 or None."""
+    batch, heads, n_q, head_dim = q.shape
+    n_k = k.shape[2]
+    bh = batch * heads
+    bd, bm, bn = plan.block_d, plan.block_m, plan.block_n
+    m_pad = triton.cdiv(n_q, bm) * bm
+    n_pad = triton.cdiv(n_k, bn) * bn
+    fp8_v = plan.pv == "fp8"
+    dev = q.device
+
+    tokens_per_split = max(MIN_TOKENS_PER_SPLIT, triton.cdiv(n_k, 64))
+    tokens_per_split = triton.cdiv(tokens_per_split, STATS_CHUNK) * STATS_CHUNK
+    num_splits = triton.cdiv(n_k, tokens_per_split)
+    k_sum = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32)
+    k_count = torch.empty(bh * num_splits, device=dev, dtype=torch.float32)
+    v_max = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32)
+    mask_arg = key_mask if key_mask is not None else k_count  # placeholder pointer, never read
+    stride_mb = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
+    if smooth_k or fp8_v:
+        wrap_triton(_kv_stats_kernel)[(bh, num_splits)](
+            k, v, mask_arg, k_sum, k_count, v_max,
+            k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            stride_mb,
+            heads, n_k, tokens_per_split, num_splits,
+            HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=STATS_CHUNK,
+            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v,
+        )
+
+    k_codes = torch.empty(bh, n_pad, bd, device=dev, dtype=torch.int8)
+    k_scale = torch.empty(bh, n_pad, device=dev, dtype=torch.float32)
+    k_mean = torch.zeros(bh, bd, device=dev, dtype=torch.float32)
+    v_fp8_t = torch.empty(bh, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
+    v_scale = torch.empty(bh, bd, device=dev, dtype=torch.float32) if fp8_v else None
+    rot_arg = rotation if rotation is not None else k_scale
+    wrap_triton(_quantize_kv_kernel)[(n_pad // bn, bh)](
+        k, v, mask_arg, k_sum, k_count, v_max, rot_arg,
+        k_codes, k_scale, k_mean, v_fp8_t if fp8_v else k_codes, v_scale if fp8_v else k_scale,
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        stride_mb,
+        heads, n_k, n_pad, num_splits,
+        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn,
+        HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
+        PER_TOKEN=per_token, FP8_V=fp8_v, ROT_PRECISION=ROT_PRECISION,
+    )
+
+    q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
+    q_scale = torch.empty(bh, m_pad, device=dev, dtype=torch.float32)
+    q_shift = torch.empty(bh, m_pad, device=dev, dtype=torch.float32) if need_shift else None
+    qk_scale = sm_scale * LOG2E / (bd if rotation is not None else 1)
+    wrap_triton(_quantize_q_kernel)[(m_pad // bm, bh)](
+        q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
+        q.stride(0), q.stride(1), q.stride(2),
+        heads, n_q, m_pad, qk_scale, sm_scale,
+        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm,
+        ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
+        ROT_PRECISION=ROT_PRECISION,
+    )
+    return QuantizedInputs(q_codes, q_scale, k_codes, k_scale, v_fp8_t, v_scale, q_shift)
+

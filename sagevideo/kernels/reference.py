@@ -1,0 +1,184 @@
+"""Pure-PyTorch emulation of the Triton kernels' numerics, on any device.
+
+It is the oracle for kernel tests (same groups, scales, rounding and block-wise online softmax,
+so results differ from the kernels only by fp32 summation order and, on the GPU, by the
+hardware's approximate exp2) and the engine of `sagevideo simulate`.
+
+Numerics, step by step (all tensors HND: (B, H, N, D)):
+1. Smoothing: K ← K − mean(K over valid tokens) in fp32; invalid (masked) keys are set to 0.
+2. Optional rotation (`rotate_qk`): Q and K zero-padded to the kernel head dim d' (64/128, else
+   the next power of two) and multiplied by the ±1 Hadamard matrix R of `rotation.py` (fp32);
+   the resulting factor d' is divided out of Q's scale.
+   Q ← Q · sm_scale · log2(e) [/ d'] in fp32, so scores come out in log2 units for exp2.
+3. INT8 symmetric quantization per group of rows (a tile of BLOCK_M/BLOCK_N rows, or one row):
+   scale = max|x| / 127 (1 where the group is all zero), x_q = round-half-away(x / scale).
+4. Per key tile j: S = (Q_q · K_qᵀ in exact integers) · q_scale · k_scale (fp32), invalid keys → −inf,
+   online softmax: m' = max(m, rowmax S), P = exp2(S − m'), l = l·exp2(m − m') + rowsum P.
+5. PV, "fp16": acc = acc·α + P.to(t) @ V.to(t) with fp32 accumulation, t = V's dtype when 16-bit
+   else float16. "fp8": V scaled per channel by max|V over valid tokens| / 448 to e4m3 once;
+   per tile a fresh fp32 block product (P·448 → e4m3) @ V_e4m3, added into the running acc
+   (two-level accumulation); the output is rescaled by v_scale / 448.
+   "fp32" (simulation only): P and V unquantized.
+6. O = acc / l (0 where l = 0, i.e. every key masked); LSE = ln2 · (m + log2 l) + sm_scale · q·mean(K).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sagevideo.kernels.plans import padded_head_dim
+from sagevideo.kernels.rotation import hadamard_pm1
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+FP8_MAX = 448.0  # largest finite float8 e4m3fn value
+REFERENCE_PV_MODES = ("fp16", "fp8", "fp32")
+
+
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """Round to nearest, ties away from zero: what the kernels do (x ± 0.5, then truncate)."""
+    return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5))
+
+
+def quantize_symmetric(x: torch.Tensor, group: int, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric integer quantization with one scale per `group` consecutive rows.
+
+    x: (B, H, N, D) fp32. Returns (codes as fp32 integers in [-qmax, qmax], scales (B, H, N) fp32),
+    each row carrying its group's scale (what the kernels store and load).
+    """
+    qmax = float(2 ** (bits - 1) - 1)
+    batch, heads, n, d = x.shape
+    n_groups = math.ceil(n / group)
+    padded = torch.nn.functional.pad(x, (0, 0, 0, n_groups * group - n))
+    amax = padded.reshape(batch, heads, n_groups, group * d).abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    row_scale = scale.repeat_interleave(group, dim=-1)[..., :n]
+    codes = round_half_away(x / row_scale[..., None]).clamp(-qmax, qmax)
+    return codes, row_scale
+
+
+def smoothed_k(k: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K − mean over valid tokens with invalid rows zeroed, mean (B, H, D)); fp32."""
+    kf = k.float()
+    if valid is None:
+        mean = kf.mean(dim=2)
+        return kf - mean[:, :, None], mean
+    w = valid[:, None, :, None].to(torch.float32)  # (B', 1, Nk, 1)
+    count = w.sum(dim=2).clamp(min=1.0)
+    mean = (kf * w).sum(dim=2) / count
+    return (kf - mean[:, :, None]) * w, mean
+
+
+def quantize_v_fp8(v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel FP8 e4m3 V: (codes as float8_e4m3fn (B, H, Nk, D), scales (B, H, D) fp32)."""
+    vf = v.float()
+    if valid is not None:
+        vf = vf * valid[:, None, :, None].to(torch.float32)
+    amax = vf.abs().amax(dim=2)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (vf / scale[:, :, None]).to(torch.float8_e4m3fn), scale
+
+
+def rotation_dim(head_dim: int) -> int:
+    """Dimension Q and K are rotated in: the kernel's padded head dim, else the next power of two."""
+    return padded_head_dim(head_dim) or 1 << (head_dim - 1).bit_length()
+
+
+def sageattn_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    sm_scale: float,
+    block_m: int,
+    block_n: int,
+    is_causal: bool = False,
+    key_mask: torch.Tensor | None = None,
+    qk_granularity: str = "block",
+    pv: str = "fp16",
+    smooth_k: bool = True,
+    rotate_qk: bool = False,
+    return_lse: bool = False,
+    qk_bits: int = 8,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Emulated quantized attention. q (B, H, Nq, D), k/v (B, H, Nk, D) HND; key_mask (B', Nk) bool.
+
+    Returns (out in q's dtype, LSE fp32 (B, H, Nq) or None).
+    """
+    if pv not in REFERENCE_PV_MODES:
+        raise ValueError(f"pv={pv!r} is not one of {REFERENCE_PV_MODES}")
+    if qk_granularity not in ("block", "token"):
+        raise ValueError(f"qk_granularity={qk_granularity!r} is not 'block' or 'token'")
+    n_q, n_k = q.shape[2], k.shape[2]
+    valid = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.bool)
+
+    if smooth_k:
+        ks, k_mean = smoothed_k(k, valid)
+    else:
+        ks = k.float() if valid is None else k.float() * valid[:, None, :, None]
+        k_mean = torch.zeros(k.shape[0], k.shape[1], k.shape[3], device=k.device)
+    qk_scale = sm_scale * LOG2E
+    qf = q.float()
+    if rotate_qk:
+        dim = rotation_dim(q.shape[3])
+        rot = hadamard_pm1(dim, q.device)
+        pad = (0, dim - q.shape[3])
+        qf = torch.nn.functional.pad(qf, pad) @ rot
+        ks = torch.nn.functional.pad(ks, pad) @ rot
+        qk_scale = qk_scale / dim
+    qs = qf * qk_scale
+    group_q, group_k = (block_m, block_n) if qk_granularity == "block" else (1, 1)
+    q_codes, q_scale = quantize_symmetric(qs, group_q, qk_bits)
+    k_codes, k_scale = quantize_symmetric(ks, group_k, qk_bits)
+
+    if pv == "fp8":
+        v_codes, v_scale = quantize_v_fp8(v, valid)
+        v_operand = v_codes.float()
+    elif pv == "fp16":
+        pv_dtype = v.dtype if v.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        v_operand = (v if valid is None else v * valid[:, None, :, None]).to(pv_dtype).float()
+    else:
+        pv_dtype = None
+        v_operand = v.float() if valid is None else v.float() * valid[:, None, :, None]
+
+    batch, heads = q.shape[0], q.shape[1]
+    m = torch.full((batch, heads, n_q), float("-inf"), device=q.device)
+    l = torch.zeros(batch, heads, n_q, device=q.device)
+    acc = torch.zeros(batch, heads, n_q, v.shape[3], device=q.device)
+    rows = torch.arange(n_q, device=q.device)
+    for start in range(0, n_k, block_n):
+        stop = min(start + block_n, n_k)
+        # Integer products summed in fp64 are exact (|sum| < 2^53), like the int32 dot.
+        s_int = (q_codes.double() @ k_codes[:, :, start:stop].double().transpose(-1, -2)).float()
+        s = s_int * q_scale[..., None] * k_scale[:, :, None, start:stop]
+        cols = torch.arange(start, stop, device=q.device)
+        if valid is not None:
+            s = s.masked_fill(~valid[:, None, None, start:stop], float("-inf"))
+        if is_causal:
+            s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
+        p = torch.exp2(s - m_safe[..., None])
+        alpha = torch.exp2(m - m_safe)
+        l = l * alpha + p.sum(dim=-1)
+        v_tile = v_operand[:, :, start:stop]
+        if pv == "fp8":
+            p_operand = (p * FP8_MAX).to(torch.float8_e4m3fn).float()
+        elif pv == "fp16":
+            p_operand = p.to(pv_dtype).float()
+        else:
+            p_operand = p
+        acc = acc * alpha[..., None] + p_operand @ v_tile
+        m = m_new
+
+    has_keys = l > 0
+    out = torch.where(has_keys[..., None], acc / torch.where(has_keys, l, 1.0)[..., None], 0.0)
+    if pv == "fp8":
+        out = out * (v_scale[:, :, None, :] / FP8_MAX)
+    lse = None
+    if return_lse:
+        lse2 = torch.where(has_keys, m + torch.log2(torch.where(has_keys, l, 1.0)), float("-inf"))
+        lse = lse2 * LN2 + sm_scale * (q.float() @ k_mean[..., None]).squeeze(-1)
+    return out.to(q.dtype), lse

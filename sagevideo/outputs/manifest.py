@@ -1,0 +1,79 @@
+"""The manifest: `manifest.jsonl` in the output folder, one JSON object per job attempt.
+
+Records are appended one line at a time, flushed and fsynced, so a killed run loses at most
+the line it was writing; a torn last line is skipped (with a warning) when reading. The latest
+record of a job id decides whether a re-run skips it: status "done" and every output present.
+
+Record fields: job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed, frames,
+height, width, steps, guidance, name, model, attention ("sage"/"full"), pv, backend (requested),
+device, dtype, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
+decode_s, write_s), outputs (paths relative to the output folder), created (UTC ISO time),
+sagevideo_version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.jsonl"
+
+
+class Manifest:
+    """Append-only JSON-lines file of job records."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every readable record in file order."""
+        if not self.path.exists():
+            return []
+        records = []
+        with self.path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    warnings.warn(f"{self.path} line {number} is not valid JSON (torn write?); ignoring it",
+                                  stacklevel=2)
+                    continue
+                if isinstance(record, dict) and "job_id" in record:
+                    records.append(record)
+        return records
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        """job_id -> its most recent record."""
+        return {record["job_id"]: record for record in self.records()}
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Append one record as one line, durably."""
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+        with self.path.open("a+b") as f:
+            # A run killed mid-write can leave a line without its newline; start a fresh line
+            # so the torn one stays the only casualty.
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
+            f.write(line.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def is_done(record: dict[str, Any] | None, out_dir: Path) -> bool:
+    """True when a record says done and all its outputs exist in `out_dir`."""
+    if not record or record.get("status") != "done":
+        return False
+    outputs = record.get("outputs") or []
+    return bool(outputs) and all((out_dir / rel).is_file() for rel in outputs)
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,95 @@
+"""sagevideo's attention processor for CogVideoX transformers.
+
+diffusers' `CogVideoXAttnProcessor2_0` calls `F.scaled_dot_product_attention` directly, so
+diffusers' attention-backend switch cannot reach it. This processor is the same computation
+(text/video concatenation, QK norms, rotary embedding on the video tokens only, mask handling,
+output projection, text/video split) with the attention call replaced by `sagevideo.sageattn`.
+`tests/pipelines/test_cogvideox_processor.py` checks it against the upstream processor, so an
+upstream change that this copy no longer matches fails loudly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sagevideo.api.attention import BACKENDS, sageattn
+from sagevideo.kernels.plans import PV_MODES
+
+
+class SageCogVideoXAttnProcessor:
+    """Drop-in for `diffusers.models.attention_processor.CogVideoXAttnProcessor2_0`.
+
+    pv: "fp16" or "fp8"; backend: a `sageattn` backend ("auto", "triton", "reference", "sdpa").
+    name: the processor's key in `transformer.attn_processors`, kept for reports.
+
+    Call: hidden_states (B, N_video, C), encoder_hidden_states (B, N_text, C) ->
+    (hidden_states (B, N_video, C), encoder_hidden_states (B, N_text, C)), same dtype.
+    """
+
+    def __init__(self, *, pv: str = "fp16", backend: str = "auto", name: str = ""):
+        if pv not in PV_MODES:
+            raise ValueError(f"pv={pv!r} is not supported; use one of {PV_MODES}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not supported; use one of {BACKENDS}")
+        self.pv = pv
+        self.backend = backend
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"SageCogVideoXAttnProcessor(name={self.name!r}, pv={self.pv!r}, backend={self.backend!r})"
+
+    def __call__(
+        self,
+        attn,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from diffusers.models.embeddings import apply_rotary_emb
+
+        text_seq_length = encoder_hidden_states.size(1)
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        batch_size, sequence_length, _ = hidden_states.shape
+
+        if attention_mask is not None:
+            per_head = attention_mask.shape[0] >= batch_size * attn.heads
+            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+            if not per_head and attention_mask.shape[2] == 1:
+                # prepare_attention_mask repeated one key mask per head; hand sageattn a single
+                # (B, 1, 1, Nk) copy, the key-padding shape its kernels run (same values).
+                attention_mask = attention_mask[:, :1]
+
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(hidden_states)
+        value = attn.to_v(hidden_states)
+
+        head_dim = key.shape[-1] // attn.heads
+        query = query.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+        key = key.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+        value = value.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
+
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+
+        # Rotary embedding on the video tokens only; the text tokens come first.
+        if image_rotary_emb is not None:
+            query[:, :, text_seq_length:] = apply_rotary_emb(query[:, :, text_seq_length:], image_rotary_emb)
+            if not attn.is_cross_attention:
+                key[:, :, text_seq_length:] = apply_rotary_emb(key[:, :, text_seq_length:], image_rotary_emb)
+
+        hidden_states = sageattn(
+            query, key, value, attn_mask=attention_mask, pv=self.pv, backend=self.backend
+        )
+
+        hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
+        hidden_states = attn.to_out[0](hidden_states)  # linear projection
+        hidden_states = attn.to_out[1](hidden_states)  # dropout
+
+        encoder_hidden_states, hidden_states = hidden_states.split(
+            [text_seq_length, hidden_states.size(1) - text_seq_length], dim=1
+        )
+        return hidden_states, encoder_hidden_states

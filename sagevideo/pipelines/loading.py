@@ -1,0 +1,149 @@
+"""Model sources: check a model before loading it, then load it (local files only).
+
+`resolve_model("tiny" | path)` reads only JSON configs, so every problem (missing folder, no
+model_index.json, unsupported pipeline, missing safetensors, a video size the model cannot
+make) is reported before any weights are read. `load_pipeline` then builds the tiny model or
+calls `CogVideoXPipeline.from_pretrained(path, local_files_only=True, use_safetensors=True)`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sagevideo.jobs import InputError, JobSpec
+
+SUPPORTED_PIPELINES = ("CogVideoXPipeline",)
+_WEIGHT_COMPONENTS = ("transformer", "vae", "text_encoder")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model that passed the pre-load checks, with what jobs need to know about it.
+
+    name: "tiny" or the absolute folder path. spatial/temporal: VAE compression factors;
+    patch: transformer patch size (height and width must be multiples of spatial*patch).
+    """
+
+    name: str
+    path: Path | None
+    pipeline_class: str
+    heads: int
+    head_dim: int
+    spatial: int
+    temporal: int
+    patch: int
+    text_tokens: int
+    default_height: int
+    default_width: int
+    default_frames: int
+    default_steps: int
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.path is None
+
+    def resolve(self, job: JobSpec, where: str) -> JobSpec:
+        """Fill the job's unset size/steps with this model's defaults and check it can make them."""
+        job = job.model_copy(update={
+            "height": job.height or self.default_height,
+            "width": job.width or self.default_width,
+            "frames": job.frames or self.default_frames,
+            "steps": job.steps or self.default_steps,
+        })
+        size = self.spatial * self.patch
+        problems = []
+        for field in ("height", "width"):
+            value = getattr(job, field)
+            if value % size:
+                near = max(size, round(value / size) * size)
+                problems.append(f"{where}: {field}: {value} px is not a multiple of {size} "
+                                f"(VAE {self.spatial}x times patch {self.patch}); use e.g. {near}")
+        if (job.frames - 1) % self.temporal:
+            near = (job.frames - 1) // self.temporal * self.temporal + 1
+            problems.append(f"{where}: frames: {job.frames} is not 1 + a multiple of {self.temporal} "
+                            f"(the VAE compresses time {self.temporal}x); use e.g. {near} or {near + self.temporal}")
+        if problems:
+            raise InputError("\n".join(problems))
+        return job
+
+
+def resolve_model(model: str) -> ModelSource:
+    """Check "tiny" or a local diffusers folder without loading weights."""
+    if model == "tiny":
+        from sagevideo.pipelines import tiny
+
+        cfg, vae = tiny.TRANSFORMER_CONFIG, tiny.VAE_CONFIG
+        return ModelSource(
+            name="tiny", path=None, pipeline_class="CogVideoXPipeline",
+            heads=cfg["num_attention_heads"], head_dim=cfg["attention_head_dim"],
+            spatial=2 ** (len(vae["block_out_channels"]) - 1), temporal=vae["temporal_compression_ratio"],
+            patch=cfg["patch_size"], text_tokens=cfg["max_text_seq_length"],
+            default_height=tiny.DEFAULT_HEIGHT, default_width=tiny.DEFAULT_WIDTH,
+            default_frames=tiny.DEFAULT_FRAMES, default_steps=2,
+        )
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise InputError(f"--model {model}: no such folder; give 'tiny' or a local diffusers folder "
+                         "(nothing is downloaded)")
+    if not path.is_dir():
+        raise InputError(f"--model {model}: is a file; give the diffusers folder that holds model_index.json")
+    index = _read_json(path / "model_index.json", f"--model {model}",
+                       "give the diffusers folder that holds model_index.json (a save_pretrained output)")
+    cls = index.get("_class_name")
+    if cls not in SUPPORTED_PIPELINES:
+        raise InputError(f"--model {model}: model_index.json names {cls!r}; sagevideo generate runs "
+                         f"{', '.join(SUPPORTED_PIPELINES)}")
+    for component in _WEIGHT_COMPONENTS:
+        folder = path / component
+        if not any(folder.glob("*.safetensors")):
+            raise InputError(f"--model {model}: {component}/ has no .safetensors weights; sagevideo loads "
+                             "safetensors only (re-save with save_pretrained(..., safe_serialization=True))")
+    cfg = _read_json(path / "transformer" / "config.json", f"--model {model}", "the transformer/ folder is incomplete")
+    vae = _read_json(path / "vae" / "config.json", f"--model {model}", "the vae/ folder is incomplete")
+    spatial = 2 ** (len(vae.get("block_out_channels", (0,) * 4)) - 1)
+    return ModelSource(
+        name=str(path.resolve()), path=path.resolve(), pipeline_class=cls,
+        heads=cfg.get("num_attention_heads", 30), head_dim=cfg.get("attention_head_dim", 64),
+        spatial=spatial, temporal=vae.get("temporal_compression_ratio", 4),
+        patch=cfg.get("patch_size", 2), text_tokens=cfg.get("max_text_seq_length", 226),
+        default_height=cfg.get("sample_height", 60) * spatial, default_width=cfg.get("sample_width", 90) * spatial,
+        default_frames=cfg.get("sample_frames", 49), default_steps=50,
+    )
+
+
+def _read_json(path: Path, where: str, fix: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise InputError(f"{where}: {path.name} is missing in {path.parent}; {fix}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise InputError(f"{where}: {path} is not readable JSON ({err}); {fix}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: {path} is not a JSON object; {fix}")
+    return data
+
+
+def load_pipeline(source: ModelSource, device: str, dtype: Any):
+    """Load the pipeline onto `device` in `dtype` (a torch.dtype), progress bars off."""
+    if source.is_tiny:
+        from sagevideo.pipelines.tiny import tiny_pipeline
+
+        import torch
+
+        pipe = tiny_pipeline()
+        for module in (pipe.transformer, pipe.vae, pipe.text_encoder):
+            # torch's own `to`: diffusers' ModelMixin.to warns about fp32 modules on every dtype
+            # cast, even with none to keep (diffusers 0.42); the tiny models have none.
+            torch.nn.Module.to(module, device=device, dtype=dtype)
+    else:
+        from diffusers import CogVideoXPipeline
+
+        pipe = CogVideoXPipeline.from_pretrained(
+            source.path, local_files_only=True, use_safetensors=True, torch_dtype=dtype
+        ).to(device)
+    # The batch has its own progress bar over jobs; per-step bars would interleave with it.
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
