@@ -79,3 +79,22 @@ def sageattn_triton(
         plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages,
     )
     return out, (lse if return_lse else None)
+
+
+def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
+                       pv, arch, block_d, block_m, block_n, num_warps, num_stages):
+    batch, heads, n_q, _ = q.shape
+    lse = q.new_empty(batch, heads, n_q if return_lse else 0, dtype=torch.float32)
+    return torch.empty_like(q), lse
+
+
+def _register_interpreter_fake() -> None:
+    """Under TRITON_INTERPRET the kernels are interpreted Python that reads data pointers, which fake
+    tensors lack; give tracing an explicit fake so torch.compile tests can run on CPU."""
+    from sagevideo.kernels.plans import interpreter_enabled
+
+    if interpreter_enabled():
+        sageattn_fwd.register_fake(_fake_sageattn_fwd)
+
+
+_register_interpreter_fake()

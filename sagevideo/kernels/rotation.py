@@ -9,32 +9,29 @@ outlier in Q or K is spread over all d channels instead of setting the whole til
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-_SIGN_SEED = 0x5A6E  # fixed: the kernels and the reference must use the same signs
+# Fixed random sign bits (from a seeded draw, written out so the matrix is built with plain
+# tensor ops that torch.compile can trace): the kernels and the reference use the same signs.
+_SIGN_BITS = 0xC6A4A7935BD1E995_9E3779B97F4A7C15
+_SIGN_PERIOD = 128
 
-
-@functools.lru_cache(maxsize=8)
-def _hadamard_cpu(dim: int) -> torch.Tensor:
-    if dim < 1 or dim & (dim - 1):
-        raise ValueError(f"Hadamard rotation needs a power-of-two dimension, got {dim}")
-    h = torch.ones(1, 1)
-    while h.shape[0] < dim:
-        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
-    gen = torch.Generator().manual_seed(_SIGN_SEED)
-    signs = torch.randint(0, 2, (dim,), generator=gen).float() * 2 - 1
-    return signs[:, None] * h
-
-
-_DEVICE_CACHE: dict[tuple[int, str], torch.Tensor] = {}
+_CACHE: dict[tuple[int, str], torch.Tensor] = {}
 
 
 def hadamard_pm1(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """(dim, dim) fp32 matrix of ±1 with R Rᵀ = dim·I; cached per device."""
+    """(dim, dim) fp32 matrix diag(s)·H_dim of ±1 entries with R Rᵀ = dim·I; cached per device."""
     key = (dim, str(device))
-    mat = _DEVICE_CACHE.get(key)
-    if mat is None:
-        mat = _DEVICE_CACHE[key] = _hadamard_cpu(dim).to(device)
+    cached = _CACHE.get(key)
+    if cached is not None:
+        return cached
+    if dim < 1 or dim & (dim - 1):
+        raise ValueError(f"Hadamard rotation needs a power-of-two dimension, got {dim}")
+    h = torch.ones(1, 1, device=device)
+    while h.shape[0] < dim:
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
+    signs = torch.tensor(
+        [1.0 - 2.0 * ((_SIGN_BITS >> (i % _SIGN_PERIOD)) & 1) for i in range(dim)], device=device
+    )
+    mat = _CACHE[key] = signs[:, None] * h
     return mat

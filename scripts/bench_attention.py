@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Side-by-side attention throughput on one GPU: SDPA backends vs sagevideo (and PyPI sageattention).
+
+TOPS = 4·B·H·N²·D / median time (triton.testing.do_bench), non-causal, random fp16 inputs with a
+K channel offset (never zeros), every variant in the same run. Ratios are against SDPA's cuDNN
+backend (the best 16-bit attention on Hopper). For sagevideo, "call" is the full `sageattn` call
+as users make it (quantization included) and "kernel" the attention kernel alone on
+pre-quantized inputs. Accuracy: cosine vs fp32 SDPA (worst over heads) for every sagevideo mode.
+
+    python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import sys
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {
+    "cogvideox-2b": (2, 30, 17776, 64),
+    "cogvideox-5b": (2, 48, 17776, 64),
+    "d128-8k": (2, 24, 8192, 128),
+    "d128-32k": (1, 24, 32768, 128),
+    "d128-75k": (1, 24, 75000, 128),
+}
+DEFAULT_SHAPES = "cogvideox-2b,cogvideox-5b,d128-8k,d128-32k"
+SDPA_BACKENDS = ("flash", "cudnn", "efficient")
+
+
+def tops(shape: tuple[int, int, int, int], ms: float) -> float:
+    b, h, n, d = shape
+    return 4 * b * h * n * n * d / (ms * 1e-3) / 1e12
+
+
+def bench_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def sdpa_fn(backend: str, q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }[backend]
+
+    def run():
+        with sdpa_kernel([chosen]):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return run
+
+
+def cosine_worst(ref: torch.Tensor, out: torch.Tensor) -> float:
+    r = ref.float().flatten(2)
+    o = out.float().flatten(2)
+    return F.cosine_similarity(r, o, dim=-1).min().item()
+
+
+def reference_fp32(q, k, v) -> torch.Tensor:
+    """fp32 SDPA, one head at a time to bound memory."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        for h in range(q.shape[1]):
+            out[:, h : h + 1] = F.scaled_dot_product_attention(
+                q[:, h : h + 1].float(), k[:, h : h + 1].float(), v[:, h : h + 1].float()
+            )
+    return out
+
+
+def bench_shape(name: str, shape, sweep: bool) -> dict:
+    from sagevideo import last_backend, sageattn
+    from sagevideo.kernels.attention_fwd import attention_forward
+    from sagevideo.kernels.plans import select_plan
+    from sagevideo.kernels.quantize import quantize_inputs
+    from sagevideo.kernels.rotation import hadamard_pm1
+
+    torch.manual_seed(0)
+    b, h, n, d = shape
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3))
+    k[..., 7] += 8.0
+    row: dict = {"shape": name, "B": b, "H": h, "N": n, "D": d, "tops": {}, "ms": {}, "cos_worst": {}}
+    for backend in SDPA_BACKENDS:
+        try:
+            ms = bench_ms(sdpa_fn(backend, q, k, v))
+            row["ms"][f"sdpa-{backend}"] = ms
+        except RuntimeError as exc:  # backend unavailable for this shape
+            row["ms"][f"sdpa-{backend}"] = None
+            row.setdefault("errors", {})[f"sdpa-{backend}"] = str(exc).splitlines()[0]
+    try:
+        from sageattention import sageattn as pypi_sageattn  # PyPI sageattention 1.0.x, if installed
+
+        row["ms"]["pypi-sageattention"] = bench_ms(lambda: pypi_sageattn(q, k, v, tensor_layout="HND"))
+    except ImportError:
+        pass
+
+    ref = reference_fp32(q, k, v)
+    for pv in ("fp16", "fp8"):
+        out = sageattn(q, k, v, pv=pv, backend="triton")
+        assert last_backend().ran == "triton"
+        row["cos_worst"][pv] = cosine_worst(ref, out)
+        row["ms"][f"sage-{pv}-call"] = bench_ms(lambda pv=pv: sageattn(q, k, v, pv=pv, backend="triton"))
+        plan = select_plan(q.device, d, pv).plan
+        rot = hadamard_pm1(plan.block_d, q.device)
+
+        def quantize(plan=plan, rot=rot):
+            return quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False,
+                                   smooth_k=True, need_shift=False)
+
+        prepared = quantize()
+        o = torch.empty_like(q)
+        row["ms"][f"sage-{pv}-quant"] = bench_ms(quantize)
+        candidates = [plan]
+        if sweep:
+            candidates += [
+                dataclasses.replace(plan, num_warps=w, num_stages=s)
+                for w in (4, 8) for s in (2, 3, 4) if (w, s) != (plan.num_warps, plan.num_stages)
+            ]
+        sweep_rows = []
+        for cand in candidates:
+            try:
+                ms = bench_ms(lambda cand=cand: attention_forward(
+                    prepared, v, None, o, None, cand, is_causal=False, n_q=n, n_k=n))
+            except Exception as exc:  # out of shared memory etc.
+                sweep_rows.append({"warps": cand.num_warps, "stages": cand.num_stages, "error": str(exc)[:120]})
+                continue
+            sweep_rows.append({"warps": cand.num_warps, "stages": cand.num_stages, "ms": ms, "tops": tops(shape, ms)})
+        row["ms"][f"sage-{pv}-kernel"] = sweep_rows[0].get("ms")
+        if sweep:
+            row.setdefault("sweep", {})[pv] = sweep_rows
+        del prepared
+    cudnn = row["ms"].get("sdpa-cudnn")
+    row["tops"] = {key: (tops(shape, ms) if ms else None) for key, ms in row["ms"].items()}
+    row["vs_cudnn"] = {key: (cudnn / ms if ms and cudnn else None) for key, ms in row["ms"].items()}
+    return row
+
+
+def versions() -> dict:
+    import triton
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(),
+        "capability": list(torch.cuda.get_device_capability()),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = ["sdpa-flash", "sdpa-cudnn", "pypi-sageattention", "sage-fp16-call", "sage-fp16-kernel",
+            "sage-fp8-call", "sage-fp8-kernel"]
+    print("\nTOPS (x vs SDPA cuDNN), same run:")
+    print("| shape | " + " | ".join(cols) + " | quant share fp16/fp8 | worst cos fp16/fp8 |")
+    print("|---" * (len(cols) + 3) + "|")
+    for r in rows:
+        cells = []
+        for c in cols:
+            t, x = r["tops"].get(c), r["vs_cudnn"].get(c)
+            cells.append("-" if t is None else f"{t:.0f} ({x:.2f}x)")
+        shares = "/".join(
+            f"{r['ms'][f'sage-{pv}-quant'] / r['ms'][f'sage-{pv}-call']:.0%}" for pv in ("fp16", "fp8"))
+        cos = "/".join(f"{r['cos_worst'][pv]:.5f}" for pv in ("fp16", "fp8"))
+        dims = f"{r['shape']} ({r['B']},{r['H']},{r['N']},{r['D']})"
+        print(f"| {dims} | " + " | ".join(cells) + f" | {shares} | {cos} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma list of {sorted(SHAPES)}")
+    parser.add_argument("--json", help="write all figures to this JSON file")
+    parser.add_argument("--sweep", action="store_true", help="also time num_warps/num_stages variants")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_attention: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    names = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SHAPES]
+    if unknown:
+        print(f"bench_attention: unknown shapes {unknown}; choose from {sorted(SHAPES)}", file=sys.stderr)
+        return 2
+    meta = versions()
+    rows = []
+    for name in names:
+        rows.append(bench_shape(name, SHAPES[name], args.sweep))
+        print(json.dumps({"shape": name, "tops": rows[-1]["tops"]}), flush=True)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"meta": meta, "rows": rows}, fh, indent=2)
+    print(f"\n{meta['gpu']} (sm{''.join(map(str, meta['capability']))}), torch {meta['torch']}, "
+          f"triton {meta['triton']}, cuDNN {meta['cudnn']}, {meta['date']}")
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

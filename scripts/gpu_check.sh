@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: kernel/API tests (GPU-marked included), then the benchmark table.
+# Usage (repo root, on the GPU machine): bash scripts/gpu_check.sh [OUT_DIR] [bench args...]
+set -uo pipefail
+out=${1:-${OUT:-/tmp/sagevideo-gpu}}; shift || true
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
+python3 -m pytest -q -p no:cacheprovider tests/kernels tests/api/test_attention.py -rs 2>&1 | tee "$out/pytest.txt" | tail -25
+python3 scripts/bench_attention.py --json "$out/bench.json" "$@" 2>&1 | tee "$out/bench.txt" | tail -20
