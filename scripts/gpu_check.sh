@@ -9,6 +9,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
+python3 -c "import torch; print(\"tf32 matmul:\", torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/api/test_attention.py -rs 2>&1 | tee "$out/pytest.txt" | tail -25
 python3 scripts/bench_attention.py --json "$out/bench.json" "$@" 2>&1 | tee "$out/bench.txt" | tail -20

@@ -56,7 +56,7 @@ _TILES = {"fp16": (128, 64), "fp8": (64, 64)}
 # (arch, block_d) -> (num_warps, num_stages); speed only.
 _LAUNCH = {
     ("sm90", 64): (4, 3),
-    ("sm90", 128): (8, 3),
+    ("sm90", 128): (4, 3),  # H200 sweep 2026-11-29: 4 warps beat 8 by 1.0-1.7x (docs/benchmarks.md)
     ("sm89", 64): (4, 2),
     ("sm89", 128): (8, 2),
     ("sm80", 64): (4, 3),

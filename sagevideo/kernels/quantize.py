@@ -26,9 +26,12 @@ from torch.library import wrap_triton
 from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.reference import LOG2E
 
-# The rotation matrix is exactly ±1 and 16-bit Q is exact in tf32, so tf32 rotates Q exactly;
-# smoothed K (fp32) is rounded to tf32's 11 significant bits, far below the INT8 step (2^-7).
-ROT_PRECISION = "tf32"
+# The rotation matrix is exactly ±1 and 16-bit Q is exact in tf32, so one tf32 MMA rotates Q
+# with fp32 accuracy. Smoothed K is fp32: "tf32x3" splits it into a tf32 head and tail so the
+# product keeps fp32 accuracy too (plain tf32 would round K to 11 bits and flip INT8 codes
+# relative to the reference).
+Q_ROT_PRECISION = "tf32"
+K_ROT_PRECISION = "tf32x3"
 STATS_CHUNK = 64
 MIN_TOKENS_PER_SPLIT = 2048
 
@@ -169,11 +172,12 @@ def _quantize_q_kernel(
                 mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0).to(tl.float32)
     if STORE_SHIFT:
         mean = tl.load(KMean + bh * BLOCK_D + offs_d)
-        tl.store(QShift + bh * M_PAD + offs_m, tl.sum(q * mean[None, :], axis=1) * sm_scale)
+        shift = tl.sum(q * mean[None, :], axis=1) * sm_scale
+        tl.store(QShift + bh * M_PAD + offs_m, shift.to(tl.float32))
     if ROTATE:
         rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
         q = tl.dot(q, rot, input_precision=ROT_PRECISION)
-    q = q * qk_scale
+    q = (q * qk_scale).to(tl.float32)  # fp32 even when a compiler passes the scalar as fp64
     if PER_TOKEN:
         amax = tl.max(tl.abs(q), axis=1)
         scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
@@ -264,7 +268,7 @@ def quantize_inputs(
         heads, n_k, n_pad, num_splits,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-        PER_TOKEN=per_token, FP8_V=fp8_v, ROT_PRECISION=ROT_PRECISION,
+        PER_TOKEN=per_token, FP8_V=fp8_v, ROT_PRECISION=K_ROT_PRECISION,
     )
 
     q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
@@ -277,7 +281,7 @@ def quantize_inputs(
         heads, n_q, m_pad, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm,
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
-        ROT_PRECISION=ROT_PRECISION,
+        ROT_PRECISION=Q_ROT_PRECISION,
     )
     return QuantizedInputs(q_codes, q_scale, k_codes, k_scale, v_fp8_t, v_scale, q_shift)
 

@@ -81,6 +81,12 @@ def quantize_v_fp8(v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.T
     return (vf / scale[:, :, None]).to(torch.float8_e4m3fn), scale
 
 
+def _matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """fp32 result of a @ b accumulated in fp64: one rounding, independent of TF32 settings and
+    summation order, so the oracle is the same on every device."""
+    return (a.double() @ b.double()).float()
+
+
 def rotation_dim(head_dim: int) -> int:
     """Dimension Q and K are rotated in: the kernel's padded head dim, else the next power of two."""
     return padded_head_dim(head_dim) or 1 << (head_dim - 1).bit_length()
@@ -125,8 +131,8 @@ def sageattn_reference(
         dim = rotation_dim(q.shape[3])
         rot = hadamard_pm1(dim, q.device)
         pad = (0, dim - q.shape[3])
-        qf = torch.nn.functional.pad(qf, pad) @ rot
-        ks = torch.nn.functional.pad(ks, pad) @ rot
+        qf = _matmul_fp32(torch.nn.functional.pad(qf, pad), rot)
+        ks = _matmul_fp32(torch.nn.functional.pad(ks, pad), rot)
         qk_scale = qk_scale / dim
     qs = qf * qk_scale
     group_q, group_k = (block_m, block_n) if qk_granularity == "block" else (1, 1)
@@ -170,7 +176,7 @@ def sageattn_reference(
             p_operand = p.to(pv_dtype).float()
         else:
             p_operand = p
-        acc = acc * alpha[..., None] + p_operand @ v_tile
+        acc = acc * alpha[..., None] + _matmul_fp32(p_operand, v_tile)
         m = m_new
 
     has_keys = l > 0
@@ -180,5 +186,5 @@ def sageattn_reference(
     lse = None
     if return_lse:
         lse2 = torch.where(has_keys, m + torch.log2(torch.where(has_keys, l, 1.0)), float("-inf"))
-        lse = lse2 * LN2 + sm_scale * (q.float() @ k_mean[..., None]).squeeze(-1)
+        lse = lse2 * LN2 + sm_scale * _matmul_fp32(q.float(), k_mean[..., None]).squeeze(-1)
     return out.to(q.dtype), lse

@@ -40,7 +40,9 @@ def test_kernel_matches_reference_on_gpu(pv, dtype, head_dim):
     out_r = sageattn(q, k, v, pv=pv, attn_mask=m, backend="reference")
     e = error_stats(out_r, out_t)
     assert e.nonfinite == 0
-    assert e.cos_worst > (0.99999 if dtype == torch.float16 else 0.9999), e
+    # FP8: the GPU's approximate exp2 moves a few P values across e4m3 rounding boundaries
+    floor = {("fp16", torch.float16): 0.99999, ("fp16", torch.bfloat16): 0.9999}.get((pv, dtype), 0.9998)
+    assert e.cos_worst > floor, e
 
 
 @pytest.mark.parametrize(

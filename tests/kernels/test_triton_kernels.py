@@ -118,9 +118,12 @@ def test_quantized_codes_match_reference():
     plan = select_plan(q.device, 64, "fp16").plan
     rot = hadamard_pm1(64, q.device)
     prep = quantize_inputs(q, k, v, None, rot, plan, sm_scale=0.125, per_token=False, smooth_k=True, need_shift=True)
+    def mm(a, b):  # fp64 accumulation: no TF32, no summation-order effects in the expectation
+        return (a.double() @ b.double()).float()
+
     ks, mean = smoothed_k(k, None)
-    k_codes, k_scale = quantize_symmetric(ks @ rot, plan.block_n)
-    q_codes, q_scale = quantize_symmetric(q.float() @ rot * (0.125 * LOG2E / 64), plan.block_m)
+    k_codes, k_scale = quantize_symmetric(mm(ks, rot), plan.block_n)
+    q_codes, q_scale = quantize_symmetric(mm(q.float(), rot) * (0.125 * LOG2E / 64), plan.block_m)
     got_k = prep.k_codes.reshape(1, 2, -1, 64)[:, :, :200].float()
     got_q = prep.q_codes.reshape(1, 2, -1, 64)[:, :, :200].float()
     for got, want in ((got_k, k_codes), (got_q, q_codes)):
@@ -129,7 +132,7 @@ def test_quantized_codes_match_reference():
     torch.testing.assert_close(prep.k_scale.reshape(1, 2, -1)[:, :, :200], k_scale, rtol=1e-5, atol=0)
     torch.testing.assert_close(prep.q_scale.reshape(1, 2, -1)[:, :, :200], q_scale, rtol=1e-5, atol=0)
     shift = prep.q_shift.reshape(1, 2, -1)[:, :, :200]
-    torch.testing.assert_close(shift, 0.125 * (q.float() @ mean[..., None]).squeeze(-1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(shift, 0.125 * mm(q.float(), mean[..., None]).squeeze(-1), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -137,5 +140,7 @@ def test_fp8_pv_matches_reference(head_dim):
     q, k, v, _ = _inputs("k-offset", (1, 2, 100, head_dim), seed=12)
     out_t, out_r = _both(q, k, v, pv="fp8")
     assert torch.isfinite(out_t).all()
-    floor = 0.99 if INTERPRETED else 0.99995  # interpreter's float8 cast is inexact
+    # interpreter: its float8 cast is inexact; GPU: exp2 is approximate there, which moves a few
+    # P values across e4m3 rounding boundaries (one e4m3 step is 6-12%)
+    floor = 0.99 if INTERPRETED else 0.9998
     assert error_stats(out_r, out_t).cos_worst > floor
