@@ -20,7 +20,7 @@ _LAZY = {
     "install": "sagevideo.pipelines.install",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = ["__version__", "generate", "install", "last_backend", "record_backends", "sageattn"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from sagevideo.api.attention import sageattn

@@ -69,7 +69,7 @@ class RunSettings(BaseModel):
 
     model: "tiny" (built in) or a local diffusers folder. attention: "sage" installs sagevideo's
     processor, "full" runs the stock full-precision one. backend: `sageattn`'s backend; "auto" on
-    a CPU device means "reference" (see `resolve_backend`). dtype: None = bf16 on CUDA, fp32 on CPU.
+    a CPU device means "reference" (see `sagevideo.api.generate`). dtype: None = bf16 on CUDA, fp32 on CPU.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -83,8 +83,8 @@ class RunSettings(BaseModel):
     fps: int = Field(8, ge=1, le=240)
 
 
-def validation_message(err: ValidationError, where: str) -> str:
-    """One line per problem: '<where>: <field>: <what is wrong> (got <value>)'."""
+def validation_problems(err: ValidationError) -> list[str]:
+    """One '<field>: <what is wrong> (got <value>)' per problem."""
     lines = []
     for problem in err.errors():
         field = ".".join(str(part) for part in problem["loc"]) or "value"
@@ -93,14 +93,35 @@ def validation_message(err: ValidationError, where: str) -> str:
             msg = "unknown field; remove it or check its spelling"
         got = problem.get("input")
         shown = "" if problem["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
-        lines.append(f"{where}: {field}: {msg}{shown}")
+        lines.append(f"{field}: {msg}{shown}")
+    return lines
+
+
+def validation_message(err: ValidationError, where: str) -> str:
+    """One line per problem: '<where>: <field>: <what is wrong> (got <value>)'."""
+    return "\n".join(f"{where}: {line}" for line in validation_problems(err))
+
+
+def group_problems(problems: Iterable[tuple[str, str]]) -> str:
+    """(where, problem) pairs -> one line per distinct problem, listing where it occurs.
+
+    A bad batch-wide option (e.g. --frames 8) then reads as one line, not one per prompt.
+    """
+    grouped: dict[str, list[str]] = {}
+    for where, problem in problems:
+        grouped.setdefault(problem, []).append(where)
+    lines = []
+    for problem, places in grouped.items():
+        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
+        lines.append(f"{shown}: {problem}")
     return "\n".join(lines)
 
 
-def parse_job(value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, Any], where: str) -> JobSpec:
+def parse_job(value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, Any]) -> JobSpec:
     """A prompt string, a mapping of JobSpec fields, or a JobSpec -> JobSpec.
 
     `defaults` fill fields a string or mapping does not set; a JobSpec is taken as it is.
+    Raises InputError with one line per problem (without saying which job: see parse_jobs).
     """
     if isinstance(value, JobSpec):
         return value
@@ -109,12 +130,13 @@ def parse_job(value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, A
     elif isinstance(value, Mapping):
         fields = {**defaults, **value}
     else:
-        raise InputError(f"{where}: expected a prompt string, a dict of job fields or a JobSpec, "
-                         f"got {type(value).__name__}")
+        raise InputError(
+            f"expected a prompt string, a dict of job fields or a JobSpec, got {type(value).__name__}"
+        )
     try:
         return JobSpec(**fields)
     except ValidationError as err:
-        raise InputError(validation_message(err, where)) from None
+        raise InputError("\n".join(validation_problems(err))) from None
 
 
 def parse_jobs(labelled: Iterable[tuple[Any, str]], defaults: Mapping[str, Any]) -> list[JobSpec]:
@@ -122,11 +144,11 @@ def parse_jobs(labelled: Iterable[tuple[Any, str]], defaults: Mapping[str, Any])
     jobs, problems = [], []
     for value, label in labelled:
         try:
-            jobs.append(parse_job(value, defaults, label))
+            jobs.append(parse_job(value, defaults))
         except InputError as err:
-            problems.append(str(err))
+            problems += [(label, line) for line in str(err).splitlines()]
     if problems:
-        raise InputError("\n".join(problems))
+        raise InputError(group_problems(problems))
     if not jobs:
         raise InputError("no prompts to generate; give at least one")
     return jobs
@@ -145,8 +167,9 @@ def read_prompts_file(path: str | Path) -> list[tuple[str, str]]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise InputError(f"prompts file {path} is not UTF-8 text ({err.reason} at byte {err.start}); "
-                         "save it as UTF-8") from None
+        raise InputError(
+            f"prompts file {path} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
+        ) from None
     except OSError as err:
         raise InputError(f"prompts file {path} cannot be read: {err.strerror}") from None
     prompts = []
@@ -155,13 +178,17 @@ def read_prompts_file(path: str | Path) -> list[tuple[str, str]]:
         if stripped and not stripped.startswith("#"):
             prompts.append((stripped, f"{path} line {number}"))
     if not prompts:
-        raise InputError(f"prompts file {path} has no prompts (only blank or # lines); add one prompt per line")
+        raise InputError(
+            f"prompts file {path} has no prompts (only blank or # lines); add one prompt per line"
+        )
     return prompts
 
 
 def job_id(job: JobSpec, settings: Mapping[str, Any]) -> str:
     """Stable 16-hex-digit id of a job under the settings that change its output."""
-    payload = json.dumps({"job": job.model_dump(), "settings": dict(settings)}, sort_keys=True, ensure_ascii=True)
+    payload = json.dumps(
+        {"job": job.model_dump(), "settings": dict(settings)}, sort_keys=True, ensure_ascii=True
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

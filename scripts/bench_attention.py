@@ -130,7 +130,7 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
         sweep_rows = []
         for cand in candidates:
             try:
-                ms = bench_ms(lambda cand=cand: attention_forward(
+                ms = bench_ms(lambda cand=cand, prepared=prepared, o=o: attention_forward(
                     prepared, v, None, o, None, cand, is_causal=False, n_q=n, n_k=n))
             except Exception as exc:  # out of shared memory etc.
                 sweep_rows.append({"warps": cand.num_warps, "stages": cand.num_stages, "error": str(exc)[:120]})
@@ -139,7 +139,6 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
         row["ms"][f"sage-{pv}-kernel"] = sweep_rows[0].get("ms")
         if sweep:
             row.setdefault("sweep", {})[pv] = sweep_rows
-        del prepared
     cudnn = row["ms"].get("sdpa-cudnn")
     row["tops"] = {key: (tops(shape, ms) if ms else None) for key, ms in row["ms"].items()}
     row["vs_cudnn"] = {key: (cudnn / ms if ms and cudnn else None) for key, ms in row["ms"].items()}

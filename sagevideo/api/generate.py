@@ -28,6 +28,7 @@ from sagevideo.jobs import (
     InputError,
     JobSpec,
     RunSettings,
+    group_problems,
     job_id,
     output_stem,
     parse_jobs,
@@ -95,15 +96,18 @@ class BatchReport:
         return self.failed == 0
 
     def summary_line(self) -> str:
-        """e.g. 'sagevideo: 2 done, 0 skipped, 0 failed → out (manifest.jsonl); attention: reference/fp16 x8'."""
+        """One line, e.g. 'sagevideo: 2 done, 0 skipped, 0 failed → out (manifest.jsonl);
+        attention: reference/fp16 x8'."""
         if self.plan.backend is None:
             attention = "full precision (nothing installed)"
         elif self.attention:
             attention = ", ".join(f"{label} x{n}" for label, n in self.attention.most_common())
         else:
             attention = f"{self.plan.backend}/{self.plan.settings.pv} (no new calls)"
-        line = (f"sagevideo: {self.done} done, {self.skipped} skipped, {self.failed} failed → "
-                f"{self.plan.out} ({MANIFEST_NAME}); attention: {attention}")
+        line = (
+            f"sagevideo: {self.done} done, {self.skipped} skipped, {self.failed} failed → "
+            f"{self.plan.out} ({MANIFEST_NAME}); attention: {attention}"
+        )
         if self.fallbacks:
             reasons = "; ".join(f"{reason} (x{n})" for reason, n in self.fallbacks.most_common())
             line += f"; SDPA fallbacks: {reasons}"
@@ -159,29 +163,40 @@ def plan_batch(
     or JobSpec override the keyword defaults. Raises InputError naming each bad field and its fix.
     """
     try:
-        settings = RunSettings(model=model, attention=attention, pv=pv, backend=backend, device=device,
-                               dtype=dtype, fps=fps)
+        settings = RunSettings(
+            model=model, attention=attention, pv=pv, backend=backend, device=device, dtype=dtype, fps=fps
+        )
     except ValidationError as err:
         raise InputError(validation_message(err, "settings")) from None
     labelled = _labelled_items(prompts_or_jobs, prompts_file)
-    defaults = dict(seed=seed, frames=frames, height=height, width=width, steps=steps, guidance=guidance,
-                    negative_prompt=negative_prompt)
+    defaults = dict(
+        seed=seed,
+        frames=frames,
+        height=height,
+        width=width,
+        steps=steps,
+        guidance=guidance,
+        negative_prompt=negative_prompt,
+    )
     jobs = parse_jobs(labelled, defaults)
-    out_dir = _prepare_out_dir(out)
     source = resolve_model(settings.model)
-    resolved, problems = [], []
-    for j, (_, label) in zip(jobs, labelled, strict=True):
-        try:
-            resolved.append((source.resolve(j, label), label))
-        except InputError as err:
-            problems.append(str(err))
+    resolved = [(source.resolve(j), label) for j, (_, label) in zip(jobs, labelled, strict=True)]
+    problems = [(label, problem) for j, label in resolved for problem in source.problems(j)]
     if problems:
-        raise InputError("\n".join(problems))
+        raise InputError(group_problems(problems))
 
     dev, dt = _resolve_device(settings)
     ran_backend, notes = _resolve_backend(settings, source, dev, dt)
-    id_settings = {"model": source.name, "attention": settings.attention, "pv": settings.pv if ran_backend else None,
-                   "backend": ran_backend, "dtype": dt, "fps": settings.fps}
+    out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
+    id_settings = {
+        "model": source.name,
+        "model_fingerprint": source.fingerprint,
+        "attention": settings.attention,
+        "pv": settings.pv if ran_backend else None,
+        "backend": ran_backend,
+        "dtype": dt,
+        "fps": settings.fps,
+    }
     planned, seen, duplicates = [], set(), 0
     for j, label in resolved:
         jid = job_id(j, id_settings)
@@ -192,13 +207,24 @@ def plan_batch(
         planned.append(PlannedJob(job=j, job_id=jid, output=f"{output_stem(j, jid)}.mp4", label=label))
     if duplicates:
         notes.append(f"{duplicates} duplicate job(s) (same prompt and settings) will run once")
-    return BatchPlan(out=out_dir, settings=settings, source=source, device=dev, dtype=dt,
-                     backend=ran_backend, jobs=planned, notes=notes)
+    return BatchPlan(
+        out=out_dir,
+        settings=settings,
+        source=source,
+        device=dev,
+        dtype=dt,
+        backend=ran_backend,
+        jobs=planned,
+        notes=notes,
+    )
 
 
-def run_batch(plan: BatchPlan, *, progress: bool = True, echo: Callable[[str], None] | None = None) -> BatchReport:
+def run_batch(
+    plan: BatchPlan, *, progress: bool = True, echo: Callable[[str], None] | None = None
+) -> BatchReport:
     """Run the jobs of `plan` that are not done yet; see the module docstring."""
     from tqdm.auto import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     echo = echo or log.warning
     manifest = Manifest(plan.manifest_path)
@@ -216,17 +242,28 @@ def run_batch(plan: BatchPlan, *, progress: bool = True, echo: Callable[[str], N
     if not todo:
         return report
 
-    pipe, handle, load_s = _load(plan)
-    bar = tqdm(total=len(plan.jobs), initial=report.skipped, disable=not progress, unit="video",
-               desc="sagevideo", dynamic_ncols=True)
+    bar = tqdm(
+        total=len(plan.jobs),
+        initial=report.skipped,
+        disable=not progress,
+        unit="video",
+        desc="sagevideo",
+        dynamic_ncols=True,
+    )
+    # Library warnings (e.g. diffusers' prompt truncation) print above the bar, not through it.
+    libraries = [logging.getLogger(name) for name in ("diffusers", "transformers")]
+    handle = None
     try:
-        for index, pj in todo:
-            bar.set_postfix_str(pj.output[:32], refresh=True)
-            record = _run_one(plan, pj, pipe, load_s, echo, report)
-            load_s = 0.0  # charged to the first job attempted
-            manifest.append(record)
-            report.records[index] = record
-            bar.update(1)
+        with logging_redirect_tqdm(loggers=libraries, tqdm_class=tqdm):
+            bar.set_postfix_str(f"loading {Path(plan.source.name).name}", refresh=True)
+            pipe, handle, load_s = _load(plan)
+            for index, pj in todo:
+                bar.set_postfix_str(pj.output[:32], refresh=True)
+                record = _run_one(plan, pj, pipe, load_s, echo, report)
+                load_s = 0.0  # charged to the first job attempted
+                manifest.append(record)
+                report.records[index] = record
+                bar.update(1)
     finally:
         bar.close()
         if handle is not None:
@@ -234,8 +271,14 @@ def run_batch(plan: BatchPlan, *, progress: bool = True, echo: Callable[[str], N
     return report
 
 
-def _run_one(plan: BatchPlan, pj: PlannedJob, pipe: Any, load_s: float, echo: Callable[[str], None],
-             report: BatchReport) -> dict[str, Any]:
+def _run_one(
+    plan: BatchPlan,
+    pj: PlannedJob,
+    pipe: Any,
+    load_s: float,
+    echo: Callable[[str], None],
+    report: BatchReport,
+) -> dict[str, Any]:
     from sagevideo.api.backends import record_backends
     from sagevideo.outputs.video import write_mp4
     from sagevideo.pipelines.runner import run_job
@@ -269,13 +312,30 @@ def _base_record(plan: BatchPlan, pj: PlannedJob) -> dict[str, Any]:
 
     j = pj.job
     return {
-        "job_id": pj.job_id, "status": None, "error": None,
-        "prompt": j.prompt, "negative_prompt": j.negative_prompt, "seed": j.seed, "frames": j.frames,
-        "height": j.height, "width": j.width, "steps": j.steps, "guidance": j.guidance, "name": j.name,
-        "model": plan.source.name, "attention": plan.settings.attention,
-        "pv": plan.settings.pv if plan.backend else None, "backend": plan.backend,
-        "device": plan.device, "dtype": plan.dtype, "fps": plan.settings.fps,
-        "backends": None, "timings": None, "outputs": [], "created": None,
+        "job_id": pj.job_id,
+        "status": None,
+        "error": None,
+        "prompt": j.prompt,
+        "negative_prompt": j.negative_prompt,
+        "seed": j.seed,
+        "frames": j.frames,
+        "height": j.height,
+        "width": j.width,
+        "steps": j.steps,
+        "guidance": j.guidance,
+        "name": j.name,
+        "model": plan.source.name,
+        "model_fingerprint": plan.source.fingerprint,
+        "attention": plan.settings.attention,
+        "pv": plan.settings.pv if plan.backend else None,
+        "backend": plan.backend,
+        "device": plan.device,
+        "dtype": plan.dtype,
+        "fps": plan.settings.fps,
+        "backends": None,
+        "timings": None,
+        "outputs": [],
+        "created": None,
         "sagevideo_version": sagevideo.__version__,
     }
 
@@ -319,7 +379,9 @@ def _prepare_out_dir(out: str | Path) -> Path:
         with tempfile.TemporaryFile(dir=path, prefix=".sagevideo-probe-"):
             pass
     except OSError as err:
-        raise InputError(f"--out {out}: cannot write there ({err.strerror or err}); give a writable folder") from None
+        raise InputError(
+            f"--out {out}: cannot write there ({err.strerror or err}); give a writable folder"
+        ) from None
     manifest = path / MANIFEST_NAME
     if manifest.exists() and (not manifest.is_file()):
         raise InputError(f"--out {out}: {MANIFEST_NAME} there is not a file; remove it or use another folder")
@@ -334,12 +396,16 @@ def _resolve_device(settings: RunSettings) -> tuple[str, str]:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU; use --device cpu or auto")
+        raise InputError(
+            f"--device cuda: torch {torch.__version__} sees no CUDA GPU; use --device cpu or auto"
+        )
     dtype = settings.dtype or ("bfloat16" if device == "cuda" else "float32")
     return device, dtype
 
 
-def _resolve_backend(settings: RunSettings, source: ModelSource, device: str, dtype: str) -> tuple[str | None, list[str]]:
+def _resolve_backend(
+    settings: RunSettings, source: ModelSource, device: str, dtype: str
+) -> tuple[str | None, list[str]]:
     """(sageattn backend for the processors or None, notes). Explicit choices that cannot run raise."""
     import torch
 

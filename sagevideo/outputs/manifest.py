@@ -5,10 +5,11 @@ the line it was writing; a torn last line is skipped (with a warning) when readi
 record of a job id decides whether a re-run skips it: status "done" and every output present.
 
 Record fields: job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed, frames,
-height, width, steps, guidance, name, model, attention ("sage"/"full"), pv, backend (requested),
-device, dtype, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
-decode_s, write_s), outputs (paths relative to the output folder), created (UTC ISO time),
-sagevideo_version.
+height, width, steps, guidance, name, model, model_fingerprint, attention ("sage"/"full"), pv,
+backend (the one the processors were given: --backend auto on CPU becomes "reference"; None for
+"full"), device, dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s,
+denoise_s, decode_s, write_s), outputs (paths relative to the output folder), created (UTC ISO
+time), sagevideo_version.
 """
 
 from __future__ import annotations
@@ -34,15 +35,18 @@ class Manifest:
         if not self.path.exists():
             return []
         records = []
-        with self.path.open(encoding="utf-8") as f:
+        # errors="replace": a torn multi-byte character must not make the whole manifest unreadable
+        with self.path.open(encoding="utf-8", errors="replace") as f:
             for number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 try:
                     record = json.loads(line)
                 except ValueError:
-                    warnings.warn(f"{self.path} line {number} is not valid JSON (torn write?); ignoring it",
-                                  stacklevel=2)
+                    warnings.warn(
+                        f"{self.path} line {number} is not valid JSON (torn write?); ignoring it",
+                        stacklevel=2,
+                    )
                     continue
                 if isinstance(record, dict) and "job_id" in record:
                     records.append(record)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -29,14 +29,24 @@ def write_mp4(frames: np.ndarray, path: str | Path, *, fps: int = 8, quality: fl
 
     frames = np.asarray(frames)
     if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
-        raise ValueError(f"write_mp4: frames must be uint8 (F, H, W, 3) with F >= 1, got {frames.dtype} {frames.shape}")
+        raise ValueError(
+            f"write_mp4: frames must be uint8 (F, H, W, 3) with F >= 1, got {frames.dtype} {frames.shape}"
+        )
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".partial.mp4")
-    os.close(fd)
+    # Hidden, unique, same folder (so the rename stays on one filesystem); ffmpeg creates it with
+    # the usual umask permissions (mkstemp's would be 0600).
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}.partial.mp4")
     try:
         writer = imageio.get_writer(
-            tmp, format="FFMPEG", mode="I", fps=fps, codec="libx264", pixelformat="yuv420p",
-            quality=quality, macro_block_size=MACRO_BLOCK, ffmpeg_log_level="error",
+            tmp,
+            format="FFMPEG",
+            mode="I",
+            fps=fps,
+            codec="libx264",
+            pixelformat="yuv420p",
+            quality=quality,
+            macro_block_size=MACRO_BLOCK,
+            ffmpeg_log_level="error",
         )
         with writer:
             for frame in frames:

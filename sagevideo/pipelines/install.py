@@ -82,11 +82,14 @@ def install(pipe_or_transformer: Any, *, pv: str = "fp16", backend: str = "auto"
     originals = transformer.attn_processors
     for name, proc in originals.items():
         if isinstance(proc, SageCogVideoXAttnProcessor):
-            raise RuntimeError(f"sagevideo.install: {name} already runs sagevideo attention; not wrapping twice")
+            raise RuntimeError(
+                f"sagevideo.install: {name} already runs sagevideo attention; not wrapping twice"
+            )
         if type(proc) is not CogVideoXAttnProcessor2_0:
             raise TypeError(
                 f"sagevideo.install: {name} uses {type(proc).__name__}; sagevideo replaces "
-                "CogVideoXAttnProcessor2_0 only (after fuse_qkv_projections(), call unfuse_qkv_projections() first)"
+                "CogVideoXAttnProcessor2_0 only "
+                "(after fuse_qkv_projections(), call unfuse_qkv_projections() first)"
             )
     if not originals:
         raise TypeError(f"sagevideo.install: {type(transformer).__name__} has no attention processors")

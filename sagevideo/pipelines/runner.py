@@ -42,7 +42,8 @@ def run_job(pipe, job: JobSpec, *, text_tokens: int) -> JobFrames:
     def check_step(pipeline, step: int, timestep, tensors: dict) -> dict:
         if not torch.isfinite(tensors["latents"]).all():
             raise NonFiniteError(
-                f"NaN/Inf in the latents after denoising step {step + 1}/{job.steps} (timestep {int(timestep)})"
+                f"NaN/Inf in the latents after denoising step {step + 1}/{job.steps} "
+                f"(timestep {int(timestep)})"
             )
         return tensors
 

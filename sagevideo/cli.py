@@ -1,0 +1,258 @@
+"""The `sagevideo` command line: a thin typer layer over the Python API.
+
+Each command parses its options, calls the API, and maps errors to exit codes:
+0 success, 1 a job or the model load failed, 2 bad input (reported before any model loads).
+Heavy modules (torch, diffusers) are imported inside the commands so `--help` stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(
+    name="sagevideo",
+    help="Fast long-sequence video diffusion with SageAttention-style quantized attention.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+@app.callback()
+def main() -> None:
+    """Fast long-sequence video diffusion with SageAttention-style quantized attention."""
+
+
+def fail(command: str, message: str, code: int) -> typer.Exit:
+    """Print 'sagevideo <command>: error: ...' to stderr; return the Exit to raise."""
+    lines = message.splitlines() or [""]
+    for line in lines:
+        typer.echo(f"sagevideo {command}: error: {line}", err=True)
+    return typer.Exit(code)
+
+
+class Attention(str, Enum):
+    sage = "sage"
+    full = "full"
+
+
+class Backend(str, Enum):
+    auto = "auto"
+    triton = "triton"
+    reference = "reference"
+    sdpa = "sdpa"
+
+
+class PV(str, Enum):
+    fp16 = "fp16"
+    fp8 = "fp8"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@app.command()
+def generate(
+    prompts_file: Annotated[
+        Path | None,
+        typer.Argument(
+            help="Text file with one prompt per line (blank lines and # comments are skipped).",
+            show_default=False,
+        ),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Output folder for the mp4 files and manifest.jsonl.")
+    ] = ...,
+    model: Annotated[
+        str, typer.Option(help="'tiny' (built in, no download) or a local diffusers folder.")
+    ] = "tiny",
+    prompt: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--prompt", "-p", help="A prompt (repeatable). Without prompts: a built-in batch of two."
+        ),
+    ] = None,
+    negative_prompt: Annotated[str, typer.Option(help="Negative prompt for every job.")] = "",
+    seed: Annotated[
+        int, typer.Option(help="Seed of the initial noise (CPU generator: same on every device).")
+    ] = 0,
+    frames: Annotated[
+        int | None, typer.Option(help="Frames, 1 + 4k (default: the model's; tiny: 9).")
+    ] = None,
+    height: Annotated[
+        int | None, typer.Option(help="Height in px, multiple of 16 (default: the model's; tiny: 64).")
+    ] = None,
+    width: Annotated[
+        int | None, typer.Option(help="Width in px, multiple of 16 (default: the model's; tiny: 64).")
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option(help="Denoising steps (default: tiny 2, local models 50).")
+    ] = None,
+    guidance: Annotated[float, typer.Option(help="Classifier-free guidance scale (<= 1 disables it).")] = 6.0,
+    attention: Annotated[
+        Attention, typer.Option(help="sage: quantized attention; full: stock full precision.")
+    ] = Attention.sage,
+    backend: Annotated[
+        Backend,
+        typer.Option(help="sageattn backend; auto = Triton on CUDA, the emulation (reference) on CPU."),
+    ] = Backend.auto,
+    pv: Annotated[PV, typer.Option(help="Precision of the P·V product.")] = PV.fp16,
+    device: Annotated[Device, typer.Option(help="auto = CUDA when available, else CPU.")] = Device.auto,
+    fps: Annotated[int, typer.Option(help="Frame rate of the mp4 files.")] = 8,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
+) -> None:
+    """Generate videos into --out; re-running resumes (finished jobs are skipped, failed ones redone)."""
+    from tqdm.auto import tqdm
+
+    from sagevideo.api.generate import ModelLoadError, plan_batch, run_batch
+    from sagevideo.jobs import InputError
+
+    try:
+        plan = plan_batch(
+            prompt or None,
+            prompts_file=prompts_file,
+            out=out,
+            model=model,
+            seed=seed,
+            frames=frames,
+            height=height,
+            width=width,
+            steps=steps,
+            guidance=guidance,
+            negative_prompt=negative_prompt,
+            attention=attention.value,
+            pv=pv.value,
+            backend=backend.value,
+            device=device.value,
+            fps=fps,
+        )
+    except InputError as err:
+        raise fail("generate", str(err), EXIT_BAD_INPUT) from None
+    for note in plan.notes:
+        typer.echo(f"sagevideo: {note}", err=True)
+    try:
+        report = run_batch(plan, progress=progress, echo=lambda line: tqdm.write(line, file=sys.stderr))
+    except ModelLoadError as err:
+        raise fail("generate", str(err), EXIT_FAILED) from None
+    typer.echo(report.summary_line())
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def env() -> None:
+    """Print torch/triton/GPU versions and which kernel plan runs on each device, and why."""
+    from sagevideo.env_report import report_lines
+
+    for line in report_lines():
+        typer.echo(line)
+
+
+class SimPV(str, Enum):
+    fp16 = "fp16"
+    fp8 = "fp8"
+    fp32 = "fp32"
+    int8_naive = "int8-naive"
+
+
+class OnOff(str, Enum):
+    on = "on"
+    off = "off"
+    both = "both"
+
+
+class Granularity(str, Enum):
+    block = "block"
+    token = "token"
+
+
+class Preset(str, Enum):
+    random = "random"
+    k_offset = "k-offset"
+    q_outlier = "q-outlier"
+    peaky = "peaky"
+    near_uniform = "near-uniform"
+    padded = "padded"
+    large = "large"
+
+
+def _settings(value: OnOff) -> list[bool]:
+    return {"on": [True], "off": [False], "both": [False, True]}[value.value]
+
+
+def _shape(text: str) -> tuple[int, int, int, int]:
+    try:
+        dims = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        dims = ()
+    if len(dims) != 4 or min(dims) < 1:
+        raise typer.BadParameter(f"{text!r}: give B,H,N,D as four positive integers, e.g. 1,8,1024,128")
+    return dims  # type: ignore[return-value]
+
+
+@app.command()
+def simulate(
+    preset: Annotated[Preset, typer.Option(help="Synthetic inputs (ignored with --qkv).")] = Preset.k_offset,
+    qkv: Annotated[
+        Path | None,
+        typer.Option(help="safetensors file of captured q/k/v (or <layer>.q/.k/.v), (B, H, N, D)."),
+    ] = None,
+    layout: Annotated[str, typer.Option(help="Layout of the --qkv tensors: HND or NHD.")] = "HND",
+    shape: Annotated[str, typer.Option(help="B,H,N,D of the synthetic inputs.")] = "1,8,1024,128",
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic inputs.")] = 0,
+    pv: Annotated[
+        list[SimPV] | None,
+        typer.Option(help="PV precision(s) to compare (repeatable); int8-naive is the seed's naive INT8 PV."),
+    ] = None,
+    smooth_k: Annotated[OnOff, typer.Option(help="Subtract the mean of K: on, off or both.")] = OnOff.both,
+    rotate: Annotated[OnOff, typer.Option(help="Hadamard-rotate Q and K: on, off or both.")] = OnOff.on,
+    qk_bits: Annotated[int, typer.Option(min=2, max=16, help="Bits of the Q/K integer quantization.")] = 8,
+    granularity: Annotated[Granularity, typer.Option(help="Q/K scale per tile or per token.")] = Granularity.block,
+    block_m: Annotated[int | None, typer.Option(help="Q tile (default: the kernel plan's).")] = None,
+    block_n: Annotated[int | None, typer.Option(help="K tile (default: the kernel plan's).")] = None,
+    dtype: Annotated[str, typer.Option(help="Input dtype before quantization: fp16, bf16 or fp32.")] = "fp32",
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
+) -> None:
+    """Simulate quantized attention against exact fp64 attention: cosine, rel-L1, RMSE, worst first."""
+    import json
+
+    from sagevideo.eval.simulate import format_table, variant_grid
+    from sagevideo.eval.simulate import simulate as run_simulation
+
+    dims = _shape(shape)
+    if qkv is not None and not qkv.is_file():
+        raise fail("simulate", f"--qkv {qkv}: no such file", EXIT_BAD_INPUT)
+    if dtype not in ("fp16", "bf16", "fp32"):
+        raise fail("simulate", f"--dtype {dtype}: use fp16, bf16 or fp32", EXIT_BAD_INPUT)
+    modes = [p.value for p in (pv or [SimPV.fp16, SimPV.fp8])]
+    variants = variant_grid(
+        modes, _settings(smooth_k), _settings(rotate),
+        qk_bits=qk_bits, granularity=granularity.value, block_m=block_m, block_n=block_n,
+    )
+    try:
+        results = run_simulation(
+            variants, preset=preset.value, shape=dims, seed=seed,
+            qkv_file=None if qkv is None else str(qkv), layout=layout, dtype=dtype,
+        )
+    except (ValueError, FileNotFoundError) as err:
+        raise fail("simulate", str(err), EXIT_BAD_INPUT) from None
+    source = str(qkv) if qkv else f"preset {preset.value} {dims} seed {seed}"
+    typer.echo(f"inputs: {source}, dtype {dtype}; errors vs fp64 attention, per (batch, head)\n")
+    typer.echo(format_table(results))
+    if json_out is not None:
+        json_out.write_text(json.dumps([r.summary() for r in results], indent=2))
+    worst = min(results, key=lambda r: r.summary()["cos_worst"]).summary()
+    typer.echo(f"\nsagevideo simulate: {len(results)} variants; worst cosine {worst['cos_worst']:.5f} "
+               f"({worst['variant']}, {worst['worst_layer']} {worst['worst_head']})"
+               + (f"; figures in {json_out}" if json_out else ""))

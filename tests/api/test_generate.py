@@ -1,0 +1,239 @@
+"""sagevideo.generate end to end on the tiny model: files, manifest, resume, failures, input checks."""
+
+import json
+import os
+import re
+
+import imageio.v2 as imageio
+import pytest
+
+import sagevideo
+from sagevideo.api.generate import plan_batch
+from sagevideo.jobs import DEFAULT_PROMPTS, InputError, JobSpec
+
+RECORD_FIELDS = set(
+    "job_id status error prompt negative_prompt seed frames height width steps guidance name model "
+    "model_fingerprint attention pv backend device dtype fps backends timings outputs created "
+    "sagevideo_version".split()
+)
+
+
+def count_frames(path):
+    with imageio.get_reader(path) as reader:  # iterate: list(reader) raises MemoryError
+        shapes = [frame.shape for frame in reader]
+    return len(shapes), shapes[0]
+
+
+def manifest_lines(out):
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if anything tries to load a model."""
+    import sagevideo.pipelines.loading as loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(loading, "load_pipeline", refuse)
+
+
+@pytest.fixture
+def failing_prompt(monkeypatch):
+    """Jobs whose prompt contains 'FAIL' raise inside the runner."""
+    import sagevideo.pipelines.runner as runner
+
+    real = runner.run_job
+
+    def run_job(pipe, job, **kwargs):
+        if "FAIL" in job.prompt:
+            raise RuntimeError("simulated failure")
+        return real(pipe, job, **kwargs)
+
+    monkeypatch.setattr(runner, "run_job", run_job)
+
+
+def test_default_batch_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    records = sagevideo.generate(out=out, progress=False)
+    assert [r["prompt"] for r in records] == list(DEFAULT_PROMPTS)
+    assert manifest_lines(out) == records
+    for r in records:
+        assert set(r) == RECORD_FIELDS
+        assert r["status"] == "done" and r["error"] is None
+        assert (r["frames"], r["height"], r["width"], r["steps"], r["model"]) == (9, 64, 64, 2, "tiny")
+        # CPU + backend auto runs the emulation of the quantized kernels, not the SDPA fallback
+        assert (r["attention"], r["backend"], r["pv"], r["device"]) == ("sage", "reference", "fp16", "cpu")
+        assert r["backends"] == {"counts": {"reference/fp16": 4}, "fallbacks": {}}  # 2 layers x 2 steps
+        assert all(isinstance(r["timings"][k], float) for k in ("load_s", "denoise_s", "decode_s", "write_s"))
+        assert r["sagevideo_version"] == sagevideo.__version__
+        (name,) = r["outputs"]
+        assert re.fullmatch(r"[a-z0-9-]+-[0-9a-f]{10}\.mp4", name) and name.endswith(
+            r["job_id"][:10] + ".mp4"
+        )
+        assert count_frames(out / name) == (9, (64, 64, 3))
+    assert sorted(os.listdir(out)) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])
+
+
+def test_rerun_resumes_without_loading_or_rewriting(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    first = sagevideo.generate(["a cat", "a dog"], out=out, progress=False)
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    import sagevideo.pipelines.loading as loading
+
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model to skip jobs"))
+    second = sagevideo.generate(["a cat", "a dog"], out=out, progress=False)
+    assert second == first
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
+    assert len(manifest_lines(out)) == 2
+
+
+def test_failed_job_is_recorded_others_finish_and_rerun_retries_it(tmp_path, monkeypatch, failing_prompt):
+    out = tmp_path / "out"
+    records = sagevideo.generate(["a cat", "please FAIL", "a dog"], out=out, progress=False)
+    assert [r["status"] for r in records] == ["done", "failed", "done"]
+    failed = records[1]
+    assert failed["error"] == "RuntimeError: simulated failure" and failed["outputs"] == []
+    assert len(list(out.glob("*.mp4"))) == 2
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.glob("*.mp4")}
+
+    monkeypatch.undo()  # the failure is fixed
+    again = sagevideo.generate(["a cat", "please FAIL", "a dog"], out=out, progress=False)
+    assert [r["status"] for r in again] == ["done", "done", "done"]
+    assert again[0] == records[0] and again[2] == records[2]
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.mp4") if p.name in stamps} == stamps
+    assert [r["status"] for r in manifest_lines(out)] == ["done", "failed", "done", "done"]
+
+
+def test_missing_output_is_redone(tmp_path):
+    out = tmp_path / "out"
+    first = sagevideo.generate(["a cat", "a dog"], out=out, progress=False)
+    (out / first[0]["outputs"][0]).unlink()
+    kept = out / first[1]["outputs"][0]
+    stamp = kept.stat().st_mtime_ns
+    second = sagevideo.generate(["a cat", "a dog"], out=out, progress=False)
+    assert second[0]["created"] >= first[0]["created"] and second[1] == first[1]
+    assert (out / first[0]["outputs"][0]).is_file() and kept.stat().st_mtime_ns == stamp
+    assert len(manifest_lines(out)) == 3
+
+
+def test_non_finite_frames_fail_the_job(tmp_path, monkeypatch):
+    from diffusers import CogVideoXPipeline
+
+    real = CogVideoXPipeline.decode_latents
+    monkeypatch.setattr(CogVideoXPipeline, "decode_latents", lambda self, x: real(self, x) * float("nan"))
+    (record,) = sagevideo.generate("a cat", out=tmp_path, progress=False)
+    assert record["status"] == "failed"
+    assert record["error"].startswith("NonFiniteError: NaN/Inf in the decoded frames")
+    assert not list(tmp_path.glob("*.mp4")) and not list(tmp_path.glob(".*"))
+
+
+def test_full_attention_installs_nothing(tmp_path):
+    from sagevideo.api.generate import run_batch
+
+    plan = plan_batch(["a cat"], out=tmp_path, attention="full")
+    report = run_batch(plan, progress=False)
+    (record,) = report.records
+    assert (record["attention"], record["backend"], record["pv"]) == ("full", None, None)
+    assert record["backends"] == {"counts": {}, "fallbacks": {}}
+    assert "full precision (nothing installed)" in report.summary_line()
+
+
+def test_names_are_sanitized_and_stay_inside_out(tmp_path):
+    out = tmp_path / "out"
+    records = sagevideo.generate(
+        [{"prompt": "../../../etc/passwd"}, {"prompt": "x", "name": "/abs/../.hidden"}, "ÄÖÜ 日本 ?*:|"],
+        out=out,
+        progress=False,
+    )
+    names = [r["outputs"][0] for r in records]
+    assert (
+        names[0].startswith("etc-passwd-")
+        and names[1].startswith("abs-hidden-")
+        and names[2].startswith("aou-")
+    )
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(["manifest.jsonl", *names])
+
+
+def test_job_ids_are_stable_and_setting_sensitive(tmp_path):
+    def ids(**kw):
+        return [j.job_id for j in plan_batch(["a cat"], out=tmp_path, **kw).jobs]
+
+    assert ids() == ids() == ids(frames=9, height=64)  # model defaults resolve before hashing
+    variants = [ids(seed=1), ids(pv="fp8"), ids(attention="full"), ids(steps=3), ids(negative_prompt="blur")]
+    assert len({i[0] for i in variants} | set(ids())) == len(variants) + 1
+
+
+def test_jobs_from_dicts_and_specs_with_keyword_defaults(tmp_path):
+    plan = plan_batch(
+        ["a", {"prompt": "b", "seed": 7}, JobSpec(prompt="c", frames=5), "a"],
+        out=tmp_path,
+        seed=3,
+        frames=13,
+    )
+    assert [(j.job.prompt, j.job.seed, j.job.frames) for j in plan.jobs] == [
+        ("a", 3, 13),
+        ("b", 7, 13),
+        ("c", 0, 5),
+    ]
+    assert any("1 duplicate job" in note for note in plan.notes)
+    assert any("quantization emulation" in note for note in plan.notes)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(prompts_or_jobs=["a", "  "]), r"job 2: prompt: prompt is empty"),
+        (dict(prompts_or_jobs=[]), r"no prompts"),
+        (dict(prompts_or_jobs=[{"prompt": "a", "sede": 1}]), r"job 1: sede: unknown field"),
+        (
+            dict(seed=-1),
+            r"default prompt 1, default prompt 2: seed: Input should be greater than or equal to 0 "
+            r"\(got -1\)",
+        ),
+        (dict(frames=10), r"frames: 10 is not 1 \+ a multiple of 4"),
+        (dict(guidance=float("nan")), r"guidance"),
+        (dict(attention="fast"), r"settings: attention: Input should be 'sage' or 'full'"),
+        (dict(model="/no/such/model"), r"--model /no/such/model: no such folder"),
+        (dict(device="cuda"), r"--device cuda: .* sees no CUDA GPU"),
+        (dict(backend="triton", device="cpu"), r"--backend triton cannot run"),
+        (dict(prompts_file="/no/such/prompts.txt"), r"prompts file /no/such/prompts.txt does not exist"),
+    ],
+)
+def test_bad_input_is_reported_before_loading(tmp_path, no_model_load, kwargs, message):
+    if kwargs.get("device") == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present")
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match=message):
+        sagevideo.generate(out=out, progress=False, **kwargs)
+    assert not (out / "manifest.jsonl").exists()
+
+
+def test_prompts_file_problems(tmp_path, no_model_load):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# only a comment\n\n")
+    with pytest.raises(InputError, match="has no prompts"):
+        plan_batch(prompts_file=empty, out=tmp_path / "out")
+    binary = tmp_path / "bin.txt"
+    binary.write_bytes(b"a cat\n\xff\xfe\n")
+    with pytest.raises(InputError, match="is not UTF-8 text"):
+        plan_batch(prompts_file=binary, out=tmp_path / "out")
+    good = tmp_path / "p.txt"
+    good.write_text("# header\na cat\n\n  a dog  \n")
+    assert [j.job.prompt for j in plan_batch(prompts_file=good, out=tmp_path / "out").jobs] == [
+        "a cat",
+        "a dog",
+    ]
+
+
+def test_unwritable_out(tmp_path, no_model_load):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(InputError, match="is a file, not a folder"):
+        plan_batch(["a"], out=blocker)
+    with pytest.raises(InputError, match="cannot write there"):
+        plan_batch(["a"], out=blocker / "sub")

@@ -1,0 +1,88 @@
+"""install()/remove(): every attention layer routed through sageattn, and undone exactly."""
+
+import pytest
+import torch
+
+import sagevideo
+from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
+
+
+def _latents(pipe):
+    return pipe(
+        "a red panda",
+        num_frames=9,
+        num_inference_steps=2,
+        generator=torch.Generator().manual_seed(0),
+        output_type="latent",
+        max_sequence_length=32,
+        return_dict=False,
+    )[0]
+
+
+def test_install_then_remove_is_bit_identical(tiny_pipe):
+    before = _latents(tiny_pipe)
+    originals = tiny_pipe.transformer.attn_processors
+    handle = sagevideo.install(tiny_pipe, pv="fp16", backend="reference")
+    try:
+        procs = tiny_pipe.transformer.attn_processors
+        assert set(procs) == set(originals) and len(procs) == 2
+        assert all(isinstance(p, SageCogVideoXAttnProcessor) for p in procs.values())
+        assert handle.layers == list(originals)
+        with sagevideo.record_backends() as log:
+            quantized = _latents(tiny_pipe)
+        assert log.counts == {"reference/fp16": 2 * 2}  # 2 layers x 2 steps (cond+uncond batched)
+        assert not torch.equal(quantized, before)  # the quantized path really ran
+    finally:
+        handle.remove()
+    after = tiny_pipe.transformer.attn_processors
+    assert all(after[name] is originals[name] for name in originals)  # the very same objects
+    assert torch.equal(_latents(tiny_pipe), before)
+    handle.remove()  # a second remove does nothing
+
+
+def test_sdpa_backend_gives_the_stock_result(tiny_pipe):
+    before = _latents(tiny_pipe)
+    with sagevideo.install(tiny_pipe.transformer, backend="sdpa"):
+        assert torch.equal(_latents(tiny_pipe), before)
+
+
+def test_double_install_raises(tiny_pipe):
+    with sagevideo.install(tiny_pipe):
+        with pytest.raises(RuntimeError, match="already installed"):
+            sagevideo.install(tiny_pipe)
+        with pytest.raises(RuntimeError, match="already installed"):
+            sagevideo.install(tiny_pipe.transformer)
+    sagevideo.install(tiny_pipe).remove()  # after remove, installing again works
+
+
+def test_remove_refuses_after_processors_were_replaced(tiny_pipe):
+    from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
+
+    originals = tiny_pipe.transformer.attn_processors
+    handle = sagevideo.install(tiny_pipe)
+    try:
+        tiny_pipe.transformer.set_attn_processor(CogVideoXAttnProcessor2_0())
+        with pytest.raises(RuntimeError, match="replaced after install"):
+            handle.remove()
+    finally:
+        tiny_pipe.transformer.set_attn_processor(dict(originals))
+        del tiny_pipe.transformer._sagevideo_attention
+
+
+def test_fused_projections_are_refused():
+    from sagevideo.pipelines.tiny import tiny_pipeline
+
+    # A fresh pipeline: unfuse_qkv_projections() leaves the fused to_qkv weights behind (diffusers 0.42).
+    pipe = tiny_pipeline()
+    pipe.fuse_qkv_projections()
+    with pytest.raises(TypeError, match="unfuse_qkv_projections"):
+        sagevideo.install(pipe)
+    assert not hasattr(pipe.transformer, "_sagevideo_attention")
+
+
+def test_bad_arguments(tiny_pipe):
+    with pytest.raises(TypeError, match="neither a diffusers pipeline"):
+        sagevideo.install(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="pv='int4'"):
+        sagevideo.install(tiny_pipe, pv="int4")
+    assert not hasattr(tiny_pipe.transformer, "_sagevideo_attention")

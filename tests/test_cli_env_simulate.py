@@ -1,0 +1,37 @@
+"""`sagevideo env` and `sagevideo simulate` through the CLI."""
+
+import json
+
+from typer.testing import CliRunner
+
+from sagevideo.cli import app
+
+runner = CliRunner()
+
+
+def test_env_lists_versions_devices_and_plans():
+    result = runner.invoke(app, ["env"])
+    assert result.exit_code == 0, result.output
+    assert "torch" in result.output and "triton" in result.output
+    assert "kernel plan per device" in result.output
+    assert "d64" in result.output and "d128" in result.output
+    assert "pv=fp8" in result.output
+
+
+def test_simulate_prints_table_summary_and_json(tmp_path):
+    out = tmp_path / "sim.json"
+    result = runner.invoke(
+        app, ["simulate", "--shape", "1,2,128,64", "--pv", "fp16", "--smooth-k", "both", "--rotate", "off",
+              "--json", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "cos worst" in result.output and "smooth_k=off" in result.output and "smooth_k=on" in result.output
+    assert "sagevideo simulate: 2 variants; worst cosine" in result.output
+    figures = json.loads(out.read_text())
+    assert len(figures) == 2 and {"cos_worst", "rel_l1_worst", "rmse_worst"} <= figures[0].keys()
+
+
+def test_simulate_bad_input_is_exit_2():
+    assert runner.invoke(app, ["simulate", "--shape", "1,2,3"]).exit_code == 2
+    result = runner.invoke(app, ["simulate", "--qkv", "/nonexistent.safetensors"])
+    assert result.exit_code == 2 and "no such file" in result.output
