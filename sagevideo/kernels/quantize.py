@@ -43,6 +43,22 @@ def _round_to_int8(x):
 
 
 @triton.jit
+def _quantize_int8(x, PER_TOKEN: tl.constexpr):
+    """Symmetric INT8 codes of a (ROWS, D) fp32 tile and per-row scales (ROWS,): one scale per row
+    (PER_TOKEN) or the tile's scale repeated. scale = max|x| / 127, or 1 for an all-zero group."""
+    if PER_TOKEN:
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+        codes = _round_to_int8(tl.math.div_rn(x, scale[:, None]))
+    else:
+        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        tile_scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+        codes = _round_to_int8(tl.math.div_rn(x, tile_scale))
+        scale = tl.zeros((x.shape[0],), dtype=tl.float32) + tile_scale
+    return codes, scale
+
+
+@triton.jit
 def _kv_stats_kernel(
     K, V, Mask, KSum, KCount, VMax,
     stride_kb, stride_kh, stride_kn,
@@ -123,15 +139,7 @@ def _quantize_kv_kernel(
     if ROTATE:
         rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
         k = tl.dot(k, rot, input_precision=ROT_PRECISION)
-    if PER_TOKEN:
-        amax = tl.max(tl.abs(k), axis=1)
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
-        codes = _round_to_int8(tl.math.div_rn(k, scale[:, None]))
-    else:
-        amax = tl.max(tl.max(tl.abs(k), axis=1), axis=0)
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
-        codes = _round_to_int8(tl.math.div_rn(k, scale))
-        scale = tl.zeros((BLOCK_N,), dtype=tl.float32) + scale
+    codes, scale = _quantize_int8(k, PER_TOKEN)
     # Buffers are padded to N_PAD (a multiple of BLOCK_N) and written in full, tails as zeros,
     # so the attention kernel loads whole tiles without masks.
     kq_base = KQ + bh * N_PAD * BLOCK_D
@@ -178,15 +186,7 @@ def _quantize_q_kernel(
         rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
         q = tl.dot(q, rot, input_precision=ROT_PRECISION)
     q = (q * qk_scale).to(tl.float32)  # fp32 even when a compiler passes the scalar as fp64
-    if PER_TOKEN:
-        amax = tl.max(tl.abs(q), axis=1)
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
-        codes = _round_to_int8(tl.math.div_rn(q, scale[:, None]))
-    else:
-        amax = tl.max(tl.max(tl.abs(q), axis=1), axis=0)
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
-        codes = _round_to_int8(tl.math.div_rn(q, scale))
-        scale = tl.zeros((BLOCK_M,), dtype=tl.float32) + scale
+    codes, scale = _quantize_int8(q, PER_TOKEN)
     tl.store(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :], codes)
     tl.store(QScale + bh * M_PAD + offs_m, scale)
 
