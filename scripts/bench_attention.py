@@ -7,7 +7,7 @@ backend (the best 16-bit attention on Hopper). For sagevideo, "call" is the full
 as users make it (quantization included) and "kernel" the attention kernel alone on
 pre-quantized inputs. Accuracy: cosine vs fp32 SDPA (worst over heads) for every sagevideo mode.
 
-    python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep]
+    python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep cogvideox-2b]
 """
 
 from __future__ import annotations
@@ -121,28 +121,48 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
         prepared = quantize()
         o = torch.empty_like(q)
         row["ms"][f"sage-{pv}-quant"] = bench_ms(quantize)
-        candidates = [plan]
+        row["ms"][f"sage-{pv}-kernel"] = bench_ms(lambda prepared=prepared, o=o, plan=plan: attention_forward(
+            prepared, v, None, o, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n))
+        del prepared
         if sweep:
-            candidates += [
-                dataclasses.replace(plan, num_warps=w, num_stages=s)
-                for w in (4, 8) for s in (2, 3, 4) if (w, s) != (plan.num_warps, plan.num_stages)
-            ]
-        sweep_rows = []
-        for cand in candidates:
-            try:
-                ms = bench_ms(lambda cand=cand, prepared=prepared, o=o: attention_forward(
-                    prepared, v, None, o, None, cand, is_causal=False, n_q=n, n_k=n))
-            except Exception as exc:  # out of shared memory etc.
-                sweep_rows.append({"warps": cand.num_warps, "stages": cand.num_stages, "error": str(exc)[:120]})
-                continue
-            sweep_rows.append({"warps": cand.num_warps, "stages": cand.num_stages, "ms": ms, "tops": tops(shape, ms)})
-        row["ms"][f"sage-{pv}-kernel"] = sweep_rows[0].get("ms")
-        if sweep:
-            row.setdefault("sweep", {})[pv] = sweep_rows
+            row.setdefault("sweep", {})[pv] = sweep_plans(q, k, v, plan, shape)
     cudnn = row["ms"].get("sdpa-cudnn")
     row["tops"] = {key: (tops(shape, ms) if ms else None) for key, ms in row["ms"].items()}
     row["vs_cudnn"] = {key: (cudnn / ms if ms and cudnn else None) for key, ms in row["ms"].items()}
     return row
+
+
+SWEEP_TILES = ((64, 64), (128, 64), (64, 128), (128, 128))
+SWEEP_LAUNCH = ((4, 2), (4, 3), (8, 3))
+
+
+def sweep_plans(q, k, v, plan, shape) -> list[dict]:
+    """Kernel-only time of every tile/warps/stages variant (tiles change the quantization groups,
+    so each tile variant is re-quantized first)."""
+    from sagevideo.kernels.attention_fwd import attention_forward
+    from sagevideo.kernels.quantize import quantize_inputs
+    from sagevideo.kernels.rotation import hadamard_pm1
+
+    n, d = shape[2], shape[3]
+    rot = hadamard_pm1(plan.block_d, q.device)
+    rows = []
+    for bm, bn in SWEEP_TILES:
+        tiled = dataclasses.replace(plan, block_m=bm, block_n=bn)
+        prepared = quantize_inputs(q, k, v, None, rot, tiled, sm_scale=d**-0.5, per_token=False,
+                                   smooth_k=True, need_shift=False)
+        o = torch.empty_like(q)
+        for warps, stages in SWEEP_LAUNCH:
+            cand = dataclasses.replace(tiled, num_warps=warps, num_stages=stages)
+            entry = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages}
+            try:
+                ms = bench_ms(lambda cand=cand, prepared=prepared, o=o: attention_forward(
+                    prepared, v, None, o, None, cand, is_causal=False, per_token=False, n_q=n, n_k=n))
+                entry.update(ms=ms, tops=tops(shape, ms))
+            except Exception as exc:  # e.g. out of shared memory
+                entry["error"] = str(exc).splitlines()[0][:160]
+            rows.append(entry)
+        del prepared
+    return rows
 
 
 def versions() -> dict:
@@ -182,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma list of {sorted(SHAPES)}")
     parser.add_argument("--json", help="write all figures to this JSON file")
-    parser.add_argument("--sweep", action="store_true", help="also time num_warps/num_stages variants")
+    parser.add_argument("--sweep", help="comma list of shapes on which to also time tile/warps/stages variants")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA GPU", file=sys.stderr)
@@ -195,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = versions()
     rows = []
     for name in names:
-        rows.append(bench_shape(name, SHAPES[name], args.sweep))
+        rows.append(bench_shape(name, SHAPES[name], name in (args.sweep or "").split(",")))
         print(json.dumps({"shape": name, "tops": rows[-1]["tops"]}), flush=True)
     if args.json:
         with open(args.json, "w") as fh:
@@ -203,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{meta['gpu']} (sm{''.join(map(str, meta['capability']))}), torch {meta['torch']}, "
           f"triton {meta['triton']}, cuDNN {meta['cudnn']}, {meta['date']}")
     print_table(rows)
+    for r in rows:
+        for pv, entries in r.get("sweep", {}).items():
+            ok = sorted((e for e in entries if "tops" in e), key=lambda e: -e["tops"])[:4]
+            best = ", ".join(f"{e['block_m']}x{e['block_n']} w{e['warps']}s{e['stages']}: {e['tops']:.0f}" for e in ok)
+            print(f"sweep {r['shape']} {pv}: {best}")
     return 0
 
 

@@ -8,6 +8,8 @@ path reads V directly from the caller's tensor (no copy).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -15,50 +17,64 @@ from torch.library import wrap_triton
 
 from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.quantize import QuantizedInputs
-from sagevideo.kernels.reference import LN2
+from sagevideo.kernels.reference import FP8_MAX, LN2
 
 LN2_CONST = tl.constexpr(LN2)
+LOG2_FP8_MAX = tl.constexpr(math.log2(FP8_MAX))
 
 
 @triton.jit
 def _attn_tile(
     acc, l_i, m_i, q, q_scale,
     KQ, KScale, V, VQ, Mask, b, mask_stride_b,
-    start_n, offs_m, offs_d, v_row_stride, v_col_stride,
+    start_n, offs_m, offs_d, v_row_stride,
     N_K, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, CHECK_KEYS: tl.constexpr, HAS_MASK: tl.constexpr, FP8_PV: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+    PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
 ):
-    """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i)."""
+    """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i).
+
+    MASKED tiles check key bounds, the key mask and causality; the others skip all checks.
+    In FP8 mode P is computed pre-scaled by 448 (log2(448) folded into the max), so P fills the
+    e4m3 range; l and acc carry the same factor and it cancels in acc / l.
+    """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     # K codes are stored (N_PAD, BLOCK_D) row-major: load the tile transposed for Q·Kᵀ.
     k = tl.load(KQ + offs_n[None, :] * BLOCK_D + offs_d[:, None])
-    k_scale = tl.load(KScale + offs_n)
-    s = tl.dot(q, k, out_dtype=tl.int32).to(tl.float32) * q_scale[:, None] * k_scale[None, :]
-    if CHECK_KEYS:
+    if PER_TOKEN_K:
+        qk_scale = q_scale[:, None] * tl.load(KScale + offs_n)[None, :]
+    else:
+        qk_scale = (q_scale * tl.load(KScale + start_n))[:, None]  # one K scale per tile
+    s = tl.dot(q, k, out_dtype=tl.int32).to(tl.float32) * qk_scale
+    if MASKED:
         key_ok = offs_n < N_K
         if HAS_MASK:
             key_ok = key_ok & (tl.load(Mask + b * mask_stride_b + offs_n, mask=offs_n < N_K, other=0) != 0)
         s = tl.where(key_ok[None, :], s, float("-inf"))
-    if CAUSAL:
-        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        if CAUSAL:
+            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    # Rows that have seen no valid key yet keep m = -inf; subtract 0 there instead (no NaN).
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
+    m_sub = m_new
+    if HAS_MASK:
+        # Rows that have seen no valid key yet keep m = -inf; subtract 0 there (no NaN). Without a
+        # key mask every row sees key 0 in its first tile, so m is finite from then on.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_sub)
+    if FP8_PV:
+        m_sub = m_sub - LOG2_FP8_MAX
+    p = tl.math.exp2(s - m_sub[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     if FP8_PV:
         # VQ is (BLOCK_D, N_PAD), contiguous along keys: the K-major operand FP8 MMAs need.
         v = tl.load(VQ + offs_d[None, :] * N_PAD + offs_n[:, None])
-        p8 = (p * 448.0).to(tl.float8e4nv)
-        acc += tl.dot(p8, v)  # fresh fp32 block product added into acc: two-level accumulation
+        acc += tl.dot(p.to(tl.float8e4nv), v)  # fresh fp32 block product added into acc (two-level)
     else:
         v_ok = offs_d[None, :] < HEAD_DIM
-        if CHECK_KEYS:
+        if MASKED:
             v_ok = v_ok & key_ok[:, None]
-        v = tl.load(V + offs_n[:, None] * v_row_stride + offs_d[None, :] * v_col_stride, mask=v_ok, other=0.0)
+        v = tl.load(V + offs_n[:, None] * v_row_stride + offs_d[None, :], mask=v_ok, other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
 
@@ -71,7 +87,7 @@ def _attn_fwd_kernel(
     mask_stride_b,
     H, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, CHECK_KEYS: tl.constexpr, FP8_PV: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
     STORE_LSE: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -90,26 +106,41 @@ def _attn_fwd_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    # Key tiles [0, lo) need no checks; [lo, hi) are checked (the partial last tile, causal
+    # diagonal tiles, or every tile when a key mask is given).
     hi = N_K
+    lo = (N_K // BLOCK_N) * BLOCK_N
     if CAUSAL:
         hi = tl.minimum(N_K, (tile + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
+        lo = tl.minimum(lo, (tile * BLOCK_M // BLOCK_N) * BLOCK_N)
+    if HAS_MASK:
+        lo = 0
+    for start_n in range(0, lo, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, Mask, b, mask_stride_b,
-            start_n, offs_m, offs_d, stride_vn, 1, N_K, N_PAD,
-            HEAD_DIM, BLOCK_N, BLOCK_D, CAUSAL, CHECK_KEYS, HAS_MASK, FP8_PV,
+            start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
+            HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV,
+        )
+    for start_n in range(lo, hi, BLOCK_N):
+        acc, l_i, m_i = _attn_tile(
+            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, Mask, b, mask_stride_b,
+            start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
+            HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV,
         )
 
     has_keys = l_i > 0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if FP8_PV:
-        out = out * (tl.load(VScale + bh * BLOCK_D + offs_d) / 448.0)[None, :]
+        out = out * tl.load(VScale + bh * BLOCK_D + offs_d)[None, :]
     m_ok = offs_m < N_Q
     o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
     if STORE_LSE:
         shift = tl.load(QShift + bh * M_PAD + offs_m)
-        lse = (m_i + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2_CONST + shift
+        m_lse = m_i
+        if FP8_PV:
+            m_lse = m_i - LOG2_FP8_MAX  # l carries the factor 448 in FP8 mode
+        lse = (m_lse + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2_CONST + shift
         lse = tl.where(has_keys, lse, float("-inf"))
         tl.store(Lse + bh * N_Q + offs_m, lse, mask=m_ok)
 
@@ -123,6 +154,7 @@ def attention_forward(
     plan: KernelPlan,
     *,
     is_causal: bool,
+    per_token: bool,
     n_q: int,
     n_k: int,
 ) -> None:
@@ -146,9 +178,7 @@ def attention_forward(
         mask_stride_b,
         heads, n_q, n_k, m_pad, n_pad,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
-        CAUSAL=is_causal, HAS_MASK=key_mask is not None,
-        # key validity needs checking only with a mask or a partial last key tile
-        CHECK_KEYS=key_mask is not None or n_k % plan.block_n != 0,
+        CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
         FP8_PV=fp8_pv, STORE_LSE=lse is not None,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )

@@ -51,7 +51,7 @@ def sageattn_fwd(
     lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
     attention_forward(
         prepared, v, key_mask, out, lse if return_lse else None, plan,
-        is_causal=is_causal, n_q=n_q, n_k=n_k,
+        is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k,
     )
     return out, lse
 

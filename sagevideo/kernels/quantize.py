@@ -26,12 +26,7 @@ from torch.library import wrap_triton
 from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.reference import LOG2E
 
-# The rotation matrix is exactly ±1 and 16-bit Q is exact in tf32, so one tf32 MMA rotates Q
-# with fp32 accuracy. Smoothed K is fp32: "tf32x3" splits it into a tf32 head and tail so the
-# product keeps fp32 accuracy too (plain tf32 would round K to 11 bits and flip INT8 codes
-# relative to the reference).
-Q_ROT_PRECISION = "tf32"
-K_ROT_PRECISION = "tf32x3"
+QUANT_WARPS = 8
 STATS_CHUNK = 64
 MIN_TOKENS_PER_SPLIT = 2048
 
@@ -110,7 +105,7 @@ def _quantize_kv_kernel(
     H, N_K, N_PAD, NUM_SPLITS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
-    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, ROT_PRECISION: tl.constexpr,
+    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -124,8 +119,15 @@ def _quantize_kv_kernel(
         ok = ok & (tl.load(Mask + b * stride_mb + offs_n, mask=offs_n < N_K, other=0) != 0)
     tile_ok = ok[:, None] & d_ok[None, :]
 
-    k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-                mask=tile_ok, other=0.0).to(tl.float32)
+    k16 = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                  mask=tile_ok, other=0.0)
+    if ROTATE:
+        # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries, so the
+        # products are exact and the fp32 sums match an fp32 rotation), then subtract mean·R.
+        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
+        k = tl.dot(k16, rot.to(k16.dtype), out_dtype=tl.float32)
+    else:
+        k = k16.to(tl.float32)
     if SMOOTH_K:
         k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
         count = 0.0
@@ -133,12 +135,12 @@ def _quantize_kv_kernel(
             k_sum += tl.load(KSum + (bh * NUM_SPLITS + s) * BLOCK_D + offs_d)
             count += tl.load(KCount + bh * NUM_SPLITS + s)
         mean = tl.math.div_rn(k_sum, tl.maximum(count, 1.0))
-        k = tl.where(tile_ok, k - mean[None, :], 0.0)
         if tile == 0:
             tl.store(KMean + bh * BLOCK_D + offs_d, mean)
-    if ROTATE:
-        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
-        k = tl.dot(k, rot, input_precision=ROT_PRECISION)
+        if ROTATE:
+            mean = tl.sum(mean[:, None] * rot, axis=0)
+        k = k - mean[None, :]
+    k = tl.where(ok[:, None], k, 0.0)  # masked keys: zero (after rotation every channel is live)
     codes, scale = _quantize_int8(k, PER_TOKEN)
     # Buffers are padded to N_PAD (a multiple of BLOCK_N) and written in full, tails as zeros,
     # so the attention kernel loads whole tiles without masks.
@@ -167,7 +169,6 @@ def _quantize_q_kernel(
     H, N_Q, M_PAD, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
     ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_SHIFT: tl.constexpr,
-    ROT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -176,15 +177,18 @@ def _quantize_q_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < N_Q
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
-                mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0).to(tl.float32)
+    q16 = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+                  mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if STORE_SHIFT:
         mean = tl.load(KMean + bh * BLOCK_D + offs_d)
-        shift = tl.sum(q * mean[None, :], axis=1) * sm_scale
+        shift = tl.sum(q16.to(tl.float32) * mean[None, :], axis=1) * sm_scale
         tl.store(QShift + bh * M_PAD + offs_m, shift.to(tl.float32))
     if ROTATE:
+        # ±1 rotation of 16-bit Q on the tensor cores: exact products, fp32 sums.
         rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
-        q = tl.dot(q, rot, input_precision=ROT_PRECISION)
+        q = tl.dot(q16, rot.to(q16.dtype), out_dtype=tl.float32)
+    else:
+        q = q16.to(tl.float32)
     q = (q * qk_scale).to(tl.float32)  # fp32 even when a compiler passes the scalar as fp64
     codes, scale = _quantize_int8(q, PER_TOKEN)
     tl.store(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :], codes)
@@ -268,7 +272,7 @@ def quantize_inputs(
         heads, n_k, n_pad, num_splits,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-        PER_TOKEN=per_token, FP8_V=fp8_v, ROT_PRECISION=K_ROT_PRECISION,
+        PER_TOKEN=per_token, FP8_V=fp8_v, num_warps=QUANT_WARPS,
     )
 
     q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
@@ -281,7 +285,7 @@ def quantize_inputs(
         heads, n_q, m_pad, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm,
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
-        ROT_PRECISION=Q_ROT_PRECISION,
+        num_warps=QUANT_WARPS,
     )
     return QuantizedInputs(q_codes, q_scale, k_codes, k_scale, v_fp8_t, v_scale, q_shift)
 

@@ -12,12 +12,13 @@ Numerics, step by step (all tensors HND: (B, H, N, D)):
    Q ← Q · sm_scale · log2(e) [/ d'] in fp32, so scores come out in log2 units for exp2.
 3. INT8 symmetric quantization per group of rows (a tile of BLOCK_M/BLOCK_N rows, or one row):
    scale = max|x| / 127 (1 where the group is all zero), x_q = round-half-away(x / scale).
-4. Per key tile j: S = (Q_q · K_qᵀ in exact integers) · q_scale · k_scale (fp32), invalid keys → −inf,
+4. Per key tile j: S = (Q_q · K_qᵀ in exact integers) · (q_scale · k_scale) (fp32), invalid keys → −inf,
    online softmax: m' = max(m, rowmax S), P = exp2(S − m'), l = l·exp2(m − m') + rowsum P.
 5. PV, "fp16": acc = acc·α + P.to(t) @ V.to(t) with fp32 accumulation, t = V's dtype when 16-bit
    else float16. "fp8": V scaled per channel by max|V over valid tokens| / 448 to e4m3 once;
-   per tile a fresh fp32 block product (P·448 → e4m3) @ V_e4m3, added into the running acc
-   (two-level accumulation); the output is rescaled by v_scale / 448.
+   P is computed as exp2(S − m + log2 448) (pre-scaled to fill e4m3; l carries the same factor),
+   per tile a fresh fp32 block product P_e4m3 @ V_e4m3 is added into the running acc
+   (two-level accumulation); the output acc / l is rescaled by v_scale.
    "fp32" (simulation only): P and V unquantized.
 6. O = acc / l (0 where l = 0, i.e. every key masked); LSE = ln2 · (m + log2 l) + sm_scale · q·mean(K).
 """
@@ -34,6 +35,7 @@ from sagevideo.kernels.rotation import hadamard_pm1
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
+LOG2_FP8_MAX = math.log2(FP8_MAX)
 REFERENCE_PV_MODES = ("fp16", "fp8", "fp32")
 
 
@@ -154,11 +156,14 @@ def sageattn_reference(
     l = torch.zeros(batch, heads, n_q, device=q.device)
     acc = torch.zeros(batch, heads, n_q, v.shape[3], device=q.device)
     rows = torch.arange(n_q, device=q.device)
+    # FP8: P is computed pre-scaled by 448 (log2 448 folded into the subtracted max) so it fills
+    # the e4m3 range; l and acc carry the same factor, which cancels in acc / l.
+    p_shift = LOG2_FP8_MAX if pv == "fp8" else 0.0
     for start in range(0, n_k, block_n):
         stop = min(start + block_n, n_k)
         # Integer products summed in fp64 are exact (|sum| < 2^53), like the int32 dot.
         s_int = (q_codes.double() @ k_codes[:, :, start:stop].double().transpose(-1, -2)).float()
-        s = s_int * q_scale[..., None] * k_scale[:, :, None, start:stop]
+        s = s_int * (q_scale[..., None] * k_scale[:, :, None, start:stop])
         cols = torch.arange(start, stop, device=q.device)
         if valid is not None:
             s = s.masked_fill(~valid[:, None, None, start:stop], float("-inf"))
@@ -166,12 +171,12 @@ def sageattn_reference(
             s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1))
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
-        p = torch.exp2(s - m_safe[..., None])
         alpha = torch.exp2(m - m_safe)
+        p = torch.exp2(s - (m_safe - p_shift)[..., None])
         l = l * alpha + p.sum(dim=-1)
         v_tile = v_operand[:, :, start:stop]
         if pv == "fp8":
-            p_operand = (p * FP8_MAX).to(torch.float8_e4m3fn).float()
+            p_operand = p.to(torch.float8_e4m3fn).float()
         elif pv == "fp16":
             p_operand = p.to(pv_dtype).float()
         else:
@@ -182,9 +187,9 @@ def sageattn_reference(
     has_keys = l > 0
     out = torch.where(has_keys[..., None], acc / torch.where(has_keys, l, 1.0)[..., None], 0.0)
     if pv == "fp8":
-        out = out * (v_scale[:, :, None, :] / FP8_MAX)
+        out = out * v_scale[:, :, None, :]
     lse = None
     if return_lse:
-        lse2 = torch.where(has_keys, m + torch.log2(torch.where(has_keys, l, 1.0)), float("-inf"))
+        lse2 = torch.where(has_keys, m - p_shift + torch.log2(torch.where(has_keys, l, 1.0)), float("-inf"))
         lse = lse2 * LN2 + sm_scale * _matmul_fp32(q.float(), k_mean[..., None]).squeeze(-1)
     return out.to(q.dtype), lse
