@@ -85,7 +85,7 @@ def sageattn(
     elif ran == "reference":
         from sagevideo.kernels.reference import sageattn_reference
 
-        block_m, block_n = plans.tiles(pv)
+        block_m, block_n = plans.tiles(pv, head_dim)
         out, lse = sageattn_reference(
             q, k, v, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
             qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k, rotate_qk=rotate_qk,

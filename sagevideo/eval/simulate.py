@@ -14,6 +14,7 @@ Figures: cosine / relative L1 / RMSE per head, worst and mean, worst layer by na
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,8 +43,10 @@ class Variant:
     block_m: int | None = None  # None: the kernel plan's tiles for this PV mode
     block_n: int | None = None
 
+    head_dim: int = 128  # selects the plan's default tiles
+
     def tiles(self) -> tuple[int, int]:
-        default_m, default_n = tiles("fp8" if self.pv == "fp8" else "fp16")
+        default_m, default_n = tiles("fp8" if self.pv == "fp8" else "fp16", self.head_dim)
         return self.block_m or default_m, self.block_n or default_n
 
     @property
@@ -183,8 +186,10 @@ def simulate(
         q, k, v = (t.to(device=device, dtype=DTYPES[dtype]) for t in (q, k, v))
         mask = None if mask is None else mask.to(device)
         prepared[name] = (q, k, v, mask, attention_fp64(q, k, v, key_mask=mask))
+    head_dim = next(iter(prepared.values()))[0].shape[-1]
     results = []
     for variant in variants:
+        variant = dataclasses.replace(variant, head_dim=head_dim)  # default tiles follow the plan
         result = VariantResult(variant)
         for name, (q, k, v, mask, ref) in prepared.items():
             result.layers.append(evaluate_layer(name, q, k, v, variant, mask, ref))

@@ -49,9 +49,15 @@ class PlanChoice:
     reason: str = ""
 
 
-# Tiles per PV mode, identical on every arch so that results do not depend on the GPU model.
-# FP8 PV uses 64-row query tiles (measured faster on H200 in the calibration runs, issue 3).
-_TILES = {"fp16": (128, 64), "fp8": (64, 64)}
+# (PV mode, block_d) -> (BLOCK_M, BLOCK_N), identical on every arch so that results do not depend
+# on the GPU model. Chosen by the H200 tile sweep of 2026-11-29 (docs/benchmarks.md): FP8 PV
+# gains 6% (d64) and 16% (d128) from 128-key tiles; 16-bit PV is best at 128x64.
+_TILES = {
+    ("fp16", 64): (128, 64),
+    ("fp16", 128): (128, 64),
+    ("fp8", 64): (128, 128),
+    ("fp8", 128): (64, 128),
+}
 
 # (arch, block_d) -> (num_warps, num_stages); speed only.
 _LAUNCH = {
@@ -111,13 +117,14 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
         return PlanChoice(None, reason)
     if pv == "fp8" and arch == "sm80":
         return PlanChoice(None, "pv='fp8' needs FP8 tensor cores (sm89 or newer); use pv='fp16'")
-    block_m, block_n = _TILES[pv]
+    block_m, block_n = _TILES[(pv, block_d)]
     num_warps, num_stages = _LAUNCH[(arch, block_d)]
     return PlanChoice(KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages))
 
 
-def tiles(pv: str) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) for a PV mode: what the reference must emulate."""
-    if pv not in _TILES:
+def tiles(pv: str, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) for a PV mode and head dim: what the reference must emulate.
+    Head dims above 128 (reference/simulation only) use the d128 tiles."""
+    if pv not in PV_MODES:
         raise ValueError(f"pv={pv!r} is not one of {PV_MODES}")
-    return _TILES[pv]
+    return _TILES[(pv, padded_head_dim(head_dim) or MAX_HEAD_DIM)]

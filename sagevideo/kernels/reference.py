@@ -80,7 +80,7 @@ def quantize_v_fp8(v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.T
         vf = vf * valid[:, None, :, None].to(torch.float32)
     amax = vf.abs().amax(dim=2)
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return (vf / scale[:, :, None]).to(torch.float8_e4m3fn), scale
+    return (vf / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
 def _matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -176,7 +176,8 @@ def sageattn_reference(
         l = l * alpha + p.sum(dim=-1)
         v_tile = v_operand[:, :, start:stop]
         if pv == "fp8":
-            p_operand = p.to(torch.float8_e4m3fn).float()
+            # saturate like the GPU's cvt.satfinite: exp2(log2 448) may round just above 448
+            p_operand = p.clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
         elif pv == "fp16":
             p_operand = p.to(pv_dtype).float()
         else:
