@@ -112,7 +112,7 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
         row["cos_worst"][pv] = cosine_worst(ref, out)
         row["ms"][f"sage-{pv}-call"] = bench_ms(lambda pv=pv: sageattn(q, k, v, pv=pv, backend="triton"))
         plan = select_plan(q.device, d, pv).plan
-        rot = hadamard_pm1(plan.block_d, q.device)
+        rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
 
         def quantize(plan=plan, rot=rot):
             return quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False,
@@ -144,7 +144,7 @@ def sweep_plans(q, k, v, plan, shape) -> list[dict]:
     from sagevideo.kernels.rotation import hadamard_pm1
 
     n, d = shape[2], shape[3]
-    rot = hadamard_pm1(plan.block_d, q.device)
+    rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
     rows = []
     for bm, bn in SWEEP_TILES:
         tiled = dataclasses.replace(plan, block_m=bm, block_n=bn)

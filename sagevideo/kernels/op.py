@@ -73,7 +73,7 @@ def sageattn_triton(
     """Run the Triton path on HND views; copies only tensors whose head dim is not contiguous."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
-    rotation = hadamard_pm1(plan.block_d, q.device) if rotate_qk else None
+    rotation = hadamard_pm1(plan.block_d, q.device, q.dtype) if rotate_qk else None
     out, lse = torch.ops.sagevideo.sageattn_fwd(
         q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
         plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages,

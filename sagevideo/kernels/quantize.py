@@ -55,13 +55,13 @@ def _quantize_int8(x, PER_TOKEN: tl.constexpr):
 
 @triton.jit
 def _kv_stats_kernel(
-    K, V, Mask, KSum, KCount, VMax,
+    K, V, Mask, Rot, KSum, KSumRot, KCount, VMax,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb,
     H, N_K, TOKENS_PER_SPLIT, NUM_SPLITS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, FP8_V: tl.constexpr,
+    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, FP8_V: tl.constexpr, ROTATE: tl.constexpr,
 ):
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -91,13 +91,18 @@ def _kv_stats_kernel(
             v_max = tl.maximum(v_max, tl.max(tl.abs(v.to(tl.float32)), axis=0))
     row = bh * NUM_SPLITS + split
     tl.store(KSum + row * BLOCK_D + offs_d, k_sum)
+    if SMOOTH_K and ROTATE:
+        # mean·R is linear in the partial sums: rotate each split's sum once here, so the
+        # quantization programs only add NUM_SPLITS rotated vectors.
+        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
+        tl.store(KSumRot + row * BLOCK_D + offs_d, tl.sum(k_sum[:, None] * rot, axis=0))
     tl.store(VMax + row * BLOCK_D + offs_d, v_max)
     tl.store(KCount + row, tl.sum(count, axis=0))
 
 
 @triton.jit
 def _quantize_kv_kernel(
-    K, V, Mask, KSum, KCount, VMax, Rot,
+    K, V, Mask, KSum, KSumRot, KCount, VMax, Rot,
     KQ, KScale, KMean, VQ, VScale,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -130,16 +135,20 @@ def _quantize_kv_kernel(
         k = k16.to(tl.float32)
     if SMOOTH_K:
         k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        k_sum_rot = tl.zeros((BLOCK_D,), dtype=tl.float32)
         count = 0.0
         for s in range(0, NUM_SPLITS):
             k_sum += tl.load(KSum + (bh * NUM_SPLITS + s) * BLOCK_D + offs_d)
+            if ROTATE:
+                k_sum_rot += tl.load(KSumRot + (bh * NUM_SPLITS + s) * BLOCK_D + offs_d)
             count += tl.load(KCount + bh * NUM_SPLITS + s)
-        mean = tl.math.div_rn(k_sum, tl.maximum(count, 1.0))
+        count = tl.maximum(count, 1.0)
         if tile == 0:
-            tl.store(KMean + bh * BLOCK_D + offs_d, mean)
+            tl.store(KMean + bh * BLOCK_D + offs_d, tl.math.div_rn(k_sum, count))
         if ROTATE:
-            mean = tl.sum(mean[:, None] * rot, axis=0)
-        k = k - mean[None, :]
+            k = k - tl.math.div_rn(k_sum_rot, count)[None, :]
+        else:
+            k = k - tl.math.div_rn(k_sum, count)[None, :]
     k = tl.where(ok[:, None], k, 0.0)  # masked keys: zero (after rotation every channel is live)
     codes, scale = _quantize_int8(k, PER_TOKEN)
     # Buffers are padded to N_PAD (a multiple of BLOCK_N) and written in full, tails as zeros,
@@ -228,7 +237,7 @@ def quantize_inputs(
     need_shift: bool,
 ) -> QuantizedInputs:
     """Launch the three preparation kernels. q/k/v HND views with unit stride on the head dim;
-    key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 fp32 or None."""
+    key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or None."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     bh = batch * heads
@@ -242,19 +251,21 @@ def quantize_inputs(
     tokens_per_split = triton.cdiv(tokens_per_split, STATS_CHUNK) * STATS_CHUNK
     num_splits = triton.cdiv(n_k, tokens_per_split)
     k_sum = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32)
+    k_sum_rot = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32) if rotation is not None else k_sum
     k_count = torch.empty(bh * num_splits, device=dev, dtype=torch.float32)
     v_max = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32)
     mask_arg = key_mask if key_mask is not None else k_count  # placeholder pointer, never read
+    rot_arg = rotation if rotation is not None else k_count
     stride_mb = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
     if smooth_k or fp8_v:
         wrap_triton(_kv_stats_kernel)[(bh, num_splits)](
-            k, v, mask_arg, k_sum, k_count, v_max,
+            k, v, mask_arg, rot_arg, k_sum, k_sum_rot, k_count, v_max,
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             stride_mb,
             heads, n_k, tokens_per_split, num_splits,
             HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=STATS_CHUNK,
-            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v,
+            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v, ROTATE=rotation is not None,
         )
 
     k_codes = torch.empty(bh, n_pad, bd, device=dev, dtype=torch.int8)
@@ -262,9 +273,8 @@ def quantize_inputs(
     k_mean = torch.zeros(bh, bd, device=dev, dtype=torch.float32)
     v_fp8_t = torch.empty(bh, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
     v_scale = torch.empty(bh, bd, device=dev, dtype=torch.float32) if fp8_v else None
-    rot_arg = rotation if rotation is not None else k_scale
     wrap_triton(_quantize_kv_kernel)[(n_pad // bn, bh)](
-        k, v, mask_arg, k_sum, k_count, v_max, rot_arg,
+        k, v, mask_arg, k_sum, k_sum_rot, k_count, v_max, rot_arg,
         k_codes, k_scale, k_mean, v_fp8_t if fp8_v else k_codes, v_scale if fp8_v else k_scale,
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),

@@ -16,12 +16,13 @@ import torch
 _SIGN_BITS = 0xC6A4A7935BD1E995_9E3779B97F4A7C15
 _SIGN_PERIOD = 128
 
-_CACHE: dict[tuple[int, str], torch.Tensor] = {}
+_CACHE: dict[tuple[int, str, torch.dtype], torch.Tensor] = {}
 
 
-def hadamard_pm1(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """(dim, dim) fp32 matrix diag(s)·H_dim of ±1 entries with R Rᵀ = dim·I; cached per device."""
-    key = (dim, str(device))
+def hadamard_pm1(dim: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(dim, dim) matrix diag(s)·H_dim of ±1 entries with R Rᵀ = dim·I (exact in any float dtype);
+    cached per device and dtype. The kernels take it in the inputs' 16-bit dtype (half the bytes)."""
+    key = (dim, str(device), dtype)
     cached = _CACHE.get(key)
     if cached is not None:
         return cached
@@ -33,5 +34,5 @@ def hadamard_pm1(dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
     signs = torch.tensor(
         [1.0 - 2.0 * ((_SIGN_BITS >> (i % _SIGN_PERIOD)) & 1) for i in range(dim)], device=device
     )
-    mat = _CACHE[key] = signs[:, None] * h
+    mat = _CACHE[key] = (signs[:, None] * h).to(dtype)
     return mat
