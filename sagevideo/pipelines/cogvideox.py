@@ -12,21 +12,26 @@ from __future__ import annotations
 
 import torch
 
-from sagevideo.api.attention import BACKENDS, sageattn
+from sagevideo.api.attention import BACKENDS
 from sagevideo.kernels.plans import PV_MODES
+from sagevideo.pipelines.plans import AttentionPlan
+from sagevideo.pipelines.routing import AttentionRouter
 
 
 class SageCogVideoXAttnProcessor:
     """Drop-in for `diffusers.models.attention_processor.CogVideoXAttnProcessor2_0`.
 
     pv: "fp16" or "fp8"; backend: a `sageattn` backend ("auto", "triton", "reference", "sdpa").
-    name: the processor's key in `transformer.attn_processors`, kept for reports.
+    name: the layer name (processor key without ".processor"), used by plans and reports.
+    router: the `AttentionRouter` of an installed plan; without one, a uniform plan of `pv`.
 
     Call: hidden_states (B, N_video, C), encoder_hidden_states (B, N_text, C) ->
     (hidden_states (B, N_video, C), encoder_hidden_states (B, N_text, C)), same dtype.
     """
 
-    def __init__(self, *, pv: str = "fp16", backend: str = "auto", name: str = ""):
+    def __init__(
+        self, *, pv: str = "fp16", backend: str = "auto", name: str = "", router: AttentionRouter | None = None
+    ):
         if pv not in PV_MODES:
             raise ValueError(f"pv={pv!r} is not supported; use one of {PV_MODES}")
         if backend not in BACKENDS:
@@ -34,6 +39,7 @@ class SageCogVideoXAttnProcessor:
         self.pv = pv
         self.backend = backend
         self.name = name
+        self.router = router or AttentionRouter(AttentionPlan.uniform(f"int8-{pv}"), backend)
 
     def __repr__(self) -> str:
         return f"SageCogVideoXAttnProcessor(name={self.name!r}, pv={self.pv!r}, backend={self.backend!r})"
@@ -81,9 +87,7 @@ class SageCogVideoXAttnProcessor:
             if not attn.is_cross_attention:
                 key[:, :, text_seq_length:] = apply_rotary_emb(key[:, :, text_seq_length:], image_rotary_emb)
 
-        hidden_states = sageattn(
-            query, key, value, attn_mask=attention_mask, pv=self.pv, backend=self.backend
-        )
+        hidden_states = self.router(self.name, query, key, value, attn_mask=attention_mask)
 
         hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = attn.to_out[0](hidden_states)  # linear projection

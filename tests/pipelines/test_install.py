@@ -66,6 +66,7 @@ def test_remove_refuses_after_processors_were_replaced(tiny_pipe):
             handle.remove()
     finally:
         tiny_pipe.transformer.set_attn_processor(dict(originals))
+        handle.router.clock.detach()  # the scheduler wrappers of the refused handle
         del tiny_pipe.transformer._sagevideo_attention
 
 
@@ -86,3 +87,27 @@ def test_bad_arguments(tiny_pipe):
     with pytest.raises(ValueError, match="pv='int4'"):
         sagevideo.install(tiny_pipe, pv="int4")
     assert not hasattr(tiny_pipe.transformer, "_sagevideo_attention")
+
+
+def test_compile_fullgraph_with_sagevideo_installed(tiny_pipe):
+    """Dynamo captures the installed transformer in one graph (the kernels run under the CPU
+    interpreter here, so Dynamo's "eager" backend; Inductor is checked on the GPU)."""
+    import copy
+
+    transformer = torch.nn.Module.to(copy.deepcopy(tiny_pipe.transformer), torch.float16)  # kernels take 16-bit
+    gen = torch.Generator().manual_seed(0)
+    config = transformer.config
+    hidden = torch.randn(1, 3, config.in_channels, config.sample_height, config.sample_width, generator=gen).half()
+    text = torch.randn(1, 32, config.text_embed_dim, generator=gen).half()
+    rotary = tiny_pipe._prepare_rotary_positional_embeddings(
+        config.sample_height * 8, config.sample_width * 8, 3, torch.device("cpu")
+    ) if config.use_rotary_positional_embeddings else None
+    kwargs = dict(
+        hidden_states=hidden, encoder_hidden_states=text, timestep=torch.tensor([10]), image_rotary_emb=rotary,
+        return_dict=False,
+    )
+    with sagevideo.install(transformer, pv="fp16", backend="triton"), torch.no_grad():
+        eager = transformer(**kwargs)[0]
+        torch._dynamo.reset()
+        compiled = torch.compile(transformer, fullgraph=True, backend="eager")
+        torch.testing.assert_close(compiled(**kwargs)[0], eager)

@@ -1,0 +1,177 @@
+"""Attention plans: which attention runs in each transformer layer and denoising step.
+
+A plan is frozen data (validated with pydantic, saved as JSON):
+
+    {"version": 1,
+     "model": "CogVideoXTransformer3DModel",            # informative
+     "layers": ["transformer_blocks.0.attn1", ...],     # the layers the plan was made for
+     "num_steps": 50,                                   # optional: bounds for step ranges
+     "default": {"mode": "int8-fp8", "granularity": "block"},
+     "overrides": [{"layers": ["transformer_blocks.0.attn1"], "steps": [0, 5], "mode": "full"}]}
+
+Modes: "full" (SDPA, full precision), "int8-fp16" (INT8 QK, 16-bit PV), "int8-fp8" (INT8 QK,
+FP8 PV); granularity "block" or "token" (Q/K scales per tile or per token). Overrides apply in
+order, the last match wins; `steps` is a half-open range [start, stop) of denoising step
+indices (stop may be null: to the end). `validate_for(layers, num_steps)` rejects unknown layer
+names and out-of-range steps before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PLAN_VERSION = 1
+
+
+class Mode(str, Enum):
+    full = "full"
+    int8_fp16 = "int8-fp16"
+    int8_fp8 = "int8-fp8"
+
+    @property
+    def pv(self) -> str | None:
+        """PV precision passed to `sageattn`, or None for full precision."""
+        return {"full": None, "int8-fp16": "fp16", "int8-fp8": "fp8"}[self.value]
+
+
+class Granularity(str, Enum):
+    block = "block"
+    token = "token"
+
+
+class PlanError(ValueError):
+    """A plan that cannot be used: bad JSON, bad field, unknown layer, step out of range."""
+
+
+class Choice(BaseModel):
+    """One attention setting."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    mode: Mode
+    granularity: Granularity = Granularity.block
+
+    @property
+    def label(self) -> str:
+        return self.mode.value if self.mode is Mode.full else f"{self.mode.value}/{self.granularity.value}"
+
+
+class Override(BaseModel):
+    """`mode`/`granularity` for `layers` (all when omitted) during `steps` [start, stop)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    layers: tuple[str, ...] | None = None
+    steps: tuple[int, int | None] | None = None
+    mode: Mode
+    granularity: Granularity = Granularity.block
+
+    @field_validator("steps")
+    @classmethod
+    def _check_steps(cls, steps):
+        if steps is None:
+            return steps
+        start, stop = steps
+        if start < 0 or (stop is not None and stop <= start):
+            raise ValueError(f"steps {list(steps)}: need 0 <= start < stop (stop may be null for 'to the end')")
+        return steps
+
+    def matches(self, layer: str, step: int | None) -> bool:
+        if self.layers is not None and layer not in self.layers:
+            return False
+        if self.steps is None or step is None:
+            return self.steps is None
+        start, stop = self.steps
+        return start <= step and (stop is None or step < stop)
+
+    @property
+    def choice(self) -> Choice:
+        return Choice(mode=self.mode, granularity=self.granularity)
+
+
+class AttentionPlan(BaseModel):
+    """Per-layer, per-step attention settings. Immutable; see the module docstring for JSON."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    version: int = PLAN_VERSION
+    model: str | None = None
+    layers: tuple[str, ...] | None = None
+    num_steps: int | None = Field(default=None, ge=1)
+    default: Choice = Choice(mode=Mode.int8_fp16)
+    overrides: tuple[Override, ...] = ()
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.version != PLAN_VERSION:
+            raise ValueError(f"plan version {self.version} is not supported (this sagevideo reads {PLAN_VERSION})")
+        known = set(self.layers) if self.layers is not None else None
+        for i, o in enumerate(self.overrides):
+            if known is not None and o.layers is not None:
+                unknown = [name for name in o.layers if name not in known]
+                if unknown:
+                    raise ValueError(f"overrides[{i}]: unknown layer(s) {unknown}; the plan lists {len(known)} layers")
+            if self.num_steps is not None and o.steps is not None and o.steps[0] >= self.num_steps:
+                raise ValueError(f"overrides[{i}]: steps {list(o.steps)} start at or after num_steps={self.num_steps}")
+        return self
+
+    @classmethod
+    def uniform(cls, mode: Mode | str, granularity: Granularity | str = "block") -> AttentionPlan:
+        """The same attention everywhere."""
+        return cls(default=Choice(mode=Mode(mode), granularity=Granularity(granularity)))
+
+    def choice_for(self, layer: str, step: int | None) -> Choice:
+        """The setting for `layer` at denoising step `step` (None: outside a tracked run)."""
+        chosen = self.default
+        for override in self.overrides:
+            if override.matches(layer, step):
+                chosen = override.choice
+        return chosen
+
+    def validate_for(self, layers: list[str], num_steps: int | None = None) -> None:
+        """Raise PlanError if the plan names layers that `layers` lacks or steps beyond `num_steps`."""
+        present = set(layers)
+        named = set(self.layers or ()) | {name for o in self.overrides for name in (o.layers or ())}
+        unknown = sorted(named - present)
+        if unknown:
+            raise PlanError(
+                f"plan names {len(unknown)} layer(s) this transformer does not have, e.g. {unknown[:3]}; "
+                f"it has {len(present)} attention layers such as {sorted(present)[:2]}. Was the plan made for "
+                f"another model ({self.model or 'unknown'})? Re-run `sagevideo calibrate` for this model."
+            )
+        if num_steps is not None:
+            for i, o in enumerate(self.overrides):
+                if o.steps is not None and o.steps[0] >= num_steps:
+                    raise PlanError(
+                        f"plan overrides[{i}] starts at step {o.steps[0]} but the run has {num_steps} steps"
+                    )
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2, exclude_none=True)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json() + "\n")
+        return path
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan") -> AttentionPlan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise PlanError(f"{source}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'plan'}: {e['msg']}" for e in err.errors()
+            )
+            raise PlanError(f"{source}: {problems}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> AttentionPlan:
+        path = Path(path)
+        if not path.is_file():
+            raise PlanError(f"plan file {path} does not exist (write one with `sagevideo calibrate ... --out {path}`)")
+        return cls.from_json(path.read_text(), source=str(path))

@@ -1,0 +1,86 @@
+"""Per-call attention routing: which `sageattn` settings a layer uses at the current step.
+
+`AttentionRouter(plan, backend)` is shared by every sagevideo processor of one installed
+transformer. `StepClock` counts denoising steps from the pipeline's scheduler (reset by
+`set_timesteps`, advanced after each `step`), outside the transformer, so step-dependent plans
+work the same when the transformer is `torch.compile`d. Without a pipeline the step is None and
+only step-less plan entries apply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sagevideo.api.attention import sageattn
+from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode
+
+
+class StepClock:
+    """Denoising step index of the running pipeline call (None when not tracked)."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self._restore: list[tuple[Any, str]] = []
+
+    def attach(self, scheduler: Any) -> None:
+        """Wrap `scheduler.set_timesteps` (step := 0) and `scheduler.step` (step += 1 after)."""
+        set_timesteps, step = scheduler.set_timesteps, scheduler.step
+
+        def set_timesteps_and_reset(*args, **kwargs):
+            self.step = 0
+            return set_timesteps(*args, **kwargs)
+
+        def step_and_advance(*args, **kwargs):
+            try:
+                return step(*args, **kwargs)
+            finally:
+                self.step = (self.step or 0) + 1
+
+        scheduler.set_timesteps = set_timesteps_and_reset
+        scheduler.step = step_and_advance
+        self._restore = [(scheduler, "set_timesteps"), (scheduler, "step")]
+
+    def detach(self) -> None:
+        """Remove the instance-level wrappers (the class methods show through again)."""
+        for obj, name in self._restore:
+            obj.__dict__.pop(name, None)
+        self._restore = []
+        self.step = None
+
+
+class AttentionRouter:
+    """Runs attention for `layer` as the plan says at the clock's current step.
+
+    backend: the `sageattn` backend for quantized modes ("auto", "triton", "reference");
+    "full" entries always run SDPA (recorded as requested, not as a fallback).
+    """
+
+    def __init__(self, plan: AttentionPlan, backend: str = "auto"):
+        self.plan = plan
+        self.backend = backend
+        self.clock = StepClock()
+
+    def choice(self, layer: str) -> Choice:
+        return self.plan.choice_for(layer, self.clock.step)
+
+    def __call__(
+        self,
+        layer: str,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        sm_scale: float | None = None,
+    ) -> torch.Tensor:
+        """q/k/v (B, H, N, D) -> (B, H, Nq, D), with the plan's setting for `layer`."""
+        choice = self.choice(layer)
+        if choice.mode is Mode.full:
+            return sageattn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, backend="sdpa")
+        return sageattn(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale,
+            pv=choice.mode.pv, qk_granularity=choice.granularity.value, backend=self.backend,
+        )
