@@ -256,3 +256,60 @@ def simulate(
     typer.echo(f"\nsagevideo simulate: {len(results)} variants; worst cosine {worst['cos_worst']:.5f} "
                f"({worst['variant']}, {worst['worst_layer']} {worst['worst_head']})"
                + (f"; figures in {json_out}" if json_out else ""))
+
+
+@app.command()
+def calibrate(
+    prompts_file: Annotated[
+        Path | None, typer.Argument(help="Text file with one prompt per line.", show_default=False)
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan (JSON).")] = ...,
+    model: Annotated[str, typer.Option(help="'tiny' or a local diffusers folder.")] = "tiny",
+    prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p", help="A prompt (repeatable).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Denoising steps (default: the model's).")] = None,
+    capture_steps: Annotated[
+        str | None, typer.Option(help="Steps to measure, e.g. '0,1,-1' (default: all).")
+    ] = None,
+    threshold: Annotated[float, typer.Option(help="Worst cosine a quantized mode must reach per layer.")] = 0.999,
+    frames: Annotated[int | None, typer.Option(help="Frames (default: the model's).")] = None,
+    height: Annotated[int | None, typer.Option(help="Height in px (default: the model's).")] = None,
+    width: Annotated[int | None, typer.Option(help="Width in px (default: the model's).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the initial noise.")] = 0,
+    device: Annotated[Device, typer.Option(help="auto = CUDA when available, else CPU.")] = Device.auto,
+    save_qkv: Annotated[
+        Path | None, typer.Option(help="Also save captured Q/K/V (safetensors) for `sagevideo simulate --qkv`.")
+    ] = None,
+) -> None:
+    """Measure each attention layer's error per mode on real prompts and write the fastest plan that
+    meets the threshold (full precision where no mode does)."""
+    from sagevideo.api.calibrate import calibrate as run_calibration
+    from sagevideo.jobs import InputError
+
+    prompts = list(prompt or [])
+    if prompts_file is not None:
+        if not prompts_file.is_file():
+            raise fail("calibrate", f"{prompts_file}: no such file", EXIT_BAD_INPUT)
+        prompts += [line.strip() for line in prompts_file.read_text().splitlines()
+                    if line.strip() and not line.lstrip().startswith("#")]
+    try:
+        steps_list = None if capture_steps is None else [int(s) for s in capture_steps.split(",") if s.strip()]
+    except ValueError:
+        message = f"--capture-steps {capture_steps!r}: give integers like 0,1,-1"
+        raise fail("calibrate", message, EXIT_BAD_INPUT) from None
+    try:
+        result = run_calibration(
+            prompts or None, out=out, model=model, steps=steps, frames=frames, height=height, width=width,
+            seed=seed, capture_steps=steps_list, threshold=threshold, device=device.value, save_qkv=save_qkv,
+        )
+    except InputError as err:
+        raise fail("calibrate", str(err), EXIT_BAD_INPUT) from None
+    from sagevideo.pipelines.calibrate import CANDIDATES
+
+    typer.echo(result.table())
+    name, worst = result.worst_layer()
+    overrides = len(result.plan.overrides)
+    typer.echo(
+        f"\nsagevideo calibrate: {len(result.errors)} layers -> {out} (default {result.plan.default.label}, "
+        f"{overrides} override{'s' if overrides != 1 else ''}); worst layer {name}: cosine {worst.cos:.5f} "
+        f"with {CANDIDATES[0].label} at step {worst.step}" + (f"; Q/K/V in {save_qkv}" if save_qkv else "")
+    )

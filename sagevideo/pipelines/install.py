@@ -142,6 +142,17 @@ def install(
         raise ValueError(f"sagevideo.install: pv={pv!r} is not supported; use one of {PV_MODES}")
     if backend not in BACKENDS:
         raise ValueError(f"sagevideo.install: backend={backend!r} is not supported; use one of {BACKENDS}")
+    if plan is not None and not isinstance(plan, AttentionPlan):
+        plan = AttentionPlan.load(plan)
+    router = AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
+    return install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend)
+
+
+def install_router(
+    pipe_or_transformer: Any, router: AttentionRouter, *, pv: str = "fp16", backend: str = "auto"
+) -> InstalledAttention:
+    """Install with a ready router (e.g. calibration's probing router); see `install`."""
+    transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
     if getattr(transformer, _HANDLE_ATTR, None) is not None:
         raise RuntimeError(
             "sagevideo.install: sagevideo attention is already installed on this transformer; "
@@ -161,18 +172,13 @@ def install(
                 "after fuse_qkv_projections(), call unfuse_qkv_projections() first"
             )
     layers = {key: key.removesuffix(".processor") for key in originals}
-    if plan is None:
-        plan = default_plan(transformer, pv)
-    elif not isinstance(plan, AttentionPlan):
-        plan = AttentionPlan.load(plan)
-    plan.validate_for(list(layers.values()))
-    router = AttentionRouter(plan, backend)
+    router.plan.validate_for(list(layers.values()))
     if pipe_or_transformer is not transformer and hasattr(pipe_or_transformer, "scheduler"):
         router.clock.attach(pipe_or_transformer.scheduler)
 
     if all(type(proc) in routes for proc in originals.values()):
         processors = {
-            key: routes[type(proc)](pv=pv or "fp16", backend=backend, name=layers[key], router=router)
+            key: routes[type(proc)](pv=pv, backend=backend, name=layers[key], router=router)
             for key, proc in originals.items()
         }
         transformer.set_attn_processor(dict(processors))

@@ -1,0 +1,163 @@
+"""Calibration: measure every attention layer's error per mode on real prompts, write a plan.
+
+The SageAttention paper's adaptive selection (§4.5), as a tool. A probing router is installed
+in place of the plan router: every attention call returns full-precision SDPA (so the run is the
+full-precision run), and at the captured steps it also runs each candidate mode on the same
+Q/K/V and compares it with an fp32 reference, keeping the worst over heads, calls and steps.
+The plan then picks, per layer, the fastest candidate whose worst cosine meets the threshold,
+and full precision where none does.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from sagevideo.api.attention import sageattn
+from sagevideo.eval.attention_error import error_stats
+from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override
+from sagevideo.pipelines.routing import AttentionRouter
+
+# Fastest first (H200 measurements, docs/benchmarks.md): FP8 PV beats 16-bit PV; per-tile scales
+# beat per-token ones. Full precision is what remains when no candidate is accurate enough.
+CANDIDATES = (
+    Choice(mode=Mode.int8_fp8, granularity=Granularity.block),
+    Choice(mode=Mode.int8_fp16, granularity=Granularity.block),
+    Choice(mode=Mode.int8_fp8, granularity=Granularity.token),
+    Choice(mode=Mode.int8_fp16, granularity=Granularity.token),
+)
+FULL = Choice(mode=Mode.full)
+
+
+@dataclass
+class WorstError:
+    """Worst cosine / rel-L1 / RMSE seen for one (layer, candidate), and where."""
+
+    cos: float = 1.0
+    rel_l1: float = 0.0
+    rmse: float = 0.0
+    step: int | None = None
+    calls: int = 0
+    unsupported: str = ""
+
+    def update(self, ref: torch.Tensor, out: torch.Tensor, step: int | None) -> None:
+        e = error_stats(ref, out)
+        self.calls += 1
+        if e.cos_worst < self.cos:
+            self.cos, self.step = e.cos_worst, step
+        self.rel_l1 = max(self.rel_l1, e.rel_l1_worst)
+        self.rmse = max(self.rmse, e.rmse_worst)
+
+
+@dataclass
+class CalibrationResult:
+    """errors[layer][choice label] -> WorstError; plan: the chosen plan; threshold: cosine floor."""
+
+    errors: dict[str, dict[str, WorstError]]
+    plan: AttentionPlan
+    threshold: float
+    chosen: dict[str, Choice] = field(default_factory=dict)
+
+    def worst_layer(self, label: str | None = None) -> tuple[str, WorstError]:
+        """Layer with the lowest worst cosine for a candidate (default: the fastest)."""
+        label = label or CANDIDATES[0].label
+        return min(((name, errs[label]) for name, errs in self.errors.items()), key=lambda item: item[1].cos)
+
+    def table(self) -> str:
+        labels = [c.label for c in CANDIDATES]
+        header = f"{'layer':40s} " + " ".join(f"{lab:>16s}" for lab in labels) + "   chosen"
+        lines = [f"worst cosine vs fp32 attention over heads, calls and captured steps (threshold {self.threshold})",
+                 header, "-" * len(header)]
+        for name, errs in self.errors.items():
+            cells = []
+            for lab in labels:
+                w = errs[lab]
+                cells.append(f"{'n/a':>16s}" if w.unsupported or not w.calls else f"{w.cos:16.5f}")
+            lines.append(f"{name:40s} " + " ".join(cells) + f"   {self.chosen[name].label}")
+        return "\n".join(lines)
+
+
+class ProbingRouter(AttentionRouter):
+    """Returns full-precision attention; at captured steps also measures every candidate."""
+
+    def __init__(self, backend: str, capture_steps: set[int] | None, save_qkv: dict | None = None):
+        super().__init__(AttentionPlan.uniform(Mode.full), backend)
+        self.capture_steps = capture_steps
+        self.errors: dict[str, dict[str, WorstError]] = {}
+        self.save_qkv = save_qkv
+
+    def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale)
+        step = self.clock.step
+        if self.capture_steps is not None and step not in self.capture_steps:
+            return out
+        ref = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale
+        )
+        errs = self.errors.setdefault(layer, {c.label: WorstError() for c in CANDIDATES})
+        for choice in CANDIDATES:
+            worst = errs[choice.label]
+            try:
+                test = sageattn(
+                    q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, pv=choice.mode.pv,
+                    qk_granularity=choice.granularity.value, backend=self.backend,
+                )
+            except ValueError as err:  # e.g. a mask the kernels cannot honour: never choose this mode here
+                worst.unsupported = str(err)
+                continue
+            worst.update(ref, test, step)
+        if self.save_qkv is not None:
+            key = f"{layer}.step{step}" if step is not None else layer
+            if f"{key}.q" not in self.save_qkv:
+                for role, t in zip("qkv", (q, k, v), strict=True):
+                    self.save_qkv[f"{key}.{role}"] = t.detach().to("cpu", torch.float32).contiguous()
+        return out
+
+
+def choose_plan(
+    errors: dict[str, dict[str, WorstError]], threshold: float, model: str | None, num_steps: int | None
+) -> tuple[AttentionPlan, dict[str, Choice]]:
+    """Per layer the fastest candidate with worst cosine >= threshold (else full precision);
+    the most common choice becomes the plan's default, the rest overrides."""
+    chosen = {}
+    for layer, errs in errors.items():
+        ok = [c for c in CANDIDATES if not errs[c.label].unsupported and errs[c.label].calls
+              and errs[c.label].cos >= threshold]
+        chosen[layer] = ok[0] if ok else FULL
+    default = Counter(chosen.values()).most_common(1)[0][0] if chosen else CANDIDATES[0]
+    overrides = tuple(
+        Override(layers=tuple(sorted(name for name, c in chosen.items() if c == choice)),
+                 mode=choice.mode, granularity=choice.granularity)
+        for choice in dict.fromkeys(chosen.values()) if choice != default
+    )
+    plan = AttentionPlan(model=model, layers=tuple(errors), num_steps=num_steps, default=default, overrides=overrides)
+    return plan, chosen
+
+
+def calibrate_pipeline(
+    pipe,
+    run,
+    *,
+    threshold: float = 0.999,
+    capture_steps: set[int] | None = None,
+    backend: str | None = None,
+    num_steps: int | None = None,
+    save_qkv: dict | None = None,
+) -> CalibrationResult:
+    """Run `run(pipe)` (which generates with the pipeline) under the probing router; return the
+    per-layer errors and the chosen plan. backend defaults to "triton" on CUDA and "reference"
+    (the exact emulation) on CPU, never "auto", which could silently measure SDPA."""
+    from sagevideo.pipelines.install import install_router
+
+    if backend is None:
+        backend = "triton" if pipe.transformer.device.type == "cuda" else "reference"
+    probe = ProbingRouter(backend, capture_steps, save_qkv)
+    with install_router(pipe, probe):
+        run(pipe)
+    if not probe.errors:
+        raise RuntimeError("calibration captured no attention call: check --capture-steps against --steps")
+    plan, chosen = choose_plan(probe.errors, threshold, type(pipe.transformer).__name__, num_steps)
+    return CalibrationResult(probe.errors, plan, threshold, chosen)

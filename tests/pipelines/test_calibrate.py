@@ -1,0 +1,78 @@
+"""Calibration on the tiny CogVideoX: errors per layer and mode, the plan it writes, the CLI."""
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from sagevideo.cli import app
+from sagevideo.pipelines.calibrate import CANDIDATES, calibrate_pipeline
+from sagevideo.pipelines.plans import AttentionPlan, Mode
+
+
+def _run(pipe):
+    pipe("a red panda", num_frames=9, num_inference_steps=2, generator=torch.Generator().manual_seed(0),
+         output_type="latent", max_sequence_length=32)
+
+
+def test_calibration_measures_every_layer_and_mode(tiny_pipe):
+    result = calibrate_pipeline(tiny_pipe, _run, threshold=0.999, num_steps=2)
+    layers = [k.removesuffix(".processor") for k in tiny_pipe.transformer.attn_processors]
+    assert list(result.errors) == layers
+    for errs in result.errors.values():
+        assert set(errs) == {c.label for c in CANDIDATES}
+        assert all(w.calls == 2 and 0.99 < w.cos <= 1.0 for w in errs.values())  # 2 steps captured
+        # 16-bit PV is more accurate than FP8 PV on the same inputs
+        assert errs["int8-fp16/block"].cos > errs["int8-fp8/block"].cos
+    assert result.plan.default.label == "int8-fp8/block"  # fastest mode meets 0.999 here
+    name, worst = result.worst_layer()
+    assert name in layers and worst.cos == min(e["int8-fp8/block"].cos for e in result.errors.values())
+    assert name in result.table()
+    assert "set_timesteps" not in vars(tiny_pipe.scheduler)  # probe removed
+
+
+def test_threshold_decides_mode_and_full_precision_fallback(tiny_pipe):
+    strict = calibrate_pipeline(tiny_pipe, _run, threshold=1.0, num_steps=2)
+    assert strict.plan.default.mode is Mode.full  # nothing is exact: every layer keeps full precision
+    middle = calibrate_pipeline(tiny_pipe, _run, threshold=0.9999, num_steps=2)
+    assert {c.mode for c in middle.chosen.values()} <= {Mode.int8_fp16}
+    # the written plan is valid for the model and round-trips
+    again = AttentionPlan.from_json(middle.plan.to_json())
+    assert again == middle.plan
+    again.validate_for(list(middle.errors), num_steps=2)
+
+
+def test_capture_steps_limit_what_is_measured(tiny_pipe):
+    result = calibrate_pipeline(tiny_pipe, _run, capture_steps={1}, num_steps=2)
+    assert all(w.calls == 1 and w.step == 1 for errs in result.errors.values() for w in errs.values())
+    with pytest.raises(RuntimeError, match="captured no attention call"):
+        calibrate_pipeline(tiny_pipe, _run, capture_steps={7}, num_steps=2)
+
+
+def test_cli_writes_plan_and_qkv(tmp_path):
+    plan_path, qkv = tmp_path / "plan.json", tmp_path / "qkv.safetensors"
+    result = CliRunner().invoke(
+        app, ["calibrate", "--out", str(plan_path), "--capture-steps", "-1", "--prompt", "a fox",
+              "--save-qkv", str(qkv)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "sagevideo calibrate: 2 layers" in result.output and "worst layer transformer_blocks." in result.output
+    plan = AttentionPlan.load(plan_path)
+    assert plan.num_steps == 2 and len(plan.layers) == 2
+    from sagevideo.eval.simulate import load_qkv_file
+
+    assert set(load_qkv_file(qkv)) == {f"transformer_blocks.{i}.attn1.step1" for i in (0, 1)}
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--capture-steps", "5"], "outside the run's 2 steps"),
+        (["--capture-steps", "x"], "give integers"),
+        (["--threshold", "1.5"], "threshold"),
+        (["--model", "/nonexistent/model"], "nonexistent"),
+    ],
+)
+def test_cli_bad_input_is_exit_2(tmp_path, args, match):
+    result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "p.json"), *args])
+    assert result.exit_code == 2, result.output
+    assert match in result.output
