@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""One CogVideoX transformer forward at real size (random weights, bf16): SDPA cuDNN vs sagevideo.
+
+Builds CogVideoX-5B's transformer config (42 layers, 48 heads of 64) directly on the GPU with
+random weights, feeds 49 frames at 480x720 (17,550 video + 226 text tokens) with batch 2 (CFG),
+and times one forward with stock attention under SDPA's cuDNN backend and with sagevideo
+installed (its default plan, or --pv). A separate, untimed pass measures each layer's worst
+cosine (over heads and batch) of sagevideo attention against fp32 SDPA on the same inputs.
+
+    python scripts/bench_transformer.py [--pv fp8] [--json out.json]     # GPU
+    python scripts/bench_transformer.py --tiny                            # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+COGVIDEOX_5B = dict(
+    num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16, time_embed_dim=512,
+    text_embed_dim=4096, num_layers=42, sample_width=90, sample_height=60, sample_frames=49, patch_size=2,
+    temporal_compression_ratio=4, max_text_seq_length=226, activation_fn="gelu-approximate",
+    timestep_activation_fn="silu", norm_elementwise_affine=True, norm_eps=1e-5, spatial_interpolation_scale=1.875,
+    temporal_interpolation_scale=1.0, use_rotary_positional_embeddings=True,
+)
+TINY = dict(COGVIDEOX_5B, num_attention_heads=2, num_layers=2, text_embed_dim=32, time_embed_dim=8,
+            sample_width=8, sample_height=8, sample_frames=9, max_text_seq_length=8)
+
+
+def build(cfg: dict, device: str, dtype: torch.dtype):
+    from diffusers import CogVideoXTransformer3DModel
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = CogVideoXTransformer3DModel(**cfg)
+    torch.nn.Module.to(model, dtype=dtype).eval()
+    frames = (cfg["sample_frames"] - 1) // cfg["temporal_compression_ratio"] + 1
+    h, w, p = cfg["sample_height"], cfg["sample_width"], cfg["patch_size"]
+    gen = torch.Generator(device).manual_seed(1)
+    hidden = torch.randn(2, frames, cfg["in_channels"], h, w, device=device, dtype=dtype, generator=gen)
+    text = torch.randn(2, cfg["max_text_seq_length"], cfg["text_embed_dim"], device=device, dtype=dtype, generator=gen)
+    cos, sin = get_3d_rotary_pos_embed(
+        cfg["attention_head_dim"], ((0, 0), (h // p, w // p)), (h // p, w // p), frames, device=torch.device(device)
+    )
+    inputs = dict(hidden_states=hidden, encoder_hidden_states=text, timestep=torch.tensor([500, 500], device=device),
+                  image_rotary_emb=(cos, sin), return_dict=False)
+    return model, inputs
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up (compilation, autotuning)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    import sagevideo
+    from sagevideo.eval.attention_error import error_stats
+    from sagevideo.pipelines.install import install_router
+    from sagevideo.pipelines.routing import AttentionRouter
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pv", choices=["fp16", "fp8"], help="uniform PV mode (default: sagevideo's default plan)")
+    parser.add_argument("--tiny", action="store_true", help="tiny config on CPU (smoke test)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    device = "cpu" if args.tiny else "cuda"
+    dtype = torch.float16 if args.tiny else torch.bfloat16
+    backend = "reference" if args.tiny else "auto"
+    model, inputs = build(TINY if args.tiny else COGVIDEOX_5B, device, dtype)
+
+    def forward():
+        with torch.no_grad():
+            return model(**inputs)[0]
+
+    if args.tiny:
+        sdpa_s = timed(forward, args.repeats)
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            sdpa_s = timed(forward, args.repeats)
+        ref_out = forward()
+    if args.tiny:
+        ref_out = forward()
+    with sagevideo.install(model, pv=args.pv, backend=backend) as handle, sagevideo.record_backends() as log:
+        plan = handle.plan.default.label
+        sage_s = timed(forward, args.repeats)
+        sage_out = forward()
+    backends = log.counts
+
+    class Measuring(AttentionRouter):
+        """sagevideo attention, compared per call with fp32 SDPA on the same inputs."""
+
+        worst: dict[str, float] = {}
+
+        def __call__(self, layer, q, k, v, **kw):
+            out = super().__call__(layer, q, k, v, **kw)
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=kw.get("attn_mask"))
+            self.worst[layer] = min(self.worst.get(layer, 1.0), error_stats(ref, out).cos_worst)
+            return out
+
+    measuring = Measuring(handle.plan, backend)
+    with install_router(model, measuring):
+        forward()
+    worst_layer = min(measuring.worst, key=measuring.worst.get)
+    out_cos = F.cosine_similarity(ref_out.float().flatten(), sage_out.float().flatten(), dim=0).item()
+    result = {
+        "config": "tiny" if args.tiny else "CogVideoX-5B (random weights), 2x49 frames 480x720, bf16",
+        "sdpa_cudnn_s": sdpa_s, "sagevideo_s": sage_s, "speedup": sdpa_s / sage_s, "plan": plan,
+        "backends": backends, "per_layer_worst_cos": measuring.worst, "output_cos_vs_sdpa": out_cos,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    print(f"forward: SDPA cuDNN {sdpa_s * 1e3:.0f} ms, sagevideo ({plan}) {sage_s * 1e3:.0f} ms -> "
+          f"{sdpa_s / sage_s:.2f}x; attention calls {backends}")
+    print(f"per-layer worst cosine vs fp32 SDPA: min {measuring.worst[worst_layer]:.5f} ({worst_layer}), "
+          f"mean {sum(measuring.worst.values()) / len(measuring.worst):.5f}; transformer output cosine {out_cos:.5f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
