@@ -1,0 +1,215 @@
+"""Open-Sora 2.0 text-to-video, assembled from diffusers/transformers parts.
+
+- VAE: diffusers' `AutoencoderKLHunyuanVideo` (16 latent channels, 8x space, 4x time with the
+  first frame on its own; latents are z * 0.476986 with shift 0: `vae.config.scaling_factor`).
+- Text: T5-v1.1-XXL `last_hidden_state` of the prompt padded to 512 tokens, run WITHOUT an
+  attention mask (as the official model; the padding tokens are attended to), and CLIP-L/14's
+  `pooler_output` at 77 tokens. The prompt gets " {fps} FPS." and " {motion_score} motion score."
+  appended before both encoders.
+- Sampling: Euler steps on the shifted linspace schedule (`schedule.opensora_sigmas`) through a
+  `FlowMatchEulerDiscreteScheduler` left at shift 1 (the shift is applied here), velocity output.
+- Guidance: each step runs the transformer on [prompt + cond, negative + cond, negative + zero
+  cond] and combines u2 + g_img * (u - u2) + g_txt * (c - u).
+
+What this pipeline does NOT reproduce (OPENSORA.md states them without the formulas):
+- the official guidance oscillation of g_txt and g_img and the time scaling of g_img. Here both
+  scales are constants, or callables (step_index, sigma) -> scale that can carry such a schedule.
+  In text-to-video the condition is zero in both negative branches, so u == u2 and g_img has no
+  effect; only the missing g_txt oscillation changes the result.
+- whether the suffixes are also appended to the negative prompt (here: no) and the official
+  default negative prompt (here: "").
+- image-to-video (a non-zero cond), the aspect-ratio table (height and width are given here, as
+  multiples of 16) and the t2i2v mode with FLUX.1-dev.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler
+from diffusers.pipelines.pipeline_utils import DiffusionPipeline
+from diffusers.utils import BaseOutput
+from diffusers.utils.torch_utils import randn_tensor
+from diffusers.video_processor import VideoProcessor
+
+from sagevideo.pipelines.opensora.packing import latent_ids, pack_latents, text_ids, unpack_latents
+from sagevideo.pipelines.opensora.schedule import combine_guidance, opensora_sigmas
+from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
+
+T5_MAX_LENGTH = 512
+CLIP_MAX_LENGTH = 77
+LATENT_SHIFT = 0.0  # the official VAE config: scale 0.476986 (vae.config.scaling_factor), shift 0
+
+Scale = float | Callable[[int, float], float]
+
+
+@dataclass
+class OpenSoraPipelineOutput(BaseOutput):
+    """frames: np.ndarray (B, F, H, W, 3) in [0, 1] ("np"), list of lists of PIL images ("pil"),
+    a tensor (B, F, 3, H, W) ("pt"), or the latents (B, 16, T_lat, H/8, W/8) ("latent")."""
+
+    frames: torch.Tensor | np.ndarray | list
+
+
+def add_prompt_suffixes(prompt: str, fps: int | None, motion_score: int | None) -> str:
+    """The official sampler's prompt: prompt + " {fps} FPS." + " {motion_score} motion score."."""
+    if fps is not None:
+        prompt = f"{prompt} {fps} FPS."
+    if motion_score is not None:
+        prompt = f"{prompt} {motion_score} motion score."
+    return prompt
+
+
+class OpenSoraPipeline(DiffusionPipeline):
+    """Text-to-video with the Open-Sora 2.0 transformer (see the module docstring for the gaps).
+
+    tokenizer/text_encoder: T5 (`T5EncoderModel`); tokenizer_2/text_encoder_2: CLIP (`CLIPTextModel`).
+    """
+
+    model_cpu_offload_seq = "text_encoder->text_encoder_2->transformer->vae"
+
+    def __init__(
+        self,
+        tokenizer,
+        text_encoder,
+        tokenizer_2,
+        text_encoder_2,
+        vae: AutoencoderKLHunyuanVideo,
+        transformer: OpenSoraTransformer3DModel,
+        scheduler: FlowMatchEulerDiscreteScheduler,
+    ):
+        super().__init__()
+        self.register_modules(
+            tokenizer=tokenizer, text_encoder=text_encoder, tokenizer_2=tokenizer_2, text_encoder_2=text_encoder_2,
+            vae=vae, transformer=transformer, scheduler=scheduler,
+        )
+        self.vae_scale_factor_spatial = vae.config.spatial_compression_ratio
+        self.vae_scale_factor_temporal = vae.config.temporal_compression_ratio
+        self.video_processor = VideoProcessor(vae_scale_factor=self.vae_scale_factor_spatial)
+
+    @torch.no_grad()
+    def encode_prompt(
+        self, prompts: list[str], device: torch.device, max_sequence_length: int = T5_MAX_LENGTH
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T5 states (B, max_sequence_length, d_t5), CLIP pooled (B, d_clip)), encoders' dtypes."""
+        t5_ids = self.tokenizer(
+            prompts, padding="max_length", max_length=max_sequence_length, truncation=True, return_tensors="pt"
+        ).input_ids
+        # No attention mask, as the official model: the pad tokens' states are part of the context.
+        t5 = self.text_encoder(input_ids=t5_ids.to(device)).last_hidden_state
+        clip_ids = self.tokenizer_2(
+            prompts, padding="max_length", max_length=CLIP_MAX_LENGTH, truncation=True, return_tensors="pt"
+        ).input_ids
+        pooled = self.text_encoder_2(input_ids=clip_ids.to(device)).pooler_output
+        return t5, pooled
+
+    def _check_scheduler(self) -> None:
+        cfg = self.scheduler.config
+        if not isinstance(self.scheduler, FlowMatchEulerDiscreteScheduler) or cfg.shift != 1.0 or any(
+            cfg.get(flag) for flag in ("use_dynamic_shifting", "use_karras_sigmas", "use_exponential_sigmas",
+                                       "use_beta_sigmas", "shift_terminal", "invert_sigmas")
+        ):
+            raise ValueError(
+                "OpenSoraPipeline applies Open-Sora's own shift; give it FlowMatchEulerDiscreteScheduler() with "
+                f"the default config (shift=1, no dynamic/karras/terminal options), got {self.scheduler.config}"
+            )
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt: str | list[str],
+        negative_prompt: str | list[str] | None = None,
+        height: int = 192,
+        width: int = 336,
+        num_frames: int = 129,
+        num_inference_steps: int = 50,
+        guidance_scale: Scale = 7.5,
+        image_guidance_scale: Scale = 3.0,
+        fps: int | None = 24,
+        motion_score: int | None = 4,
+        num_videos_per_prompt: int = 1,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        latents: torch.Tensor | None = None,
+        max_sequence_length: int = T5_MAX_LENGTH,
+        output_type: str = "np",
+        return_dict: bool = True,
+    ) -> OpenSoraPipelineOutput | tuple:
+        """Generate videos (default: 256px 16:9, 129 frames, 50 steps, g_txt 7.5, g_img 3.0).
+
+        height, width: pixels, multiples of 16 (VAE 8x times patch 2); num_frames: 1 + a multiple of 4.
+        guidance_scale (g_txt), image_guidance_scale (g_img): a float, or a callable
+        (step_index, sigma) -> float for a step-dependent schedule.
+        latents: optional initial noise (B, 16, T_lat, H/8, W/8), B = len(prompts) * num_videos_per_prompt.
+        """
+        self._check_scheduler()
+        patch = self.transformer.config.patch_size
+        multiple = self.vae_scale_factor_spatial * patch
+        if height % multiple or width % multiple:
+            raise ValueError(f"height {height} and width {width} must be multiples of {multiple}")
+        if (num_frames - 1) % self.vae_scale_factor_temporal:
+            raise ValueError(f"num_frames {num_frames} must be 1 + a multiple of {self.vae_scale_factor_temporal}")
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        negatives = negative_prompt if negative_prompt is not None else ""
+        negatives = [negatives] * len(prompts) if isinstance(negatives, str) else list(negatives)
+        if len(negatives) != len(prompts):
+            raise ValueError(f"{len(negatives)} negative prompts for {len(prompts)} prompts")
+        prompts = [add_prompt_suffixes(p, fps, motion_score) for p in prompts for _ in range(num_videos_per_prompt)]
+        negatives = [n for n in negatives for _ in range(num_videos_per_prompt)]
+        batch = len(prompts)
+        device = self._execution_device
+        dtype = self.transformer.dtype
+
+        txt, pooled = self.encode_prompt(prompts, device, max_sequence_length)
+        neg_txt, neg_pooled = self.encode_prompt(negatives, device, max_sequence_length)
+        # Branches: c = prompt + cond, u = negative + cond, u2 = negative + zero cond.
+        txt3 = torch.cat([txt, neg_txt, neg_txt]).to(dtype)
+        pooled3 = torch.cat([pooled, neg_pooled, neg_pooled]).to(dtype)
+
+        t_lat = (num_frames - 1) // self.vae_scale_factor_temporal + 1
+        h_lat, w_lat = height // self.vae_scale_factor_spatial, width // self.vae_scale_factor_spatial
+        shape = (batch, self.vae.config.latent_channels, t_lat, h_lat, w_lat)
+        if latents is None:
+            latents = randn_tensor(shape, generator=generator, device=device, dtype=torch.float32)
+        elif tuple(latents.shape) != shape:
+            raise ValueError(f"latents have shape {tuple(latents.shape)}, expected {shape}")
+        latents = latents.to(device=device, dtype=torch.float32)  # the Euler state stays fp32
+
+        img_ids = latent_ids(3 * batch, t_lat, h_lat, w_lat, patch, dtype=dtype, device=device)
+        txt_ids = text_ids(3 * batch, txt3.shape[1], dtype=dtype, device=device)
+        # Text-to-video: mask and reference latent are zero, so cond is zero in all three branches.
+        cond = torch.zeros(3 * batch, img_ids.shape[1], self.transformer.config.cond_in_channels,
+                           dtype=dtype, device=device)
+
+        tokens_per_frame = (h_lat // patch) * (w_lat // patch)
+        sigmas = opensora_sigmas(num_inference_steps, tokens_per_frame, t_lat)
+        self.scheduler.set_timesteps(sigmas=sigmas[:-1].tolist(), device=device)
+        with self.progress_bar(total=num_inference_steps) as progress:
+            for i, t in enumerate(self.scheduler.timesteps):
+                sigma = self.scheduler.sigmas[i]
+                img = pack_latents(latents, patch).to(dtype).repeat(3, 1, 1)
+                pred = self.transformer(
+                    img, img_ids, txt3, txt_ids, sigma.expand(3 * batch).to(dtype), pooled3, cond=cond
+                )
+                c, u, u2 = pred.float().chunk(3)
+                velocity = combine_guidance(
+                    c, u, u2, _scale(guidance_scale, i, float(sigma)), _scale(image_guidance_scale, i, float(sigma))
+                )
+                velocity = unpack_latents(velocity, t_lat, h_lat, w_lat, patch)
+                latents = self.scheduler.step(velocity, t, latents, return_dict=False)[0]
+                progress.update()
+
+        if output_type == "latent":
+            video = latents
+        else:
+            z = latents.to(self.vae.dtype) / self.vae.config.scaling_factor + LATENT_SHIFT
+            video = self.video_processor.postprocess_video(self.vae.decode(z, return_dict=False)[0],
+                                                           output_type=output_type)
+        self.maybe_free_model_hooks()
+        return OpenSoraPipelineOutput(frames=video) if return_dict else (video,)
+
+
+def _scale(scale: Scale, step: int, sigma: float) -> float:
+    return float(scale(step, sigma)) if callable(scale) else float(scale)

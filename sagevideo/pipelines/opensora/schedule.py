@@ -1,0 +1,43 @@
+"""Open-Sora 2.0's sampling schedule and its three-branch classifier-free guidance."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def shift_alpha(tokens_per_frame: int, latent_frames: int) -> float:
+    """Resolution- and length-dependent shift: lin(tokens per frame; 256 -> 1, 4096 -> 3) * sqrt(T_lat)."""
+    slope = (3.0 - 1.0) / (4096 - 256)
+    return (1.0 + slope * (tokens_per_frame - 256)) * math.sqrt(latent_frames)
+
+
+def time_shift(alpha: float, t: torch.Tensor) -> torch.Tensor:
+    """alpha * t / (1 + (alpha - 1) * t): keeps 0 and 1, moves the steps toward the noisy end for alpha > 1."""
+    return alpha * t / (1 + (alpha - 1) * t)
+
+
+def opensora_sigmas(num_steps: int, tokens_per_frame: int, latent_frames: int) -> torch.Tensor:
+    """num_steps + 1 sigmas, shifted linspace(1, 0, num_steps + 1), fp32, from 1 (noise) to 0.
+
+    tokens_per_frame: packed tokens per latent frame, (H/16) * (W/16) at the VAE's 8x and patch 2.
+    The sampler steps x += (sigma_next - sigma) * velocity between consecutive entries.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be at least 1, got {num_steps}")
+    # fp32 throughout, as the official schedule (a Python-float alpha on an fp32 linspace).
+    t = torch.linspace(1, 0, num_steps + 1, dtype=torch.float32)
+    return time_shift(shift_alpha(tokens_per_frame, latent_frames), t)
+
+
+def combine_guidance(
+    cond: torch.Tensor, uncond: torch.Tensor, uncond_no_image: torch.Tensor, text_scale: float, image_scale: float
+) -> torch.Tensor:
+    """u2 + g_img * (u - u2) + g_txt * (c - u).
+
+    cond (c): prompt with the image condition; uncond (u): negative prompt with the condition;
+    uncond_no_image (u2): negative prompt with a zero condition. For text-to-video the condition
+    is zero in both, so u == u2 and this is plain CFG u + g_txt * (c - u).
+    """
+    return uncond_no_image + image_scale * (uncond - uncond_no_image) + text_scale * (cond - uncond)
