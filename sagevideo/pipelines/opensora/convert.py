@@ -199,8 +199,10 @@ def load_official_checkpoint(model: torch.nn.Module, path: str | Path) -> Conver
 
     Local files only, safetensors only. Raises FileNotFoundError / ValueError for a bad path and
     CheckpointMismatchError naming the missing, unexpected and mis-shaped official keys when the
-    checkpoint does not match `model.config`; nothing is loaded then. Tensors are cast to the
-    model's parameter dtypes by `load_state_dict`.
+    checkpoint does not match `model.config`; nothing is loaded then.
+    A model built on the meta device (`with torch.device("meta"): OpenSoraTransformer3DModel()`,
+    no 48 GB fp32 init for the released size) takes the checkpoint's tensors as they are, in the
+    checkpoint's dtype; otherwise `load_state_dict` copies them into the existing parameters.
     """
     from safetensors.torch import load_file
 
@@ -217,9 +219,18 @@ def load_official_checkpoint(model: torch.nn.Module, path: str | Path) -> Conver
         raise CheckpointMismatchError(
             f"{path} does not match the model config (official key names): {report.describe()}", report
         )
+    assign = any(p.is_meta for p in model.parameters())
+    if assign:
+        # The v_mlp halves are views of one tensor; as parameters they must own their storage
+        # (safetensors refuses to save tensors that share memory).
+        converted = {k: v.clone() if _is_v_mlp_part(k) else v for k, v in converted.items()}
     # strict: a key the converter produces that the model lacks (or vice versa) is a converter bug.
-    model.load_state_dict(converted, strict=True)
+    model.load_state_dict(converted, strict=True, assign=assign)
     return report
+
+
+def _is_v_mlp_part(name: str) -> bool:
+    return name.startswith("single_transformer_blocks.") and (".attn.to_v." in name or ".proj_mlp." in name)
 
 
 def _checkpoint_files(path: Path) -> list[Path]:

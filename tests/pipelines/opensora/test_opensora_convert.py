@@ -97,3 +97,21 @@ def test_load_paths(tmp_path):
     save_file({k: sd[k] for k in names[::2]}, str(shards / "a.safetensors"))
     save_file({k: sd[k] for k in names[1::2]}, str(shards / "b.safetensors"))
     assert load_official_checkpoint(model, shards).ok
+
+
+def test_load_into_a_meta_model_and_save(tmp_path):
+    """The released size is built on the meta device; loading assigns the checkpoint tensors, which
+    must own their storage for save_pretrained (the v_mlp halves are cloned)."""
+    sd = {k: v.to(torch.bfloat16) for k, v in official_tiny_checkpoint().items()}
+    path = tmp_path / "ckpt.safetensors"
+    save_file(sd, str(path))
+    with torch.device("meta"):
+        model = OpenSoraTransformer3DModel(**TINY)
+    assert load_official_checkpoint(model, path).ok
+    assert not any(p.is_meta for p in model.parameters()) and model.dtype == torch.bfloat16
+    model.eval().save_pretrained(tmp_path / "folder")
+    loaded = OpenSoraTransformer3DModel.from_pretrained(tmp_path / "folder").eval()  # fp32 by default
+    torch.nn.Module.to(loaded, torch.bfloat16)  # exact: bf16 -> fp32 -> bf16
+    inputs = {k: v.to(torch.bfloat16) for k, v in tiny_inputs().items()}
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs), model(**inputs))
