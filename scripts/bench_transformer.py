@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One CogVideoX transformer forward at real size (random weights, bf16): SDPA cuDNN vs sagevideo.
+"""One transformer forward at real size (random weights, bf16): SDPA cuDNN vs sagevideo.
 
 Builds CogVideoX-5B's transformer config (42 layers, 48 heads of 64) directly on the GPU with
 random weights, feeds 49 frames at 480x720 (17,550 video + 226 text tokens) with batch 2 (CFG),
@@ -7,8 +7,11 @@ and times one forward with stock attention under SDPA's cuDNN backend and with s
 installed (its default plan, or --pv). A separate, untimed pass measures each layer's worst
 cosine (over heads and batch) of sagevideo attention against fp32 SDPA on the same inputs.
 
-    python scripts/bench_transformer.py [--pv fp8] [--json out.json]     # GPU
-    python scripts/bench_transformer.py --tiny                            # CPU smoke test
+With `--model opensora`: Open-Sora 2.0's transformer (11.9 B, 19 double + 38 single blocks,
+24 heads × 128) at 256px 16:9, 129 frames (8,316 video + 512 text tokens), batch 1.
+
+    python scripts/bench_transformer.py [--model cogvideox-5b|opensora] [--pv fp8] [--json out.json]  # GPU
+    python scripts/bench_transformer.py --tiny [--model opensora]                                     # CPU smoke test
 """
 
 from __future__ import annotations
@@ -29,6 +32,35 @@ COGVIDEOX_5B = dict(
 )
 TINY = dict(COGVIDEOX_5B, num_attention_heads=2, num_layers=2, text_embed_dim=32, time_embed_dim=8,
             sample_width=8, sample_height=8, sample_frames=9, max_text_seq_length=8)
+
+
+OPENSORA_TINY = dict(hidden_size=64, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=(8, 12, 12),
+                     context_in_dim=32, vec_in_dim=16)
+
+
+def build_opensora(tiny: bool, device: str, dtype: torch.dtype):
+    """Open-Sora 2.0 transformer; 256px 16:9 129 frames = latent (33, 24, 42) -> 8316 tokens."""
+    from sagevideo.pipelines.opensora import OpenSoraTransformer3DModel
+    from sagevideo.pipelines.opensora.packing import latent_ids, text_ids
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = OpenSoraTransformer3DModel(**(OPENSORA_TINY if tiny else {}))
+    torch.nn.Module.to(model, dtype=dtype).eval()
+    cfg = model.config
+    frames, h, w, n_txt = (3, 8, 8, 8) if tiny else (33, 24, 42, 512)
+    gen = torch.Generator(device).manual_seed(1)
+    ids = latent_ids(1, frames, h, w, dtype=dtype, device=device)
+    inputs = dict(
+        img=torch.randn(1, ids.shape[1], cfg.in_channels, device=device, dtype=dtype, generator=gen),
+        img_ids=ids,
+        txt=torch.randn(1, n_txt, cfg.context_in_dim, device=device, dtype=dtype, generator=gen),
+        txt_ids=text_ids(1, n_txt, dtype=dtype, device=device),
+        timesteps=torch.tensor([0.5], device=device, dtype=dtype),
+        y_vec=torch.randn(1, cfg.vec_in_dim, device=device, dtype=dtype, generator=gen),
+        cond=torch.zeros(1, ids.shape[1], cfg.cond_in_channels, device=device, dtype=dtype),
+    )
+    return model, inputs
 
 
 def build(cfg: dict, device: str, dtype: torch.dtype):
@@ -74,6 +106,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pv", choices=["fp16", "fp8"], help="uniform PV mode (default: sagevideo's default plan)")
+    parser.add_argument("--model", choices=["cogvideox-5b", "opensora"], default="cogvideox-5b")
     parser.add_argument("--tiny", action="store_true", help="tiny config on CPU (smoke test)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json")
@@ -81,11 +114,17 @@ def main() -> int:
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float16 if args.tiny else torch.bfloat16
     backend = "reference" if args.tiny else "auto"
-    model, inputs = build(TINY if args.tiny else COGVIDEOX_5B, device, dtype)
+    if args.model == "opensora":
+        model, inputs = build_opensora(args.tiny, device, dtype)
+        description = "Open-Sora 2.0 transformer (random weights), 129 frames 256px 16:9, batch 1, bf16"
+    else:
+        model, inputs = build(TINY if args.tiny else COGVIDEOX_5B, device, dtype)
+        description = "CogVideoX-5B (random weights), 2x49 frames 480x720, bf16"
 
     def forward():
         with torch.no_grad():
-            return model(**inputs)[0]
+            out = model(**inputs)
+            return out[0] if isinstance(out, tuple) else out
 
     if args.tiny:
         sdpa_s = timed(forward, args.repeats)
@@ -120,7 +159,7 @@ def main() -> int:
     worst_layer = min(measuring.worst, key=measuring.worst.get)
     out_cos = F.cosine_similarity(ref_out.float().flatten(), sage_out.float().flatten(), dim=0).item()
     result = {
-        "config": "tiny" if args.tiny else "CogVideoX-5B (random weights), 2x49 frames 480x720, bf16",
+        "config": "tiny" if args.tiny else description,
         "sdpa_cudnn_s": sdpa_s, "sagevideo_s": sage_s, "speedup": sdpa_s / sage_s, "plan": plan,
         "backends": backends, "per_layer_worst_cos": measuring.worst, "output_cos_vs_sdpa": out_cos,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
