@@ -12,37 +12,16 @@ from __future__ import annotations
 
 import torch
 
-from sagevideo.api.attention import BACKENDS
-from sagevideo.kernels.plans import PV_MODES
-from sagevideo.pipelines.plans import AttentionPlan
-from sagevideo.pipelines.routing import AttentionRouter
+from sagevideo.pipelines.routing import RoutedProcessor
 
 
-class SageCogVideoXAttnProcessor:
-    """Drop-in for `diffusers.models.attention_processor.CogVideoXAttnProcessor2_0`.
-
-    pv: "fp16" or "fp8"; backend: a `sageattn` backend ("auto", "triton", "reference", "sdpa").
-    name: the layer name (processor key without ".processor"), used by plans and reports.
-    router: the `AttentionRouter` of an installed plan; without one, a uniform plan of `pv`.
+class SageCogVideoXAttnProcessor(RoutedProcessor):
+    """Drop-in for `diffusers.models.attention_processor.CogVideoXAttnProcessor2_0`
+    (constructor: see `RoutedProcessor`).
 
     Call: hidden_states (B, N_video, C), encoder_hidden_states (B, N_text, C) ->
     (hidden_states (B, N_video, C), encoder_hidden_states (B, N_text, C)), same dtype.
     """
-
-    def __init__(
-        self, *, pv: str = "fp16", backend: str = "auto", name: str = "", router: AttentionRouter | None = None
-    ):
-        if pv not in PV_MODES:
-            raise ValueError(f"pv={pv!r} is not supported; use one of {PV_MODES}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} is not supported; use one of {BACKENDS}")
-        self.pv = pv
-        self.backend = backend
-        self.name = name
-        self.router = router or AttentionRouter(AttentionPlan.uniform(f"int8-{pv}"), backend)
-
-    def __repr__(self) -> str:
-        return f"SageCogVideoXAttnProcessor(name={self.name!r}, pv={self.pv!r}, backend={self.backend!r})"
 
     def __call__(
         self,

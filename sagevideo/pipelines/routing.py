@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from sagevideo.api.attention import sageattn
+from sagevideo.api.attention import BACKENDS, sageattn
+from sagevideo.kernels.plans import PV_MODES
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode
 
 
@@ -84,3 +85,27 @@ class AttentionRouter:
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale,
             pv=choice.mode.pv, qk_granularity=choice.granularity.value, backend=self.backend,
         )
+
+
+class RoutedProcessor:
+    """Base of sagevideo's attention processors: the layer name and the router that attends.
+
+    pv: "fp16" or "fp8"; backend: a `sageattn` backend ("auto", "triton", "reference", "sdpa").
+    name: the layer name (processor key without ".processor"), used by plans and reports.
+    router: the `AttentionRouter` of an installed plan; without one, a uniform plan of `pv`.
+    """
+
+    def __init__(
+        self, *, pv: str = "fp16", backend: str = "auto", name: str = "", router: AttentionRouter | None = None
+    ):
+        if pv not in PV_MODES:
+            raise ValueError(f"pv={pv!r} is not supported; use one of {PV_MODES}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is not supported; use one of {BACKENDS}")
+        self.pv = pv
+        self.backend = backend
+        self.name = name
+        self.router = router or AttentionRouter(AttentionPlan.uniform(f"int8-{pv}"), backend)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, pv={self.pv!r}, backend={self.backend!r})"
