@@ -1,12 +1,14 @@
 """Generation job specs: what one video is (`JobSpec`) and how a batch runs (`RunSettings`).
 
-Both are pydantic models with `extra="forbid"`, so a later YAML/TOML job file gets the same
-checks and error messages as the CLI and the Python API. Validation problems are raised as
-`InputError` with one line per problem that names the field and says what to give instead.
+Both are pydantic models with `extra="forbid"`, so YAML/TOML job files (`sagevideo.jobfile`) get
+the same checks and error messages as the CLI and the Python API. Validation problems are raised
+as `InputError` with one line per problem that names the field (and, for job files, the line)
+and says what to give instead.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import math
@@ -16,13 +18,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_PROMPTS = (
     "a red panda eating bamboo in a misty forest, cinematic lighting",
     "ocean waves crashing on black volcanic rocks at sunset, slow motion",
 )
 MAX_SEED = 2**63 - 1
+# Output names given by the user are used as they are (no slug, no id suffix), so they must be a
+# plain file name: no folder parts, no leading '.' or '-' (hidden files, options), nothing odd.
+SAFE_OUTPUT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 class InputError(ValueError):
@@ -33,7 +38,11 @@ class JobSpec(BaseModel):
     """One video to generate.
 
     height/width/frames/steps left as None take the model's defaults (tiny: 64x64 px, 9 frames,
-    2 steps). name: optional output name; it is sanitized and suffixed with the job id's start.
+    2 steps); `resolution="WIDTHxHEIGHT"` (or [width, height]) is another way to give both.
+    attention/pv left as None take the batch's setting. plan: path of an attention-plan JSON
+    (recorded in the manifest). name: optional name, sanitized and suffixed with the job id's
+    start; output: exact output file stem (`<output>.mp4`), a plain file name that is refused,
+    not rewritten, when unsafe.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -46,7 +55,34 @@ class JobSpec(BaseModel):
     width: int | None = Field(None, ge=8, le=8192)
     steps: int | None = Field(None, ge=1, le=1000)
     guidance: float = Field(6.0, ge=0.0, le=100.0)
+    attention: Literal["sage", "full"] | None = None
+    pv: Literal["fp16", "fp8"] | None = None
+    plan: str | None = None
     name: str | None = None
+    output: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_resolution(cls, data: Any) -> Any:
+        """resolution: "720x480" / [720, 480] (width first, as video sizes are written) -> width, height."""
+        if not isinstance(data, Mapping) or "resolution" not in data:
+            return data
+        data = dict(data)
+        value = data.pop("resolution")
+        if value is None:
+            return data
+        if data.get("height") is not None or data.get("width") is not None:
+            raise ValueError("resolution: give either resolution or height/width, not both")
+        data["width"], data["height"] = parse_resolution(value)
+        return data
+
+    @field_validator("seed", "frames", "height", "width", "steps", "guidance", mode="before")
+    @classmethod
+    def _not_bool(cls, value: Any) -> Any:
+        # pydantic's lax mode reads true as 1; in a job file `steps: yes` is a mistake, not a 1.
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
     @field_validator("prompt")
     @classmethod
@@ -62,6 +98,41 @@ class JobSpec(BaseModel):
         if not math.isfinite(value):
             raise ValueError("guidance must be a finite number, e.g. 6.0")
         return value
+
+    @field_validator("plan")
+    @classmethod
+    def _plan_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("plan is empty; give the path of an attention-plan JSON or leave it out")
+        return value
+
+    @field_validator("output")
+    @classmethod
+    def _safe_output(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        stem = value.removesuffix(".mp4")
+        if not SAFE_OUTPUT.fullmatch(stem) or ".." in stem:
+            raise ValueError(
+                f"output {value!r} is not a plain file name; use letters, digits, '.', '_' and '-' "
+                "(no folders, no leading '.' or '-', at most 100 characters), e.g. 'shot-010'"
+            )
+        return stem
+
+
+def parse_resolution(value: Any) -> tuple[int, int]:
+    """"720x480", "720X480", "720*480" or [720, 480] -> (width, height); ValueError with the fix."""
+    fix = "give WIDTHxHEIGHT in pixels, e.g. 720x480, or [720, 480]"
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+)\s*[xX*×]\s*(\d+)\s*", value)
+        if not match:
+            raise ValueError(f"resolution {value!r} is not WIDTHxHEIGHT; {fix}")
+        return int(match[1]), int(match[2])
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        return value[0], value[1]
+    raise ValueError(f"resolution {value!r} is not WIDTHxHEIGHT; {fix}")
 
 
 class RunSettings(BaseModel):
@@ -83,18 +154,40 @@ class RunSettings(BaseModel):
     fps: int = Field(8, ge=1, le=240)
 
 
-def validation_problems(err: ValidationError) -> list[str]:
-    """One '<field>: <what is wrong> (got <value>)' per problem."""
-    lines = []
+def known_fields(model: str) -> list[str]:
+    """Field names a user may write for a pydantic model of this module (by class name)."""
+    if model == "JobSpec":
+        return [*JobSpec.model_fields, "resolution"]
+    if model == "RunSettings":
+        return list(RunSettings.model_fields)
+    return []
+
+
+def field_problems(err: ValidationError) -> list[tuple[str, str]]:
+    """(field, '<field>: <what is wrong> (got <value>)') per problem, with a fix where one is known."""
+    problems = []
     for problem in err.errors():
-        field = ".".join(str(part) for part in problem["loc"]) or "value"
+        field = ".".join(str(part) for part in problem["loc"])
         msg = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "extra_forbidden":
-            msg = "unknown field; remove it or check its spelling"
         got = problem.get("input")
         shown = "" if problem["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
-        lines.append(f"{field}: {msg}{shown}")
-    return lines
+        if not field:  # model-level check: the only one is JobSpec's resolution split
+            field = "resolution" if msg.startswith("resolution") else "value"
+            msg, shown = msg.removeprefix("resolution: "), ""  # the input is the whole job
+        if problem["type"] == "extra_forbidden":
+            msg = "unknown field; remove it or check its spelling"
+            close = difflib.get_close_matches(field, known_fields(err.title), n=1, cutoff=0.6)
+            if close:
+                msg += f" (did you mean {close[0]!r}?)"
+        elif problem["type"] == "missing":
+            msg = f"missing; every job needs a {field}" if field == "prompt" else "missing; add it"
+        problems.append((field, f"{field}: {msg}{shown}"))
+    return problems
+
+
+def validation_problems(err: ValidationError) -> list[str]:
+    """One '<field>: <what is wrong> (got <value>)' per problem."""
+    return [line for _, line in field_problems(err)]
 
 
 def validation_message(err: ValidationError, where: str) -> str:
@@ -105,16 +198,62 @@ def validation_message(err: ValidationError, where: str) -> str:
 def group_problems(problems: Iterable[tuple[str, str]]) -> str:
     """(where, problem) pairs -> one line per distinct problem, listing where it occurs.
 
-    A bad batch-wide option (e.g. --frames 8) then reads as one line, not one per prompt.
+    A bad batch-wide option (e.g. --frames 8) then reads as one line, not one per prompt; a bad
+    value in a job file's defaults reads as one line at the defaults' line.
     """
     grouped: dict[str, list[str]] = {}
     for where, problem in problems:
-        grouped.setdefault(problem, []).append(where)
+        places = grouped.setdefault(problem, [])
+        if where not in places:
+            places.append(where)
     lines = []
     for problem, places in grouped.items():
         shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
         lines.append(f"{shown}: {problem}")
     return "\n".join(lines)
+
+
+def where(label: Any, field: str | None = None) -> str:
+    """The place to name in an error about `field` of a job with this label.
+
+    Labels are strings ("job 2", "prompts.txt line 3") or objects with `.at(field)` (job-file
+    origins, which know the line of each field).
+    """
+    at = getattr(label, "at", None)
+    return at(field) if at is not None else str(label)
+
+
+def job_problems(
+    value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, Any]
+) -> tuple[JobSpec | None, list[tuple[str | None, str]]]:
+    """Like `parse_job`, but returns (job or None, [(field or None, problem line)]) instead of raising."""
+    if isinstance(value, JobSpec):
+        return value, []
+    if isinstance(value, str):
+        fields = {**defaults, "prompt": value}
+    elif isinstance(value, Mapping):
+        fields = merge_fields(defaults, value)
+    else:
+        return None, [
+            (None, f"expected a prompt string, a dict of job fields or a JobSpec, got {type(value).__name__}")
+        ]
+    try:
+        return JobSpec(**fields), []
+    except ValidationError as err:
+        return None, list(field_problems(err))
+
+
+def merge_fields(defaults: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
+    """defaults overridden by fields; a resolution in `fields` also overrides default height/width
+    and a height or width overrides a default resolution (they are two spellings of one setting)."""
+    merged = dict(defaults)
+    if fields.get("resolution") is not None:
+        merged.pop("height", None)
+        merged.pop("width", None)
+    if any(fields.get(key) is not None for key in ("height", "width")):
+        merged.pop("resolution", None)
+    merged.update(fields)
+    return merged
 
 
 def parse_job(value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, Any]) -> JobSpec:
@@ -123,35 +262,45 @@ def parse_job(value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, A
     `defaults` fill fields a string or mapping does not set; a JobSpec is taken as it is.
     Raises InputError with one line per problem (without saying which job: see parse_jobs).
     """
-    if isinstance(value, JobSpec):
-        return value
-    if isinstance(value, str):
-        fields = {**defaults, "prompt": value}
-    elif isinstance(value, Mapping):
-        fields = {**defaults, **value}
-    else:
-        raise InputError(
-            f"expected a prompt string, a dict of job fields or a JobSpec, got {type(value).__name__}"
-        )
-    try:
-        return JobSpec(**fields)
-    except ValidationError as err:
-        raise InputError("\n".join(validation_problems(err))) from None
+    job, problems = job_problems(value, defaults)
+    if job is None:
+        raise InputError("\n".join(line for _, line in problems))
+    return job
 
 
-def parse_jobs(labelled: Iterable[tuple[Any, str]], defaults: Mapping[str, Any]) -> list[JobSpec]:
-    """Parse (item, label) pairs, e.g. (prompt, "prompts.txt line 3"); all problems in one InputError."""
+def parse_jobs(labelled: Iterable[tuple[Any, Any]], defaults: Mapping[str, Any]) -> list[JobSpec]:
+    """Parse (item, label) pairs, e.g. (prompt, "prompts.txt line 3"); all problems in one InputError.
+
+    A label may also be a job-file origin (see `where`), so that each problem names its line.
+    """
     jobs, problems = [], []
     for value, label in labelled:
-        try:
-            jobs.append(parse_job(value, defaults))
-        except InputError as err:
-            problems += [(label, line) for line in str(err).splitlines()]
+        job, found = job_problems(value, defaults)
+        if job is not None:
+            jobs.append(job)
+        problems += [(where(label, field), line) for field, line in found]
     if problems:
         raise InputError(group_problems(problems))
     if not jobs:
         raise InputError("no prompts to generate; give at least one")
     return jobs
+
+
+def read_text_file(path: str | Path, what: str, expected: str) -> str:
+    """The UTF-8 text of a user's input file; InputError naming `what` it is when it cannot be read."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{what} {path} does not exist; give {expected}")
+    if not path.is_file():
+        raise InputError(f"{what} {path} is not a file; give {expected}")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{what} {path} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
+        ) from None
+    except OSError as err:
+        raise InputError(f"{what} {path} cannot be read: {err.strerror}") from None
 
 
 def read_prompts_file(path: str | Path) -> list[tuple[str, str]]:
@@ -160,18 +309,7 @@ def read_prompts_file(path: str | Path) -> list[tuple[str, str]]:
     Returns (prompt, "FILE line N") pairs so that errors can point at the line.
     """
     path = Path(path)
-    if not path.exists():
-        raise InputError(f"prompts file {path} does not exist; give a text file with one prompt per line")
-    if not path.is_file():
-        raise InputError(f"prompts file {path} is not a file; give a text file with one prompt per line")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(
-            f"prompts file {path} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
-        ) from None
-    except OSError as err:
-        raise InputError(f"prompts file {path} cannot be read: {err.strerror}") from None
+    text = read_text_file(path, "prompts file", "a text file with one prompt per line")
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
@@ -200,5 +338,8 @@ def slugify(text: str, max_len: int = 40) -> str:
 
 
 def output_stem(job: JobSpec, jid: str) -> str:
-    """File name stem for a job: slug of its name (or prompt) + the first 10 digits of its id."""
+    """File name stem for a job: its `output` as given (validated to be a plain file name), else
+    the slug of its name (or prompt) + the first 10 digits of its id."""
+    if job.output:
+        return job.output
     return f"{slugify(job.name or job.prompt)}-{jid[:10]}"
