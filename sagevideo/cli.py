@@ -62,12 +62,17 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
+EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by Ctrl-C (128 + SIGINT)
+
+
 @app.command()
 def generate(
-    prompts_file: Annotated[
+    job_file: Annotated[
         Path | None,
         typer.Argument(
-            help="Text file with one prompt per line (blank lines and # comments are skipped).",
+            help="Job file: .yaml/.yml or .toml (defaults: and jobs: with per-job prompt, negative_prompt, "
+            "seed, frames, resolution, steps, guidance, attention, pv, plan, output), or any other file "
+            "as plain text, one prompt per line (blank lines and # comments are skipped).",
             show_default=False,
         ),
     ] = None,
@@ -108,20 +113,43 @@ def generate(
         typer.Option(help="sageattn backend; auto = Triton on CUDA, the emulation (reference) on CPU."),
     ] = Backend.auto,
     pv: Annotated[PV, typer.Option(help="Precision of the P·V product.")] = PV.fp16,
+    plan: Annotated[
+        Path | None,
+        typer.Option(help="Attention-plan JSON for jobs that name none (checked, recorded in the manifest)."),
+    ] = None,
     device: Annotated[Device, typer.Option(help="auto = CUDA when available, else CPU.")] = Device.auto,
     fps: Annotated[int, typer.Option(help="Frame rate of the mp4 files.")] = 8,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="Run on Ray: 'auto' (this machine's cluster, else a local instance) or the head's HOST:PORT. "
+            "Without it, Ray is used only for --workers > 1 or several visible GPUs."
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Ray workers, each loading the model once (default: one per GPU; 1 = this process)."),
+    ] = None,
+    max_attempts: Annotated[
+        int, typer.Option(help="Runs of a job whose worker died (killed, CUDA error, OOM) before it fails.")
+    ] = 3,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
 ) -> None:
-    """Generate videos into --out; re-running resumes (finished jobs are skipped, failed ones redone)."""
+    """Generate videos into --out; re-running resumes (finished jobs are skipped, failed ones redone).
+
+    Job-file values win over these options (job > file defaults > option). Exit codes: 0 all done,
+    1 a job or the model load failed, 2 bad input (nothing was loaded), 130 interrupted (Ctrl-C;
+    finished videos stay, re-run to resume).
+    """
     from tqdm.auto import tqdm
 
-    from sagevideo.api.generate import ModelLoadError, plan_batch, run_batch
+    from sagevideo.api.generate import BatchInterrupted, ModelLoadError, plan_batch, run_batch
     from sagevideo.jobs import InputError
 
     try:
-        plan = plan_batch(
+        batch = plan_batch(
             prompt or None,
-            prompts_file=prompts_file,
+            job_file=job_file,
             out=out,
             model=model,
             seed=seed,
@@ -133,18 +161,27 @@ def generate(
             negative_prompt=negative_prompt,
             attention=attention.value,
             pv=pv.value,
+            plan=plan,
             backend=backend.value,
             device=device.value,
             fps=fps,
+            address=address,
+            workers=workers,
+            max_attempts=max_attempts,
         )
     except InputError as err:
         raise fail("generate", str(err), EXIT_BAD_INPUT) from None
-    for note in plan.notes:
+    for note in batch.notes:
         typer.echo(f"sagevideo: {note}", err=True)
     try:
-        report = run_batch(plan, progress=progress, echo=lambda line: tqdm.write(line, file=sys.stderr))
+        report = run_batch(batch, progress=progress, echo=lambda line: tqdm.write(line, file=sys.stderr))
+    except InputError as err:  # e.g. --address that no cluster answers: nothing was loaded
+        raise fail("generate", str(err), EXIT_BAD_INPUT) from None
     except ModelLoadError as err:
         raise fail("generate", str(err), EXIT_FAILED) from None
+    except BatchInterrupted as stop:
+        typer.echo(stop.report.summary_line())
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     typer.echo(report.summary_line())
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)

@@ -1,28 +1,37 @@
 """`sagevideo.generate`: batch video generation into an output folder, resumable.
 
 Two steps, so that every input problem is reported before a model is loaded:
-- `plan_batch(...)` validates prompts, settings, model folder and output folder, resolves
-  model defaults, the device and the attention backend, and gives each job a stable id and
-  output name (raises `InputError`);
-- `run_batch(plan)` loads the model once, installs sagevideo attention, runs the jobs that the
-  manifest does not already show as done, writes each mp4 atomically and appends one manifest
-  record per attempt. A failing job is recorded and the batch goes on.
+- `plan_batch(...)` validates prompts or a job file (YAML/TOML/text), settings, model folder,
+  attention-plan files and output folder, resolves model defaults, the device, each job's
+  attention backend and where the batch runs (this process, or Ray), and gives each job a
+  stable id and output name (raises `InputError`);
+- `run_batch(plan)` runs the jobs that the manifest does not already show as done: in this
+  process (one model load) or on Ray workers (`sagevideo.scheduling`, one load per worker).
+  Workers hand back staged files and records; this process alone renames each video into place
+  and appends its record to the manifest, one record per job per run. A failing job is recorded
+  and the batch goes on; Ctrl-C stops cleanly (`BatchInterrupted`), keeping what finished.
 `generate(...)` does both and returns the manifest records, one per job.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import inspect
+import json
 import logging
+import signal
 import tempfile
-import time
+import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from sagevideo.api.execute import KILL_HOOK_ENV, ModelLoadError, PlannedJob, RunContext
 from sagevideo.jobs import (
     DEFAULT_PROMPTS,
     InputError,
@@ -34,35 +43,40 @@ from sagevideo.jobs import (
     parse_jobs,
     read_prompts_file,
     validation_message,
+    where,
 )
-from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, is_done, now_iso
-from sagevideo.pipelines.loading import ModelSource, resolve_model
+from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, is_done
+from sagevideo.pipelines.loading import ModelSource
 
 log = logging.getLogger("sagevideo")
 
-PromptsOrJobs = str | Mapping[str, Any] | JobSpec | Iterable[str | Mapping[str, Any] | JobSpec] | None
+PromptsOrJobs = (
+    str | Path | Mapping[str, Any] | JobSpec | Iterable[str | Mapping[str, Any] | JobSpec] | None
+)
+# Keyword options that are also job fields: job files override them (job > file defaults > option).
+_JOB_OPTIONS = ("seed", "frames", "height", "width", "steps", "guidance", "negative_prompt", "attention", "pv", "plan")
 
-
-class ModelLoadError(RuntimeError):
-    """The model passed its checks but could not be loaded or prepared."""
-
-
-@dataclass(frozen=True)
-class PlannedJob:
-    """A validated job with model defaults filled in, its id and its output file (relative)."""
-
-    job: JobSpec
-    job_id: str
-    output: str
-    label: str
+__all__ = [
+    "BatchInterrupted",
+    "BatchPlan",
+    "BatchReport",
+    "ModelLoadError",
+    "PlannedJob",
+    "generate",
+    "plan_batch",
+    "run_batch",
+]
 
 
 @dataclass
 class BatchPlan:
     """Everything `run_batch` needs; built by `plan_batch` without loading any model.
 
-    backend: the `sageattn` backend the installed processors use, or None for attention="full".
-    notes: facts the user should see before the run (e.g. why CPU runs the emulation).
+    backend: the `sageattn` backend of the batch's default attention/pv, or None for "full"
+    (each PlannedJob has its own). notes: facts the user should see before the run (e.g. why CPU
+    runs the emulation). use_ray: run on Ray workers (`address`: None = a local instance, "auto",
+    or HOST:PORT; `workers`: None = one per GPU, or per node on CPU). max_attempts: runs of a job
+    whose worker died before it is marked failed.
     """
 
     out: Path
@@ -73,45 +87,95 @@ class BatchPlan:
     backend: str | None
     jobs: list[PlannedJob]
     notes: list[str] = field(default_factory=list)
+    use_ray: bool = False
+    address: str | None = None
+    workers: int | None = None
+    max_attempts: int = 3
 
     @property
     def manifest_path(self) -> Path:
         return self.out / MANIFEST_NAME
 
+    def context(self) -> RunContext:
+        """What each worker needs (no jobs)."""
+        return RunContext(
+            out=self.out, source=self.source, device=self.device, dtype=self.dtype, fps=self.settings.fps
+        )
+
 
 @dataclass
 class BatchReport:
-    """What a run did. records: one per planned job (the new record, or the done one it skipped)."""
+    """What a run did. records: one per planned job (the new record, or the done one it skipped;
+    {} for jobs an interrupt left unrun). retried: jobs that needed more than one attempt because
+    a worker died. workers: where it ran, e.g. "2 Ray workers on 2 nodes" (None: this process)."""
 
     plan: BatchPlan
     records: list[dict[str, Any]]
     done: int = 0
     skipped: int = 0
     failed: int = 0
+    retried: int = 0
+    interrupted: bool = False
+    workers: str | None = None
     attention: Counter = field(default_factory=Counter)  # backend label -> calls, e.g. "reference/fp16"
     fallbacks: Counter = field(default_factory=Counter)  # fallback reason -> calls
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0
+        return self.failed == 0 and not self.interrupted
+
+    def add(self, index: int, record: dict[str, Any], echo: Callable[[str], None]) -> None:
+        """Count one finished job (its record is final and in the manifest)."""
+        self.records[index] = record
+        if record["status"] == "done":
+            self.done += 1
+        else:
+            self.failed += 1
+            echo(f"sagevideo: job {record['job_id']} ({self.plan.jobs[index].label}) failed: {record['error']}")
+        if record.get("attempts", 1) > 1:
+            self.retried += 1
+        backends = record.get("backends") or {}
+        self.attention.update(backends.get("counts", {}))
+        self.fallbacks.update(backends.get("fallbacks", {}))
 
     def summary_line(self) -> str:
         """One line, e.g. 'sagevideo: 2 done, 0 skipped, 0 failed → out (manifest.jsonl);
         attention: reference/fp16 x8'."""
-        if self.plan.backend is None:
+        full = sum(1 for pj in self.plan.jobs if pj.backend is None)
+        if full == len(self.plan.jobs):
             attention = "full precision (nothing installed)"
         elif self.attention:
             attention = ", ".join(f"{label} x{n}" for label, n in self.attention.most_common())
         else:
             attention = f"{self.plan.backend}/{self.plan.settings.pv} (no new calls)"
+        if full and full < len(self.plan.jobs):
+            attention += f"; full precision for {full} job(s)"
+        state = "interrupted after " if self.interrupted else ""
         line = (
-            f"sagevideo: {self.done} done, {self.skipped} skipped, {self.failed} failed → "
+            f"sagevideo: {state}{self.done} done, {self.skipped} skipped, {self.failed} failed → "
             f"{self.plan.out} ({MANIFEST_NAME}); attention: {attention}"
         )
+        if self.workers:
+            line += f"; ran on {self.workers}"
+        if self.retried:
+            line += f"; {self.retried} job(s) retried after a worker died"
         if self.fallbacks:
             reasons = "; ".join(f"{reason} (x{n})" for reason, n in self.fallbacks.most_common())
             line += f"; SDPA fallbacks: {reasons}"
+        if self.interrupted:
+            line += "; re-run the same command to resume"
         return line
+
+
+class BatchInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `run_batch`: workers are stopped, finished jobs are in the manifest.
+
+    report: what finished before the interrupt (`report.interrupted` is True).
+    """
+
+    def __init__(self, report: BatchReport):
+        super().__init__("interrupted")
+        self.report = report
 
 
 def generate(
@@ -124,12 +188,15 @@ def generate(
 ) -> list[dict[str, Any]]:
     """Generate one video per prompt/job into `out`; returns the manifest records, one per job.
 
-    prompts_or_jobs: a prompt, a dict of `JobSpec` fields, a `JobSpec`, or a list of those;
-    None (and no prompts_file) generates a built-in batch of two prompts.
+    prompts_or_jobs: a job file (a Path, or a one-word string ending in .yaml/.yml/.toml/.txt),
+    a prompt, a dict of `JobSpec` fields, a `JobSpec`, or a list of those; None (and no
+    prompts_file/job_file) generates a built-in batch of two prompts.
     options: see `plan_batch` (seed, frames, height, width, steps, guidance, negative_prompt,
-    attention, pv, backend, device, dtype, fps, prompts_file).
+    attention, pv, plan, backend, device, dtype, fps, prompts_file, job_file, address, workers,
+    max_attempts). address/workers > 1 run the batch on Ray (`pip install 'sagevideo[ray]'`).
     Jobs that the manifest in `out` already records as done (with their file present) are skipped.
-    Raises InputError before loading anything when an input is invalid.
+    Raises InputError before loading anything when an input is invalid; Ctrl-C raises
+    `BatchInterrupted` (a KeyboardInterrupt) after stopping the workers.
     """
     plan = plan_batch(prompts_or_jobs, out=out, model=model, **options)
     for note in plan.notes:
@@ -143,6 +210,7 @@ def plan_batch(
     out: str | Path,
     model: str = "tiny",
     prompts_file: str | Path | None = None,
+    job_file: str | Path | None = None,
     seed: int = 0,
     frames: int | None = None,
     height: int | None = None,
@@ -152,23 +220,35 @@ def plan_batch(
     negative_prompt: str = "",
     attention: str = "sage",
     pv: str = "fp16",
+    plan: str | Path | None = None,
     backend: str = "auto",
     device: str = "auto",
     dtype: str | None = None,
     fps: int = 8,
+    address: str | None = None,
+    workers: int | None = None,
+    max_attempts: int = 3,
 ) -> BatchPlan:
     """Validate a batch and resolve everything about it without loading a model.
 
-    frames/height/width/steps left as None take the model's defaults. Job fields given in a dict
-    or JobSpec override the keyword defaults. Raises InputError naming each bad field and its fix.
+    frames/height/width/steps left as None take the model's defaults. Precedence of job fields:
+    a job's own value > a job file's `defaults` > these keyword options > the model's defaults.
+    plan: an attention-plan JSON for every job that does not name its own (checked to exist and
+    be a JSON object, recorded in the manifest). Raises InputError naming each bad field and its fix.
     """
+    from sagevideo.jobfile import looks_like_job_file, read_job_file
+    from sagevideo.pipelines.loading import resolve_model
+
     try:
         settings = RunSettings(
             model=model, attention=attention, pv=pv, backend=backend, device=device, dtype=dtype, fps=fps
         )
     except ValidationError as err:
         raise InputError(validation_message(err, "settings")) from None
-    labelled = _labelled_items(prompts_or_jobs, prompts_file)
+    if job_file is None and looks_like_job_file(prompts_or_jobs):
+        job_file, prompts_or_jobs = prompts_or_jobs, None
+    file_items = read_job_file(job_file).items if job_file is not None else []
+    labelled = [*file_items, *_labelled_items(prompts_or_jobs, prompts_file, have_jobs=bool(file_items))]
     defaults = dict(
         seed=seed,
         frames=frames,
@@ -177,34 +257,67 @@ def plan_batch(
         steps=steps,
         guidance=guidance,
         negative_prompt=negative_prompt,
+        attention=attention,
+        pv=pv,
+        plan=None if plan is None else str(Path(plan).expanduser().resolve()),
     )
+    notes = _shadowed_options(job_file, file_items, defaults)
     jobs = parse_jobs(labelled, defaults)
     source = resolve_model(settings.model)
-    resolved = [(source.resolve(j), label) for j, (_, label) in zip(jobs, labelled, strict=True)]
-    problems = [(label, problem) for j, label in resolved for problem in source.problems(j)]
+    resolved = [(_resolve_job(source, j), label) for j, (_, label) in zip(jobs, labelled, strict=True)]
+    problems = [
+        (where(label, problem.split(":", 1)[0]), problem) for j, label in resolved for problem in source.problems(j)
+    ]
+    plan_shas, plan_problems = _check_plans(resolved)
+    problems += plan_problems + _duplicate_outputs(resolved)
     if problems:
         raise InputError(group_problems(problems))
 
     dev, dt = _resolve_device(settings)
-    ran_backend, notes = _resolve_backend(settings, source, dev, dt)
+    backends: dict[tuple[str, str | None], str | None] = {}
+    for j, _ in resolved:
+        key = (j.attention, j.pv)
+        if key not in backends:
+            backends[key], found = _resolve_backend(settings, j.attention, j.pv, source, dev, dt)
+            notes += [n for n in found if n not in notes]
+    default_backend = backends.get((settings.attention, settings.pv if settings.attention == "sage" else None))
+    if default_backend is None and settings.attention == "sage":
+        default_backend, _ = _resolve_backend(settings, "sage", settings.pv, source, dev, dt)
+    use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev)
+    notes += execution_notes
+    if any(j.plan for j, _ in resolved):
+        notes.append(
+            "attention plans are checked and recorded in the manifest (plan, plan_sha256) but not applied "
+            "yet: each job runs its uniform attention/pv setting"
+        )
     out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
-    id_settings = {
-        "model": source.name,
-        "model_fingerprint": source.fingerprint,
-        "attention": settings.attention,
-        "pv": settings.pv if ran_backend else None,
-        "backend": ran_backend,
-        "dtype": dt,
-        "fps": settings.fps,
-    }
     planned, seen, duplicates = [], set(), 0
     for j, label in resolved:
-        jid = job_id(j, id_settings)
+        key = (j.attention, j.pv)
+        id_settings = {
+            "model": source.name,
+            "model_fingerprint": source.fingerprint,
+            "backend": backends[key],
+            "dtype": dt,
+            "fps": settings.fps,
+            "plan_sha256": plan_shas.get(j.plan),
+        }
+        # The plan file's content, not its path, decides the output: moving the file keeps the id.
+        jid = job_id(j.model_copy(update={"plan": None}), id_settings)
         if jid in seen:
             duplicates += 1
             continue
         seen.add(jid)
-        planned.append(PlannedJob(job=j, job_id=jid, output=f"{output_stem(j, jid)}.mp4", label=label))
+        planned.append(
+            PlannedJob(
+                job=j,
+                job_id=jid,
+                output=f"{output_stem(j, jid)}.mp4",
+                label=str(label),
+                backend=backends[key],
+                plan_sha256=plan_shas.get(j.plan),
+            )
+        )
     if duplicates:
         notes.append(f"{duplicates} duplicate job(s) (same prompt and settings) will run once")
     return BatchPlan(
@@ -213,34 +326,44 @@ def plan_batch(
         source=source,
         device=dev,
         dtype=dt,
-        backend=ran_backend,
+        backend=default_backend,
         jobs=planned,
         notes=notes,
+        use_ray=use_ray,
+        address=address,
+        workers=workers,
+        max_attempts=max_attempts,
     )
 
 
 def run_batch(
     plan: BatchPlan, *, progress: bool = True, echo: Callable[[str], None] | None = None
 ) -> BatchReport:
-    """Run the jobs of `plan` that are not done yet; see the module docstring."""
+    """Run the jobs of `plan` that are not done yet; see the module docstring.
+
+    Raises ModelLoadError when no model could be loaded, InputError when a Ray cluster cannot be
+    joined, BatchInterrupted on Ctrl-C (after stopping the workers; finished jobs are recorded).
+    """
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
+    from sagevideo.outputs.staging import remove_leftovers
+
     echo = echo or log.warning
     manifest = Manifest(plan.manifest_path)
-    latest = manifest.latest()
     report = BatchReport(plan=plan, records=[])
     todo: list[tuple[int, PlannedJob]] = []
-    for index, pj in enumerate(plan.jobs):
-        previous = latest.get(pj.job_id)
-        if is_done(previous, plan.out):
+    for index, (pj, previous) in enumerate(zip(plan.jobs, _previous_records(manifest, plan), strict=True)):
+        if previous is not None:
             report.skipped += 1
             report.records.append(previous)
         else:
             todo.append((index, pj))
-            report.records.append({})  # filled in below, keeping plan order
+            report.records.append({})  # filled in as jobs finish, keeping plan order
     if not todo:
         return report
+    for _, pj in todo:  # what a killed earlier run may have left (hidden files only)
+        remove_leftovers(plan.out / pj.output)
 
     bar = tqdm(
         total=len(plan.jobs),
@@ -250,123 +373,244 @@ def run_batch(
         desc="sagevideo",
         dynamic_ncols=True,
     )
+    status = lambda text: bar.set_postfix_str(text[:40], refresh=True)
+    if plan.use_ray:
+        from sagevideo.scheduling import run_jobs
+
+        results = run_jobs(plan, todo, status=status, echo=echo, report=report)
+    else:
+        results = _run_here(plan, todo, status)
     # Library warnings (e.g. diffusers' prompt truncation) print above the bar, not through it.
     libraries = [logging.getLogger(name) for name in ("diffusers", "transformers")]
-    handle = None
     try:
         with logging_redirect_tqdm(loggers=libraries, tqdm_class=tqdm):
-            bar.set_postfix_str(f"loading {Path(plan.source.name).name}", refresh=True)
-            pipe, handle, load_s = _load(plan)
-            for index, pj in todo:
-                bar.set_postfix_str(pj.output[:32], refresh=True)
-                record = _run_one(plan, pj, pipe, load_s, echo, report)
-                load_s = 0.0  # charged to the first job attempted
-                manifest.append(record)
-                report.records[index] = record
+            for index, record in results:
+                with _sigint_deferred():  # a video's rename and its manifest line go together
+                    record = _commit(plan, plan.jobs[index], record)
+                    manifest.append(record)
+                    report.add(index, record, echo)
                 bar.update(1)
+    except KeyboardInterrupt:
+        report.interrupted = True
+        raise BatchInterrupted(report) from None
     finally:
+        results.close()  # stops workers (Ray) or removes installed attention (here)
         bar.close()
-        if handle is not None:
-            handle.remove()
+        for _, pj in todo:
+            remove_leftovers(plan.out / pj.output)
     return report
 
 
-def _run_one(
-    plan: BatchPlan,
-    pj: PlannedJob,
-    pipe: Any,
-    load_s: float,
-    echo: Callable[[str], None],
-    report: BatchReport,
-) -> dict[str, Any]:
-    from sagevideo.api.backends import record_backends
-    from sagevideo.outputs.video import write_mp4
-    from sagevideo.pipelines.runner import run_job
+def _run_here(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Callable[[str], None]) -> Iterator:
+    """Jobs in this process, one model load: yields (plan index, record) as each finishes."""
+    import os
 
-    record = _base_record(plan, pj)
-    timings = {"load_s": round(load_s, 4), "denoise_s": None, "decode_s": None, "write_s": None}
-    with record_backends() as calls:
-        try:
-            result = run_job(pipe, pj.job, text_tokens=plan.source.text_tokens)
-            timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
-            start = time.perf_counter()
-            write_mp4(result.frames, plan.out / pj.output, fps=plan.settings.fps)
-            timings["write_s"] = round(time.perf_counter() - start, 4)
-            record.update(status="done", outputs=[pj.output])
-            report.done += 1
-        except Exception as err:  # one failed job must not stop the batch; KeyboardInterrupt does
-            message = f"{type(err).__name__}: {err}"
-            record.update(status="failed", error=message)
-            report.failed += 1
-            log.debug("job %s failed", pj.job_id, exc_info=True)
-            echo(f"sagevideo: job {pj.job_id} ({pj.label}) failed: {message}")
-    summary = calls.summary()
-    report.attention.update(summary["counts"])
-    report.fallbacks.update(summary["fallbacks"])
-    record.update(backends=summary, timings=timings, created=now_iso())
-    return record
+    from sagevideo.api.execute import KillHook, PipelineHost
 
-
-def _base_record(plan: BatchPlan, pj: PlannedJob) -> dict[str, Any]:
-    import sagevideo
-
-    j = pj.job
-    return {
-        "job_id": pj.job_id,
-        "status": None,
-        "error": None,
-        "prompt": j.prompt,
-        "negative_prompt": j.negative_prompt,
-        "seed": j.seed,
-        "frames": j.frames,
-        "height": j.height,
-        "width": j.width,
-        "steps": j.steps,
-        "guidance": j.guidance,
-        "name": j.name,
-        "model": plan.source.name,
-        "model_fingerprint": plan.source.fingerprint,
-        "attention": plan.settings.attention,
-        "pv": plan.settings.pv if plan.backend else None,
-        "backend": plan.backend,
-        "device": plan.device,
-        "dtype": plan.dtype,
-        "fps": plan.settings.fps,
-        "backends": None,
-        "timings": None,
-        "outputs": [],
-        "created": None,
-        "sagevideo_version": sagevideo.__version__,
-    }
-
-
-def _load(plan: BatchPlan) -> tuple[Any, Any, float]:
-    """(pipeline, install handle or None, load seconds)."""
-    import torch
-
-    from sagevideo.pipelines.install import install
-    from sagevideo.pipelines.loading import load_pipeline
-
-    start = time.perf_counter()
+    status(f"loading {Path(plan.source.name).name}")
+    host = PipelineHost(plan.context(), kill_hook=KillHook.parse(os.environ.get(KILL_HOOK_ENV)))
     try:
-        pipe = load_pipeline(plan.source, plan.device, getattr(torch, plan.dtype))
-        handle = install(pipe, pv=plan.settings.pv, backend=plan.backend) if plan.backend else None
-    except Exception as err:
-        raise ModelLoadError(f"could not load model {plan.source.name}: {type(err).__name__}: {err}") from err
-    return pipe, handle, time.perf_counter() - start
+        for index, pj in todo:
+            status(pj.output)
+            yield index, host.run(pj)
+    finally:
+        host.close()
 
 
-def _labelled_items(prompts_or_jobs: PromptsOrJobs, prompts_file: str | Path | None) -> list[tuple[Any, str]]:
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C for the few milliseconds of a commit, then raise it: an interrupt then never
+    leaves a video under its final name without its manifest record, or a record uncounted."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers live in the main thread only
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        # None: the old handler was not set from Python; Python's own is the sane one to restore.
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        if caught:
+            raise KeyboardInterrupt
+
+
+def _commit(plan: BatchPlan, pj: PlannedJob, record: dict[str, Any]) -> dict[str, Any]:
+    """Give a done job's staged video its final name; the record becomes the manifest line."""
+    from sagevideo.outputs.staging import commit
+
+    staged = plan.out / str(record.get("_staged"))
+    record = {k: v for k, v in record.items() if not k.startswith("_")}  # private worker -> driver keys
+    if record["status"] != "done":
+        return record
+    try:
+        commit(staged, plan.out / pj.output)
+    except OSError as err:
+        record.update(
+            status="failed",
+            error=(
+                f"the finished video {staged.name} could not be moved into place ({err.strerror or err}); "
+                "with several machines, --out must be a folder every node shares"
+            ),
+        )
+    else:
+        record["outputs"] = [pj.output]
+    return record
+def _labelled_items(
+    prompts_or_jobs: PromptsOrJobs, prompts_file: str | Path | None, *, have_jobs: bool = False
+) -> list[tuple[Any, str]]:
+    """(item, label) pairs from a prompts file and the Python/CLI items; the built-in batch when
+    nothing at all was given (have_jobs: a job file already gave jobs)."""
     items: list[tuple[Any, str]] = list(read_prompts_file(prompts_file)) if prompts_file is not None else []
     if isinstance(prompts_or_jobs, (str, Mapping, JobSpec)):
         prompts_or_jobs = [prompts_or_jobs]
     if prompts_or_jobs is not None:
         items += [(item, f"job {i}") for i, item in enumerate(prompts_or_jobs, start=1)]
+    if have_jobs:
+        return items
     if not items and prompts_file is None and prompts_or_jobs is None:
         items = [(p, f"default prompt {i}") for i, p in enumerate(DEFAULT_PROMPTS, start=1)]
     if not items:
         raise InputError("no prompts to generate; give at least one")
     return items
+
+
+def _shadowed_options(
+    job_file: str | Path | None, file_items: list[tuple[Any, Any]], options: dict[str, Any]
+) -> list[str]:
+    """Notes for options given here (not at their default) that a job file overrides: job-file
+    values win, which is right for per-shot settings but surprising if unsaid."""
+    if not file_items:
+        return []
+    signature = inspect.signature(plan_batch).parameters
+    notes = []
+    for name in _JOB_OPTIONS:
+        value, default = options[name], signature[name].default
+        if value == default or (name == "plan" and value is None):
+            continue
+        keys = ("resolution", name) if name in ("height", "width") else (name,)
+        count = sum(1 for item, _ in file_items if isinstance(item, Mapping) and any(k in item for k in keys))
+        if count:
+            notes.append(
+                f"{Path(job_file).name} sets {name} for {count} of {len(file_items)} job(s); "
+                f"there it wins over {name}={value!r} given here"
+            )
+    return notes
+
+
+def _resolve_job(source: ModelSource, job: JobSpec) -> JobSpec:
+    """Model defaults for size/steps; pv only means something for sagevideo attention."""
+    job = source.resolve(job)
+    return job.model_copy(update={"pv": job.pv if job.attention == "sage" else None})
+
+
+def _check_plans(resolved: list[tuple[JobSpec, Any]]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """({plan path: first 16 hex digits of its SHA-256}, problems) for every plan the jobs name."""
+    shas: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
+    bad: dict[str, str] = {}
+    for j, label in resolved:
+        if not j.plan or j.plan in shas:
+            continue
+        if j.plan not in bad:
+            path = Path(j.plan).expanduser()
+            fix = "give the path of an attention-plan JSON (relative paths are relative to the job file)"
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                bad[j.plan] = f"plan: {j.plan} does not exist; {fix}"
+            except OSError as err:
+                bad[j.plan] = f"plan: {j.plan} cannot be read ({err.strerror or err}); {fix}"
+            else:
+                try:
+                    parsed = json.loads(data)
+                except ValueError as err:
+                    bad[j.plan] = f"plan: {j.plan} is not JSON ({err}); {fix}"
+                else:
+                    if isinstance(parsed, dict):
+                        shas[j.plan] = hashlib.sha256(data).hexdigest()[:16]
+                        continue
+                    bad[j.plan] = f"plan: {j.plan} is a JSON {type(parsed).__name__}, not an object; {fix}"
+        problems.append((where(label, "plan"), bad[j.plan]))
+    return shas, problems
+
+
+def _duplicate_outputs(resolved: list[tuple[JobSpec, Any]]) -> list[tuple[str, str]]:
+    """Two jobs naming the same output would overwrite each other (compared case-insensitively,
+    as macOS and Windows file systems do)."""
+    first: dict[str, Any] = {}
+    problems = []
+    for j, label in resolved:
+        if not j.output:
+            continue
+        key = j.output.casefold()
+        if key in first:
+            problems.append(
+                (
+                    where(label, "output"),
+                    f"output: {j.output!r} is already the output of {where(first[key], 'output')}; "
+                    "give each job its own output name",
+                )
+            )
+        else:
+            first[key] = label
+    return problems
+
+
+def _previous_records(manifest: Manifest, plan: BatchPlan) -> list[dict[str, Any] | None]:
+    """Per planned job: its latest record if that says done, its file is present and no later
+    done job wrote the same file (a changed job with the same output name replaced it)."""
+    records = manifest.records()
+    latest = {r["job_id"]: r for r in records}
+    writer: dict[str, str] = {}
+    for r in records:
+        if r.get("status") == "done":
+            for name in r.get("outputs") or []:
+                writer[name] = r["job_id"]
+    found = []
+    for pj in plan.jobs:
+        previous = latest.get(pj.job_id)
+        ok = is_done(previous, plan.out) and all(writer.get(name) == pj.job_id for name in previous["outputs"])
+        found.append(previous if ok else None)
+    return found
+
+
+def _resolve_execution(
+    address: str | None, workers: int | None, max_attempts: int, device: str
+) -> tuple[bool, list[str]]:
+    """(run on Ray?, notes). Ray when an address is given, more than one worker is asked for, or
+    (workers unset) more than one GPU is visible; Ray is then checked to be installed."""
+    from sagevideo.scheduling import address_problem, ray_installed
+
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InputError(f"--workers {workers}: give a whole number >= 1 (1 runs in this process)")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise InputError(f"--max-attempts {max_attempts}: give a whole number >= 1 (1: no retry)")
+    if address is not None:
+        problem = address_problem(address)
+        if problem:
+            raise InputError(problem)
+    gpus = 0
+    if device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+    asked = address is not None or (workers or 1) > 1
+    if not asked and not (workers is None and gpus > 1):
+        return False, []
+    if not ray_installed():
+        if asked:
+            why = f"--address {address}" if address is not None else f"--workers {workers}"
+            raise InputError(
+                f"{why} needs Ray, which is not installed; pip install 'sagevideo[ray]', or leave it out "
+                "to run in this process"
+            )
+        return False, [
+            f"{gpus} GPUs are visible but Ray is not installed: running on one GPU in this process "
+            "(pip install 'sagevideo[ray]' to use them all)"
+        ]
+    where_to = {None: "a local Ray instance", "auto": "the running Ray cluster (or a local instance)"}
+    return True, [f"scheduling: Ray, on {where_to.get(address, f'the Ray cluster at {address}')}"]
 
 
 def _prepare_out_dir(out: str | Path) -> Path:
@@ -404,25 +648,26 @@ def _resolve_device(settings: RunSettings) -> tuple[str, str]:
 
 
 def _resolve_backend(
-    settings: RunSettings, source: ModelSource, device: str, dtype: str
+    settings: RunSettings, attention: str, pv: str | None, source: ModelSource, device: str, dtype: str
 ) -> tuple[str | None, list[str]]:
-    """(sageattn backend for the processors or None, notes). Explicit choices that cannot run raise."""
+    """(sageattn backend for the processors or None, notes) for jobs with this attention and pv.
+    Explicit choices that cannot run raise."""
     import torch
 
     from sagevideo.kernels import plans
 
-    if settings.attention == "full":
+    if attention == "full":
         return None, ["attention: full precision (the stock CogVideoX processor; nothing installed)"]
     backend = settings.backend
     if backend == "auto" and device == "cpu":
         # On CPU, sageattn's auto would fall back to full-precision SDPA and the run would not
         # exercise quantized numerics at all; the reference emulates them exactly.
         return "reference", [
-            f"attention: --backend auto on CPU runs the quantization emulation (reference/{settings.pv}); "
+            f"attention: --backend auto on CPU runs the quantization emulation (reference/{pv}); "
             "the Triton kernels need a CUDA GPU"
         ]
     if backend in ("auto", "triton"):
-        choice = plans.select_plan(torch.device(device), source.head_dim, settings.pv)
+        choice = plans.select_plan(torch.device(device), source.head_dim, pv)
         problem = choice.reason
         if not problem and dtype not in ("float16", "bfloat16"):
             problem = f"dtype {dtype}: the Triton kernels take float16 or bfloat16"
@@ -431,4 +676,4 @@ def _resolve_backend(
         if problem:
             return "auto", [f"attention: the Triton kernels cannot run ({problem}); auto falls back to SDPA"]
         return backend, [f"attention: Triton kernels ({choice.plan.describe()})"]
-    return backend, [f"attention: sageattn backend {backend}/{settings.pv}"]
+    return backend, [f"attention: sageattn backend {backend}/{pv}"]

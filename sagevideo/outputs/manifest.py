@@ -2,14 +2,19 @@
 
 Records are appended one line at a time, flushed and fsynced, so a killed run loses at most
 the line it was writing; a torn last line is skipped (with a warning) when reading. The latest
-record of a job id decides whether a re-run skips it: status "done" and every output present.
+record of a job id decides whether a re-run skips it: status "done" and every output present
+(and no later done job wrote the same file). Only the driver process appends, one record per
+job per run, even when Ray workers run the jobs.
 
 Record fields: job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed, frames,
 height, width, steps, guidance, name, model, model_fingerprint, attention ("sage"/"full"), pv,
 backend (the one the processors were given: --backend auto on CPU becomes "reference"; None for
-"full"), device, dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s,
-denoise_s, decode_s, write_s), outputs (paths relative to the output folder), created (UTC ISO
-time), sagevideo_version.
+"full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), device,
+dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
+decode_s, write_s), outputs (paths relative to the output folder), attempts (runs it took: more
+than 1 when a worker died under it), retries (one {attempt, error, worker} per such death),
+worker ({host, pid, node}: who ran the last attempt; node is the Ray node id, None without
+Ray), created (UTC ISO time), sagevideo_version.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import socket
 
 import imageio.v2 as imageio
 import pytest
@@ -13,8 +14,8 @@ from sagevideo.jobs import DEFAULT_PROMPTS, InputError, JobSpec
 
 RECORD_FIELDS = set(
     "job_id status error prompt negative_prompt seed frames height width steps guidance name model "
-    "model_fingerprint attention pv backend device dtype fps backends timings outputs created "
-    "sagevideo_version".split()
+    "model_fingerprint attention pv backend plan plan_sha256 device dtype fps backends timings outputs "
+    "attempts retries worker created sagevideo_version".split()
 )
 
 
@@ -68,6 +69,8 @@ def test_default_batch_end_to_end(tmp_path):
         assert r["backends"] == {"counts": {"reference/fp16": 4}, "fallbacks": {}}  # 2 layers x 2 steps
         assert all(isinstance(r["timings"][k], float) for k in ("load_s", "denoise_s", "decode_s", "write_s"))
         assert r["sagevideo_version"] == sagevideo.__version__
+        assert (r["attempts"], r["retries"], r["plan"], r["plan_sha256"]) == (1, [], None, None)
+        assert r["worker"] == {"host": socket.gethostname(), "pid": os.getpid(), "node": None}
         (name,) = r["outputs"]
         assert re.fullmatch(r"[a-z0-9-]+-[0-9a-f]{10}\.mp4", name) and name.endswith(
             r["job_id"][:10] + ".mp4"

@@ -1,0 +1,218 @@
+"""Run planned jobs on a loaded pipeline: the part the in-process path and Ray workers share.
+
+`PipelineHost(context)` loads the model once. `host.run(planned_job)` sets the attention the job
+asks for (installing or removing sagevideo's processors only when it changes between jobs),
+generates, writes the mp4 under a *staged* name (`sagevideo.outputs.staging`) and returns the
+job's manifest record with the private key "_staged". Nothing here appends to the manifest or
+gives a file its final name: the driver does both (`sagevideo.api.generate.run_batch`), so there
+is exactly one writer of the manifest and of final names, however many workers run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sagevideo.jobs import JobSpec
+from sagevideo.outputs.manifest import now_iso
+from sagevideo.pipelines.loading import ModelSource
+
+# Test hook (read by the driver, handed to workers): "PROMPT_SUBSTRING[:TIMES][,...]" makes the
+# process running a matching job exit abruptly (os._exit) right after its video is staged, on its
+# first TIMES attempts (default 1): a worker (or, without Ray, the driver) killed mid-batch.
+KILL_HOOK_ENV = "SAGEVIDEO_TEST_KILL_WORKER"
+KILL_EXIT_CODE = 87
+
+
+class ModelLoadError(RuntimeError):
+    """The model passed its checks but could not be loaded or prepared."""
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """A validated job with model defaults, attention and pv filled in, its id and output (relative).
+
+    backend: the `sageattn` backend its processors use, or None for attention="full".
+    plan_sha256: first 16 hex digits of the attention-plan file's SHA-256 (None without a plan).
+    """
+
+    job: JobSpec
+    job_id: str
+    output: str
+    label: str
+    backend: str | None = None
+    plan_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a worker needs to run a batch's jobs (small and picklable: no jobs, no model)."""
+
+    out: Path
+    source: ModelSource
+    device: str
+    dtype: str
+    fps: int
+
+
+@dataclass(frozen=True)
+class KillHook:
+    """The parsed `SAGEVIDEO_TEST_KILL_WORKER` hook: (prompt substring, attempts to kill) pairs."""
+
+    rules: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def parse(cls, spec: str | None) -> KillHook | None:
+        if not spec:
+            return None
+        rules = []
+        for part in spec.split(","):
+            head, _, tail = part.rpartition(":")
+            rules.append((head, int(tail)) if head and tail.isdigit() else (part, 1))
+        return cls(tuple(rules))
+
+    def maybe_exit(self, pj: PlannedJob, attempt: int) -> None:
+        if any(text in pj.job.prompt and attempt <= times for text, times in self.rules):
+            os._exit(KILL_EXIT_CODE)  # no cleanup, no exception: like a kill -9 or a segfault
+
+
+def worker_info(node: str | None = None) -> dict[str, Any]:
+    """Who ran a job: host name, process id, Ray node id (None without Ray)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "node": node}
+
+
+def base_record(ctx: RunContext, pj: PlannedJob) -> dict[str, Any]:
+    """A job's manifest record before it runs (fields: see `sagevideo.outputs.manifest`)."""
+    import sagevideo
+
+    j = pj.job
+    return {
+        "job_id": pj.job_id,
+        "status": None,
+        "error": None,
+        "prompt": j.prompt,
+        "negative_prompt": j.negative_prompt,
+        "seed": j.seed,
+        "frames": j.frames,
+        "height": j.height,
+        "width": j.width,
+        "steps": j.steps,
+        "guidance": j.guidance,
+        "name": j.name,
+        "model": ctx.source.name,
+        "model_fingerprint": ctx.source.fingerprint,
+        "attention": j.attention,
+        "pv": j.pv if pj.backend else None,
+        "backend": pj.backend,
+        "plan": j.plan,
+        "plan_sha256": pj.plan_sha256,
+        "device": ctx.device,
+        "dtype": ctx.dtype,
+        "fps": ctx.fps,
+        "backends": None,
+        "timings": None,
+        "outputs": [],
+        "attempts": 1,
+        "retries": [],
+        "worker": None,
+        "created": None,
+        "sagevideo_version": sagevideo.__version__,
+    }
+
+
+def is_device_error(err: BaseException) -> bool:
+    """CUDA errors and out-of-memory: the process's GPU state is suspect, so the job deserves a
+    fresh worker rather than a 'failed' verdict (a NaN or a bad input is not retried)."""
+    import torch
+
+    if isinstance(err, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    accelerator_error = getattr(torch, "AcceleratorError", None)  # torch >= 2.8
+    if accelerator_error is not None and isinstance(err, accelerator_error):
+        return True
+    return isinstance(err, RuntimeError) and any(s in str(err) for s in ("CUDA error", "CUDA out of memory"))
+
+
+class PipelineHost:
+    """One loaded pipeline and the attention currently installed on it.
+
+    load_s: seconds the load took; charged to the first job this host runs (as in a manifest
+    record's timings.load_s). worker: `worker_info()` written into every record.
+    """
+
+    def __init__(self, ctx: RunContext, *, worker: dict[str, Any] | None = None, kill_hook: KillHook | None = None):
+        self.ctx = ctx
+        self.worker = worker or worker_info()
+        self.kill_hook = kill_hook
+        self.pipe, self.load_s = _load(ctx)
+        self._handle = None
+        self._attention: tuple[str | None, str | None] | None = None  # (backend, pv) installed now
+
+    def run(self, pj: PlannedJob, *, attempt: int = 1) -> dict[str, Any]:
+        """Generate one job; returns its record (status "done" with "_staged", or "failed" with the
+        error; "_device_error" marks errors a fresh worker may not have). Never raises for a job's
+        own failure; KeyboardInterrupt and SystemExit go through."""
+        from sagevideo.api.backends import record_backends
+        from sagevideo.outputs.staging import staged_path
+        from sagevideo.outputs.video import write_mp4
+        from sagevideo.pipelines import runner  # looked up per call: tests patch runner.run_job
+
+        record = base_record(self.ctx, pj)
+        record.update(attempts=attempt, worker=self.worker)
+        timings = {"load_s": round(self.load_s, 4), "denoise_s": None, "decode_s": None, "write_s": None}
+        self.load_s = 0.0
+        with record_backends() as calls:
+            try:
+                self._set_attention(pj.backend, pj.job.pv)
+                result = runner.run_job(self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens)
+                timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
+                start = time.perf_counter()
+                staged = write_mp4(result.frames, staged_path(self.ctx.out / pj.output), fps=self.ctx.fps)
+                timings["write_s"] = round(time.perf_counter() - start, 4)
+                record.update(status="done", _staged=staged.name)
+            except Exception as err:  # one failed job must not stop the batch; KeyboardInterrupt does
+                record.update(status="failed", error=f"{type(err).__name__}: {err}")
+                if is_device_error(err):
+                    record["_device_error"] = True
+        record.update(backends=calls.summary(), timings=timings, created=now_iso())
+        if self.kill_hook is not None:
+            self.kill_hook.maybe_exit(pj, attempt)
+        return record
+
+    def close(self) -> None:
+        """Remove installed attention (the pipeline object may outlive this host)."""
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _set_attention(self, backend: str | None, pv: str | None) -> None:
+        """Install sagevideo attention for (backend, pv), or none for backend None; only on change."""
+        from sagevideo.pipelines.install import install
+
+        if self._attention == (backend, pv):
+            return
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        self._attention = None  # stays None if install raises: the next job tries again
+        if backend is not None:
+            self._handle = install(self.pipe, pv=pv, backend=backend)
+        self._attention = (backend, pv)
+
+
+def _load(ctx: RunContext) -> tuple[Any, float]:
+    """(pipeline, load seconds); any failure becomes ModelLoadError with the cause."""
+    import torch
+
+    from sagevideo.pipelines import loading  # looked up per call: tests patch loading.load_pipeline
+
+    start = time.perf_counter()
+    try:
+        pipe = loading.load_pipeline(ctx.source, ctx.device, getattr(torch, ctx.dtype))
+    except Exception as err:
+        raise ModelLoadError(f"could not load model {ctx.source.name}: {type(err).__name__}: {err}") from err
+    return pipe, time.perf_counter() - start

@@ -1,0 +1,350 @@
+"""Job files: YAML, TOML or plain text (one prompt per line) -> jobs that know their lines.
+
+YAML (TOML is the same with a `[defaults]` table and `[[jobs]]` tables):
+
+    defaults:                 # fields every job gets unless it sets its own (optional)
+      steps: 50
+      resolution: 720x480     # WIDTHxHEIGHT, or height: / width:
+    jobs:
+      - prompt: a red panda eating bamboo, cinematic lighting
+        output: shot-010      # -> shot-010.mp4 (a plain file name; refused, not rewritten, if unsafe)
+        seed: 3
+      - a bare string is a job with just a prompt
+
+Job fields are `sagevideo.jobs.JobSpec`'s: prompt, negative_prompt, seed, frames, resolution (or
+height/width), steps, guidance, attention (sage/full), pv (fp16/fp8), plan, name, output. A YAML
+file may also be a bare list of jobs. Relative `plan` paths are relative to the job file's folder.
+Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped.
+
+Every problem in the file is reported at once, before anything is loaded, as
+'FILE line N (job K): field: what is wrong (got value)', raised as `InputError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sagevideo.jobs import (
+    InputError,
+    JobSpec,
+    field_problems,
+    group_problems,
+    merge_fields,
+    read_prompts_file,
+    read_text_file,
+)
+
+STRUCTURED = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
+TOP_LEVEL = ("defaults", "jobs")
+# In `defaults`, these would give every job the same prompt or the same output file.
+PER_JOB_ONLY = ("prompt", "output")
+_SIZE_FIELDS = ("height", "width")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where one job of a job file came from, for error messages.
+
+    job: 1-based job number. line: first line of the job (None where the format gives none).
+    lines: field -> line of that field in the job; inherited: field -> line in `defaults`.
+    """
+
+    file: str
+    job: int
+    line: int | None
+    lines: Mapping[str, int] = field(default_factory=dict)
+    inherited: Mapping[str, int] = field(default_factory=dict)
+
+    def at(self, name: str | None = None) -> str:
+        """'FILE line N (job K)' for a field set in the job, 'FILE line N (defaults)' for an inherited one."""
+        if name in self.lines:
+            return _place(self.file, self.lines[name], f"job {self.job}")
+        if name in self.inherited:
+            return _place(self.file, self.inherited[name], "defaults")
+        return _place(self.file, self.line, f"job {self.job}")
+
+    def __str__(self) -> str:
+        return self.at()
+
+
+@dataclass
+class JobFile:
+    """A read job file. items: (job dict or prompt, Origin or 'FILE line N' label), in file order."""
+
+    path: Path
+    kind: str  # "yaml", "toml" or "text"
+    items: list[tuple[Any, Any]]
+
+
+def job_file_kind(path: str | Path) -> str:
+    """"yaml", "toml" or "text", from the file name's extension."""
+    return STRUCTURED.get(Path(path).suffix.lower(), "text")
+
+
+def looks_like_job_file(value: Any) -> bool:
+    """True when a `generate()` argument names a job file rather than being a prompt.
+
+    A Path always does; a string does when it is one word ending in .yaml/.yml/.toml/.txt (a
+    prompt is text with spaces), so a mistyped file name gives 'does not exist', not a video.
+    """
+    if isinstance(value, Path):
+        return True
+    return (
+        isinstance(value, str)
+        and not any(c.isspace() for c in value.strip())
+        and Path(value.strip()).suffix.lower() in (*STRUCTURED, ".txt")
+    )
+
+
+def read_job_file(path: str | Path) -> JobFile:
+    """Read and check a job file's structure and fields; raises InputError naming each bad line."""
+    path = Path(path)
+    kind = job_file_kind(path)
+    if kind == "text":
+        _refuse_structured_text(path)
+        return JobFile(path, kind, list(read_prompts_file(path)))
+    text = read_text_file(path, "job file", "a YAML or TOML job file")
+    data, lines = _parse_yaml(path, text) if kind == "yaml" else _parse_toml(path, text)
+    return JobFile(path, kind, _jobs(path, data, lines))
+
+
+def _place(file: str, line: int | None, what: str) -> str:
+    return f"{file} line {line} ({what})" if line else f"{file} ({what})"
+
+
+# --- structure -----------------------------------------------------------------------------------
+
+
+def _jobs(path: Path, data: Any, lines: dict[tuple, int]) -> list[tuple[Any, Any]]:
+    """Top-level checks, then defaults, then one (job dict, Origin) per job."""
+    name = str(path)
+    if data is None:
+        data = {}
+    if isinstance(data, list):  # a bare list of jobs (YAML)
+        data, lines = {"jobs": data}, {("jobs", *key): line for key, line in lines.items()}
+    if not isinstance(data, dict):
+        raise InputError(
+            f"{name}: expected 'defaults' and 'jobs' sections (or a list of jobs), got a "
+            f"{_kind_of(data)}; see `sagevideo generate --help` for the layout"
+        )
+    problems = []
+    for key in data:
+        if key not in TOP_LEVEL:
+            close = difflib.get_close_matches(str(key), TOP_LEVEL, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            at = _place(name, lines.get((key,)), "top level")
+            problems.append((at, f"{key!r}: unknown section; use 'defaults' and 'jobs'{hint}"))
+    jobs = data.get("jobs")
+    jobs_at = _place(name, lines.get(("jobs",)), "jobs")
+    if jobs is None:
+        problems.append(
+            (name, "no 'jobs' list; add jobs: with at least one job (a prompt, or prompt: ... and other fields)")
+        )
+    elif not isinstance(jobs, list):
+        problems.append((jobs_at, f"'jobs' must be a list of jobs, got a {_kind_of(jobs)}"))
+    elif not jobs:
+        problems.append((jobs_at, "'jobs' is empty; add at least one job"))
+    if problems:
+        raise InputError(group_problems(problems))
+
+    defaults = _defaults(path, data.get("defaults"), lines)
+    inherited = _field_lines(lines, ("defaults",), defaults)
+    items, problems = [], []
+    for number, job in enumerate(jobs, start=1):
+        key = ("jobs", number - 1)
+        origin = Origin(name, number, lines.get(key), _field_lines(lines, key, job), inherited)
+        if isinstance(job, str):
+            job = {"prompt": job}
+        if not isinstance(job, dict):
+            problems.append((origin.at(), f"a job must be a prompt or a table of fields, got a {_kind_of(job)}"))
+            continue
+        bad_keys = [k for k in job if not isinstance(k, str)]
+        if bad_keys:
+            problems.append((origin.at(), f"{bad_keys[0]!r} is not a field name; quote it or remove it"))
+            continue
+        items.append((merge_fields(defaults, _resolve_plan(path, job)), origin))
+    if problems:
+        raise InputError(group_problems(problems))
+    return items
+
+
+def _defaults(path: Path, defaults: Any, lines: dict[tuple, int]) -> dict[str, Any]:
+    """Check the defaults section on its own, so a bad default is reported once, at its line."""
+    name = str(path)
+    if defaults is None:
+        return {}
+    at = _place(name, lines.get(("defaults",)), "defaults")
+    if not isinstance(defaults, dict):
+        raise InputError(f"{at}: 'defaults' must be a table of job fields, got a {_kind_of(defaults)}")
+    problems = []
+    for key in defaults:
+        if not isinstance(key, str):
+            problems.append((at, f"{key!r} is not a field name; quote it or remove it"))
+        elif key in PER_JOB_ONLY:
+            problems.append(
+                (_place(name, lines.get(("defaults", key)), "defaults"),
+                 f"{key}: cannot be a default (every job would get the same {key}); set it on each job")
+            )
+    if not problems:
+        try:
+            JobSpec(prompt="-", **defaults)  # the prompt is a stand-in: defaults have none
+        except ValidationError as err:
+            for fld, line in field_problems(err):
+                key = "resolution" if fld in _SIZE_FIELDS and "resolution" in defaults else fld
+                at = _place(name, lines.get(("defaults", key), lines.get(("defaults",))), "defaults")
+                problems.append((at, line))
+    if problems:
+        raise InputError(group_problems(problems))
+    return _resolve_plan(path, defaults)
+
+
+def _resolve_plan(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """A relative plan path is relative to the job file, not to wherever the command runs."""
+    plan = fields.get("plan")
+    if isinstance(plan, str) and plan.strip() and not Path(plan).expanduser().is_absolute():
+        return {**fields, "plan": str((path.parent / plan).resolve())}
+    return fields
+
+
+def _field_lines(lines: dict[tuple, int], prefix: tuple, fields: Any) -> dict[str, int]:
+    """field -> line for the keys of one table; resolution also answers for height and width."""
+    if not isinstance(fields, dict):
+        return {}
+    found = {k: lines[(*prefix, k)] for k in fields if isinstance(k, str) and (*prefix, k) in lines}
+    if "resolution" in found:
+        for key in _SIZE_FIELDS:
+            found.setdefault(key, found["resolution"])
+    return found
+
+
+def _kind_of(value: Any) -> str:
+    names = {dict: "table", list: "list", str: "string", type(None): "empty value"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _refuse_structured_text(path: Path) -> None:
+    """A .txt (or extension-less) file that is really YAML/TOML would otherwise become prompts like 'jobs:'."""
+    if not path.is_file():
+        return  # read_prompts_file says what is wrong
+    for number, line in enumerate(read_text_file(path, "prompts file", "a text file").splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped in ("jobs:", "defaults:", "[defaults]", "[[jobs]]"):
+            raise InputError(
+                f"{path} line {number}: looks like a YAML/TOML job file ({stripped!r}) but is read as one "
+                "prompt per line; name it .yaml or .toml"
+            )
+        return
+
+
+# --- YAML ----------------------------------------------------------------------------------------
+
+
+def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
+    """(data, lines: key path -> 1-based line). Safe loader only: no Python objects from tags."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        lines: dict[tuple, int] = {}
+        if node is not None:
+            _walk_yaml(path, node, (), lines)
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        what = " ".join(part for part in (err.context, err.problem) if part)
+        if isinstance(err, yaml.constructor.ConstructorError):  # e.g. !!python/object: never built
+            raise InputError(f"{where}: YAML tag not allowed: {what}; job files hold plain values only") from None
+        raise InputError(
+            f"{where}: YAML syntax error: {what}; check the indentation, and quote text that "
+            "contains ': ' or starts with a special character ([ { & * ! | > ' \" % @ `)"
+        ) from None
+    except yaml.YAMLError as err:
+        raise InputError(f"{path}: YAML syntax error: {err}") from None
+    finally:
+        loader.dispose()
+    return data, lines
+
+
+def _walk_yaml(path: Path, node: Any, prefix: tuple, lines: dict[tuple, int]) -> None:
+    """Record each key's and list item's line; refuse duplicate keys (PyYAML keeps the last silently)."""
+    import yaml
+
+    if len(prefix) > 3:  # deeper than jobs[i].field: nothing there is reported by line
+        return
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise InputError(
+                    f"{path} line {line}: {key!r} appears twice in the same table (first on line {seen[key]}); keep one"
+                )
+            seen[key] = line
+            lines[(*prefix, key)] = line
+            _walk_yaml(path, value_node, (*prefix, key), lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            lines[(*prefix, index)] = item.start_mark.line + 1
+            _walk_yaml(path, item, (*prefix, index), lines)
+
+
+# --- TOML ----------------------------------------------------------------------------------------
+
+_TOML_HEADER = re.compile(r"\s*(\[\[?)\s*([A-Za-z0-9_.\"' -]+?)\s*\]\]?\s*(#.*)?$")
+_TOML_KEY = re.compile(r"\s*([A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*=")
+
+
+def _parse_toml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
+    """(data, lines). tomllib gives no positions, so lines come from a scan for table headers
+    ([defaults], [[jobs]]) and `key =` lines; inline tables simply get no line numbers."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        message = str(err)
+        found = re.search(r"\(at line (\d+), column (\d+)\)", message)
+        where = f"{path} line {found[1]}, column {found[2]}" if found else str(path)
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", message)
+        raise InputError(
+            f"{where}: TOML syntax error: {message}; check that text is quoted and each key has '= value'"
+        ) from None
+    return data, _toml_lines(text)
+
+
+def _toml_lines(text: str) -> dict[tuple, int]:
+    lines: dict[tuple, int] = {}
+    section: tuple = ()
+    jobs = -1
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _TOML_HEADER.match(line)
+        if header and not _TOML_KEY.match(line):
+            name = header[2].strip().strip("\"'")
+            if header[1] == "[[" and name == "jobs":
+                jobs += 1
+                section = ("jobs", jobs)
+                lines.setdefault(("jobs",), number)
+            else:
+                section = (name,)
+            lines.setdefault(section, number)
+            continue
+        key = _TOML_KEY.match(line)
+        if key:  # first occurrence wins: a later 'x =' inside a multi-line string is not a key
+            lines.setdefault((*section, key[1].strip("\"'")), number)
+    return lines

@@ -1,0 +1,45 @@
+"""The Ray actor of a batch: one loaded pipeline, one job per call.
+
+`GenerationWorker` is a plain class; `queue` turns it into an actor with `ray.remote(...)
+.options(num_gpus=1 | num_cpus=1)`. Its `__init__` loads the pipeline once (and checks that the
+output folder is the driver's, through a marker file the driver wrote there); load problems are
+kept and reported by `ready()` instead of killing the actor, so the driver gets a clean message.
+`run(job, attempt)` returns the job's manifest record (with the staged file's name): a few
+hundred bytes through the object store, never frames.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sagevideo.api.execute import KillHook, PipelineHost, PlannedJob, RunContext, worker_info
+
+
+class GenerationWorker:
+    """Actor body. marker: name of a file the driver put in `ctx.out` (proves the folder is shared)."""
+
+    def __init__(self, ctx: RunContext, marker: str | None = None, kill_hook: str | None = None):
+        import ray
+
+        self.info = worker_info(ray.get_runtime_context().get_node_id())
+        self.error: str | None = None
+        self.host: PipelineHost | None = None
+        try:
+            if marker is not None and not (ctx.out / marker).is_file():
+                raise FileNotFoundError(
+                    f"{self.info['host']} does not see the driver's output folder {ctx.out}; with several "
+                    "machines, --out must be on storage every node mounts at the same path"
+                )
+            self.host = PipelineHost(ctx, worker=self.info, kill_hook=KillHook.parse(kill_hook))
+        except Exception as err:  # reported by ready(); the driver stops this worker
+            self.error = f"{type(err).__name__}: {err}" if not str(err).startswith("could not load") else str(err)
+
+    def ready(self) -> dict[str, Any]:
+        """Worker info (host, pid, node) and "error": None, or why it cannot run jobs."""
+        return {**self.info, "error": self.error}
+
+    def run(self, pj: PlannedJob, attempt: int) -> dict[str, Any]:
+        """One job's record (see `PipelineHost.run`)."""
+        if self.host is None:
+            raise RuntimeError(f"worker cannot run jobs: {self.error}")
+        return self.host.run(pj, attempt=attempt)
