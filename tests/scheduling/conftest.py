@@ -1,0 +1,66 @@
+"""Ray set-up for the scheduling tests: private, offline, small.
+
+Ray writes an auth token under the home folder and its sessions under /tmp/ray unless told
+otherwise, and reports usage statistics unless disabled: all three are switched off here,
+before any test starts Ray. Ray nodes listen on this machine's own address (Ray rewrites
+127.0.0.1 to it), so the network guard also lets connections to this machine's addresses through.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import pytest
+
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="svray-")  # short: Ray puts unix sockets there
+OBJECT_STORE_BYTES = 80 * 2**20  # jobs return file names; Ray's default would take 30% of RAM
+
+
+def own_addresses() -> set[str]:
+    """Loopback and the addresses of this machine (where Ray's nodes listen)."""
+    import ray.util
+
+    found = {"127.0.0.1", "::1", "localhost", ray.util.get_node_ip_address()}
+    try:
+        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """As tests/conftest.py's guard, with this machine's own addresses allowed."""
+    allowed = own_addresses()
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def check(sock: socket.socket, address) -> None:
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in allowed:
+            raise OSError(f"tests must not reach the network (tried to connect to {address!r})")
+
+    def connect(self, address):
+        check(self, address)
+        return real_connect(self, address)
+
+    def connect_ex(self, address):
+        check(self, address)
+        return real_connect_ex(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One local Ray instance (2 CPUs) for a whole test module; sagevideo uses it as it finds it."""
+    import ray
+
+    ray.init(
+        num_cpus=2, include_dashboard=False, logging_level="WARNING", object_store_memory=OBJECT_STORE_BYTES
+    )
+    yield ray
+    ray.shutdown()

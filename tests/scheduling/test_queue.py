@@ -1,0 +1,146 @@
+"""The job queue's rules with stand-in actors (no Ray processes): retries, limits, load failures.
+
+`ray.wait/get/kill` are replaced by functions over fake object refs that resolve in the order
+they were made, so each scenario is deterministic and takes milliseconds. Real worker deaths
+are in test_ray_local.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.exceptions import ActorDiedError  # noqa: E402
+
+from sagevideo.api.execute import ModelLoadError  # noqa: E402
+from sagevideo.api.generate import plan_batch  # noqa: E402
+from sagevideo.scheduling import queue  # noqa: E402
+
+_order = itertools.count()
+
+
+class Ref:
+    def __init__(self, compute):
+        self.compute, self.order = compute, next(_order)
+
+
+class Method:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        return Ref(lambda: self.fn(*args))
+
+
+class FakeActor:
+    """Worker number n: ready() says `load_error(n)`; run() does what `script(n, prompt, attempt)` says."""
+
+    def __init__(self, number, script, load_error):
+        self.number, self.killed = number, False
+        info = {"host": "fake", "pid": 1000 + number, "node": f"node-{number % 2}"}
+        self.ready = Method(lambda: {**info, "error": load_error(number)})
+
+        def run(pj, attempt):
+            what = script(number, pj.job.prompt, attempt)
+            if what == "die":
+                raise ActorDiedError()
+            record = {"job_id": pj.job_id, "prompt": pj.job.prompt, "attempts": attempt, "worker": info}
+            if what == "device":
+                error = "OutOfMemoryError: CUDA out of memory"
+                return {**record, "status": "failed", "error": error, "_device_error": True}
+            if what == "fail":
+                return {**record, "status": "failed", "error": "NonFiniteError: NaN"}
+            return {**record, "status": "done", "_staged": f".{pj.output}.staged"}
+
+        self.run = Method(run)
+
+
+class FakeActorClass:
+    def __init__(self, script, load_error=lambda n: None):
+        self.script, self.load_error, self.made = script, load_error, []
+
+    def remote(self, *args):
+        actor = FakeActor(len(self.made) + 1, self.script, self.load_error)
+        self.made.append(actor)
+        return actor
+
+
+@pytest.fixture
+def fake_ray(monkeypatch):
+    def wait(refs, num_returns=1, timeout=None):
+        first = min(refs, key=lambda r: r.order)
+        return [first], [r for r in refs if r is not first]
+
+    def kill(actor, no_restart=True):
+        actor.killed = True
+
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "get", lambda ref: ref.compute())
+    monkeypatch.setattr(ray, "kill", kill)
+
+
+def drive(tmp_path, prompts, actor_class, *, workers=2, max_attempts=3):
+    plan = plan_batch(prompts, out=tmp_path, workers=workers, max_attempts=max_attempts)
+    pool = queue._Pool(actor_class, (), workers, max_attempts)
+    lines = []
+    results = list(queue._drive(plan, list(enumerate(plan.jobs)), pool, lambda s: None, lines.append))
+    return plan, pool, {plan.jobs[i].job.prompt: r for i, r in results}, [i for i, _ in results], lines
+
+
+def test_a_job_whose_worker_died_reruns_on_another_worker(tmp_path, fake_ray):
+    script = lambda n, prompt, attempt: "die" if prompt == "k" and attempt == 1 else "ok"
+    actors = FakeActorClass(script)
+    plan, pool, records, order, lines = drive(tmp_path, ["a", "k", "b", "c"], actors)
+    assert sorted(order) == [0, 1, 2, 3]  # every job exactly once
+    assert {r["status"] for r in records.values()} == {"done"}
+    k = records["k"]
+    assert k["attempts"] == 2 and len(k["retries"]) == 1
+    assert k["retries"][0]["worker"]["pid"] != k["worker"]["pid"]
+    assert "died during the job" in k["retries"][0]["error"] and any("retrying job" in line for line in lines)
+    assert actors.made[1].killed and len(actors.made) == 3  # the dead worker was replaced once
+
+
+def test_a_job_that_kills_every_worker_fails_after_max_attempts_and_the_batch_goes_on(tmp_path, fake_ray):
+    script = lambda n, prompt, attempt: "die" if prompt == "doomed" else "ok"
+    plan, pool, records, order, lines = drive(tmp_path, ["doomed", "a", "b", "c"], FakeActorClass(script))
+    assert sorted(order) == [0, 1, 2, 3]
+    doomed = records.pop("doomed")
+    assert doomed["status"] == "failed" and doomed["attempts"] == 3 and len(doomed["retries"]) == 3
+    assert doomed["error"].endswith("gave up after 3 attempt(s)") and doomed["outputs"] == []
+    assert len({r["worker"]["pid"] for r in doomed["retries"]}) == 3  # a fresh worker each time
+    assert {r["status"] for r in records.values()} == {"done"}
+
+
+def test_device_errors_are_retried_on_a_fresh_worker_but_a_jobs_own_failure_is_not(tmp_path, fake_ray):
+    script = lambda n, prompt, attempt: {"oom": "device" if attempt == 1 else "ok", "nan": "fail"}.get(prompt, "ok")
+    actors = FakeActorClass(script)
+    plan, pool, records, order, lines = drive(tmp_path, ["oom", "nan", "a"], actors)
+    assert records["oom"]["status"] == "done" and records["oom"]["attempts"] == 2
+    assert "CUDA out of memory" in records["oom"]["retries"][0]["error"]
+    assert actors.made[0].killed  # its GPU state is suspect: stopped, not reused
+    assert records["nan"]["status"] == "failed" and records["nan"]["attempts"] == 1
+    assert records["nan"]["retries"] == []
+
+
+def test_workers_that_cannot_load(tmp_path, fake_ray):
+    ok = lambda n, prompt, attempt: "ok"
+    with pytest.raises(ModelLoadError, match="could not load model tiny: OSError: disk on fire"):
+        drive(tmp_path, ["a", "b"], FakeActorClass(ok, lambda n: "could not load model tiny: OSError: disk on fire"))
+    # One of two loads: the batch runs on the other, and the user is told.
+    plan, pool, records, order, lines = drive(
+        tmp_path / "2", ["a", "b", "c"], FakeActorClass(ok, lambda n: "out of memory" if n == 1 else None)
+    )
+    assert {r["status"] for r in records.values()} == {"done"}
+    assert {r["worker"]["pid"] for r in records.values()} == {1002}
+    assert any("a Ray worker could not start: out of memory" in line for line in lines)
+
+
+def test_when_no_worker_is_left_the_remaining_jobs_fail_with_the_reason(tmp_path, fake_ray):
+    """Workers die on every job and replacements cannot load: the batch ends, it does not hang."""
+    actors = FakeActorClass(lambda n, prompt, attempt: "die", lambda n: "no GPU left" if n > 2 else None)
+    plan, pool, records, order, lines = drive(tmp_path, ["a", "b", "c"], actors, max_attempts=5)
+    assert sorted(order) == [0, 1, 2] and {r["status"] for r in records.values()} == {"failed"}
+    assert any("no worker left to run it (no GPU left)" in r["error"] for r in records.values())
