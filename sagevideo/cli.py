@@ -137,9 +137,9 @@ def generate(
 ) -> None:
     """Generate videos into --out; re-running resumes (finished jobs are skipped, failed ones redone).
 
-    Job-file values win over these options (job > file defaults > option). Exit codes: 0 all done,
-    1 a job or the model load failed, 2 bad input (nothing was loaded), 130 interrupted (Ctrl-C;
-    finished videos stay, re-run to resume).
+    Job-file values win over these options: job > the file's defaults > option.
+
+    Exit codes: 0 all done, 1 a job or the model load failed, 2 bad input (nothing loaded), 130 interrupted.
     """
     from tqdm.auto import tqdm
 
@@ -350,3 +350,159 @@ def calibrate(
         f"{overrides} override{'s' if overrides != 1 else ''}); worst layer {name}: cosine {worst.cos:.5f} "
         f"with {CANDIDATES[0].label} at step {worst.step}" + (f"; Q/K/V in {save_qkv}" if save_qkv else "")
     )
+
+
+# --- evaluation: `sagevideo eval`, `sagevideo ab`, `sagevideo check-weights` (sagevideo.eval) ---
+
+
+class LpipsNet(str, Enum):
+    alex = "alex"
+    vgg = "vgg"
+
+
+_EVAL_EXIT_INTERRUPTED = 130
+
+
+def _eval_options(metrics, weights, device, lpips_net, resamples, set_resamples, diff_gain):
+    """EvalOptions from the shared eval/ab options (torch is imported only here)."""
+    import torch
+
+    from sagevideo.eval.evaluate import EvalOptions
+    from sagevideo.eval.stats import Bootstrap
+
+    dev = device.value
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return EvalOptions(
+        metrics=metrics or None, weights=weights, device=dev, lpips_net=lpips_net.value,
+        bootstrap=Bootstrap(resamples=resamples, set_resamples=set_resamples), diff_gain=diff_gain,
+    )
+
+
+def _print_verdicts(result: dict, out: Path) -> None:
+    for line in result["verdicts"]:
+        typer.echo(line)
+    typer.echo(f"sagevideo: wrote {out / 'metrics.json'} and {out / 'report.html'}")
+
+
+_MetricsOption = Annotated[
+    list[str] | None,
+    typer.Option("--metrics", "-m", help="Metrics to compute (repeatable or comma-separated): psnr, ssim, lpips, "
+                 "clipsim, clip_t, fid, kid, or all (default). Metrics whose weights are missing are skipped."),
+]
+_WeightsOption = Annotated[
+    Path | None,
+    typer.Option("--weights", help="Folder of the metrics' weights (default $SAGEVIDEO_WEIGHTS or "
+                 "~/.cache/sagevideo/weights; see `sagevideo check-weights`)."),
+]
+_LpipsOption = Annotated[LpipsNet, typer.Option(help="LPIPS backbone.")]
+_ResamplesOption = Annotated[int, typer.Option(min=100, help="Bootstrap resamples over prompts (95% CI).")]
+_SetResamplesOption = Annotated[
+    int, typer.Option(min=10, help="Bootstrap resamples for FID/KID (each recomputes them from cached features).")
+]
+_GainOption = Annotated[float, typer.Option(min=1.0, help="Amplification of |test - reference| in difference videos.")]
+
+
+@app.command("eval")
+def eval_command(
+    ref_dir: Annotated[Path, typer.Argument(help="Reference output folder (full precision), with manifest.jsonl.")],
+    test_dir: Annotated[Path, typer.Argument(help="Test output folder (e.g. quantized), with manifest.jsonl.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for metrics.json, report.html and figures.")] = ...,
+    metrics: _MetricsOption = None,
+    weights: _WeightsOption = None,
+    noise_ref: Annotated[
+        Path | None,
+        typer.Option("--noise-ref", help="A second full-precision run with the same seeds: the noise floor."),
+    ] = None,
+    device: Annotated[Device, typer.Option(help="Where the metric networks run.")] = Device.auto,
+    lpips_net: _LpipsOption = LpipsNet.alex,
+    resamples: _ResamplesOption = 1000,
+    set_resamples: _SetResamplesOption = 50,
+    diff_gain: _GainOption = 8.0,
+) -> None:
+    """Compare two output folders, paired by prompt and seed through their manifests; writes metrics.json
+    and report.html. Exit codes: 0 done, 1 a metric's model failed to load, 2 bad input (folders that do
+    not pair, unknown metric; nothing was loaded)."""
+    from sagevideo.eval.evaluate import EvalInputError, MetricModelError, PairingError, evaluate
+
+    try:
+        options = _eval_options(metrics, weights, device, lpips_net, resamples, set_resamples, diff_gain)
+        result = evaluate(
+            ref_dir, test_dir, out=out, noise_ref=noise_ref, options=options,
+            echo=lambda line: typer.echo(line, err=True),
+        )
+    except (EvalInputError, PairingError) as err:
+        raise fail("eval", str(err), EXIT_BAD_INPUT) from None
+    except MetricModelError as err:
+        raise fail("eval", str(err), EXIT_FAILED) from None
+    _print_verdicts(result, out)
+
+
+@app.command()
+def ab(
+    job_file: Annotated[
+        Path, typer.Argument(help="Job file (YAML/TOML/text, as for `generate`) without attention, pv or plan.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the three arms and the evaluation.")] = ...,
+    model: Annotated[str, typer.Option(help="'tiny' (built in) or a local diffusers folder.")] = "tiny",
+    plan: Annotated[Path | None, typer.Option(help="Attention-plan JSON for the quantized arm.")] = None,
+    pv: Annotated[
+        PV | None, typer.Option(help="P·V precision of the quantized arm (default: the plan's, else fp16).")
+    ] = None,
+    backend: Annotated[Backend, typer.Option(help="sageattn backend of the quantized arm.")] = Backend.auto,
+    device: Annotated[Device, typer.Option(help="auto = CUDA when available, else CPU.")] = Device.auto,
+    attention_probe: Annotated[
+        bool, typer.Option("--attention-probe", help="Also measure each layer's attention error (cosine, rel-L1, "
+                           "RMSE vs fp32) by re-running the quantized jobs with a probing router.")
+    ] = False,
+    noise_floor: Annotated[
+        bool, typer.Option("--noise-floor/--no-noise-floor", help="Run full precision twice (the noise floor).")
+    ] = True,
+    metrics: _MetricsOption = None,
+    weights: _WeightsOption = None,
+    lpips_net: _LpipsOption = LpipsNet.alex,
+    resamples: _ResamplesOption = 1000,
+    set_resamples: _SetResamplesOption = 50,
+    diff_gain: _GainOption = 8.0,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+) -> None:
+    """A/B test: run JOB_FILE quantized, at full precision and at full precision again (same prompts and
+    seeds), then evaluate (metrics.json, report.html in --out). Re-running resumes. Exit codes: 0 done,
+    1 a job or a model load failed, 2 bad input (before anything ran), 130 interrupted."""
+    from sagevideo.api.ab import ABFailed
+    from sagevideo.api.ab import ab as run_ab
+    from sagevideo.api.generate import ModelLoadError
+    from sagevideo.eval.evaluate import EvalInputError, MetricModelError, PairingError
+    from sagevideo.jobs import InputError
+
+    try:
+        options = _eval_options(metrics, weights, device, lpips_net, resamples, set_resamples, diff_gain)
+        result = run_ab(
+            job_file, out=out, model=model, plan=plan, pv=pv.value if pv else None, backend=backend.value,
+            device=device.value, attention_probe=attention_probe, noise_floor=noise_floor, options=options,
+            progress=progress, echo=lambda line: typer.echo(line, err=True),
+        )
+    except (InputError, EvalInputError, PairingError) as err:
+        raise fail("ab", str(err), EXIT_BAD_INPUT) from None
+    except (ABFailed, ModelLoadError, MetricModelError) as err:
+        raise fail("ab", str(err), EXIT_FAILED) from None
+    except KeyboardInterrupt:
+        typer.echo("sagevideo ab: interrupted; re-run the same command to resume", err=True)
+        raise typer.Exit(_EVAL_EXIT_INTERRUPTED) from None
+    _print_verdicts(result, out)
+
+
+@app.command("check-weights")
+def check_weights(
+    weights: _WeightsOption = None,
+    lpips_net: _LpipsOption = LpipsNet.alex,
+) -> None:
+    """List each evaluation metric's weight files, which are present and missing, and where to put them.
+    Nothing is ever downloaded. Exit code 0 when every metric can run, 1 when some would be skipped."""
+    from sagevideo.eval.weights import report_lines
+
+    lines, complete = report_lines(weights, lpips_net=lpips_net.value)
+    for line in lines:
+        typer.echo(line)
+    if not complete:
+        raise typer.Exit(EXIT_FAILED)

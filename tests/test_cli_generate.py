@@ -125,9 +125,11 @@ def test_help_and_missing_out():
 
 
 def test_imports_stay_light():
-    """`import sagevideo` and the CLI module load neither diffusers, triton nor ray."""
+    """`import sagevideo`, the CLI module and the generation/scheduling modules load neither diffusers,
+    triton nor ray (Ray is imported only when a batch runs on it)."""
     code = (
-        "import sys, sagevideo, sagevideo.cli, sagevideo.jobs; "
+        "import sys, sagevideo, sagevideo.cli, sagevideo.jobs, sagevideo.jobfile, sagevideo.api.generate, "
+        "sagevideo.scheduling; "
         "print([m for m in ('diffusers', 'transformers', 'triton', 'ray', 'torch') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -8,7 +8,9 @@ before any test starts Ray. Ray nodes listen on this machine's own address (Ray 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import tempfile
 
@@ -17,6 +19,7 @@ import pytest
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="svray-")  # short: Ray puts unix sockets there
+atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], ignore_errors=True)  # session logs, sockets
 OBJECT_STORE_BYTES = 80 * 2**20  # jobs return file names; Ray's default would take 30% of RAM
 
 
