@@ -129,12 +129,22 @@ class _Pool:
         except Exception:  # already gone
             log.debug("could not kill worker %s", worker.number, exc_info=True)
 
-    def stop_all(self) -> None:
+    def stop_all(self, wait_s: float = 5.0) -> None:
+        """Kill every worker, then wait (up to wait_s) until those that were running a job are
+        gone: `ray.kill` is asynchronous, and the driver removes their half-written files next."""
+        import ray
+
+        running = list(self.busy)
         for worker in [*self.starting.values(), *self.idle, *(w for w, _ in self.busy.values())]:
             self.stop(worker)
         self.starting.clear()
         self.idle.clear()
         self.busy.clear()
+        if running:
+            try:  # each in-flight ref resolves (with ActorDiedError) once its worker process is gone
+                ray.wait(running, num_returns=len(running), timeout=wait_s)
+            except Exception:
+                log.debug("waiting for stopped workers failed", exc_info=True)
 
 
 def _drive(plan: Any, todo: list[tuple[int, PlannedJob]], pool: _Pool, status, echo) -> Iterator:

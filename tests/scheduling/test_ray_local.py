@@ -68,14 +68,15 @@ def test_interrupt_keeps_finished_jobs_and_rerun_resumes(tmp_path, ray_local, mo
     from sagevideo.outputs.manifest import Manifest
 
     real_append, real_wait = Manifest.append, ray.wait
-    appended = []
+    appended, interrupted = [], []
 
     def append(self, record):
         real_append(self, record)
         appended.append(record)
 
     def wait(*args, **kwargs):
-        if appended:
+        if appended and not interrupted:
+            interrupted.append(True)
             raise KeyboardInterrupt  # Ctrl-C while the driver waits for the workers
         return real_wait(*args, **kwargs)
 
