@@ -105,7 +105,7 @@ def test_precedence_job_over_file_defaults_over_options(tmp_path, no_model_load)
     assert any("s.yaml sets seed for 2 of 2 job(s); there it wins over seed=1" in n for n in plan.notes)
 
 
-def test_plan_path_is_relative_to_the_job_file_and_recorded(tmp_path):
+def test_plan_path_is_relative_to_the_job_file_recorded_and_applied(tmp_path):
     plans = tmp_path / "plans"
     plans.mkdir()
     (plans / "p.json").write_text(json.dumps({"version": 1, "default": {"mode": "int8-fp16"}}))
@@ -113,22 +113,30 @@ def test_plan_path_is_relative_to_the_job_file_and_recorded(tmp_path):
     plan = plan_batch(job_file=path, out=tmp_path / "o")
     (pj,) = plan.jobs
     assert pj.job.plan == str(plans / "p.json") and len(pj.plan_sha256) == 16
-    assert any("recorded in the manifest" in note for note in plan.notes)
 
     (record,) = sagevideo.generate(path, out=tmp_path / "o", progress=False)
     assert (record["plan"], record["plan_sha256"], record["outputs"]) == (pj.job.plan, pj.plan_sha256, ["cat.mp4"])
+    assert record["backends"]["counts"] == {"reference/fp16": 4}  # the plan ran: 2 layers x 2 steps
     assert (tmp_path / "o" / "cat.mp4").is_file()
 
     # A changed job keeping its output name replaces the file; the old job's record no longer counts.
     (plans / "p.json").write_text(json.dumps({"version": 1, "default": {"mode": "int8-fp8"}}))
     (again,) = sagevideo.generate(path, out=tmp_path / "o", progress=False)
     assert again["job_id"] != record["job_id"] and again["created"] >= record["created"]
+    assert again["backends"]["counts"] == {"reference/fp8": 4}
     (plans / "p.json").write_text(json.dumps({"version": 1, "default": {"mode": "int8-fp16"}}))
     plan = plan_batch(job_file=path, out=tmp_path / "o")
     from sagevideo.api.generate import _previous_records
     from sagevideo.outputs.manifest import Manifest
 
     assert _previous_records(Manifest(plan.manifest_path), plan) == [None]  # cat.mp4 is the fp8 job's now
+
+
+def test_invalid_plan_is_refused_before_loading(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps({"version": 1, "default": {"mode": "int4"}}))
+    path = write(tmp_path, "s.yaml", "jobs:\n  - prompt: a cat\n    plan: p.json\n")
+    with pytest.raises(InputError, match=r"s.yaml line 3 \(job 1\): plan: .*default.mode: Input should be"):
+        plan_batch(job_file=path, out=tmp_path / "o")
 
 
 BAD_FILES = [
@@ -176,7 +184,7 @@ BAD_FILES = [
      r"line 1 \(top level\): 'job': unknown section; use 'defaults' and 'jobs' \(did you mean 'jobs'\?\)"),
     ("missing-plan.yaml", "jobs:\n  - prompt: a\n    plan: nope.json\n",
      r"line 3 \(job 1\): plan: .*nope\.json does not exist; give the path of an attention-plan JSON"),
-    ("plan-not-json.yaml", "jobs:\n  - prompt: a\n    plan: missing-plan.yaml\n", r"plan: .* is not JSON"),
+    ("plan-not-json.yaml", "jobs:\n  - prompt: a\n    plan: missing-plan.yaml\n", r"plan: .*: not valid JSON"),
     ("default-output.yaml", "defaults:\n  output: same\njobs:\n  - prompt: a\n",
      r"line 2 \(defaults\): output: cannot be a default \(every job would get the same output\)"),
     ("job-not-a-table.yaml", "jobs:\n  - [a, b]\n", r"line 2 \(job 1\): a job must be a prompt or a table of fields"),

@@ -167,7 +167,7 @@ class PipelineHost:
         self.load_s = 0.0
         with record_backends() as calls:
             try:
-                self._set_attention(pj.backend, pj.job.pv)
+                self._set_attention(pj.backend, pj.job.pv, pj.job.plan)
                 result = runner.run_job(self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens)
                 timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
                 start = time.perf_counter()
@@ -189,19 +189,20 @@ class PipelineHost:
             self._handle.remove()
             self._handle = None
 
-    def _set_attention(self, backend: str | None, pv: str | None) -> None:
-        """Install sagevideo attention for (backend, pv), or none for backend None; only on change."""
+    def _set_attention(self, backend: str | None, pv: str | None, plan: str | None = None) -> None:
+        """Install sagevideo attention for (backend, pv, plan), or none for backend None; only on change.
+        With a plan, the plan says which attention each layer and step runs; without, `pv` everywhere."""
         from sagevideo.pipelines.install import install
 
-        if self._attention == (backend, pv):
+        if self._attention == (backend, pv, plan):
             return
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
         self._attention = None  # stays None if install raises: the next job tries again
         if backend is not None:
-            self._handle = install(self.pipe, pv=pv, backend=backend)
-        self._attention = (backend, pv)
+            self._handle = install(self.pipe, plan, pv=pv, backend=backend)
+        self._attention = (backend, pv, plan)
 
 
 def _load(ctx: RunContext) -> tuple[Any, float]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
-import json
 import logging
 import signal
 import tempfile
@@ -285,11 +284,6 @@ def plan_batch(
         default_backend, _ = _resolve_backend(settings, "sage", settings.pv, source, dev, dt)
     use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev)
     notes += execution_notes
-    if any(j.plan for j, _ in resolved):
-        notes.append(
-            "attention plans are checked and recorded in the manifest (plan, plan_sha256) but not applied "
-            "yet: each job runs its uniform attention/pv setting"
-        )
     out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
     planned, seen, duplicates = [], set(), 0
     for j, label in resolved:
@@ -522,15 +516,15 @@ def _check_plans(resolved: list[tuple[JobSpec, Any]]) -> tuple[dict[str, str], l
             except OSError as err:
                 bad[j.plan] = f"plan: {j.plan} cannot be read ({err.strerror or err}); {fix}"
             else:
+                from sagevideo.pipelines.plans import AttentionPlan, PlanError
+
                 try:
-                    parsed = json.loads(data)
-                except ValueError as err:
-                    bad[j.plan] = f"plan: {j.plan} is not JSON ({err}); {fix}"
+                    AttentionPlan.from_json(data.decode("utf-8", errors="replace"), source=j.plan)
+                except PlanError as err:
+                    bad[j.plan] = f"plan: {err}; write plans with `sagevideo calibrate`"
                 else:
-                    if isinstance(parsed, dict):
-                        shas[j.plan] = hashlib.sha256(data).hexdigest()[:16]
-                        continue
-                    bad[j.plan] = f"plan: {j.plan} is a JSON {type(parsed).__name__}, not an object; {fix}"
+                    shas[j.plan] = hashlib.sha256(data).hexdigest()[:16]
+                    continue
         problems.append((where(label, "plan"), bad[j.plan]))
     return shas, problems
 
