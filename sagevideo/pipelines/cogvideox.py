@@ -23,6 +23,12 @@ class SageCogVideoXAttnProcessor(RoutedProcessor):
     (hidden_states (B, N_video, C), encoder_hidden_states (B, N_text, C)), same dtype.
     """
 
+    def attend(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, text_len: int
+    ) -> torch.Tensor:
+        """(B, H, N, D) q/k/v of [text; video] tokens -> (B, H, N, D); overridden for sequence parallelism."""
+        return self.router(self.name, query, key, value, attn_mask=mask)
+
     def __call__(
         self,
         attn,
@@ -66,7 +72,7 @@ class SageCogVideoXAttnProcessor(RoutedProcessor):
             if not attn.is_cross_attention:
                 key[:, :, text_seq_length:] = apply_rotary_emb(key[:, :, text_seq_length:], image_rotary_emb)
 
-        hidden_states = self.router(self.name, query, key, value, attn_mask=attention_mask)
+        hidden_states = self.attend(query, key, value, attention_mask, text_seq_length)
 
         hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = attn.to_out[0](hidden_states)  # linear projection

@@ -149,9 +149,16 @@ def install(
 
 
 def install_router(
-    pipe_or_transformer: Any, router: AttentionRouter, *, pv: str = "fp16", backend: str = "auto"
+    pipe_or_transformer: Any,
+    router: AttentionRouter,
+    *,
+    pv: str = "fp16",
+    backend: str = "auto",
+    routes: dict[type, Any] | None = None,
 ) -> InstalledAttention:
-    """Install with a ready router (e.g. calibration's probing router); see `install`."""
+    """Install with a ready router (e.g. calibration's probing router); see `install`.
+    routes: upstream processor class -> factory(pv=, backend=, name=, router=) replacing the
+    default mapping (e.g. sequence-parallel processors)."""
     transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
     if getattr(transformer, _HANDLE_ATTR, None) is not None:
         raise RuntimeError(
@@ -161,8 +168,8 @@ def install_router(
     originals = transformer.attn_processors
     if not originals:
         raise TypeError(f"sagevideo.install: {type(transformer).__name__} has no attention processors")
-    routes = _processor_routes()
-    sage_types = tuple(routes.values())
+    routes = routes or _processor_routes()
+    sage_types = tuple(_processor_routes().values())
     for name, proc in originals.items():
         if isinstance(proc, sage_types):
             raise RuntimeError(f"sagevideo.install: {name} already runs sagevideo attention; not wrapping twice")

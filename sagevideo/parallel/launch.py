@@ -1,0 +1,33 @@
+"""Process groups from torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
+
+The same code runs under `torchrun` and under Ray actors that set those variables.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init_from_env(backend: str | None = None) -> tuple[int, int]:
+    """Initialise the default process group if needed; returns (rank, world size).
+
+    backend: "nccl" on CUDA, else "gloo" (CPU tests) when None. Raises a clear error when the
+    variables are missing.
+    """
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"sequence parallelism needs torchrun-style variables; missing {missing}. Start with "
+            "`torchrun --nproc-per-node N ...` or let `sagevideo generate --gpus-per-job N` set them."
+        )
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
