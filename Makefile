@@ -14,7 +14,7 @@ OUT ?= outputs/demo
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check $(TORCH_PINS) -e '.[dev]'
+	$(VENV)/bin/pip install -q --disable-pip-version-check $(TORCH_PINS) -e '.[dev,eval]'
 	touch $@
 
 generate: $(VENV)/.installed

@@ -1,0 +1,736 @@
+"""Evaluate a test arm against a reference arm: metrics.json (versioned schema) and report.html.
+
+`evaluate(ref_dir, test_dir, out=...)` pairs the folders (`pairing`), decides which metrics can
+run (weights present, or models injected), then reads each (prompt, seed) once and feeds every
+metric: PSNR/SSIM/LPIPS between test and reference (and noise and reference), CLIPSIM/CLIP-T on
+each arm, FID/KID features of each arm's frames. Every metric gets the difference between the
+arms with a bootstrap 95% CI over prompts, N, and, with a noise-floor arm (a second
+full-precision run with the same seeds), the noise floor and a verdict: within the floor when
+the CI of (test − floor) contains 0.
+
+Input problems raise `EvalInputError` (or `PairingError`) before any model is loaded.
+
+metrics.json (schema "sagevideo.eval.metrics", version 1), top level:
+  schema, schema_version, created, sagevideo_version, arms{ref,test,noise}: folder, label,
+  settings; pairs[]: prompt, seed, frames, height, width, videos, diff_video; n_pairs, n_prompts;
+  bootstrap{}; metrics{key: entry}; skipped{key: reason}; verdicts[]; attention_probe;
+  notes[]; versions{}.
+Metric entry: name, kind ("paired": a comparison of two videos; "per_arm": a value per video of
+each arm; "set": a distance between the arms' frame sets), unit, higher_is_better, description,
+n, n_prompts; ref/test/noise ({mean, ci95, ...}, per_arm only); difference (per_arm: test − ref;
+otherwise the metric of test vs ref), noise_floor (the same for noise vs ref, or null), excess
+(difference − noise_floor, paired by prompt), verdict{within_noise_floor, direction, line},
+per_pair[]: {prompt, seed, difference, noise_floor, ref, test, noise}; plus metric extras.
+Non-finite numbers are written as the strings "inf", "-inf", "nan".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sagevideo.eval.pairing import Arm, Pair, PairingError, load_arm, pair_arms, setting_notes
+from sagevideo.eval.stats import Bootstrap, fmt, json_safe, paired_excess, summarize, verdict
+from sagevideo.eval.weights import CLIP_FOLDER, INCEPTION_FILE, LPIPS_FILES, METRICS, check, status_for
+
+SCHEMA = "sagevideo.eval.metrics"
+SCHEMA_VERSION = 1
+DIFF_GAIN = 8.0
+
+# key -> (name, kind, unit, higher_is_better, description)
+METRIC_INFO: dict[str, tuple[str, str, str, bool, str]] = {
+    "psnr": (
+        "PSNR",
+        "paired",
+        " dB",
+        True,
+        "per-frame PSNR of test vs reference (RGB in [0, 1], data range fixed at 1.0), mean per video; "
+        "identical frames (∞) are counted and left out of the mean",
+    ),
+    "ssim": (
+        "SSIM",
+        "paired",
+        "",
+        True,
+        "per-frame SSIM (torchmetrics, 11×11 Gaussian, data range 1.0), mean per video",
+    ),
+    "lpips": ("LPIPS", "paired", "", False, "per-frame LPIPS (0 = identical), mean per video"),
+    "clipsim": (
+        "CLIPSIM",
+        "per_arm",
+        "",
+        True,
+        "mean frame–prompt cosine of CLIP ViT-B/32 embeddings (plain cosine, not ×100)",
+    ),
+    "clip_t": ("CLIP-T", "per_arm", "", True, "mean cosine of consecutive frames' CLIP embeddings"),
+    "fid": ("FID", "set", "", False, "Fréchet distance between the arms' frame features (reference = real)"),
+    "kid": (
+        "KID",
+        "set",
+        "",
+        False,
+        "kernel inception distance between the arms' frame features, mean ± std over subsets",
+    ),
+}
+
+
+class EvalInputError(ValueError):
+    """Bad input to `evaluate` (unknown metric, unusable output folder...), found before loading models."""
+
+
+class MetricModelError(RuntimeError):
+    """A metric's weights are present but could not be loaded (corrupt or of another model)."""
+
+
+@dataclass
+class EvalOptions:
+    """What to compute and with which models.
+
+    metrics: keys from METRICS (default all). weights: the weights folder (default
+    `weights.default_weights_dir()`). clip: an injected `CLIPEmbedder` or (model, processor)
+    instead of the folder's CLIP. fid_extractor: an injected nn.Module (uint8 (N, 3, H, W) ->
+    (N, d)) instead of the Inception file; fid_resize: what it does to the frame size (recorded).
+    lpips_net: "alex" (default) or "vgg". diff_gain: amplification of |test − ref| in the
+    difference videos. labels: display names of the arms.
+    """
+
+    metrics: Sequence[str] | None = None
+    weights: str | Path | None = None
+    device: str = "cpu"
+    lpips_net: str = "alex"
+    fid_antialias: bool = True
+    kid_subsets: int = 100
+    kid_bootstrap_subsets: int = 10
+    bootstrap: Bootstrap = field(default_factory=Bootstrap)
+    diff_gain: float = DIFF_GAIN
+    clip: Any = None
+    fid_extractor: Any = None
+    fid_resize: dict[str, Any] | None = None
+    labels: dict[str, str] = field(
+        default_factory=lambda: {"ref": "reference", "test": "test", "noise": "noise floor (reference repeated)"}
+    )
+
+
+def check_metrics(metrics: Sequence[str] | None) -> list[str]:
+    """Validated metric keys (accepts 'clip-t' for clip_t, 'all'); EvalInputError for unknown ones."""
+    if not metrics:
+        return list(METRICS)
+    keys: list[str] = []
+    for item in metrics:
+        for name in str(item).split(","):
+            key = name.strip().lower().replace("-", "_")
+            if not key:
+                continue
+            if key == "all":
+                keys += [m for m in METRICS if m not in keys]
+                continue
+            if key not in METRICS:
+                raise EvalInputError(f"--metrics {name.strip()!r}: unknown metric; choose from {', '.join(METRICS)}")
+            if key not in keys:
+                keys.append(key)
+    return [m for m in METRICS if m in keys]
+
+
+def prepare_out(out: str | Path) -> Path:
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise EvalInputError(f"--out {out}: is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path, prefix=".sagevideo-probe-"):
+            pass
+    except OSError as err:
+        raise EvalInputError(
+            f"--out {out}: cannot write there ({err.strerror or err}); give a writable folder"
+        ) from None
+    return path
+
+
+def plan_pairs(
+    ref_dir: str | Path,
+    test_dir: str | Path,
+    noise_ref: str | Path | None = None,
+    *,
+    records: dict[str, list[dict[str, Any]]] | None = None,
+) -> tuple[list[Pair], dict[str, Arm]]:
+    """Load and pair the arms (PairingError on any mismatch); records: per role, instead of manifests."""
+    records = records or {}
+    arms = {
+        "ref": load_arm(ref_dir, "REF_DIR", records.get("ref")),
+        "test": load_arm(test_dir, "TEST_DIR", records.get("test")),
+    }
+    if noise_ref is not None:
+        arms["noise"] = load_arm(noise_ref, "--noise-ref", records.get("noise"))
+    return pair_arms(arms["ref"], arms["test"], arms.get("noise")), arms
+
+
+class _Runner:
+    """The metric objects of one evaluation and what they collect."""
+
+    def __init__(self, keys: list[str], options: EvalOptions, echo: Callable[[str], None]):
+        self.options = options
+        self.echo = echo
+        self.skipped: dict[str, str] = {}
+        self.details: dict[str, dict[str, Any]] = {}
+        weights_dir = Path(options.weights).expanduser() if options.weights is not None else None
+        statuses = check(weights_dir, lpips_net=options.lpips_net)
+        root = weights_dir if weights_dir is not None else _default_root()
+        self.keys = []
+        for key in keys:
+            status = status_for(key, statuses)
+            injected = (key in ("clipsim", "clip_t") and options.clip is not None) or (
+                key in ("fid", "kid") and options.fid_extractor is not None
+            )
+            if status is not None and not status.ok and not injected:
+                line = status.skip_line(root)
+                if line not in self.skipped.values():
+                    echo(f"sagevideo eval: {line}")
+                self.skipped[key] = line
+                continue
+            self.keys.append(key)
+        self.root = root
+        try:
+            self._load_models()
+        except Exception as err:
+            raise MetricModelError(f"could not load a metric's model from {root}: {type(err).__name__}: {err}") from err
+
+    def _load_models(self) -> None:
+        import torch
+
+        o = self.options
+        keys = set(self.keys)
+        self.clip = None
+        if keys & {"clipsim", "clip_t"}:
+            from sagevideo.eval.clip_metrics import CLIPEmbedder, load_clip
+
+            if isinstance(o.clip, CLIPEmbedder):
+                self.clip = o.clip
+            elif o.clip is not None:
+                model, processor = o.clip
+                self.clip = CLIPEmbedder(model, processor, device=o.device)
+            else:
+                self.clip = load_clip(self.root / CLIP_FOLDER, device=o.device)
+            self.details["clip"] = self.clip.describe()
+        self.lpips = None
+        if "lpips" in keys:
+            from sagevideo.eval.lpips import LocalLPIPS
+
+            path = self.root / "lpips" / LPIPS_FILES[o.lpips_net]
+            self.lpips = LocalLPIPS(path, o.lpips_net).to(o.device)
+            self.details["lpips"] = {
+                "net": o.lpips_net,
+                "backbone_file": str(path),
+                "linear_layers": "torchmetrics' lpips_models",
+                "input": "frames in [-1, 1]",
+            }
+        self.features = None
+        if keys & {"fid", "kid"}:
+            from sagevideo.eval import fid
+
+            if o.fid_extractor is not None:
+                self.features = fid.injected_features(o.fid_extractor, resize=o.fid_resize, device=o.device)
+            else:
+                self.features = fid.inception_features(
+                    self.root / "inception" / INCEPTION_FILE, antialias=o.fid_antialias, device=o.device
+                )
+            self.details["fid"] = self.features.describe()
+        torch.set_grad_enabled(False)
+
+    def run(self, pairs: list[Pair], out: Path, progress: Callable[[str], None] | None) -> dict[str, Any]:
+        import numpy as np
+        import torch
+
+        from sagevideo.eval.clip_metrics import CLIPSIM, CLIPTemporal
+        from sagevideo.eval.frame_metrics import VideoPSNR, VideoSSIM
+        from sagevideo.eval.lpips import VideoLPIPS
+        from sagevideo.eval.videos import read_frames, to_tensor
+        from sagevideo.outputs.video import write_mp4
+
+        roles = ["test"] + (["noise"] if pairs[0].noise is not None else [])
+        arms = ["ref"] + roles
+        paired: dict[str, dict[str, Any]] = {}
+        if "psnr" in self.keys:
+            paired["psnr"] = {r: VideoPSNR() for r in roles}
+        if "ssim" in self.keys:
+            paired["ssim"] = {r: VideoSSIM() for r in roles}
+        if "lpips" in self.keys:
+            paired["lpips"] = {r: VideoLPIPS(self.lpips) for r in roles}
+        per_arm: dict[str, dict[str, Any]] = {}
+        if "clipsim" in self.keys:
+            per_arm["clipsim"] = {a: CLIPSIM(self.clip) for a in arms}
+        if "clip_t" in self.keys:
+            per_arm["clip_t"] = {a: CLIPTemporal(self.clip) for a in arms}
+        features: dict[str, list[torch.Tensor]] = {a: [] for a in arms}
+        diff_dir = out / "videos"
+        diff_dir.mkdir(exist_ok=True)
+        diff_videos = []
+        for index, pair in enumerate(pairs):
+            if progress is not None:
+                progress(f"video {index + 1}/{len(pairs)}: {pair.ref.label}")
+            frames = {"ref": pair.ref.take_frames(read_frames), "test": pair.test.take_frames(read_frames)}
+            if pair.noise is not None:
+                frames["noise"] = pair.noise.take_frames(read_frames)
+            tensors = {a: to_tensor(f) for a, f in frames.items()}
+            for metric in paired.values():
+                for role, m in metric.items():
+                    m.update(tensors["ref"], tensors[role])
+            for arm in arms:  # arm-major: CLIPSIM and CLIP-T share the arm's frame embeddings
+                for key, metric in per_arm.items():
+                    if key == "clipsim":
+                        metric[arm].update(frames[arm], pair.prompt)
+                    else:
+                        metric[arm].update(frames[arm])
+                if self.features is not None:
+                    features[arm].append(self.features(frames[arm]))
+            diff = np.clip(
+                np.abs(frames["test"].astype(np.float32) - frames["ref"].astype(np.float32)) * self.options.diff_gain,
+                0,
+                255,
+            ).astype(np.uint8)
+            name = f"{index:03d}-diff.mp4"
+            write_mp4(diff, diff_dir / name, fps=int(pair.ref.record.get("fps") or 8), quality=9)
+            diff_videos.append(f"videos/{name}")
+        results = {
+            # compute() of one video is a 0-dim tensor (torchmetrics squeezes single values)
+            "paired": {k: {r: m.compute().reshape(-1).tolist() for r, m in v.items()} for k, v in paired.items()},
+            "per_arm": {k: {a: m.compute().reshape(-1).tolist() for a, m in v.items()} for k, v in per_arm.items()},
+            "features": features,
+            "diff_videos": diff_videos,
+        }
+        if "psnr" in paired:
+            results["identical_frames"] = {r: int(m.identical_frames) for r, m in paired["psnr"].items()}
+        if "clipsim" in per_arm:
+            results["long_prompts"] = per_arm["clipsim"]["ref"].token_reports
+        return results
+
+
+def _default_root() -> Path:
+    from sagevideo.eval.weights import default_weights_dir
+
+    return default_weights_dir()
+
+
+def _entry(key: str, pairs: list[Pair], bootstrap: Bootstrap) -> dict[str, Any]:
+    name, kind, unit, hib, description = METRIC_INFO[key]
+    return {
+        "name": name,
+        "kind": kind,
+        "unit": unit.strip(),
+        "higher_is_better": hib,
+        "description": description,
+        "n": len(pairs),
+        "n_prompts": len({p.prompt for p in pairs}),
+    }
+
+
+def _paired_entry(
+    key: str,
+    pairs: list[Pair],
+    values: dict[str, list[float]],
+    bootstrap: Bootstrap,
+    identical: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    import math
+
+    prompts = [p.prompt for p in pairs]
+    entry = _entry(key, pairs, bootstrap)
+    entry["difference"] = summarize(values["test"], prompts, bootstrap)
+    noise = values.get("noise")
+    entry["noise_floor"] = summarize(noise, prompts, bootstrap) if noise is not None else None
+    entry["excess"] = paired_excess(values["test"], noise, prompts, bootstrap) if noise is not None else None
+    note = ""
+    if key == "psnr" and noise is not None:
+        n_noise_inf = sum(1 for v in noise if math.isinf(v))
+        n_test_inf = sum(1 for v in values["test"] if math.isinf(v))
+        note = (
+            f"the noise-floor run repeats the reference exactly (PSNR ∞) for {n_noise_inf} of {len(noise)} videos, "
+            f"the test arm for {n_test_inf}"
+        )
+    entry["verdict"] = verdict(
+        entry["name"], entry["excess"], entry["higher_is_better"], infinite_note=note, unit=METRIC_INFO[key][2]
+    )
+    entry["per_pair"] = [
+        {
+            "prompt": p.prompt,
+            "seed": p.seed,
+            "difference": values["test"][i],
+            "noise_floor": None if noise is None else noise[i],
+        }
+        for i, p in enumerate(pairs)
+    ]
+    if identical is not None:
+        entry["identical_videos"] = {r: sum(1 for v in vals if math.isinf(v)) for r, vals in values.items()}
+        entry["identical_frames"] = identical
+    return entry
+
+
+def _per_arm_entry(key: str, pairs: list[Pair], values: dict[str, list[float]], bootstrap: Bootstrap) -> dict[str, Any]:
+    prompts = [p.prompt for p in pairs]
+    entry = _entry(key, pairs, bootstrap)
+    for arm, vals in values.items():
+        entry[arm] = summarize(vals, prompts, bootstrap)
+    test_diff = [t - r for t, r in zip(values["test"], values["ref"], strict=True)]
+    entry["difference"] = summarize(test_diff, prompts, bootstrap)
+    noise_diff = None
+    if "noise" in values:
+        noise_diff = [n - r for n, r in zip(values["noise"], values["ref"], strict=True)]
+        entry["noise_floor"] = summarize(noise_diff, prompts, bootstrap)
+        entry["excess"] = paired_excess(test_diff, noise_diff, prompts, bootstrap)
+    else:
+        entry["noise_floor"] = entry["excess"] = None
+    entry["verdict"] = verdict(entry["name"], entry["excess"], entry["higher_is_better"])
+    entry["per_pair"] = [
+        {
+            "prompt": p.prompt,
+            "seed": p.seed,
+            "ref": values["ref"][i],
+            "test": values["test"][i],
+            "noise": values["noise"][i] if "noise" in values else None,
+            "difference": test_diff[i],
+            "noise_floor": None if noise_diff is None else noise_diff[i],
+        }
+        for i, p in enumerate(pairs)
+    ]
+    return entry
+
+
+def _set_entries(
+    keys: list[str], pairs: list[Pair], features: dict[str, list], options: EvalOptions, details: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """FID and KID over all frames, with prompt-bootstrap CIs from cached features."""
+    import numpy as np
+    import torch
+
+    from sagevideo.eval import fid as fidlib
+    from sagevideo.eval.stats import set_statistic_ci
+
+    b = options.bootstrap
+    order = list(dict.fromkeys(p.prompt for p in pairs))
+    groups = [[i for i, p in enumerate(pairs) if p.prompt == prompt] for prompt in order]
+    has_noise = "noise" in features and bool(features["noise"])
+
+    def stack(arm: str, prompt_idx: Sequence[int]) -> torch.Tensor:
+        return torch.cat([features[arm][i] for pi in prompt_idx for i in groups[pi]])
+
+    everything = np.arange(len(order))
+    n_frames = int(stack("ref", everything).shape[0])
+    out: dict[str, dict[str, Any]] = {}
+    if "fid" in keys:
+
+        def fid_of(arm, idx):
+            return fidlib.fid(stack("ref", idx), stack(arm, idx))
+
+        entry = _entry("fid", pairs, b)
+        entry["difference"] = {
+            "mean": fid_of("test", everything),
+            "ci95": set_statistic_ci(len(order), lambda idx: fid_of("test", idx), b),
+            "n": len(pairs),
+            "n_prompts": len(order),
+        }
+        if has_noise:
+            entry["noise_floor"] = {
+                "mean": fid_of("noise", everything),
+                "ci95": set_statistic_ci(len(order), lambda idx: fid_of("noise", idx), b),
+                "n": len(pairs),
+                "n_prompts": len(order),
+            }
+            entry["excess"] = {
+                "mean": entry["difference"]["mean"] - entry["noise_floor"]["mean"],
+                "ci95": set_statistic_ci(len(order), lambda idx: fid_of("test", idx) - fid_of("noise", idx), b),
+                "n": len(pairs),
+                "n_prompts": len(order),
+                "n_infinite": 0,
+            }
+        else:
+            entry["noise_floor"] = entry["excess"] = None
+        entry.update(fidlib.reliability(n_frames))
+        entry["frames_per_arm"] = n_frames
+        entry["features"] = details.get("fid")
+        entry["verdict"] = verdict("FID", entry["excess"], False)
+        if not entry["reliable"]:
+            entry["verdict"]["line"] += f" [{entry['note']}]"
+        out["fid"] = entry
+    if "kid" in keys:
+        size = min(fidlib.KID_SUBSET_SIZE, n_frames)
+
+        def kid_of(arm, idx, subsets):
+            return fidlib.kid(stack("ref", idx), stack(arm, idx), subsets=subsets, subset_size=size, seed=b.seed)
+
+        entry = _entry("kid", pairs, b)
+        bs = options.kid_bootstrap_subsets
+        mean, std, _ = kid_of("test", everything, options.kid_subsets)
+        entry["difference"] = {
+            "mean": mean,
+            "std": std,
+            "ci95": set_statistic_ci(len(order), lambda idx: kid_of("test", idx, bs)[0], b),
+            "n": len(pairs),
+            "n_prompts": len(order),
+        }
+        if has_noise:
+            nmean, nstd, _ = kid_of("noise", everything, options.kid_subsets)
+            entry["noise_floor"] = {
+                "mean": nmean,
+                "std": nstd,
+                "ci95": set_statistic_ci(len(order), lambda idx: kid_of("noise", idx, bs)[0], b),
+                "n": len(pairs),
+                "n_prompts": len(order),
+            }
+            entry["excess"] = {
+                "mean": mean - nmean,
+                "ci95": set_statistic_ci(
+                    len(order), lambda idx: kid_of("test", idx, bs)[0] - kid_of("noise", idx, bs)[0], b
+                ),
+                "n": len(pairs),
+                "n_prompts": len(order),
+                "n_infinite": 0,
+            }
+        else:
+            entry["noise_floor"] = entry["excess"] = None
+        entry["subsets"] = options.kid_subsets
+        entry["subset_size"] = size
+        entry["bootstrap_subsets"] = bs
+        entry["frames_per_arm"] = n_frames
+        entry["features"] = details.get("fid")
+        entry["verdict"] = verdict("KID", entry["excess"], False)
+        out["kid"] = entry
+    return out
+
+
+def versions() -> dict[str, str]:
+    """Versions of what computed the numbers."""
+    from importlib import metadata
+
+    import sagevideo
+
+    found = {"sagevideo": sagevideo.__version__, "python": platform.python_version(), "platform": platform.platform()}
+    for package in (
+        "torch",
+        "torchmetrics",
+        "transformers",
+        "diffusers",
+        "imageio",
+        "imageio-ffmpeg",
+        "numpy",
+        "scipy",
+        "matplotlib",
+        "torch-fidelity",
+    ):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def arm_settings(arm: Arm) -> dict[str, Any]:
+    """What the manifest says about how an arm was made: settings and the backends that ran."""
+    from collections import Counter
+
+    records = [v.record for v in arm.videos.values()]
+    counts: Counter = Counter()
+    fallbacks: Counter = Counter()
+    for r in records:
+        backends = r.get("backends") or {}
+        counts.update(backends.get("counts") or {})
+        fallbacks.update(backends.get("fallbacks") or {})
+    settings: dict[str, Any] = {}
+    for name in (
+        "model",
+        "model_fingerprint",
+        "attention",
+        "pv",
+        "backend",
+        "plan",
+        "plan_sha256",
+        "device",
+        "dtype",
+        "steps",
+        "guidance",
+        "frames",
+        "height",
+        "width",
+        "fps",
+        "sagevideo_version",
+    ):
+        values = list(dict.fromkeys(json.dumps(r.get(name), sort_keys=True) for r in records))
+        settings[name] = json.loads(values[0]) if len(values) == 1 else [json.loads(v) for v in values]
+    settings["backends_ran"] = dict(counts.most_common())
+    settings["fallbacks"] = dict(fallbacks.most_common())
+    return settings
+
+
+def evaluate(
+    ref_dir: str | Path,
+    test_dir: str | Path,
+    *,
+    out: str | Path,
+    noise_ref: str | Path | None = None,
+    options: EvalOptions | None = None,
+    records: dict[str, list[dict[str, Any]]] | None = None,
+    attention_probe: dict[str, Any] | None = None,
+    run_info: dict[str, Any] | None = None,
+    notes: Sequence[str] = (),
+    echo: Callable[[str], None] = print,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Compare TEST with REF (and the noise floor NOISE with REF); write metrics.json and report.html.
+
+    records: per role ("ref", "test", "noise"), the manifest records to pair instead of the
+    folders' manifests (`sagevideo ab` passes the records its runs returned). attention_probe:
+    `probe.probe_run(...)` results to include. run_info: settings of the run to show (ab: the
+    job file, model, plan). Returns the metrics.json content (with non-finite floats as floats).
+    """
+    options = options or EvalOptions()
+    keys = check_metrics(options.metrics)
+    if options.lpips_net not in LPIPS_FILES:
+        raise EvalInputError(f"--lpips-net {options.lpips_net}: use one of {', '.join(LPIPS_FILES)}")
+    out_dir = prepare_out(out)
+    pairs, arms = plan_pairs(ref_dir, test_dir, noise_ref, records=records)  # PairingError: before any model
+    all_notes = list(notes) + setting_notes(pairs)
+    runner = _Runner(keys, options, echo)
+    collected = runner.run(pairs, out_dir, progress)
+    b = options.bootstrap
+    metrics: dict[str, dict[str, Any]] = {}
+    for key in runner.keys:
+        if key in collected["paired"]:
+            metrics[key] = _paired_entry(
+                key, pairs, collected["paired"][key], b, collected.get("identical_frames") if key == "psnr" else None
+            )
+        elif key in collected["per_arm"]:
+            metrics[key] = _per_arm_entry(key, pairs, collected["per_arm"][key], b)
+    set_keys = [k for k in runner.keys if k in ("fid", "kid")]
+    if set_keys:
+        metrics.update(_set_entries(set_keys, pairs, collected["features"], options, runner.details))
+    metrics = {k: metrics[k] for k in METRICS if k in metrics}
+    if "lpips" in metrics:
+        metrics["lpips"]["network"] = runner.details.get("lpips")
+    for key in ("clipsim", "clip_t"):
+        if key in metrics:
+            metrics[key]["clip"] = runner.details.get("clip")
+    long_prompts = collected.get("long_prompts") or {}
+    if "clipsim" in metrics:
+        limit = runner.clip.max_tokens
+        metrics["clipsim"]["long_prompts"] = [
+            {"prompt": p, "tokens": n, "limit": limit} for p, n in long_prompts.items()
+        ]
+        if long_prompts:
+            line = (
+                f"CLIPSIM: {len(long_prompts)} prompt(s) exceed CLIP's {limit} tokens and were truncated to fit "
+                f"(longest {max(long_prompts.values())} tokens); their CLIPSIM sees only the start of the prompt"
+            )
+            all_notes.append(line)
+            echo(f"sagevideo eval: {line}")
+    if "fid" in metrics and not metrics["fid"]["reliable"]:
+        all_notes.append(f"FID {metrics['fid']['note']}")
+    verdicts = [m["verdict"]["line"] for m in metrics.values()]
+    if attention_probe is not None:
+        verdicts.append(probe_line(attention_probe))
+    if "noise" in arms and any(
+        (m.get("noise_floor") or {}).get("mean") in (0.0, float("inf"))
+        for m in metrics.values()
+        if m["kind"] == "paired"
+    ):
+        all_notes.append(
+            "the noise-floor run reproduced the reference exactly (full precision is deterministic here), so the floor "
+            "is zero and any change counts as beyond it; judge the size of the differences from the tables"
+        )
+    labels = options.labels
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "created": _now(),
+        "sagevideo_version": versions()["sagevideo"],
+        "arms": {
+            role: {"folder": str(arm.folder), "label": labels.get(role, role), "settings": arm_settings(arm)}
+            for role, arm in arms.items()
+        },
+        "run": run_info or {},
+        "pairs": [
+            {
+                "prompt": p.prompt,
+                "seed": p.seed,
+                "frames": p.ref.frames,
+                "height": p.ref.height,
+                "width": p.ref.width,
+                "videos": {
+                    role: _rel(getattr(p, role).path, out_dir)
+                    for role in ("ref", "test", "noise")
+                    if getattr(p, role) is not None
+                },
+                "diff_video": collected["diff_videos"][i],
+                "diff_gain": options.diff_gain,
+            }
+            for i, p in enumerate(pairs)
+        ],
+        "n_pairs": len(pairs),
+        "n_prompts": len({p.prompt for p in pairs}),
+        "bootstrap": b.as_dict(),
+        "metrics": metrics,
+        "skipped": runner.skipped,
+        "verdicts": verdicts,
+        "attention_probe": attention_probe,
+        "notes": all_notes,
+        "versions": versions(),
+    }
+    from sagevideo.eval.report import write_report
+
+    figures_dir = out_dir / "figures"
+    result["figures"] = write_figures(result, figures_dir)
+    (out_dir / "metrics.json").write_text(
+        json.dumps(json_safe(result), indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8"
+    )
+    write_report(result, out_dir)
+    return result
+
+
+def write_figures(result: dict[str, Any], figures_dir: Path) -> list[dict[str, str]]:
+    from sagevideo.eval import plots
+
+    figures = []
+    if result.get("attention_probe"):
+        figures += [
+            dict(f, file=f"figures/{f['file']}") for f in plots.probe_figures(result["attention_probe"], figures_dir)
+        ]
+    return figures
+
+
+def probe_line(probe: dict[str, Any]) -> str:
+    s, f = probe["summary"], probe["floor"]
+    where = s["worst_at"]["cos"] or {}
+    line = (
+        f"attention: worst cosine {fmt(s['cos_worst'], 6)} (layer {where.get('layer')}, step {where.get('step')}), "
+        f"mean {fmt(s['cos_mean'], 6)}, worst rel-L1 {fmt(s['rel_l1_worst'])}; full-precision floor: worst cosine "
+        f"{fmt(f['cos_worst'], 6)}"
+    )
+    rep = probe.get("reproduced") or {}
+    if rep and not rep.get("all_identical"):
+        line += "; WARNING: the probed run did not reproduce the quantized arm's videos exactly"
+    return line
+
+
+def _rel(path: Path, start: Path) -> str:
+    """A relative link from `start` to `path` (the report uses relative links only)."""
+    return Path(os.path.relpath(Path(path).resolve(), Path(start).resolve())).as_posix()
+
+
+def _now() -> str:
+    from sagevideo.outputs.manifest import now_iso
+
+    return now_iso()
+
+
+__all__ = [
+    "EvalInputError",
+    "EvalOptions",
+    "MetricModelError",
+    "PairingError",
+    "evaluate",
+    "check_metrics",
+    "plan_pairs",
+]
