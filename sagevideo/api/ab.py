@@ -1,0 +1,253 @@
+"""`sagevideo ab`: paired full-precision vs quantized runs of one job file, then their evaluation.
+
+Three runs through `sagevideo.generate`, each into its own folder under `out`, with the same
+prompts, seeds and sizes (generate draws the initial noise from a CPU generator seeded by the
+job's seed, so the arms start from the same latents):
+  out/quantized/    attention="sage" (with --plan / --pv), the test arm (run first: its
+                    settings are the ones most likely to be refused, before anything else ran)
+  out/full/         attention="full", the reference arm
+  out/full-repeat/  attention="full" again: the noise floor (full precision vs full precision)
+then `sagevideo.eval.evaluate.evaluate(out/full, out/quantized, noise_ref=out/full-repeat)`
+writes out/metrics.json and out/report.html. Re-running resumes: finished videos are kept.
+
+The job file decides prompts, seeds, sizes, steps; it must not set attention, pv or plan (ab sets
+them per arm). With a plan, the quantized arm's recorded attention calls are compared with what
+the plan implies (`plan_check`). A generator that records the plan without applying it (this
+one's `generate` does so, and says so) fails the check: ab then re-renders the quantized jobs
+with the plan installed by router on a pipeline it loads itself (`sagevideo.eval.probe.rerun_arm`)
+into out/quantized-plan/, and evaluates that arm. With `attention_probe` the quantized jobs are
+re-run with a probing router, which also checks that the arm is reproduced exactly (or, for the
+re-rendered plan arm, the probe is that very run).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sagevideo.jobs import InputError
+
+log = logging.getLogger("sagevideo")
+
+ARMS = {"test": "quantized", "ref": "full", "noise": "full-repeat"}
+PLAN_ARM = "quantized-plan"  # the quantized jobs re-rendered with the plan installed (see `ab`)
+LABELS = {"ref": "full precision", "test": "quantized", "noise": "full precision, repeated (noise floor)"}
+_ARM_FIELDS = ("attention", "pv", "plan")
+
+
+class ABFailed(RuntimeError):
+    """A job of one arm failed (its manifest has the error); re-running resumes."""
+
+
+def job_file_arm_fields(job_file: Path) -> list[str]:
+    """Where a YAML/TOML job file sets attention, pv or plan (ab sets those per arm)."""
+    suffix = job_file.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(job_file.read_text(encoding="utf-8"))
+        elif suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(job_file.read_text(encoding="utf-8"))
+        else:
+            return []  # plain text: prompts only
+    except Exception:  # unreadable or invalid: generate reports it with line numbers
+        return []
+    found = []
+    if isinstance(data, dict):
+        defaults = data.get("defaults")
+        if isinstance(defaults, dict):
+            found += [f"defaults.{k}" for k in _ARM_FIELDS if k in defaults]
+        jobs = data.get("jobs")
+    else:
+        jobs = data
+    for i, job in enumerate(jobs if isinstance(jobs, list) else [], start=1):
+        if isinstance(job, dict):
+            found += [f"job {i}: {k}" for k in _ARM_FIELDS if k in job]
+    return found
+
+
+def expected_calls(plan: Any, steps: int) -> Counter | None:
+    """Calls per precision ("full", "fp16", "fp8") a plan implies for one job, or None when the plan
+    does not list its layers (then only the set of precisions can be compared)."""
+    if plan.layers is None:
+        return None
+    counts: Counter = Counter()
+    for step in range(steps):
+        for layer in plan.layers:
+            counts[plan.choice_for(layer, step).mode.pv or "full"] += 1
+    return counts
+
+
+def plan_check(plan: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Compare the quantized arm's recorded attention calls with what `plan` implies.
+
+    `backends.counts` labels ("reference/fp16", "triton/fp8", "sdpa") are reduced to their
+    precision; granularity is not recorded, so block/token differences cannot be seen.
+    """
+    problems = []
+    for r in records:
+        ran: Counter = Counter()
+        for label, n in ((r.get("backends") or {}).get("counts") or {}).items():
+            ran[label.split("/", 1)[1] if "/" in label else "full"] += n
+        fallbacks = (r.get("backends") or {}).get("fallbacks") or {}
+        expected = expected_calls(plan, int(r.get("steps") or 0))
+        if expected is not None:
+            if ran != expected and not fallbacks:
+                problems.append(f"{r['prompt'][:40]!r}: ran {dict(ran)}, the plan implies {dict(expected)}")
+        else:
+            modes = {c.mode.pv or "full" for c in [plan.default, *(o.choice for o in plan.overrides)]}
+            if not set(ran) <= modes:
+                problems.append(f"{r['prompt'][:40]!r}: ran {sorted(ran)}, the plan has only {sorted(modes)}")
+    consistent = not problems
+    message = (
+        "the quantized arm's recorded attention calls match the plan (per precision)"
+        if consistent
+        else "the quantized arm's recorded attention calls do not match the plan; this sagevideo.generate may record "
+        "the plan without applying it: " + "; ".join(problems[:3])
+    )
+    return {"consistent": consistent, "message": message, "problems": problems}
+
+
+def ab(
+    job_file: str | Path,
+    *,
+    out: str | Path,
+    model: str = "tiny",
+    plan: str | Path | None = None,
+    pv: str | None = None,
+    backend: str = "auto",
+    device: str = "auto",
+    attention_probe: bool = False,
+    noise_floor: bool = True,
+    options: Any = None,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the arms and evaluate them; returns the metrics.json content.
+
+    options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
+    InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
+    failed; ModelLoadError (from generate) when the model cannot be loaded.
+    """
+    import sagevideo
+    from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out
+    from sagevideo.eval.probe import rerun_arm
+    from sagevideo.pipelines.plans import AttentionPlan, PlanError
+
+    job_file = Path(job_file).expanduser()
+    if not job_file.is_file():
+        raise InputError(f"JOB_FILE {job_file}: no such file")
+    arm_fields = job_file_arm_fields(job_file)
+    if arm_fields:
+        raise InputError(
+            f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and plan per arm "
+            "(full precision vs --plan/--pv); remove them from the job file"
+        )
+    loaded_plan = None
+    if plan is not None:
+        try:
+            loaded_plan = AttentionPlan.load(plan)
+        except (PlanError, OSError) as err:
+            raise InputError(f"--plan {plan}: {err}") from None
+        if pv is None:
+            pv = loaded_plan.default.mode.pv  # None when the default is full precision
+    options = options or EvalOptions()
+    check_metrics(options.metrics)
+    out_dir = prepare_out(out)
+    options.labels = dict(LABELS)
+
+    common: dict[str, Any] = {"model": model, "backend": backend, "device": device, "progress": progress}
+    quantized: dict[str, Any] = {"attention": "sage"}
+    if pv is not None:
+        quantized["pv"] = pv
+    if plan is not None:
+        quantized["plan"] = str(Path(plan).expanduser().resolve())
+    runs = [("test", quantized), ("ref", {"attention": "full"})]
+    if noise_floor:
+        runs.append(("noise", {"attention": "full"}))
+    records: dict[str, list[dict[str, Any]]] = {}
+    for role, settings in runs:
+        echo(f"sagevideo ab: {LABELS[role]} arm -> {out_dir / ARMS[role]}")
+        recs = sagevideo.generate(job_file, out=out_dir / ARMS[role], **common, **settings)
+        failed = [r for r in recs if r.get("status") != "done"]
+        if failed:
+            raise ABFailed(
+                f"{len(failed)} job(s) of the {LABELS[role]} arm failed (first: {failed[0].get('error')}); see "
+                f"{out_dir / ARMS[role] / 'manifest.jsonl'}; re-running the same command resumes"
+            )
+        records[role] = recs
+
+    notes = []
+    check = None
+    test_dir = out_dir / ARMS["test"]
+    probe = None
+    if loaded_plan is not None:
+        check = plan_check(loaded_plan, records["test"])
+        notes.append(f"plan check ({ARMS['test']}/): {check['message']}")
+        if not check["consistent"]:
+            test_dir = out_dir / PLAN_ARM
+            echo(
+                f"sagevideo ab: {check['message']}; rendering the quantized arm again with the plan installed "
+                f"-> {test_dir}"
+            )
+            rerun = rerun_arm(
+                records["test"],
+                arm_dir=out_dir / ARMS["test"],
+                plan=loaded_plan,
+                model=model,
+                probe=attention_probe,
+                write_to=test_dir,
+            )
+            records["test"] = rerun["records"]
+            probe = rerun["probe"]
+            recheck = plan_check(loaded_plan, records["test"])
+            notes.append(
+                f"the quantized arm evaluated here is {PLAN_ARM}/: the jobs of {ARMS['test']}/ re-rendered by "
+                f"sagevideo ab with the plan installed (install_router on a pipeline it loaded); {recheck['message']}"
+            )
+    if attention_probe and probe is None:
+        echo("sagevideo ab: attention probe: re-running the quantized jobs with a probing router")
+        probe = rerun_arm(records["test"], arm_dir=test_dir, plan=loaded_plan, model=model, probe=True)["probe"]
+        if not probe["reproduced"]["all_identical"]:
+            line = (
+                "the probed run did not reproduce the quantized arm's videos exactly; the probe measured the "
+                "attention it installed, which is not what made the arm"
+            )
+            notes.append(line)
+            echo(f"sagevideo ab: WARNING: {line}")
+    if not noise_floor:
+        notes.append("no noise-floor run (--no-noise-floor): verdicts cannot say whether a difference is noise")
+    first = records["test"][0]
+    run_info = {
+        "command": "sagevideo ab",
+        "job_file": str(job_file),
+        "model": model,
+        "model_fingerprint": first.get("model_fingerprint"),
+        "plan": str(plan) if plan is not None else None,
+        "plan_sha256": first.get("plan_sha256"),
+        "pv": first.get("pv"),
+        "backend": first.get("backend"),
+        "device": first.get("device"),
+        "dtype": first.get("dtype"),
+        "plan_check": check["message"] if check else None,
+        "quantized_arm": str(test_dir.relative_to(out_dir)),
+        "attention_probe": attention_probe,
+    }
+    return evaluate(
+        out_dir / ARMS["ref"],
+        test_dir,
+        out=out_dir,
+        noise_ref=out_dir / ARMS["noise"] if noise_floor else None,
+        options=options,
+        records=records,
+        attention_probe=probe,
+        run_info=run_info,
+        notes=notes,
+        echo=echo,
+    )

@@ -1,0 +1,297 @@
+"""Attention probe: per-layer error of the quantized attention during a real run.
+
+`ProbeRouter` is an `AttentionRouter` (installed with `install_router`, like calibration's
+probing router): every attention call runs what the plan says (so the run *is* the quantized
+run) and, on the same Q/K/V, also fp32 SDPA (the reference) and SDPA in the model's dtype
+(what the full-precision arm computes). It keeps, per layer and denoising step, cosine /
+relative L1 / RMSE (`sagevideo.eval.attention_error`, per batch×head slice, mean and worst) of
+quantized vs reference, and of full precision vs reference: the floor that full precision
+itself sits at.
+
+`sagevideo.generate` has no hook into its pipeline, so `rerun_arm` loads the model itself
+(`sagevideo.pipelines.loading`), installs the router and re-runs the quantized arm's jobs from
+their manifest records (same prompt, seed, size, steps, guidance) with `runner.run_job`. Each
+re-run video is encoded like the arm's and compared with the arm's file: `reproduced` says
+whether the probe saw exactly the run that made the quantized videos. The same re-run can
+instead write its videos as an arm of its own (`write_to`): `sagevideo ab` does that when the
+generator recorded a plan without applying it.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from sagevideo.eval.attention_error import error_stats
+from sagevideo.pipelines.plans import AttentionPlan
+from sagevideo.pipelines.routing import AttentionRouter
+
+METRIC_NAMES = ("cos", "rel_l1", "rmse")
+
+
+@dataclass
+class _Cell:
+    """Errors of one (prompt, layer, step): one or more calls."""
+
+    calls: int = 0
+    cos_sum: float = 0.0
+    cos_worst: float = 1.0
+    rel_l1_sum: float = 0.0
+    rel_l1_worst: float = 0.0
+    rmse_sum: float = 0.0
+    rmse_worst: float = 0.0
+    slices: int = 0
+    nonfinite: int = 0
+
+    def add(self, ref: torch.Tensor, out: torch.Tensor) -> None:
+        e = error_stats(ref, out)
+        self.calls += 1
+        self.slices += e.n_slices
+        self.nonfinite += e.nonfinite
+        self.cos_sum += e.cos_mean * e.n_slices
+        self.rel_l1_sum += e.rel_l1_mean * e.n_slices
+        self.rmse_sum += e.rmse_mean * e.n_slices
+        self.cos_worst = min(self.cos_worst, e.cos_worst)
+        self.rel_l1_worst = max(self.rel_l1_worst, e.rel_l1_worst)
+        self.rmse_worst = max(self.rmse_worst, e.rmse_worst)
+
+
+@dataclass
+class ProbeRecorder:
+    """Cells keyed by (prompt index, layer, step), for the test arm and the full-precision floor."""
+
+    test: dict[tuple[int, str, int | None], _Cell] = field(default_factory=lambda: defaultdict(_Cell))
+    floor: dict[tuple[int, str, int | None], _Cell] = field(default_factory=lambda: defaultdict(_Cell))
+    modes: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    prompt_index: int = 0
+
+
+class ProbeRouter(AttentionRouter):
+    """Runs the plan's attention and measures it (and SDPA in the input dtype) against fp32 SDPA."""
+
+    def __init__(self, plan: AttentionPlan, backend: str, recorder: ProbeRecorder | None = None):
+        super().__init__(plan, backend)
+        self.recorder = recorder or ProbeRecorder()
+
+    def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None):
+        out = super().__call__(layer, q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale)
+        ref = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale
+        )
+        full = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale)
+        key = (self.recorder.prompt_index, layer, self.clock.step)
+        self.recorder.test[key].add(ref, out)
+        self.recorder.floor[key].add(ref, full)
+        self.recorder.modes[layer].add(self.choice(layer).label)
+        return out
+
+
+def _aggregate(cells: dict[tuple[int, str, int | None], _Cell], prompts: list[str]) -> dict[str, Any]:
+    """Overall and per-layer mean/worst, worst (layer, step, prompt), per-step worst cosine."""
+    layers: dict[str, dict[str, Any]] = {}
+    overall = {"calls": 0, "slices": 0, "nonfinite": 0, "cos_sum": 0.0, "rel_l1_sum": 0.0, "rmse_sum": 0.0}
+    worst = {"cos": (math.inf, None), "rel_l1": (-math.inf, None), "rmse": (-math.inf, None)}
+    per_prompt: dict[int, list[float]] = defaultdict(lambda: [0.0, 0])
+    for (pi, layer, step), c in cells.items():
+        entry = layers.setdefault(
+            layer,
+            {
+                "layer": layer,
+                "calls": 0,
+                "slices": 0,
+                "cos_sum": 0.0,
+                "rel_l1_sum": 0.0,
+                "rmse_sum": 0.0,
+                "cos_worst": 1.0,
+                "cos_worst_step": None,
+                "cos_worst_prompt": None,
+                "rel_l1_worst": 0.0,
+                "rmse_worst": 0.0,
+                "steps": {},
+            },
+        )
+        entry["calls"] += c.calls
+        entry["slices"] += c.slices
+        for name in METRIC_NAMES:
+            entry[f"{name}_sum"] += getattr(c, f"{name}_sum")
+            overall[f"{name}_sum"] += getattr(c, f"{name}_sum")
+        if c.cos_worst < entry["cos_worst"] or entry["cos_worst_step"] is None:
+            entry.update(cos_worst=c.cos_worst, cos_worst_step=step, cos_worst_prompt=prompts[pi])
+        entry["rel_l1_worst"] = max(entry["rel_l1_worst"], c.rel_l1_worst)
+        entry["rmse_worst"] = max(entry["rmse_worst"], c.rmse_worst)
+        step_key = -1 if step is None else step
+        entry["steps"][step_key] = min(entry["steps"].get(step_key, 1.0), c.cos_worst)
+        overall["calls"] += c.calls
+        overall["slices"] += c.slices
+        overall["nonfinite"] += c.nonfinite
+        where = {"layer": layer, "step": step, "prompt": prompts[pi]}
+        if c.cos_worst < worst["cos"][0]:
+            worst["cos"] = (c.cos_worst, where)
+        if c.rel_l1_worst > worst["rel_l1"][0]:
+            worst["rel_l1"] = (c.rel_l1_worst, where)
+        if c.rmse_worst > worst["rmse"][0]:
+            worst["rmse"] = (c.rmse_worst, where)
+        per_prompt[pi][0] += c.cos_sum
+        per_prompt[pi][1] += c.slices
+    out_layers = []
+    for entry in layers.values():
+        slices = max(entry.pop("slices"), 1)
+        for name in METRIC_NAMES:
+            entry[f"{name}_mean"] = entry.pop(f"{name}_sum") / slices
+        steps = entry.pop("steps")
+        entry["cos_worst_by_step"] = [steps[s] for s in sorted(steps)]
+        entry["steps"] = sorted(steps)
+        out_layers.append(entry)
+    slices = max(overall["slices"], 1)
+    summary = {
+        "calls": overall["calls"],
+        "nonfinite": overall["nonfinite"],
+        **{f"{name}_mean": overall[f"{name}_sum"] / slices for name in METRIC_NAMES},
+        **{f"{name}_worst": (worst[name][0] if worst[name][1] else None) for name in METRIC_NAMES},
+        "worst_at": {name: worst[name][1] for name in METRIC_NAMES},
+    }
+    prompt_cos = [per_prompt[i][0] / max(per_prompt[i][1], 1) for i in sorted(per_prompt)]
+    return {"summary": summary, "layers": out_layers, "per_prompt_cos_mean": prompt_cos}
+
+
+def summarize_probe(recorder: ProbeRecorder, prompts: list[str]) -> dict[str, Any]:
+    """JSON-ready probe results: quantized vs fp32 SDPA, and the full-precision floor."""
+    test = _aggregate(recorder.test, prompts)
+    floor = _aggregate(recorder.floor, prompts)
+    for layer in test["layers"]:
+        layer["modes"] = sorted(recorder.modes.get(layer["layer"], ()))
+        match = next((f for f in floor["layers"] if f["layer"] == layer["layer"]), None)
+        layer["floor_cos_worst"] = match["cos_worst"] if match else None
+        layer["floor_cos_mean"] = match["cos_mean"] if match else None
+    return {
+        "reference": "fp32 SDPA on the same Q/K/V",
+        "floor_is": "SDPA in the model's dtype (what the full-precision arm computes) vs fp32 SDPA",
+        "slices": "per (batch, head) of each call; mean over slices, worst over slices, calls and steps",
+        "prompts": prompts,
+        "summary": test["summary"],
+        "floor": floor["summary"],
+        "layers": test["layers"],
+        "per_prompt_cos_mean": test["per_prompt_cos_mean"],
+    }
+
+
+def rerun_arm(
+    records: list[dict[str, Any]],
+    *,
+    arm_dir: str | Path,
+    plan: AttentionPlan | str | Path | None = None,
+    model: str | None = None,
+    probe: bool = True,
+    write_to: str | Path | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Re-run an arm's jobs (from their manifest records) with `plan` installed by router.
+
+    probe: install a `ProbeRouter` and measure every call (else the plain `AttentionRouter`).
+    write_to: a folder to write the videos and manifest records of this run into (an arm of its
+    own: `sagevideo ab` uses it when the generator did not apply the plan); without it, each video
+    is compared with the arm's file in `arm_dir` ("reproduced"). model/backend/device/dtype/pv
+    come from the records. Returns {"probe": summarize_probe(...) or None, "reproduced": {...} or
+    None, "records": [new records] or None, "plan": ..., "backend": ...}.
+    """
+    import copy
+
+    import numpy as np
+
+    from sagevideo.api.backends import record_backends
+    from sagevideo.eval.pairing import video_file
+    from sagevideo.eval.videos import read_frames
+    from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, now_iso
+    from sagevideo.outputs.video import write_mp4
+    from sagevideo.pipelines import loading, runner
+    from sagevideo.pipelines.install import install_router
+
+    first = records[0]
+    source = loading.resolve_model(model or first["model"])
+    backend = first.get("backend") or "reference"
+    pv = first.get("pv") or "fp16"
+    if plan is None:
+        plan = AttentionPlan.uniform(f"int8-{pv}")
+    elif not isinstance(plan, AttentionPlan):
+        plan = AttentionPlan.load(plan)
+    pipe = loading.load_pipeline(source, first["device"], getattr(torch, first["dtype"]))
+    recorder = ProbeRecorder()
+    router = ProbeRouter(plan, backend, recorder) if probe else AttentionRouter(plan, backend)
+    reproduced, written, prompts = [], [], []
+    if write_to is not None:
+        write_to = Path(write_to)
+        write_to.mkdir(parents=True, exist_ok=True)
+        (write_to / MANIFEST_NAME).unlink(missing_ok=True)  # this run's records only
+    with install_router(pipe, router, pv=pv, backend=backend):
+        for index, record in enumerate(records):
+            recorder.prompt_index = index
+            prompts.append(record["prompt"])
+            if progress is not None:
+                progress(f"re-run {index + 1}/{len(records)}: {record['prompt'][:40]}")
+            job = SimpleNamespace(
+                **{
+                    k: record.get(k)
+                    for k in ("prompt", "negative_prompt", "seed", "frames", "height", "width", "steps", "guidance")
+                }
+            )
+            with record_backends() as calls:
+                result = runner.run_job(pipe, job, text_tokens=source.text_tokens)
+            fps = record.get("fps") or 8
+            if write_to is not None:
+                name = video_file(record)
+                write_mp4(result.frames, write_to / name, fps=fps)
+                new = copy.deepcopy(record)
+                new.update(
+                    backends=calls.summary(),
+                    outputs=[name],
+                    created=now_iso(),
+                    timings={"denoise_s": round(result.denoise_s, 4), "decode_s": round(result.decode_s, 4)},
+                    rendered_by="sagevideo ab: plan installed with install_router (the generator did not apply it)",
+                )
+                Manifest(write_to / MANIFEST_NAME).append(new)
+                written.append(new)
+                continue
+            with tempfile.TemporaryDirectory(prefix="sagevideo-probe-") as tmp:
+                path = write_mp4(result.frames, Path(tmp) / "probe.mp4", fps=fps)
+                probed = read_frames(path)
+            arm = read_frames(Path(arm_dir) / video_file(record))
+            same_shape = probed.shape == arm.shape
+            max_diff = int(np.abs(probed.astype(np.int16) - arm.astype(np.int16)).max()) if same_shape else None
+            reproduced.append(
+                {
+                    "prompt": record["prompt"],
+                    "seed": record["seed"],
+                    "max_abs_diff": max_diff,
+                    "identical": same_shape and max_diff == 0,
+                }
+            )
+    out: dict[str, Any] = {"probe": None, "reproduced": None, "records": written or None}
+    if probe:
+        out["probe"] = summarize_probe(recorder, prompts)
+        out["probe"]["plan"] = plan.model_dump(mode="json")
+        out["probe"]["backend"] = backend
+    if reproduced:
+        out["reproduced"] = {
+            "all_identical": all(r["identical"] for r in reproduced),
+            "videos": reproduced,
+            "how": "each re-run video encoded like the arm's and compared with the arm's file (uint8 max |diff|)",
+        }
+        if out["probe"] is not None:
+            out["probe"]["reproduced"] = out["reproduced"]
+    elif written and out["probe"] is not None:
+        out["probe"]["reproduced"] = {
+            "all_identical": True,
+            "videos": [],
+            "how": "the probed run is the arm itself (its videos were written by this run)",
+        }
+    out["plan"] = plan.model_dump(mode="json")
+    out["backend"] = backend
+    return out
