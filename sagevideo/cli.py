@@ -420,9 +420,11 @@ def eval_command(
     set_resamples: _SetResamplesOption = 50,
     diff_gain: _GainOption = 8.0,
 ) -> None:
-    """Compare two output folders, paired by prompt and seed through their manifests; writes metrics.json
-    and report.html. Exit codes: 0 done, 1 a metric's model failed to load, 2 bad input (folders that do
-    not pair, unknown metric; nothing was loaded)."""
+    """Compare two output folders (paired by prompt and seed): metrics.json and report.html in --out.
+
+    Exit codes: 0 done, 1 a metric's model failed to load, 2 bad input (folders that do not pair,
+    unknown metric; nothing was loaded).
+    """
     from sagevideo.eval.evaluate import EvalInputError, MetricModelError, PairingError, evaluate
 
     try:
@@ -466,9 +468,12 @@ def ab(
     diff_gain: _GainOption = 8.0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
-    """A/B test: run JOB_FILE quantized, at full precision and at full precision again (same prompts and
-    seeds), then evaluate (metrics.json, report.html in --out). Re-running resumes. Exit codes: 0 done,
-    1 a job or a model load failed, 2 bad input (before anything ran), 130 interrupted."""
+    """A/B test: run JOB_FILE quantized and at full precision (twice: the noise floor), then evaluate.
+
+    Same prompts, seeds and initial latents in every arm; metrics.json and report.html go to --out.
+    Re-running resumes. Exit codes: 0 done, 1 a job or a model load failed, 2 bad input (before
+    anything ran), 130 interrupted.
+    """
     from sagevideo.api.ab import ABFailed
     from sagevideo.api.ab import ab as run_ab
     from sagevideo.api.generate import ModelLoadError
@@ -497,8 +502,10 @@ def check_weights(
     weights: _WeightsOption = None,
     lpips_net: _LpipsOption = LpipsNet.alex,
 ) -> None:
-    """List each evaluation metric's weight files, which are present and missing, and where to put them.
-    Nothing is ever downloaded. Exit code 0 when every metric can run, 1 when some would be skipped."""
+    """List each evaluation metric's weight files: present, missing, and where to put them.
+
+    Nothing is ever downloaded. Exit code 0 when every metric can run, 1 when some would be skipped.
+    """
     from sagevideo.eval.weights import report_lines
 
     lines, complete = report_lines(weights, lpips_net=lpips_net.value)

@@ -1,0 +1,117 @@
+"""`sagevideo eval`, `sagevideo check-weights` and `sagevideo ab` on the command line: output and exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from evalkit import base_video, make_arm
+from typer.testing import CliRunner
+
+from sagevideo.cli import app
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def no_model_loads(monkeypatch):
+    """Any attempt to load a metric model or a pipeline fails the test."""
+    from sagevideo.eval import clip_metrics, lpips
+    from sagevideo.pipelines import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded for bad input")
+
+    monkeypatch.setattr(clip_metrics, "load_clip", refuse)
+    monkeypatch.setattr(lpips.LocalLPIPS, "__init__", refuse)
+    monkeypatch.setattr(loading, "load_pipeline", refuse)
+
+
+def test_check_weights_lists_missing_files_and_where_to_put_them(tmp_path):
+    result = runner.invoke(app, ["check-weights", "--weights", str(tmp_path / "w")])
+    assert result.exit_code == 1, result.output
+    out = result.output
+    assert f"weights folder: {tmp_path / 'w'} (--weights) (does not exist yet)" in out
+    assert "psnr, ssim: no weights needed" in out
+    assert f"MISSING  {tmp_path / 'w' / 'clip-vit-base-patch32' / 'config.json'}" in out
+    assert "openai/clip-vit-base-patch32" in out
+    assert "lpips/alexnet-owt-7be5be79.pth" in out and "inception/weights-inception-2015-12-05-6726825d.pth" in out
+    assert "usable now: psnr, ssim; nothing is ever downloaded" in out
+
+
+def test_check_weights_sees_present_files(weights_dir):
+    result = runner.invoke(app, ["check-weights", "--weights", str(weights_dir)])
+    out = result.output
+    assert "clipsim, clip_t: ready" in out and "lpips: ready" in out
+    assert f"present  {weights_dir / 'clip-vit-base-patch32' / 'model.safetensors'}" in out
+    assert "usable now: psnr, ssim, lpips, clipsim, clip_t" in out
+    assert result.exit_code == (0 if "fid, kid: ready" in out else 1)
+
+
+def test_eval_cli_writes_metrics_and_report(arms, weights_dir, tmp_path):
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            str(arms["ref"]),
+            str(arms["noise10"]),
+            "--out",
+            str(out),
+            "--metrics",
+            "psnr,ssim",
+            "-m",
+            "lpips",
+            "--weights",
+            str(weights_dir),
+            "--noise-ref",
+            str(arms["same"]),
+            "--resamples",
+            "200",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "PSNR: beyond the noise floor (worse)" in result.output
+    assert "LPIPS: beyond the noise floor (worse)" in result.output
+    assert f"wrote {out / 'metrics.json'}" in result.output
+    data = json.loads((out / "metrics.json").read_text())
+    assert list(data["metrics"]) == ["psnr", "ssim", "lpips"] and data["skipped"] == {}
+
+
+def test_eval_cli_bad_input_exits_2_before_any_model(arms, tmp_path, no_model_loads):
+    cases = [
+        (
+            ["eval", str(arms["ref"]), str(arms["same"]), "--out", str(tmp_path / "o"), "--metrics", "psnr,bogus"],
+            "unknown metric",
+        ),
+        (["eval", str(tmp_path / "nowhere"), str(arms["same"]), "--out", str(tmp_path / "o")], "no such folder"),
+        (["eval", str(arms["ref"]), str(arms["same"]), "--out", str(arms["ref"] / "manifest.jsonl")], "is a file"),
+    ]
+    other = make_arm(tmp_path / "other", [("something else", 0, base_video(0))])
+    cases.append((["eval", str(arms["ref"]), str(other), "--out", str(tmp_path / "o")], "do not pair"))
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output and "sagevideo eval: error:" in result.output
+
+
+def test_ab_bad_input_exits_2_before_any_model(tmp_path, no_model_loads):
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - prompt: a fox\n    attention: sage\n")
+    plain = tmp_path / "jobs.txt"
+    plain.write_text("a fox\n")
+    bad_plan = tmp_path / "plan.json"
+    bad_plan.write_text('{"default": {"mode": "int4"}}')
+    cases = [
+        (["ab", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")], "no such file"),
+        (["ab", str(jobs), "--out", str(tmp_path / "o")], "sets job 1: attention"),
+        (["ab", str(plain), "--out", str(tmp_path / "o"), "--plan", str(bad_plan)], "--plan"),
+        (["ab", str(plain), "--out", str(tmp_path / "o"), "--metrics", "fvd"], "unknown metric"),
+        (["ab", str(plain), "--out", str(tmp_path / "o"), "--model", str(tmp_path / "no-model")], "no-model"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
