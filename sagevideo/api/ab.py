@@ -12,12 +12,12 @@ writes out/metrics.json and out/report.html. Re-running resumes: finished videos
 
 The job file decides prompts, seeds, sizes, steps; it must not set attention, pv or plan (ab sets
 them per arm). With a plan, the quantized arm's recorded attention calls are compared with what
-the plan implies (`plan_check`). A generator that records the plan without applying it (this
-one's `generate` does so, and says so) fails the check: ab then re-renders the quantized jobs
-with the plan installed by router on a pipeline it loads itself (`sagevideo.eval.probe.rerun_arm`)
-into out/quantized-plan/, and evaluates that arm. With `attention_probe` the quantized jobs are
-re-run with a probing router, which also checks that the arm is reproduced exactly (or, for the
-re-rendered plan arm, the probe is that very run).
+the plan implies (`plan_check`). A generator that records the plan without applying it (as
+`generate` did before it installed plans per job) fails the check: ab then re-renders the
+quantized jobs with the plan installed by router on a pipeline it loads itself
+(`sagevideo.eval.probe.rerun_arm`) into out/quantized-plan/, and evaluates that arm. With
+`attention_probe` the quantized jobs are re-run with a probing router, which also checks that the
+arm is reproduced exactly (or, for the re-rendered plan arm, the probe is that very run).
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ def plan_check(plan: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
         expected = expected_calls(plan, int(r.get("steps") or 0))
         if expected is not None:
             if ran != expected and not fallbacks:
-                problems.append(f"{r['prompt'][:40]!r}: ran {dict(ran)}, the plan implies {dict(expected)}")
+                problems.append(
+                    f"{r['prompt'][:40]!r}: ran {dict(sorted(ran.items()))}, the plan implies "
+                    f"{dict(sorted(expected.items()))}"
+                )
         else:
             modes = {c.mode.pv or "full" for c in [plan.default, *(o.choice for o in plan.overrides)]}
             if not set(ran) <= modes:
@@ -108,8 +111,8 @@ def plan_check(plan: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
     message = (
         "the quantized arm's recorded attention calls match the plan (per precision)"
         if consistent
-        else "the quantized arm's recorded attention calls do not match the plan; this sagevideo.generate may record "
-        "the plan without applying it: " + "; ".join(problems[:3])
+        else "the quantized arm's recorded attention calls do not match the plan (did the generator record the "
+        "plan without applying it?): " + "; ".join(problems[:3])
     )
     return {"consistent": consistent, "message": message, "problems": problems}
 

@@ -101,6 +101,7 @@ def test_plan_check_counts_calls_per_precision():
     uniform = dict(record, backends={"counts": {"reference/fp16": 4}, "fallbacks": {}})
     check = plan_check(plan, [uniform])
     assert check["consistent"] is False and "record the plan without applying it" in check["message"]
+    assert "ran {'fp16': 4}, the plan implies {'fp8': 3, 'full': 1}" in check["message"]
 
 
 def test_ab_with_a_plan_evaluates_an_arm_that_ran_the_plan(tmp_path):
