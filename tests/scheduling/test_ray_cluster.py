@@ -33,10 +33,13 @@ def two_nodes():
 @pytest.mark.slow
 def test_batch_runs_across_both_nodes_through_address(tmp_path, two_nodes):
     out = tmp_path / "out"
+    # Jobs long enough (6 x ~1.5 s) that the first worker cannot drain the queue while the second
+    # is still importing diffusers (~5-8 s): both nodes must get work.
     records = sagevideo.generate(
-        [f"shot {i}" for i in range(4)], out=out, address=two_nodes.address, device="cpu", steps=1, progress=False
+        [f"shot {i}" for i in range(6)], out=out, address=two_nodes.address, device="cpu", steps=8,
+        frames=17, progress=False,
     )
-    assert [r["status"] for r in records] == ["done"] * 4
+    assert [r["status"] for r in records] == ["done"] * 6
     assert len({r["worker"]["node"] for r in records}) == 2  # default on CPU: one worker per node
     assert not ray.is_initialized()  # the run disconnected from the cluster it joined
     assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])
