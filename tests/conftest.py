@@ -22,13 +22,19 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
+@pytest.fixture
+def allowed_hosts() -> set[str]:
+    """Hosts tests may connect to; a folder's conftest may widen it (e.g. this machine's own IPs)."""
+    return set(_LOOPBACK)
+
+
 @pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    """Any inet connection to a non-loopback host raises (unix sockets and loopback are fine)."""
+def no_network(monkeypatch, allowed_hosts):
+    """Any inet connection to a host outside `allowed_hosts` raises (unix sockets are fine)."""
     real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
 
     def check(sock: socket.socket, address) -> None:
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in _LOOPBACK:
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and address[0] not in allowed_hosts:
             raise OSError(f"tests must not reach the network (tried to connect to {address!r})")
 
     def connect(self, address):
