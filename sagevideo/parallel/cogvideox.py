@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sagevideo.parallel.ulysses import check_degree, gather_heads, gather_seq, heads_to_seq, local_heads, seq_to_heads
+from sagevideo.parallel.ulysses import check_degree, gather_seq, ulysses_attention
 from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
 
 
@@ -45,15 +45,7 @@ class UlyssesCogVideoXAttnProcessor(SageCogVideoXAttnProcessor):
     def attend(self, query, key, value, mask, text_len):
         if mask is not None:
             raise NotImplementedError("Ulysses sequence parallelism takes no attention mask (CogVideoX uses none)")
-        g = self.group
-        gathered = [
-            torch.cat([local_heads(t[:, :, :text_len], g), seq_to_heads(t[:, :, text_len:], g)], dim=2)
-            for t in (query, key, value)
-        ]
-        out = self.router(self.name, *gathered)
-        return torch.cat(
-            [gather_heads(out[:, :, :text_len], self.group), heads_to_seq(out[:, :, text_len:], self.group)], dim=2
-        )
+        return ulysses_attention(functools.partial(self.router, self.name), query, key, value, text_len, self.group)
 
 
 class ShardedCogVideoX:

@@ -68,3 +68,18 @@ def gather_seq(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, x.contiguous(), group=group)
     return torch.cat(parts, dim=dim)
+
+
+def ulysses_attention(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, text_len: int,
+                      group=None) -> torch.Tensor:
+    """Attention over [replicated text; sharded video] tokens, (B, H, T + n, D) per rank.
+
+    Video q/k/v are exchanged to all tokens × H/P heads, text q/k/v sliced to the same heads;
+    `attend(q, k, v)` runs on (B, H/P, T + N, D); the output goes back to (B, H, T + n, D).
+    """
+    gathered = [
+        torch.cat([local_heads(t[:, :, :text_len], group), seq_to_heads(t[:, :, text_len:], group)], dim=2)
+        for t in (query, key, value)
+    ]
+    out = attend(*gathered)
+    return torch.cat([gather_heads(out[:, :, :text_len], group), heads_to_seq(out[:, :, text_len:], group)], dim=2)

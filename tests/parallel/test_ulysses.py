@@ -1,4 +1,4 @@
-"""Ulysses sequence parallelism over 2 CPU processes (gloo) equals one process.
+"""Ulysses sequence parallelism over 2 CPU processes (gloo) equals one process (CogVideoX and Open-Sora).
 
 Tolerance: with full-precision SDPA inside, the sharded forward differs from one process only by
 fp32 summation order (all-to-all moves data exactly): max |diff| < 1e-5. With sagevideo's
@@ -48,19 +48,42 @@ def _model():
 
 
 BACKENDS = ("sdpa", "reference")
+OPENSORA_TINY = dict(hidden_size=64, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=(8, 12, 12),
+                     context_in_dim=32, vec_in_dim=16)
+
+
+def _opensora():
+    from sagevideo.pipelines.opensora import OpenSoraTransformer3DModel
+    from sagevideo.pipelines.opensora.packing import latent_ids, text_ids
+
+    torch.manual_seed(0)
+    model = OpenSoraTransformer3DModel(**OPENSORA_TINY).eval()
+    gen = torch.Generator().manual_seed(2)
+    ids = latent_ids(1, 3, 8, 8)
+    inputs = dict(
+        img=torch.randn(1, ids.shape[1], 64, generator=gen), img_ids=ids,
+        txt=torch.randn(1, 8, 32, generator=gen), txt_ids=text_ids(1, 8), timesteps=torch.tensor([0.5]),
+        y_vec=torch.randn(1, 16, generator=gen), cond=torch.zeros(1, ids.shape[1], 68),
+    )
+    return model, inputs
 
 
 def _worker(rank, world, port, out_dir):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     from sagevideo.parallel.cogvideox import shard_cogvideox
     from sagevideo.parallel.launch import init_from_env
+    from sagevideo.parallel.opensora import shard_opensora
 
     init_from_env("gloo")
     model = _model()
+    opensora, opensora_inputs = _opensora()
     for backend in BACKENDS:
         with torch.no_grad(), shard_cogvideox(model, backend=backend):
             out = model(**_inputs(model.config))[0]
         torch.save(out, os.path.join(out_dir, f"{backend}-rank{rank}.pt"))
+        with torch.no_grad(), shard_opensora(opensora, backend=backend):
+            out = opensora(**opensora_inputs)
+        torch.save(out, os.path.join(out_dir, f"opensora-{backend}-rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
@@ -69,12 +92,18 @@ def test_two_ranks_equal_one_process(tmp_path):
 
     model = _model()
     mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    opensora, opensora_inputs = _opensora()
     for backend in BACKENDS:
         with torch.no_grad(), sagevideo.install(model, backend=backend):
             single = model(**_inputs(model.config))[0]
+        with torch.no_grad(), sagevideo.install(opensora, backend=backend):
+            single_opensora = opensora(**opensora_inputs)
         for rank in range(2):
             sharded = torch.load(tmp_path / f"{backend}-rank{rank}.pt")
             assert (sharded - single).abs().max() < 1e-5, (backend, rank)
+            sharded = torch.load(tmp_path / f"opensora-{backend}-rank{rank}.pt")
+            assert sharded.shape == single_opensora.shape
+            assert (sharded - single_opensora).abs().max() < 1e-5, ("opensora", backend, rank)
 
 
 def test_degree_errors_are_clear():

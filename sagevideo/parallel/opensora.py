@@ -1,0 +1,99 @@
+"""Ulysses sequence parallelism for the Open-Sora 2.0 transformer: one video's tokens over P ranks.
+
+Every rank keeps all text tokens and a contiguous 1/P of the image tokens: a forward pre-hook
+slices `img`, `img_ids` and `cond` (all per-token inputs, so the embedders and the RoPE tables
+follow), every attention layer exchanges sequence shards for head groups around the installed
+plan's attention (`UlyssesOpenSoraAttnProcessor`), and a forward hook gathers the output, so
+every rank returns the full (B, L_img, C) prediction. Same inputs (seed) on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch.distributed as dist
+
+from sagevideo.parallel.ulysses import check_degree, gather_seq, ulysses_attention
+from sagevideo.pipelines.opensora.attention import SageOpenSoraAttnProcessor
+
+_SHARDED_INPUTS = ("img", "img_ids", "cond")
+
+
+class UlyssesOpenSoraAttnProcessor(SageOpenSoraAttnProcessor):
+    """`SageOpenSoraAttnProcessor` whose attention runs over [text; all image tokens] per head group.
+    `state["text"]` (set by the sharding hook each forward) is the text length."""
+
+    def __init__(self, *, group=None, state: dict | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.group = group
+        self.state = state if state is not None else {}
+
+    def attend(self, q, k, v):
+        return ulysses_attention(functools.partial(self.router, self.name), q, k, v, self.state["text"], self.group)
+
+
+class ShardedOpenSora:
+    """Installed sequence parallelism; `remove()` undoes hooks and processors."""
+
+    def __init__(self, attention, hooks):
+        self.attention = attention
+        self._hooks = hooks
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self.attention.remove()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
+def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,
+                   backend: str = "auto") -> ShardedOpenSora:
+    """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`)."""
+    from sagevideo.pipelines.install import default_plan, install_router
+    from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor
+    from sagevideo.pipelines.plans import AttentionPlan
+    from sagevideo.pipelines.routing import AttentionRouter
+
+    transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    check_degree(transformer.config.num_heads, world, world)  # heads now; tokens at each forward
+    if plan is not None and not isinstance(plan, AttentionPlan):
+        plan = AttentionPlan.load(plan)
+    router = AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
+    state: dict[str, int] = {}
+    factory = functools.partial(UlyssesOpenSoraAttnProcessor, group=group, state=state)
+    attention = install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend,
+                               routes={OpenSoraAttnProcessor: factory})
+    signature = inspect.signature(type(transformer).forward)
+
+    def shard_inputs(module, args, kwargs):
+        bound = signature.bind(module, *args, **kwargs)
+        values = bound.arguments
+        total = values["img"].shape[1]
+        check_degree(module.config.num_heads, total, world, what="image tokens")
+        n = total // world
+        for name in _SHARDED_INPUTS:
+            if values.get(name) is not None:
+                values[name] = values[name][:, rank * n : (rank + 1) * n]
+        state["text"] = values["txt"].shape[1]
+        return bound.args[1:], bound.kwargs
+
+    def gather_output(module, args, kwargs, output):
+        if hasattr(output, "sample"):
+            output.sample = gather_seq(output.sample, group, dim=1)
+            return output
+        return gather_seq(output, group, dim=1)
+
+    hooks = [
+        transformer.register_forward_pre_hook(shard_inputs, with_kwargs=True),
+        transformer.register_forward_hook(gather_output, with_kwargs=True),
+    ]
+    return ShardedOpenSora(attention, hooks)
