@@ -21,9 +21,12 @@ from sagevideo.jobs import JobSpec
 from sagevideo.outputs.manifest import now_iso
 from sagevideo.pipelines.loading import ModelSource
 
-# Test hook (read by the driver, handed to workers): "PROMPT_SUBSTRING[:TIMES][,...]" makes the
-# process running a matching job exit abruptly (os._exit) right after its video is staged, on its
-# first TIMES attempts (default 1): a worker (or, without Ray, the driver) killed mid-batch.
+# Test hook (read by the driver, handed to workers): "PROMPT_SUBSTRING[:TIMES][@RANK][,...]" makes
+# the process running a matching job exit abruptly (os._exit) right after its video is staged, on
+# its first TIMES attempts (default 1): a worker (or, without Ray, the driver) killed mid-batch.
+# @RANK targets one rank of a sequence-parallel group (`sagevideo.api.sharded`), which exits in the
+# middle of denoising instead, while its peers wait for it in a collective; a rule without @RANK
+# fires on every rank. A plain worker is rank 0.
 KILL_HOOK_ENV = "SAGEVIDEO_TEST_KILL_WORKER"
 KILL_EXIT_CODE = 87
 
@@ -61,9 +64,10 @@ class RunContext:
 
 @dataclass(frozen=True)
 class KillHook:
-    """The parsed `SAGEVIDEO_TEST_KILL_WORKER` hook: (prompt substring, attempts to kill) pairs."""
+    """The parsed `SAGEVIDEO_TEST_KILL_WORKER` hook: (prompt substring, attempts to kill, rank or
+    None for every rank) rules."""
 
-    rules: tuple[tuple[str, int], ...]
+    rules: tuple[tuple[str, int, int | None], ...]
 
     @classmethod
     def parse(cls, spec: str | None) -> KillHook | None:
@@ -71,13 +75,28 @@ class KillHook:
             return None
         rules = []
         for part in spec.split(","):
-            head, _, tail = part.rpartition(":")
-            rules.append((head, int(tail)) if head and tail.isdigit() else (part, 1))
+            text, at, rank = part.rpartition("@")
+            if not (at and text and rank.isdigit()):
+                text, rank = part, None
+            head, _, tail = text.rpartition(":")
+            text, times = (head, int(tail)) if head and tail.isdigit() else (text, 1)
+            rules.append((text, times, None if rank is None else int(rank)))
         return cls(tuple(rules))
 
-    def maybe_exit(self, pj: PlannedJob, attempt: int) -> None:
-        if any(text in pj.job.prompt and attempt <= times for text, times in self.rules):
-            os._exit(KILL_EXIT_CODE)  # no cleanup, no exception: like a kill -9 or a segfault
+    def fires(self, pj: PlannedJob, attempt: int, rank: int = 0) -> bool:
+        """Whether a rule matches this job, attempt and rank."""
+        return any(
+            text in pj.job.prompt and attempt <= times and at in (None, rank) for text, times, at in self.rules
+        )
+
+    def maybe_exit(self, pj: PlannedJob, attempt: int, rank: int = 0) -> None:
+        if self.fires(pj, attempt, rank):
+            exit_now()
+
+
+def exit_now() -> None:
+    """Leave the process at once: no cleanup, no exception, like a kill -9 or a segfault."""
+    os._exit(KILL_EXIT_CODE)
 
 
 def worker_info(node: str | None = None) -> dict[str, Any]:
