@@ -130,6 +130,13 @@ def generate(
         int | None,
         typer.Option(help="Ray workers, each loading the model once (default: one per GPU; 1 = this process)."),
     ] = None,
+    gpus_per_job: Annotated[
+        int,
+        typer.Option(
+            help="Split each job over N GPUs of one node (Ulysses sequence parallelism, CogVideoX; Ray "
+            "groups of N ranks, --workers counts groups). With --device cpu: N CPU processes (gloo).",
+        ),
+    ] = 1,
     max_attempts: Annotated[
         int, typer.Option(help="Runs of a job whose worker died (killed, CUDA error, OOM) before it fails.")
     ] = 3,
@@ -168,6 +175,7 @@ def generate(
             address=address,
             workers=workers,
             max_attempts=max_attempts,
+            gpus_per_job=gpus_per_job,
         )
     except InputError as err:
         raise fail("generate", str(err), EXIT_BAD_INPUT) from None

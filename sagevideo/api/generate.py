@@ -75,7 +75,8 @@ class BatchPlan:
     (each PlannedJob has its own). notes: facts the user should see before the run (e.g. why CPU
     runs the emulation). use_ray: run on Ray workers (`address`: None = a local instance, "auto",
     or HOST:PORT; `workers`: None = one per GPU, or per node on CPU). max_attempts: runs of a job
-    whose worker died before it is marked failed.
+    whose worker died before it is marked failed. gpus_per_job: ranks that share each job by
+    sequence parallelism (> 1: Ray groups of that many ranks; `workers` then counts groups).
     """
 
     out: Path
@@ -90,6 +91,7 @@ class BatchPlan:
     address: str | None = None
     workers: int | None = None
     max_attempts: int = 3
+    gpus_per_job: int = 1
 
     @property
     def manifest_path(self) -> Path:
@@ -142,7 +144,9 @@ class BatchReport:
         attention: reference/fp16 x8'."""
         full = sum(1 for pj in self.plan.jobs if pj.backend is None)
         if full == len(self.plan.jobs):
-            attention = "full precision (nothing installed)"
+            # Sequence parallelism needs its own processors, which then run SDPA.
+            sharded = self.plan.gpus_per_job > 1
+            attention = "full precision (SDPA inside Ulysses)" if sharded else "full precision (nothing installed)"
         elif self.attention:
             attention = ", ".join(f"{label} x{n}" for label, n in self.attention.most_common())
         else:
@@ -192,7 +196,8 @@ def generate(
     prompts_file/job_file) generates a built-in batch of two prompts.
     options: see `plan_batch` (seed, frames, height, width, steps, guidance, negative_prompt,
     attention, pv, plan, backend, device, dtype, fps, prompts_file, job_file, address, workers,
-    max_attempts). address/workers > 1 run the batch on Ray (`pip install 'sagevideo[ray]'`).
+    max_attempts, gpus_per_job). address/workers > 1 run the batch on Ray (`pip install
+    'sagevideo[ray]'`); so does gpus_per_job > 1, each job then split over that many ranks.
     Jobs that the manifest in `out` already records as done (with their file present) are skipped.
     Raises InputError before loading anything when an input is invalid; Ctrl-C raises
     `BatchInterrupted` (a KeyboardInterrupt) after stopping the workers.
@@ -227,14 +232,18 @@ def plan_batch(
     address: str | None = None,
     workers: int | None = None,
     max_attempts: int = 3,
+    gpus_per_job: int = 1,
 ) -> BatchPlan:
     """Validate a batch and resolve everything about it without loading a model.
 
     frames/height/width/steps left as None take the model's defaults. Precedence of job fields:
     a job's own value > a job file's `defaults` > these keyword options > the model's defaults.
     plan: an attention-plan JSON for every job that does not name its own (checked to exist and
-    be a JSON object, recorded in the manifest). Raises InputError naming each bad field and its fix.
+    be a JSON object, recorded in the manifest). gpus_per_job: ranks per job (Ulysses sequence
+    parallelism, CogVideoX only), checked against every job's heads and video tokens here.
+    Raises InputError naming each bad field and its fix.
     """
+    from sagevideo.api.sharded import degree_problems
     from sagevideo.jobfile import looks_like_job_file, read_job_file
     from sagevideo.pipelines.loading import resolve_model
 
@@ -271,6 +280,9 @@ def plan_batch(
     problems += plan_problems + _duplicate_outputs(resolved)
     if problems:
         raise InputError(group_problems(problems))
+    problems = degree_problems(source, resolved, gpus_per_job)  # raises for batch-wide problems
+    if problems:
+        raise InputError(group_problems(problems))
 
     dev, dt = _resolve_device(settings)
     backends: dict[tuple[str, str | None], str | None] = {}
@@ -282,7 +294,7 @@ def plan_batch(
     default_backend = backends.get((settings.attention, settings.pv if settings.attention == "sage" else None))
     if default_backend is None and settings.attention == "sage":
         default_backend, _ = _resolve_backend(settings, "sage", settings.pv, source, dev, dt)
-    use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev)
+    use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev, gpus_per_job)
     notes += execution_notes
     out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
     planned, seen, duplicates = [], set(), 0
@@ -327,13 +339,22 @@ def plan_batch(
         address=address,
         workers=workers,
         max_attempts=max_attempts,
+        gpus_per_job=gpus_per_job,
     )
 
 
 def run_batch(
-    plan: BatchPlan, *, progress: bool = True, echo: Callable[[str], None] | None = None
+    plan: BatchPlan,
+    *,
+    progress: bool = True,
+    echo: Callable[[str], None] | None = None,
+    execute: Callable[..., Iterator[tuple[int, dict[str, Any]]]] | None = None,
 ) -> BatchReport:
     """Run the jobs of `plan` that are not done yet; see the module docstring.
+
+    execute(plan, todo, status): runs `todo` [(plan index, PlannedJob)] and yields (index, record)
+    as jobs finish (a generator: closing it stops the work); default: Ray workers when
+    `plan.use_ray`, else this process. `scripts/sp_generate.py` passes its rank 0 under torchrun.
 
     Raises ModelLoadError when no model could be loaded, InputError when a Ray cluster cannot be
     joined, BatchInterrupted on Ctrl-C (after stopping the workers; finished jobs are recorded).
@@ -368,7 +389,9 @@ def run_batch(
         dynamic_ncols=True,
     )
     status = lambda text: bar.set_postfix_str(text[:40], refresh=True)
-    if plan.use_ray:
+    if execute is not None:
+        results = execute(plan, todo, status)
+    elif plan.use_ray:
         from sagevideo.scheduling import run_jobs
 
         results = run_jobs(plan, todo, status=status, echo=echo, report=report)
@@ -393,6 +416,13 @@ def run_batch(
         for _, pj in todo:
             remove_leftovers(plan.out / pj.output)
     return report
+
+
+def pending_jobs(plan: BatchPlan) -> list[tuple[int, PlannedJob]]:
+    """(plan index, job) of every job that `run_batch` would run now: those the manifest does not
+    show as done. Every rank of a torchrun group calls it before its first job, so all agree."""
+    previous = _previous_records(Manifest(plan.manifest_path), plan)
+    return [(index, pj) for index, (pj, record) in enumerate(zip(plan.jobs, previous, strict=True)) if record is None]
 
 
 def _run_here(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Callable[[str], None]) -> Iterator:
@@ -570,10 +600,11 @@ def _previous_records(manifest: Manifest, plan: BatchPlan) -> list[dict[str, Any
 
 
 def _resolve_execution(
-    address: str | None, workers: int | None, max_attempts: int, device: str
+    address: str | None, workers: int | None, max_attempts: int, device: str, gpus_per_job: int = 1
 ) -> tuple[bool, list[str]]:
-    """(run on Ray?, notes). Ray when an address is given, more than one worker is asked for, or
-    (workers unset) more than one GPU is visible; Ray is then checked to be installed."""
+    """(run on Ray?, notes). Ray when an address is given, more than one worker is asked for,
+    jobs span several GPUs (gpus_per_job > 1: one process per rank), or (workers unset) more than
+    one GPU is visible; Ray is then checked to be installed."""
     from sagevideo.scheduling import address_problem, ray_installed
 
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
@@ -589,10 +620,20 @@ def _resolve_execution(
         import torch
 
         gpus = torch.cuda.device_count()
-    asked = address is not None or (workers or 1) > 1
+        if gpus_per_job > gpus and address is None:
+            raise InputError(
+                f"--gpus-per-job {gpus_per_job}: this machine shows {gpus} GPU(s); give at most {gpus}, "
+                "or --address of a Ray cluster with a node that has enough"
+            )
+    asked = address is not None or (workers or 1) > 1 or gpus_per_job > 1
     if not asked and not (workers is None and gpus > 1):
         return False, []
     if not ray_installed():
+        if gpus_per_job > 1:
+            raise InputError(
+                f"--gpus-per-job {gpus_per_job} starts one process per rank through Ray, which is not "
+                "installed; pip install 'sagevideo[ray]', or run scripts/sp_generate.py under torchrun"
+            )
         if asked:
             why = f"--address {address}" if address is not None else f"--workers {workers}"
             raise InputError(
@@ -604,7 +645,14 @@ def _resolve_execution(
             "(pip install 'sagevideo[ray]' to use them all)"
         ]
     where_to = {None: "a local Ray instance", "auto": "the running Ray cluster (or a local instance)"}
-    return True, [f"scheduling: Ray, on {where_to.get(address, f'the Ray cluster at {address}')}"]
+    notes = [f"scheduling: Ray, on {where_to.get(address, f'the Ray cluster at {address}')}"]
+    if gpus_per_job > 1:
+        unit = "GPU" if device == "cuda" else "CPU process"
+        notes.append(
+            f"sequence parallelism: each job on {gpus_per_job} ranks (one {unit} each, one node per group); "
+            "rank 0 decodes and writes"
+        )
+    return True, notes
 
 
 def _prepare_out_dir(out: str | Path) -> Path:

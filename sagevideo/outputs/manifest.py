@@ -14,7 +14,8 @@ dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s,
 decode_s, write_s), outputs (paths relative to the output folder), attempts (runs it took: more
 than 1 when a worker died under it), retries (one {attempt, error, worker} per such death),
 worker ({host, pid, node}: who ran the last attempt; node is the Ray node id, None without
-Ray), created (UTC ISO time), sagevideo_version.
+Ray; with --gpus-per-job, rank 0 of the group, plus rank and ranks), created (UTC ISO time),
+sagevideo_version.
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@ A batch runs on a pool of Ray actors, each holding one loaded pipeline, fed from
   instance (no dashboard), and size the worker pool from the cluster's GPUs/CPUs;
 - `worker`: the actor: loads the pipeline once in `__init__`, then runs one job per call and
   returns a manifest record and a staged file name, never video tensors;
+- `group`: for `--gpus-per-job N`, a worker made of N rank actors in one STRICT_PACK placement
+  group that set torchrun-style variables and split each job by sequence parallelism;
 - `queue`: hands jobs to idle workers, retries a job whose worker died on another worker (up to
-  `max_attempts`), replaces dead workers, and stops every worker on Ctrl-C.
+  `max_attempts`), replaces dead workers (a whole group when one rank dies), and stops every
+  worker on Ctrl-C.
 The driver (`sagevideo.api.generate.run_batch`) renames outputs into place and writes the
 manifest; workers never touch it.
 """

@@ -17,20 +17,23 @@ import logging
 import os
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sagevideo.jobs import InputError
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """What the batch runs on. started: a local instance this run started (and stops)."""
+    """What the batch runs on. started: a local instance this run started (and stops).
+    node_resources: each alive node's resources ({"CPU": 8.0, "GPU": 2.0, ...}): a group of
+    ranks must fit on one node."""
 
     address: str
     started: bool
     nodes: int
     cpus: float
     gpus: float
+    node_resources: tuple[dict[str, float], ...] = field(default=(), compare=False)
 
     def describe(self) -> str:
         kind = "local Ray instance" if self.started else f"Ray cluster {self.address}"
@@ -70,13 +73,14 @@ def ray_session(address: str | None, *, local_cpus: int | None = None) -> Iterat
                     ) from None
     try:
         resources = ray.cluster_resources()
-        nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+        alive = [node for node in ray.nodes() if node.get("Alive")]
         yield Cluster(
             address=ray.get_runtime_context().gcs_address,
             started=started,
-            nodes=nodes,
+            nodes=len(alive),
             cpus=resources.get("CPU", 0.0),
             gpus=resources.get("GPU", 0.0),
+            node_resources=tuple(dict(node.get("Resources") or {}) for node in alive),
         )
     finally:
         if connected:
@@ -101,6 +105,34 @@ def pool_size(requested: int | None, device: str, cluster: Cluster, jobs: int) -
     size = requested or default
     if size > capacity:
         notes.append(f"--workers {size}: the {cluster.describe()} has room for {capacity}; starting {capacity}")
+        size = capacity
+    return max(1, min(size, jobs)), notes
+
+
+def group_pool_size(
+    requested: int | None, device: str, cluster: Cluster, ranks: int, jobs: int
+) -> tuple[int, list[str]]:
+    """(groups to start, notes) for jobs of `ranks` ranks each (one GPU each on CUDA, one CPU on
+    CPU). A group's ranks share one node (STRICT_PACK), so what counts is how many groups each
+    node holds. Default: as many as the GPUs hold; on CPU one per node that holds one."""
+    unit = "GPU" if device == "cuda" else "CPU"
+    per_node = [int(resources.get(unit, 0.0)) // ranks for resources in cluster.node_resources]
+    capacity = sum(per_node)
+    if capacity < 1:
+        largest = max((int(r.get(unit, 0.0)) for r in cluster.node_resources), default=0)
+        raise InputError(
+            f"--gpus-per-job {ranks}: no node of the {cluster.describe()} has {ranks} {unit}s for one group "
+            f"(a job's ranks share one node; the largest node has {largest}); lower --gpus-per-job"
+            + (" or run with --device cpu" if unit == "GPU" and not cluster.gpus else "")
+        )
+    default = capacity if unit == "GPU" else sum(1 for n in per_node if n)
+    notes = []
+    size = requested or default
+    if size > capacity:
+        notes.append(
+            f"--workers {size}: the {cluster.describe()} has room for {capacity} group(s) of {ranks}; "
+            f"starting {capacity}"
+        )
         size = capacity
     return max(1, min(size, jobs)), notes
 

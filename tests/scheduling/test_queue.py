@@ -84,7 +84,7 @@ def fake_ray(monkeypatch):
 
 def drive(tmp_path, prompts, actor_class, *, workers=2, max_attempts=3):
     plan = plan_batch(prompts, out=tmp_path, workers=workers, max_attempts=max_attempts)
-    pool = queue._Pool(actor_class, (), workers, max_attempts)
+    pool = queue._Pool(queue.SingleLauncher(actor_class, ()), workers, max_attempts)
     lines = []
     results = list(queue._drive(plan, list(enumerate(plan.jobs)), pool, lambda s: None, lines.append))
     return plan, pool, {plan.jobs[i].job.prompt: r for i, r in results}, [i for i, _ in results], lines
