@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""One job over several processes under plain torchrun (no Ray): Ulysses sequence parallelism.
+
+    torchrun --nproc-per-node 2 scripts/sp_generate.py --model tiny --prompt "a red panda" --out /tmp/sp
+    torchrun --nproc-per-node 2 scripts/sp_generate.py shots.yaml --model /models/CogVideoX-5b --out renders
+
+The same pieces as `sagevideo generate --gpus-per-job N` on Ray: `plan_batch` (every input
+checked, and the degree WORLD_SIZE checked against every job, before anything loads),
+`init_from_env` (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), one
+`ShardedHost` per rank (the pipeline loaded once, Ulysses with sagevideo attention). Every rank
+runs every pending job with the same seed; rank 0 alone decodes and writes, through `run_batch`
+(staged outputs committed, manifest.jsonl, resume on re-run, progress, summary). The other ranks
+run the same jobs in the same order and write nothing. A rank that dies takes the run with it
+(torchrun stops the others); re-running resumes. Ray's scheduler restarts groups by itself.
+
+Exit status (rank 0): 0 every job done, 1 a job or the model load failed, 2 bad input, 130
+interrupted. The other ranks exit 0 unless they fail themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    from sagevideo.api.execute import KILL_HOOK_ENV, KillHook, ModelLoadError, worker_info
+    from sagevideo.api.generate import BatchInterrupted, pending_jobs, plan_batch, run_batch
+    from sagevideo.api.sharded import ShardedHost, degree_problems
+    from sagevideo.jobs import InputError, group_problems
+    from sagevideo.parallel.launch import init_from_env
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    say = (lambda line: print(line, file=sys.stderr)) if rank == 0 else (lambda line: None)
+    try:
+        # workers=1: this process runs its rank's share, Ray is never asked for.
+        plan = plan_batch(
+            args.prompt or None, job_file=args.job_file, out=args.out, model=args.model, seed=args.seed,
+            frames=args.frames, height=args.height, width=args.width, steps=args.steps, guidance=args.guidance,
+            attention=args.attention, pv=args.pv, backend=args.backend, plan=args.plan, device=args.device,
+            fps=args.fps, workers=1,
+        )
+        problems = degree_problems(plan.source, [(pj.job, pj.label) for pj in plan.jobs], world)
+        if problems:
+            raise InputError(group_problems(problems))
+    except InputError as err:  # every rank finds the same problem, so every rank stops here
+        for line in str(err).splitlines():
+            say(f"sp_generate: error: {line}")
+        return 2
+    for note in plan.notes:
+        say(f"sp_generate: {note}")
+
+    rank, world = init_from_env("nccl" if plan.device == "cuda" else "gloo")
+    say(f"sp_generate: {world} ranks; rank 0 decodes and writes to {plan.out}")
+    try:
+        host = ShardedHost(
+            plan.context(), rank=rank, world=world, worker={**worker_info(), "rank": rank, "ranks": world},
+            kill_hook=KillHook.parse(os.environ.get(KILL_HOOK_ENV)),
+        )
+        # Before the first job on every rank: rank 0 commits nothing until all ranks ran that job,
+        # so each rank reads the same manifest and gets the same list.
+        todo = pending_jobs(plan)
+        if rank != 0:
+            for _, pj in todo:
+                host.run(pj)
+            host.close()
+            return 0
+
+        def here(plan, todo, status):
+            try:
+                for index, pj in todo:
+                    status(pj.output)
+                    yield index, host.run(pj)
+            finally:
+                host.close()
+
+        report = run_batch(plan, progress=not args.no_progress, echo=say, execute=here)
+    except ModelLoadError as err:
+        print(f"sp_generate: rank {rank}: {err}", file=sys.stderr)
+        return 1
+    except BatchInterrupted as stop:
+        print(stop.report.summary_line())
+        return 130
+    finally:
+        _leave_group()
+    print(report.summary_line())
+    return 0 if report.ok else 1
+
+
+def _leave_group() -> None:
+    """Close the process group (torch warns at exit otherwise)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="torchrun --nproc-per-node N scripts/sp_generate.py",
+        description="Generate videos with each job split over the torchrun ranks (Ulysses, CogVideoX).",
+    )
+    parser.add_argument("job_file", nargs="?", type=Path, help="YAML/TOML job file or a text file of prompts")
+    parser.add_argument("--prompt", "-p", action="append", help="a prompt (repeatable)")
+    parser.add_argument("--out", "-o", type=Path, required=True, help="output folder (rank 0 writes there)")
+    parser.add_argument("--model", default="tiny", help="'tiny' or a local diffusers CogVideoX folder")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--frames", type=int)
+    parser.add_argument("--height", type=int)
+    parser.add_argument("--width", type=int)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--guidance", type=float, default=6.0)
+    parser.add_argument("--attention", choices=("sage", "full"), default="sage")
+    parser.add_argument("--pv", choices=("fp16", "fp8"), default="fp16")
+    parser.add_argument("--backend", choices=("auto", "triton", "reference", "sdpa"), default="auto")
+    parser.add_argument("--plan", type=Path, help="attention-plan JSON for jobs that name none")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--fps", type=int, default=8)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
