@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sagevideo.parallel.ulysses import check_degree, gather_seq, ulysses_attention
+from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
 from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
 
 
@@ -48,41 +48,17 @@ class UlyssesCogVideoXAttnProcessor(SageCogVideoXAttnProcessor):
         return ulysses_attention(functools.partial(self.router, self.name), query, key, value, text_len, self.group)
 
 
-class ShardedCogVideoX:
-    """Installed sequence parallelism; `remove()` undoes hooks and processors."""
-
-    def __init__(self, attention, hooks):
-        self.attention = attention
-        self._hooks = hooks
-
-    def remove(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
-        self.attention.remove()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
-
-
 def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,
-                    backend: str = "auto") -> ShardedCogVideoX:
+                    backend: str = "auto") -> SequenceParallelHandle:
     """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`)."""
     from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
 
-    from sagevideo.pipelines.install import default_plan, install_router
-    from sagevideo.pipelines.plans import AttentionPlan
-    from sagevideo.pipelines.routing import AttentionRouter
+    from sagevideo.pipelines.install import install_router, plan_router
 
     transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     check_degree(transformer.config.num_attention_heads, world, world)  # heads now; tokens at each forward
-    if plan is not None and not isinstance(plan, AttentionPlan):
-        plan = AttentionPlan.load(plan)
-    router = AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
+    router = plan_router(transformer, plan, pv, backend)
     factory = functools.partial(UlyssesCogVideoXAttnProcessor, group=group)
     attention = install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend,
                                routes={CogVideoXAttnProcessor2_0: factory})
@@ -113,4 +89,4 @@ def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str 
         transformer.patch_embed.register_forward_hook(keep_own_tokens),
         transformer.norm_final.register_forward_hook(gather_video),
     ]
-    return ShardedCogVideoX(attention, hooks)
+    return SequenceParallelHandle(attention, hooks)

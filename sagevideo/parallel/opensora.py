@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from sagevideo.parallel.ulysses import check_degree, gather_seq, ulysses_attention
+from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
 from sagevideo.pipelines.opensora.attention import SageOpenSoraAttnProcessor
 
 _SHARDED_INPUTS = ("img", "img_ids", "cond")
@@ -34,40 +34,16 @@ class UlyssesOpenSoraAttnProcessor(SageOpenSoraAttnProcessor):
         return ulysses_attention(functools.partial(self.router, self.name), q, k, v, self.state["text"], self.group)
 
 
-class ShardedOpenSora:
-    """Installed sequence parallelism; `remove()` undoes hooks and processors."""
-
-    def __init__(self, attention, hooks):
-        self.attention = attention
-        self._hooks = hooks
-
-    def remove(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
-        self.attention.remove()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.remove()
-
-
 def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,
-                   backend: str = "auto") -> ShardedOpenSora:
+                   backend: str = "auto") -> SequenceParallelHandle:
     """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`)."""
-    from sagevideo.pipelines.install import default_plan, install_router
+    from sagevideo.pipelines.install import install_router, plan_router
     from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor
-    from sagevideo.pipelines.plans import AttentionPlan
-    from sagevideo.pipelines.routing import AttentionRouter
 
     transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     check_degree(transformer.config.num_heads, world, world)  # heads now; tokens at each forward
-    if plan is not None and not isinstance(plan, AttentionPlan):
-        plan = AttentionPlan.load(plan)
-    router = AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
+    router = plan_router(transformer, plan, pv, backend)
     state: dict[str, int] = {}
     factory = functools.partial(UlyssesOpenSoraAttnProcessor, group=group, state=state)
     attention = install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend,
@@ -96,4 +72,4 @@ def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str |
         transformer.register_forward_pre_hook(shard_inputs, with_kwargs=True),
         transformer.register_forward_hook(gather_output, with_kwargs=True),
     ]
-    return ShardedOpenSora(attention, hooks)
+    return SequenceParallelHandle(attention, hooks)

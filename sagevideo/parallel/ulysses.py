@@ -83,3 +83,23 @@ def ulysses_attention(attend, query: torch.Tensor, key: torch.Tensor, value: tor
     ]
     out = attend(*gathered)
     return torch.cat([gather_heads(out[:, :, :text_len], group), heads_to_seq(out[:, :, text_len:], group)], dim=2)
+
+
+class SequenceParallelHandle:
+    """Installed sequence parallelism on one transformer; `remove()` undoes hooks and processors."""
+
+    def __init__(self, attention, hooks):
+        self.attention = attention
+        self._hooks = hooks
+
+    def remove(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        self.attention.remove()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()

@@ -142,10 +142,17 @@ def install(
         raise ValueError(f"sagevideo.install: pv={pv!r} is not supported; use one of {PV_MODES}")
     if backend not in BACKENDS:
         raise ValueError(f"sagevideo.install: backend={backend!r} is not supported; use one of {BACKENDS}")
+    return install_router(pipe_or_transformer, plan_router(transformer, plan, pv, backend), pv=pv or "fp16",
+                          backend=backend)
+
+
+def plan_router(
+    transformer: Any, plan: AttentionPlan | str | Path | None, pv: str | None, backend: str
+) -> AttentionRouter:
+    """The router for `plan` (an AttentionPlan, a JSON path, or None for `default_plan`)."""
     if plan is not None and not isinstance(plan, AttentionPlan):
         plan = AttentionPlan.load(plan)
-    router = AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
-    return install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend)
+    return AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
 
 
 def install_router(
