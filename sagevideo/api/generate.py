@@ -20,7 +20,6 @@ import hashlib
 import inspect
 import logging
 import signal
-import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -657,17 +656,9 @@ def _resolve_execution(
 
 def _prepare_out_dir(out: str | Path) -> Path:
     """Create the output folder if needed and prove it is writable (a probe file)."""
-    path = Path(out).expanduser()
-    if path.exists() and not path.is_dir():
-        raise InputError(f"--out {out}: is a file, not a folder; give a folder for the videos and manifest")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path, prefix=".sagevideo-probe-"):
-            pass
-    except OSError as err:
-        raise InputError(
-            f"--out {out}: cannot write there ({err.strerror or err}); give a writable folder"
-        ) from None
+    from sagevideo.outputs.folders import writable_folder
+
+    path = writable_folder(out, InputError, "; give a folder for the videos and manifest")
     manifest = path / MANIFEST_NAME
     if manifest.exists() and (not manifest.is_file()):
         raise InputError(f"--out {out}: {MANIFEST_NAME} there is not a file; remove it or use another folder")

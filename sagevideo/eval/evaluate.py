@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,18 +137,9 @@ def check_metrics(metrics: Sequence[str] | None) -> list[str]:
 
 
 def prepare_out(out: str | Path) -> Path:
-    path = Path(out).expanduser()
-    if path.exists() and not path.is_dir():
-        raise EvalInputError(f"--out {out}: is a file, not a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path, prefix=".sagevideo-probe-"):
-            pass
-    except OSError as err:
-        raise EvalInputError(
-            f"--out {out}: cannot write there ({err.strerror or err}); give a writable folder"
-        ) from None
-    return path
+    from sagevideo.outputs.folders import writable_folder
+
+    return writable_folder(out, EvalInputError)
 
 
 def plan_pairs(
