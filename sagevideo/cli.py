@@ -71,7 +71,7 @@ def generate(
         Path | None,
         typer.Argument(
             help="Job file: .yaml/.yml or .toml (defaults: and jobs: with per-job prompt, negative_prompt, "
-            "seed, frames, resolution, steps, guidance, attention, pv, plan, output), or any other file "
+            "seed, frames, resolution, steps, guidance, attention, pv, plan, output, frames_png), or any other file "
             "as plain text, one prompt per line (blank lines and # comments are skipped).",
             show_default=False,
         ),
@@ -140,6 +140,20 @@ def generate(
     max_attempts: Annotated[
         int, typer.Option(help="Runs of a job whose worker died (killed, CUDA error, OOM) before it fails.")
     ] = 3,
+    job_timeout: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds one job may run. On Ray a job still running then has its worker stopped and is "
+            "retried (a hang); in this process it fails after the step that passed the limit.",
+        ),
+    ] = None,
+    frames_png: Annotated[
+        bool,
+        typer.Option(
+            "--frames-png/--no-frames-png",
+            help="Also write each job's frames as PNGs into <output>_frames/ (job files: frames_png).",
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
 ) -> None:
     """Generate videos into --out; re-running resumes (finished jobs are skipped, failed ones redone).
@@ -176,6 +190,8 @@ def generate(
             workers=workers,
             max_attempts=max_attempts,
             gpus_per_job=gpus_per_job,
+            job_timeout=job_timeout,
+            frames_png=frames_png,
         )
     except InputError as err:
         raise fail("generate", str(err), EXIT_BAD_INPUT) from None

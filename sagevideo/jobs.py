@@ -42,7 +42,8 @@ class JobSpec(BaseModel):
     attention/pv left as None take the batch's setting. plan: path of an attention-plan JSON
     (recorded in the manifest). name: optional name, sanitized and suffixed with the job id's
     start; output: exact output file stem (`<output>.mp4`), a plain file name that is refused,
-    not rewritten, when unsafe.
+    not rewritten, when unsafe. frames_png: also write every frame as a PNG into
+    `<output stem>_frames/` (frame_00000.png, ...), committed together with the mp4.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -60,6 +61,7 @@ class JobSpec(BaseModel):
     plan: str | None = None
     name: str | None = None
     output: str | None = None
+    frames_png: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -323,10 +325,11 @@ def read_prompts_file(path: str | Path) -> list[tuple[str, str]]:
 
 
 def job_id(job: JobSpec, settings: Mapping[str, Any]) -> str:
-    """Stable 16-hex-digit id of a job under the settings that change its output."""
-    payload = json.dumps(
-        {"job": job.model_dump(), "settings": dict(settings)}, sort_keys=True, ensure_ascii=True
-    )
+    """Stable 16-hex-digit id of a job under the settings that change its output.
+
+    frames_png counts only when on, so ids of jobs written before the field existed still match."""
+    fields = job.model_dump(exclude={"frames_png"} if not job.frames_png else set())
+    payload = json.dumps({"job": fields, "settings": dict(settings)}, sort_keys=True, ensure_ascii=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

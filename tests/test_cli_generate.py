@@ -98,6 +98,7 @@ def test_failed_job_gives_exit_code_1(tmp_path, monkeypatch):
         (["--model", "/no/such/folder"], "--model /no/such/folder: no such folder"),
         (["--frames", "8"], "frames: 8 is not 1 + a multiple of 4"),
         (["--backend", "triton", "--device", "cpu"], "--backend triton cannot run"),
+        (["--job-timeout", "0"], "--job-timeout 0.0: give seconds > 0"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line(tmp_path, monkeypatch, args, message):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,10 @@ class ModelLoadError(RuntimeError):
     """The model passed its checks but could not be loaded or prepared."""
 
 
+class JobTimeoutError(RuntimeError):
+    """A job ran past --job-timeout."""
+
+
 @dataclass(frozen=True)
 class PlannedJob:
     """A validated job with model defaults, attention and pv filled in, its id and output (relative).
@@ -49,6 +54,16 @@ class PlannedJob:
     label: str
     backend: str | None = None
     plan_sha256: str | None = None
+
+    @property
+    def frames_dir(self) -> str | None:
+        """The PNG frames folder's name (relative), or None when the job asks for no PNGs."""
+        return f"{Path(self.output).stem}_frames" if self.job.frames_png else None
+
+    @property
+    def outputs(self) -> list[str]:
+        """Every final name the job writes (relative to the output folder): mp4 first."""
+        return [self.output] + ([self.frames_dir] if self.frames_dir else [])
 
 
 @dataclass(frozen=True)
@@ -171,13 +186,16 @@ class PipelineHost:
         self._handle = None
         self._attention: tuple[str | None, str | None] | None = None  # (backend, pv) installed now
 
-    def run(self, pj: PlannedJob, *, attempt: int = 1) -> dict[str, Any]:
-        """Generate one job; returns its record (status "done" with "_staged", or "failed" with the
-        error; "_device_error" marks errors a fresh worker may not have). Never raises for a job's
-        own failure; KeyboardInterrupt and SystemExit go through."""
+    def run(
+        self, pj: PlannedJob, *, attempt: int = 1, on_step: Callable[[int, int], None] | None = None
+    ) -> dict[str, Any]:
+        """Generate one job; returns its record (status "done" with "_staged" and, for frames_png,
+        "_staged_frames"; or "failed" with the error; "_device_error" marks errors a fresh worker
+        may not have). on_step(step, steps) after each denoising step (it may raise to stop the
+        job). Never raises for a job's own failure; KeyboardInterrupt and SystemExit go through."""
         from sagevideo.api.backends import record_backends
         from sagevideo.outputs.staging import staged_path
-        from sagevideo.outputs.video import write_mp4
+        from sagevideo.outputs.video import write_frames_png, write_mp4
         from sagevideo.pipelines import runner  # looked up per call: tests patch runner.run_job
 
         record = base_record(self.ctx, pj)
@@ -187,12 +205,18 @@ class PipelineHost:
         with record_backends() as calls:
             try:
                 self._set_attention(pj.backend, pj.job.pv, pj.job.plan)
-                result = runner.run_job(self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens)
+                result = runner.run_job(
+                    self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens, on_step=on_step
+                )
                 timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
                 start = time.perf_counter()
                 staged = write_mp4(result.frames, staged_path(self.ctx.out / pj.output), fps=self.ctx.fps)
+                record.update(_staged=staged.name)
+                if pj.frames_dir:
+                    pngs = write_frames_png(result.frames, staged_path(self.ctx.out / pj.frames_dir))
+                    record.update(_staged_frames=pngs.name)
                 timings["write_s"] = round(time.perf_counter() - start, 4)
-                record.update(status="done", _staged=staged.name)
+                record.update(status="done")
             except Exception as err:  # one failed job must not stop the batch; KeyboardInterrupt does
                 record.update(status="failed", error=f"{type(err).__name__}: {err}")
                 if is_device_error(err):

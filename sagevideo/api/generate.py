@@ -19,8 +19,10 @@ import contextlib
 import hashlib
 import inspect
 import logging
+import math
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sagevideo.api.execute import KILL_HOOK_ENV, ModelLoadError, PlannedJob, RunContext
+from sagevideo.api.execute import KILL_HOOK_ENV, JobTimeoutError, ModelLoadError, PlannedJob, RunContext
 from sagevideo.jobs import (
     DEFAULT_PROMPTS,
     InputError,
@@ -52,7 +54,9 @@ PromptsOrJobs = (
     str | Path | Mapping[str, Any] | JobSpec | Iterable[str | Mapping[str, Any] | JobSpec] | None
 )
 # Keyword options that are also job fields: job files override them (job > file defaults > option).
-_JOB_OPTIONS = ("seed", "frames", "height", "width", "steps", "guidance", "negative_prompt", "attention", "pv", "plan")
+_JOB_OPTIONS = (
+    "seed", "frames", "height", "width", "steps", "guidance", "negative_prompt", "attention", "pv", "plan", "frames_png"
+)
 
 __all__ = [
     "BatchInterrupted",
@@ -76,6 +80,7 @@ class BatchPlan:
     or HOST:PORT; `workers`: None = one per GPU, or per node on CPU). max_attempts: runs of a job
     whose worker died before it is marked failed. gpus_per_job: ranks that share each job by
     sequence parallelism (> 1: Ray groups of that many ranks; `workers` then counts groups).
+    job_timeout: seconds a job may run (None: no limit); see `plan_batch`.
     """
 
     out: Path
@@ -91,6 +96,7 @@ class BatchPlan:
     workers: int | None = None
     max_attempts: int = 3
     gpus_per_job: int = 1
+    job_timeout: float | None = None
 
     @property
     def manifest_path(self) -> Path:
@@ -195,7 +201,7 @@ def generate(
     prompts_file/job_file) generates a built-in batch of two prompts.
     options: see `plan_batch` (seed, frames, height, width, steps, guidance, negative_prompt,
     attention, pv, plan, backend, device, dtype, fps, prompts_file, job_file, address, workers,
-    max_attempts, gpus_per_job). address/workers > 1 run the batch on Ray (`pip install
+    max_attempts, gpus_per_job, job_timeout, frames_png). address/workers > 1 run the batch on Ray (`pip install
     'sagevideo[ray]'`); so does gpus_per_job > 1, each job then split over that many ranks.
     Jobs that the manifest in `out` already records as done (with their file present) are skipped.
     Raises InputError before loading anything when an input is invalid; Ctrl-C raises
@@ -232,6 +238,8 @@ def plan_batch(
     workers: int | None = None,
     max_attempts: int = 3,
     gpus_per_job: int = 1,
+    job_timeout: float | None = None,
+    frames_png: bool = False,
 ) -> BatchPlan:
     """Validate a batch and resolve everything about it without loading a model.
 
@@ -240,6 +248,10 @@ def plan_batch(
     plan: an attention-plan JSON for every job that does not name its own (checked to exist and
     be a JSON object, recorded in the manifest). gpus_per_job: ranks per job (Ulysses sequence
     parallelism, CogVideoX only), checked against every job's heads and video tokens here.
+    job_timeout: seconds one job may run. On Ray the driver stops a worker whose job runs longer
+    (a hang) and retries the job like a worker death; in this process the limit is checked after
+    each denoising step and the job fails (a hang inside one step cannot be stopped here).
+    frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4).
     Raises InputError naming each bad field and its fix.
     """
     from sagevideo.api.sharded import degree_problems
@@ -267,6 +279,7 @@ def plan_batch(
         attention=attention,
         pv=pv,
         plan=None if plan is None else str(Path(plan).expanduser().resolve()),
+        frames_png=frames_png,
     )
     notes = _shadowed_options(job_file, file_items, defaults)
     jobs = parse_jobs(labelled, defaults)
@@ -293,6 +306,10 @@ def plan_batch(
     default_backend = backends.get((settings.attention, settings.pv if settings.attention == "sage" else None))
     if default_backend is None and settings.attention == "sage":
         default_backend, _ = _resolve_backend(settings, "sage", settings.pv, source, dev, dt)
+    if job_timeout is not None and (
+        isinstance(job_timeout, bool) or not isinstance(job_timeout, (int, float)) or not 0 < job_timeout < math.inf
+    ):
+        raise InputError(f"--job-timeout {job_timeout}: give seconds > 0, e.g. 1800 (leave it out for no limit)")
     use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev, gpus_per_job)
     notes += execution_notes
     out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
@@ -339,6 +356,7 @@ def plan_batch(
         workers=workers,
         max_attempts=max_attempts,
         gpus_per_job=gpus_per_job,
+        job_timeout=None if job_timeout is None else float(job_timeout),
     )
 
 
@@ -377,7 +395,8 @@ def run_batch(
     if not todo:
         return report
     for _, pj in todo:  # what a killed earlier run may have left (hidden files only)
-        remove_leftovers(plan.out / pj.output)
+        for name in pj.outputs:
+            remove_leftovers(plan.out / name)
 
     bar = tqdm(
         total=len(plan.jobs),
@@ -413,7 +432,8 @@ def run_batch(
         results.close()  # stops workers (Ray) or removes installed attention (here)
         bar.close()
         for _, pj in todo:
-            remove_leftovers(plan.out / pj.output)
+            for name in pj.outputs:
+                remove_leftovers(plan.out / name)
     return report
 
 
@@ -435,9 +455,23 @@ def _run_here(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Calla
     try:
         for index, pj in todo:
             status(pj.output)
-            yield index, host.run(pj)
+            yield index, host.run(pj, on_step=_step_watch(pj, status, plan.job_timeout))
     finally:
         host.close()
+
+
+def _step_watch(pj: PlannedJob, status: Callable[[str], None], limit_s: float | None) -> Callable[[int, int], None]:
+    """on_step for a job run in this process: shows the step, and stops a job past --job-timeout."""
+    start = time.monotonic()
+    name = pj.output.removesuffix(".mp4")[:24]
+
+    def on_step(step: int, steps: int) -> None:
+        status(f"{name} {step}/{steps}")
+        elapsed = time.monotonic() - start
+        if limit_s is not None and elapsed > limit_s:
+            raise JobTimeoutError(f"ran past --job-timeout {limit_s:g} s ({elapsed:.0f} s, at step {step}/{steps})")
+
+    return on_step
 
 
 @contextlib.contextmanager
@@ -459,14 +493,18 @@ def _sigint_deferred() -> Iterator[None]:
 
 
 def _commit(plan: BatchPlan, pj: PlannedJob, record: dict[str, Any]) -> dict[str, Any]:
-    """Give a done job's staged video its final name; the record becomes the manifest line."""
-    from sagevideo.outputs.staging import commit
+    """Give a done job's staged video (and PNG folder) its final name; the record becomes the
+    manifest line. The folder goes first: the mp4's name is the one a re-run trusts."""
+    from sagevideo.outputs.staging import commit, commit_folder
 
     staged = plan.out / str(record.get("_staged"))
+    staged_frames = record.get("_staged_frames")
     record = {k: v for k, v in record.items() if not k.startswith("_")}  # private worker -> driver keys
     if record["status"] != "done":
         return record
     try:
+        if pj.frames_dir:
+            commit_folder(plan.out / str(staged_frames), plan.out / pj.frames_dir)
         commit(staged, plan.out / pj.output)
     except OSError as err:
         record.update(
@@ -477,7 +515,7 @@ def _commit(plan: BatchPlan, pj: PlannedJob, record: dict[str, Any]) -> dict[str
             ),
         )
     else:
-        record["outputs"] = [pj.output]
+        record["outputs"] = pj.outputs
     return record
 def _labelled_items(
     prompts_or_jobs: PromptsOrJobs, prompts_file: str | Path | None, *, have_jobs: bool = False

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -140,10 +140,13 @@ class ShardedHost(PipelineHost):
         self.rank_kill_hook = kill_hook
         super().__init__(ctx, worker=worker)  # no kill hook there: it would exit after staging
 
-    def run(self, pj: PlannedJob, *, attempt: int = 1) -> dict[str, Any]:
+    def run(
+        self, pj: PlannedJob, *, attempt: int = 1, on_step: Callable[[int, int], None] | None = None
+    ) -> dict[str, Any]:
+        """on_step: rank 0 only (the ranks step together); see `PipelineHost.run`."""
         with self._kill_switch(pj, attempt):
             if self.rank == 0:
-                return super().run(pj, attempt=attempt)
+                return super().run(pj, attempt=attempt, on_step=on_step)
             return self._denoise(pj)
 
     def _denoise(self, pj: PlannedJob) -> dict[str, Any]:

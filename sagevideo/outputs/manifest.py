@@ -11,7 +11,8 @@ height, width, steps, guidance, name, model, model_fingerprint, attention ("sage
 backend (the one the processors were given: --backend auto on CPU becomes "reference"; None for
 "full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), device,
 dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
-decode_s, write_s), outputs (paths relative to the output folder), attempts (runs it took: more
+decode_s, write_s), outputs (paths relative to the output folder: the mp4, then the PNG frames
+folder for frames_png jobs), attempts (runs it took: more
 than 1 when a worker died under it), retries (one {attempt, error, worker} per such death),
 worker ({host, pid, node}: who ran the last attempt; node is the Ray node id, None without
 Ray; with --gpus-per-job, rank 0 of the group, plus rank and ranks), created (UTC ISO time),
@@ -78,11 +79,11 @@ class Manifest:
 
 
 def is_done(record: dict[str, Any] | None, out_dir: Path) -> bool:
-    """True when a record says done and all its outputs exist in `out_dir`."""
+    """True when a record says done and all its outputs (files, and a PNG frames folder) exist in `out_dir`."""
     if not record or record.get("status") != "done":
         return False
     outputs = record.get("outputs") or []
-    return bool(outputs) and all((out_dir / rel).is_file() for rel in outputs)
+    return bool(outputs) and all((out_dir / rel).exists() for rel in outputs)
 
 
 def now_iso() -> str:

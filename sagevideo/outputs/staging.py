@@ -7,10 +7,12 @@ driver `commit`s it (an atomic `os.replace`) right before it records the job as 
 name therefore never holds a file the manifest does not vouch for, and a job retried after its
 worker died is never written twice under its final name.
 
-Names, for final `shot-010.mp4`:
+Names, for final `shot-010.mp4` (and, with frames_png, the folder `shot-010_frames/`):
     .shot-010.<8 hex>.staged.mp4                          a finished video waiting for its commit
     ..shot-010.<8 hex>.staged.<pid>-<8 hex>.partial.mp4   write_mp4's temporary file of it
-A killed worker can leave either behind; `remove_leftovers` deletes them.
+    .shot-010_frames.<8 hex>.staged/                      a finished frames folder waiting for its commit
+    .shot-010_frames.<8 hex>.old/                         a replaced frames folder, being deleted
+A killed worker (or driver) can leave any of them behind; `remove_leftovers` deletes them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 from pathlib import Path
 
 from sagevideo.outputs.video import _fsync_dir
@@ -38,13 +41,29 @@ def commit(staged: str | Path, final: str | Path) -> Path:
     return final
 
 
+def commit_folder(staged: str | Path, final: str | Path) -> Path:
+    """Move a staged folder to its final name; a folder already there (a run killed between its
+    rename and its manifest line) is moved aside first and deleted after. Returns the final path."""
+    final = Path(final)
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.{secrets.token_hex(4)}.old")
+        os.replace(final, old)
+    os.replace(staged, final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
 def leftovers(final: str | Path) -> list[Path]:
-    """Staged and partial files of `final` (and write_mp4's own partials of it) in its folder."""
+    """Staged and partial files (or folders) of `final` (and write_mp4's own partials of it) in its folder."""
     final = Path(final)
     stem, suffix = re.escape(final.stem), re.escape(final.suffix)
     pattern = re.compile(
         rf"\.\.?{stem}\.[0-9a-f]{{8}}\.staged(\.\d+-[0-9a-f]{{8}}\.partial)?{suffix}"
         rf"|\.{stem}\.\d+-[0-9a-f]{{8}}\.partial{suffix}"
+        rf"|\.{stem}{suffix}\.[0-9a-f]{{8}}\.old"
     )
     if not final.parent.is_dir():
         return []
@@ -56,6 +75,9 @@ def remove_leftovers(final: str | Path) -> int:
     removed = 0
     for path in leftovers(final):
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
             removed += 1
     return removed

@@ -61,7 +61,29 @@ def write_mp4(frames: np.ndarray, path: str | Path, *, fps: int = 8, quality: fl
     return path
 
 
-def _fsync_file(path: str) -> None:
+def write_frames_png(frames: np.ndarray, folder: str | Path) -> Path:
+    """Write frames (F, H, W, 3) uint8 RGB as `folder/frame_00000.png`, ... into a new folder.
+
+    The folder is meant to be a staged (hidden) name that is renamed into place afterwards, so it
+    must not exist yet; each file is fsynced. Returns the folder."""
+    import imageio.v3 as iio
+
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
+        raise ValueError(
+            f"write_frames_png: frames must be uint8 (F, H, W, 3) with F >= 1, got {frames.dtype} {frames.shape}"
+        )
+    folder = Path(folder)
+    folder.mkdir()
+    for index, frame in enumerate(frames):
+        path = folder / f"frame_{index:05d}.png"
+        iio.imwrite(path, frame, extension=".png")
+        _fsync_file(path)
+    _fsync_dir(folder)
+    return folder
+
+
+def _fsync_file(path: str | Path) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
 

@@ -9,6 +9,7 @@ names the step where it first appeared.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,8 +31,13 @@ class JobFrames:
     decode_s: float
 
 
-def run_job(pipe, job: JobSpec, *, text_tokens: int) -> JobFrames:
+def run_job(
+    pipe, job: JobSpec, *, text_tokens: int, on_step: Callable[[int, int], None] | None = None
+) -> JobFrames:
     """Generate one video. `job` must have height/width/frames/steps resolved (ModelSource.resolve).
+
+    on_step(step, steps) is called after each denoising step (1-based), once its latents are
+    known to be finite; an exception it raises stops the job.
 
     The initial noise comes from a CPU generator seeded with job.seed, so a seed gives the same
     noise on every device (paired A/B runs rely on it).
@@ -45,6 +51,8 @@ def run_job(pipe, job: JobSpec, *, text_tokens: int) -> JobFrames:
                 f"NaN/Inf in the latents after denoising step {step + 1}/{job.steps} "
                 f"(timestep {int(timestep)})"
             )
+        if on_step is not None:
+            on_step(step + 1, job.steps)
         return tensors
 
     start = _now(device)

@@ -68,6 +68,7 @@ class RankWorker:
         self.info = {**worker_info(node), "rank": rank, "ranks": world}
         self.host: Any = None
         self.error: str | None = None
+        self.steps_queue: Any = None
 
     def place(self) -> dict[str, Any]:
         """{"rank", "ip", "gpus"} (Ray's GPU ids for this actor), and on rank 0 a free "port"."""
@@ -80,13 +81,21 @@ class RankWorker:
         return found
 
     def setup(
-        self, ctx: RunContext, marker: str | None, kill_hook: str | None, dist_backend: str, *places: dict
+        self,
+        ctx: RunContext,
+        marker: str | None,
+        kill_hook: str | None,
+        steps_queue: Any,
+        dist_backend: str,
+        *places: dict,
     ) -> dict[str, Any]:
         """Join the group and load the pipeline; returns this rank's info with "error": None, or
-        why it cannot run jobs (the driver then stops the whole group)."""
+        why it cannot run jobs (the driver then stops the whole group). steps_queue: the driver's
+        step-progress queue; rank 0 reports to it."""
         from sagevideo.api.sharded import ShardedHost
         from sagevideo.parallel.launch import init_from_env
 
+        self.steps_queue = steps_queue if self.rank == 0 else None
         try:
             if marker is not None and not (ctx.out / marker).is_file():
                 raise FileNotFoundError(
@@ -105,9 +114,11 @@ class RankWorker:
 
     def run(self, pj: PlannedJob, attempt: int) -> dict[str, Any]:
         """Rank 0: the job's record; other ranks: {"rank", "status", "error"}."""
+        from sagevideo.scheduling.worker import step_reporter
+
         if self.host is None:
             raise RuntimeError(f"rank {self.rank} cannot run jobs: {self.error}")
-        return self.host.run(pj, attempt=attempt)
+        return self.host.run(pj, attempt=attempt, on_step=step_reporter(self.steps_queue, pj))
 
 
 class GroupLauncher:
@@ -115,7 +126,7 @@ class GroupLauncher:
     start() -> (actors, placement group, ready refs); run(...) -> refs; stop(...))."""
 
     def __init__(self, ranks: int, device: str, setup_args: tuple):
-        """setup_args: (RunContext, marker file name, kill-hook spec); the process-group backend
+        """setup_args: (RunContext, marker file name, kill-hook spec, step queue); the process-group backend
         follows the device (NCCL on CUDA, gloo on CPU)."""
         import ray
 

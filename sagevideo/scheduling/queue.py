@@ -15,6 +15,10 @@ job exactly once, with status "done" (the video staged, for the driver to commit
   error, and the batch goes on.
 - A job's own exception (bad numbers, NaN frames) is a failed job at once: rerunning the same
   inputs would fail the same way.
+- A job still running `plan.job_timeout` seconds after it was handed out (a hung NCCL
+  collective, a stuck GPU) has its worker stopped and goes back to the queue like a death.
+- Workers report each denoising step on a `ray.util.queue.Queue`; the driver shows the latest
+  (output, step/steps) in the bar's status.
 - Closing the generator (the driver's Ctrl-C, or any error) stops every worker it started.
 """
 
@@ -63,6 +67,7 @@ def run_jobs(
     import secrets
 
     import ray
+    from ray.util.queue import Queue
 
     from sagevideo.scheduling.cluster import group_pool_size, pool_size, ray_session
     from sagevideo.scheduling.worker import GenerationWorker
@@ -80,7 +85,9 @@ def run_jobs(
         # A file only the driver writes: a worker that cannot see it is not looking at --out.
         marker = plan.out / f".sagevideo-run-{secrets.token_hex(4)}"
         marker.touch()
-        args = (plan.context(), marker.name, os.environ.get(KILL_HOOK_ENV))
+        # num_cpus=0: the queue's actor must not take a CPU slot a worker needs.
+        steps_queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
+        args = (plan.context(), marker.name, os.environ.get(KILL_HOOK_ENV), steps_queue)
         if ranks > 1:
             from sagevideo.scheduling.group import GroupLauncher
 
@@ -94,9 +101,11 @@ def run_jobs(
         pool = _Pool(launcher, size, plan.max_attempts)
         try:
             status(f"loading {size} worker(s)" if ranks == 1 else f"loading {size} group(s) of {ranks}")
-            yield from _drive(plan, todo, pool, status, echo)
+            steps = _StepStatus(steps_queue, status)
+            yield from _drive(plan, todo, pool, status, echo, poll_steps=steps.poll)
         finally:
             pool.stop_all()
+            ray.kill(steps_queue.actor, no_restart=True)
             marker.unlink(missing_ok=True)
             if report is not None and pool.seen:
                 nodes = len({w["node"] for w in pool.seen})
@@ -118,6 +127,7 @@ class _Worker:
     pending: dict[Any, int] = field(default_factory=dict)
     results: dict[int, Any] = field(default_factory=dict)
     failed_at: float | None = None
+    started: float = 0.0  # time.monotonic() when its current job was handed out
 
     def who(self, rank: int | None = None) -> str:
         info = self.info
@@ -199,7 +209,7 @@ class _Pool:
 
     def dispatch(self, worker: _Worker, task: _Task) -> None:
         self.idle.remove(worker)
-        worker.task, worker.results, worker.failed_at = task, {}, None
+        worker.task, worker.results, worker.failed_at, worker.started = task, {}, None, time.monotonic()
         for rank, ref in enumerate(self.launcher.run(worker.actors, task.job, task.attempt)):
             worker.pending[ref] = rank
             self.busy[ref] = worker
@@ -232,6 +242,34 @@ class _Pool:
         busy = dict.fromkeys(self.busy.values())
         return [w for w in busy if w.failed_at is not None and now - w.failed_at > STUCK_S]
 
+    def overdue(self, now: float, limit_s: float | None) -> list[_Worker]:
+        """Busy workers whose job was handed out more than limit_s ago (none without a limit)."""
+        if limit_s is None:
+            return []
+        busy = dict.fromkeys(self.busy.values())
+        return [w for w in busy if now - w.started > limit_s]
+
+
+class _StepStatus:
+    """Shows the newest step report of the running jobs as the bar's status text."""
+
+    def __init__(self, steps_queue: Any, status: Callable[[str], None]):
+        self.queue = steps_queue
+        self.status = status
+
+    def poll(self, running: int) -> None:
+        """Show the newest (output, step, steps) the workers reported since the last poll."""
+        try:
+            count = self.queue.qsize()
+            reports = self.queue.get_nowait_batch(count) if count else []
+        except Exception:  # progress is cosmetic; the queue's actor may be gone at shutdown
+            log.debug("could not read step reports", exc_info=True)
+            return
+        if reports:
+            output, step, steps = reports[-1]
+            name = output.removesuffix(".mp4")[:20]
+            self.status(f"{running} running, {name} {step}/{steps}" if running > 1 else f"{name} {step}/{steps}")
+
 
 def _wait_gone(refs: list[Any], wait_s: float) -> None:
     """Each in-flight ref resolves (with ActorDiedError) once its process is gone."""
@@ -245,7 +283,16 @@ def _wait_gone(refs: list[Any], wait_s: float) -> None:
         log.debug("waiting for stopped workers failed", exc_info=True)
 
 
-def _drive(plan: Any, todo: list[tuple[int, PlannedJob]], pool: _Pool, status, echo) -> Iterator:
+def _drive(
+    plan: Any,
+    todo: list[tuple[int, PlannedJob]],
+    pool: _Pool,
+    status: Callable[[str], None],
+    echo: Callable[[str], None],
+    *,
+    poll_steps: Callable[[int], None] | None = None,
+) -> Iterator:
+    """The driver loop; poll_steps(running jobs) shows the workers' step reports (if any)."""
     import ray
 
     queue = deque(_Task(index, pj) for index, pj in todo)
@@ -280,6 +327,14 @@ def _drive(plan: Any, todo: list[tuple[int, PlannedJob]], pool: _Pool, status, e
                 f"{sorted(worker.pending.values())} waited for it; group stopped after {STUCK_S:g} s"
             )
             yield from _finish(plan, queue, pool, worker, None, reason, echo=echo)
+        for worker in pool.overdue(time.monotonic(), plan.job_timeout):
+            reason = (
+                f"{worker.who()} still ran job {worker.task.job.job_id} after --job-timeout "
+                f"{plan.job_timeout:g} s; stopped"
+            )
+            yield from _finish(plan, queue, pool, worker, None, reason, echo=echo)
+        if poll_steps is not None:
+            poll_steps(len(set(pool.busy.values())))
 
 
 def _outcome(ref: Any, worker: _Worker, rank: int) -> Any:
@@ -334,7 +389,8 @@ def _finish(plan: Any, queue: deque, pool: _Pool, worker: _Worker, record, died:
     # Dead already, or its GPU state is suspect, or (a group) its other ranks are stuck: stop all
     # of it, and let a live rank 0 finish dying before its staged file is removed.
     _wait_gone(pool.stop(worker), STOP_WAIT_S)
-    remove_leftovers(plan.out / task.job.output)
+    for name in task.job.outputs:
+        remove_leftovers(plan.out / name)
     task.retries.append({"attempt": task.attempt, "error": died, "worker": worker.info})
     task.died_on.add(worker.number)
     if task.attempt < plan.max_attempts:

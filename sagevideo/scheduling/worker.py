@@ -5,22 +5,43 @@
 output folder is the driver's, through a marker file the driver wrote there); load problems are
 kept and reported by `ready()` instead of killing the actor, so the driver gets a clean message.
 `run(job, attempt)` returns the job's manifest record (with the staged file's name): a few
-hundred bytes through the object store, never frames.
+hundred bytes through the object store, never frames. Denoising steps are reported to the
+driver through a `ray.util.queue.Queue` (output name, step, steps) for its progress bar.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sagevideo.api.execute import KillHook, PipelineHost, PlannedJob, RunContext, worker_info
 
 
-class GenerationWorker:
-    """Actor body. marker: name of a file the driver put in `ctx.out` (proves the folder is shared)."""
+def step_reporter(steps_queue: Any, pj: PlannedJob) -> Callable[[int, int], None] | None:
+    """on_step for `PipelineHost.run` that puts (output, step, steps) on the driver's queue, or
+    None without a queue. Never blocks a job: a full or vanished queue drops the report."""
+    if steps_queue is None:
+        return None
 
-    def __init__(self, ctx: RunContext, marker: str | None = None, kill_hook: str | None = None):
+    def report(step: int, steps: int) -> None:
+        try:
+            steps_queue.put_nowait((pj.output, step, steps))
+        except Exception:  # Full, or the driver is gone (then this worker is about to be too)
+            pass
+
+    return report
+
+
+class GenerationWorker:
+    """Actor body. marker: name of a file the driver put in `ctx.out` (proves the folder is shared).
+    steps_queue: the driver's `ray.util.queue.Queue` for step progress (None: no reports)."""
+
+    def __init__(
+        self, ctx: RunContext, marker: str | None = None, kill_hook: str | None = None, steps_queue: Any = None
+    ):
         import ray
 
+        self.steps_queue = steps_queue
         self.info = worker_info(ray.get_runtime_context().get_node_id())
         self.error: str | None = None
         self.host: PipelineHost | None = None
@@ -42,4 +63,4 @@ class GenerationWorker:
         """One job's record (see `PipelineHost.run`)."""
         if self.host is None:
             raise RuntimeError(f"worker cannot run jobs: {self.error}")
-        return self.host.run(pj, attempt=attempt)
+        return self.host.run(pj, attempt=attempt, on_step=step_reporter(self.steps_queue, pj))

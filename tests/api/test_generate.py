@@ -240,3 +240,54 @@ def test_unwritable_out(tmp_path, no_model_load):
         plan_batch(["a"], out=blocker)
     with pytest.raises(InputError, match="cannot write there"):
         plan_batch(["a"], out=blocker / "sub")
+
+
+def test_frames_png_writes_a_folder_per_job_and_resume_checks_it(tmp_path):
+    out = tmp_path / "out"
+    plain, with_pngs = sagevideo.generate(
+        ["a cat", {"prompt": "a dog", "frames_png": True, "output": "dog"}], out=out, progress=False
+    )
+    assert len(plain["outputs"]) == 1 and with_pngs["outputs"] == ["dog.mp4", "dog_frames"]
+    pngs = sorted((out / "dog_frames").iterdir())
+    assert [p.name for p in pngs] == [f"frame_{i:05d}.png" for i in range(9)]
+    with imageio.get_reader(out / "dog.mp4") as reader:
+        first = next(iter(reader))
+    png = imageio.imread(pngs[0])
+    assert png.shape == (64, 64, 3) and abs(png.astype(int) - first.astype(int)).mean() < 12  # mp4 is lossy
+    # The id of a job without PNGs did not change with the new field (older manifests still match).
+    assert plain["job_id"] == plan_batch("a cat", out=tmp_path / "x").jobs[0].job_id
+    # A missing frames folder makes the job pending again.
+    for p in pngs:
+        p.unlink()
+    (out / "dog_frames").rmdir()
+    again = sagevideo.generate(
+        ["a cat", {"prompt": "a dog", "frames_png": True, "output": "dog"}], out=out, progress=False
+    )
+    assert again[0] == plain and again[1]["created"] >= with_pngs["created"]
+    assert len(list((out / "dog_frames").iterdir())) == 9
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_steps_are_reported_and_a_job_past_job_timeout_fails(tmp_path, monkeypatch):
+    from sagevideo.api import generate as gen
+
+    seen = []
+    real = gen._step_watch
+
+    def watch(pj, status, limit_s):
+        return real(pj, lambda text: (seen.append(text), status(text)), limit_s)
+
+    monkeypatch.setattr(gen, "_step_watch", watch)
+    (done,) = sagevideo.generate("a cat", out=tmp_path / "a", steps=3, progress=False)
+    assert done["status"] == "done" and [s.split()[-1] for s in seen] == ["1/3", "2/3", "3/3"]
+
+    (late,) = sagevideo.generate("a cat", out=tmp_path / "b", steps=3, job_timeout=1e-9, progress=False)
+    assert late["status"] == "failed" and late["attempts"] == 1
+    assert re.fullmatch(r"JobTimeoutError: ran past --job-timeout 1e-09 s \(0 s, at step 1/3\)", late["error"])
+    assert not list((tmp_path / "b").glob("*.mp4"))
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("inf"), "10", True])
+def test_bad_job_timeout_is_refused(tmp_path, no_model_load, bad):
+    with pytest.raises(InputError, match=r"--job-timeout .*: give seconds > 0"):
+        sagevideo.generate("a cat", out=tmp_path, job_timeout=bad, progress=False)

@@ -2,10 +2,11 @@
 
 import re
 
+import imageio.v3 as iio
 import numpy as np
 
-from sagevideo.outputs.staging import commit, leftovers, remove_leftovers, staged_path
-from sagevideo.outputs.video import write_mp4
+from sagevideo.outputs.staging import commit, commit_folder, leftovers, remove_leftovers, staged_path
+from sagevideo.outputs.video import write_frames_png, write_mp4
 
 
 def test_staged_file_is_hidden_and_committed_atomically(tmp_path):
@@ -31,3 +32,30 @@ def test_leftovers_match_only_this_outputs_files(tmp_path):
     assert sorted(p.name for p in leftovers(final)) == sorted(mine)
     assert remove_leftovers(final) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(others)
+
+
+def test_a_frames_folder_is_staged_committed_and_replaces_an_uncommitted_one(tmp_path):
+    frames = np.arange(2 * 16 * 16 * 3, dtype=np.uint8).reshape(2, 16, 16, 3)
+    final = tmp_path / "shot_frames"
+    staged = write_frames_png(frames, staged_path(final))
+    assert re.fullmatch(r"\.shot_frames\.[0-9a-f]{8}\.staged", staged.name)
+    assert sorted(p.name for p in staged.iterdir()) == ["frame_00000.png", "frame_00001.png"]
+    assert leftovers(final) == [staged]
+    # A folder under the final name that no manifest line vouches for (a run killed between
+    # rename and record) is replaced, not merged into.
+    final.mkdir()
+    (final / "frame_00099.png").write_bytes(b"stale")
+    commit_folder(staged, final)
+    assert sorted(p.name for p in final.iterdir()) == ["frame_00000.png", "frame_00001.png"]
+    assert np.array_equal(iio.imread(final / "frame_00001.png"), frames[1])
+    assert leftovers(final) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["shot_frames"]
+
+
+def test_leftover_frame_folders_are_removed_with_their_files(tmp_path):
+    final = tmp_path / "shot_frames"
+    for name in (".shot_frames.0123abcd.staged", ".shot_frames.89abcdef.old"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "frame_00000.png").write_bytes(b"x")
+    (tmp_path / "shot_frames").mkdir()
+    assert remove_leftovers(final) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shot_frames"]

@@ -8,6 +8,7 @@ are in test_ray_local.py.
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -27,12 +28,24 @@ class Ref:
         self.compute, self.order = compute, next(_order)
 
 
+class Hung:
+    """A call that never returns (a hung NCCL collective, a stuck GPU)."""
+
+
 class Method:
     def __init__(self, fn):
         self.fn = fn
 
     def remote(self, *args):
-        return Ref(lambda: self.fn(*args))
+        try:
+            out = self.fn(*args)
+        except Exception as err:  # raised by ray.get, as Ray does
+            return Ref(lambda err=err: _raise(err))
+        return Ref(None) if isinstance(out, Hung) else Ref(lambda: out)
+
+
+def _raise(err):
+    raise err
 
 
 class FakeActor:
@@ -45,6 +58,8 @@ class FakeActor:
 
         def run(pj, attempt):
             what = script(number, pj.job.prompt, attempt)
+            if what == "hang":
+                return Hung()
             if what == "die":
                 raise ActorDiedError()
             record = {"job_id": pj.job_id, "prompt": pj.job.prompt, "attempts": attempt, "worker": info}
@@ -71,7 +86,11 @@ class FakeActorClass:
 @pytest.fixture
 def fake_ray(monkeypatch):
     def wait(refs, num_returns=1, timeout=None):
-        first = min(refs, key=lambda r: r.order)
+        answered = [r for r in refs if r.compute is not None]
+        if not answered:  # only hung calls: ray.wait returns empty-handed after its timeout
+            time.sleep(timeout or 0)
+            return [], list(refs)
+        first = min(answered, key=lambda r: r.order)
         return [first], [r for r in refs if r is not first]
 
     def kill(actor, no_restart=True):
@@ -82,8 +101,8 @@ def fake_ray(monkeypatch):
     monkeypatch.setattr(ray, "kill", kill)
 
 
-def drive(tmp_path, prompts, actor_class, *, workers=2, max_attempts=3):
-    plan = plan_batch(prompts, out=tmp_path, workers=workers, max_attempts=max_attempts)
+def drive(tmp_path, prompts, actor_class, *, workers=2, max_attempts=3, job_timeout=None):
+    plan = plan_batch(prompts, out=tmp_path, workers=workers, max_attempts=max_attempts, job_timeout=job_timeout)
     pool = queue._Pool(queue.SingleLauncher(actor_class, ()), workers, max_attempts)
     lines = []
     results = list(queue._drive(plan, list(enumerate(plan.jobs)), pool, lambda s: None, lines.append))
@@ -144,3 +163,20 @@ def test_when_no_worker_is_left_the_remaining_jobs_fail_with_the_reason(tmp_path
     plan, pool, records, order, lines = drive(tmp_path, ["a", "b", "c"], actors, max_attempts=5)
     assert sorted(order) == [0, 1, 2] and {r["status"] for r in records.values()} == {"failed"}
     assert any("no worker left to run it (no GPU left)" in r["error"] for r in records.values())
+
+
+def test_a_job_past_job_timeout_has_its_worker_stopped_and_is_retried(tmp_path, fake_ray, monkeypatch):
+    monkeypatch.setattr(queue, "WAIT_S", 0.05)
+    script = lambda n, prompt, attempt: "hang" if prompt == "stuck" or (prompt == "once" and attempt == 1) else "ok"
+    actors = FakeActorClass(script)
+    plan, pool, records, order, lines = drive(
+        tmp_path, ["stuck", "once", "a", "b"], actors, max_attempts=2, job_timeout=0.02
+    )
+    assert sorted(order) == [0, 1, 2, 3]
+    assert [records[p]["status"] for p in ("once", "a", "b")] == ["done"] * 3
+    assert records["once"]["attempts"] == 2 and "after --job-timeout 0.02 s; stopped" in records["once"]["retries"][0]["error"]
+    stuck = records["stuck"]
+    assert stuck["status"] == "failed" and len(stuck["retries"]) == 2
+    assert stuck["error"].endswith("after --job-timeout 0.02 s; stopped; gave up after 2 attempt(s)")
+    hung = [a for a in actors.made if a.killed]
+    assert len(hung) == 3  # stuck twice, once once: each hung worker stopped, none reused

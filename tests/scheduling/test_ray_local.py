@@ -101,3 +101,25 @@ def test_interrupt_keeps_finished_jobs_and_rerun_resumes(tmp_path, ray_local, mo
     assert len(lines) == 4 and len({r["job_id"] for r in lines}) == 4
     assert files(out) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])
     assert not [name for name in os.listdir(out) if name.startswith(".")]
+
+
+def test_ray_workers_report_steps_and_write_png_frames(tmp_path, ray_local, monkeypatch):
+    """Step progress crosses from the worker to the driver's bar; a frames_png job's PNG folder is
+    staged by the worker and committed by the driver with its mp4."""
+    from sagevideo.scheduling import queue
+
+    texts = []
+    real_init = queue._StepStatus.__init__
+
+    def init(self, steps_queue, status):
+        real_init(self, steps_queue, lambda text: (texts.append(text), status(text)))
+
+    monkeypatch.setattr(queue._StepStatus, "__init__", init)
+    out = tmp_path / "out"
+    jobs = [{"prompt": "a fox", "frames_png": True, "output": "fox"}, {"prompt": "a cat", "output": "cat"}]
+    records = sagevideo.generate(jobs, out=out, address="auto", workers=1, steps=3, progress=False)
+    assert [r["status"] for r in records] == ["done", "done"] and records[0]["worker"]["node"]
+    assert records[0]["outputs"] == ["fox.mp4", "fox_frames"] and records[1]["outputs"] == ["cat.mp4"]
+    assert len(list((out / "fox_frames").glob("frame_*.png"))) == 9
+    assert files(out) == ["cat.mp4", "fox.mp4", "fox_frames", "manifest.jsonl"]
+    assert "cat 3/3" in texts and all(t.split()[-1] in ("1/3", "2/3", "3/3") for t in texts)
