@@ -167,8 +167,10 @@ def _quantize_kv_kernel(
         v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
                     mask=tile_ok, other=0.0).to(tl.float32)
         v8 = tl.math.div_rn(v, v_scale[None, :]).to(tl.float8e4nv)
-        # transposed store: VQ is (B·H, BLOCK_D, N_PAD)
-        tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[None, :] * N_PAD + offs_n[:, None], v8)
+        # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile in registers/shared memory first, so the
+        # store runs along N (contiguous): storing the (N, D) tile at stride N_PAD wrote single
+        # bytes 32x over and cost as much as all the other preparation work together.
+        tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], tl.trans(v8))
 
 
 @triton.jit
