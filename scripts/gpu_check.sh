@@ -5,7 +5,11 @@ set -uo pipefail
 out=${1:-${OUT:-/tmp/sagevideo-gpu}}; shift || true
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -f .site.tar.xz ] && [ ! -d /tmp/site ]; then  # pre-installed packages (see docs/benchmarks.md)
+  tar xJf .site.tar.xz -C /tmp && export PYTHONPATH=$PYTHONPATH:/tmp/site
+elif [ -d /tmp/site ]; then
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
+elif ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi

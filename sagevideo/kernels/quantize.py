@@ -1,15 +1,20 @@
-"""Triton kernels that prepare attention inputs: K smoothing, INT8 Q/K, FP8 V; and their launcher.
+"""Triton kernels that prepare attention inputs: K smoothing, INT8 K, FP8 V, INT8 Q; and their launcher.
 
-Three launches, each reading its tensor once:
+Three launches before the attention kernel, each reading its tensor once:
 1. `_kv_stats_kernel`, grid (B·H, splits): partial sums of K and partial max|V| per channel over
-   valid keys, in token splits so that long sequences spread over the whole GPU.
-2. `_quantize_kv_kernel`, grid (Nk tiles, B·H): reduces the partials (same order in every program,
-   so every tile sees the same mean), subtracts mean(K), optionally rotates, quantizes each
-   BLOCK_N tile of K to INT8 and (FP8 mode) writes V as e4m3 transposed to (D, N), the layout
-   Hopper's FP8 tensor-core instruction wants for the PV product.
-3. `_quantize_q_kernel`, grid (Nq tiles, B·H): folds sm_scale·log2(e) into Q, optionally rotates,
-   quantizes each BLOCK_M tile to INT8, and (LSE mode) stores sm_scale·q·mean(K), the smoothing
-   shift that turns the kernel's LSE into the true one.
+   valid keys, in short token splits so that the pass spreads over the whole GPU.
+2. `_kv_stats_finalize_kernel`, grid (B·H,): reduces the partials into mean(K), mean(K)·R and
+   V's per-channel FP8 scale, once per head (not once per tile: at 75k tokens there are 37
+   splits and 1,172 tiles per head).
+3. `_quantize_kv_kernel`, grid (tile groups, B·H): subtracts mean(K), optionally rotates,
+   quantizes each BLOCK_N tile of K to INT8 and (FP8 mode) writes V as e4m3 transposed to
+   (D, N), the layout Hopper's FP8 tensor-core instruction wants for the PV product. Each
+   program does TILES_PER_PROGRAM tiles, so the rotation matrix and the per-head vectors are
+   loaded once per several tiles.
+Q is quantized inside the attention kernel (`quantize_q_tile`, called on the tile each program
+loads anyway): scale-fold sm_scale·log2(e), optional rotation, INT8 per BLOCK_M tile (or token),
+and in LSE mode the smoothing shift sm_scale·q·mean(K). `quantize_q` launches the same helper
+alone, for tests and inspection.
 
 Numerics are documented in `reference.py`, which emulates them exactly.
 """
@@ -28,7 +33,9 @@ from sagevideo.kernels.reference import LOG2E
 
 QUANT_WARPS = 8
 STATS_CHUNK = 64
-MIN_TOKENS_PER_SPLIT = 2048
+MIN_TOKENS_PER_SPLIT = 256  # a split per 256+ tokens: ~1,500 programs at 8k tokens x 48 heads
+MAX_SPLITS = 128
+SPLIT_CHUNK = 32
 
 
 @triton.jit
@@ -55,13 +62,13 @@ def _quantize_int8(x, PER_TOKEN: tl.constexpr):
 
 @triton.jit
 def _kv_stats_kernel(
-    K, V, Mask, Rot, KSum, KSumRot, KCount, VMax,
+    K, V, Mask, KSum, KCount, VMax,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb,
     H, N_K, TOKENS_PER_SPLIT, NUM_SPLITS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, FP8_V: tl.constexpr, ROTATE: tl.constexpr,
+    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, FP8_V: tl.constexpr,
 ):
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -91,86 +98,134 @@ def _kv_stats_kernel(
             v_max = tl.maximum(v_max, tl.max(tl.abs(v.to(tl.float32)), axis=0))
     row = bh * NUM_SPLITS + split
     tl.store(KSum + row * BLOCK_D + offs_d, k_sum)
-    if SMOOTH_K and ROTATE:
-        # mean·R is linear in the partial sums: rotate each split's sum once here, so the
-        # quantization programs only add NUM_SPLITS rotated vectors.
-        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
-        tl.store(KSumRot + row * BLOCK_D + offs_d, tl.sum(k_sum[:, None] * rot, axis=0))
     tl.store(VMax + row * BLOCK_D + offs_d, v_max)
     tl.store(KCount + row, tl.sum(count, axis=0))
 
 
 @triton.jit
+def _kv_stats_finalize_kernel(
+    KSum, KCount, VMax, Rot, KMean, KMeanRot, VScale,
+    NUM_SPLITS,
+    BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr, FP8_V: tl.constexpr,
+):
+    """Per head: mean(K) over valid keys (0 for no key), mean(K)·R, and V's scale max|V|/448
+    per channel (1 for an all-zero channel). The partials are added in split order."""
+    bh = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    count = tl.zeros((SPLIT_CHUNK,), dtype=tl.float32)
+    for s0 in range(0, NUM_SPLITS, SPLIT_CHUNK):
+        offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
+        s_ok = offs_s < NUM_SPLITS
+        rows = bh * NUM_SPLITS + offs_s
+        count += tl.load(KCount + rows, mask=s_ok, other=0.0)
+        if SMOOTH_K:
+            part = tl.load(KSum + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+            k_sum += tl.sum(part, axis=0)
+        if FP8_V:
+            part = tl.load(VMax + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+            v_max = tl.maximum(v_max, tl.max(part, axis=0))
+    if SMOOTH_K:
+        mean = tl.math.div_rn(k_sum, tl.maximum(tl.sum(count, axis=0), 1.0))
+        tl.store(KMean + bh * BLOCK_D + offs_d, mean)
+        if ROTATE:
+            rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
+            tl.store(KMeanRot + bh * BLOCK_D + offs_d, tl.sum(mean[:, None] * rot, axis=0))
+    if FP8_V:
+        tl.store(VScale + bh * BLOCK_D + offs_d, tl.where(v_max > 0, tl.math.div_rn(v_max, 448.0), 1.0))
+
+
+@triton.jit
 def _quantize_kv_kernel(
-    K, V, Mask, KSum, KSumRot, KCount, VMax, Rot,
-    KQ, KScale, KMean, VQ, VScale,
+    K, V, Mask, KMean, KMeanRot, VScale, Rot,
+    KQ, KScale, VQ,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb,
-    H, N_K, N_PAD, NUM_SPLITS,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    H, N_K, N_PAD,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
     PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr,
 ):
-    tile = tl.program_id(0)
+    group = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok = offs_n < N_K
-    if HAS_MASK:
-        ok = ok & (tl.load(Mask + b * stride_mb + offs_n, mask=offs_n < N_K, other=0) != 0)
-    tile_ok = ok[:, None] & d_ok[None, :]
-
-    k16 = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-                  mask=tile_ok, other=0.0)
     if ROTATE:
-        # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries, so the
-        # products are exact and the fp32 sums match an fp32 rotation), then subtract mean·R.
         rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
-        k = tl.dot(k16, rot.to(k16.dtype), out_dtype=tl.float32)
-    else:
-        k = k16.to(tl.float32)
     if SMOOTH_K:
-        k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        k_sum_rot = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        count = 0.0
-        for s in range(0, NUM_SPLITS):
-            k_sum += tl.load(KSum + (bh * NUM_SPLITS + s) * BLOCK_D + offs_d)
-            if ROTATE:
-                k_sum_rot += tl.load(KSumRot + (bh * NUM_SPLITS + s) * BLOCK_D + offs_d)
-            count += tl.load(KCount + bh * NUM_SPLITS + s)
-        count = tl.maximum(count, 1.0)
-        if tile == 0:
-            tl.store(KMean + bh * BLOCK_D + offs_d, tl.math.div_rn(k_sum, count))
         if ROTATE:
-            k = k - tl.math.div_rn(k_sum_rot, count)[None, :]
+            shift = tl.load(KMeanRot + bh * BLOCK_D + offs_d)
         else:
-            k = k - tl.math.div_rn(k_sum, count)[None, :]
-    k = tl.where(ok[:, None], k, 0.0)  # masked keys: zero (after rotation every channel is live)
-    codes, scale = _quantize_int8(k, PER_TOKEN)
-    # Buffers are padded to N_PAD (a multiple of BLOCK_N) and written in full, tails as zeros,
-    # so the attention kernel loads whole tiles without masks.
-    kq_base = KQ + bh * N_PAD * BLOCK_D
-    tl.store(kq_base + offs_n[:, None] * BLOCK_D + offs_d[None, :], codes)
-    tl.store(KScale + bh * N_PAD + offs_n, scale)
-
+            shift = tl.load(KMean + bh * BLOCK_D + offs_d)
     if FP8_V:
-        v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for s in range(0, NUM_SPLITS):
-            v_max = tl.maximum(v_max, tl.load(VMax + (bh * NUM_SPLITS + s) * BLOCK_D + offs_d))
-        v_scale = tl.where(v_max > 0, tl.math.div_rn(v_max, 448.0), 1.0)
-        if tile == 0:
-            tl.store(VScale + bh * BLOCK_D + offs_d, v_scale)
-        v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
-                    mask=tile_ok, other=0.0).to(tl.float32)
-        v8 = tl.math.div_rn(v, v_scale[None, :]).to(tl.float8e4nv)
-        # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile in registers/shared memory first, so the
-        # store runs along N (contiguous): storing the (N, D) tile at stride N_PAD wrote single
-        # bytes 32x over and cost as much as all the other preparation work together.
-        tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], tl.trans(v8))
+        v_scale = tl.load(VScale + bh * BLOCK_D + offs_d)
+    for t in range(0, TILES_PER_PROGRAM):
+        start_n = (group * TILES_PER_PROGRAM + t) * BLOCK_N
+        if start_n < N_PAD:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            ok = offs_n < N_K
+            if HAS_MASK:
+                ok = ok & (tl.load(Mask + b * stride_mb + offs_n, mask=offs_n < N_K, other=0) != 0)
+            tile_ok = ok[:, None] & d_ok[None, :]
+            k16 = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                          mask=tile_ok, other=0.0)
+            if ROTATE:
+                # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries,
+                # so the products are exact and the fp32 sums match an fp32 rotation).
+                k = tl.dot(k16, rot.to(k16.dtype), out_dtype=tl.float32)
+            else:
+                k = k16.to(tl.float32)
+            if SMOOTH_K:
+                k = k - shift[None, :]
+            k = tl.where(ok[:, None], k, 0.0)  # masked keys: zero (after rotation every channel is live)
+            codes, scale = _quantize_int8(k, PER_TOKEN)
+            # Buffers are padded to N_PAD (a multiple of BLOCK_N) and written in full, tails as
+            # zeros, so the attention kernel loads whole tiles without masks.
+            tl.store(KQ + bh * N_PAD * BLOCK_D + offs_n[:, None] * BLOCK_D + offs_d[None, :], codes)
+            tl.store(KScale + bh * N_PAD + offs_n, scale)
+            if FP8_V:
+                v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                            mask=tile_ok, other=0.0).to(tl.float32)
+                v8 = tl.math.div_rn(v, v_scale[None, :]).to(tl.float8e4nv)
+                # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
+                # (contiguous): storing the (N, D) tile at stride N_PAD wrote single bytes and cost
+                # as much as all the other preparation work together.
+                tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], tl.trans(v8))
+
+
+@triton.jit
+def quantize_q_tile(
+    Q, KMean, Rot, b, h, bh, offs_m, offs_d,
+    stride_qb, stride_qh, stride_qn,
+    N_Q, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, NEED_SHIFT: tl.constexpr,
+):
+    """INT8 codes (BLOCK_M, BLOCK_D), scales (BLOCK_M,) of one Q tile, in log2 score units
+    (sm_scale·log2(e) folded in, and 1/BLOCK_D when rotated: R Rᵀ = BLOCK_D·I); rows past N_Q are
+    zero. shift (BLOCK_M,): sm_scale·q·mean(K) when NEED_SHIFT (LSE), else zeros."""
+    m_ok = offs_m < N_Q
+    q16 = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+                  mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if NEED_SHIFT:
+        mean = tl.load(KMean + bh * BLOCK_D + offs_d)
+        shift = tl.sum(q16.to(tl.float32) * mean[None, :], axis=1) * sm_scale
+    else:
+        shift = tl.zeros((offs_m.shape[0],), dtype=tl.float32)
+    if ROTATE:
+        # ±1 rotation of 16-bit Q on the tensor cores: exact products, fp32 sums.
+        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
+        q = tl.dot(q16, rot.to(q16.dtype), out_dtype=tl.float32)
+    else:
+        q = q16.to(tl.float32)
+    q = (q * qk_scale).to(tl.float32)  # fp32 even when a compiler passes the scalar as fp64
+    codes, scale = _quantize_int8(q, PER_TOKEN)
+    return codes, scale, shift.to(tl.float32)
 
 
 @triton.jit
@@ -183,50 +238,44 @@ def _quantize_q_kernel(
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
     offs_d = tl.arange(0, BLOCK_D)
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < N_Q
-    q16 = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
-                  mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    if STORE_SHIFT:
-        mean = tl.load(KMean + bh * BLOCK_D + offs_d)
-        shift = tl.sum(q16.to(tl.float32) * mean[None, :], axis=1) * sm_scale
-        tl.store(QShift + bh * M_PAD + offs_m, shift.to(tl.float32))
-    if ROTATE:
-        # ±1 rotation of 16-bit Q on the tensor cores: exact products, fp32 sums.
-        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
-        q = tl.dot(q16, rot.to(q16.dtype), out_dtype=tl.float32)
-    else:
-        q = q16.to(tl.float32)
-    q = (q * qk_scale).to(tl.float32)  # fp32 even when a compiler passes the scalar as fp64
-    codes, scale = _quantize_int8(q, PER_TOKEN)
+    codes, scale, shift = quantize_q_tile(
+        Q, KMean, Rot, bh // H, bh % H, bh, offs_m, offs_d, stride_qb, stride_qh, stride_qn,
+        N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_D, ROTATE, PER_TOKEN, STORE_SHIFT,
+    )
     tl.store(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :], codes)
     tl.store(QScale + bh * M_PAD + offs_m, scale)
+    if STORE_SHIFT:
+        tl.store(QShift + bh * M_PAD + offs_m, shift)
 
 
 @dataclass
 class QuantizedInputs:
-    """Kernel-ready tensors, padded to whole tiles; `bh` = B·H.
+    """Kernel-ready K/V (padded to whole tiles) and what the attention kernel needs to quantize Q;
+    `bh` = B·H.
 
-    q_codes (bh, M_PAD, block_d) int8; q_scale (bh, M_PAD) fp32 (scores in log2 units);
-    k_codes (bh, N_PAD, block_d) int8; k_scale (bh, N_PAD) fp32;
-    v_fp8_t (bh, block_d, N_PAD) e4m3 or None; v_scale (bh, block_d) fp32 or None;
-    q_shift (bh, M_PAD) fp32 = sm_scale·q·mean(K), or None.
+    k_codes (bh, N_PAD, block_d) int8; k_scale (bh, N_PAD) fp32; k_mean (bh, block_d) fp32
+    (zeros without smoothing); v_fp8_t (bh, block_d, N_PAD) e4m3 or None; v_scale (bh, block_d)
+    fp32 or None; rotation (block_d, block_d) ±1 or None; qk_scale: the factor folded into Q.
     """
 
-    q_codes: torch.Tensor
-    q_scale: torch.Tensor
     k_codes: torch.Tensor
     k_scale: torch.Tensor
+    k_mean: torch.Tensor
     v_fp8_t: torch.Tensor | None
     v_scale: torch.Tensor | None
-    q_shift: torch.Tensor | None
+    rotation: torch.Tensor | None
+    qk_scale: float
 
 
-def quantize_inputs(
-    q: torch.Tensor,
+def tiles_per_program(n_tiles: int, programs_per_head_min: int = 16) -> int:
+    """Tiles each K/V quantization program does: up to 8, keeping >= programs_per_head_min programs
+    per head so short sequences still fill the GPU."""
+    return max(1, min(8, n_tiles // programs_per_head_min))
+
+
+def quantize_kv(
     k: torch.Tensor,
     v: torch.Tensor,
     key_mask: torch.Tensor | None,
@@ -236,68 +285,82 @@ def quantize_inputs(
     sm_scale: float,
     per_token: bool,
     smooth_k: bool,
-    need_shift: bool,
 ) -> QuantizedInputs:
-    """Launch the three preparation kernels. q/k/v HND views with unit stride on the head dim;
+    """Launch the K/V preparation kernels. k/v HND views with unit stride on the head dim;
     key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or None."""
-    batch, heads, n_q, head_dim = q.shape
-    n_k = k.shape[2]
+    batch, heads, n_k, head_dim = k.shape
     bh = batch * heads
-    bd, bm, bn = plan.block_d, plan.block_m, plan.block_n
-    m_pad = triton.cdiv(n_q, bm) * bm
+    bd, bn = plan.block_d, plan.block_n
     n_pad = triton.cdiv(n_k, bn) * bn
     fp8_v = plan.pv == "fp8"
-    dev = q.device
+    dev = k.device
 
-    tokens_per_split = max(MIN_TOKENS_PER_SPLIT, triton.cdiv(n_k, 64))
+    tokens_per_split = max(MIN_TOKENS_PER_SPLIT, triton.cdiv(n_k, MAX_SPLITS))
     tokens_per_split = triton.cdiv(tokens_per_split, STATS_CHUNK) * STATS_CHUNK
     num_splits = triton.cdiv(n_k, tokens_per_split)
     k_sum = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32)
-    k_sum_rot = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32) if rotation is not None else k_sum
     k_count = torch.empty(bh * num_splits, device=dev, dtype=torch.float32)
     v_max = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32)
+    k_mean = torch.zeros(bh, bd, device=dev, dtype=torch.float32)
+    k_mean_rot = torch.empty(bh, bd, device=dev, dtype=torch.float32) if rotation is not None else k_mean
+    v_scale = torch.empty(bh, bd, device=dev, dtype=torch.float32) if fp8_v else None
     mask_arg = key_mask if key_mask is not None else k_count  # placeholder pointer, never read
     rot_arg = rotation if rotation is not None else k_count
     stride_mb = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
     if smooth_k or fp8_v:
         wrap_triton(_kv_stats_kernel)[(bh, num_splits)](
-            k, v, mask_arg, rot_arg, k_sum, k_sum_rot, k_count, v_max,
+            k, v, mask_arg, k_sum, k_count, v_max,
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             stride_mb,
             heads, n_k, tokens_per_split, num_splits,
             HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=STATS_CHUNK,
-            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v, ROTATE=rotation is not None,
+            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v,
+        )
+        wrap_triton(_kv_stats_finalize_kernel)[(bh,)](
+            k_sum, k_count, v_max, rot_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean,
+            num_splits,
+            BLOCK_D=bd, SPLIT_CHUNK=SPLIT_CHUNK,
+            SMOOTH_K=smooth_k, ROTATE=rotation is not None, FP8_V=fp8_v,
         )
 
     k_codes = torch.empty(bh, n_pad, bd, device=dev, dtype=torch.int8)
     k_scale = torch.empty(bh, n_pad, device=dev, dtype=torch.float32)
-    k_mean = torch.zeros(bh, bd, device=dev, dtype=torch.float32)
     v_fp8_t = torch.empty(bh, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
-    v_scale = torch.empty(bh, bd, device=dev, dtype=torch.float32) if fp8_v else None
-    wrap_triton(_quantize_kv_kernel)[(n_pad // bn, bh)](
-        k, v, mask_arg, k_sum, k_sum_rot, k_count, v_max, rot_arg,
-        k_codes, k_scale, k_mean, v_fp8_t if fp8_v else k_codes, v_scale if fp8_v else k_scale,
+    per_program = tiles_per_program(n_pad // bn)
+    wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, per_program), bh)](
+        k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
+        k_codes, k_scale, v_fp8_t if fp8_v else k_codes,
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         stride_mb,
-        heads, n_k, n_pad, num_splits,
-        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn,
+        heads, n_k, n_pad,
+        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=per_program,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
         PER_TOKEN=per_token, FP8_V=fp8_v, num_warps=QUANT_WARPS,
     )
-
-    q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
-    q_scale = torch.empty(bh, m_pad, device=dev, dtype=torch.float32)
-    q_shift = torch.empty(bh, m_pad, device=dev, dtype=torch.float32) if need_shift else None
     qk_scale = sm_scale * LOG2E / (bd if rotation is not None else 1)
+    return QuantizedInputs(k_codes, k_scale, k_mean, v_fp8_t, v_scale, rotation, qk_scale)
+
+
+def quantize_q(
+    q: torch.Tensor, prepared: QuantizedInputs, plan: KernelPlan, *, sm_scale: float, per_token: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q's codes (bh, M_PAD, block_d) int8, scales (bh, M_PAD) and LSE shifts (bh, M_PAD) fp32,
+    computed by the same helper the attention kernel runs on its own tile; for tests and inspection."""
+    batch, heads, n_q, head_dim = q.shape
+    bh, bd, bm = batch * heads, plan.block_d, plan.block_m
+    m_pad = triton.cdiv(n_q, bm) * bm
+    q_codes = torch.empty(bh, m_pad, bd, device=q.device, dtype=torch.int8)
+    q_scale = torch.empty(bh, m_pad, device=q.device, dtype=torch.float32)
+    q_shift = torch.empty(bh, m_pad, device=q.device, dtype=torch.float32)
+    rot = prepared.rotation
     wrap_triton(_quantize_q_kernel)[(m_pad // bm, bh)](
-        q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
+        q, prepared.k_mean, rot if rot is not None else q_scale, q_codes, q_scale, q_shift,
         q.stride(0), q.stride(1), q.stride(2),
-        heads, n_q, m_pad, qk_scale, sm_scale,
+        heads, n_q, m_pad, prepared.qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm,
-        ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
+        ROTATE=rot is not None, PER_TOKEN=per_token, STORE_SHIFT=True,
         num_warps=QUANT_WARPS,
     )
-    return QuantizedInputs(q_codes, q_scale, k_codes, k_scale, v_fp8_t, v_scale, q_shift)
-
+    return q_codes, q_scale, q_shift

@@ -109,29 +109,33 @@ def test_lse_matches_reference():
     assert (lse_t - lse_r).abs().max() < 1e-3
 
 
-def test_quantized_codes_match_reference():
+@pytest.mark.parametrize("n", [200, 2100])  # 2100: 33 key tiles, 2 per program, the last program half empty
+def test_quantized_codes_match_reference(n):
     """The quantization kernels themselves: INT8 codes equal the reference's (rare ±1 flips
     allowed where fp32 summation order moves a value across a rounding boundary)."""
-    from sagevideo.kernels.quantize import quantize_inputs
+    from sagevideo.kernels.quantize import quantize_kv, quantize_q
 
-    q, k, v, _ = _inputs("k-offset", (1, 2, 200, 64), seed=11)
+    q, k, v, _ = _inputs("k-offset", (1, 2, n, 64), seed=11)
     plan = select_plan(q.device, 64, "fp16").plan
     rot = hadamard_pm1(64, q.device)
-    prep = quantize_inputs(q, k, v, None, rot, plan, sm_scale=0.125, per_token=False, smooth_k=True, need_shift=True)
+    prep = quantize_kv(k, v, None, rot, plan, sm_scale=0.125, per_token=False, smooth_k=True)
+    got_q_codes, got_q_scale, got_q_shift = quantize_q(q, prep, plan, sm_scale=0.125, per_token=False)
     def mm(a, b):  # fp64 accumulation: no TF32, no summation-order effects in the expectation
         return (a.double() @ b.double()).float()
 
     ks, mean = smoothed_k(k, None)
     k_codes, k_scale = quantize_symmetric(mm(ks, rot), plan.block_n)
     q_codes, q_scale = quantize_symmetric(mm(q.float(), rot) * (0.125 * LOG2E / 64), plan.block_m)
-    got_k = prep.k_codes.reshape(1, 2, -1, 64)[:, :, :200].float()
-    got_q = prep.q_codes.reshape(1, 2, -1, 64)[:, :, :200].float()
+    got_k = prep.k_codes.reshape(1, 2, -1, 64)[:, :, :n].float()
+    got_q = got_q_codes.reshape(1, 2, -1, 64)[:, :, :n].float()
     for got, want in ((got_k, k_codes), (got_q, q_codes)):
         off = (got - want).abs()
         assert off.max() <= 1 and (off > 0).float().mean() < 1e-3
-    torch.testing.assert_close(prep.k_scale.reshape(1, 2, -1)[:, :, :200], k_scale, rtol=1e-5, atol=0)
-    torch.testing.assert_close(prep.q_scale.reshape(1, 2, -1)[:, :, :200], q_scale, rtol=1e-5, atol=0)
-    shift = prep.q_shift.reshape(1, 2, -1)[:, :, :200]
+    torch.testing.assert_close(prep.k_scale.reshape(1, 2, -1)[:, :, :n], k_scale, rtol=1e-5, atol=0)
+    torch.testing.assert_close(got_q_scale.reshape(1, 2, -1)[:, :, :n], q_scale, rtol=1e-5, atol=0)
+    torch.testing.assert_close(prep.k_mean.reshape(1, 2, -1), mean, rtol=1e-5, atol=1e-6)
+    assert (prep.k_codes.reshape(1, 2, -1, 64)[:, :, n:] == 0).all()  # padded tail tiles written as zeros
+    shift = got_q_shift.reshape(1, 2, -1)[:, :, :n]
     torch.testing.assert_close(shift, 0.125 * mm(q.float(), mean[..., None]).squeeze(-1), rtol=1e-4, atol=1e-4)
 
 
