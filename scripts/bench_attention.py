@@ -5,8 +5,7 @@ TOPS = 4·B·H·N²·D / median time (triton.testing.do_bench), non-causal, rand
 K channel offset (never zeros), every variant in the same run. Ratios are against SDPA's cuDNN
 backend (the best 16-bit attention on Hopper). For sagevideo, "call" is the full `sageattn` call
 as users make it (quantization included) and "kernel" the attention kernel alone on
-pre-quantized K/V (it quantizes its own Q tiles); "prep" the K/V preparation kernels, timed one
-by one with the CUDA profiler. Accuracy: cosine vs fp32 SDPA (worst over heads) for every sagevideo mode.
+pre-quantized inputs. Accuracy: cosine vs fp32 SDPA (worst over heads) for every sagevideo mode.
 
     python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep cogvideox-2b]
 """
@@ -86,7 +85,7 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
     from sagevideo import last_backend, sageattn
     from sagevideo.kernels.attention_fwd import attention_forward
     from sagevideo.kernels.plans import select_plan
-    from sagevideo.kernels.quantize import quantize_kv
+    from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
 
     torch.manual_seed(0)
@@ -118,7 +117,8 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
         rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
 
         def quantize(plan=plan, rot=rot):
-            return quantize_kv(k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True)
+            return quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False,
+                                   smooth_k=True, need_shift=False)
 
         # Launch the kernels directly, as the registered op does in eager mode: through the
         # wrap_triton HOP each launch costs ~0.2 ms of Python and the timing is of the CPU.
@@ -127,8 +127,15 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
             o = torch.empty_like(q)
             row["ms"][f"sage-{pv}-quant"] = bench_ms(quantize)
             row["ms"][f"sage-{pv}-kernel"] = bench_ms(lambda prepared=prepared, o=o, plan=plan: attention_forward(
-                q, prepared, v, None, o, None, plan, sm_scale=d**-0.5, is_causal=False, per_token=False))
+                prepared, v, None, o, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n))
             row.setdefault("prep_kernels_ms", {})[pv] = prep_kernel_times(quantize)
+            # K/V tiles per quantization program: a speed-only knob, timed here to choose it.
+            row.setdefault("prep_tiles_per_program_ms", {})[pv] = {
+                t: round(bench_ms(lambda t=t, plan=plan, rot=rot: quantize_inputs(
+                    q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
+                    need_shift=False, tiles_per_program=t)), 4)
+                for t in (1, 2, 4, 8)
+            }
         del prepared
         if sweep:
             row.setdefault("sweep", {})[pv] = sweep_plans(q, k, v, plan, shape)
@@ -163,22 +170,23 @@ def sweep_plans(q, k, v, plan, shape) -> list[dict]:
     """Kernel-only time of every tile/warps/stages variant (tiles change the quantization groups,
     so each tile variant is re-quantized first)."""
     from sagevideo.kernels.attention_fwd import attention_forward
-    from sagevideo.kernels.quantize import quantize_kv
+    from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
 
-    d = shape[3]
+    n, d = shape[2], shape[3]
     rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
     rows = []
     for bm, bn in SWEEP_TILES:
         tiled = dataclasses.replace(plan, block_m=bm, block_n=bn)
-        prepared = quantize_kv(k, v, None, rot, tiled, sm_scale=d**-0.5, per_token=False, smooth_k=True)
+        prepared = quantize_inputs(q, k, v, None, rot, tiled, sm_scale=d**-0.5, per_token=False,
+                                   smooth_k=True, need_shift=False)
         o = torch.empty_like(q)
         for warps, stages in SWEEP_LAUNCH:
             cand = dataclasses.replace(tiled, num_warps=warps, num_stages=stages)
             entry = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages}
             try:
                 ms = bench_ms(lambda cand=cand, prepared=prepared, o=o: attention_forward(
-                    q, prepared, v, None, o, None, cand, sm_scale=d**-0.5, is_causal=False, per_token=False))
+                    prepared, v, None, o, None, cand, is_causal=False, per_token=False, n_q=n, n_k=n))
                 entry.update(ms=ms, tops=tops(shape, ms))
             except Exception as exc:  # e.g. out of shared memory
                 entry["error"] = str(exc).splitlines()[0][:160]

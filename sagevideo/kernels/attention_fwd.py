@@ -1,10 +1,9 @@
 """Triton attention forward: INT8 QK into int32, fp32 online softmax with exp2, FP16 or FP8 PV.
 
 One kernel body with `tl.constexpr` switches (causal, key mask, FP8 PV, LSE) and an inner-loop
-helper, after Triton's fused-attention tutorial. Grid: (query tiles, B·H); each program quantizes
-its own Q tile (`quantize.quantize_q_tile`: no separate pass over Q), then streams the key/value
-tiles of its head. K/V come from `quantize.quantize_kv`; the 16-bit PV path reads V directly from
-the caller's tensor (no copy).
+helper, after Triton's fused-attention tutorial. Grid: (query tiles, B·H); each program streams
+the key/value tiles of its head. Inputs come from `quantize.quantize_inputs`; the 16-bit PV
+path reads V directly from the caller's tensor (no copy).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from sagevideo.kernels.plans import KernelPlan
-from sagevideo.kernels.quantize import QuantizedInputs, quantize_q_tile
+from sagevideo.kernels.quantize import QuantizedInputs
 from sagevideo.kernels.reference import FP8_MAX, LN2
 
 LN2_CONST = tl.constexpr(LN2)
@@ -82,15 +81,14 @@ def _attn_tile(
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, KMean, Rot, KQ, KScale, V, VQ, VScale, Mask, Out, Lse,
-    stride_qb, stride_qh, stride_qn,
+    QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask, Out, Lse,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     mask_stride_b,
-    H, N_Q, N_K, N_PAD, qk_scale, sm_scale,
+    H, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr, ROTATE: tl.constexpr,
+    STORE_LSE: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -98,12 +96,8 @@ def _attn_fwd_kernel(
     h = bh % H
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    # Q's quantization groups are this program's BLOCK_M rows (or single tokens), so the tile is
-    # quantized here, once, exactly as a separate pass would.
-    q, q_scale, shift = quantize_q_tile(
-        Q, KMean, Rot, b, h, bh, offs_m, offs_d, stride_qb, stride_qh, stride_qn,
-        N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_D, ROTATE, PER_TOKEN_K, STORE_LSE,
-    )
+    q = tl.load(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :])
+    q_scale = tl.load(QScale + bh * M_PAD + offs_m)
     kq = KQ + bh * N_PAD * BLOCK_D
     k_scale = KScale + bh * N_PAD
     v = V + b * stride_vb + h * stride_vh
@@ -142,6 +136,7 @@ def _attn_fwd_kernel(
     o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
     if STORE_LSE:
+        shift = tl.load(QShift + bh * M_PAD + offs_m)
         m_lse = m_i
         if FP8_PV:
             m_lse = m_i - LOG2_FP8_MAX  # l carries the factor 448 in FP8 mode
@@ -151,7 +146,6 @@ def _attn_fwd_kernel(
 
 
 def attention_forward(
-    q: torch.Tensor,
     prepared: QuantizedInputs,
     v: torch.Tensor,
     key_mask: torch.Tensor | None,
@@ -159,33 +153,32 @@ def attention_forward(
     lse: torch.Tensor | None,
     plan: KernelPlan,
     *,
-    sm_scale: float,
     is_causal: bool,
     per_token: bool,
+    n_q: int,
+    n_k: int,
 ) -> None:
-    """Launch the attention kernel on q (B, H, Nq, D) 16-bit with unit head-dim stride, writing
-    `out` (B, H, Nq, D) view and `lse` (B·H, Nq) fp32."""
-    batch, heads, n_q, head_dim = q.shape
-    n_k = v.shape[2]
+    """Launch the attention kernel, writing `out` (B, H, Nq, D) view and `lse` (B·H, Nq) fp32."""
+    batch, heads, _, head_dim = out.shape
     bh = batch * heads
+    m_pad = prepared.q_codes.shape[1]
     n_pad = prepared.k_codes.shape[1]
     fp8_pv = plan.pv == "fp8"
     mask_arg = key_mask if key_mask is not None else prepared.k_scale
     mask_stride_b = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
-    rot = prepared.rotation
-    wrap_triton(_attn_fwd_kernel)[(triton.cdiv(n_q, plan.block_m), bh)](
-        q, prepared.k_mean, rot if rot is not None else prepared.k_scale,
+    wrap_triton(_attn_fwd_kernel)[(m_pad // plan.block_m, bh)](
+        prepared.q_codes, prepared.q_scale,
+        prepared.q_shift if prepared.q_shift is not None else prepared.q_scale,
         prepared.k_codes, prepared.k_scale, v,
         prepared.v_fp8_t if fp8_pv else prepared.k_codes,
         prepared.v_scale if fp8_pv else prepared.k_scale,
-        mask_arg, out, lse if lse is not None else prepared.k_scale,
-        q.stride(0), q.stride(1), q.stride(2),
+        mask_arg, out, lse if lse is not None else prepared.q_scale,
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         mask_stride_b,
-        heads, n_q, n_k, n_pad, prepared.qk_scale, sm_scale,
+        heads, n_q, n_k, m_pad, n_pad,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
-        FP8_PV=fp8_pv, STORE_LSE=lse is not None, ROTATE=rot is not None,
+        FP8_PV=fp8_pv, STORE_LSE=lse is not None,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )

@@ -12,7 +12,7 @@ from torch.library import triton_op
 
 from sagevideo.kernels.attention_fwd import attention_forward
 from sagevideo.kernels.plans import KernelPlan
-from sagevideo.kernels.quantize import quantize_kv
+from sagevideo.kernels.quantize import quantize_inputs
 from sagevideo.kernels.rotation import hadamard_pm1
 
 
@@ -42,14 +42,16 @@ def sageattn_fwd(
     """
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
     batch, heads, n_q, _ = q.shape
-    prepared = quantize_kv(
-        k, v, key_mask, rotation, plan, sm_scale=sm_scale, per_token=per_token, smooth_k=smooth_k
+    n_k = k.shape[2]
+    prepared = quantize_inputs(
+        q, k, v, key_mask, rotation, plan,
+        sm_scale=sm_scale, per_token=per_token, smooth_k=smooth_k, need_shift=return_lse,
     )
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
     attention_forward(
-        q, prepared, v, key_mask, out, lse if return_lse else None, plan,
-        sm_scale=sm_scale, is_causal=is_causal, per_token=per_token,
+        prepared, v, key_mask, out, lse if return_lse else None, plan,
+        is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k,
     )
     return out, lse
 

@@ -1,6 +1,6 @@
 """Triton kernels that prepare attention inputs: K smoothing, INT8 K, FP8 V, INT8 Q; and their launcher.
 
-Three launches before the attention kernel, each reading its tensor once:
+Four launches before the attention kernel:
 1. `_kv_stats_kernel`, grid (B·H, splits): partial sums of K and partial max|V| per channel over
    valid keys, in short token splits so that the pass spreads over the whole GPU.
 2. `_kv_stats_finalize_kernel`, grid (B·H,): reduces the partials into mean(K), mean(K)·R and
@@ -9,12 +9,12 @@ Three launches before the attention kernel, each reading its tensor once:
 3. `_quantize_kv_kernel`, grid (tile groups, B·H): subtracts mean(K), optionally rotates,
    quantizes each BLOCK_N tile of K to INT8 and (FP8 mode) writes V as e4m3 transposed to
    (D, N), the layout Hopper's FP8 tensor-core instruction wants for the PV product. Each
-   program does TILES_PER_PROGRAM tiles, so the rotation matrix and the per-head vectors are
-   loaded once per several tiles.
-Q is quantized inside the attention kernel (`quantize_q_tile`, called on the tile each program
-loads anyway): scale-fold sm_scale·log2(e), optional rotation, INT8 per BLOCK_M tile (or token),
-and in LSE mode the smoothing shift sm_scale·q·mean(K). `quantize_q` launches the same helper
-alone, for tests and inspection.
+   program does TILES_PER_PROGRAM tiles (the rotation matrix and per-head vectors loaded once).
+4. `_quantize_q_kernel`, grid (Nq tiles, B·H), through `quantize_q_tile`: folds sm_scale·log2(e)
+   into Q, optionally rotates, quantizes each BLOCK_M tile (or token) to INT8, and (LSE mode)
+   stores sm_scale·q·mean(K), the smoothing shift that turns the kernel's LSE into the true one.
+   Quantizing Q inside the attention kernel instead (one pass less) was measured and rejected:
+   the prologue's extra shared memory and registers cost the main loop 5-20% (docs/benchmarks.md).
 
 Numerics are documented in `reference.py`, which emulates them exactly.
 """
@@ -36,6 +36,7 @@ STATS_CHUNK = 64
 MIN_TOKENS_PER_SPLIT = 256  # a split per 256+ tokens: ~1,500 programs at 8k tokens x 48 heads
 MAX_SPLITS = 128
 SPLIT_CHUNK = 32
+KV_TILES_PER_PROGRAM = 8
 
 
 @triton.jit
@@ -252,30 +253,32 @@ def _quantize_q_kernel(
 
 @dataclass
 class QuantizedInputs:
-    """Kernel-ready K/V (padded to whole tiles) and what the attention kernel needs to quantize Q;
-    `bh` = B·H.
+    """Kernel-ready tensors, padded to whole tiles; `bh` = B·H.
 
+    q_codes (bh, M_PAD, block_d) int8; q_scale (bh, M_PAD) fp32 (scores in log2 units);
+    q_shift (bh, M_PAD) fp32 = sm_scale·q·mean(K), or None;
     k_codes (bh, N_PAD, block_d) int8; k_scale (bh, N_PAD) fp32; k_mean (bh, block_d) fp32
     (zeros without smoothing); v_fp8_t (bh, block_d, N_PAD) e4m3 or None; v_scale (bh, block_d)
-    fp32 or None; rotation (block_d, block_d) ±1 or None; qk_scale: the factor folded into Q.
+    fp32 or None.
     """
 
+    q_codes: torch.Tensor
+    q_scale: torch.Tensor
+    q_shift: torch.Tensor | None
     k_codes: torch.Tensor
     k_scale: torch.Tensor
     k_mean: torch.Tensor
     v_fp8_t: torch.Tensor | None
     v_scale: torch.Tensor | None
-    rotation: torch.Tensor | None
-    qk_scale: float
 
 
-def tiles_per_program(n_tiles: int, programs_per_head_min: int = 16) -> int:
-    """Tiles each K/V quantization program does: up to 8, keeping >= programs_per_head_min programs
-    per head so short sequences still fill the GPU."""
-    return max(1, min(8, n_tiles // programs_per_head_min))
+def kv_tiles_per_program(n_tiles: int) -> int:
+    """K/V tiles per quantization program (speed only; the groups are the plan's tiles)."""
+    return max(1, min(KV_TILES_PER_PROGRAM, n_tiles // 16))
 
 
-def quantize_kv(
+def quantize_inputs(
+    q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     key_mask: torch.Tensor | None,
@@ -285,15 +288,20 @@ def quantize_kv(
     sm_scale: float,
     per_token: bool,
     smooth_k: bool,
+    need_shift: bool,
+    tiles_per_program: int | None = None,
 ) -> QuantizedInputs:
-    """Launch the K/V preparation kernels. k/v HND views with unit stride on the head dim;
-    key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or None."""
-    batch, heads, n_k, head_dim = k.shape
+    """Launch the preparation kernels. q/k/v HND views with unit stride on the head dim;
+    key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or
+    None. tiles_per_program: K/V tiles per quantization program (None: `kv_tiles_per_program`)."""
+    batch, heads, n_q, head_dim = q.shape
+    n_k = k.shape[2]
     bh = batch * heads
-    bd, bn = plan.block_d, plan.block_n
+    bd, bm, bn = plan.block_d, plan.block_m, plan.block_n
+    m_pad = triton.cdiv(n_q, bm) * bm
     n_pad = triton.cdiv(n_k, bn) * bn
     fp8_v = plan.pv == "fp8"
-    dev = k.device
+    dev = q.device
 
     tokens_per_split = max(MIN_TOKENS_PER_SPLIT, triton.cdiv(n_k, MAX_SPLITS))
     tokens_per_split = triton.cdiv(tokens_per_split, STATS_CHUNK) * STATS_CHUNK
@@ -327,7 +335,7 @@ def quantize_kv(
     k_codes = torch.empty(bh, n_pad, bd, device=dev, dtype=torch.int8)
     k_scale = torch.empty(bh, n_pad, device=dev, dtype=torch.float32)
     v_fp8_t = torch.empty(bh, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
-    per_program = tiles_per_program(n_pad // bn)
+    per_program = tiles_per_program or kv_tiles_per_program(n_pad // bn)
     wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, per_program), bh)](
         k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
         k_codes, k_scale, v_fp8_t if fp8_v else k_codes,
@@ -339,28 +347,17 @@ def quantize_kv(
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
         PER_TOKEN=per_token, FP8_V=fp8_v, num_warps=QUANT_WARPS,
     )
+
+    q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
+    q_scale = torch.empty(bh, m_pad, device=dev, dtype=torch.float32)
+    q_shift = torch.empty(bh, m_pad, device=dev, dtype=torch.float32) if need_shift else None
     qk_scale = sm_scale * LOG2E / (bd if rotation is not None else 1)
-    return QuantizedInputs(k_codes, k_scale, k_mean, v_fp8_t, v_scale, rotation, qk_scale)
-
-
-def quantize_q(
-    q: torch.Tensor, prepared: QuantizedInputs, plan: KernelPlan, *, sm_scale: float, per_token: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q's codes (bh, M_PAD, block_d) int8, scales (bh, M_PAD) and LSE shifts (bh, M_PAD) fp32,
-    computed by the same helper the attention kernel runs on its own tile; for tests and inspection."""
-    batch, heads, n_q, head_dim = q.shape
-    bh, bd, bm = batch * heads, plan.block_d, plan.block_m
-    m_pad = triton.cdiv(n_q, bm) * bm
-    q_codes = torch.empty(bh, m_pad, bd, device=q.device, dtype=torch.int8)
-    q_scale = torch.empty(bh, m_pad, device=q.device, dtype=torch.float32)
-    q_shift = torch.empty(bh, m_pad, device=q.device, dtype=torch.float32)
-    rot = prepared.rotation
     wrap_triton(_quantize_q_kernel)[(m_pad // bm, bh)](
-        q, prepared.k_mean, rot if rot is not None else q_scale, q_codes, q_scale, q_shift,
+        q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
         q.stride(0), q.stride(1), q.stride(2),
-        heads, n_q, m_pad, prepared.qk_scale, sm_scale,
+        heads, n_q, m_pad, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm,
-        ROTATE=rot is not None, PER_TOKEN=per_token, STORE_SHIFT=True,
+        ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
         num_warps=QUANT_WARPS,
     )
-    return q_codes, q_scale, q_shift
+    return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale)

@@ -113,13 +113,13 @@ def test_lse_matches_reference():
 def test_quantized_codes_match_reference(n):
     """The quantization kernels themselves: INT8 codes equal the reference's (rare ±1 flips
     allowed where fp32 summation order moves a value across a rounding boundary)."""
-    from sagevideo.kernels.quantize import quantize_kv, quantize_q
+    from sagevideo.kernels.quantize import quantize_inputs
 
     q, k, v, _ = _inputs("k-offset", (1, 2, n, 64), seed=11)
     plan = select_plan(q.device, 64, "fp16").plan
     rot = hadamard_pm1(64, q.device)
-    prep = quantize_kv(k, v, None, rot, plan, sm_scale=0.125, per_token=False, smooth_k=True)
-    got_q_codes, got_q_scale, got_q_shift = quantize_q(q, prep, plan, sm_scale=0.125, per_token=False)
+    prep = quantize_inputs(q, k, v, None, rot, plan, sm_scale=0.125, per_token=False, smooth_k=True, need_shift=True)
+    got_q_codes, got_q_scale, got_q_shift = prep.q_codes, prep.q_scale, prep.q_shift
     def mm(a, b):  # fp64 accumulation: no TF32, no summation-order effects in the expectation
         return (a.double() @ b.double()).float()
 
