@@ -52,6 +52,7 @@ class Backend(str, Enum):
 
 
 class PV(str, Enum):
+    auto = "auto"
     fp16 = "fp16"
     fp8 = "fp8"
 
@@ -112,7 +113,10 @@ def generate(
         Backend,
         typer.Option(help="sageattn backend; auto = Triton on CUDA, the emulation (reference) on CPU."),
     ] = Backend.auto,
-    pv: Annotated[PV, typer.Option(help="Precision of the P·V product.")] = PV.fp16,
+    pv: Annotated[
+        PV,
+        typer.Option(help="Precision of the P·V product; auto = FP8 on GPUs with FP8 tensor cores (sm89+), else FP16."),
+    ] = PV.auto,
     plan: Annotated[
         Path | None,
         typer.Option(help="Attention-plan JSON for jobs that name none (checked, recorded in the manifest)."),
@@ -473,7 +477,10 @@ def ab(
     model: Annotated[str, typer.Option(help="'tiny' (built in) or a local diffusers folder.")] = "tiny",
     plan: Annotated[Path | None, typer.Option(help="Attention-plan JSON for the quantized arm.")] = None,
     pv: Annotated[
-        PV | None, typer.Option(help="P·V precision of the quantized arm (default: the plan's, else fp16).")
+        PV | None,
+        typer.Option(
+            help="P·V precision of the quantized arm (default: the plan's, else auto: FP8 on sm89+ GPUs, else FP16)."
+        ),
     ] = None,
     backend: Annotated[Backend, typer.Option(help="sageattn backend of the quantized arm.")] = Backend.auto,
     device: Annotated[Device, typer.Option(help="auto = CUDA when available, else CPU.")] = Device.auto,

@@ -141,7 +141,8 @@ class RunSettings(BaseModel):
     """Settings shared by every job of a batch.
 
     model: "tiny" (built in) or a local diffusers folder. attention: "sage" installs sagevideo's
-    processor, "full" runs the stock full-precision one. backend: `sageattn`'s backend; "auto" on
+    processor, "full" runs the stock full-precision one. pv: "auto" = FP8 on sm89+ GPUs, FP16
+    elsewhere (resolved by `plan_batch`). backend: `sageattn`'s backend; "auto" on
     a CPU device means "reference" (see `sagevideo.api.generate`). dtype: None = bf16 on CUDA, fp32 on CPU.
     """
 
@@ -149,7 +150,7 @@ class RunSettings(BaseModel):
 
     model: str = "tiny"
     attention: Literal["sage", "full"] = "sage"
-    pv: Literal["fp16", "fp8"] = "fp16"
+    pv: Literal["auto", "fp16", "fp8"] = "auto"
     backend: Literal["auto", "triton", "reference", "sdpa"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16"] | None = None

@@ -228,7 +228,7 @@ def plan_batch(
     guidance: float = 6.0,
     negative_prompt: str = "",
     attention: str = "sage",
-    pv: str = "fp16",
+    pv: str = "auto",
     plan: str | Path | None = None,
     backend: str = "auto",
     device: str = "auto",
@@ -264,6 +264,8 @@ def plan_batch(
         )
     except ValidationError as err:
         raise InputError(validation_message(err, "settings")) from None
+    dev, dt = _resolve_device(settings)
+    settings = settings.model_copy(update={"pv": resolve_pv(settings.pv, dev)})
     if job_file is None and looks_like_job_file(prompts_or_jobs):
         job_file, prompts_or_jobs = prompts_or_jobs, None
     file_items = read_job_file(job_file).items if job_file is not None else []
@@ -277,11 +279,11 @@ def plan_batch(
         guidance=guidance,
         negative_prompt=negative_prompt,
         attention=attention,
-        pv=pv,
+        pv=settings.pv,
         plan=None if plan is None else str(Path(plan).expanduser().resolve()),
         frames_png=frames_png,
     )
-    notes = _shadowed_options(job_file, file_items, defaults)
+    notes = _shadowed_options(job_file, file_items, {**defaults, "pv": pv})
     jobs = parse_jobs(labelled, defaults)
     source = resolve_model(settings.model)
     resolved = [(_resolve_job(source, j), label) for j, (_, label) in zip(jobs, labelled, strict=True)]
@@ -296,7 +298,6 @@ def plan_batch(
     if problems:
         raise InputError(group_problems(problems))
 
-    dev, dt = _resolve_device(settings)
     backends: dict[tuple[str, str | None], str | None] = {}
     for j, _ in resolved:
         key = (j.attention, j.pv)
@@ -701,6 +702,18 @@ def _prepare_out_dir(out: str | Path) -> Path:
     if manifest.exists() and (not manifest.is_file()):
         raise InputError(f"--out {out}: {MANIFEST_NAME} there is not a file; remove it or use another folder")
     return path
+
+
+def resolve_pv(pv: str, device: str) -> str:
+    """--pv auto -> "fp8" on CUDA GPUs with FP8 tensor cores (sm89+: the fastest mode, within its
+    accuracy contract), else "fp16" (as `install`'s default plan); fp16/fp8 stay as given."""
+    if pv != "auto":
+        return pv
+    if device != "cuda":
+        return "fp16"
+    import torch
+
+    return "fp8" if torch.cuda.get_device_capability() >= (8, 9) else "fp16"
 
 
 def _resolve_device(settings: RunSettings) -> tuple[str, str]:

@@ -291,3 +291,22 @@ def test_steps_are_reported_and_a_job_past_job_timeout_fails(tmp_path, monkeypat
 def test_bad_job_timeout_is_refused(tmp_path, no_model_load, bad):
     with pytest.raises(InputError, match=r"--job-timeout .*: give seconds > 0"):
         sagevideo.generate("a cat", out=tmp_path, job_timeout=bad, progress=False)
+
+
+@pytest.mark.parametrize(
+    "pv, device, capability, expected",
+    [("auto", "cpu", None, "fp16"), ("auto", "cuda", (9, 0), "fp8"), ("auto", "cuda", (8, 9), "fp8"),
+     ("auto", "cuda", (8, 0), "fp16"), ("fp16", "cuda", (9, 0), "fp16"), ("fp8", "cpu", None, "fp8")],
+)
+def test_pv_auto_follows_the_gpu_like_the_default_plan(monkeypatch, pv, device, capability, expected):
+    import torch
+
+    from sagevideo.api.generate import resolve_pv
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability or pytest.fail("asked a CPU"))
+    assert resolve_pv(pv, device) == expected
+
+
+def test_default_pv_on_cpu_is_fp16_and_recorded(tmp_path, no_model_load):
+    plan = plan_batch(["a cat"], out=tmp_path)
+    assert plan.settings.pv == "fp16" and plan.jobs[0].job.pv == "fp16" and plan.jobs[0].backend == "reference"

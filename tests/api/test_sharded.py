@@ -51,6 +51,7 @@ def test_more_ranks_than_gpus_here(tmp_path, no_loading, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))  # --pv auto asks
     shows = r"--gpus-per-job 2: this machine shows 1 GPU\(s\); give at most 1, or --address"
     with pytest.raises(InputError, match=shows):
         sagevideo.generate(["a cat"], out=tmp_path, device="cuda", attention="full", gpus_per_job=2, progress=False)
