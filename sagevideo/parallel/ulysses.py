@@ -1,11 +1,11 @@
 """Ulysses sequence parallelism: all-to-all between sequence shards and head groups.
 
-Each of P ranks holds (B, H, N/P, D) q/k/v for its sequence shard. `seq_to_heads` exchanges them
-so each rank holds all N tokens of H/P heads; attention then runs locally (any kernel: sagevideo's
-quantized attention sees exactly the inputs it would see on one GPU, per head); `heads_to_seq`
-returns the output to sequence shards. Two all-to-alls of q/k/v/o per attention call, no
-approximation. Tokens replicated on every rank (e.g. CogVideoX's text) skip the exchange:
-`local_heads` slices them and `gather_heads` reassembles their output.
+Each of P ranks holds (B, H, N/P, D) q/k/v for its sequence shard. `ulysses_attention` exchanges
+them (one all-to-all for q, k and v) so each rank holds all N tokens of H/P heads; attention then
+runs locally (any kernel: sagevideo's quantized attention sees exactly the inputs it would see on
+one GPU, per head); a second all-to-all returns the output to sequence shards. No approximation.
+Tokens replicated on every rank (e.g. CogVideoX's text) skip the exchange: they are sliced to the
+rank's heads and their output is reassembled with `gather_heads`.
 """
 
 from __future__ import annotations
@@ -26,27 +26,6 @@ def check_degree(heads: int, sharded_tokens: int, degree: int, what: str = "vide
         problems.append(f"{sharded_tokens} {what} are not divisible by {degree}; change frames/size or the degree")
     if problems:
         raise ValueError("Ulysses degree " + str(degree) + ": " + "; ".join(problems))
-
-
-def seq_to_heads(x: torch.Tensor, group=None) -> torch.Tensor:
-    """(B, H, n, D) sequence shard -> (B, H/P, P·n, D): all tokens of this rank's head group."""
-    world = dist.get_world_size(group)
-    b, h, n, d = x.shape
-    send = x.reshape(b, world, h // world, n, d).transpose(0, 1).contiguous()  # chunk p -> rank p
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)  # recv[p]: rank p's sequence shard of my heads
-    return recv.permute(1, 2, 0, 3, 4).reshape(b, h // world, world * n, d)
-
-
-def heads_to_seq(x: torch.Tensor, group=None) -> torch.Tensor:
-    """(B, H/P, N, D) head group -> (B, H, N/P, D): this rank's sequence shard of all heads."""
-    world = dist.get_world_size(group)
-    b, h, n_all, d = x.shape
-    n = n_all // world
-    send = x.reshape(b, h, world, n, d).permute(2, 0, 1, 3, 4).contiguous()  # shard p -> rank p
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)  # recv[p]: my shard of rank p's heads
-    return recv.transpose(0, 1).reshape(b, world * h, n, d)
 
 
 def local_heads(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -76,13 +55,36 @@ def ulysses_attention(attend, query: torch.Tensor, key: torch.Tensor, value: tor
 
     Video q/k/v are exchanged to all tokens × H/P heads, text q/k/v sliced to the same heads;
     `attend(q, k, v)` runs on (B, H/P, T + N, D); the output goes back to (B, H, T + n, D).
+    Data movement only (bit-exact). q, k and v travel in one all-to-all, and each tensor is
+    copied once on each side of it: separate exchanges plus reshapes and concatenations cost a
+    5B-size step on 2 H200s ~95 ms of extra copies (docs/benchmarks.md).
     """
-    gathered = [
-        torch.cat([local_heads(t[:, :, :text_len], group), seq_to_heads(t[:, :, text_len:], group)], dim=2)
-        for t in (query, key, value)
-    ]
-    out = attend(*gathered)
-    return torch.cat([gather_heads(out[:, :, :text_len], group), heads_to_seq(out[:, :, text_len:], group)], dim=2)
+    world = dist.get_world_size(group)
+    b, h, _, d = query.shape
+    hp, n = h // world, query.shape[2] - text_len
+    # send[p, i]: this rank's video tokens of tensor i (q, k, v) for head group p -> rank p.
+    send = query.new_empty(world, 3, b, hp, n, d)
+    for i, t in enumerate((query, key, value)):
+        send[:, i].copy_(t[:, :, text_len:].unflatten(1, (world, hp)).transpose(0, 1))
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)  # recv[p]: rank p's sequence shard of my heads
+    qkv = query.new_empty(3, b, hp, text_len + world * n, d)
+    for i, t in enumerate((query, key, value)):
+        qkv[i, :, :, :text_len].copy_(local_heads(t[:, :, :text_len], group))
+    qkv[:, :, :, text_len:].unflatten(3, (world, n)).copy_(recv.permute(1, 2, 3, 0, 4, 5))
+    del send, recv
+    out = attend(qkv[0], qkv[1], qkv[2])
+
+    # send_o[p]: my heads' output for rank p's sequence shard -> rank p.
+    send_o = out.new_empty(world, b, hp, n, d)
+    send_o.copy_(out[:, :, text_len:].unflatten(2, (world, n)).permute(2, 0, 1, 3, 4))
+    recv_o = torch.empty_like(send_o)
+    dist.all_to_all_single(recv_o, send_o, group=group)  # recv_o[p]: my shard of head group p
+    result = out.new_empty(b, h, text_len + n, d)
+    result[:, :, text_len:].unflatten(1, (world, hp)).copy_(recv_o.transpose(0, 1))
+    if text_len:
+        result[:, :, :text_len] = gather_heads(out[:, :, :text_len], group)
+    return result
 
 
 class SequenceParallelHandle:
