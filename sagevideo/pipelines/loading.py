@@ -8,8 +8,10 @@ calls `CogVideoXPipeline.from_pretrained(path, local_files_only=True, use_safete
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -201,7 +203,7 @@ def load_pipeline(source: ModelSource, device: str, dtype: Any):
 
         from diffusers import CogVideoXPipeline
 
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _no_diffusers_progress_bars():
             # diffusers 0.42 renamed torch_dtype to dtype (FutureWarning); older ones know only torch_dtype.
             warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
             pipe = CogVideoXPipeline.from_pretrained(
@@ -211,3 +213,18 @@ def load_pipeline(source: ModelSource, device: str, dtype: Any):
     # The batch has its own progress bar over jobs; per-step bars would interleave with it.
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+@contextlib.contextmanager
+def _no_diffusers_progress_bars() -> Iterator[None]:
+    """diffusers' "Loading pipeline components" bar is process-wide; off while loading (it would cut
+    through the batch's own bar, and Ray forwards every worker's copy), then as it was."""
+    from diffusers.utils import logging as diffusers_logging
+
+    was_enabled = diffusers_logging.is_progress_bar_enabled()
+    diffusers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            diffusers_logging.enable_progress_bar()

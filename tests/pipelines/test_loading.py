@@ -51,8 +51,11 @@ def test_missing_and_malformed_folders(tmp_path):
         resolve_model(str(tmp_path))
 
 
-def test_local_folder_round_trip(tmp_path, tiny_pipe):
-    """A save_pretrained folder of the tiny model loads back with the same weights and defaults."""
+def test_local_folder_round_trip(tmp_path, tiny_pipe, capfd):
+    """A save_pretrained folder of the tiny model loads back with the same weights and defaults,
+    without diffusers' loading bar (it would cut through the batch's bar), which stays as it was."""
+    from diffusers.utils import logging as diffusers_logging
+
     tiny_pipe.save_pretrained(tmp_path / "tiny", safe_serialization=True)
     src = resolve_model(str(tmp_path / "tiny"))
     tiny = resolve_model("tiny")
@@ -71,7 +74,11 @@ def test_local_folder_round_trip(tmp_path, tiny_pipe):
     assert src.default_steps == 50
     assert len(src.fingerprint) == 12 and src.fingerprint == resolve_model(str(tmp_path / "tiny")).fingerprint
 
+    assert diffusers_logging.is_progress_bar_enabled()
+    capfd.readouterr()
     pipe = load_pipeline(src, "cpu", torch.float32)
+    assert "Loading pipeline components" not in capfd.readouterr().err
+    assert diffusers_logging.is_progress_bar_enabled()
     want = tiny_pipe.transformer.state_dict()
     got = pipe.transformer.state_dict()
     assert all(torch.equal(got[k], want[k]) for k in want)
