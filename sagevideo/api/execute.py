@@ -65,6 +65,17 @@ class PlannedJob:
         """Every final name the job writes (relative to the output folder): mp4 first."""
         return [self.output] + ([self.frames_dir] if self.frames_dir else [])
 
+    def remove_leftovers(self, out: Path) -> None:
+        """Delete the staged and partial files of every output of this job in `out` (not the finals)."""
+        from sagevideo.outputs.staging import remove_leftovers
+
+        for name in self.outputs:
+            remove_leftovers(out / name)
+
+    def step_text(self, step: int, steps: int, width: int = 24) -> str:
+        """Progress-bar text for a denoising step of this job: its output's stem, shortened, and step/steps."""
+        return f"{self.output.removesuffix('.mp4')[:width]} {step}/{steps}"
+
 
 @dataclass(frozen=True)
 class RunContext:

@@ -380,7 +380,6 @@ def run_batch(
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from sagevideo.outputs.staging import remove_leftovers
 
     echo = echo or log.warning
     manifest = Manifest(plan.manifest_path)
@@ -396,8 +395,7 @@ def run_batch(
     if not todo:
         return report
     for _, pj in todo:  # what a killed earlier run may have left (hidden files only)
-        for name in pj.outputs:
-            remove_leftovers(plan.out / name)
+        pj.remove_leftovers(plan.out)
 
     bar = tqdm(
         total=len(plan.jobs),
@@ -433,8 +431,7 @@ def run_batch(
         results.close()  # stops workers (Ray) or removes installed attention (here)
         bar.close()
         for _, pj in todo:
-            for name in pj.outputs:
-                remove_leftovers(plan.out / name)
+            pj.remove_leftovers(plan.out)
     return report
 
 
@@ -464,10 +461,9 @@ def _run_here(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Calla
 def _step_watch(pj: PlannedJob, status: Callable[[str], None], limit_s: float | None) -> Callable[[int, int], None]:
     """on_step for a job run in this process: shows the step, and stops a job past --job-timeout."""
     start = time.monotonic()
-    name = pj.output.removesuffix(".mp4")[:24]
 
     def on_step(step: int, steps: int) -> None:
-        status(f"{name} {step}/{steps}")
+        status(pj.step_text(step, steps))
         elapsed = time.monotonic() - start
         if limit_s is not None and elapsed > limit_s:
             raise JobTimeoutError(f"ran past --job-timeout {limit_s:g} s ({elapsed:.0f} s, at step {step}/{steps})")

@@ -27,11 +27,7 @@ def write_mp4(frames: np.ndarray, path: str | Path, *, fps: int = 8, quality: fl
     """
     import imageio.v2 as imageio
 
-    frames = np.asarray(frames)
-    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
-        raise ValueError(
-            f"write_mp4: frames must be uint8 (F, H, W, 3) with F >= 1, got {frames.dtype} {frames.shape}"
-        )
+    frames = _checked_frames(frames, "write_mp4")
     path = Path(path)
     # Hidden, unique, same folder (so the rename stays on one filesystem); ffmpeg creates it with
     # the usual umask permissions (mkstemp's would be 0600).
@@ -68,11 +64,7 @@ def write_frames_png(frames: np.ndarray, folder: str | Path) -> Path:
     must not exist yet; each file is fsynced. Returns the folder."""
     import imageio.v3 as iio
 
-    frames = np.asarray(frames)
-    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
-        raise ValueError(
-            f"write_frames_png: frames must be uint8 (F, H, W, 3) with F >= 1, got {frames.dtype} {frames.shape}"
-        )
+    frames = _checked_frames(frames, "write_frames_png")
     folder = Path(folder)
     folder.mkdir()
     for index, frame in enumerate(frames):
@@ -81,6 +73,14 @@ def write_frames_png(frames: np.ndarray, folder: str | Path) -> Path:
         _fsync_file(path)
     _fsync_dir(folder)
     return folder
+
+
+def _checked_frames(frames: np.ndarray, who: str) -> np.ndarray:
+    """frames as an array, or ValueError unless they are uint8 (F, H, W, 3) with F >= 1."""
+    frames = np.asarray(frames)
+    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or frames.shape[0] == 0:
+        raise ValueError(f"{who}: frames must be uint8 (F, H, W, 3) with F >= 1, got {frames.dtype} {frames.shape}")
+    return frames
 
 
 def _fsync_file(path: str | Path) -> None:

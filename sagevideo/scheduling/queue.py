@@ -18,7 +18,7 @@ job exactly once, with status "done" (the video staged, for the driver to commit
 - A job still running `plan.job_timeout` seconds after it was handed out (a hung NCCL
   collective, a stuck GPU) has its worker stopped and goes back to the queue like a death.
 - Workers report each denoising step on a `ray.util.queue.Queue`; the driver shows the latest
-  (output, step/steps) in the bar's status.
+  ("<output> step/steps") in the bar's status.
 - Closing the generator (the driver's Ctrl-C, or any error) stops every worker it started.
 """
 
@@ -258,7 +258,7 @@ class _StepStatus:
         self.status = status
 
     def poll(self, running: int) -> None:
-        """Show the newest (output, step, steps) the workers reported since the last poll."""
+        """Show the newest step text the workers reported since the last poll."""
         try:
             count = self.queue.qsize()
             reports = self.queue.get_nowait_batch(count) if count else []
@@ -266,9 +266,7 @@ class _StepStatus:
             log.debug("could not read step reports", exc_info=True)
             return
         if reports:
-            output, step, steps = reports[-1]
-            name = output.removesuffix(".mp4")[:20]
-            self.status(f"{running} running, {name} {step}/{steps}" if running > 1 else f"{name} {step}/{steps}")
+            self.status(f"{running} running, {reports[-1]}" if running > 1 else reports[-1])
 
 
 def _wait_gone(refs: list[Any], wait_s: float) -> None:
@@ -377,7 +375,6 @@ def _verdict(worker: _Worker) -> tuple[dict[str, Any] | None, str | None] | None
 
 def _finish(plan: Any, queue: deque, pool: _Pool, worker: _Worker, record, died: str | None, *, echo) -> Iterator:
     """A worker's job ended: yield its record, or stop the worker and requeue (or fail) the job."""
-    from sagevideo.outputs.staging import remove_leftovers
 
     task = worker.task
     worker.task, worker.results, worker.failed_at = None, {}, None
@@ -389,8 +386,7 @@ def _finish(plan: Any, queue: deque, pool: _Pool, worker: _Worker, record, died:
     # Dead already, or its GPU state is suspect, or (a group) its other ranks are stuck: stop all
     # of it, and let a live rank 0 finish dying before its staged file is removed.
     _wait_gone(pool.stop(worker), STOP_WAIT_S)
-    for name in task.job.outputs:
-        remove_leftovers(plan.out / name)
+    task.job.remove_leftovers(plan.out)
     task.retries.append({"attempt": task.attempt, "error": died, "worker": worker.info})
     task.died_on.add(worker.number)
     if task.attempt < plan.max_attempts:

@@ -6,7 +6,7 @@ output folder is the driver's, through a marker file the driver wrote there); lo
 kept and reported by `ready()` instead of killing the actor, so the driver gets a clean message.
 `run(job, attempt)` returns the job's manifest record (with the staged file's name): a few
 hundred bytes through the object store, never frames. Denoising steps are reported to the
-driver through a `ray.util.queue.Queue` (output name, step, steps) for its progress bar.
+driver through a `ray.util.queue.Queue` (the bar's text for that step).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from sagevideo.api.execute import KillHook, PipelineHost, PlannedJob, RunContext
 
 
 def step_reporter(steps_queue: Any, pj: PlannedJob) -> Callable[[int, int], None] | None:
-    """on_step for `PipelineHost.run` that puts (output, step, steps) on the driver's queue, or
-    None without a queue. Never blocks a job: a full or vanished queue drops the report."""
+    """on_step for `PipelineHost.run` that puts the step's bar text on the driver's queue, or None
+    without a queue. Never blocks a job: a full or vanished queue drops the report."""
     if steps_queue is None:
         return None
 
     def report(step: int, steps: int) -> None:
         try:
-            steps_queue.put_nowait((pj.output, step, steps))
+            steps_queue.put_nowait(pj.step_text(step, steps, width=20))
         except Exception:  # Full, or the driver is gone (then this worker is about to be too)
             pass
 
