@@ -117,10 +117,16 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--chunks", type=int, default=None,
+                        help="head chunks pipelined through the all-to-alls (default: ulysses.HEAD_CHUNKS)")
     parser.add_argument("--profile", action="store_true",
                         help="also break one 1-GPU and one sharded forward down by kernel category")
     args = parser.parse_args()
 
+    if args.chunks is not None:
+        from sagevideo.parallel import ulysses
+
+        ulysses.HEAD_CHUNKS = args.chunks  # a speed knob of this benchmark; the output does not change
     rank, world = init_from_env("gloo" if args.tiny else "nccl")
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float32 if args.tiny else torch.bfloat16

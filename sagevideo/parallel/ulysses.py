@@ -49,41 +49,62 @@ def gather_seq(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
+# Head chunks pipelined through the exchanges (see ulysses_attention). 1 = no overlap, the setting
+# measured on 2 H200s (1.82x); 2+ is exact (tests/parallel) but its speed was not measured yet:
+# `torchrun --nproc-per-node 2 scripts/bench_sp.py --chunks 2` decides.
+HEAD_CHUNKS = 1
+
+
 def ulysses_attention(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, text_len: int,
-                      group=None) -> torch.Tensor:
+                      group=None, chunks: int | None = None) -> torch.Tensor:
     """Attention over [replicated text; sharded video] tokens, (B, H, T + n, D) per rank.
 
     Video q/k/v are exchanged to all tokens × H/P heads, text q/k/v sliced to the same heads;
-    `attend(q, k, v)` runs on (B, H/P, T + N, D); the output goes back to (B, H, T + n, D).
-    Data movement only (bit-exact). q, k and v travel in one all-to-all, and each tensor is
-    copied once on each side of it: separate exchanges plus reshapes and concatenations cost a
-    5B-size step on 2 H200s ~95 ms of extra copies (docs/benchmarks.md).
+    `attend(q, k, v)` runs on (B, heads, T + N, D) for chunks of this rank's H/P heads; the output
+    goes back to (B, H, T + n, D). Data movement only (bit-exact: attention is per head).
+
+    Pipelined over `chunks` head chunks (None: HEAD_CHUNKS; fewer when H/P does not divide):
+    every chunk's q/k/v all-to-all is issued up front, so while chunk c is attended the next
+    chunk's inputs and the previous chunk's output are in flight on NCCL's stream. q, k and v travel together, each
+    copied once on each side of the exchange (separate exchanges plus reshapes cost a 5B-size
+    step on 2 H200s ~95 ms of copies; docs/benchmarks.md).
     """
     world = dist.get_world_size(group)
     b, h, _, d = query.shape
     hp, n = h // world, query.shape[2] - text_len
-    # send[p, i]: this rank's video tokens of tensor i (q, k, v) for head group p -> rank p.
-    send = query.new_empty(world, 3, b, hp, n, d)
-    for i, t in enumerate((query, key, value)):
-        send[:, i].copy_(t[:, :, text_len:].unflatten(1, (world, hp)).transpose(0, 1))
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)  # recv[p]: rank p's sequence shard of my heads
-    qkv = query.new_empty(3, b, hp, text_len + world * n, d)
-    for i, t in enumerate((query, key, value)):
-        qkv[i, :, :, :text_len].copy_(local_heads(t[:, :, :text_len], group))
-    qkv[:, :, :, text_len:].unflatten(3, (world, n)).copy_(recv.permute(1, 2, 3, 0, 4, 5))
-    del send, recv
-    out = attend(qkv[0], qkv[1], qkv[2])
+    chunks = HEAD_CHUNKS if chunks is None else chunks
+    chunks = max(c for c in range(1, min(chunks, hp) + 1) if hp % c == 0)
+    hc = hp // chunks
+    exchanges = []
+    for c in range(chunks):  # send[p, i]: my video tokens of tensor i for chunk c of head group p
+        send = query.new_empty(world, 3, b, hc, n, d)
+        for i, t in enumerate((query, key, value)):
+            send[:, i].copy_(t[:, :, text_len:].unflatten(1, (world, hp))[:, :, c * hc : (c + 1) * hc].transpose(0, 1))
+        recv = torch.empty_like(send)
+        exchanges.append((dist.all_to_all_single(recv, send, group=group, async_op=True), send, recv))
 
-    # send_o[p]: my heads' output for rank p's sequence shard -> rank p.
-    send_o = out.new_empty(world, b, hp, n, d)
-    send_o.copy_(out[:, :, text_len:].unflatten(2, (world, n)).permute(2, 0, 1, 3, 4))
-    recv_o = torch.empty_like(send_o)
-    dist.all_to_all_single(recv_o, send_o, group=group)  # recv_o[p]: my shard of head group p
-    result = out.new_empty(b, h, text_len + n, d)
-    result[:, :, text_len:].unflatten(1, (world, hp)).copy_(recv_o.transpose(0, 1))
+    texts = [local_heads(t[:, :, :text_len], group) for t in (query, key, value)]
+    result = query.new_empty(b, h, text_len + n, d)
+    text_out = query.new_empty(b, hp, text_len, d)
+    returns = []
+    for c, (work, _, recv) in enumerate(exchanges):
+        work.wait()  # recv[p]: rank p's sequence shard of my chunk-c heads
+        qkv = query.new_empty(3, b, hc, text_len + world * n, d)
+        for i in range(3):
+            qkv[i, :, :, :text_len].copy_(texts[i][:, c * hc : (c + 1) * hc])
+        qkv[:, :, :, text_len:].unflatten(3, (world, n)).copy_(recv.permute(1, 2, 3, 0, 4, 5))
+        out = attend(qkv[0], qkv[1], qkv[2])
+        text_out[:, c * hc : (c + 1) * hc] = out[:, :, :text_len]
+        # send_o[p]: my chunk-c heads' output for rank p's sequence shard -> rank p.
+        send_o = out[:, :, text_len:].unflatten(2, (world, n)).permute(2, 0, 1, 3, 4).contiguous()
+        recv_o = torch.empty_like(send_o)
+        returns.append((dist.all_to_all_single(recv_o, send_o, group=group, async_op=True), send_o, recv_o))
+    video = result[:, :, text_len:].unflatten(1, (world, hp))
+    for c, (work, _, recv_o) in enumerate(returns):
+        work.wait()  # recv_o[p]: my sequence shard of chunk c of head group p
+        video[:, :, c * hc : (c + 1) * hc].copy_(recv_o.transpose(0, 1))
     if text_len:
-        result[:, :, :text_len] = gather_heads(out[:, :, :text_len], group)
+        result[:, :, :text_len] = gather_heads(text_out, group)
     return result
 
 

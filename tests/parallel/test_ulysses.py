@@ -106,6 +106,47 @@ def test_two_ranks_equal_one_process(tmp_path):
             assert (sharded - single_opensora).abs().max() < 1e-5, ("opensora", backend, rank)
 
 
+def _attention_worker(rank, world, port, out_dir):
+    """ulysses_attention on this rank's shard of fixed q/k/v, for 1, 2 and 4 head chunks."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from sagevideo.parallel.launch import init_from_env
+    from sagevideo.parallel.ulysses import ulysses_attention
+
+    init_from_env("gloo")
+    q, k, v = _full_qkv()
+    text, n = 5, (q.shape[2] - 5) // world
+    shard = [torch.cat([t[:, :, :text], t[:, :, text + rank * n : text + (rank + 1) * n]], dim=2) for t in (q, k, v)]
+    for chunks in (1, 2, 4):
+        calls = []
+
+        def attend(*qkv, calls=calls):
+            calls.append(qkv[0].shape[1])
+            return torch.nn.functional.scaled_dot_product_attention(*qkv)
+
+        out = ulysses_attention(attend, *shard, text, chunks=chunks)
+        torch.save((out, calls), os.path.join(out_dir, f"chunks{chunks}-rank{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def _full_qkv():
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randn(2, 8, 5 + 2 * 12, 16, generator=gen) for _ in range(3)]  # 5 text + 24 video tokens
+
+
+def test_ulysses_attention_in_head_chunks_equals_full_attention(tmp_path):
+    """The pipelined exchange (heads in chunks, async all-to-alls) is pure data movement: each
+    rank gets exactly full attention on its tokens, for any chunk count; attend runs once per chunk."""
+    mp.spawn(_attention_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    q, k, v = _full_qkv()
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    for chunks, heads_per_call in ((1, [4]), (2, [2, 2]), (4, [1, 1, 1, 1])):
+        for rank in range(2):
+            out, calls = torch.load(tmp_path / f"chunks{chunks}-rank{rank}.pt")
+            want = torch.cat([full[:, :, :5], full[:, :, 5 + rank * 12 : 5 + (rank + 1) * 12]], dim=2)
+            assert calls == heads_per_call
+            assert torch.equal(out, want), (chunks, rank)
+
+
 def test_degree_errors_are_clear():
     with pytest.raises(ValueError, match=r"30 attention heads are not divisible by 4 \(usable degrees: \[1, 2, 3, 5"):
         check_degree(30, 17550, 4)
