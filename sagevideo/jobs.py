@@ -143,7 +143,7 @@ class RunSettings(BaseModel):
     model: "tiny" (built in) or a local diffusers folder. attention: "sage" installs sagevideo's
     processor, "full" runs the stock full-precision one. pv: "auto" = FP8 on sm89+ GPUs, FP16
     elsewhere (resolved by `plan_batch`). backend: `sageattn`'s backend; "auto" on
-    a CPU device means "reference" (see `sagevideo.api.generate`). dtype: None = bf16 on CUDA, fp32 on CPU.
+    a CPU device means "reference" (see `sagevideo.api.batch_plan`). dtype: None = bf16 on CUDA, fp32 on CPU.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -126,7 +126,7 @@ def test_plan_path_is_relative_to_the_job_file_recorded_and_applied(tmp_path):
     assert again["backends"]["counts"] == {"reference/fp8": 4}
     (plans / "p.json").write_text(json.dumps({"version": 1, "default": {"mode": "int8-fp16"}}))
     plan = plan_batch(job_file=path, out=tmp_path / "o")
-    from sagevideo.api.generate import _previous_records
+    from sagevideo.api.batch_run import _previous_records
     from sagevideo.outputs.manifest import Manifest
 
     assert _previous_records(Manifest(plan.manifest_path), plan) == [None]  # cat.mp4 is the fp8 job's now

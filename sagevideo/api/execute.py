@@ -4,7 +4,7 @@
 asks for (installing or removing sagevideo's processors only when it changes between jobs),
 generates, writes the mp4 under a *staged* name (`sagevideo.outputs.staging`) and returns the
 job's manifest record with the private key "_staged". Nothing here appends to the manifest or
-gives a file its final name: the driver does both (`sagevideo.api.generate.run_batch`), so there
+gives a file its final name: the driver does both (`sagevideo.api.batch_run.run_batch`), so there
 is exactly one writer of the manifest and of final names, however many workers run.
 """
 

@@ -269,7 +269,7 @@ def test_frames_png_writes_a_folder_per_job_and_resume_checks_it(tmp_path):
 
 
 def test_steps_are_reported_and_a_job_past_job_timeout_fails(tmp_path, monkeypatch):
-    from sagevideo.api import generate as gen
+    from sagevideo.api import batch_run as gen
 
     seen = []
     real = gen._step_watch
@@ -301,7 +301,7 @@ def test_bad_job_timeout_is_refused(tmp_path, no_model_load, bad):
 def test_pv_auto_follows_the_gpu_like_the_default_plan(monkeypatch, pv, device, capability, expected):
     import torch
 
-    from sagevideo.api.generate import resolve_pv
+    from sagevideo.api.batch_plan import resolve_pv
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability or pytest.fail("asked a CPU"))
     assert resolve_pv(pv, device) == expected

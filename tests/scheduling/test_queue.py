@@ -174,7 +174,8 @@ def test_a_job_past_job_timeout_has_its_worker_stopped_and_is_retried(tmp_path, 
     )
     assert sorted(order) == [0, 1, 2, 3]
     assert [records[p]["status"] for p in ("once", "a", "b")] == ["done"] * 3
-    assert records["once"]["attempts"] == 2 and "after --job-timeout 0.02 s; stopped" in records["once"]["retries"][0]["error"]
+    once = records["once"]
+    assert once["attempts"] == 2 and "after --job-timeout 0.02 s; stopped" in once["retries"][0]["error"]
     stuck = records["stuck"]
     assert stuck["status"] == "failed" and len(stuck["retries"]) == 2
     assert stuck["error"].endswith("after --job-timeout 0.02 s; stopped; gave up after 2 attempt(s)")

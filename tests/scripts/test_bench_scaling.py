@@ -27,8 +27,9 @@ def run(args: list[str], tmp_path: Path) -> str:
 
 def test_bench_sp_tiny(tmp_path):
     out = tmp_path / "sp.json"
-    stdout = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                  "scripts/bench_sp.py", "--tiny", "--repeats", "2", "--warmup", "1", "--profile", "--json", str(out)], tmp_path)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    args = ["scripts/bench_sp.py", "--tiny", "--repeats", "2", "--warmup", "1", "--profile", "--json", str(out)]
+    stdout = run([*torchrun, *args], tmp_path)
     report = json.loads(out.read_text())
     assert "speedup" in stdout and "kernel time by category" in stdout and report["world"] == 2
     for mode in ("sage", "sdpa"):

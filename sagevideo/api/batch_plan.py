@@ -1,0 +1,461 @@
+"""Plan a batch of video jobs without loading a model: every input problem is found here.
+
+`plan_batch(...)` validates prompts or a job file (YAML/TOML/text), settings, model folder,
+attention-plan files and output folder, resolves model defaults, the device, each job's
+attention backend and where the batch runs (this process, or Ray), and gives each job a stable id
+and output name. It returns a `BatchPlan` for `sagevideo.api.batch_run.run_batch`, or raises
+`InputError` naming each bad field and its fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sagevideo.api.execute import PlannedJob, RunContext
+from sagevideo.jobs import (
+    DEFAULT_PROMPTS,
+    InputError,
+    JobSpec,
+    RunSettings,
+    group_problems,
+    job_id,
+    output_stem,
+    parse_jobs,
+    read_prompts_file,
+    validation_message,
+    where,
+)
+from sagevideo.outputs.manifest import MANIFEST_NAME
+from sagevideo.pipelines.loading import ModelSource
+
+PromptsOrJobs = (
+    str | Path | Mapping[str, Any] | JobSpec | Iterable[str | Mapping[str, Any] | JobSpec] | None
+)
+
+
+# Keyword options that are also job fields: job files override them (job > file defaults > option).
+_JOB_OPTIONS = (
+    "seed", "frames", "height", "width", "steps", "guidance", "negative_prompt", "attention", "pv", "plan", "frames_png"
+)
+
+
+@dataclass
+class BatchPlan:
+    """Everything `run_batch` needs; built by `plan_batch` without loading any model.
+
+    backend: the `sageattn` backend of the batch's default attention/pv, or None for "full"
+    (each PlannedJob has its own). notes: facts the user should see before the run (e.g. why CPU
+    runs the emulation). use_ray: run on Ray workers (`address`: None = a local instance, "auto",
+    or HOST:PORT; `workers`: None = one per GPU, or per node on CPU). max_attempts: runs of a job
+    whose worker died before it is marked failed. gpus_per_job: ranks that share each job by
+    sequence parallelism (> 1: Ray groups of that many ranks; `workers` then counts groups).
+    job_timeout: seconds a job may run (None: no limit); see `plan_batch`.
+    """
+
+    out: Path
+    settings: RunSettings
+    source: ModelSource
+    device: str
+    dtype: str
+    backend: str | None
+    jobs: list[PlannedJob]
+    notes: list[str] = field(default_factory=list)
+    use_ray: bool = False
+    address: str | None = None
+    workers: int | None = None
+    max_attempts: int = 3
+    gpus_per_job: int = 1
+    job_timeout: float | None = None
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.out / MANIFEST_NAME
+
+    def context(self) -> RunContext:
+        """What each worker needs (no jobs)."""
+        return RunContext(
+            out=self.out, source=self.source, device=self.device, dtype=self.dtype, fps=self.settings.fps
+        )
+
+
+def plan_batch(
+    prompts_or_jobs: PromptsOrJobs = None,
+    *,
+    out: str | Path,
+    model: str = "tiny",
+    prompts_file: str | Path | None = None,
+    job_file: str | Path | None = None,
+    seed: int = 0,
+    frames: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    steps: int | None = None,
+    guidance: float = 6.0,
+    negative_prompt: str = "",
+    attention: str = "sage",
+    pv: str = "auto",
+    plan: str | Path | None = None,
+    backend: str = "auto",
+    device: str = "auto",
+    dtype: str | None = None,
+    fps: int = 8,
+    address: str | None = None,
+    workers: int | None = None,
+    max_attempts: int = 3,
+    gpus_per_job: int = 1,
+    job_timeout: float | None = None,
+    frames_png: bool = False,
+) -> BatchPlan:
+    """Validate a batch and resolve everything about it without loading a model.
+
+    frames/height/width/steps left as None take the model's defaults. Precedence of job fields:
+    a job's own value > a job file's `defaults` > these keyword options > the model's defaults.
+    plan: an attention-plan JSON for every job that does not name its own (checked to exist and
+    be a JSON object, recorded in the manifest). gpus_per_job: ranks per job (Ulysses sequence
+    parallelism, CogVideoX only), checked against every job's heads and video tokens here.
+    job_timeout: seconds one job may run. On Ray the driver stops a worker whose job runs longer
+    (a hang) and retries the job like a worker death; in this process the limit is checked after
+    each denoising step and the job fails (a hang inside one step cannot be stopped here).
+    frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4).
+    Raises InputError naming each bad field and its fix.
+    """
+    from sagevideo.api.sharded import degree_problems
+    from sagevideo.jobfile import looks_like_job_file, read_job_file
+    from sagevideo.pipelines.loading import resolve_model
+
+    try:
+        settings = RunSettings(
+            model=model, attention=attention, pv=pv, backend=backend, device=device, dtype=dtype, fps=fps
+        )
+    except ValidationError as err:
+        raise InputError(validation_message(err, "settings")) from None
+    dev, dt = _resolve_device(settings)
+    settings = settings.model_copy(update={"pv": resolve_pv(settings.pv, dev)})
+    if job_file is None and looks_like_job_file(prompts_or_jobs):
+        job_file, prompts_or_jobs = prompts_or_jobs, None
+    file_items = read_job_file(job_file).items if job_file is not None else []
+    labelled = [*file_items, *_labelled_items(prompts_or_jobs, prompts_file, have_jobs=bool(file_items))]
+    defaults = dict(
+        seed=seed,
+        frames=frames,
+        height=height,
+        width=width,
+        steps=steps,
+        guidance=guidance,
+        negative_prompt=negative_prompt,
+        attention=attention,
+        pv=settings.pv,
+        plan=None if plan is None else str(Path(plan).expanduser().resolve()),
+        frames_png=frames_png,
+    )
+    notes = _shadowed_options(job_file, file_items, {**defaults, "pv": pv})
+    jobs = parse_jobs(labelled, defaults)
+    source = resolve_model(settings.model)
+    resolved = [(_resolve_job(source, j), label) for j, (_, label) in zip(jobs, labelled, strict=True)]
+    problems = [
+        (where(label, problem.split(":", 1)[0]), problem) for j, label in resolved for problem in source.problems(j)
+    ]
+    plan_shas, plan_problems = _check_plans(resolved)
+    problems += plan_problems + _duplicate_outputs(resolved)
+    if problems:
+        raise InputError(group_problems(problems))
+    problems = degree_problems(source, resolved, gpus_per_job)  # raises for batch-wide problems
+    if problems:
+        raise InputError(group_problems(problems))
+
+    backends: dict[tuple[str, str | None], str | None] = {}
+    for j, _ in resolved:
+        key = (j.attention, j.pv)
+        if key not in backends:
+            backends[key], found = _resolve_backend(settings, j.attention, j.pv, source, dev, dt)
+            notes += [n for n in found if n not in notes]
+    default_backend = backends.get((settings.attention, settings.pv if settings.attention == "sage" else None))
+    if default_backend is None and settings.attention == "sage":
+        default_backend, _ = _resolve_backend(settings, "sage", settings.pv, source, dev, dt)
+    if job_timeout is not None and (
+        isinstance(job_timeout, bool) or not isinstance(job_timeout, (int, float)) or not 0 < job_timeout < math.inf
+    ):
+        raise InputError(f"--job-timeout {job_timeout}: give seconds > 0, e.g. 1800 (leave it out for no limit)")
+    use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev, gpus_per_job)
+    notes += execution_notes
+    out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
+    planned, seen, duplicates = [], set(), 0
+    for j, label in resolved:
+        key = (j.attention, j.pv)
+        id_settings = {
+            "model": source.name,
+            "model_fingerprint": source.fingerprint,
+            "backend": backends[key],
+            "dtype": dt,
+            "fps": settings.fps,
+            "plan_sha256": plan_shas.get(j.plan),
+        }
+        # The plan file's content, not its path, decides the output: moving the file keeps the id.
+        jid = job_id(j.model_copy(update={"plan": None}), id_settings)
+        if jid in seen:
+            duplicates += 1
+            continue
+        seen.add(jid)
+        planned.append(
+            PlannedJob(
+                job=j,
+                job_id=jid,
+                output=f"{output_stem(j, jid)}.mp4",
+                label=str(label),
+                backend=backends[key],
+                plan_sha256=plan_shas.get(j.plan),
+            )
+        )
+    if duplicates:
+        notes.append(f"{duplicates} duplicate job(s) (same prompt and settings) will run once")
+    return BatchPlan(
+        out=out_dir,
+        settings=settings,
+        source=source,
+        device=dev,
+        dtype=dt,
+        backend=default_backend,
+        jobs=planned,
+        notes=notes,
+        use_ray=use_ray,
+        address=address,
+        workers=workers,
+        max_attempts=max_attempts,
+        gpus_per_job=gpus_per_job,
+        job_timeout=None if job_timeout is None else float(job_timeout),
+    )
+
+
+def _labelled_items(
+    prompts_or_jobs: PromptsOrJobs, prompts_file: str | Path | None, *, have_jobs: bool = False
+) -> list[tuple[Any, str]]:
+    """(item, label) pairs from a prompts file and the Python/CLI items; the built-in batch when
+    nothing at all was given (have_jobs: a job file already gave jobs)."""
+    items: list[tuple[Any, str]] = list(read_prompts_file(prompts_file)) if prompts_file is not None else []
+    if isinstance(prompts_or_jobs, (str, Mapping, JobSpec)):
+        prompts_or_jobs = [prompts_or_jobs]
+    if prompts_or_jobs is not None:
+        items += [(item, f"job {i}") for i, item in enumerate(prompts_or_jobs, start=1)]
+    if have_jobs:
+        return items
+    if not items and prompts_file is None and prompts_or_jobs is None:
+        items = [(p, f"default prompt {i}") for i, p in enumerate(DEFAULT_PROMPTS, start=1)]
+    if not items:
+        raise InputError("no prompts to generate; give at least one")
+    return items
+
+
+def _shadowed_options(
+    job_file: str | Path | None, file_items: list[tuple[Any, Any]], options: dict[str, Any]
+) -> list[str]:
+    """Notes for options given here (not at their default) that a job file overrides: job-file
+    values win, which is right for per-shot settings but surprising if unsaid."""
+    if not file_items:
+        return []
+    signature = inspect.signature(plan_batch).parameters
+    notes = []
+    for name in _JOB_OPTIONS:
+        value, default = options[name], signature[name].default
+        if value == default or (name == "plan" and value is None):
+            continue
+        keys = ("resolution", name) if name in ("height", "width") else (name,)
+        count = sum(1 for item, _ in file_items if isinstance(item, Mapping) and any(k in item for k in keys))
+        if count:
+            notes.append(
+                f"{Path(job_file).name} sets {name} for {count} of {len(file_items)} job(s); "
+                f"there it wins over {name}={value!r} given here"
+            )
+    return notes
+
+
+def _resolve_job(source: ModelSource, job: JobSpec) -> JobSpec:
+    """Model defaults for size/steps; pv only means something for sagevideo attention."""
+    job = source.resolve(job)
+    return job.model_copy(update={"pv": job.pv if job.attention == "sage" else None})
+
+
+def _check_plans(resolved: list[tuple[JobSpec, Any]]) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """({plan path: first 16 hex digits of its SHA-256}, problems) for every plan the jobs name."""
+    shas: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
+    bad: dict[str, str] = {}
+    for j, label in resolved:
+        if not j.plan or j.plan in shas:
+            continue
+        if j.plan not in bad:
+            path = Path(j.plan).expanduser()
+            fix = "give the path of an attention-plan JSON (relative paths are relative to the job file)"
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                bad[j.plan] = f"plan: {j.plan} does not exist; {fix}"
+            except OSError as err:
+                bad[j.plan] = f"plan: {j.plan} cannot be read ({err.strerror or err}); {fix}"
+            else:
+                from sagevideo.pipelines.plans import AttentionPlan, PlanError
+
+                try:
+                    AttentionPlan.from_json(data.decode("utf-8", errors="replace"), source=j.plan)
+                except PlanError as err:
+                    bad[j.plan] = f"plan: {err}; write plans with `sagevideo calibrate`"
+                else:
+                    shas[j.plan] = hashlib.sha256(data).hexdigest()[:16]
+                    continue
+        problems.append((where(label, "plan"), bad[j.plan]))
+    return shas, problems
+
+
+def _duplicate_outputs(resolved: list[tuple[JobSpec, Any]]) -> list[tuple[str, str]]:
+    """Two jobs naming the same output would overwrite each other (compared case-insensitively,
+    as macOS and Windows file systems do)."""
+    first: dict[str, Any] = {}
+    problems = []
+    for j, label in resolved:
+        if not j.output:
+            continue
+        key = j.output.casefold()
+        if key in first:
+            problems.append(
+                (
+                    where(label, "output"),
+                    f"output: {j.output!r} is already the output of {where(first[key], 'output')}; "
+                    "give each job its own output name",
+                )
+            )
+        else:
+            first[key] = label
+    return problems
+
+
+def _resolve_execution(
+    address: str | None, workers: int | None, max_attempts: int, device: str, gpus_per_job: int = 1
+) -> tuple[bool, list[str]]:
+    """(run on Ray?, notes). Ray when an address is given, more than one worker is asked for,
+    jobs span several GPUs (gpus_per_job > 1: one process per rank), or (workers unset) more than
+    one GPU is visible; Ray is then checked to be installed."""
+    from sagevideo.scheduling import address_problem, ray_installed
+
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise InputError(f"--workers {workers}: give a whole number >= 1 (1 runs in this process)")
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise InputError(f"--max-attempts {max_attempts}: give a whole number >= 1 (1: no retry)")
+    if address is not None:
+        problem = address_problem(address)
+        if problem:
+            raise InputError(problem)
+    gpus = 0
+    if device == "cuda":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus_per_job > gpus and address is None:
+            raise InputError(
+                f"--gpus-per-job {gpus_per_job}: this machine shows {gpus} GPU(s); give at most {gpus}, "
+                "or --address of a Ray cluster with a node that has enough"
+            )
+    asked = address is not None or (workers or 1) > 1 or gpus_per_job > 1
+    if not asked and not (workers is None and gpus > 1):
+        return False, []
+    if not ray_installed():
+        if gpus_per_job > 1:
+            raise InputError(
+                f"--gpus-per-job {gpus_per_job} starts one process per rank through Ray, which is not "
+                "installed; pip install 'sagevideo[ray]', or run scripts/sp_generate.py under torchrun"
+            )
+        if asked:
+            why = f"--address {address}" if address is not None else f"--workers {workers}"
+            raise InputError(
+                f"{why} needs Ray, which is not installed; pip install 'sagevideo[ray]', or leave it out "
+                "to run in this process"
+            )
+        return False, [
+            f"{gpus} GPUs are visible but Ray is not installed: running on one GPU in this process "
+            "(pip install 'sagevideo[ray]' to use them all)"
+        ]
+    where_to = {None: "a local Ray instance", "auto": "the running Ray cluster (or a local instance)"}
+    notes = [f"scheduling: Ray, on {where_to.get(address, f'the Ray cluster at {address}')}"]
+    if gpus_per_job > 1:
+        unit = "GPU" if device == "cuda" else "CPU process"
+        notes.append(
+            f"sequence parallelism: each job on {gpus_per_job} ranks (one {unit} each, one node per group); "
+            "rank 0 decodes and writes"
+        )
+    return True, notes
+
+
+def _prepare_out_dir(out: str | Path) -> Path:
+    """Create the output folder if needed and prove it is writable (a probe file)."""
+    from sagevideo.outputs.folders import writable_folder
+
+    path = writable_folder(out, InputError, "; give a folder for the videos and manifest")
+    manifest = path / MANIFEST_NAME
+    if manifest.exists() and (not manifest.is_file()):
+        raise InputError(f"--out {out}: {MANIFEST_NAME} there is not a file; remove it or use another folder")
+    return path
+
+
+def resolve_pv(pv: str, device: str) -> str:
+    """--pv auto -> "fp8" on CUDA GPUs with FP8 tensor cores (sm89+: the fastest mode, within its
+    accuracy contract), else "fp16" (as `install`'s default plan); fp16/fp8 stay as given."""
+    if pv != "auto":
+        return pv
+    if device != "cuda":
+        return "fp16"
+    import torch
+
+    return "fp8" if torch.cuda.get_device_capability() >= (8, 9) else "fp16"
+
+
+def _resolve_device(settings: RunSettings) -> tuple[str, str]:
+    """(device, dtype name): auto -> CUDA when torch sees a GPU; dtype bf16 on CUDA, fp32 on CPU."""
+    import torch
+
+    device = settings.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise InputError(
+            f"--device cuda: torch {torch.__version__} sees no CUDA GPU; use --device cpu or auto"
+        )
+    dtype = settings.dtype or ("bfloat16" if device == "cuda" else "float32")
+    return device, dtype
+
+
+def _resolve_backend(
+    settings: RunSettings, attention: str, pv: str | None, source: ModelSource, device: str, dtype: str
+) -> tuple[str | None, list[str]]:
+    """(sageattn backend for the processors or None, notes) for jobs with this attention and pv.
+    Explicit choices that cannot run raise."""
+    import torch
+
+    from sagevideo.kernels import plans
+
+    if attention == "full":
+        return None, ["attention: full precision (the stock CogVideoX processor; nothing installed)"]
+    backend = settings.backend
+    if backend == "auto" and device == "cpu":
+        # On CPU, sageattn's auto would fall back to full-precision SDPA and the run would not
+        # exercise quantized numerics at all; the reference emulates them exactly.
+        return "reference", [
+            f"attention: --backend auto on CPU runs the quantization emulation (reference/{pv}); "
+            "the Triton kernels need a CUDA GPU"
+        ]
+    if backend in ("auto", "triton"):
+        choice = plans.select_plan(torch.device(device), source.head_dim, pv)
+        problem = choice.reason
+        if not problem and dtype not in ("float16", "bfloat16"):
+            problem = f"dtype {dtype}: the Triton kernels take float16 or bfloat16"
+        if problem and backend == "triton":
+            raise InputError(f"--backend triton cannot run: {problem}; use --backend auto or reference")
+        if problem:
+            return "auto", [f"attention: the Triton kernels cannot run ({problem}); auto falls back to SDPA"]
+        return backend, [f"attention: Triton kernels ({choice.plan.describe()})"]
+    return backend, [f"attention: sageattn backend {backend}/{pv}"]
