@@ -137,6 +137,11 @@ def test_imports_stay_light():
     assert out.strip() == "[]"
 
 
+def test_python_dash_m_runs_the_cli():
+    done = subprocess.run([sys.executable, "-m", "sagevideo", "generate", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "Usage: sagevideo generate" in done.stdout and "--job-timeout" in done.stdout
+
+
 def test_model_that_cannot_load_exits_1(tmp_path, monkeypatch):
     import sagevideo.pipelines.loading as loading
 
