@@ -94,7 +94,7 @@ def generate(
         int, typer.Option(help="Seed of the initial noise (CPU generator: same on every device).")
     ] = 0,
     frames: Annotated[
-        int | None, typer.Option(help="Frames, 1 + 4k (default: the model's; tiny: 9).")
+        int | None, typer.Option(help="Frames, 1 + 8k (default: the model's; tiny: 9).")
     ] = None,
     height: Annotated[
         int | None, typer.Option(help="Height in px, multiple of 16 (default: the model's; tiny: 64).")

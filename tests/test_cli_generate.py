@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import imageio.v2 as imageio
 import pytest
 from typer.testing import CliRunner
 
@@ -44,7 +45,7 @@ def test_options_reach_the_jobs(tmp_path):
         "--seed",
         5,
         "--frames",
-        5,
+        17,
         "--height",
         32,
         "--width",
@@ -70,8 +71,10 @@ def test_options_reach_the_jobs(tmp_path):
         r["guidance"],
         r["pv"],
         r["fps"],
-    ) == (5, 5, 32, 48, 1, 1.0, "fp8", 4)
+    ) == (5, 17, 32, 48, 1, 1.0, "fp8", 4)
     assert r["backends"]["counts"] == {"reference/fp8": 2}  # no CFG at guidance 1: one pass per step
+    with imageio.get_reader(out / r["outputs"][0]) as reader:  # the file has what the record says
+        assert sum(1 for _ in reader) == 17
 
 
 def test_failed_job_gives_exit_code_1(tmp_path, monkeypatch):

@@ -150,7 +150,7 @@ BAD_FILES = [
     ("bool-steps.yaml", "jobs:\n  - prompt: a\n    steps: yes\n",
      r"line 3 \(job 1\): steps: expected a number, got true"),
     ("bad-frames.yaml", "jobs:\n  - prompt: a\n  - prompt: b\n    frames: 10\n",
-     r"line 4 \(job 2\): frames: 10 is not 1 \+ a multiple of 4 .*use e\.g\. 9 or 13"),
+     r"line 4 \(job 2\): frames: 10 is not 1 \+ a multiple of 4 .*use 1 \+ a multiple of 8, e\.g\. 9 or 17"),
     ("bad-size.yaml", "jobs:\n  - prompt: a\n    resolution: 720x50\n",
      r"line 3 \(job 1\): height: 50 px is not a multiple of 16 .*use e\.g\. 48 or 64"),
     ("bad-resolution.yaml", "jobs:\n  - prompt: a\n    resolution: big\n",

@@ -75,12 +75,19 @@ class ModelSource:
                     f"{field}: {value} px is not a multiple of {size} "
                     f"(VAE {self.spatial}x times patch {self.patch}); use e.g. {near}"
                 )
-        if (job.frames - 1) % self.temporal:
-            near = (job.frames - 1) // self.temporal * self.temporal + 1
-            problems.append(
-                f"frames: {job.frames} is not 1 + a multiple of {self.temporal} "
-                f"(the VAE compresses time {self.temporal}x); use e.g. {near} or {near + self.temporal}"
+        # Latent frames must be odd as well: CogVideoX's VAE decodes latent frames in pairs and turns
+        # an even count L into temporal·L frames (5 frames -> 2 latent -> 8 decoded), not 1 + temporal·(L-1).
+        step = 2 * self.temporal
+        if (job.frames - 1) % step:
+            near = (job.frames - 1) // step * step + 1
+            latent = (job.frames - 1) // self.temporal + 1
+            why = (
+                f"is not 1 + a multiple of {self.temporal} (the VAE compresses time {self.temporal}x)"
+                if (job.frames - 1) % self.temporal
+                else f"makes {latent} latent frames, and the VAE decodes an even number of latent frames into "
+                f"{self.temporal * latent} frames, not {job.frames}"
             )
+            problems.append(f"frames: {job.frames} {why}; use 1 + a multiple of {step}, e.g. {near} or {near + step}")
         return problems
 
 

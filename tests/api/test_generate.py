@@ -170,15 +170,15 @@ def test_job_ids_are_stable_and_setting_sensitive(tmp_path):
 
 def test_jobs_from_dicts_and_specs_with_keyword_defaults(tmp_path):
     plan = plan_batch(
-        ["a", {"prompt": "b", "seed": 7}, JobSpec(prompt="c", frames=5), "a"],
+        ["a", {"prompt": "b", "seed": 7}, JobSpec(prompt="c", frames=25), "a"],
         out=tmp_path,
         seed=3,
-        frames=13,
+        frames=17,
     )
     assert [(j.job.prompt, j.job.seed, j.job.frames) for j in plan.jobs] == [
-        ("a", 3, 13),
-        ("b", 7, 13),
-        ("c", 0, 5),
+        ("a", 3, 17),
+        ("b", 7, 17),
+        ("c", 0, 25),
     ]
     assert any("1 duplicate job" in note for note in plan.notes)
     assert any("quantization emulation" in note for note in plan.notes)

@@ -21,7 +21,9 @@ def test_tiny_source_defaults():
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"frames": 10}, r"frames: 10 is not 1 \+ a multiple of 4 .* use e.g. 9 or 13"),
+        ({"frames": 10}, r"frames: 10 is not 1 \+ a multiple of 4 .* use 1 \+ a multiple of 8, e.g. 9 or 17"),
+        ({"frames": 13}, r"frames: 13 makes 4 latent frames, and the VAE decodes an even number of latent frames "
+                         r"into 16 frames, not 13; use 1 \+ a multiple of 8, e.g. 9 or 17"),
         ({"height": 72}, r"height: 72 px is not a multiple of 16 .* use e.g. 64 or 80"),
         ({"width": 8}, r"width: 8 px is not a multiple of 16 .* use e.g. 16"),
     ],
