@@ -105,7 +105,10 @@ def run_jobs(
             yield from _drive(plan, todo, pool, status, echo, poll_steps=steps.poll)
         finally:
             pool.stop_all()
-            ray.kill(steps_queue.actor, no_restart=True)
+            try:
+                ray.kill(steps_queue.actor, no_restart=True)
+            except Exception:  # already gone with the Ray session: nothing to free
+                log.debug("could not stop the step queue", exc_info=True)
             marker.unlink(missing_ok=True)
             if report is not None and pool.seen:
                 nodes = len({w["node"] for w in pool.seen})
@@ -193,7 +196,7 @@ class _Pool:
 
     @property
     def ready(self) -> int:
-        return len(self.idle) + len(set(self.busy.values()))
+        return len(self.idle) + len(self.busy_workers())
 
     def start(self) -> bool:
         if self.starts_left <= 0:
@@ -239,15 +242,17 @@ class _Pool:
 
     def stuck(self, now: float) -> list[_Worker]:
         """Busy groups where a rank failed alone more than STUCK_S ago (its peers wait forever)."""
-        busy = dict.fromkeys(self.busy.values())
-        return [w for w in busy if w.failed_at is not None and now - w.failed_at > STUCK_S]
+        return [w for w in self.busy_workers() if w.failed_at is not None and now - w.failed_at > STUCK_S]
+
+    def busy_workers(self) -> list[_Worker]:
+        """Workers with a job in flight, each once (a group has one ref per rank)."""
+        return list(dict.fromkeys(self.busy.values()))
 
     def overdue(self, now: float, limit_s: float | None) -> list[_Worker]:
         """Busy workers whose job was handed out more than limit_s ago (none without a limit)."""
         if limit_s is None:
             return []
-        busy = dict.fromkeys(self.busy.values())
-        return [w for w in busy if now - w.started > limit_s]
+        return [w for w in self.busy_workers() if now - w.started > limit_s]
 
 
 class _StepStatus:
@@ -332,7 +337,7 @@ def _drive(
             )
             yield from _finish(plan, queue, pool, worker, None, reason, echo=echo)
         if poll_steps is not None:
-            poll_steps(len(set(pool.busy.values())))
+            poll_steps(len(pool.busy_workers()))
 
 
 def _outcome(ref: Any, worker: _Worker, rank: int) -> Any:
@@ -375,7 +380,6 @@ def _verdict(worker: _Worker) -> tuple[dict[str, Any] | None, str | None] | None
 
 def _finish(plan: Any, queue: deque, pool: _Pool, worker: _Worker, record, died: str | None, *, echo) -> Iterator:
     """A worker's job ended: yield its record, or stop the worker and requeue (or fail) the job."""
-
     task = worker.task
     worker.task, worker.results, worker.failed_at = None, {}, None
     if died is None:

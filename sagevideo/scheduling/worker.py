@@ -19,7 +19,8 @@ from sagevideo.api.execute import KillHook, PipelineHost, PlannedJob, RunContext
 
 def step_reporter(steps_queue: Any, pj: PlannedJob) -> Callable[[int, int], None] | None:
     """on_step for `PipelineHost.run` that puts the step's bar text on the driver's queue, or None
-    without a queue. Never blocks a job: a full or vanished queue drops the report."""
+    without a queue. One small round trip per step (steps take seconds); a full or vanished queue
+    drops the report, never the job."""
     if steps_queue is None:
         return None
 
