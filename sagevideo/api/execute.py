@@ -164,6 +164,7 @@ def base_record(ctx: RunContext, pj: PlannedJob) -> dict[str, Any]:
         "attempts": 1,
         "retries": [],
         "worker": None,
+        "started": None,
         "created": None,
         "sagevideo_version": sagevideo.__version__,
     }
@@ -210,7 +211,7 @@ class PipelineHost:
         from sagevideo.pipelines import runner  # looked up per call: tests patch runner.run_job
 
         record = base_record(self.ctx, pj)
-        record.update(attempts=attempt, worker=self.worker)
+        record.update(attempts=attempt, worker=self.worker, started=now_iso())
         timings = {"load_s": round(self.load_s, 4), "denoise_s": None, "decode_s": None, "write_s": None}
         self.load_s = 0.0
         with record_backends() as calls:

@@ -12,10 +12,11 @@ backend (the one the processors were given: --backend auto on CPU becomes "refer
 "full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), device,
 dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
 decode_s, write_s), outputs (paths relative to the output folder: the mp4, then the PNG frames
-folder for frames_png jobs), attempts (runs it took: more
-than 1 when a worker died under it), retries (one {attempt, error, worker} per such death),
-worker ({host, pid, node}: who ran the last attempt; node is the Ray node id, None without
-Ray; with --gpus-per-job, rank 0 of the group, plus rank and ranks), created (UTC ISO time),
+folder for frames_png jobs), attempts (runs it took: more than 1 when a worker died under it),
+retries (one {attempt, error, worker} per such death), worker ({host, pid, node}: who ran the
+last attempt; node is the Ray node id, None without Ray; with --gpus-per-job, rank 0 of the
+group, plus rank and ranks), started (UTC ISO time the last attempt began on its worker, after
+any model load; None when no worker returned a record), created (UTC ISO time of the record),
 sagevideo_version.
 """
 

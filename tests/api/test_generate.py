@@ -15,7 +15,7 @@ from sagevideo.jobs import DEFAULT_PROMPTS, InputError, JobSpec
 RECORD_FIELDS = set(
     "job_id status error prompt negative_prompt seed frames height width steps guidance name model "
     "model_fingerprint attention pv backend plan plan_sha256 device dtype fps backends timings outputs "
-    "attempts retries worker created sagevideo_version".split()
+    "attempts retries worker started created sagevideo_version".split()
 )
 
 
@@ -70,6 +70,7 @@ def test_default_batch_end_to_end(tmp_path):
         assert all(isinstance(r["timings"][k], float) for k in ("load_s", "denoise_s", "decode_s", "write_s"))
         assert r["sagevideo_version"] == sagevideo.__version__
         assert (r["attempts"], r["retries"], r["plan"], r["plan_sha256"]) == (1, [], None, None)
+        assert r["started"] <= r["created"] and r["started"].endswith("+00:00")
         assert r["worker"] == {"host": socket.gethostname(), "pid": os.getpid(), "node": None}
         (name,) = r["outputs"]
         assert re.fullmatch(r"[a-z0-9-]+-[0-9a-f]{10}\.mp4", name) and name.endswith(
