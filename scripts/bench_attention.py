@@ -129,13 +129,6 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
             row["ms"][f"sage-{pv}-kernel"] = bench_ms(lambda prepared=prepared, o=o, plan=plan: attention_forward(
                 prepared, v, None, o, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n))
             row.setdefault("prep_kernels_ms", {})[pv] = prep_kernel_times(quantize)
-            # K/V tiles per quantization program: a speed-only knob, timed here to choose it.
-            row.setdefault("prep_tiles_per_program_ms", {})[pv] = {
-                t: round(bench_ms(lambda t=t, plan=plan, rot=rot: quantize_inputs(
-                    q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
-                    need_shift=False, tiles_per_program=t)), 4)
-                for t in (1, 2, 4, 8)
-            }
         del prepared
         if sweep:
             row.setdefault("sweep", {})[pv] = sweep_plans(q, k, v, plan, shape)

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """Device time of each preparation kernel (K/V stats, finalize, K/V quantization, Q quantization)
-for several warp counts of the quantization kernels, on the benchmark shapes (speed only: warps
-do not change the numerics). Direct launches, as the registered op runs them in eager mode.
+for several warp counts of the quantization kernels and K/V tiles per program, on the benchmark
+shapes (speed only: neither changes the numerics). Direct launches, as the registered op runs
+them in eager mode.
 
-    python3 scripts/bench_prep.py --shapes cogvideox-2b,d128-8k --warps 4,8 --json prep.json
+    python3 scripts/bench_prep.py --shapes cogvideox-2b,d128-8k --warps 4,8 --tiles 1,2,4,8 --json prep.json
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import sys
 
@@ -27,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="cogvideox-2b,d128-8k")
     parser.add_argument("--warps", default="4,8")
+    parser.add_argument("--tiles", default="1", help="K/V tiles per quantization program")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     rows = []
@@ -36,15 +39,18 @@ def main(argv: list[str] | None = None) -> int:
         for pv in ("fp16", "fp8"):
             plan = select_plan(q.device, d, pv).plan
             rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
-            for warps in (int(w) for w in args.warps.split(",")):
+            for warps, tiles in itertools.product(
+                (int(w) for w in args.warps.split(",")), [int(t) for t in args.tiles.split(",")]
+            ):
                 quantize.QUANT_WARPS = warps
                 prepare = functools.partial(quantize.quantize_inputs, q, k, v, None, rot, plan, sm_scale=d**-0.5,
-                                            per_token=False, smooth_k=True, need_shift=False)
+                                            per_token=False, smooth_k=True, need_shift=False, tiles_per_program=tiles)
                 with set_wrap_triton_enabled(False):
                     times = prep_kernel_times(prepare)
                 times = {key: ms for key, ms in times.items() if key.startswith("_")}
-                rows.append({"shape": name, "pv": pv, "warps": warps, "ms": times, "total_ms": sum(times.values())})
-                print(f"{name:14} {pv:5} warps {warps}: total {sum(times.values()):.3f} ms  "
+                rows.append({"shape": name, "pv": pv, "warps": warps, "tiles_per_program": tiles, "ms": times,
+                             "total_ms": sum(times.values())})
+                print(f"{name:14} {pv:5} warps {warps} tiles {tiles}: total {sum(times.values()):.3f} ms  "
                       + "  ".join(f"{key.strip('_').split('_kernel')[0]} {ms:.3f}" for key, ms in times.items()))
     if args.json:
         with open(args.json, "w") as f:
