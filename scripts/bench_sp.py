@@ -6,7 +6,8 @@ CogVideoX-5B's config (42 layers, 48 heads x 64, random weights, built by
 scripts/bench_transformer.py), batch 2 (classifier-free guidance), 49 frames 480x720 = 13 latent
 frames of 60x90 = 17,550 video + 226 text tokens, bf16. Per attention mode:
 - 1 GPU: rank 0 runs the unsharded transformer alone (the other ranks wait at a barrier);
-- N GPUs: every rank runs it sharded (`shard_cogvideox`: video tokens split, all-to-all over heads).
+- N GPUs: every rank runs it sharded (`shard_cogvideox`: the [text; video] sequence split in equal
+  shards, all-to-all over heads).
 Same weights and inputs on every rank (rank 0's, broadcast). Time: median of --repeats forwards
 after --warmup, each between torch.cuda.synchronize()s (N GPUs: ranks start together after a
 barrier; a forward's time is the slowest rank's). Modes: "sage" = sagevideo attention with the

@@ -43,6 +43,7 @@ def transformer_config(source: ModelSource) -> SimpleNamespace:
         num_attention_heads=source.heads,
         patch_size=source.patch,
         patch_size_t=cfg.get("patch_size_t"),
+        max_text_seq_length=cfg.get("max_text_seq_length", 226),  # the prompt length the runner pads to
     )
 
 

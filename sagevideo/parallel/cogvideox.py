@@ -1,11 +1,15 @@
 """Ulysses sequence parallelism for CogVideoX transformers: one video's tokens over P ranks.
 
-Each rank keeps all text tokens and 1/P of the video tokens (a contiguous slice in token order):
+The joint sequence [text; video] (T + N tokens, the order attention sees) is cut into P equal
+contiguous shards, so rank 0 holds the text and the first video tokens, the last ranks video only
+(`shard_ranges`); no token is processed twice:
 - a forward pre-hook slices the rotary tables to the rank's video tokens;
-- a hook on `patch_embed` keeps [text; own video slice];
-- every attention layer runs `UlyssesCogVideoXAttnProcessor`: video q/k/v go through the
-  all-to-all to full sequence × H/P heads, text q/k/v are sliced to the same heads, attention (the
-  installed plan, sagevideo kernels) runs per head group, outputs go back;
+- a hook on `patch_embed` keeps [text; own video slice] (the model splits text from video by the
+  input's text length right after), and a pre-hook on the first block keeps own text slice;
+- every attention layer runs `UlyssesCogVideoXAttnProcessor`: q/k/v of the shard go through the
+  all-to-all to the full sequence × H/P heads, attention (the installed plan, sagevideo kernels)
+  runs per head group, outputs go back. The gathered order is the one-GPU order exactly, so each
+  head's attention (quantization groups included) sees the same inputs as on one GPU;
 - a hook on `norm_final` gathers the video tokens, so every rank ends with the full output.
 Norms, MLPs and modulation are per token, so they run on the shards unchanged. Every rank must
 run the same inputs (same seed). Works under torchrun or Ray actors that set its variables.
@@ -19,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
+from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_uneven, ulysses_attention
 from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
 
 
@@ -30,9 +34,25 @@ def video_tokens(config: Any, frames: int, height: int, width: int) -> int:
     return latent_frames * (height // p) * (width // p)
 
 
-def check_cogvideox_degree(config: Any, latent_frames: int, latent_height: int, latent_width: int, degree: int) -> None:
-    """Up-front check (before any GPU work) that `degree` ranks can split this job."""
-    check_degree(config.num_attention_heads, video_tokens(config, latent_frames, latent_height, latent_width), degree)
+def check_cogvideox_degree(config: Any, latent_frames: int, latent_height: int, latent_width: int, degree: int,
+                           text_tokens: int | None = None) -> None:
+    """Up-front check (before any GPU work) that `degree` ranks can split this job.
+
+    text_tokens: the prompt length the pipeline pads to (default: config.max_text_seq_length).
+    """
+    text = config.max_text_seq_length if text_tokens is None else text_tokens
+    video = video_tokens(config, latent_frames, latent_height, latent_width)
+    check_degree(config.num_attention_heads, text + video, degree, what=f"tokens ({text} text + {video} video)")
+
+
+def shard_ranges(text: int, video: int, world: int, rank: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(text start, stop), (video start, stop) of `rank`'s equal contiguous shard of [text; video].
+
+    Requires (text + video) % world == 0 (`check_degree`). Ranges may be empty.
+    """
+    per = (text + video) // world
+    start, stop = rank * per, (rank + 1) * per
+    return (min(start, text), min(stop, text)), (max(start, text) - text, max(stop, text) - text)
 
 
 class UlyssesCogVideoXAttnProcessor(SageCogVideoXAttnProcessor):
@@ -45,7 +65,8 @@ class UlyssesCogVideoXAttnProcessor(SageCogVideoXAttnProcessor):
     def attend(self, query, key, value, mask, text_len):
         if mask is not None:
             raise NotImplementedError("Ulysses sequence parallelism takes no attention mask (CogVideoX uses none)")
-        return ulysses_attention(functools.partial(self.router, self.name), query, key, value, text_len, self.group)
+        # Every token is in exactly one shard (text included): nothing is replicated.
+        return ulysses_attention(functools.partial(self.router, self.name), query, key, value, 0, self.group)
 
 
 def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,
@@ -62,31 +83,42 @@ def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str 
     factory = functools.partial(UlyssesCogVideoXAttnProcessor, group=group)
     attention = install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend,
                                routes={CogVideoXAttnProcessor2_0: factory})
-    state: dict[str, int] = {}
+    state: dict[str, Any] = {}
 
     def before_forward(module, args, kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
         text = kwargs.get("encoder_hidden_states", args[1] if len(args) > 1 else None)
         _, frames, _, height, width = hidden.shape
-        total = video_tokens(module.config, frames, height, width)
-        check_degree(module.config.num_attention_heads, total, world)
-        n = total // world
-        state.update(text=text.shape[1], start=rank * n, stop=(rank + 1) * n)
+        video = video_tokens(module.config, frames, height, width)
+        check_degree(module.config.num_attention_heads, text.shape[1] + video, world,
+                     what=f"tokens ({text.shape[1]} text + {video} video)")
+        (t0, t1), (v0, v1) = shard_ranges(text.shape[1], video, world, rank)
+        sizes = [shard_ranges(text.shape[1], video, world, r)[1] for r in range(world)]
+        state.update(text=text.shape[1], t0=t0, t1=t1, v0=v0, v1=v1, video_sizes=[b - a for a, b in sizes])
         rotary = kwargs.get("image_rotary_emb")
         if rotary is not None:
-            kwargs["image_rotary_emb"] = tuple(t[state["start"] : state["stop"]] for t in rotary)
+            kwargs["image_rotary_emb"] = tuple(t[v0:v1] for t in rotary)
         return args, kwargs
 
     def keep_own_tokens(module, args, output):
+        # All text stays in front: the model splits text from video by the input's text length.
         t = state["text"]
-        return torch.cat([output[:, :t], output[:, t + state["start"] : t + state["stop"]]], dim=1)
+        return torch.cat([output[:, :t], output[:, t + state["v0"] : t + state["v1"]]], dim=1)
+
+    def keep_own_text(module, args, kwargs):
+        if "encoder_hidden_states" in kwargs:
+            kwargs["encoder_hidden_states"] = kwargs["encoder_hidden_states"][:, state["t0"] : state["t1"]]
+        else:
+            args = (args[0], args[1][:, state["t0"] : state["t1"]], *args[2:])
+        return args, kwargs
 
     def gather_video(module, args, output):
-        return gather_seq(output, group, dim=1)
+        return gather_uneven(output, state["video_sizes"], group, dim=1)
 
     hooks = [
         transformer.register_forward_pre_hook(before_forward, with_kwargs=True),
         transformer.patch_embed.register_forward_hook(keep_own_tokens),
+        transformer.transformer_blocks[0].register_forward_pre_hook(keep_own_text, with_kwargs=True),
         transformer.norm_final.register_forward_hook(gather_video),
     ]
     return SequenceParallelHandle(attention, hooks)

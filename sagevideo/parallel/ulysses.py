@@ -49,6 +49,21 @@ def gather_seq(x: torch.Tensor, group=None, dim: int = 1) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
+def gather_uneven(x: torch.Tensor, sizes: list[int], group=None, dim: int = 1) -> torch.Tensor:
+    """Shards of `sizes[r]` along `dim` (rank r's) -> the whole sequence on every rank.
+
+    Collectives move equal sizes, so each shard travels padded to the largest and is trimmed.
+    """
+    largest = max(sizes)
+    if all(size == largest for size in sizes):
+        return gather_seq(x, group, dim)
+    pad = list(x.shape)
+    pad[dim] = largest - x.shape[dim]
+    padded = torch.cat([x, x.new_zeros(pad)], dim=dim) if pad[dim] else x
+    parts = gather_seq(padded, group, dim).split(largest, dim=dim)
+    return torch.cat([part.narrow(dim, 0, size) for part, size in zip(parts, sizes, strict=True)], dim=dim)
+
+
 # Head chunks pipelined through the exchanges (see ulysses_attention). 1 = no overlap, the setting
 # measured on 2 H200s (1.82x); 2+ is exact (tests/parallel) but its speed was not measured yet:
 # `torchrun --nproc-per-node 2 scripts/bench_sp.py --chunks 2` decides.
@@ -84,7 +99,9 @@ def ulysses_attention(attend, query: torch.Tensor, key: torch.Tensor, value: tor
         exchanges.append((dist.all_to_all_single(recv, send, group=group, async_op=True), send, recv))
 
     texts = [local_heads(t[:, :, :text_len], group) for t in (query, key, value)]
-    result = query.new_empty(b, h, text_len + n, d)
+    # (B, H, T + n, D) view of (B, T + n, H, D) memory: the caller's transpose(1, 2).reshape to
+    # (B, T + n, H·D) before the output projection is then a view, not another copy.
+    result = query.new_empty(b, text_len + n, h, d).transpose(1, 2)
     text_out = query.new_empty(b, hp, text_len, d)
     returns = []
     for c, (work, _, recv) in enumerate(exchanges):

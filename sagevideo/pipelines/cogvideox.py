@@ -66,8 +66,9 @@ class SageCogVideoXAttnProcessor(RoutedProcessor):
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        # Rotary embedding on the video tokens only; the text tokens come first.
-        if image_rotary_emb is not None:
+        # Rotary embedding on the video tokens only; the text tokens come first. (A sequence-parallel
+        # shard can hold text only: then there is nothing to rotate, and diffusers' reshape fails on 0.)
+        if image_rotary_emb is not None and query.shape[2] > text_seq_length:
             query[:, :, text_seq_length:] = apply_rotary_emb(query[:, :, text_seq_length:], image_rotary_emb)
             if not attn.is_cross_attention:
                 key[:, :, text_seq_length:] = apply_rotary_emb(key[:, :, text_seq_length:], image_rotary_emb)

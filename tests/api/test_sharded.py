@@ -26,8 +26,8 @@ def no_loading(monkeypatch):
     [
         (["--gpus-per-job", "4"], "--gpus-per-job 4: the 2 attention heads of tiny are not divisible by 4 "
          "(each rank attends over whole heads); use one of [1, 2]"),
-        (["--gpus-per-job", "2", "--height", "48", "--width", "48"], "job 1, job 2: --gpus-per-job 2: 27 video "
-         "tokens are not divisible by 2; change frames/size or the degree (frames 9, 48x48 px)"),
+        (["--gpus-per-job", "2", "--height", "48", "--width", "48"], "job 1, job 2: --gpus-per-job 2: 253 tokens "
+         "(226 text + 27 video) are not divisible by 2; change frames/size or the degree (frames 9, 48x48 px)"),
         (["--gpus-per-job", "0"], "--gpus-per-job 0: give a whole number >= 1"),
     ],
 )
@@ -42,7 +42,8 @@ def test_cli_refuses_a_degree_before_loading(tmp_path, no_loading, extra, messag
 def test_job_file_lines_and_python_api(tmp_path, no_loading):
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text("jobs:\n  - prompt: fine\n  - prompt: odd size\n    frames: 9\n    resolution: 48x48\n")
-    with pytest.raises(InputError, match=r"jobs.yaml line 4 \(job 2\): --gpus-per-job 2: 27 video tokens"):
+    refused = r"jobs.yaml line 4 \(job 2\): --gpus-per-job 2: 253 tokens \(226 text \+ 27 video\)"
+    with pytest.raises(InputError, match=refused):
         sagevideo.generate(jobs, out=tmp_path / "out", device="cpu", gpus_per_job=2, progress=False)
 
 
@@ -76,11 +77,11 @@ def test_cogvideox_1_5_counts_padded_latent_frames(tmp_path):
     source = dataclasses.replace(resolve_model("tiny"), path=tmp_path / "model", heads=48, patch=2, spatial=8)
     assert transformer_config(source).patch_size_t == 2
     # 81 frames -> 21 latent frames -> 11 pairs (the last one padded); 752x1360 px -> 47x85 patches.
-    # 11 x 3995 tokens do not split in 3; 21 x 3995 would: the padding is counted.
+    # 226 text + 11 x 3995 tokens do not split in 3; with 21 x 3995 they would: the padding is counted.
     job = [(JobSpec(prompt="x", frames=81, height=752, width=1360), "job 1")]
     assert degree_problems(source, job, 3) == [
-        ("job 1", "--gpus-per-job 3: 43945 video tokens are not divisible by 3; change frames/size or the degree "
-         "(frames 81, 1360x752 px)")
+        ("job 1", "--gpus-per-job 3: 44171 tokens (226 text + 43945 video) are not divisible by 3; change "
+         "frames/size or the degree (frames 81, 1360x752 px)")
     ]
-    twelve_pairs = JobSpec(prompt="x", frames=89, height=752, width=1360)
-    assert degree_problems(source, [(twelve_pairs, "job 1")], 3) == []
+    thirteen_pairs = JobSpec(prompt="x", frames=97, height=752, width=1360)  # 226 + 13 x 3995 = 3 x 17387
+    assert degree_problems(source, [(thirteen_pairs, "job 1")], 3) == []

@@ -33,7 +33,7 @@ def test_a_degree_the_jobs_cannot_take_stops_every_rank_before_loading(tmp_path,
     args = ["--out", str(tmp_path / "out"), "-p", "a cat", "--height", "48", "--width", "48", "--device", "cpu"]
     monkeypatch.setenv("RANK", "0")
     assert script.main(args) == 2
-    error = "sp_generate: error: job 1: --gpus-per-job 2: 27 video tokens are not divisible by 2"
+    error = "sp_generate: error: job 1: --gpus-per-job 2: 253 tokens (226 text + 27 video) are not divisible by 2"
     assert error in capsys.readouterr().err
     monkeypatch.setenv("RANK", "1")  # the other ranks stop as well, silently
     assert script.main(args) == 2 and capsys.readouterr().err == ""

@@ -152,7 +152,18 @@ def test_degree_errors_are_clear():
         check_degree(30, 17550, 4)
     from types import SimpleNamespace
 
-    cfg = SimpleNamespace(num_attention_heads=48, patch_size=2, patch_size_t=None)
-    with pytest.raises(ValueError, match="17550 video tokens are not divisible by 4"):
-        check_cogvideox_degree(cfg, 13, 60, 90, 4)
-    check_cogvideox_degree(cfg, 13, 60, 90, 2)
+    cfg = SimpleNamespace(num_attention_heads=48, patch_size=2, patch_size_t=None, max_text_seq_length=226)
+    with pytest.raises(ValueError, match=r"17776 tokens \(226 text \+ 17550 video\) are not divisible by 3"):
+        check_cogvideox_degree(cfg, 13, 60, 90, 3)
+    # 17550 video tokens alone do not split in 4, the joint sequence does (4 x 4444).
+    for degree in (2, 4, 8):
+        check_cogvideox_degree(cfg, 13, 60, 90, degree)
+
+
+def test_shards_cover_text_then_video_once():
+    from sagevideo.parallel.cogvideox import shard_ranges
+
+    assert [shard_ranges(226, 17550, 2, r) for r in range(2)] == [((0, 226), (0, 8662)), ((226, 226), (8662, 17550))]
+    # More ranks than the text fills: the text spans ranks 0 and 1.
+    assert [shard_ranges(10, 14, 4, r) for r in range(4)] == [
+        ((0, 6), (0, 0)), ((6, 10), (0, 2)), ((10, 10), (2, 8)), ((10, 10), (8, 14))]
