@@ -1,0 +1,315 @@
+"""Hopper (sm90) attention forward in Gluon: a TMA producer warp and two consumer warpgroups.
+
+The same computation as `attention_fwd` (INT8 Q·Kᵀ into int32, fp32 online softmax with exp2,
+FP8 P·V as a fresh fp32 product per key tile added into the accumulator), scheduled the way
+FlashAttention-3 schedules Hopper:
+- a one-warp producer partition streams K-code tiles and Vᵀ (e4m3) tiles into a ring of
+  NUM_STAGES shared-memory stages with TMA, signalling `ready[s]`; the two consumers each
+  arrive on `empty[s]` once their MMAs have read the stage;
+- two consumer warpgroups (the default partition and one 4-warp worker) own 64 query rows each
+  of a 128-row CTA; while one runs its softmax the other's warpgroup MMAs use the tensor cores;
+- PIPELINE_QK: within a warpgroup, Q·K_{j+1}ᵀ is issued (async) before the softmax of tile j
+  and waited for after it, so the tensor cores run during the exp2s.
+
+Numerics equal the plain-Triton kernel's for the same plan: the Q scale is per row (constant
+over the plan's BLOCK_M rows, so a 128-row CTA of 64-row warpgroups keeps the d64 plan's
+128-row Q groups), K's per BLOCK_N tile, V's per channel. Only what the video transformers run
+is implemented here: FP8 PV, per-block K scales, no causal mask, no key mask, no LSE; the plan
+sends anything else to the plain-Triton kernel (`supports`).
+
+Gluon cannot run under TRITON_INTERPRET; `scripts/gluon_compile_check.py` compiles this kernel
+for sm90 on a CPU-only machine, the `gpu` tests check it against the reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from sagevideo.kernels.quantize import QuantizedInputs
+from sagevideo.kernels.reference import FP8_MAX
+
+LOG2_FP8_MAX = gl.constexpr(math.log2(FP8_MAX))
+WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64 per warpgroup)
+CTA_ROWS = gl.constexpr(128)  # two consumer warpgroups
+# 4 + 4 + 1 warps run as 3 warpgroups: 168 x 384 threads fits the SM's 64K registers; setmaxnreg
+# then moves them from the producer (PRODUCER_REGS) to the consumers (CONSUMER_REGS).
+MAXNREG = 168
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
+              WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr):
+    """One warp: Q tiles of both warpgroups once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
+    q_smem, k_smem, v_smem = bufs
+    q_bar, ready, empty = bars
+    q_row, k_row, v_row, n_tiles = dims[0], dims[1], dims[2], dims[3]
+    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
+    tma.async_copy_global_to_shared(q_desc, [q_row + WG_ROWS, 0], q_bar, q_smem.index(1))
+    for j in range(n_tiles):
+        stage = j % NUM_STAGES
+        mbarrier.wait(empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)  # first pass: free
+        bar = ready.index(stage)
+        mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, 0], bar, k_smem.index(stage))
+        tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], bar, v_smem.index(stage))
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
+             s_layout: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr, DROP: gl.constexpr):
+    """Scores (int32, s_layout) of one key tile -> (P as e4m3 MMA operand, m, l, alpha).
+
+    DROP == 1 (timing only, wrong results): no max, exp2 or sum, to measure what softmax costs.
+    """
+    scores = s.to(gl.float32) * (q_scale * k_scale)[:, None]
+    if DROP == 1:
+        return gl.convert_layout(scores.to(gl.float8e4nv), p_layout), m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
+    if MASKED:
+        cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
+        scores = gl.where((cols < N_K)[None, :], scores, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
+    p = gl.exp2(scores - (m_new - LOG2_FP8_MAX)[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return gl.convert_layout(p.to(gl.float8e4nv), p_layout), m_new, l_i, alpha
+
+
+@gluon.jit
+def _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, DROP: gl.constexpr):
+    """`_softmax` of key tile j: bounds checked only on the partial last tile."""
+    if j < n_full:
+        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, False, DROP)
+    else:
+        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, True, DROP)
+    return p8, m_i, l_i, alpha
+
+
+@gluon.jit
+def _next_k_scale(KScale, k_scale_row, j, n_tiles, BLOCK_N: gl.constexpr):
+    """Tile j's K scale, loaded one tile ahead of its use: an L2 round trip on the critical path of
+    every tile otherwise (the mbarrier/wgmma waits are volatile, so the load cannot move above them)."""
+    return gl.load(KScale + k_scale_row + j * BLOCK_N, mask=j < n_tiles, other=0.0)
+
+
+@gluon.jit
+def _pv_mma(p8, v_tile, o_zero, DROP: gl.constexpr):
+    """Issue P·V (async) as a fresh fp32 product; DROP == 2 (timing only) issues nothing."""
+    if DROP == 2:
+        pv = o_zero
+    else:
+        pv = warpgroup_mma(p8, v_tile.permute((1, 0)), o_zero, use_acc=False, is_async=True)
+    return pv
+
+
+@gluon.jit
+def _pv_wait(pv, DROP: gl.constexpr):
+    if DROP != 2:
+        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
+    return pv
+
+
+@gluon.jit
+def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
+              WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr):
+    """One warpgroup: 64 query rows against every key tile, then the normalised 16-bit store.
+
+    PIPELINE_QK (FlashAttention-3's intra-warpgroup overlap): S_j = Q·K_jᵀ and P_{j-1}·V_{j-1}
+    are issued together, the softmax of tile j runs while P_{j-1}·V_{j-1} is on the tensor cores,
+    and the accumulator takes that product afterwards. Otherwise each tile is issued and waited
+    for in order (S, softmax, P·V).
+    """
+    q_smem, k_smem, v_smem = bufs
+    q_bar, ready, empty = bars
+    QScale, KScale, VScale, Out = ptrs[0], ptrs[1], ptrs[2], ptrs[3]
+    n_tiles, N_Q, N_K = dims[3], dims[4], dims[5]
+    scale_row, k_scale_row, o_offset, stride_om = dims[6], dims[7], dims[8], dims[9]
+    v_scale_row, M_PAD, m_start, D_OUT = dims[10], dims[11], dims[12], dims[13]
+
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_D, 32])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
+    rows = m_start + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=row_layout)  # within the head
+    q_scale = gl.load(QScale + scale_row + rows, mask=rows < M_PAD, other=0.0)
+    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_layout)
+    l_i = gl.zeros([WG_ROWS], gl.float32, row_layout)
+    acc = gl.zeros([WG_ROWS, HEAD_D], gl.float32, o_layout)
+    s_zero = gl.zeros([WG_ROWS, BLOCK_N], gl.int32, s_layout)
+    o_zero = gl.zeros([WG_ROWS, HEAD_D], gl.float32, o_layout)
+    q_tile = q_smem.index(WG)
+    mbarrier.wait(q_bar, 0)
+    n_full = N_K // BLOCK_N
+
+    if PIPELINE_QK:
+        mbarrier.wait(ready.index(0), 0)
+        s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        k_scale = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
+        k_scale_next = _next_k_scale(KScale, k_scale_row, 1, n_tiles, BLOCK_N)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        p8, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, 0, n_full, N_K,
+                                            BLOCK_N, s_layout, p_layout, DROP)
+        for j in range(1, n_tiles):
+            k_scale = k_scale_next
+            k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
+            stage = j % NUM_STAGES
+            prev = (j - 1) % NUM_STAGES
+            mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
+            s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            pv = _pv_mma(p8, v_smem.index(prev), o_zero, DROP)
+            # S_j done; P·V of tile j-1 may run on (issued after S_j; nothing else is in flight).
+            s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
+            p8, m_i, l_i, alpha_j = _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
+                                                  BLOCK_N, s_layout, p_layout, DROP)
+            pv = _pv_wait(pv, DROP)
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
+            mbarrier.arrive(empty.index(prev), count=1)
+            alpha = alpha_j
+        last = (n_tiles - 1) % NUM_STAGES
+        pv = _pv_mma(p8, v_smem.index(last), o_zero, DROP)
+        pv = _pv_wait(pv, DROP)
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
+        mbarrier.arrive(empty.index(last), count=1)
+    else:
+        k_scale_next = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
+        for j in range(n_tiles):
+            k_scale = k_scale_next
+            k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
+            stage = j % NUM_STAGES
+            mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
+            s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            p8, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
+                                                BLOCK_N, s_layout, p_layout, DROP)
+            pv = _pv_mma(p8, v_smem.index(stage), o_zero, DROP)
+            pv = _pv_wait(pv, DROP)
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
+            mbarrier.arrive(empty.index(stage), count=1)
+
+    o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
+    d = gl.arange(0, HEAD_D, layout=o_cols)
+    out = acc / gl.convert_layout(l_i, o_rows)[:, None] * gl.load(VScale + v_scale_row + d)[None, :]
+    r = m_start + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=o_rows)
+    ptrs_o = Out + o_offset + r[:, None] * stride_om + d[None, :]
+    gl.store(ptrs_o, out.to(Out.dtype.element_ty), mask=(r < N_Q)[:, None] & (d < D_OUT)[None, :])
+
+
+@gluon.jit
+def _attn_fwd_sm90_kernel(
+    q_desc, k_desc, v_desc, QScale, KScale, VScale, Out,
+    stride_ob, stride_oh, stride_om,
+    H, N_Q, N_K, M_PAD, N_PAD, D_OUT,
+    BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr,
+    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, DROP: gl.constexpr,
+):
+    tile = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    m_start = tile * CTA_ROWS
+    n_tiles = gl.cdiv(N_K, BLOCK_N)
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups release a stage
+
+    bufs = (q_smem, k_smem, v_smem)
+    bars = (q_bar, ready, empty)
+    ptrs = (QScale, KScale, VScale, Out)
+    dims = (bh * M_PAD + m_start, bh * N_PAD, bh * HEAD_D, n_tiles, N_Q, N_K,
+            bh * M_PAD, bh * N_PAD, b * stride_ob + h * stride_oh, stride_om, bh * HEAD_D, M_PAD, m_start, D_OUT)
+    # One argument list for every partition (worker partitions must share a signature); WG says
+    # which 64 query rows a consumer owns (the producer ignores it).
+    gl.warp_specialize([
+        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
+                     DROP)),
+        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 1, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
+                     DROP)),
+        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
+                     DROP)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def supports(*, pv: str, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> str:
+    """'' when this kernel computes the call, else why the plain-Triton kernel must."""
+    if pv != "fp8":
+        return "the sm90 kernel implements FP8 PV only"
+    if is_causal or has_mask or per_token or return_lse:
+        return "the sm90 kernel takes no causal mask, key mask, per-token K scales or LSE"
+    return ""
+
+
+def _descriptor(t: torch.Tensor, block: list[int], dtype):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, dtype)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
+                           num_stages: int = 2, pipeline_qk: bool = True,
+                           consumer_regs: int = 240, producer_regs: int = 24, drop: int = 0) -> None:
+    """Launch on `prepared` (FP8 V) writing `out` (B, H, Nq, D) view with unit head-dim stride.
+
+    drop (timing experiments only; the output is wrong): 1 = no softmax, 2 = no P·V MMA.
+    """
+    batch, heads, _, head_dim = out.shape
+    bh, m_pad, block_d = prepared.q_codes.shape
+    n_pad = prepared.k_codes.shape[1]
+    q_desc = _descriptor(prepared.q_codes.view(bh * m_pad, block_d), [WG_ROWS.value, block_d], gl.int8)
+    k_desc = _descriptor(prepared.k_codes.view(bh * n_pad, block_d), [block_n, block_d], gl.int8)
+    v_desc = _descriptor(prepared.v_fp8_t.view(bh * block_d, n_pad), [block_d, block_n], gl.float8e4nv)
+    grid = (triton.cdiv(m_pad, CTA_ROWS.value), bh)
+    _attn_fwd_sm90_kernel[grid](
+        q_desc, k_desc, v_desc, prepared.q_scale, prepared.k_scale, prepared.v_scale, out,
+        out.stride(0), out.stride(1), out.stride(2),
+        heads, n_q, n_k, m_pad, n_pad, head_dim,
+        BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PIPELINE_QK=pipeline_qk,
+        CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, DROP=drop,
+        num_warps=4, maxnreg=MAXNREG,
+    )
+
+
+def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pipeline_qk: bool = True,
+                     drop: int = 0, consumer_regs: int = 240, producer_regs: int = 24):
+    """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
+    `.asm["ptx"]` and `.metadata.shared`. Layout and type errors surface here on any machine."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    def desc_type(dtype: str, block: list[int], gl_dtype) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
+        return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
+
+    signature = {
+        "q_desc": desc_type("i8", [WG_ROWS.value, head_d], gl.int8),
+        "k_desc": desc_type("i8", [block_n, head_d], gl.int8),
+        "v_desc": desc_type("fp8e4nv", [head_d, block_n], gl.float8e4nv),
+        "QScale": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "Out": "*bf16",
+        **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "N_Q", "N_K", "M_PAD", "N_PAD", "D_OUT"), "i32"),
+    }
+    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PIPELINE_QK": pipeline_qk,
+                  "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "DROP": drop}
+    signature.update(dict.fromkeys(constexprs, "constexpr"))
+    source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The sm90 Gluon attention kernel against the plain-Triton kernel and SDPA cuDNN (issue 4).
+
+Per shape, on the same quantized inputs (FP8 PV plan): the plain-Triton kernel and each Gluon
+variant (schedule serial/pipelined x ring stages), kernel-only times (do_bench median) and their
+ratio to SDPA cuDNN on the fp16 inputs; accuracy as the worst cosine (over heads) against fp32
+SDPA and the max |diff| against the plain-Triton kernel's output. `--check` runs only small
+shapes (odd lengths, padded head dims) for correctness, quickly.
+
+    python3 scripts/bench_sm90.py --check
+    python3 scripts/bench_sm90.py --json sm90.json [--shapes cogvideox-2b,d128-8k]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_attention import SHAPES, bench_ms, cosine_worst, reference_fp32, sdpa_fn, tops, versions  # noqa: E402
+
+CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "small-d80": (1, 2, 300, 80),
+                "one-tile": (1, 1, 100, 64), "two-tiles": (1, 2, 256, 128)}
+# s = serial, p = pipelined (intra-warpgroup overlap); the digit = ring stages; "d1"/"d2" = timing
+# experiments that drop one stage (d1: softmax, d2: the P·V MMA), whose outputs are wrong.
+VARIANTS = "s2,p2,p3,p4"
+
+
+def parse_variants(spec: str) -> dict:
+    """"s2,p4d1" -> {"s2": (False, 2, 0), "p4d1": (True, 4, 1)}."""
+    out = {}
+    for name in spec.split(","):
+        match = re.fullmatch(r"([sp])(\d+)(?:d([12]))?", name)
+        if not match:
+            raise SystemExit(f"bad variant {name!r}: s<stages> or p<stages>, optionally d1/d2, e.g. p3 or s2d1")
+        out[name] = (match[1] == "p", int(match[2]), int(match[3] or 0))
+    return out
+
+
+def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
+    from torch._library.triton import set_wrap_triton_enabled
+
+    from sagevideo.kernels.attention_fwd import attention_forward
+    from sagevideo.kernels.attention_sm90 import attention_forward_sm90
+    from sagevideo.kernels.plans import select_plan
+    from sagevideo.kernels.quantize import quantize_inputs
+    from sagevideo.kernels.rotation import hadamard_pm1
+
+    torch.manual_seed(0)
+    b, h, n, d = shape
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3))
+    k[..., 7] += 8.0
+    plan = select_plan(q.device, d, "fp8").plan
+    rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
+    row: dict = {"shape": name, "B": b, "H": h, "N": n, "D": d, "plan": plan.describe(), "ms": {}, "cos_worst": {},
+                 "max_diff_vs_triton": {}, "errors": {}}
+    ref = reference_fp32(q, k, v)
+    with set_wrap_triton_enabled(False):
+        prepared = quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
+                                   need_shift=False)
+        base = torch.empty_like(q)
+
+        def triton_kernel():
+            attention_forward(prepared, v, None, base, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n)
+
+        triton_kernel()
+        row["cos_worst"]["triton"] = cosine_worst(ref, base)
+        if timed:
+            row["ms"]["sdpa-cudnn"] = bench_ms(sdpa_fn("cudnn", q, k, v))
+            row["ms"]["triton-kernel"] = bench_ms(triton_kernel)
+        for label, (pipeline, stages, drop) in variants.items():
+            out = torch.full_like(q, float("nan"))
+            try:
+                def gluon_kernel(out=out, pipeline=pipeline, stages=stages, drop=drop):
+                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
+                                           pipeline_qk=pipeline, drop=drop)
+
+                gluon_kernel()
+                torch.cuda.synchronize()
+                if not drop:  # drop variants compute something else on purpose
+                    row["cos_worst"][label] = cosine_worst(ref, out)
+                    row["max_diff_vs_triton"][label] = (out.float() - base.float()).abs().max().item()
+                if timed:
+                    row["ms"][label] = bench_ms(gluon_kernel)
+            except Exception as exc:  # record and go on: one variant's failure is a fact, not the end
+                row["errors"][label] = f"{type(exc).__name__}: " + " | ".join(str(exc).splitlines()[:4])[:400]
+    cudnn = row["ms"].get("sdpa-cudnn")
+    row["tops"] = {key: tops(shape, ms) for key, ms in row["ms"].items()}
+    row["vs_cudnn"] = {key: cudnn / ms for key, ms in row["ms"].items()} if cudnn else {}
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="small correctness shapes only, untimed")
+    parser.add_argument("--shapes", default="cogvideox-2b,cogvideox-5b,d128-8k,d128-32k,d128-75k")
+    parser.add_argument("--variants", default=VARIANTS)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    variants = parse_variants(args.variants)
+    shapes = CHECK_SHAPES if args.check else {name: SHAPES[name] for name in args.shapes.split(",")}
+    rows = []
+    for name, shape in shapes.items():
+        rows.append(run_shape(name, shape, not args.check, variants))
+        r = rows[-1]
+        print(f"{name:14s} cos " + " ".join(f"{k}={v:.5f}" for k, v in r["cos_worst"].items())
+              + " | maxdiff " + " ".join(f"{k}={v:.2e}" for k, v in r["max_diff_vs_triton"].items())
+              + (" | x cuDNN " + " ".join(f"{k}={v:.2f}" for k, v in r["vs_cudnn"].items()) if r["vs_cudnn"] else "")
+              + (f" | ERRORS {r['errors']}" if r["errors"] else ""), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"versions": versions(), "rows": rows}, indent=1))
+    bad = [r["shape"] for r in rows if r["errors"] or min(r["cos_worst"].values()) < 0.998]
+    verdict = "FAILED: " + ", ".join(bad) if bad else "all variants ran, cosine >= 0.998"
+    print(f"bench_sm90: {len(rows)} shapes, {verdict}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
