@@ -100,13 +100,14 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="small correctness shapes only, untimed")
     parser.add_argument("--shapes", default="cogvideox-2b,cogvideox-5b,d128-8k,d128-32k,d128-75k")
     parser.add_argument("--variants", default=VARIANTS)
+    parser.add_argument("--untimed", action="store_true", help="one launch per kernel (for a profiler), no timing")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     variants = parse_variants(args.variants)
     shapes = CHECK_SHAPES if args.check else {name: SHAPES[name] for name in args.shapes.split(",")}
     rows = []
     for name, shape in shapes.items():
-        rows.append(run_shape(name, shape, not args.check, variants))
+        rows.append(run_shape(name, shape, not (args.check or args.untimed), variants))
         r = rows[-1]
         print(f"{name:14s} cos " + " ".join(f"{k}={v:.5f}" for k, v in r["cos_worst"].items())
               + " | maxdiff " + " ".join(f"{k}={v:.2e}" for k, v in r["max_diff_vs_triton"].items())
