@@ -45,7 +45,7 @@ MAXNREG = 168
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr):
+              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr):
     """One warp: Q tiles of both warpgroups once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
@@ -55,7 +55,9 @@ def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     tma.async_copy_global_to_shared(q_desc, [q_row + WG_ROWS, 0], q_bar, q_smem.index(1))
     for j in range(n_tiles):
         stage = j % NUM_STAGES
-        mbarrier.wait(empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)  # first pass: free
+        # First pass: free. RELEASE == 2: stages are released (and waited for) in pairs.
+        mbarrier.wait(empty.index((j // RELEASE) % (NUM_STAGES // RELEASE)), ((j // NUM_STAGES) & 1) ^ 1,
+                      pred=j % RELEASE == 0)
         bar = ready.index(stage)
         mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, 0], bar, k_smem.index(stage))
@@ -121,8 +123,11 @@ def _pv_wait(pv, DROP: gl.constexpr):
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr):
+              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr):
     """One warpgroup: 64 query rows against every key tile, then the normalised 16-bit store.
+
+    RELEASE (serial schedule; 1 or 2): ring stages handed back to the producer every tile or every
+    second tile (then in pairs, NUM_STAGES even).
 
     PIPELINE_QK (FlashAttention-3's intra-warpgroup overlap): S_j = Q·K_jᵀ and P_{j-1}·V_{j-1}
     are issued together, the softmax of tile j runs while P_{j-1}·V_{j-1} is on the tensor cores,
@@ -197,7 +202,11 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
             pv = _pv_mma(p8, v_smem.index(stage), o_zero, DROP)
             pv = _pv_wait(pv, DROP)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
-            mbarrier.arrive(empty.index(stage), count=1)
+            if RELEASE == 1:
+                mbarrier.arrive(empty.index(stage), count=1)
+            elif (j % 2 == 1) | (j == n_tiles - 1):
+                # Every arrive costs a warpgroup bar.sync before its one elected thread signals.
+                mbarrier.arrive(empty.index((j // 2) % (NUM_STAGES // 2)), count=1)
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
@@ -214,6 +223,7 @@ def _attn_fwd_sm90_kernel(
     H, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, DROP: gl.constexpr,
+    RELEASE: gl.constexpr,
 ):
     tile = gl.program_id(0)
     bh = gl.program_id(1)
@@ -242,11 +252,11 @@ def _attn_fwd_sm90_kernel(
     # which 64 query rows a consumer owns (the producer ignores it).
     gl.warp_specialize([
         (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                     DROP)),
+                     DROP, RELEASE)),
         (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 1, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                     DROP)),
+                     DROP, RELEASE)),
         (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                     DROP)),
+                     DROP, RELEASE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -268,11 +278,15 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
                            num_stages: int = 2, pipeline_qk: bool = True,
-                           consumer_regs: int = 240, producer_regs: int = 24, drop: int = 0) -> None:
+                           consumer_regs: int = 240, producer_regs: int = 24, drop: int = 0,
+                           release: int = 1) -> None:
     """Launch on `prepared` (FP8 V) writing `out` (B, H, Nq, D) view with unit head-dim stride.
 
     drop (timing experiments only; the output is wrong): 1 = no softmax, 2 = no P·V MMA.
+    release: 2 hands ring stages back in pairs (serial schedule only; num_stages even).
     """
+    if release not in (1, 2) or (release == 2 and (pipeline_qk or num_stages % 2)):
+        raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     n_pad = prepared.k_codes.shape[1]
@@ -285,13 +299,13 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         out.stride(0), out.stride(1), out.stride(2),
         heads, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PIPELINE_QK=pipeline_qk,
-        CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, DROP=drop,
+        CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, DROP=drop, RELEASE=release,
         num_warps=4, maxnreg=MAXNREG,
     )
 
 
 def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pipeline_qk: bool = True,
-                     drop: int = 0, consumer_regs: int = 240, producer_regs: int = 24):
+                     drop: int = 0, consumer_regs: int = 240, producer_regs: int = 24, release: int = 1):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]` and `.metadata.shared`. Layout and type errors surface here on any machine."""
     from triton.backends.compiler import GPUTarget
@@ -309,7 +323,8 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pi
         **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "N_Q", "N_K", "M_PAD", "N_PAD", "D_OUT"), "i32"),
     }
     constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PIPELINE_QK": pipeline_qk,
-                  "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "DROP": drop}
+                  "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "DROP": drop,
+                  "RELEASE": release}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})
