@@ -28,18 +28,19 @@ CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "
                 "one-tile": (1, 1, 100, 64), "two-tiles": (1, 2, 256, 128)}
 # s = serial, p = pipelined (intra-warpgroup overlap); the digit = ring stages; "d1"/"d2" = timing
 # experiments that drop one stage (d1: softmax, d2: the P·V MMA), whose outputs are wrong; "r2" =
-# ring stages released in pairs (serial, even stages).
+# ring stages released in pairs (serial, even stages); "c1" = one consumer warpgroup per CTA (two
+# CTAs per SM) instead of two.
 VARIANTS = "s2,p2,p3,p4"
 
 
 def parse_variants(spec: str) -> dict:
-    """"s2,p4d1,s4r2" -> {"s2": (False, 2, 0, 1), "p4d1": (True, 4, 1, 1), "s4r2": (False, 4, 0, 2)}."""
+    """"s2,p4d1,s4r2c1" -> {"s2": (False, 2, 0, 1, 2), "p4d1": (True, 4, 1, 1, 2), "s4r2c1": (False, 4, 0, 2, 1)}."""
     out = {}
     for name in spec.split(","):
-        match = re.fullmatch(r"([sp])(\d+)(?:d([12]))?(?:r([12]))?", name)
+        match = re.fullmatch(r"([sp])(\d+)(?:d([12]))?(?:r([12]))?(?:c([12]))?", name)
         if not match:
             raise SystemExit(f"bad variant {name!r}: s<stages> or p<stages>, optionally d1/d2, e.g. p3 or s2d1")
-        out[name] = (match[1] == "p", int(match[2]), int(match[3] or 0), int(match[4] or 1))
+        out[name] = (match[1] == "p", int(match[2]), int(match[3] or 0), int(match[4] or 1), int(match[5] or 2))
     return out
 
 
@@ -74,12 +75,13 @@ def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
         if timed:
             row["ms"]["sdpa-cudnn"] = bench_ms(sdpa_fn("cudnn", q, k, v))
             row["ms"]["triton-kernel"] = bench_ms(triton_kernel)
-        for label, (pipeline, stages, drop, release) in variants.items():
+        for label, (pipeline, stages, drop, release, consumers) in variants.items():
             out = torch.full_like(q, float("nan"))
             try:
-                def gluon_kernel(out=out, pipeline=pipeline, stages=stages, drop=drop, release=release):
+                def gluon_kernel(out=out, pipeline=pipeline, stages=stages, drop=drop, release=release,
+                                 consumers=consumers):
                     attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
-                                           pipeline_qk=pipeline, drop=drop, release=release)
+                                           pipeline_qk=pipeline, drop=drop, release=release, consumers=consumers)
 
                 gluon_kernel()
                 torch.cuda.synchronize()

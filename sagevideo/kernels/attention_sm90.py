@@ -36,10 +36,11 @@ from sagevideo.kernels.reference import FP8_MAX
 
 LOG2_FP8_MAX = gl.constexpr(math.log2(FP8_MAX))
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64 per warpgroup)
-CTA_ROWS = gl.constexpr(128)  # two consumer warpgroups
-# 4 + 4 + 1 warps run as 3 warpgroups: 168 x 384 threads fits the SM's 64K registers; setmaxnreg
-# then moves them from the producer (PRODUCER_REGS) to the consumers (CONSUMER_REGS).
-MAXNREG = 168
+# Registers per thread at launch, by consumer warpgroups per CTA. Two: 4 + 4 + 1 warps run as 3
+# warpgroups, 168 x 384 threads fill the SM's 64K registers (one CTA per SM). One: 4 + 1 warps as 2
+# warpgroups, 128 x 256 threads = half the SM (two CTAs per SM, as the plain-Triton kernel runs).
+# setmaxnreg then moves registers from the producer (PRODUCER_REGS) to the consumers (CONSUMER_REGS).
+MAXNREG = {1: 128, 2: 168}
 
 
 @gluon.jit
@@ -50,9 +51,10 @@ def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
     q_row, k_row, v_row, n_tiles = dims[0], dims[1], dims[2], dims[3]
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem.index(0))
-    tma.async_copy_global_to_shared(q_desc, [q_row + WG_ROWS, 0], q_bar, q_smem.index(1))
+    consumers: gl.constexpr = q_smem.type.shape[0]
+    mbarrier.expect(q_bar, consumers * q_desc.block_type.nbytes)
+    for c in gl.static_range(consumers):
+        tma.async_copy_global_to_shared(q_desc, [q_row + c * WG_ROWS, 0], q_bar, q_smem.index(c))
     for j in range(n_tiles):
         stage = j % NUM_STAGES
         # First pass: free. RELEASE == 2: stages are released (and waited for) in pairs.
@@ -223,16 +225,16 @@ def _attn_fwd_sm90_kernel(
     H, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, DROP: gl.constexpr,
-    RELEASE: gl.constexpr,
+    RELEASE: gl.constexpr, CONSUMERS: gl.constexpr,
 ):
     tile = gl.program_id(0)
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
-    m_start = tile * CTA_ROWS
+    m_start = tile * (CONSUMERS * WG_ROWS)
     n_tiles = gl.cdiv(N_K, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -241,7 +243,7 @@ def _attn_fwd_sm90_kernel(
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # both consumer warpgroups release a stage
+        mbarrier.init(empty.index(i), count=CONSUMERS)  # every consumer warpgroup releases a stage
 
     bufs = (q_smem, k_smem, v_smem)
     bars = (q_bar, ready, empty)
@@ -250,14 +252,22 @@ def _attn_fwd_sm90_kernel(
             bh * M_PAD, bh * N_PAD, b * stride_ob + h * stride_oh, stride_om, bh * HEAD_D, M_PAD, m_start, D_OUT)
     # One argument list for every partition (worker partitions must share a signature); WG says
     # which 64 query rows a consumer owns (the producer ignores it).
-    gl.warp_specialize([
-        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                     DROP, RELEASE)),
-        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 1, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                     DROP, RELEASE)),
-        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                     DROP, RELEASE)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
+                         DROP, RELEASE)),
+            (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 1, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
+                         DROP, RELEASE)),
+            (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
+                         DROP, RELEASE)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
+                         DROP, RELEASE)),
+            (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
+                         DROP, RELEASE)),
+        ], [1], [PRODUCER_REGS])
 
 
 def supports(*, pv: str, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> str:
@@ -279,12 +289,15 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
                            num_stages: int = 2, pipeline_qk: bool = True,
                            consumer_regs: int = 240, producer_regs: int = 24, drop: int = 0,
-                           release: int = 1) -> None:
+                           release: int = 1, consumers: int = 2) -> None:
     """Launch on `prepared` (FP8 V) writing `out` (B, H, Nq, D) view with unit head-dim stride.
 
     drop (timing experiments only; the output is wrong): 1 = no softmax, 2 = no P·V MMA.
     release: 2 hands ring stages back in pairs (serial schedule only; num_stages even).
+    consumers: consumer warpgroups per CTA (64 query rows each): 2 (one CTA per SM) or 1 (two per SM).
     """
+    if consumers not in (1, 2):
+        raise ValueError(f"consumers={consumers}: 1 or 2")
     if release not in (1, 2) or (release == 2 and (pipeline_qk or num_stages % 2)):
         raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
     batch, heads, _, head_dim = out.shape
@@ -293,19 +306,20 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
     q_desc = _descriptor(prepared.q_codes.view(bh * m_pad, block_d), [WG_ROWS.value, block_d], gl.int8)
     k_desc = _descriptor(prepared.k_codes.view(bh * n_pad, block_d), [block_n, block_d], gl.int8)
     v_desc = _descriptor(prepared.v_fp8_t.view(bh * block_d, n_pad), [block_d, block_n], gl.float8e4nv)
-    grid = (triton.cdiv(m_pad, CTA_ROWS.value), bh)
+    grid = (triton.cdiv(m_pad, consumers * WG_ROWS.value), bh)
     _attn_fwd_sm90_kernel[grid](
         q_desc, k_desc, v_desc, prepared.q_scale, prepared.k_scale, prepared.v_scale, out,
         out.stride(0), out.stride(1), out.stride(2),
         heads, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PIPELINE_QK=pipeline_qk,
         CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, DROP=drop, RELEASE=release,
-        num_warps=4, maxnreg=MAXNREG,
+        CONSUMERS=consumers, num_warps=4, maxnreg=MAXNREG[consumers],
     )
 
 
 def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pipeline_qk: bool = True,
-                     drop: int = 0, consumer_regs: int = 240, producer_regs: int = 24, release: int = 1):
+                     drop: int = 0, consumer_regs: int = 240, producer_regs: int = 24, release: int = 1,
+                     consumers: int = 2):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]` and `.metadata.shared`. Layout and type errors surface here on any machine."""
     from triton.backends.compiler import GPUTarget
@@ -324,7 +338,8 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pi
     }
     constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PIPELINE_QK": pipeline_qk,
                   "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "DROP": drop,
-                  "RELEASE": release}
+                  "RELEASE": release, "CONSUMERS": consumers}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,
+                                                                                "maxnreg": MAXNREG[consumers]})
