@@ -19,7 +19,7 @@ class PlanRow:
     device: str
     head_dim: int
     pv: str
-    runs: str  # "triton" or "sdpa (fallback)"
+    runs: str  # "triton", "gluon" (warp-specialized sm90 kernel) or "sdpa (fallback)"
     detail: str  # the plan, or why the kernels cannot run
 
 
@@ -59,7 +59,8 @@ def plan_rows() -> list[PlanRow]:
                 if choice.plan is not None and not triton_ok:
                     rows.append(PlanRow(str(device), head_dim, pv, "sdpa (fallback)", "triton is not installed"))
                 elif choice.plan is not None:
-                    rows.append(PlanRow(str(device), head_dim, pv, "triton", choice.plan.describe()))
+                    detail = choice.plan.describe() + (f"; {choice.reason}" if choice.reason else "")
+                    rows.append(PlanRow(str(device), head_dim, pv, choice.plan.kernel, detail))
                 else:
                     rows.append(PlanRow(str(device), head_dim, pv, "sdpa (fallback)", choice.reason))
     return rows
@@ -80,4 +81,7 @@ def report_lines() -> list[str]:
         lines.append(f"  {row.device:8s} d{row.head_dim:<4d} pv={row.pv:5s} -> {row.runs:16s} {row.detail}")
     lines += ["", "Other head dims <= 128 are zero-padded to 64/128 in-kernel; fp32 inputs, CPU tensors, "
               "non-key-padding masks and head dims > 128 run full-precision SDPA."]
+    lines += [f"{plans.SM90_KERNEL_ENV}={plans.sm90_kernel_wanted()}: 'gluon' runs the warp-specialized sm90 kernel "
+              "where it measured faster (FP8 PV, head dim 128; no causal/mask/LSE calls), 'triton' (default) "
+              "the plain-Triton kernel everywhere."]
     return lines

@@ -1,6 +1,7 @@
 """`sagevideo env` and `sagevideo simulate` through the CLI."""
 
 import json
+import re
 
 from typer.testing import CliRunner
 
@@ -16,6 +17,22 @@ def test_env_lists_versions_devices_and_plans():
     assert "kernel plan per device" in result.output
     assert "d64" in result.output and "d128" in result.output
     assert "pv=fp8" in result.output
+
+
+def test_env_says_which_kernel_runs_on_hopper(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "gluon")
+    output = runner.invoke(app, ["env"]).output
+    runs = {(d, pv): kernel for d, pv, kernel in re.findall(r"cuda:0\s+(d\d+)\s+pv=(\w+)\s+->\s+(\S+)", output)}
+    assert runs == {("d64", "fp16"): "triton", ("d64", "fp8"): "triton", ("d128", "fp16"): "triton",
+                    ("d128", "fp8"): "gluon"}
+    assert "SAGEVIDEO_SM90_KERNEL=gluon" in output
 
 
 def test_simulate_prints_table_summary_and_json(tmp_path):

@@ -73,6 +73,16 @@ def sageattn(
         raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
 
     ran, reason = _choose_backend(backend, q, head_dim, pv, mask_problem)
+    plan = None
+    if ran == "triton":
+        from sagevideo.kernels.op import gluon_runs
+
+        plan = plans.select_plan(q.device, head_dim, pv).plan
+        if gluon_runs(plan, is_causal=is_causal, has_mask=key_mask is not None,
+                      per_token=qk_granularity == "token", return_lse=return_lse):
+            ran = "gluon"  # recorded: the warp-specialized sm90 kernel computed this call
+        else:
+            plan = plans.plain_triton(plan)
     if not torch.compiler.is_compiling():
         choice = backends.BackendChoice(backend, ran, None if ran == "sdpa" else pv, reason)
         backends.report(choice)
@@ -94,7 +104,6 @@ def sageattn(
     else:
         from sagevideo.kernels.op import sageattn_triton
 
-        plan = plans.select_plan(q.device, head_dim, pv).plan
         out, lse = sageattn_triton(
             q, k, v, plan, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
             per_token=qk_granularity == "token", smooth_k=smooth_k, rotate_qk=rotate_qk,

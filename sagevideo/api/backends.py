@@ -22,7 +22,8 @@ class BackendChoice:
     """One dispatch decision.
 
     requested: the `backend=` argument ("auto", "triton", "reference", "sdpa").
-    ran: the backend that computed the output ("triton", "reference", "sdpa").
+    ran: the backend that computed the output ("triton", "gluon" (the warp-specialized sm90
+    kernel, same numerics as "triton"), "reference", "sdpa").
     pv: PV precision that ran ("fp16", "fp8"), or None for full-precision SDPA.
     reason: why a fallback happened (empty when the requested backend ran).
     """

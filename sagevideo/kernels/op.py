@@ -35,12 +35,14 @@ def sageattn_fwd(
     block_n: int,
     num_warps: int,
     num_stages: int,
+    kernel: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q/k/v (B, H, N, D) views with unit head-dim stride; key_mask (B', Nk) uint8.
 
     Returns (out like q, lse (B, H, Nq) fp32; an empty tensor unless return_lse).
+    kernel "gluon": the warp-specialized sm90 kernel (callers ensure `attention_sm90.supports`).
     """
-    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
+    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, kernel)
     batch, heads, n_q, _ = q.shape
     n_k = k.shape[2]
     prepared = quantize_inputs(
@@ -49,10 +51,17 @@ def sageattn_fwd(
     )
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
-    attention_forward(
-        prepared, v, key_mask, out, lse if return_lse else None, plan,
-        is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k,
-    )
+    if kernel == "gluon":
+        from sagevideo.kernels.attention_sm90 import attention_forward_sm90
+
+        # The measured configuration: serial schedule, one consumer warpgroup per CTA.
+        attention_forward_sm90(prepared, out, block_n=block_n, n_q=n_q, n_k=n_k, num_stages=num_stages,
+                               pipeline_qk=False, consumers=1)
+    else:
+        attention_forward(
+            prepared, v, key_mask, out, lse if return_lse else None, plan,
+            is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k,
+        )
     return out, lse
 
 
@@ -70,19 +79,35 @@ def sageattn_triton(
     rotate_qk: bool,
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Run the Triton path on HND views; copies only tensors whose head dim is not contiguous."""
+    """Run the Triton path on HND views; copies only tensors whose head dim is not contiguous.
+
+    `plan.kernel` "gluon" must already be checked against the call (`gluon_runs`).
+    """
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype) if rotate_qk else None
     out, lse = torch.ops.sagevideo.sageattn_fwd(
         q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
-        plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages,
+        plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.kernel,
     )
     return out, (lse if return_lse else None)
 
 
+def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> bool:
+    """Whether the Gluon sm90 kernel computes this call under `plan` (else the plain-Triton one).
+
+    Not while torch.compile traces: the Gluon launch is not wrapped for Inductor (`wrap_triton`).
+    """
+    if plan.kernel != "gluon" or torch.compiler.is_compiling():
+        return False
+    from sagevideo.kernels.attention_sm90 import supports
+
+    return not supports(pv=plan.pv, is_causal=is_causal, has_mask=has_mask, per_token=per_token,
+                        return_lse=return_lse)
+
+
 def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
-                       pv, arch, block_d, block_m, block_n, num_warps, num_stages):
+                       pv, arch, block_d, block_m, block_n, num_warps, num_stages, kernel):
     batch, heads, n_q, _ = q.shape
     lse = q.new_empty(batch, heads, n_q if return_lse else 0, dtype=torch.float32)
     return torch.empty_like(q), lse

@@ -4,8 +4,15 @@ Block sizes are part of the numerical contract: the quantization groups of Q and
 attention tiles (BLOCK_M query rows, BLOCK_N key rows), so the reference emulates a plan's
 blocks exactly. Only `num_warps`/`num_stages` are speed knobs.
 
-`select_plan` never raises: it returns a plan, or None with the reason the kernel cannot run,
-so that `sageattn(backend="auto")` can fall back and say why, and `sagevideo env` can print it.
+`select_plan` returns a plan, or None with the reason the kernel cannot run, so that
+`sageattn(backend="auto")` can fall back and say why, and `sagevideo env` can print it. It raises
+only for a misspelt SAGEVIDEO_SM90_KERNEL.
+
+Two kernels compute a plan, with the same tiles and numerics: the plain-Triton one
+(`attention_fwd`, kernel="triton") everywhere, and on sm90 the warp-specialized Gluon one
+(`attention_sm90`, kernel="gluon") where it measured faster: FP8 PV at head dim 128 (H200,
+2026-11-30: 1.24-1.51x cuDNN against 1.10-1.48x, docs/benchmarks.md). It is opt-in for now
+(SAGEVIDEO_SM90_KERNEL=gluon) until the GPU suite, torch.compile included, has run with it.
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ class KernelPlan:
     block_n: int
     num_warps: int
     num_stages: int
+    kernel: str = "triton"
 
     def describe(self) -> str:
+        kernel = " kernel=gluon (warp-specialized sm90)" if self.kernel == "gluon" else ""
         return (
             f"{self.arch} d{self.block_d} pv={self.pv}: BLOCK_M={self.block_m} BLOCK_N={self.block_n} "
-            f"warps={self.num_warps} stages={self.num_stages}"
+            f"warps={self.num_warps} stages={self.num_stages}{kernel}"
         )
 
 
@@ -70,6 +79,34 @@ _LAUNCH = {
     ("interpreter", 64): (4, 1),
     ("interpreter", 128): (4, 1),
 }
+
+
+SM90_KERNEL_ENV = "SAGEVIDEO_SM90_KERNEL"
+SM90_KERNELS = ("triton", "gluon")
+# (PV mode, block_d) where the Gluon kernel measured faster than the plain-Triton one on the H200,
+# and its ring stages there (one consumer warpgroup per CTA; attention_sm90.attention_forward_sm90).
+_GLUON_SM90 = {("fp8", 128): 2}
+
+
+def sm90_kernel_wanted() -> str:
+    """SAGEVIDEO_SM90_KERNEL: "triton" (default) or "gluon"."""
+    value = os.environ.get(SM90_KERNEL_ENV, "triton").strip().lower() or "triton"
+    if value not in SM90_KERNELS:
+        raise ValueError(f"{SM90_KERNEL_ENV}={value!r}: use one of {SM90_KERNELS} (or leave it unset)")
+    return value
+
+
+def gluon_sm90_problem() -> str:
+    """'' when this Triton has what the Gluon sm90 kernel uses, else why not."""
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma  # noqa: F401
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except ImportError as exc:
+        return f"this Triton has no Gluon Hopper API ({exc})"
+    if not hasattr(gl, "warp_specialize"):
+        return "this Triton's Gluon has no warp_specialize"
+    return ""
 
 
 def padded_head_dim(head_dim: int) -> int | None:
@@ -119,7 +156,19 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
         return PlanChoice(None, "pv='fp8' needs FP8 tensor cores (sm89 or newer); use pv='fp16'")
     block_m, block_n = _TILES[(pv, block_d)]
     num_warps, num_stages = _LAUNCH[(arch, block_d)]
-    return PlanChoice(KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages))
+    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
+    if arch == "sm90" and (pv, block_d) in _GLUON_SM90 and sm90_kernel_wanted() == "gluon":
+        problem = gluon_sm90_problem()
+        if problem:  # the plain-Triton kernel computes the same; say why in `sagevideo env`
+            return PlanChoice(plan, f"{SM90_KERNEL_ENV}=gluon not used: {problem}")
+        plan = KernelPlan(arch, block_d, pv, block_m, block_n, 4, _GLUON_SM90[(pv, block_d)], kernel="gluon")
+    return PlanChoice(plan)
+
+
+def plain_triton(plan: KernelPlan) -> KernelPlan:
+    """The plain-Triton plan with `plan`'s tiles (for calls the Gluon kernel does not take)."""
+    num_warps, num_stages = _LAUNCH[(plan.arch, plan.block_d)]
+    return KernelPlan(plan.arch, plan.block_d, plan.pv, plan.block_m, plan.block_n, num_warps, num_stages)
 
 
 def tiles(pv: str, head_dim: int) -> tuple[int, int]:

@@ -1,0 +1,69 @@
+"""Kernel plans: which kernel computes a call on each arch (CPU: the GPU is simulated by its capability)."""
+
+import pytest
+import torch
+
+from sagevideo.kernels import plans
+from sagevideo.kernels.op import gluon_runs
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.delenv(plans.SM90_KERNEL_ENV, raising=False)
+
+
+def test_gluon_is_opt_in_and_only_where_it_measured_faster(hopper, monkeypatch):
+    assert plans.select_plan(CUDA, 128, "fp8").plan.kernel == "triton"  # default
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "gluon")
+    gluon = plans.select_plan(CUDA, 128, "fp8").plan
+    assert gluon.kernel == "gluon" and "kernel=gluon" in gluon.describe()
+    assert plans.select_plan(CUDA, 96, "fp8").plan.kernel == "gluon"  # padded to 128
+    for head_dim, pv in ((64, "fp8"), (128, "fp16"), (64, "fp16")):  # slower or not implemented there
+        assert plans.select_plan(CUDA, head_dim, pv).plan.kernel == "triton"
+    plain = plans.plain_triton(gluon)
+    # Same tiles (the same quantization groups and results); only the kernel and its launch differ.
+    assert plain == plans.KernelPlan("sm90", 128, "fp8", 64, 128, 4, 3) == gluon.__class__(
+        "sm90", 128, "fp8", gluon.block_m, gluon.block_n, 4, 3)
+    monkeypatch.delenv(plans.SM90_KERNEL_ENV)
+    assert plans.select_plan(CUDA, 128, "fp8").plan == plain
+
+
+def test_other_archs_never_get_the_gluon_kernel(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "gluon")
+    for capability in ((8, 9), (8, 0)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        choice = plans.select_plan(CUDA, 128, "fp16")
+        assert choice.plan.kernel == "triton"
+
+
+def test_a_misspelt_choice_is_refused(hopper, monkeypatch):
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "glun")
+    with pytest.raises(ValueError, match=r"SAGEVIDEO_SM90_KERNEL='glun': use one of \('triton', 'gluon'\)"):
+        plans.select_plan(CUDA, 128, "fp8")
+
+
+def test_without_the_gluon_api_the_plain_kernel_runs_and_says_why(hopper, monkeypatch):
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "gluon")
+    monkeypatch.setattr(plans, "gluon_sm90_problem", lambda: "this Triton has no Gluon Hopper API (test)")
+    choice = plans.select_plan(CUDA, 128, "fp8")
+    assert choice.plan.kernel == "triton"
+    assert choice.reason == "SAGEVIDEO_SM90_KERNEL=gluon not used: this Triton has no Gluon Hopper API (test)"
+
+
+def test_this_triton_has_the_gluon_api():
+    assert plans.gluon_sm90_problem() == ""  # the pinned Triton; the GPU image's 3.6 is checked on the GPU
+
+
+def test_gluon_takes_only_the_calls_it_implements(hopper, monkeypatch):
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "gluon")
+    plan = plans.select_plan(CUDA, 128, "fp8").plan
+    plain = dict(is_causal=False, has_mask=False, per_token=False, return_lse=False)
+    assert gluon_runs(plan, **plain)
+    for feature in plain:
+        assert not gluon_runs(plan, **{**plain, feature: True}), feature
+    assert not gluon_runs(plans.plain_triton(plan), **plain)
