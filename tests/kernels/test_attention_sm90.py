@@ -96,3 +96,22 @@ def _fp32_sdpa(q, k, v):
     for h in range(q.shape[1]):  # one head at a time: bounded memory at 32k tokens
         out[:, h : h + 1] = F.scaled_dot_product_attention(*(t[:, h : h + 1].float() for t in (q, k, v)))
     return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU")
+def test_sageattn_runs_the_gluon_kernel_when_the_plan_names_it(monkeypatch):
+    from sagevideo import last_backend, sageattn
+
+    gen = torch.Generator("cuda").manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 3000, 128, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "gluon")
+    out = sageattn(q, k, v, pv="fp8")
+    assert last_backend().label == "gluon/fp8"
+    sageattn(q, k, v, pv="fp8", is_causal=True)  # a call it does not implement: the plain kernel, recorded
+    assert last_backend().label == "triton/fp8"
+    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "triton")
+    plain = sageattn(q, k, v, pv="fp8")
+    assert last_backend().label == "triton/fp8"
+    assert _worst_cosine(plain, out) >= 0.99999
+    assert (out.float() - plain.float()).abs().max().item() <= 8e-3
