@@ -24,6 +24,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ptx", type=Path)
     parser.add_argument("--dims", default="64,128")
+    parser.add_argument("--consumers", type=int, default=1, help="consumer warpgroups per CTA (1 or 2)")
     args = parser.parse_args()
     failed = 0
     kernel = None
@@ -31,7 +32,7 @@ def main() -> int:
         for pipeline, drop in ((False, 0), (True, 0), (False, 1), (True, 1), (False, 2), (True, 2)):
             name = f"d{head_d} {'pipelined' if pipeline else 'serial'}{f' drop={drop}' if drop else ''}"
             try:
-                kernel = sm90.compile_for_sm90(head_d, pipeline_qk=pipeline, drop=drop)
+                kernel = sm90.compile_for_sm90(head_d, pipeline_qk=pipeline, drop=drop, consumers=args.consumers)
             except Exception as exc:  # report and go on: each variant is a separate fact
                 failed += 1
                 print(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:3000]}")

@@ -1,24 +1,28 @@
-"""Hopper (sm90) attention forward in Gluon: a TMA producer warp and two consumer warpgroups.
+"""Hopper (sm90) attention forward in Gluon: a TMA producer warp feeding consumer warpgroups.
 
 The same computation as `attention_fwd` (INT8 Q·Kᵀ into int32, fp32 online softmax with exp2,
-FP8 P·V as a fresh fp32 product per key tile added into the accumulator), scheduled the way
-FlashAttention-3 schedules Hopper:
+FP8 P·V as a fresh fp32 product per key tile added into the accumulator), with FlashAttention-3's
+Hopper machinery:
 - a one-warp producer partition streams K-code tiles and Vᵀ (e4m3) tiles into a ring of
-  NUM_STAGES shared-memory stages with TMA, signalling `ready[s]`; the two consumers each
-  arrive on `empty[s]` once their MMAs have read the stage;
-- two consumer warpgroups (the default partition and one 4-warp worker) own 64 query rows each
-  of a 128-row CTA; while one runs its softmax the other's warpgroup MMAs use the tensor cores;
-- PIPELINE_QK: within a warpgroup, Q·K_{j+1}ᵀ is issued (async) before the softmax of tile j
-  and waited for after it, so the tensor cores run during the exp2s.
+  NUM_STAGES shared-memory stages with TMA, signalling `ready[s]`; each consumer arrives on
+  `empty[s]` once its MMAs have read the stage;
+- CONSUMERS warpgroups (the default partition, plus a 4-warp worker when 2) own 64 query rows
+  each; warpgroup MMAs for both products, registers moved to them with setmaxnreg;
+- PIPELINE_QK: FA3's intra-warpgroup overlap (S_j and P_{j-1}·V_{j-1} issued together, tile j's
+  softmax while P·V runs).
+Measured on the H200 (docs/benchmarks.md): one consumer per CTA (two CTAs per SM), serial
+schedule, 2 stages is the fastest; it beats the plain-Triton kernel at head dim 128, not at 64.
+Those are the launcher's defaults.
 
 Numerics equal the plain-Triton kernel's for the same plan: the Q scale is per row (constant
-over the plan's BLOCK_M rows, so a 128-row CTA of 64-row warpgroups keeps the d64 plan's
-128-row Q groups), K's per BLOCK_N tile, V's per channel. Only what the video transformers run
-is implemented here: FP8 PV, per-block K scales, no causal mask, no key mask, no LSE; the plan
-sends anything else to the plain-Triton kernel (`supports`).
+over the plan's BLOCK_M rows, so 64-row warpgroups keep the d64 plan's 128-row Q groups), K's
+per BLOCK_N tile, V's per channel. Only what the video transformers run is implemented: FP8 PV,
+per-block K scales, no causal mask, no key mask, no LSE; the dispatch (`op.gluon_runs`) sends
+anything else to the plain-Triton kernel (`supports`).
 
-Gluon cannot run under TRITON_INTERPRET; `scripts/gluon_compile_check.py` compiles this kernel
-for sm90 on a CPU-only machine, the `gpu` tests check it against the reference.
+Gluon cannot run under TRITON_INTERPRET; `compile_for_sm90` compiles this kernel for sm90 on a
+CPU-only machine (tests, `scripts/gluon_compile_check.py`); the `gpu` tests check it against the
+plain-Triton kernel.
 """
 
 from __future__ import annotations
@@ -287,9 +291,9 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 
 
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
-                           num_stages: int = 2, pipeline_qk: bool = True,
-                           consumer_regs: int = 240, producer_regs: int = 24, drop: int = 0,
-                           release: int = 1, consumers: int = 2) -> None:
+                           num_stages: int = 2, pipeline_qk: bool = False,
+                           consumer_regs: int | None = None, producer_regs: int = 24, drop: int = 0,
+                           release: int = 1, consumers: int = 1) -> None:
     """Launch on `prepared` (FP8 V) writing `out` (B, H, Nq, D) view with unit head-dim stride.
 
     drop (timing experiments only; the output is wrong): 1 = no softmax, 2 = no P·V MMA.
@@ -298,6 +302,8 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
     """
     if consumers not in (1, 2):
         raise ValueError(f"consumers={consumers}: 1 or 2")
+    if consumer_regs is None:  # what the launch budget leaves them (MAXNREG)
+        consumer_regs = {1: 232, 2: 240}[consumers]
     if release not in (1, 2) or (release == 2 and (pipeline_qk or num_stages % 2)):
         raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
     batch, heads, _, head_dim = out.shape
@@ -317,13 +323,16 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
     )
 
 
-def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pipeline_qk: bool = True,
-                     drop: int = 0, consumer_regs: int = 240, producer_regs: int = 24, release: int = 1,
-                     consumers: int = 2):
+def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pipeline_qk: bool = False,
+                     drop: int = 0, consumer_regs: int | None = None, producer_regs: int = 24, release: int = 1,
+                     consumers: int = 1):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]` and `.metadata.shared`. Layout and type errors surface here on any machine."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+
+    if consumer_regs is None:
+        consumer_regs = {1: 232, 2: 240}[consumers]
 
     def desc_type(dtype: str, block: list[int], gl_dtype) -> str:
         layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)

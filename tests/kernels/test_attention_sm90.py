@@ -18,17 +18,17 @@ import torch.nn.functional as F
 _COMPILE = """
 import json, sys
 from sagevideo.kernels import attention_sm90
-kernel = attention_sm90.compile_for_sm90(int(sys.argv[1]), pipeline_qk=sys.argv[2] == "1")
+kernel = attention_sm90.compile_for_sm90(int(sys.argv[1]), pipeline_qk=sys.argv[2] == "1", consumers=int(sys.argv[3]))
 print(json.dumps({"ptx": kernel.asm["ptx"], "shared": kernel.metadata.shared}))
 """
 
 
-@pytest.mark.parametrize("pipeline_qk", [False, True])
-def test_compiles_for_sm90_on_any_machine(pipeline_qk):
+@pytest.mark.parametrize("pipeline_qk, consumers", [(False, 1), (True, 2)])
+def test_compiles_for_sm90_on_any_machine(pipeline_qk, consumers):
     # A fresh process without TRITON_INTERPRET: under the CPU interpreter (root conftest) jit
     # functions are interpreted Python, which the Gluon compiler refuses.
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE, "64", str(int(pipeline_qk))], env=env,
+    done = subprocess.run([sys.executable, "-c", _COMPILE, "64", str(int(pipeline_qk)), str(consumers)], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = json.loads(done.stdout)
@@ -43,7 +43,7 @@ def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def _run_both(shape, dtype, pipeline_qk):
+def _run_both(shape, dtype, pipeline_qk, consumers):
     from sagevideo.kernels.attention_fwd import attention_forward
     from sagevideo.kernels.plans import select_plan
     from sagevideo.kernels.quantize import quantize_inputs
@@ -61,7 +61,8 @@ def _run_both(shape, dtype, pipeline_qk):
     from sagevideo.kernels.attention_sm90 import attention_forward_sm90
 
     gluon = torch.full_like(q, float("nan"))
-    attention_forward_sm90(prepared, gluon, block_n=plan.block_n, n_q=n, n_k=n, pipeline_qk=pipeline_qk)
+    attention_forward_sm90(prepared, gluon, block_n=plan.block_n, n_q=n, n_k=n, pipeline_qk=pipeline_qk,
+                           consumers=consumers)
     return q, k, v, plain, gluon
 
 
@@ -71,7 +72,7 @@ def _worst_cosine(ref, out):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU")
-@pytest.mark.parametrize("pipeline_qk", [False, True])
+@pytest.mark.parametrize("pipeline_qk, consumers", [(False, 1), (True, 1), (False, 2), (True, 2)])
 @pytest.mark.parametrize(
     "shape, dtype",
     [
@@ -83,8 +84,8 @@ def _worst_cosine(ref, out):
         ((1, 8, 32768, 128), torch.bfloat16),  # long d128
     ],
 )
-def test_matches_plain_triton_kernel(shape, dtype, pipeline_qk):
-    q, k, v, plain, gluon = _run_both(shape, dtype, pipeline_qk)
+def test_matches_plain_triton_kernel(shape, dtype, pipeline_qk, consumers):
+    q, k, v, plain, gluon = _run_both(shape, dtype, pipeline_qk, consumers)
     assert torch.isfinite(gluon).all(), "rows or columns left unwritten"
     assert _worst_cosine(plain, gluon) >= 0.99999
     assert (gluon.float() - plain.float()).abs().max().item() <= 8e-3
