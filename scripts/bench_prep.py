@@ -4,7 +4,7 @@ for several warp counts of the quantization kernels and K/V tiles per program, o
 shapes (speed only: neither changes the numerics). Direct launches, as the registered op runs
 them in eager mode.
 
-    python3 scripts/bench_prep.py --shapes cogvideox-2b,d128-8k --warps 4,8 --tiles 1,2,4,8 --json prep.json
+    python3 scripts/bench_prep.py --shapes cogvideox-2b,d128-8k --warps auto,4,8 --tiles 1,2,4,8 --json prep.json
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="cogvideox-2b,d128-8k")
-    parser.add_argument("--warps", default="4,8")
+    parser.add_argument("--warps", default="auto,4,8", help="comma list of warp counts; auto = the per-tile rule")
     parser.add_argument("--tiles", default="1", help="K/V tiles per quantization program")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
@@ -39,9 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         for pv in ("fp16", "fp8"):
             plan = select_plan(q.device, d, pv).plan
             rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
-            for warps, tiles in itertools.product(
-                (int(w) for w in args.warps.split(",")), [int(t) for t in args.tiles.split(",")]
-            ):
+            warp_counts = [None if w == "auto" else int(w) for w in args.warps.split(",")]
+            for warps, tiles in itertools.product(warp_counts, [int(t) for t in args.tiles.split(",")]):
                 quantize.QUANT_WARPS = warps
                 prepare = functools.partial(quantize.quantize_inputs, q, k, v, None, rot, plan, sm_scale=d**-0.5,
                                             per_token=False, smooth_k=True, need_shift=False, tiles_per_program=tiles)

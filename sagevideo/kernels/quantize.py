@@ -31,7 +31,21 @@ from torch.library import wrap_triton
 from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.reference import LOG2E
 
-QUANT_WARPS = 8
+# Warps of the K/V and Q quantization programs (speed only). None: by tile, the best per kernel in
+# the H200 sweep `scripts/bench_prep.py --warps 2,4,8` (docs/results/2026-11-30-h200-prep-warps.json):
+# 4 for 64-row Q tiles (d128 FP8: 0.089 ms vs 0.116 with 8) and 64x64 K/V tiles (d64 FP16: 0.091 vs
+# 0.114), 8 elsewhere (equal or better). An int forces one count for every kernel (the sweep does).
+QUANT_WARPS: int | None = None
+
+
+def quant_warps(rows: int, block_d: int, kernel: str) -> int:
+    """Warps for a quantization program over a `rows` x `block_d` tile ("kv" or "q")."""
+    if QUANT_WARPS is not None:
+        return QUANT_WARPS
+    small = rows * block_d <= 4096 if kernel == "kv" else rows <= 64
+    return 4 if small else 8
+
+
 STATS_CHUNK = 64
 MIN_TOKENS_PER_SPLIT = 256  # a split per 256+ tokens: ~1,500 programs at 8k tokens x 48 heads
 MAX_SPLITS = 128
@@ -345,7 +359,7 @@ def quantize_inputs(
         heads, n_k, n_pad,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=per_program,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-        PER_TOKEN=per_token, FP8_V=fp8_v, num_warps=QUANT_WARPS,
+        PER_TOKEN=per_token, FP8_V=fp8_v, num_warps=quant_warps(bn, bd, "kv"),
     )
 
     q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
@@ -358,6 +372,6 @@ def quantize_inputs(
         heads, n_q, m_pad, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm,
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
-        num_warps=QUANT_WARPS,
+        num_warps=quant_warps(bm, bd, "q"),
     )
     return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale)
