@@ -220,7 +220,11 @@ def env() -> None:
     """Print torch/triton/GPU versions and which kernel plan runs on each device, and why."""
     from sagevideo.env_report import report_lines
 
-    for line in report_lines():
+    try:
+        lines = report_lines()
+    except ValueError as err:  # a misspelt SAGEVIDEO_SM90_KERNEL
+        raise fail("env", str(err), EXIT_BAD_INPUT) from None
+    for line in lines:
         typer.echo(line)
 
 

@@ -35,6 +35,13 @@ def test_env_says_which_kernel_runs_on_hopper(monkeypatch):
     assert "SAGEVIDEO_SM90_KERNEL=gluon" in output
 
 
+def test_env_refuses_a_misspelt_kernel_choice(monkeypatch):
+    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "glun")
+    result = runner.invoke(app, ["env"])
+    assert result.exit_code == 2
+    assert "sagevideo env: error: SAGEVIDEO_SM90_KERNEL='glun': use one of ('triton', 'gluon')" in result.output
+
+
 def test_simulate_prints_table_summary_and_json(tmp_path):
     out = tmp_path / "sim.json"
     result = runner.invoke(
