@@ -449,13 +449,17 @@ def _resolve_backend(
             "the Triton kernels need a CUDA GPU"
         ]
     if backend in ("auto", "triton"):
-        choice = plans.select_plan(torch.device(device), source.head_dim, pv)
-        problem = choice.reason
+        try:
+            choice = plans.select_plan(torch.device(device), source.head_dim, pv)
+        except ValueError as err:  # a misspelt SAGEVIDEO_SM90_KERNEL
+            raise InputError(str(err)) from None
+        problem = choice.reason if choice.plan is None else ""  # with a plan, a reason is only a note
         if not problem and dtype not in ("float16", "bfloat16"):
             problem = f"dtype {dtype}: the Triton kernels take float16 or bfloat16"
         if problem and backend == "triton":
             raise InputError(f"--backend triton cannot run: {problem}; use --backend auto or reference")
         if problem:
             return "auto", [f"attention: the Triton kernels cannot run ({problem}); auto falls back to SDPA"]
-        return backend, [f"attention: Triton kernels ({choice.plan.describe()})"]
+        note = f"; {choice.reason}" if choice.reason else ""
+        return backend, [f"attention: Triton kernels ({choice.plan.describe()}{note})"]
     return backend, [f"attention: sageattn backend {backend}/{pv}"]

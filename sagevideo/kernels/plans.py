@@ -157,7 +157,8 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
     block_m, block_n = _TILES[(pv, block_d)]
     num_warps, num_stages = _LAUNCH[(arch, block_d)]
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
-    if arch == "sm90" and (pv, block_d) in _GLUON_SM90 and sm90_kernel_wanted() == "gluon":
+    wanted = sm90_kernel_wanted() if arch == "sm90" else "triton"  # checked on sm90 whatever the shape
+    if wanted == "gluon" and (pv, block_d) in _GLUON_SM90:
         problem = gluon_sm90_problem()
         if problem:  # the plain-Triton kernel computes the same; say why in `sagevideo env`
             return PlanChoice(plan, f"{SM90_KERNEL_ENV}=gluon not used: {problem}")

@@ -311,3 +311,18 @@ def test_pv_auto_follows_the_gpu_like_the_default_plan(monkeypatch, pv, device, 
 def test_default_pv_on_cpu_is_fp16_and_recorded(tmp_path, no_model_load):
     plan = plan_batch(["a cat"], out=tmp_path)
     assert plan.settings.pv == "fp16" and plan.jobs[0].job.pv == "fp16" and plan.jobs[0].backend == "reference"
+
+
+def test_a_misspelt_sm90_kernel_choice_is_refused_before_loading(tmp_path, no_model_load, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "glun")
+    with pytest.raises(InputError, match=r"SAGEVIDEO_SM90_KERNEL='glun': use one of \('triton', 'gluon'\)"):
+        plan_batch(["a cat"], out=tmp_path, device="cuda")
+    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "gluon")  # spelt right: planned, the kernel named
+    plan = plan_batch(["a cat"], out=tmp_path, device="cuda", pv="fp8")
+    assert plan.jobs[0].backend == "auto"
