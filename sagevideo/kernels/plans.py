@@ -12,11 +12,14 @@ Two kernels compute a plan, with the same tiles and numerics: the plain-Triton o
 (`attention_fwd`, kernel="triton") everywhere, and on sm90 the warp-specialized Gluon one
 (`attention_sm90`, kernel="gluon") where it measured faster: FP8 PV at head dim 128 (H200,
 2026-11-30: 1.24-1.51x cuDNN against 1.10-1.48x, docs/benchmarks.md). It is opt-in for now
-(SAGEVIDEO_SM90_KERNEL=gluon) until the GPU suite, torch.compile included, has run with it.
+(SAGEVIDEO_SM90_KERNEL=gluon) until the GPU suite, torch.compile included, has run with it. When
+this Triton lacks the Gluon API or the kernel does not compile with it (checked once per process),
+the plan keeps the plain kernel and its reason says why.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -109,6 +112,23 @@ def gluon_sm90_problem() -> str:
     return ""
 
 
+@functools.cache
+def gluon_sm90_compile_problem(block_d: int, num_stages: int) -> str:
+    """'' when the Gluon kernel compiles for sm90 with this Triton (checked once per process and
+    configuration, a few seconds), else the error: the plan then keeps the plain-Triton kernel and
+    says why, instead of the first attention call failing."""
+    try:
+        from sagevideo.kernels.attention_sm90 import compile_for_sm90
+
+        compile_for_sm90(block_d, num_stages=num_stages, consumers=1, pipeline_qk=False)
+    except Exception as exc:  # whatever breaks, the plain kernel computes the same numbers
+        import triton
+
+        first = (str(exc).strip().splitlines() or [""])[-1][:200]
+        return f"the Gluon kernel does not compile with triton {triton.__version__} ({type(exc).__name__}: {first})"
+    return ""
+
+
 def padded_head_dim(head_dim: int) -> int | None:
     """Head dim the kernel runs at, or None when above MAX_HEAD_DIM."""
     if head_dim <= 64:
@@ -159,10 +179,11 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
     wanted = sm90_kernel_wanted() if arch == "sm90" else "triton"  # checked on sm90 whatever the shape
     if wanted == "gluon" and (pv, block_d) in _GLUON_SM90:
-        problem = gluon_sm90_problem()
+        stages = _GLUON_SM90[(pv, block_d)]
+        problem = gluon_sm90_problem() or gluon_sm90_compile_problem(block_d, stages)
         if problem:  # the plain-Triton kernel computes the same; say why in `sagevideo env`
             return PlanChoice(plan, f"{SM90_KERNEL_ENV}=gluon not used: {problem}")
-        plan = KernelPlan(arch, block_d, pv, block_m, block_n, 4, _GLUON_SM90[(pv, block_d)], kernel="gluon")
+        plan = KernelPlan(arch, block_d, pv, block_m, block_n, 4, stages, kernel="gluon")
     return PlanChoice(plan)
 
 

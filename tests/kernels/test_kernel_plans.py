@@ -14,6 +14,9 @@ def hopper(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.delenv(plans.SM90_KERNEL_ENV, raising=False)
+    # The real compile check cannot run under the CPU interpreter (tests below compile in a clean
+    # process instead); here it passes unless a test says otherwise.
+    monkeypatch.setattr(plans, "gluon_sm90_compile_problem", lambda block_d, stages: "")
 
 
 def test_gluon_is_opt_in_and_only_where_it_measured_faster(hopper, monkeypatch):
@@ -53,6 +56,31 @@ def test_without_the_gluon_api_the_plain_kernel_runs_and_says_why(hopper, monkey
     choice = plans.select_plan(CUDA, 128, "fp8")
     assert choice.plan.kernel == "triton"
     assert choice.reason == "SAGEVIDEO_SM90_KERNEL=gluon not used: this Triton has no Gluon Hopper API (test)"
+
+
+def test_a_kernel_that_does_not_compile_keeps_the_plain_kernel_and_says_why(hopper, monkeypatch):
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "gluon")
+    monkeypatch.setattr(plans, "gluon_sm90_compile_problem",
+                        lambda block_d, stages: f"the Gluon kernel does not compile (d{block_d}, {stages} stages)")
+    choice = plans.select_plan(CUDA, 128, "fp8")
+    assert choice.plan.kernel == "triton"
+    assert choice.reason == "SAGEVIDEO_SM90_KERNEL=gluon not used: the Gluon kernel does not compile (d128, 2 stages)"
+
+
+def test_the_compile_check_reports_a_failure_instead_of_raising(monkeypatch):
+    from sagevideo.kernels import attention_sm90
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("PassManager::run failed\nerror: unsupported layout")
+
+    monkeypatch.setattr(attention_sm90, "compile_for_sm90", broken)
+    plans.gluon_sm90_compile_problem.cache_clear()
+    try:
+        problem = plans.gluon_sm90_compile_problem(128, 2)
+    finally:
+        plans.gluon_sm90_compile_problem.cache_clear()
+    assert problem.startswith("the Gluon kernel does not compile with triton ")
+    assert problem.endswith("(RuntimeError: error: unsupported layout)")
 
 
 def test_this_triton_has_the_gluon_api():
