@@ -252,6 +252,10 @@ def _attn_fwd_sm90_kernel(
     bufs = (q_smem, k_smem, v_smem)
     bars = (q_bar, ready, empty)
     ptrs = (QScale, KScale, VScale, Out)
+    # Scalars the partitions share, by position (worker partitions take no keyword structs):
+    # 0 first Q-code row, 1 first K-code row, 2 first Vᵀ row, 3 key tiles, 4 N_Q, 5 N_K, 6 Q-scale
+    # row, 7 K-scale row, 8 output offset of (b, h), 9 output row stride, 10 V-scale row, 11 M_PAD,
+    # 12 first query row of the CTA within the head, 13 head dim written.
     dims = (bh * M_PAD + m_start, bh * N_PAD, bh * HEAD_D, n_tiles, N_Q, N_K,
             bh * M_PAD, bh * N_PAD, b * stride_ob + h * stride_oh, stride_om, bh * HEAD_D, M_PAD, m_start, D_OUT)
     # One argument list for every partition (worker partitions must share a signature); WG says
