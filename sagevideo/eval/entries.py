@@ -201,23 +201,18 @@ def set_entries(
 
         entry = metric_entry("kid", pairs, b)
         bs = options.kid_bootstrap_subsets
-        mean, std, _ = kid_of("test", everything, options.kid_subsets)
-        entry["difference"] = {
-            "mean": mean,
-            "std": std,
-            "ci95": set_statistic_ci(len(order), lambda idx: kid_of("test", idx, bs)[0], b),
-            "n": len(pairs),
-            "n_prompts": len(order),
-        }
+
+        def kid_summary(arm):
+            """KID of `arm` vs ref over every frame, with its prompt-bootstrap interval."""
+            mean, std, _ = kid_of(arm, everything, options.kid_subsets)
+            ci95 = set_statistic_ci(len(order), lambda idx: kid_of(arm, idx, bs)[0], b)
+            return {"mean": mean, "std": std, "ci95": ci95, "n": len(pairs), "n_prompts": len(order)}
+
+        entry["difference"] = kid_summary("test")
+        mean = entry["difference"]["mean"]
         if has_noise:
-            nmean, nstd, _ = kid_of("noise", everything, options.kid_subsets)
-            entry["noise_floor"] = {
-                "mean": nmean,
-                "std": nstd,
-                "ci95": set_statistic_ci(len(order), lambda idx: kid_of("noise", idx, bs)[0], b),
-                "n": len(pairs),
-                "n_prompts": len(order),
-            }
+            entry["noise_floor"] = kid_summary("noise")
+            nmean = entry["noise_floor"]["mean"]
             entry["excess"] = {
                 "mean": mean - nmean,
                 "ci95": set_statistic_ci(
