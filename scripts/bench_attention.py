@@ -83,6 +83,7 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo import last_backend, sageattn
+    from sagevideo.kernels.op import attention_kernel
     from sagevideo.kernels.plans import select_plan
     from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
@@ -126,8 +127,8 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
             prepared = quantize()
             o = torch.empty_like(q)
             row["ms"][f"sage-{pv}-quant"] = bench_ms(quantize)
-            row["ms"][f"sage-{pv}-kernel"] = bench_ms(lambda prepared=prepared, o=o, plan=plan: kernel_only(
-                prepared, v, o, plan, n))
+            row["ms"][f"sage-{pv}-kernel"] = bench_ms(lambda prepared=prepared, o=o, plan=plan: attention_kernel(
+                prepared, v, None, o, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n))
             row.setdefault("prep_kernels_ms", {})[pv] = prep_kernel_times(quantize)
         del prepared
         if sweep:
@@ -136,19 +137,6 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
     row["tops"] = {key: (tops(shape, ms) if ms else None) for key, ms in row["ms"].items()}
     row["vs_cudnn"] = {key: (cudnn / ms if ms and cudnn else None) for key, ms in row["ms"].items()}
     return row
-
-
-def kernel_only(prepared, v, out, plan, n: int) -> None:
-    """The attention kernel the plan names (plain Triton, or the Gluon sm90 one), no preparation."""
-    from sagevideo.kernels.attention_fwd import attention_forward
-
-    if plan.kernel == "gluon":
-        from sagevideo.kernels.attention_sm90 import attention_forward_sm90
-
-        attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=plan.num_stages,
-                               pipeline_qk=False, consumers=1)
-    else:
-        attention_forward(prepared, v, None, out, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n)
 
 
 def prep_kernel_times(quantize) -> dict:

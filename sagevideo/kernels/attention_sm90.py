@@ -45,6 +45,7 @@ WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64 
 # warpgroups, 128 x 256 threads = half the SM (two CTAs per SM, as the plain-Triton kernel runs).
 # setmaxnreg then moves registers from the producer (PRODUCER_REGS) to the consumers (CONSUMER_REGS).
 MAXNREG = {1: 128, 2: 168}
+DEFAULT_CONSUMER_REGS = {1: 232, 2: 240}  # what that budget leaves each consumer thread after the producer's 24
 
 
 @gluon.jit
@@ -306,8 +307,8 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
     """
     if consumers not in (1, 2):
         raise ValueError(f"consumers={consumers}: 1 or 2")
-    if consumer_regs is None:  # what the launch budget leaves them (MAXNREG)
-        consumer_regs = {1: 232, 2: 240}[consumers]
+    if consumer_regs is None:
+        consumer_regs = DEFAULT_CONSUMER_REGS[consumers]
     if release not in (1, 2) or (release == 2 and (pipeline_qk or num_stages % 2)):
         raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
     batch, heads, _, head_dim = out.shape
@@ -336,7 +337,7 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pi
     from triton.experimental.gluon._runtime import GluonASTSource
 
     if consumer_regs is None:
-        consumer_regs = {1: 232, 2: 240}[consumers]
+        consumer_regs = DEFAULT_CONSUMER_REGS[consumers]
 
     def desc_type(dtype: str, block: list[int], gl_dtype) -> str:
         layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)

@@ -16,6 +16,21 @@ from sagevideo.kernels.quantize import quantize_inputs
 from sagevideo.kernels.rotation import hadamard_pm1
 
 
+def attention_kernel(prepared, v: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
+                     lse: torch.Tensor | None, plan: KernelPlan, *, is_causal: bool, per_token: bool,
+                     n_q: int, n_k: int) -> None:
+    """The attention kernel `plan.kernel` names, on prepared inputs (no quantization): the plain
+    Triton one, or the Gluon sm90 one (callers ensure `gluon_runs`; the launcher's defaults are its
+    measured configuration: serial schedule, one consumer warpgroup per CTA)."""
+    if plan.kernel == "gluon":
+        from sagevideo.kernels.attention_sm90 import attention_forward_sm90
+
+        attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n_q, n_k=n_k, num_stages=plan.num_stages)
+    else:
+        attention_forward(prepared, v, key_mask, out, lse, plan, is_causal=is_causal, per_token=per_token,
+                          n_q=n_q, n_k=n_k)
+
+
 @triton_op("sagevideo::sageattn_fwd", mutates_args=())
 def sageattn_fwd(
     q: torch.Tensor,
@@ -51,17 +66,8 @@ def sageattn_fwd(
     )
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
-    if kernel == "gluon":
-        from sagevideo.kernels.attention_sm90 import attention_forward_sm90
-
-        # The measured configuration: serial schedule, one consumer warpgroup per CTA.
-        attention_forward_sm90(prepared, out, block_n=block_n, n_q=n_q, n_k=n_k, num_stages=num_stages,
-                               pipeline_qk=False, consumers=1)
-    else:
-        attention_forward(
-            prepared, v, key_mask, out, lse if return_lse else None, plan,
-            is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k,
-        )
+    attention_kernel(prepared, v, key_mask, out, lse if return_lse else None, plan,
+                     is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
     return out, lse
 
 
