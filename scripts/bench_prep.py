@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Device time of each preparation kernel (K/V stats, finalize, K/V quantization, Q quantization)
-for several warp counts of the quantization kernels and K/V tiles per program, on the benchmark
-shapes (speed only: neither changes the numerics). Direct launches, as the registered op runs
-them in eager mode.
+for several warp counts of the quantization kernels, K/V tiles per program and K/V-stats program
+shapes, on the benchmark shapes (speed only: none changes the numerics). Direct launches, as the
+registered op runs them in eager mode.
 
     python3 scripts/bench_prep.py --shapes cogvideox-2b,d128-8k --warps auto,4,8 --tiles 1,2,4,8 --json prep.json
+    python3 scripts/bench_prep.py --warps auto --stats 256:64:4,1024:64:4,512:128:8   # tokens/split:chunk:warps
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="cogvideox-2b,d128-8k")
     parser.add_argument("--warps", default="auto,4,8", help="comma list of warp counts; auto = the per-tile rule")
     parser.add_argument("--tiles", default="1", help="K/V tiles per quantization program")
+    parser.add_argument("--stats", default="current",
+                        help="comma list of K/V-stats program shapes MIN_TOKENS_PER_SPLIT:CHUNK:WARPS, or current")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     rows = []
@@ -40,16 +43,21 @@ def main(argv: list[str] | None = None) -> int:
             plan = select_plan(q.device, d, pv).plan
             rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
             warp_counts = [None if w == "auto" else int(w) for w in args.warps.split(",")]
-            for warps, tiles in itertools.product(warp_counts, [int(t) for t in args.tiles.split(",")]):
+            current = f"{quantize.MIN_TOKENS_PER_SPLIT}:{quantize.STATS_CHUNK}:{quantize.STATS_WARPS}"
+            stats_shapes = [current if s == "current" else s for s in args.stats.split(",")]
+            tile_counts = [int(t) for t in args.tiles.split(",")]
+            for warps, tiles, stats in itertools.product(warp_counts, tile_counts, stats_shapes):
                 quantize.QUANT_WARPS = warps
+                split_tokens, chunk, stats_warps = map(int, stats.split(":"))
+                quantize.MIN_TOKENS_PER_SPLIT, quantize.STATS_CHUNK, quantize.STATS_WARPS = split_tokens, chunk, stats_warps
                 prepare = functools.partial(quantize.quantize_inputs, q, k, v, None, rot, plan, sm_scale=d**-0.5,
                                             per_token=False, smooth_k=True, need_shift=False, tiles_per_program=tiles)
                 with set_wrap_triton_enabled(False):
                     times = prep_kernel_times(prepare)
                 times = {key: ms for key, ms in times.items() if key.startswith("_")}
-                rows.append({"shape": name, "pv": pv, "warps": warps, "tiles_per_program": tiles, "ms": times,
-                             "total_ms": sum(times.values())})
-                print(f"{name:14} {pv:5} warps {warps} tiles {tiles}: total {sum(times.values()):.3f} ms  "
+                rows.append({"shape": name, "pv": pv, "warps": warps, "tiles_per_program": tiles, "stats": stats,
+                             "ms": times, "total_ms": sum(times.values())})
+                print(f"{name:14} {pv:5} warps {warps} tiles {tiles} stats {stats}: total {sum(times.values()):.3f} ms  "
                       + "  ".join(f"{key.strip('_').split('_kernel')[0]} {ms:.3f}" for key, ms in times.items()))
     if args.json:
         with open(args.json, "w") as f:

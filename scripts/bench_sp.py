@@ -121,7 +121,9 @@ def main() -> int:
     parser.add_argument("--chunks", type=int, default=None,
                         help="head chunks pipelined through the all-to-alls (default: ulysses.HEAD_CHUNKS)")
     parser.add_argument("--profile", action="store_true",
-                        help="also break one 1-GPU and one sharded forward down by kernel category")
+                        help="also break one 1-GPU and one sharded forward down by kernel category (every rank's)")
+    parser.add_argument("--each-gpu", action="store_true",
+                        help="run the 1-GPU baseline on every rank at once (per-GPU speed); rank 0's stays the baseline")
     args = parser.parse_args()
 
     if args.chunks is not None:
@@ -145,7 +147,7 @@ def main() -> int:
     for mode in args.modes.split(","):
         backend = {"sage": quantized, "sdpa": "sdpa"}[mode]
         row: dict = {"backend_requested": backend}
-        if rank == 0:
+        if rank == 0 or args.each_gpu:
             with sagevideo.install(model, backend=backend) as handle, sagevideo.record_backends() as log:
                 times, out = timed(forward, args.warmup, args.repeats, together=False)
                 if args.profile:
@@ -154,12 +156,21 @@ def main() -> int:
             plan = handle.plan.default.label if mode == "sage" else "full (SDPA)"
             row.update(plan=plan, times_1=times, backends_1=log.summary())
             say(f"{mode}: 1 GPU {statistics.median(times) * 1e3:.0f} ms ({log.counts})")
+        if args.each_gpu:  # every GPU ran the unsharded step at the same time: is one of them slower?
+            per_rank = [None] * world
+            dist.all_gather_object(per_rank, (statistics.median(row["times_1"]) * 1e3, row.get("kernels_1")))
+            row["ms_1_each_rank"] = [ms for ms, _ in per_rank]
+            row["kernels_1_each_rank"] = [kernels for _, kernels in per_rank]
+            say(f"{mode}: 1 GPU on each rank at once: " + ", ".join(f"{ms:.0f}" for ms, _ in per_rank) + " ms")
         barrier()  # the other ranks wait here for the 1-GPU baseline
         with shard_cogvideox(model, backend=backend), sagevideo.record_backends() as log:
             times, out = timed(forward, args.warmup, args.repeats, together=True)
             if args.profile:
                 barrier()
-                row["kernels_n"] = kernel_breakdown(forward)  # every rank runs it; rank 0's is kept
+                row["kernels_n"] = kernel_breakdown(forward)  # every rank runs it
+                each = [None] * world
+                dist.all_gather_object(each, row["kernels_n"])
+                row["kernels_n_each_rank"] = each  # a rank that waits more in NCCL waits for a slower one
         per_rank = [None] * world
         dist.all_gather_object(per_rank, log.summary())  # a fallback on any rank shows
         row.update(times_n=times, backends_n=per_rank)
@@ -213,6 +224,12 @@ def print_table(report: dict, world: int) -> None:
               f"({speedup:.2f}x)" + ("  [tiny CPU run: not a measurement]" if report["gpu"] == "cpu" else ""))
     for mode in ("sage", "sdpa"):
         r = report["modes"].get(mode)
+        if r and "ms_1_each_rank" in r:
+            print(f"{mode} 1-GPU step on each GPU at once, ms: " + ", ".join(f"{ms:.1f}" for ms in r["ms_1_each_rank"]))
+        if r and "kernels_n_each_rank" in r:
+            for i, kernels in enumerate(r["kernels_n_each_rank"]):
+                print(f"{mode} sharded step, rank {i} kernel time by category, ms: "
+                      + ", ".join(f"{k} {v:.0f}" for k, v in kernels.items()))
         if r and "kernels_1" in r:
             print(f"{mode} kernel time by category, ms (1 GPU -> rank 0 of {world}): "
                   + ", ".join(f"{k} {r['kernels_1'].get(k, 0):.0f} -> {r['kernels_n'].get(k, 0):.0f}"

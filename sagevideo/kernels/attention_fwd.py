@@ -42,11 +42,9 @@ def _attn_tile(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     # K codes are stored (N_PAD, BLOCK_D) row-major: load the tile transposed for Q·Kᵀ.
     k = tl.load(KQ + offs_n[None, :] * BLOCK_D + offs_d[:, None])
+    s = tl.dot(q, k, out_dtype=tl.int32).to(tl.float32)
     if PER_TOKEN_K:
-        qk_scale = q_scale[:, None] * tl.load(KScale + offs_n)[None, :]
-    else:
-        qk_scale = (q_scale * tl.load(KScale + start_n))[:, None]  # one K scale per tile
-    s = tl.dot(q, k, out_dtype=tl.int32).to(tl.float32) * qk_scale
+        s = s * (q_scale[:, None] * tl.load(KScale + offs_n)[None, :])
     if MASKED:
         key_ok = offs_n < N_K
         if HAS_MASK:
@@ -54,7 +52,14 @@ def _attn_tile(
         s = tl.where(key_ok[None, :], s, float("-inf"))
         if CAUSAL:
             s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    if PER_TOKEN_K:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    else:
+        # One K scale per tile: the row scale c = q_scale·k_scale is positive, so max(s·c) =
+        # max(s)·c exactly (rounding is monotone). Scaling after the max lets the exponent below
+        # be one FMA, s·c − m, instead of a multiply per score and then a subtraction.
+        row_scale = q_scale * tl.load(KScale + start_n)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * row_scale)
     m_sub = m_new
     if HAS_MASK:
         # Rows that have seen no valid key yet keep m = -inf; subtract 0 there (no NaN). Without a
@@ -63,7 +68,10 @@ def _attn_tile(
     alpha = tl.math.exp2(m_i - m_sub)
     if FP8_PV:
         m_sub = m_sub - LOG2_FP8_MAX
-    p = tl.math.exp2(s - m_sub[:, None])
+    if PER_TOKEN_K:
+        p = tl.math.exp2(s - m_sub[:, None])
+    else:
+        p = tl.math.exp2(s * row_scale[:, None] - m_sub[:, None])  # fused: one rounding
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     if FP8_PV:

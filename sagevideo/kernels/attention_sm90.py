@@ -78,16 +78,20 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
 
     DROP == 1 (timing only, wrong results): no max, exp2 or sum, to measure what softmax costs.
     """
-    scores = s.to(gl.float32) * (q_scale * k_scale)[:, None]
+    row_scale = q_scale * k_scale
+    scores = s.to(gl.float32)
     if DROP == 1:
-        return gl.convert_layout(scores.to(gl.float8e4nv), p_layout), m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
+        p8 = (scores * row_scale[:, None]).to(gl.float8e4nv)
+        return gl.convert_layout(p8, p_layout), m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
     if MASKED:
         cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
         scores = gl.where((cols < N_K)[None, :], scores, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(scores, axis=1))
+    # Scaled after the max (exact: the row scale is positive), so the exponent is one FMA; as in
+    # attention_fwd._attn_tile.
+    m_new = gl.maximum(m_i, gl.max(scores, axis=1) * row_scale)
     alpha = gl.exp2(m_i - m_new)
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
-    p = gl.exp2(scores - (m_new - LOG2_FP8_MAX)[:, None])
+    p = gl.exp2(scores * row_scale[:, None] - (m_new - LOG2_FP8_MAX)[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return gl.convert_layout(p.to(gl.float8e4nv), p_layout), m_new, l_i, alpha
 

@@ -47,6 +47,7 @@ def quant_warps(rows: int, block_d: int, kernel: str) -> int:
 
 
 STATS_CHUNK = 64
+STATS_WARPS = 4
 MIN_TOKENS_PER_SPLIT = 256  # a split per 256+ tokens: ~1,500 programs at 8k tokens x 48 heads
 MAX_SPLITS = 128
 SPLIT_CHUNK = 32
@@ -337,7 +338,7 @@ def quantize_inputs(
             stride_mb,
             heads, n_k, tokens_per_split, num_splits,
             HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=STATS_CHUNK,
-            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v,
+            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v, num_warps=STATS_WARPS,
         )
         wrap_triton(_kv_stats_finalize_kernel)[(bh,)](
             k_sum, k_count, v_max, rot_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean,

@@ -14,6 +14,8 @@ Numerics, step by step (all tensors HND: (B, H, N, D)):
    scale = max|x| / 127 (1 where the group is all zero), x_q = round-half-away(x / scale).
 4. Per key tile j: S = (Q_q · K_qᵀ in exact integers) · (q_scale · k_scale) (fp32), invalid keys → −inf,
    online softmax: m' = max(m, rowmax S), P = exp2(S − m'), l = l·exp2(m − m') + rowsum P.
+   With one K scale per tile the kernels take the max on the integer scores and compute S − m'
+   as one FMA of the integer score, the row's scale and −m' (a single rounding; emulated here).
 5. PV, "fp16": acc = acc·α + P.to(t) @ V.to(t) with fp32 accumulation, t = V's dtype when 16-bit
    else float16. "fp8": V scaled per channel by max|V over valid tokens| / 448 to e4m3 once;
    P is computed as exp2(S − m + log2 448) (pre-scaled to fill e4m3; l carries the same factor),
@@ -164,6 +166,7 @@ def sageattn_reference(
         # Integer products summed in fp64 are exact (|sum| < 2^53), like the int32 dot.
         s_int = (q_codes.double() @ k_codes[:, :, start:stop].double().transpose(-1, -2)).float()
         s = s_int * (q_scale[..., None] * k_scale[:, :, None, start:stop])
+        row_scale = q_scale * k_scale[:, :, start:start + 1]  # one K scale per tile ("block")
         cols = torch.arange(start, stop, device=q.device)
         if valid is not None:
             s = s.masked_fill(~valid[:, None, None, start:stop], float("-inf"))
@@ -172,7 +175,14 @@ def sageattn_reference(
         m_new = torch.maximum(m, s.amax(dim=-1))
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
         alpha = torch.exp2(m - m_safe)
-        p = torch.exp2(s - (m_safe - p_shift)[..., None])
+        m_sub = m_safe - p_shift
+        if qk_granularity == "block":
+            # The kernels scale after the max and fuse S − m into one FMA (one rounding): emulated
+            # in fp64, exact for the product (int < 2^24 times fp32) before the final rounding.
+            fused = s_int.double() * row_scale.double()[..., None] - m_sub.double()[..., None]
+            p = torch.exp2(torch.where(torch.isinf(s), s, fused.float()))
+        else:
+            p = torch.exp2(s - m_sub[..., None])
         l = l * alpha + p.sum(dim=-1)
         v_tile = v_operand[:, :, start:stop]
         if pv == "fp8":

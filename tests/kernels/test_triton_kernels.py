@@ -28,7 +28,9 @@ def _inputs(preset, shape, seed=0, dtype=torch.float16):
 
 def _both(q, k, v, **kw):
     out_t = sageattn(q, k, v, backend="triton", **kw)
-    assert last_backend().ran == "triton"
+    # A kernel ran, not a fallback: the plain one, or on sm90 the Gluon one where the plan names it
+    # (same numerics; its own tests compare the two).
+    assert last_backend().ran in ("triton", "gluon")
     out_r = sageattn(q, k, v, backend="reference", **kw)
     return out_t, out_r
 

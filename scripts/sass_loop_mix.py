@@ -1,0 +1,111 @@
+"""Instruction mix of the attention kernels' main loops, from sm_90 SASS compiled on this machine.
+
+Compiles the plain-Triton kernel (`attention_fwd`) and the Gluon kernel (`attention_sm90`) for
+Hopper without a GPU, disassembles them with the cuobjdump that ships with Triton, finds each loop
+(a backward branch) that issues tensor-core MMAs, and prints its instruction count and opcode mix.
+The softmax is issue-bound (docs/sm90-kernel.md), so fewer instructions per key tile is the
+prediction a change can be checked against before any GPU time is spent.
+
+    python3 scripts/sass_loop_mix.py                  # plain and Gluon kernels, d64 and d128 FP8 plans
+    python3 scripts/sass_loop_mix.py --kernels plain --sass /tmp/sass   # also write the SASS files
+
+Run it in a process without TRITON_INTERPRET (the interpreter cannot compile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+MMA_OPCODES = ("HGMMA", "IGMMA", "QGMMA")
+
+
+def compile_plain(block_d: int):
+    """The plain kernel for the FP8 plan at `block_d`, with the specializations a real launch gets
+    (16-byte aligned pointers, sizes and strides divisible by 16): without them Triton cannot prove
+    alignment and loads K/V byte by byte, which no launch does."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from sagevideo.kernels.attention_fwd import _attn_fwd_kernel
+    from sagevideo.kernels.plans import _LAUNCH, tiles
+
+    block_m, block_n = tiles("fp8", block_d)
+    num_warps, num_stages = _LAUNCH[("sm90", block_d)]
+    pointers = ("QQ", "QScale", "QShift", "KQ", "KScale", "V", "VQ", "VScale", "Mask", "Out", "Lse")
+    types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*bf16", "*fp8e4nv", "*fp32", "*u8", "*bf16", "*fp32")
+    ints = ("stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om", "mask_stride_b",
+            "H", "N_Q", "N_K", "M_PAD", "N_PAD")
+    signature = {**dict(zip(pointers, types)), **dict.fromkeys(ints, "i32")}
+    constexprs = dict(HEAD_DIM=block_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+                      CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=True, STORE_LSE=False)
+    signature.update(dict.fromkeys(constexprs, "constexpr"))
+    aligned = [*pointers, *(n for n in ints if n not in ("mask_stride_b", "H"))]
+    names = _attn_fwd_kernel.arg_names
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    source = ASTSource(fn=_attn_fwd_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def compile_gluon(block_d: int):
+    """The Gluon kernel with its launcher defaults (one consumer warpgroup, serial schedule)."""
+    from sagevideo.kernels.attention_sm90 import compile_for_sm90
+
+    return compile_for_sm90(block_d)
+
+
+def disassemble(cubin: bytes) -> str:
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(f.name)
+
+
+def mma_loops(sass: str) -> list[tuple[int, int, collections.Counter]]:
+    """(start, end, opcode counts) of every backward-branch loop whose body issues an MMA."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", sass)]
+    loops = []
+    for addr, text in lines:
+        branch = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < addr:
+            start = int(branch.group(1), 16)
+            body = (re.sub(r"^@!?U?P\w+\s+", "", t) for a, t in lines if start <= a <= addr)
+            opcodes = collections.Counter(t.split()[0].split(".")[0] for t in body if t.strip())
+            if any(op in opcodes for op in MMA_OPCODES):
+                loops.append((start, addr, opcodes))
+    return loops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kernels", default="plain,gluon", help="comma list of plain, gluon")
+    parser.add_argument("--dims", default="64,128", help="comma list of head dims (64, 128)")
+    parser.add_argument("--top", type=int, default=14, help="opcodes shown per loop")
+    parser.add_argument("--sass", type=Path, help="folder to write each kernel's full SASS into")
+    args = parser.parse_args()
+    compilers = {"plain": compile_plain, "gluon": compile_gluon}
+    for name in args.kernels.split(","):
+        for block_d in map(int, args.dims.split(",")):
+            sass = disassemble(compilers[name](block_d).asm["cubin"])
+            if args.sass:
+                args.sass.mkdir(parents=True, exist_ok=True)
+                (args.sass / f"{name}-d{block_d}.sass").write_text(sass)
+            for start, end, opcodes in mma_loops(sass):
+                mix = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(args.top))
+                print(f"{name} d{block_d} loop {start:#x}-{end:#x}: {sum(opcodes.values())} instructions; {mix}")
+
+
+if __name__ == "__main__":
+    main()
