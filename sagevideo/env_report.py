@@ -81,7 +81,8 @@ def report_lines() -> list[str]:
         lines.append(f"  {row.device:8s} d{row.head_dim:<4d} pv={row.pv:5s} -> {row.runs:16s} {row.detail}")
     lines += ["", "Other head dims <= 128 are zero-padded to 64/128 in-kernel; fp32 inputs, CPU tensors, "
               "non-key-padding masks and head dims > 128 run full-precision SDPA."]
-    lines += [f"{plans.SM90_KERNEL_ENV}={plans.sm90_kernel_wanted()}: 'gluon' runs the warp-specialized sm90 kernel "
-              "where it measured faster (FP8 PV, head dim 128; no causal/mask/LSE calls), 'triton' (default) "
-              "the plain-Triton kernel everywhere."]
+    lines += [f"{plans.SM90_KERNEL_ENV}={plans.sm90_kernel_wanted()}: on sm90, 'auto' (default) runs the "
+              "warp-specialized Gluon kernel where it measured faster (FP8 PV, head dim 128; calls without "
+              "causal/mask/LSE), 'triton' the plain-Triton kernel everywhere, 'gluon' the Gluon kernel "
+              "wherever it runs (FP8 PV)."]
     return lines

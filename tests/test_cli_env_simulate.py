@@ -27,7 +27,7 @@ def test_env_says_which_kernel_runs_on_hopper(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "gluon")
+    monkeypatch.delenv("SAGEVIDEO_SM90_KERNEL", raising=False)
     from sagevideo.kernels import plans
 
     monkeypatch.setattr(plans, "gluon_sm90_compile_problem", lambda block_d, stages: "")  # no interpreter here
@@ -35,14 +35,17 @@ def test_env_says_which_kernel_runs_on_hopper(monkeypatch):
     runs = {(d, pv): kernel for d, pv, kernel in re.findall(r"cuda:0\s+(d\d+)\s+pv=(\w+)\s+->\s+(\S+)", output)}
     assert runs == {("d64", "fp16"): "triton", ("d64", "fp8"): "triton", ("d128", "fp16"): "triton",
                     ("d128", "fp8"): "gluon"}
-    assert "SAGEVIDEO_SM90_KERNEL=gluon" in output
+    assert "SAGEVIDEO_SM90_KERNEL=auto" in output
+    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "triton")
+    output = runner.invoke(app, ["env"]).output
+    assert set(re.findall(r"cuda:0\s+d\d+\s+pv=\w+\s+->\s+(\S+)", output)) == {"triton"}
 
 
 def test_env_refuses_a_misspelt_kernel_choice(monkeypatch):
     monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "glun")
     result = runner.invoke(app, ["env"])
     assert result.exit_code == 2
-    assert "sagevideo env: error: SAGEVIDEO_SM90_KERNEL='glun': use one of ('triton', 'gluon')" in result.output
+    assert "sagevideo env: error: SAGEVIDEO_SM90_KERNEL='glun': use one of ('auto', 'triton', 'gluon')" in result.output
 
 
 def test_simulate_prints_table_summary_and_json(tmp_path):

@@ -10,11 +10,13 @@ only for a misspelt SAGEVIDEO_SM90_KERNEL.
 
 Two kernels compute a plan, with the same tiles and numerics: the plain-Triton one
 (`attention_fwd`, kernel="triton") everywhere, and on sm90 the warp-specialized Gluon one
-(`attention_sm90`, kernel="gluon") where it measured faster: FP8 PV at head dim 128 (H200,
-2026-11-30: 1.24-1.51x cuDNN against 1.10-1.48x, docs/benchmarks.md). It is opt-in for now
-(SAGEVIDEO_SM90_KERNEL=gluon) until the GPU suite, torch.compile included, has run with it. When
-this Triton lacks the Gluon API or the kernel does not compile with it (checked once per process),
-the plan keeps the plain kernel and its reason says why.
+(`attention_sm90`, kernel="gluon", FP8 PV only). SAGEVIDEO_SM90_KERNEL picks between them on sm90:
+"auto" (default) takes the Gluon kernel where it measured faster, FP8 PV at head dim 128 (H200,
+2026-11-30, kernel alone: 1.26/1.25/1.49x cuDNN at 8k/32k/75k tokens against 1.22/1.25/1.46x for
+the plain kernel, docs/benchmarks.md); "triton" the plain kernel everywhere; "gluon" the Gluon
+kernel wherever it runs (also d64, where it is slower: for comparisons). When this Triton lacks
+the Gluon API or the kernel does not compile with it (checked once per process), the plan keeps
+the plain kernel and its reason says why.
 """
 
 from __future__ import annotations
@@ -85,15 +87,16 @@ _LAUNCH = {
 
 
 SM90_KERNEL_ENV = "SAGEVIDEO_SM90_KERNEL"
-SM90_KERNELS = ("triton", "gluon")
-# (PV mode, block_d) where the Gluon kernel measured faster than the plain-Triton one on the H200,
-# and its ring stages there (one consumer warpgroup per CTA; attention_sm90.attention_forward_sm90).
-_GLUON_SM90 = {("fp8", 128): 2}
+SM90_KERNELS = ("auto", "triton", "gluon")
+# Ring stages of the Gluon kernel per head dim (one consumer warpgroup per CTA; H200 sweep), and the
+# (PV mode, head dim) where it measured faster than the plain-Triton kernel: what "auto" takes.
+_GLUON_STAGES = {64: 2, 128: 2}
+_GLUON_FASTER = {("fp8", 128)}
 
 
 def sm90_kernel_wanted() -> str:
-    """SAGEVIDEO_SM90_KERNEL: "triton" (default) or "gluon"."""
-    value = os.environ.get(SM90_KERNEL_ENV, "triton").strip().lower() or "triton"
+    """SAGEVIDEO_SM90_KERNEL: "auto" (default), "triton" or "gluon"."""
+    value = os.environ.get(SM90_KERNEL_ENV, "auto").strip().lower() or "auto"
     if value not in SM90_KERNELS:
         raise ValueError(f"{SM90_KERNEL_ENV}={value!r}: use one of {SM90_KERNELS} (or leave it unset)")
     return value
@@ -178,11 +181,11 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
     num_warps, num_stages = _LAUNCH[(arch, block_d)]
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
     wanted = sm90_kernel_wanted() if arch == "sm90" else "triton"  # checked on sm90 whatever the shape
-    if wanted == "gluon" and (pv, block_d) in _GLUON_SM90:
-        stages = _GLUON_SM90[(pv, block_d)]
+    if pv == "fp8" and (wanted == "gluon" or (wanted == "auto" and (pv, block_d) in _GLUON_FASTER)):
+        stages = _GLUON_STAGES[block_d]
         problem = gluon_sm90_problem() or gluon_sm90_compile_problem(block_d, stages)
         if problem:  # the plain-Triton kernel computes the same; say why in `sagevideo env`
-            return PlanChoice(plan, f"{SM90_KERNEL_ENV}=gluon not used: {problem}")
+            return PlanChoice(plan, f"Gluon sm90 kernel not used ({SM90_KERNEL_ENV}={wanted}): {problem}")
         plan = KernelPlan(arch, block_d, pv, block_m, block_n, 4, stages, kernel="gluon")
     return PlanChoice(plan)
 

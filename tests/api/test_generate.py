@@ -321,7 +321,7 @@ def test_a_misspelt_sm90_kernel_choice_is_refused_before_loading(tmp_path, no_mo
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "glun")
-    with pytest.raises(InputError, match=r"SAGEVIDEO_SM90_KERNEL='glun': use one of \('triton', 'gluon'\)"):
+    with pytest.raises(InputError, match=r"SAGEVIDEO_SM90_KERNEL='glun': use one of \('auto', 'triton', 'gluon'\)"):
         plan_batch(["a cat"], out=tmp_path, device="cuda")
     monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", "gluon")  # spelt right: planned, the kernel named
     plan = plan_batch(["a cat"], out=tmp_path, device="cuda", pv="fp8")

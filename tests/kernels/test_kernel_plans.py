@@ -19,10 +19,8 @@ def hopper(monkeypatch):
     monkeypatch.setattr(plans, "gluon_sm90_compile_problem", lambda block_d, stages: "")
 
 
-def test_gluon_is_opt_in_and_only_where_it_measured_faster(hopper, monkeypatch):
-    assert plans.select_plan(CUDA, 128, "fp8").plan.kernel == "triton"  # default
-    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "gluon")
-    gluon = plans.select_plan(CUDA, 128, "fp8").plan
+def test_auto_takes_gluon_only_where_it_measured_faster(hopper, monkeypatch):
+    gluon = plans.select_plan(CUDA, 128, "fp8").plan  # default: auto
     assert gluon.kernel == "gluon" and "kernel=gluon" in gluon.describe()
     assert plans.select_plan(CUDA, 96, "fp8").plan.kernel == "gluon"  # padded to 128
     for head_dim, pv in ((64, "fp8"), (128, "fp16"), (64, "fp16")):  # slower or not implemented there
@@ -31,8 +29,15 @@ def test_gluon_is_opt_in_and_only_where_it_measured_faster(hopper, monkeypatch):
     # Same tiles (the same quantization groups and results); only the kernel and its launch differ.
     assert plain == plans.KernelPlan("sm90", 128, "fp8", 64, 128, 4, 3) == gluon.__class__(
         "sm90", 128, "fp8", gluon.block_m, gluon.block_n, 4, 3)
-    monkeypatch.delenv(plans.SM90_KERNEL_ENV)
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "triton")
     assert plans.select_plan(CUDA, 128, "fp8").plan == plain
+
+
+def test_gluon_choice_takes_every_fp8_shape(hopper, monkeypatch):
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "gluon")
+    assert plans.select_plan(CUDA, 64, "fp8").plan.kernel == "gluon"
+    assert plans.select_plan(CUDA, 128, "fp8").plan.kernel == "gluon"
+    assert plans.select_plan(CUDA, 64, "fp16").plan.kernel == "triton"  # FP8 PV only
 
 
 def test_other_archs_never_get_the_gluon_kernel(monkeypatch):
@@ -46,7 +51,7 @@ def test_other_archs_never_get_the_gluon_kernel(monkeypatch):
 
 def test_a_misspelt_choice_is_refused(hopper, monkeypatch):
     monkeypatch.setenv(plans.SM90_KERNEL_ENV, "glun")
-    with pytest.raises(ValueError, match=r"SAGEVIDEO_SM90_KERNEL='glun': use one of \('triton', 'gluon'\)"):
+    with pytest.raises(ValueError, match=r"SAGEVIDEO_SM90_KERNEL='glun': use one of \('auto', 'triton', 'gluon'\)"):
         plans.select_plan(CUDA, 128, "fp8")
 
 
@@ -55,16 +60,16 @@ def test_without_the_gluon_api_the_plain_kernel_runs_and_says_why(hopper, monkey
     monkeypatch.setattr(plans, "gluon_sm90_problem", lambda: "this Triton has no Gluon Hopper API (test)")
     choice = plans.select_plan(CUDA, 128, "fp8")
     assert choice.plan.kernel == "triton"
-    assert choice.reason == "SAGEVIDEO_SM90_KERNEL=gluon not used: this Triton has no Gluon Hopper API (test)"
+    assert choice.reason == "Gluon sm90 kernel not used (SAGEVIDEO_SM90_KERNEL=gluon): this Triton has no Gluon Hopper API (test)"
 
 
 def test_a_kernel_that_does_not_compile_keeps_the_plain_kernel_and_says_why(hopper, monkeypatch):
-    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "gluon")
     monkeypatch.setattr(plans, "gluon_sm90_compile_problem",
                         lambda block_d, stages: f"the Gluon kernel does not compile (d{block_d}, {stages} stages)")
-    choice = plans.select_plan(CUDA, 128, "fp8")
+    choice = plans.select_plan(CUDA, 128, "fp8")  # auto
     assert choice.plan.kernel == "triton"
-    assert choice.reason == "SAGEVIDEO_SM90_KERNEL=gluon not used: the Gluon kernel does not compile (d128, 2 stages)"
+    assert choice.reason == ("Gluon sm90 kernel not used (SAGEVIDEO_SM90_KERNEL=auto): "
+                             "the Gluon kernel does not compile (d128, 2 stages)")
 
 
 def test_the_compile_check_reports_a_failure_instead_of_raising(monkeypatch):
