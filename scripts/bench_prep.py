@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     rows = []
+    current = f"{quantize.MIN_TOKENS_PER_SPLIT}:{quantize.STATS_CHUNK}:{quantize.STATS_WARPS}"  # before any sweep
     for name in args.shapes.split(","):
         b, h, n, d = SHAPES[name]
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -43,7 +44,6 @@ def main(argv: list[str] | None = None) -> int:
             plan = select_plan(q.device, d, pv).plan
             rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
             warp_counts = [None if w == "auto" else int(w) for w in args.warps.split(",")]
-            current = f"{quantize.MIN_TOKENS_PER_SPLIT}:{quantize.STATS_CHUNK}:{quantize.STATS_WARPS}"
             stats_shapes = [current if s == "current" else s for s in args.stats.split(",")]
             tile_counts = [int(t) for t in args.tiles.split(",")]
             for warps, tiles, stats in itertools.product(warp_counts, tile_counts, stats_shapes):
