@@ -7,6 +7,7 @@ The softmax is issue-bound (docs/sm90-kernel.md), so fewer instructions per key 
 prediction a change can be checked against before any GPU time is spent.
 
     python3 scripts/sass_loop_mix.py                  # plain and Gluon kernels, d64 and d128 FP8 plans
+    python3 scripts/sass_loop_mix.py --kernels plain --pv fp16
     python3 scripts/sass_loop_mix.py --kernels plain --sass /tmp/sass   # also write the SASS files
 
 Run it in a process without TRITON_INTERPRET (the interpreter cannot compile).
@@ -25,8 +26,8 @@ from pathlib import Path
 MMA_OPCODES = ("HGMMA", "IGMMA", "QGMMA")
 
 
-def compile_plain(block_d: int):
-    """The plain kernel for the FP8 plan at `block_d`, with the specializations a real launch gets
+def compile_plain(block_d: int, pv: str = "fp8"):
+    """The plain kernel for the `pv` plan at `block_d`, with the specializations a real launch gets
     (16-byte aligned pointers, sizes and strides divisible by 16): without them Triton cannot prove
     alignment and loads K/V byte by byte, which no launch does."""
     import triton
@@ -36,7 +37,7 @@ def compile_plain(block_d: int):
     from sagevideo.kernels.attention_fwd import _attn_fwd_kernel
     from sagevideo.kernels.plans import _LAUNCH, tiles
 
-    block_m, block_n = tiles("fp8", block_d)
+    block_m, block_n = tiles(pv, block_d)
     num_warps, num_stages = _LAUNCH[("sm90", block_d)]
     pointers = ("QQ", "QScale", "QShift", "KQ", "KScale", "V", "VQ", "VScale", "Mask", "Out", "Lse")
     types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*bf16", "*fp8e4nv", "*fp32", "*u8", "*bf16", "*fp32")
@@ -44,7 +45,7 @@ def compile_plain(block_d: int):
             "H", "N_Q", "N_K", "M_PAD", "N_PAD")
     signature = {**dict(zip(pointers, types)), **dict.fromkeys(ints, "i32")}
     constexprs = dict(HEAD_DIM=block_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-                      CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=True, STORE_LSE=False)
+                      CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False)
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     aligned = [*pointers, *(n for n in ints if n not in ("mask_stride_b", "H"))]
     names = _attn_fwd_kernel.arg_names
@@ -54,7 +55,7 @@ def compile_plain(block_d: int):
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def compile_gluon(block_d: int):
+def compile_gluon(block_d: int, pv: str = "fp8"):
     """The Gluon kernel with its launcher defaults (one consumer warpgroup, serial schedule)."""
     from sagevideo.kernels.attention_sm90 import compile_for_sm90
 
@@ -92,13 +93,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kernels", default="plain,gluon", help="comma list of plain, gluon")
     parser.add_argument("--dims", default="64,128", help="comma list of head dims (64, 128)")
+    parser.add_argument("--pv", default="fp8", choices=("fp8", "fp16"), help="PV mode (the Gluon kernel: fp8 only)")
     parser.add_argument("--top", type=int, default=14, help="opcodes shown per loop")
     parser.add_argument("--sass", type=Path, help="folder to write each kernel's full SASS into")
     args = parser.parse_args()
     compilers = {"plain": compile_plain, "gluon": compile_gluon}
     for name in args.kernels.split(","):
         for block_d in map(int, args.dims.split(",")):
-            sass = disassemble(compilers[name](block_d).asm["cubin"])
+            sass = disassemble(compilers[name](block_d, args.pv).asm["cubin"])
             if args.sass:
                 args.sass.mkdir(parents=True, exist_ok=True)
                 (args.sass / f"{name}-d{block_d}.sass").write_text(sass)
