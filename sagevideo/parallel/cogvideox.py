@@ -6,10 +6,11 @@ contiguous shards, so rank 0 holds the text and the first video tokens, the last
 - a forward pre-hook slices the rotary tables to the rank's video tokens;
 - a hook on `patch_embed` keeps [text; own video slice] (the model splits text from video by the
   input's text length right after), and a pre-hook on the first block keeps own text slice;
-- every attention layer runs `UlyssesCogVideoXAttnProcessor`: q/k/v of the shard go through the
-  all-to-all to the full sequence × H/P heads, attention (the installed plan, sagevideo kernels)
-  runs per head group, outputs go back. The gathered order is the one-GPU order exactly, so each
-  head's attention (quantization groups included) sees the same inputs as on one GPU;
+- every attention layer runs `UlyssesCogVideoXAttnProcessor`: q/k/v of the shard (written, rotary
+  embedding included, straight into the send buffer) go through the all-to-all to the full
+  sequence × H/P heads, attention (the installed plan, sagevideo kernels) runs per head group,
+  outputs go back. The gathered order is the one-GPU order exactly, so each head's attention
+  (quantization groups included) sees the same inputs as on one GPU;
 - a hook on `norm_final` gathers the video tokens, so every rank ends with the full output.
 Norms, MLPs and modulation are per token, so they run on the shards unchanged. Every rank must
 run the same inputs (same seed). Works under torchrun or Ray actors that set its variables.
@@ -23,8 +24,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_uneven, ulysses_attention
+from sagevideo.parallel.ulysses import (
+    SequenceParallelHandle,
+    check_degree,
+    gather_uneven,
+    send_buffer,
+    send_slot,
+    ulysses_exchange,
+)
 from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
+from sagevideo.pipelines.rotary import rotary_into
 
 
 def video_tokens(config: Any, frames: int, height: int, width: int) -> int:
@@ -62,11 +71,28 @@ class UlyssesCogVideoXAttnProcessor(SageCogVideoXAttnProcessor):
         super().__init__(**kwargs)
         self.group = group
 
-    def attend(self, query, key, value, mask, text_len):
+    def attend_projected(self, attn, query, key, value, mask, text_len, image_rotary_emb):
+        """As `SageCogVideoXAttnProcessor.attend_projected`, for this rank's shard: its own text
+        tokens (text_len, maybe 0) then its video tokens (maybe none), which the rotary tables cover.
+
+        q/k/v are written once, straight into the all-to-all's send buffer: the text part of q/k
+        and v copied, the video part of q/k rotated into it (no rotated copy of q/k in between).
+        """
         if mask is not None:
             raise NotImplementedError("Ulysses sequence parallelism takes no attention mask (CogVideoX uses none)")
-        # Every token is in exactly one shard (text included): nothing is replicated.
-        return ulysses_attention(functools.partial(self.router, self.name), query, key, value, 0, self.group)
+        # Every token is in exactly one shard (text included): nothing is replicated, the whole
+        # shard is the exchanged sequence.
+        send = send_buffer(query, query.shape[2], self.group)
+        rotated = 0 if image_rotary_emb is None else 1 if attn.is_cross_attention else 2  # q first, then k
+        for i, t in enumerate((query, key, value)):
+            slot = send_slot(send, i)
+            t = t.unflatten(1, slot.shape[1:4])
+            if i < rotated:
+                slot[..., :text_len, :].copy_(t[..., :text_len, :])
+                rotary_into(slot[..., text_len:, :], t[..., text_len:, :], image_rotary_emb)
+            else:
+                slot.copy_(t)
+        return ulysses_exchange(functools.partial(self.router, self.name), send, group=self.group)
 
 
 def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,

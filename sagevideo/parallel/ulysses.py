@@ -71,46 +71,80 @@ def gather_uneven(x: torch.Tensor, sizes: list[int], group=None, dim: int = 1) -
 HEAD_CHUNKS = 1
 
 
+def send_buffer(like: torch.Tensor, n: int, group=None, chunks: int | None = None) -> torch.Tensor:
+    """Empty all-to-all send buffer for `ulysses_exchange`: (chunks, P, 3, B, hc, n, D), like's dtype
+    and device, for q/k/v like (B, H, *, D) with n sharded tokens per rank; hc = H / (P · chunks).
+
+    chunks: head chunks pipelined through the exchanges (None: HEAD_CHUNKS; fewer when H/P does
+    not divide). send[c, p, i]: this rank's tokens of tensor i (0 q, 1 k, 2 v), heads of chunk c
+    of head group p, so each chunk's exchange moves one contiguous block. Fill it through `send_slot`.
+    """
+    world = dist.get_world_size(group)
+    b, h, _, d = like.shape
+    hp = h // world
+    chunks = HEAD_CHUNKS if chunks is None else chunks
+    chunks = max(c for c in range(1, min(chunks, hp) + 1) if hp % c == 0)
+    return like.new_empty(chunks, world, 3, b, hp // chunks, n, d)
+
+
+def send_slot(send: torch.Tensor, i: int) -> torch.Tensor:
+    """Writable (B, P, chunks, hc, n, D) view of tensor i (0 q, 1 k, 2 v) in `send_buffer`'s buffer:
+    a (B, H, n, D) tensor t goes in as `send_slot(send, i).copy_(t.unflatten(1, (P, chunks, hc)))`
+    (head h = p·H/P + c·hc + j; `slot.shape[1:4]` is that split). Producers of q/k/v can write their
+    results here directly instead of copying them in."""
+    return send[:, :, i].permute(2, 1, 0, 3, 4, 5)
+
+
 def ulysses_attention(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, text_len: int,
                       group=None, chunks: int | None = None) -> torch.Tensor:
     """Attention over [replicated text; sharded video] tokens, (B, H, T + n, D) per rank.
 
-    Video q/k/v are exchanged to all tokens × H/P heads, text q/k/v sliced to the same heads;
-    `attend(q, k, v)` runs on (B, heads, T + N, D) for chunks of this rank's H/P heads; the output
-    goes back to (B, H, T + n, D). Data movement only (bit-exact: attention is per head).
+    Copies the video q/k/v into a `send_buffer` (once each) and runs `ulysses_exchange`;
+    callers that can produce q/k/v in place fill the buffer themselves.
+    """
+    send = send_buffer(query, query.shape[2] - text_len, group, chunks)
+    for i, t in enumerate((query, key, value)):
+        slot = send_slot(send, i)
+        slot.copy_(t[:, :, text_len:].unflatten(1, slot.shape[1:4]))
+    text = tuple(t[:, :, :text_len] for t in (query, key, value)) if text_len else None
+    return ulysses_exchange(attend, send, text, group)
 
-    Pipelined over `chunks` head chunks (None: HEAD_CHUNKS; fewer when H/P does not divide):
-    every chunk's q/k/v all-to-all is issued up front, so while chunk c is attended the next
-    chunk's inputs and the previous chunk's output are in flight on NCCL's stream. q, k and v travel together, each
-    copied once on each side of the exchange (separate exchanges plus reshapes cost a 5B-size
+
+def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] | None = None,
+                     group=None) -> torch.Tensor:
+    """Exchange, attention and return exchange for a filled `send_buffer` -> (B, H, T + n, D).
+
+    send holds this rank's n sharded tokens; text: None or replicated (B, H, T, D) q/k/v, sliced
+    to this rank's heads. Video q/k/v are exchanged to all tokens × H/P heads; `attend(q, k, v)`
+    runs on (B, hc, T + P·n, D) for each chunk of this rank's H/P heads; the output goes back
+    to (B, H, T + n, D). Data movement only (bit-exact: attention is per head).
+
+    Pipelined over the buffer's head chunks: every chunk's q/k/v all-to-all is issued up front,
+    so while chunk c is attended the next chunk's inputs and the previous chunk's output are in
+    flight on NCCL's stream. q, k and v travel together in the one buffer their producer filled,
+    and are copied once on the receiving side (separate exchanges plus reshapes cost a 5B-size
     step on 2 H200s ~95 ms of copies; docs/benchmarks.md).
     """
-    world = dist.get_world_size(group)
-    b, h, _, d = query.shape
-    hp, n = h // world, query.shape[2] - text_len
-    chunks = HEAD_CHUNKS if chunks is None else chunks
-    chunks = max(c for c in range(1, min(chunks, hp) + 1) if hp % c == 0)
-    hc = hp // chunks
-    exchanges = []
-    for c in range(chunks):  # send[p, i]: my video tokens of tensor i for chunk c of head group p
-        send = query.new_empty(world, 3, b, hc, n, d)
-        for i, t in enumerate((query, key, value)):
-            send[:, i].copy_(t[:, :, text_len:].unflatten(1, (world, hp))[:, :, c * hc : (c + 1) * hc].transpose(0, 1))
-        recv = torch.empty_like(send)
-        exchanges.append((dist.all_to_all_single(recv, send, group=group, async_op=True), send, recv))
+    chunks, world, _, b, hc, n, d = send.shape
+    hp = chunks * hc
+    h = world * hp
+    recv = torch.empty_like(send)
+    # recv[c, p]: rank p's sequence shard of my chunk-c heads.
+    exchanges = [dist.all_to_all_single(recv[c], send[c], group=group, async_op=True) for c in range(chunks)]
 
-    texts = [local_heads(t[:, :, :text_len], group) for t in (query, key, value)]
+    text_len = 0 if text is None else text[0].shape[2]
+    texts = [local_heads(t, group) for t in text] if text_len else []
     # (B, H, T + n, D) view of (B, T + n, H, D) memory: the caller's transpose(1, 2).reshape to
     # (B, T + n, H·D) before the output projection is then a view, not another copy.
-    result = query.new_empty(b, text_len + n, h, d).transpose(1, 2)
-    text_out = query.new_empty(b, hp, text_len, d)
+    result = send.new_empty(b, text_len + n, h, d).transpose(1, 2)
+    text_out = send.new_empty(b, hp, text_len, d)
     returns = []
-    for c, (work, _, recv) in enumerate(exchanges):
-        work.wait()  # recv[p]: rank p's sequence shard of my chunk-c heads
-        qkv = query.new_empty(3, b, hc, text_len + world * n, d)
-        for i in range(3):
-            qkv[i, :, :, :text_len].copy_(texts[i][:, c * hc : (c + 1) * hc])
-        qkv[:, :, :, text_len:].unflatten(3, (world, n)).copy_(recv.permute(1, 2, 3, 0, 4, 5))
+    for c, work in enumerate(exchanges):
+        work.wait()
+        qkv = send.new_empty(3, b, hc, text_len + world * n, d)
+        for i, t in enumerate(texts):
+            qkv[i, :, :, :text_len].copy_(t[:, c * hc : (c + 1) * hc])
+        qkv[:, :, :, text_len:].unflatten(3, (world, n)).copy_(recv[c].permute(1, 2, 3, 0, 4, 5))
         out = attend(qkv[0], qkv[1], qkv[2])
         text_out[:, c * hc : (c + 1) * hc] = out[:, :, :text_len]
         # send_o[p]: my chunk-c heads' output for rank p's sequence shard -> rank p.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from sagevideo.pipelines.rotary import rotary_into
 from sagevideo.pipelines.routing import RoutedProcessor
 
 
@@ -24,10 +25,32 @@ class SageCogVideoXAttnProcessor(RoutedProcessor):
     """
 
     def attend(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, text_len: int
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """(B, H, N, D) q/k/v of [text; video] tokens -> (B, H, N, D); overridden for sequence parallelism."""
+        """(B, H, N, D) q/k/v -> (B, H, N, D): the installed plan's attention for this layer."""
         return self.router(self.name, query, key, value, attn_mask=mask)
+
+    def attend_projected(
+        self,
+        attn,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        text_len: int,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """Rotary embedding and attention: q/k/v (B, H, T + n, D) of [text; video] tokens after the
+        QK norms, rotary tables (n, D) for the video tokens -> (B, H, T + n, D).
+
+        Rotates q/k in place (they are this call's own tensors). Overridden where q/k/v should be
+        written somewhere else first (sequence parallelism: the all-to-all's send buffer).
+        """
+        if image_rotary_emb is not None:
+            rotary_into(query[:, :, text_len:], query[:, :, text_len:], image_rotary_emb)
+            if not attn.is_cross_attention:
+                rotary_into(key[:, :, text_len:], key[:, :, text_len:], image_rotary_emb)
+        return self.attend(query, key, value, mask)
 
     def __call__(
         self,
@@ -37,8 +60,6 @@ class SageCogVideoXAttnProcessor(RoutedProcessor):
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        from diffusers.models.embeddings import apply_rotary_emb
-
         text_seq_length = encoder_hidden_states.size(1)
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         batch_size, sequence_length, _ = hidden_states.shape
@@ -66,14 +87,9 @@ class SageCogVideoXAttnProcessor(RoutedProcessor):
         if attn.norm_k is not None:
             key = attn.norm_k(key)
 
-        # Rotary embedding on the video tokens only; the text tokens come first. (A sequence-parallel
-        # shard can hold text only: then there is nothing to rotate, and diffusers' reshape fails on 0.)
-        if image_rotary_emb is not None and query.shape[2] > text_seq_length:
-            query[:, :, text_seq_length:] = apply_rotary_emb(query[:, :, text_seq_length:], image_rotary_emb)
-            if not attn.is_cross_attention:
-                key[:, :, text_seq_length:] = apply_rotary_emb(key[:, :, text_seq_length:], image_rotary_emb)
-
-        hidden_states = self.attend(query, key, value, attention_mask, text_seq_length)
+        hidden_states = self.attend_projected(
+            attn, query, key, value, attention_mask, text_seq_length, image_rotary_emb
+        )
 
         hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
         hidden_states = attn.to_out[0](hidden_states)  # linear projection
