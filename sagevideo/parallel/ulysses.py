@@ -72,19 +72,21 @@ HEAD_CHUNKS = 1
 
 
 def send_buffer(like: torch.Tensor, n: int, group=None, chunks: int | None = None) -> torch.Tensor:
-    """Empty all-to-all send buffer for `ulysses_exchange`: (chunks, P, 3, B, hc, n, D), like's dtype
+    """Empty all-to-all send buffer for `ulysses_exchange`: (chunks, P, n, 3, B, hc, D), like's dtype
     and device, for q/k/v like (B, H, *, D) with n sharded tokens per rank; hc = H / (P · chunks).
 
     chunks: head chunks pipelined through the exchanges (None: HEAD_CHUNKS; fewer when H/P does
-    not divide). send[c, p, i]: this rank's tokens of tensor i (0 q, 1 k, 2 v), heads of chunk c
-    of head group p, so each chunk's exchange moves one contiguous block. Fill it through `send_slot`.
+    not divide). send[c, p]: this rank's n tokens for chunk c of head group p, token-major (each
+    token's q, k, v of every batch and head together), so that what a rank receives from all
+    ranks, in rank order, is the whole sequence with one token stride: q/k/v are views of the
+    receive buffer, not copies (`ulysses_exchange`). Fill it through `send_slot`.
     """
     world = dist.get_world_size(group)
     b, h, _, d = like.shape
     hp = h // world
     chunks = HEAD_CHUNKS if chunks is None else chunks
     chunks = max(c for c in range(1, min(chunks, hp) + 1) if hp % c == 0)
-    return like.new_empty(chunks, world, 3, b, hp // chunks, n, d)
+    return like.new_empty(chunks, world, n, 3, b, hp // chunks, d)
 
 
 def send_slot(send: torch.Tensor, i: int) -> torch.Tensor:
@@ -92,7 +94,7 @@ def send_slot(send: torch.Tensor, i: int) -> torch.Tensor:
     a (B, H, n, D) tensor t goes in as `send_slot(send, i).copy_(t.unflatten(1, (P, chunks, hc)))`
     (head h = p·H/P + c·hc + j; `slot.shape[1:4]` is that split). Producers of q/k/v can write their
     results here directly instead of copying them in."""
-    return send[:, :, i].permute(2, 1, 0, 3, 4, 5)
+    return send[:, :, :, i].permute(3, 1, 0, 4, 2, 5)
 
 
 def ulysses_attention(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, text_len: int,
@@ -119,21 +121,25 @@ def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] 
     runs on (B, hc, T + P·n, D) for each chunk of this rank's H/P heads; the output goes back
     to (B, H, T + n, D). Data movement only (bit-exact: attention is per head).
 
-    Pipelined over the buffer's head chunks: every chunk's q/k/v all-to-all is issued up front,
-    so while chunk c is attended the next chunk's inputs and the previous chunk's output are in
-    flight on NCCL's stream. q, k and v travel together in the one buffer their producer filled,
-    and are copied once on the receiving side (separate exchanges plus reshapes cost a 5B-size
-    step on 2 H200s ~95 ms of copies; docs/benchmarks.md).
+    No copies on the attention side: the buffer is token-major, so the received q/k/v are
+    strided (B, hc, S, D) views of it (unit stride on D, what the kernels take), and the kernels'
+    output (`empty_like(q)`: token-major too) is already the return exchange's send buffer. What
+    is left: q/k/v into the send buffer (written there by their producer) and the returned output
+    into (B, T + n, H, D). Pipelined over the buffer's head chunks: every chunk's q/k/v all-to-all
+    is issued up front, so while chunk c is attended the next chunk's inputs and the previous
+    chunk's output are in flight on NCCL's stream.
     """
-    chunks, world, _, b, hc, n, d = send.shape
+    chunks, world, n, _, b, hc, d = send.shape
     hp = chunks * hc
     h = world * hp
-    recv = torch.empty_like(send)
-    # recv[c, p]: rank p's sequence shard of my chunk-c heads.
-    exchanges = [dist.all_to_all_single(recv[c], send[c], group=group, async_op=True) for c in range(chunks)]
-
     text_len = 0 if text is None else text[0].shape[2]
-    texts = [local_heads(t, group) for t in text] if text_len else []
+    # recv[c]: [replicated text; rank 0's shard; rank 1's shard; ...] of my chunk-c heads, token-major.
+    recv = send.new_empty(chunks, text_len + world * n, 3, b, hc, d)
+    exchanges = [dist.all_to_all_single(recv[c, text_len:], send[c], group=group, async_op=True)
+                 for c in range(chunks)]
+    for i, t in enumerate([local_heads(t, group) for t in text] if text_len else []):
+        for c in range(chunks):
+            recv[c, :text_len, i].copy_(t[:, c * hc : (c + 1) * hc].permute(2, 0, 1, 3))
     # (B, H, T + n, D) view of (B, T + n, H, D) memory: the caller's transpose(1, 2).reshape to
     # (B, T + n, H·D) before the output projection is then a view, not another copy.
     result = send.new_empty(b, text_len + n, h, d).transpose(1, 2)
@@ -141,20 +147,17 @@ def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] 
     returns = []
     for c, work in enumerate(exchanges):
         work.wait()
-        qkv = send.new_empty(3, b, hc, text_len + world * n, d)
-        for i, t in enumerate(texts):
-            qkv[i, :, :, :text_len].copy_(t[:, c * hc : (c + 1) * hc])
-        qkv[:, :, :, text_len:].unflatten(3, (world, n)).copy_(recv[c].permute(1, 2, 3, 0, 4, 5))
-        out = attend(qkv[0], qkv[1], qkv[2])
+        out = attend(*(recv[c, :, i].permute(1, 2, 0, 3) for i in range(3)))
         text_out[:, c * hc : (c + 1) * hc] = out[:, :, :text_len]
-        # send_o[p]: my chunk-c heads' output for rank p's sequence shard -> rank p.
-        send_o = out[:, :, text_len:].unflatten(2, (world, n)).permute(2, 0, 1, 3, 4).contiguous()
+        # send_o[p·n : (p+1)·n]: my chunk-c heads' output for rank p's tokens -> rank p. A view when
+        # the output is token-major (the kernels'), else one copy (SDPA, the reference).
+        send_o = out[:, :, text_len:].permute(2, 0, 1, 3).contiguous()
         recv_o = torch.empty_like(send_o)
         returns.append((dist.all_to_all_single(recv_o, send_o, group=group, async_op=True), send_o, recv_o))
     video = result[:, :, text_len:].unflatten(1, (world, hp))
     for c, (work, _, recv_o) in enumerate(returns):
-        work.wait()  # recv_o[p]: my sequence shard of chunk c of head group p
-        video[:, :, c * hc : (c + 1) * hc].copy_(recv_o.transpose(0, 1))
+        work.wait()  # recv_o[p·n : (p+1)·n]: my tokens' output of chunk c of head group p
+        video[:, :, c * hc : (c + 1) * hc].copy_(recv_o.unflatten(0, (world, n)).permute(2, 0, 3, 1, 4))
     if text_len:
         result[:, :, :text_len] = gather_heads(text_out, group)
     return result

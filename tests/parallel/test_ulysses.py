@@ -116,15 +116,30 @@ def _attention_worker(rank, world, port, out_dir):
     q, k, v = _full_qkv()
     text, n = 5, (q.shape[2] - 5) // world
     shard = [torch.cat([t[:, :, :text], t[:, :, text + rank * n : text + (rank + 1) * n]], dim=2) for t in (q, k, v)]
+    sent = []  # data_ptr of every all-to-all's input
+    exchange = torch.distributed.all_to_all_single
+
+    def recording_exchange(output, input, *args, **kwargs):
+        sent.append(input.data_ptr())
+        return exchange(output, input, *args, **kwargs)
+
+    torch.distributed.all_to_all_single = recording_exchange
     for chunks in (1, 2, 4):
-        calls = []
+        for layout in ("contiguous", "kernels"):
+            calls, outputs = [], []
 
-        def attend(*qkv, calls=calls):
-            calls.append(qkv[0].shape[1])
-            return torch.nn.functional.scaled_dot_product_attention(*qkv)
+            def attend(*qkv, calls=calls, outputs=outputs, layout=layout):
+                calls.append(qkv[0].shape[1])
+                out = torch.nn.functional.scaled_dot_product_attention(*qkv)
+                # The kernels allocate their output as empty_like(q); "contiguous": (B, hc, S, D).
+                out = torch.empty_like(qkv[0]).copy_(out) if layout == "kernels" else out.contiguous()
+                outputs.append(out[:, :, text:].data_ptr())
+                return out
 
-        out = ulysses_attention(attend, *shard, text, chunks=chunks)
-        torch.save((out, calls), os.path.join(out_dir, f"chunks{chunks}-rank{rank}.pt"))
+            sent.clear()
+            out = ulysses_attention(attend, *shard, text, chunks=chunks)
+            without_copy = all(ptr in sent for ptr in outputs)
+            torch.save((out, calls, without_copy), os.path.join(out_dir, f"chunks{chunks}-{layout}-rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
@@ -135,16 +150,20 @@ def _full_qkv():
 
 def test_ulysses_attention_in_head_chunks_equals_full_attention(tmp_path):
     """The pipelined exchange (heads in chunks, async all-to-alls) is pure data movement: each
-    rank gets exactly full attention on its tokens, for any chunk count; attend runs once per chunk."""
+    rank gets exactly full attention on its tokens, for any chunk count; attend runs once per chunk
+    on strided views of the receive buffer. An output laid out like the kernels' (empty_like(q):
+    token-major) is sent back as it is; a (B, hc, S, D)-contiguous one is copied once."""
     mp.spawn(_attention_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     q, k, v = _full_qkv()
     full = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     for chunks, heads_per_call in ((1, [4]), (2, [2, 2]), (4, [1, 1, 1, 1])):
-        for rank in range(2):
-            out, calls = torch.load(tmp_path / f"chunks{chunks}-rank{rank}.pt")
-            want = torch.cat([full[:, :, :5], full[:, :, 5 + rank * 12 : 5 + (rank + 1) * 12]], dim=2)
-            assert calls == heads_per_call
-            assert torch.equal(out, want), (chunks, rank)
+        for layout in ("contiguous", "kernels"):
+            for rank in range(2):
+                out, calls, without_copy = torch.load(tmp_path / f"chunks{chunks}-{layout}-rank{rank}.pt")
+                want = torch.cat([full[:, :, :5], full[:, :, 5 + rank * 12 : 5 + (rank + 1) * 12]], dim=2)
+                assert calls == heads_per_call
+                assert torch.equal(out, want), (chunks, layout, rank)
+                assert without_copy == (layout == "kernels"), (chunks, layout, rank)
 
 
 # (text, video) tokens split over 2 ranks: [16 text + 16 video | 32 video], [32 text | 8 text + 24 video].
