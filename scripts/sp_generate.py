@@ -115,7 +115,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--guidance", type=float, default=6.0)
     parser.add_argument("--attention", choices=("sage", "full"), default="sage")
-    parser.add_argument("--pv", choices=("fp16", "fp8"), default="fp16")
+    parser.add_argument("--pv", choices=("auto", "fp16", "fp8"), default="auto",
+                        help="as `sagevideo generate --pv`: auto = FP8 on sm89+ GPUs, else FP16")
     parser.add_argument("--backend", choices=("auto", "triton", "reference", "sdpa"), default="auto")
     parser.add_argument("--plan", type=Path, help="attention-plan JSON for jobs that name none")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
