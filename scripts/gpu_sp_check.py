@@ -107,7 +107,9 @@ def main() -> int:
         elif run == "one":
             import sagevideo
 
-            sagevideo.generate(jobs, out=args.out / "one", device=args.device, progress=False)
+            # workers=1: this process (with 2 visible GPUs and Ray installed, generate would use Ray
+            # workers, where the frame-saving patch above does not apply).
+            sagevideo.generate(jobs, out=args.out / "one", device=args.device, workers=1, progress=False)
         elif run == "torchrun":
             torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                         __file__, "--rank", str(jobs), "--out", str(args.out / "torchrun"), "--device", args.device,
