@@ -6,7 +6,6 @@ registered op runs them in eager mode.
 
     python3 scripts/bench_prep.py --shapes cogvideox-2b,d128-8k --warps auto,4,8 --tiles 1,2,4,8 --json prep.json
     python3 scripts/bench_prep.py --warps auto --stats 256:64:4,1024:64:4,512:128:8   # tokens/split:chunk:warps
-    python3 scripts/bench_prep.py --warps auto --fused 0,1 --shapes cogvideox-2b,d128-8k,d128-32k,d128-75k
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench_attention import SHAPES, bench_ms, prep_kernel_times  # this script's folder is on sys.path
+    from bench_attention import SHAPES, prep_kernel_times  # this script's folder is on sys.path
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo.kernels import quantize
@@ -34,8 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiles", default="1", help="K/V tiles per quantization program")
     parser.add_argument("--stats", default="current",
                         help="comma list of K/V-stats program shapes MIN_TOKENS_PER_SPLIT:CHUNK:WARPS, or current")
-    parser.add_argument("--fused", default="1",
-                        help="comma list of 0/1: K/V stats, finalize and quantization in one launch (FUSED_KV)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     rows = []
@@ -49,48 +46,23 @@ def main(argv: list[str] | None = None) -> int:
             warp_counts = [None if w == "auto" else int(w) for w in args.warps.split(",")]
             stats_shapes = [current if s == "current" else s for s in args.stats.split(",")]
             tile_counts = [int(t) for t in args.tiles.split(",")]
-            fused_modes = [bool(int(f)) for f in args.fused.split(",")]
-            if len(fused_modes) > 1:
-                same = same_outputs(quantize, q, k, v, rot, plan, d)
-                rows.append({"shape": name, "pv": pv, "fused_equals_three_launches": same})
-                print(f"{name:14} {pv:5} one launch == three launches (every output, bit for bit): {same}")
-            for warps, tiles, stats, fused in itertools.product(warp_counts, tile_counts, stats_shapes, fused_modes):
+            for warps, tiles, stats in itertools.product(warp_counts, tile_counts, stats_shapes):
                 quantize.QUANT_WARPS = warps
-                quantize.FUSED_KV = fused
                 split_tokens, chunk, stats_warps = map(int, stats.split(":"))
                 quantize.MIN_TOKENS_PER_SPLIT, quantize.STATS_CHUNK, quantize.STATS_WARPS = split_tokens, chunk, stats_warps
                 prepare = functools.partial(quantize.quantize_inputs, q, k, v, None, rot, plan, sm_scale=d**-0.5,
                                             per_token=False, smooth_k=True, need_shift=False, tiles_per_program=tiles)
                 with set_wrap_triton_enabled(False):
                     times = prep_kernel_times(prepare)
-                    wall = bench_ms(prepare)  # whole preparation between events: gaps and small launches too
                 times = {key: ms for key, ms in times.items() if key.startswith("_")}
                 rows.append({"shape": name, "pv": pv, "warps": warps, "tiles_per_program": tiles, "stats": stats,
-                             "fused": fused, "ms": times, "total_ms": sum(times.values()), "wall_ms": wall})
-                print(f"{name:14} {pv:5} warps {warps} tiles {tiles} stats {stats} fused {int(fused)}: "
-                      f"wall {wall:.3f} ms, kernels {sum(times.values()):.3f} ms  "
+                             "ms": times, "total_ms": sum(times.values())})
+                print(f"{name:14} {pv:5} warps {warps} tiles {tiles} stats {stats}: total {sum(times.values()):.3f} ms  "
                       + "  ".join(f"{key.strip('_').split('_kernel')[0]} {ms:.3f}" for key, ms in times.items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
-
-
-def same_outputs(quantize, q, k, v, rot, plan, d) -> bool:
-    """Whether the one-launch and three-launch K/V preparations write identical tensors."""
-    from torch._library.triton import set_wrap_triton_enabled
-
-    got = []
-    for fused in (False, True):
-        quantize.FUSED_KV = fused
-        with set_wrap_triton_enabled(False):
-            got.append(quantize.quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False,
-                                                smooth_k=True, need_shift=True))
-    fields = ("k_codes", "k_scale", "k_mean", "v_fp8_t", "v_scale", "q_codes", "q_scale", "q_shift")
-    pairs = [(getattr(got[0], f), getattr(got[1], f)) for f in fields]
-    return all((a is None and b is None) or torch.equal(a.view(torch.uint8), b.view(torch.uint8))
-               if a is not None and a.dtype == torch.float8_e4m3fn else (a is None and b is None) or torch.equal(a, b)
-               for a, b in pairs)
 
 
 if __name__ == "__main__":

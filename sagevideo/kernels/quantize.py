@@ -52,9 +52,6 @@ MIN_TOKENS_PER_SPLIT = 256  # a split per 256+ tokens: ~1,500 programs at 8k tok
 MAX_SPLITS = 128
 SPLIT_CHUNK = 32
 KV_TILES_PER_PROGRAM = 1  # measured 1/2/4/8 on the H200: 1 is fastest with FP8 V, equal within 5% otherwise
-# K/V statistics, finalize and quantization in one launch (`_prepare_kv_kernel`), so that K and V
-# are read from memory once, not twice. False: the three launches.
-FUSED_KV = True
 
 
 @triton.jit
@@ -80,18 +77,26 @@ def _quantize_int8(x, PER_TOKEN: tl.constexpr):
 
 
 @triton.jit
-def _kv_stats_split(
-    K, V, Mask, KSum, KCount, VMax, b, h, row, start, end,
-    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_mb,
+def _kv_stats_kernel(
+    K, V, Mask, KSum, KCount, VMax,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_mb,
+    H, N_K, TOKENS_PER_SPLIT, NUM_SPLITS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
     HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, FP8_V: tl.constexpr,
 ):
-    """Partial sum of K and max|V| per channel over valid keys [start, end) -> partials row `row`."""
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
     v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
     count = tl.zeros((CHUNK,), dtype=tl.float32)
+    start = split * TOKENS_PER_SPLIT
+    end = tl.minimum(start + TOKENS_PER_SPLIT, N_K)
     for off in range(start, end, CHUNK):
         offs_n = off + tl.arange(0, CHUNK)
         ok = offs_n < end
@@ -107,64 +112,10 @@ def _kv_stats_split(
             v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
                         mask=tile_ok, other=0.0)
             v_max = tl.maximum(v_max, tl.max(tl.abs(v.to(tl.float32)), axis=0))
+    row = bh * NUM_SPLITS + split
     tl.store(KSum + row * BLOCK_D + offs_d, k_sum)
     tl.store(VMax + row * BLOCK_D + offs_d, v_max)
     tl.store(KCount + row, tl.sum(count, axis=0))
-
-
-@triton.jit
-def _kv_stats_kernel(
-    K, V, Mask, KSum, KCount, VMax,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_mb,
-    H, N_K, TOKENS_PER_SPLIT, NUM_SPLITS,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, FP8_V: tl.constexpr,
-):
-    bh = tl.program_id(0)
-    split = tl.program_id(1)
-    start = split * TOKENS_PER_SPLIT
-    _kv_stats_split(K, V, Mask, KSum, KCount, VMax, bh // H, bh % H, bh * NUM_SPLITS + split,
-                    start, tl.minimum(start + TOKENS_PER_SPLIT, N_K),
-                    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_mb,
-                    HEAD_DIM, BLOCK_D, CHUNK, HAS_MASK, SMOOTH_K, FP8_V)
-
-
-@triton.jit
-def _kv_stats_finalize_head(
-    KSum, KCount, VMax, Rot, KMean, KMeanRot, VScale, bh, NUM_SPLITS,
-    BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-    SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr, FP8_V: tl.constexpr, CACHE: tl.constexpr,
-):
-    """Head bh: mean(K) over valid keys (0 for no key), mean(K)·R, and V's scale max|V|/448 per
-    channel (1 for an all-zero channel). The partials are added in split order. CACHE: the load
-    cache modifier ("" or ".cg" to read other programs' partials from L2)."""
-    offs_d = tl.arange(0, BLOCK_D)
-    k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    count = tl.zeros((SPLIT_CHUNK,), dtype=tl.float32)
-    for s0 in range(0, NUM_SPLITS, SPLIT_CHUNK):
-        offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
-        s_ok = offs_s < NUM_SPLITS
-        rows = bh * NUM_SPLITS + offs_s
-        count += tl.load(KCount + rows, mask=s_ok, other=0.0, cache_modifier=CACHE)
-        if SMOOTH_K:
-            part = tl.load(KSum + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0,
-                           cache_modifier=CACHE)
-            k_sum += tl.sum(part, axis=0)
-        if FP8_V:
-            part = tl.load(VMax + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0,
-                           cache_modifier=CACHE)
-            v_max = tl.maximum(v_max, tl.max(part, axis=0))
-    if SMOOTH_K:
-        mean = tl.math.div_rn(k_sum, tl.maximum(tl.sum(count, axis=0), 1.0))
-        tl.store(KMean + bh * BLOCK_D + offs_d, mean)
-        if ROTATE:
-            rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
-            tl.store(KMeanRot + bh * BLOCK_D + offs_d, tl.sum(mean[:, None] * rot, axis=0))
-    if FP8_V:
-        tl.store(VScale + bh * BLOCK_D + offs_d, tl.where(v_max > 0, tl.math.div_rn(v_max, 448.0), 1.0))
 
 
 @triton.jit
@@ -174,52 +125,32 @@ def _kv_stats_finalize_kernel(
     BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
     SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr, FP8_V: tl.constexpr,
 ):
-    _kv_stats_finalize_head(KSum, KCount, VMax, Rot, KMean, KMeanRot, VScale, tl.program_id(0), NUM_SPLITS,
-                            BLOCK_D, SPLIT_CHUNK, SMOOTH_K, ROTATE, FP8_V, "")
-
-
-@triton.jit
-def _quantize_kv_tile(
-    K, V, Mask, shift, v_scale, rot, KQ, KScale, VQ, b, h, bh, start_n,
-    stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_mb,
-    N_K, N_PAD,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
-    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr,
-):
-    """One BLOCK_N tile of head bh: INT8 K codes and scales, and (FP8_V) V as e4m3, transposed.
-    shift (BLOCK_D,): mean(K) (·R when rotated); v_scale (BLOCK_D,); rot (BLOCK_D, BLOCK_D)."""
+    """Per head: mean(K) over valid keys (0 for no key), mean(K)·R, and V's scale max|V|/448
+    per channel (1 for an all-zero channel). The partials are added in split order."""
+    bh = tl.program_id(0)
     offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    ok = offs_n < N_K
-    if HAS_MASK:
-        ok = ok & (tl.load(Mask + b * stride_mb + offs_n, mask=offs_n < N_K, other=0) != 0)
-    tile_ok = ok[:, None] & d_ok[None, :]
-    k16 = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
-                  mask=tile_ok, other=0.0)
-    if ROTATE:
-        # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries,
-        # so the products are exact and the fp32 sums match an fp32 rotation).
-        k = tl.dot(k16, rot.to(k16.dtype), out_dtype=tl.float32)
-    else:
-        k = k16.to(tl.float32)
+    k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    count = tl.zeros((SPLIT_CHUNK,), dtype=tl.float32)
+    for s0 in range(0, NUM_SPLITS, SPLIT_CHUNK):
+        offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
+        s_ok = offs_s < NUM_SPLITS
+        rows = bh * NUM_SPLITS + offs_s
+        count += tl.load(KCount + rows, mask=s_ok, other=0.0)
+        if SMOOTH_K:
+            part = tl.load(KSum + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+            k_sum += tl.sum(part, axis=0)
+        if FP8_V:
+            part = tl.load(VMax + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+            v_max = tl.maximum(v_max, tl.max(part, axis=0))
     if SMOOTH_K:
-        k = k - shift[None, :]
-    k = tl.where(ok[:, None], k, 0.0)  # masked keys: zero (after rotation every channel is live)
-    codes, scale = _quantize_int8(k, PER_TOKEN)
-    # Buffers are padded to N_PAD (a multiple of BLOCK_N) and written in full, tails as
-    # zeros, so the attention kernel loads whole tiles without masks.
-    tl.store(KQ + bh * N_PAD * BLOCK_D + offs_n[:, None] * BLOCK_D + offs_d[None, :], codes)
-    tl.store(KScale + bh * N_PAD + offs_n, scale)
+        mean = tl.math.div_rn(k_sum, tl.maximum(tl.sum(count, axis=0), 1.0))
+        tl.store(KMean + bh * BLOCK_D + offs_d, mean)
+        if ROTATE:
+            rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
+            tl.store(KMeanRot + bh * BLOCK_D + offs_d, tl.sum(mean[:, None] * rot, axis=0))
     if FP8_V:
-        v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
-                    mask=tile_ok, other=0.0).to(tl.float32)
-        v8 = tl.math.div_rn(v, v_scale[None, :]).to(tl.float8e4nv)
-        # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
-        # (contiguous): storing the (N, D) tile at stride N_PAD wrote single bytes and cost
-        # as much as all the other preparation work together.
-        tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], tl.trans(v8))
+        tl.store(VScale + bh * BLOCK_D + offs_d, tl.where(v_max > 0, tl.math.div_rn(v_max, 448.0), 1.0))
 
 
 @triton.jit
@@ -236,68 +167,51 @@ def _quantize_kv_kernel(
 ):
     group = tl.program_id(0)
     bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     offs_d = tl.arange(0, BLOCK_D)
-    rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]) if ROTATE else None
-    shift = tl.load((KMeanRot if ROTATE else KMean) + bh * BLOCK_D + offs_d) if SMOOTH_K else None
-    v_scale = tl.load(VScale + bh * BLOCK_D + offs_d) if FP8_V else None
+    d_ok = offs_d < HEAD_DIM
+    if ROTATE:
+        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
+    if SMOOTH_K:
+        if ROTATE:
+            shift = tl.load(KMeanRot + bh * BLOCK_D + offs_d)
+        else:
+            shift = tl.load(KMean + bh * BLOCK_D + offs_d)
+    if FP8_V:
+        v_scale = tl.load(VScale + bh * BLOCK_D + offs_d)
     for t in range(0, TILES_PER_PROGRAM):
         start_n = (group * TILES_PER_PROGRAM + t) * BLOCK_N
         if start_n < N_PAD:
-            _quantize_kv_tile(K, V, Mask, shift, v_scale, rot, KQ, KScale, VQ, bh // H, bh % H, bh, start_n,
-                              stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_mb,
-                              N_K, N_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_MASK, SMOOTH_K, ROTATE, PER_TOKEN, FP8_V)
-
-
-@triton.jit
-def _prepare_kv_kernel(
-    K, V, Mask, KSum, KCount, VMax, Rot, KMean, KMeanRot, VScale, KQ, KScale, VQ, Sync,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn,
-    stride_mb,
-    H, N_K, N_PAD, TOKENS_PER_SPLIT, NUM_SPLITS, NUM_TILES,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr,
-    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
-    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr,
-):
-    """Stats, finalize and K/V quantization in one launch, so each head's K and V are read from
-    memory once: its second read (quantization) comes from L2, right after its first (stats).
-
-    1-D grid, head by head: for each head NUM_SPLITS stats programs, then NUM_TILES tile programs.
-    The last stats program of a head (counted in Sync[2·bh]) finalizes it and raises
-    Sync[2·bh + 1]; that head's tile programs wait for it. They never wait for a later program:
-    a head's stats programs come first in the grid, and programs start in grid order, so every
-    program waited on has started (the order CUDA's decoupled look-back scans also rely on).
-    """
-    pid = tl.program_id(0)
-    per_head = NUM_SPLITS + NUM_TILES
-    bh = pid // per_head
-    r = pid % per_head
-    b = bh // H
-    h = bh % H
-    if r < NUM_SPLITS:
-        start = r * TOKENS_PER_SPLIT
-        _kv_stats_split(K, V, Mask, KSum, KCount, VMax, b, h, bh * NUM_SPLITS + r,
-                        start, tl.minimum(start + TOKENS_PER_SPLIT, N_K),
-                        stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_mb,
-                        HEAD_DIM, BLOCK_D, CHUNK, HAS_MASK, SMOOTH_K, FP8_V)
-        tl.debug_barrier()  # every thread's partials written before one thread publishes them
-        if tl.atomic_add(Sync + 2 * bh, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-            _kv_stats_finalize_head(KSum, KCount, VMax, Rot, KMean, KMeanRot, VScale, bh, NUM_SPLITS,
-                                    BLOCK_D, SPLIT_CHUNK, SMOOTH_K, ROTATE, FP8_V, ".cg")
-            tl.debug_barrier()
-            tl.atomic_xchg(Sync + 2 * bh + 1, 1, sem="release", scope="gpu")
-    else:
-        while tl.atomic_add(Sync + 2 * bh + 1, 0, sem="acquire", scope="gpu") == 0:
-            pass
-        offs_d = tl.arange(0, BLOCK_D)
-        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]) if ROTATE else None
-        shift = tl.load((KMeanRot if ROTATE else KMean) + bh * BLOCK_D + offs_d, cache_modifier=".cg") \
-            if SMOOTH_K else None
-        v_scale = tl.load(VScale + bh * BLOCK_D + offs_d, cache_modifier=".cg") if FP8_V else None
-        _quantize_kv_tile(K, V, Mask, shift, v_scale, rot, KQ, KScale, VQ, b, h, bh, (r - NUM_SPLITS) * BLOCK_N,
-                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_mb,
-                          N_K, N_PAD, HEAD_DIM, BLOCK_D, BLOCK_N, HAS_MASK, SMOOTH_K, ROTATE, PER_TOKEN, FP8_V)
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            ok = offs_n < N_K
+            if HAS_MASK:
+                ok = ok & (tl.load(Mask + b * stride_mb + offs_n, mask=offs_n < N_K, other=0) != 0)
+            tile_ok = ok[:, None] & d_ok[None, :]
+            k16 = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+                          mask=tile_ok, other=0.0)
+            if ROTATE:
+                # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries,
+                # so the products are exact and the fp32 sums match an fp32 rotation).
+                k = tl.dot(k16, rot.to(k16.dtype), out_dtype=tl.float32)
+            else:
+                k = k16.to(tl.float32)
+            if SMOOTH_K:
+                k = k - shift[None, :]
+            k = tl.where(ok[:, None], k, 0.0)  # masked keys: zero (after rotation every channel is live)
+            codes, scale = _quantize_int8(k, PER_TOKEN)
+            # Buffers are padded to N_PAD (a multiple of BLOCK_N) and written in full, tails as
+            # zeros, so the attention kernel loads whole tiles without masks.
+            tl.store(KQ + bh * N_PAD * BLOCK_D + offs_n[:, None] * BLOCK_D + offs_d[None, :], codes)
+            tl.store(KScale + bh * N_PAD + offs_n, scale)
+            if FP8_V:
+                v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                            mask=tile_ok, other=0.0).to(tl.float32)
+                v8 = tl.math.div_rn(v, v_scale[None, :]).to(tl.float8e4nv)
+                # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
+                # (contiguous): storing the (N, D) tile at stride N_PAD wrote single bytes and cost
+                # as much as all the other preparation work together.
+                tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], tl.trans(v8))
 
 
 @triton.jit
@@ -416,24 +330,7 @@ def quantize_inputs(
     mask_arg = key_mask if key_mask is not None else k_count  # placeholder pointer, never read
     rot_arg = rotation if rotation is not None else k_count
     stride_mb = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
-    k_codes = torch.empty(bh, n_pad, bd, device=dev, dtype=torch.int8)
-    k_scale = torch.empty(bh, n_pad, device=dev, dtype=torch.float32)
-    v_fp8_t = torch.empty(bh, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
-    fused = FUSED_KV and (smooth_k or fp8_v)
-    if fused:
-        sync = torch.zeros(2 * bh, device=dev, dtype=torch.int32)
-        wrap_triton(_prepare_kv_kernel)[(bh * (num_splits + n_pad // bn),)](
-            k, v, mask_arg, k_sum, k_count, v_max, rot_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean,
-            k_codes, k_scale, v_fp8_t if fp8_v else k_codes, sync,
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            stride_mb,
-            heads, n_k, n_pad, tokens_per_split, num_splits, n_pad // bn,
-            HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, CHUNK=STATS_CHUNK, SPLIT_CHUNK=SPLIT_CHUNK,
-            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-            PER_TOKEN=per_token, FP8_V=fp8_v, num_warps=quant_warps(bn, bd, "kv"),
-        )
-    elif smooth_k or fp8_v:
+    if smooth_k or fp8_v:
         wrap_triton(_kv_stats_kernel)[(bh, num_splits)](
             k, v, mask_arg, k_sum, k_count, v_max,
             k.stride(0), k.stride(1), k.stride(2),
@@ -450,19 +347,21 @@ def quantize_inputs(
             SMOOTH_K=smooth_k, ROTATE=rotation is not None, FP8_V=fp8_v,
         )
 
+    k_codes = torch.empty(bh, n_pad, bd, device=dev, dtype=torch.int8)
+    k_scale = torch.empty(bh, n_pad, device=dev, dtype=torch.float32)
+    v_fp8_t = torch.empty(bh, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
     per_program = tiles_per_program or kv_tiles_per_program(n_pad // bn)
-    if not fused:
-        wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, per_program), bh)](
-            k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
-            k_codes, k_scale, v_fp8_t if fp8_v else k_codes,
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            stride_mb,
-            heads, n_k, n_pad,
-            HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=per_program,
-            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-            PER_TOKEN=per_token, FP8_V=fp8_v, num_warps=quant_warps(bn, bd, "kv"),
-        )
+    wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, per_program), bh)](
+        k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
+        k_codes, k_scale, v_fp8_t if fp8_v else k_codes,
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        stride_mb,
+        heads, n_k, n_pad,
+        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=per_program,
+        HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
+        PER_TOKEN=per_token, FP8_V=fp8_v, num_warps=quant_warps(bn, bd, "kv"),
+    )
 
     q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
     q_scale = torch.empty(bh, m_pad, device=dev, dtype=torch.float32)

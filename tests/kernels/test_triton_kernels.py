@@ -141,39 +141,6 @@ def test_quantized_codes_match_reference(n):
     torch.testing.assert_close(shift, 0.125 * mm(q.float(), mean[..., None]).squeeze(-1), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(
-    "pv, head_dim, n, masked, per_token, smooth_k, rotate",
-    [
-        ("fp8", 64, 2100, False, False, True, True),  # 9 stats splits, 17 tiles per head
-        ("fp8", 128, 300, True, False, True, True),
-        ("fp16", 64, 200, False, True, True, False),
-        ("fp8", 80, 150, False, False, False, True),  # no smoothing: stats for V's scale only
-    ],
-)
-def test_one_launch_kv_preparation_equals_three(monkeypatch, pv, head_dim, n, masked, per_token, smooth_k, rotate):
-    """The fused K/V kernel (stats, finalize and quantization in one launch, tile programs waiting
-    on their head's stats) writes exactly what the three separate launches write. On the GPU this
-    also exercises the cross-program synchronization."""
-    from sagevideo.kernels import quantize
-
-    q, k, v, _ = _inputs("k-offset", (2, 3, n, head_dim), seed=13)
-    mask = (torch.arange(n, device=DEVICE) % 7 != 3)[None].expand(2, n).to(torch.uint8).contiguous() if masked else None
-    plan = select_plan(q.device, head_dim, pv).plan
-    rot = hadamard_pm1(plan.block_d, q.device) if rotate else None
-    outputs = {}
-    for fused in (False, True):
-        monkeypatch.setattr(quantize, "FUSED_KV", fused)
-        prep = quantize.quantize_inputs(q, k, v, mask, rot, plan, sm_scale=head_dim**-0.5, per_token=per_token,
-                                        smooth_k=smooth_k, need_shift=True)
-        outputs[fused] = prep
-    for field in ("k_codes", "k_scale", "k_mean", "v_fp8_t", "v_scale", "q_codes", "q_scale", "q_shift"):
-        a, b = getattr(outputs[False], field), getattr(outputs[True], field)
-        assert (a is None) == (b is None), field
-        if a is not None:
-            assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
-                               b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b), field
-
-
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_fp8_pv_matches_reference(head_dim):
     q, k, v, _ = _inputs("k-offset", (1, 2, 100, head_dim), seed=12)
