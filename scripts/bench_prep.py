@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Device time of each preparation kernel (K/V stats, finalize, K/V quantization, Q quantization)
 for several warp counts of the quantization kernels, K/V tiles per program and K/V-stats program
-shapes, on the benchmark shapes (speed only: none changes the numerics). Direct launches, as the
-registered op runs them in eager mode.
+shapes, on the benchmark shapes (speed knobs: warps and tiles per program change nothing in the
+results; the stats shape changes the fp32 summation order of mean(K), so its last bits). Direct
+launches, as the registered op runs them in eager mode.
 
     python3 scripts/bench_prep.py --shapes cogvideox-2b,d128-8k --warps auto,4,8 --tiles 1,2,4,8 --json prep.json
     python3 scripts/bench_prep.py --warps auto --stats 256:64:4,1024:64:4,512:128:8   # tokens/split:chunk:warps

@@ -123,7 +123,8 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="also break one 1-GPU and one sharded forward down by kernel category (every rank's)")
     parser.add_argument("--each-gpu", action="store_true",
-                        help="run the 1-GPU baseline on every rank at once (per-GPU speed); rank 0's stays the baseline")
+                        help="run the 1-GPU baseline on every rank (per-GPU speed), started together only roughly "
+                             "(no barrier); rank 0's stays the baseline, measured then with the other GPUs busy")
     args = parser.parse_args()
 
     if args.chunks is not None:

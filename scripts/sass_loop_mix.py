@@ -97,6 +97,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=14, help="opcodes shown per loop")
     parser.add_argument("--sass", type=Path, help="folder to write each kernel's full SASS into")
     args = parser.parse_args()
+    if args.pv == "fp16" and "gluon" in args.kernels.split(","):
+        parser.error("the Gluon kernel has FP8 PV only: use --kernels plain with --pv fp16")
     compilers = {"plain": compile_plain, "gluon": compile_gluon}
     for name in args.kernels.split(","):
         for block_d in map(int, args.dims.split(",")):
@@ -106,7 +108,7 @@ def main() -> None:
                 (args.sass / f"{name}-d{block_d}.sass").write_text(sass)
             for start, end, opcodes in mma_loops(sass):
                 mix = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(args.top))
-                print(f"{name} d{block_d} loop {start:#x}-{end:#x}: {sum(opcodes.values())} instructions; {mix}")
+                print(f"{name} d{block_d} {args.pv} loop {start:#x}-{end:#x}: {sum(opcodes.values())} instructions; {mix}")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,10 @@ from torch.library import wrap_triton
 
 from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.quantize import QuantizedInputs
-from sagevideo.kernels.reference import FP8_MAX, LN2
+from sagevideo.kernels.reference import FP8_MAX, LN2, MIN_ROW_SCALE
 
 LN2_CONST = tl.constexpr(LN2)
+MIN_ROW_SCALE_CONST = tl.constexpr(MIN_ROW_SCALE)
 LOG2_FP8_MAX = tl.constexpr(math.log2(FP8_MAX))
 
 
@@ -55,10 +56,11 @@ def _attn_tile(
     if PER_TOKEN_K:
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
     else:
-        # One K scale per tile: the row scale c = q_scale·k_scale is positive, so max(s·c) =
-        # max(s)·c exactly (rounding is monotone). Scaling after the max lets the exponent below
-        # be one FMA, s·c − m, instead of a multiply per score and then a subtraction.
-        row_scale = q_scale * tl.load(KScale + start_n)
+        # One K scale per tile: the row scale c = q_scale·k_scale is positive (floored at the
+        # smallest normal fp32, so that a masked −inf never meets c = 0), hence max(s·c) = max(s)·c
+        # exactly (rounding is monotone). Scaling after the max lets the exponent below be one
+        # FMA, s·c − m, instead of a multiply per score and then a subtraction.
+        row_scale = tl.maximum(q_scale * tl.load(KScale + start_n), MIN_ROW_SCALE_CONST)
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * row_scale)
     m_sub = m_new
     if HAS_MASK:

@@ -36,9 +36,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from sagevideo.kernels.quantize import QuantizedInputs
-from sagevideo.kernels.reference import FP8_MAX
+from sagevideo.kernels.reference import FP8_MAX, MIN_ROW_SCALE
 
 LOG2_FP8_MAX = gl.constexpr(math.log2(FP8_MAX))
+MIN_ROW_SCALE_CONST = gl.constexpr(MIN_ROW_SCALE)
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64 per warpgroup)
 # Registers per thread at launch, by consumer warpgroups per CTA. Two: 4 + 4 + 1 warps run as 3
 # warpgroups, 168 x 384 threads fill the SM's 64K registers (one CTA per SM). One: 4 + 1 warps as 2
@@ -78,7 +79,7 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
 
     DROP == 1 (timing only, wrong results): no max, exp2 or sum, to measure what softmax costs.
     """
-    row_scale = q_scale * k_scale
+    row_scale = gl.maximum(q_scale * k_scale, MIN_ROW_SCALE_CONST)  # > 0: see attention_fwd._attn_tile
     scores = s.to(gl.float32)
     if DROP == 1:
         p8 = (scores * row_scale[:, None]).to(gl.float8e4nv)
@@ -334,9 +335,10 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
 
 def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pipeline_qk: bool = False,
                      drop: int = 0, consumer_regs: int | None = None, producer_regs: int = 24, release: int = 1,
-                     consumers: int = 1):
+                     consumers: int = 1, out_dtype: str = "bf16"):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
-    `.asm["ptx"]` and `.metadata.shared`. Layout and type errors surface here on any machine."""
+    `.asm["ptx"]` and `.metadata.shared`. Layout and type errors surface here on any machine.
+    out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -351,7 +353,7 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pi
         "q_desc": desc_type("i8", [WG_ROWS.value, head_d], gl.int8),
         "k_desc": desc_type("i8", [block_n, head_d], gl.int8),
         "v_desc": desc_type("fp8e4nv", [head_d, block_n], gl.float8e4nv),
-        "QScale": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "Out": "*bf16",
+        "QScale": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "Out": f"*{out_dtype}",
         **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "N_Q", "N_K", "M_PAD", "N_PAD", "D_OUT"), "i32"),
     }
     constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PIPELINE_QK": pipeline_qk,

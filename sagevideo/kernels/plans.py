@@ -123,7 +123,8 @@ def gluon_sm90_compile_problem(block_d: int, num_stages: int) -> str:
     try:
         from sagevideo.kernels.attention_sm90 import compile_for_sm90
 
-        compile_for_sm90(block_d, num_stages=num_stages, consumers=1, pipeline_qk=False)
+        for out_dtype in ("bf16", "fp16"):  # the output's dtype is the inputs'
+            compile_for_sm90(block_d, num_stages=num_stages, consumers=1, pipeline_qk=False, out_dtype=out_dtype)
     except Exception as exc:  # whatever breaks, the plain kernel computes the same numbers
         import triton
 
@@ -181,7 +182,9 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
     num_warps, num_stages = _LAUNCH[(arch, block_d)]
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
     wanted = sm90_kernel_wanted() if arch == "sm90" else "triton"  # checked on sm90 whatever the shape
-    if pv == "fp8" and (wanted == "gluon" or (wanted == "auto" and (pv, block_d) in _GLUON_FASTER)):
+    # Newer GPUs run the sm90 plans too, but the Gluon kernel's warpgroup MMAs exist only on Hopper.
+    hopper = arch == "sm90" and torch.cuda.get_device_capability(device)[0] == 9
+    if hopper and pv == "fp8" and (wanted == "gluon" or (wanted == "auto" and (pv, block_d) in _GLUON_FASTER)):
         stages = _GLUON_STAGES[block_d]
         problem = gluon_sm90_problem() or gluon_sm90_compile_problem(block_d, stages)
         if problem:  # the plain-Triton kernel computes the same; say why in `sagevideo env`

@@ -2,7 +2,8 @@
 
 It is the oracle for kernel tests (same groups, scales, rounding and block-wise online softmax,
 so results differ from the kernels only by fp32 summation order and, on the GPU, by the
-hardware's approximate exp2) and the engine of `sagevideo simulate`.
+hardware's approximate exp2; under the CPU interpreter also by the exponent's FMA, which numpy
+rounds as a multiply and a subtraction) and the engine of `sagevideo simulate`.
 
 Numerics, step by step (all tensors HND: (B, H, N, D)):
 1. Smoothing: K ← K − mean(K over valid tokens) in fp32; invalid (masked) keys are set to 0.
@@ -15,7 +16,8 @@ Numerics, step by step (all tensors HND: (B, H, N, D)):
 4. Per key tile j: S = (Q_q · K_qᵀ in exact integers) · (q_scale · k_scale) (fp32), invalid keys → −inf,
    online softmax: m' = max(m, rowmax S), P = exp2(S − m'), l = l·exp2(m − m') + rowsum P.
    With one K scale per tile the kernels take the max on the integer scores and compute S − m'
-   as one FMA of the integer score, the row's scale and −m' (a single rounding; emulated here).
+   as one FMA of the integer score, the row's scale and −m' (a single rounding; emulated here);
+   the row's scale q_scale·k_scale is floored at the smallest normal fp32 (MIN_ROW_SCALE).
 5. PV, "fp16": acc = acc·α + P.to(t) @ V.to(t) with fp32 accumulation, t = V's dtype when 16-bit
    else float16. "fp8": V scaled per channel by max|V over valid tokens| / 448 to e4m3 once;
    P is computed as exp2(S − m + log2 448) (pre-scaled to fill e4m3; l carries the same factor),
@@ -37,6 +39,9 @@ from sagevideo.kernels.rotation import hadamard_pm1
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 FP8_MAX = 448.0  # largest finite float8 e4m3fn value
+# Floor of a row's score scale q_scale·k_scale (the smallest normal fp32): a product that
+# underflows to 0 would turn masked scores into −inf·0 = NaN where the kernels scale after the max.
+MIN_ROW_SCALE = 1.1754943508222875e-38
 LOG2_FP8_MAX = math.log2(FP8_MAX)
 REFERENCE_PV_MODES = ("fp16", "fp8", "fp32")
 
@@ -165,8 +170,11 @@ def sageattn_reference(
         stop = min(start + block_n, n_k)
         # Integer products summed in fp64 are exact (|sum| < 2^53), like the int32 dot.
         s_int = (q_codes.double() @ k_codes[:, :, start:stop].double().transpose(-1, -2)).float()
-        s = s_int * (q_scale[..., None] * k_scale[:, :, None, start:stop])
-        row_scale = q_scale * k_scale[:, :, start:start + 1]  # one K scale per tile ("block")
+        if qk_granularity == "block":  # one K scale per tile: one scale per row
+            row_scale = (q_scale * k_scale[:, :, start:start + 1]).clamp(min=MIN_ROW_SCALE)
+            s = s_int * row_scale[..., None]
+        else:
+            s = s_int * (q_scale[..., None] * k_scale[:, :, None, start:stop])
         cols = torch.arange(start, stop, device=q.device)
         if valid is not None:
             s = s.masked_fill(~valid[:, None, None, start:stop], float("-inf"))

@@ -40,13 +40,17 @@ def test_gluon_choice_takes_every_fp8_shape(hopper, monkeypatch):
     assert plans.select_plan(CUDA, 64, "fp16").plan.kernel == "triton"  # FP8 PV only
 
 
-def test_other_archs_never_get_the_gluon_kernel(monkeypatch):
+@pytest.mark.parametrize("choice", ["auto", "gluon"])
+def test_only_hopper_gets_the_gluon_kernel(monkeypatch, choice):
+    """Blackwell (10.x, 12.x) runs the sm90 plans, but the Gluon kernel's wgmma is Hopper-only."""
     monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "gluon")
-    for capability in ((8, 9), (8, 0)):
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, choice)
+    monkeypatch.setattr(plans, "gluon_sm90_compile_problem", lambda block_d, stages: "")
+    for capability in ((8, 9), (10, 0), (12, 0)):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
-        choice = plans.select_plan(CUDA, 128, "fp16")
-        assert choice.plan.kernel == "triton"
+        assert plans.select_plan(CUDA, 128, "fp8").plan.kernel == "triton", capability
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert plans.select_plan(CUDA, 128, "fp8").plan.kernel == "gluon"
 
 
 def test_a_misspelt_choice_is_refused(hopper, monkeypatch):
