@@ -60,7 +60,8 @@ def _attn_tile(
         # smallest normal fp32, so that a masked −inf never meets c = 0), hence max(s·c) = max(s)·c
         # exactly (rounding is monotone). Scaling after the max lets the exponent below be one
         # FMA, s·c − m, instead of a multiply per score and then a subtraction.
-        row_scale = tl.maximum(q_scale * tl.load(KScale + start_n), MIN_ROW_SCALE_CONST)
+        row_scale = tl.maximum(q_scale * tl.load(KScale + start_n), MIN_ROW_SCALE_CONST,
+                               propagate_nan=tl.PropagateNan.ALL)  # NaN inputs stay NaN
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * row_scale)
     m_sub = m_new
     if HAS_MASK:
@@ -138,7 +139,9 @@ def _attn_fwd_kernel(
             HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV,
         )
 
-    has_keys = l_i > 0
+    # l = 0 exactly when a row has no valid key (output 0). A NaN l (NaN inputs) must reach the
+    # output as NaN, not pass for "no key" and leave acc unnormalized.
+    has_keys = l_i != 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if FP8_PV:
         out = out * tl.load(VScale + bh * BLOCK_D + offs_d)[None, :]

@@ -31,6 +31,7 @@ import math
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
@@ -79,7 +80,8 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
 
     DROP == 1 (timing only, wrong results): no max, exp2 or sum, to measure what softmax costs.
     """
-    row_scale = gl.maximum(q_scale * k_scale, MIN_ROW_SCALE_CONST)  # > 0: see attention_fwd._attn_tile
+    # > 0 (NaN kept): see attention_fwd._attn_tile
+    row_scale = gl.maximum(q_scale * k_scale, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
     scores = s.to(gl.float32)
     if DROP == 1:
         p8 = (scores * row_scale[:, None]).to(gl.float8e4nv)

@@ -63,14 +63,16 @@ def _round_to_int8(x):
 @triton.jit
 def _quantize_int8(x, PER_TOKEN: tl.constexpr):
     """Symmetric INT8 codes of a (ROWS, D) fp32 tile and per-row scales (ROWS,): one scale per row
-    (PER_TOKEN) or the tile's scale repeated. scale = max|x| / 127, or 1 for an all-zero group."""
+    (PER_TOKEN) or the tile's scale repeated. scale = max|x| / 127, or 1 for an all-zero group;
+    NaN when the group holds a NaN or inf (tl.max skips NaN; the sum of x·0 does not), so
+    non-finite inputs give NaN outputs instead of finite garbage."""
     if PER_TOKEN:
-        amax = tl.max(tl.abs(x), axis=1)
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+        amax = tl.max(tl.abs(x), axis=1) + tl.sum(x * 0.0, axis=1)
+        scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, 127.0))
         codes = _round_to_int8(tl.math.div_rn(x, scale[:, None]))
     else:
-        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        tile_scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0) + tl.sum(tl.sum(x * 0.0, axis=1), axis=0)
+        tile_scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, 127.0))
         codes = _round_to_int8(tl.math.div_rn(x, tile_scale))
         scale = tl.zeros((x.shape[0],), dtype=tl.float32) + tile_scale
     return codes, scale

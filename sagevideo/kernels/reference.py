@@ -55,14 +55,15 @@ def quantize_symmetric(x: torch.Tensor, group: int, bits: int = 8) -> tuple[torc
     """Symmetric integer quantization with one scale per `group` consecutive rows.
 
     x: (B, H, N, D) fp32. Returns (codes as fp32 integers in [-qmax, qmax], scales (B, H, N) fp32),
-    each row carrying its group's scale (what the kernels store and load).
+    each row carrying its group's scale (what the kernels store and load). A group holding a NaN
+    gets a NaN scale, so that NaN inputs give NaN outputs.
     """
     qmax = float(2 ** (bits - 1) - 1)
     batch, heads, n, d = x.shape
     n_groups = math.ceil(n / group)
     padded = torch.nn.functional.pad(x, (0, 0, 0, n_groups * group - n))
     amax = padded.reshape(batch, heads, n_groups, group * d).abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / qmax)  # a NaN group keeps a NaN scale
     row_scale = scale.repeat_interleave(group, dim=-1)[..., :n]
     codes = round_half_away(x / row_scale[..., None]).clamp(-qmax, qmax)
     return codes, row_scale
@@ -203,7 +204,7 @@ def sageattn_reference(
         acc = acc * alpha[..., None] + _matmul_fp32(p_operand, v_tile)
         m = m_new
 
-    has_keys = l > 0
+    has_keys = l != 0  # NaN (NaN inputs) stays NaN, as in the kernels
     out = torch.where(has_keys[..., None], acc / torch.where(has_keys, l, 1.0)[..., None], 0.0)
     if pv == "fp8":
         out = out * v_scale[:, :, None, :]

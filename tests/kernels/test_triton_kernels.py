@@ -107,6 +107,18 @@ def test_tiny_scores_give_no_nan(n):
     assert (out_t.float() - out_r.float()).abs().max() < 0.1
 
 
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_nan_inputs_give_nan_outputs_where_the_reference_does(pv):
+    """A NaN in q reaches the output as NaN (for its whole quantization block, whose scale it
+    sets), as in the reference; it must not pass for a row without keys and come out finite."""
+    q, k, v, _ = _inputs("k-offset", (1, 2, 100, 64), seed=15)
+    q[0, 1, 37, 5] = float("nan")
+    out_t, out_r = _both(q, k, v, pv=pv)
+    assert out_t[0, 1, 37].isnan().all()
+    assert torch.equal(out_t.isnan(), out_r.isnan())
+    assert not out_t[0, 0].isnan().any()  # the other head is untouched
+
+
 def test_key_padding_mask_with_huge_padded_values():
     q, k, v, mask = _inputs("padded", (2, 2, 130, 64), seed=9)
     out_t, out_r = _both(q, k, v, attn_mask=mask[:, None, None, :])
