@@ -4,8 +4,10 @@ Each of P ranks holds (B, H, N/P, D) q/k/v for its sequence shard. `ulysses_atte
 them (one all-to-all for q, k and v) so each rank holds all N tokens of H/P heads; attention then
 runs locally (any kernel: sagevideo's quantized attention sees exactly the inputs it would see on
 one GPU, per head); a second all-to-all returns the output to sequence shards. No approximation.
-Tokens replicated on every rank (e.g. CogVideoX's text) skip the exchange: they are sliced to the
-rank's heads and their output is reassembled with `gather_heads`.
+The buffers are token-major, so the received q/k/v are strided views (no copy) and the kernels'
+output goes back as it is (`ulysses_exchange`). Tokens replicated on every rank (Open-Sora's text;
+CogVideoX shards its text with the video) skip the exchange: they are sliced to the rank's heads
+and their output is reassembled with `gather_heads`.
 """
 
 from __future__ import annotations
