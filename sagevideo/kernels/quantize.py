@@ -54,27 +54,42 @@ SPLIT_CHUNK = 32
 KV_TILES_PER_PROGRAM = 1  # measured 1/2/4/8 on the H200: 1 is fastest with FP8 V, equal within 5% otherwise
 
 
-@triton.jit
-def _round_to_int8(x):
-    """Round half away from zero (x ± 0.5, truncate); |x| <= 127.5 by construction."""
-    return tl.where(x >= 0, x + 0.5, x - 0.5).to(tl.int8)
+# 1.5·2^23: adding it to |y| < 2^22 rounds y to an integer (ties to even) and leaves that integer,
+# two's complement, in the low mantissa bits; the constant's low byte is zero, so the INT8 code is
+# the low byte of the sum's bits. x·(127/max|x|) + ROUNDING_MAGIC compiles to one FMA per element.
+ROUNDING_MAGIC = tl.constexpr(12582912.0)
+NAN_BITS = tl.constexpr(0x7FC00000)
+INF_BITS = tl.constexpr(0x7F800000)
 
 
 @triton.jit
-def _quantize_int8(x, PER_TOKEN: tl.constexpr):
-    """Symmetric INT8 codes of a (ROWS, D) fp32 tile and per-row scales (ROWS,): one scale per row
-    (PER_TOKEN) or the tile's scale repeated. scale = max|x| / 127, or 1 for an all-zero group;
-    NaN when the group holds a NaN or inf (tl.max skips NaN; the sum of x·0 does not), so
-    non-finite inputs give NaN outputs instead of finite garbage."""
-    if PER_TOKEN:
-        amax = tl.max(tl.abs(x), axis=1) + tl.sum(x * 0.0, axis=1)
-        scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, 127.0))
-        codes = _round_to_int8(tl.math.div_rn(x, scale[:, None]))
+def _abs_max_bits(x, axis: tl.constexpr):
+    """max|x| along `axis` (None: the whole tile) as fp32, NaN when any element is NaN or ±inf.
+    The max runs on the bit patterns of |x| (ordered like the values, NaN above inf): one integer
+    reduction that keeps a NaN, where tl.max on floats skips it."""
+    bits = tl.abs(x).to(tl.int32, bitcast=True)
+    if axis is None:
+        top = tl.max(tl.max(bits, axis=1), axis=0)
     else:
-        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0) + tl.sum(tl.sum(x * 0.0, axis=1), axis=0)
-        tile_scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, 127.0))
-        codes = _round_to_int8(tl.math.div_rn(x, tile_scale))
-        scale = tl.zeros((x.shape[0],), dtype=tl.float32) + tile_scale
+        top = tl.max(bits, axis=axis)
+    return tl.where(top >= INF_BITS, NAN_BITS, top).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_int8(x, scale_factor, PER_TOKEN: tl.constexpr):
+    """Symmetric INT8 codes of a (ROWS, D) fp32 tile and per-row scales (ROWS,) fp32, one per row
+    (PER_TOKEN) or the tile's repeated. codes = round-half-even(x · 127/max|x|), the product
+    rounded once (fused into the rounding add); scale = max|x| · scale_factor / 127, or 1 for an
+    all-zero group; NaN when the group holds a NaN or inf, so non-finite inputs give NaN outputs."""
+    if PER_TOKEN:
+        amax = _abs_max_bits(x, 1)
+        inv = tl.where(amax == 0, 1.0, tl.math.div_rn(127.0, amax))[:, None]
+        scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax * scale_factor, 127.0))
+    else:
+        amax = _abs_max_bits(x, None)
+        inv = tl.where(amax == 0, 1.0, tl.math.div_rn(127.0, amax))
+        scale = tl.zeros((x.shape[0],), dtype=tl.float32) + tl.where(amax == 0, 1.0, tl.math.div_rn(amax * scale_factor, 127.0))
+    codes = (x * inv + ROUNDING_MAGIC).to(tl.int32, bitcast=True).to(tl.int8)
     return codes, scale
 
 
@@ -181,7 +196,9 @@ def _quantize_kv_kernel(
         else:
             shift = tl.load(KMean + bh * BLOCK_D + offs_d)
     if FP8_V:
-        v_scale = tl.load(VScale + bh * BLOCK_D + offs_d)
+        # multiply by the reciprocal (one rounding, like the reference): a division per element
+        # was a third of this kernel's instructions
+        v_inv = tl.math.div_rn(1.0, tl.load(VScale + bh * BLOCK_D + offs_d))
     for t in range(0, TILES_PER_PROGRAM):
         start_n = (group * TILES_PER_PROGRAM + t) * BLOCK_N
         if start_n < N_PAD:
@@ -200,8 +217,9 @@ def _quantize_kv_kernel(
                 k = k16.to(tl.float32)
             if SMOOTH_K:
                 k = k - shift[None, :]
-            k = tl.where(ok[:, None], k, 0.0)  # masked keys: zero (after rotation every channel is live)
-            codes, scale = _quantize_int8(k, PER_TOKEN)
+            if HAS_MASK or start_n + BLOCK_N > N_K:
+                k = tl.where(ok[:, None], k, 0.0)  # masked keys: zero (after rotation every channel is live)
+            codes, scale = _quantize_int8(k, 1.0, PER_TOKEN)
             # Buffers are padded to N_PAD (a multiple of BLOCK_N) and written in full, tails as
             # zeros, so the attention kernel loads whole tiles without masks.
             tl.store(KQ + bh * N_PAD * BLOCK_D + offs_n[:, None] * BLOCK_D + offs_d[None, :], codes)
@@ -209,7 +227,7 @@ def _quantize_kv_kernel(
             if FP8_V:
                 v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
                             mask=tile_ok, other=0.0).to(tl.float32)
-                v8 = tl.math.div_rn(v, v_scale[None, :]).to(tl.float8e4nv)
+                v8 = (v * v_inv[None, :]).to(tl.float8e4nv)
                 # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
                 # (contiguous): storing the (N, D) tile at stride N_PAD wrote single bytes and cost
                 # as much as all the other preparation work together.
@@ -241,8 +259,9 @@ def quantize_q_tile(
         q = tl.dot(q16, rot.to(q16.dtype), out_dtype=tl.float32)
     else:
         q = q16.to(tl.float32)
-    q = (q * qk_scale).to(tl.float32)  # fp32 even when a compiler passes the scalar as fp64
-    codes, scale = _quantize_int8(q, PER_TOKEN)
+    # qk_scale goes into the scale, not into each element (the codes of q and q·qk_scale are the
+    # same up to rounding); fp32 even when a compiler passes the scalar as fp64
+    codes, scale = _quantize_int8(q, tl.cast(qk_scale, tl.float32), PER_TOKEN)
     return codes, scale, shift.to(tl.float32)
 
 

@@ -10,9 +10,11 @@ Numerics, step by step (all tensors HND: (B, H, N, D)):
 2. Optional rotation (`rotate_qk`): Q and K zero-padded to the kernel head dim d' (64/128, else
    the next power of two) and multiplied by the ±1 Hadamard matrix R of `rotation.py` (fp32);
    the resulting factor d' is divided out of Q's scale.
-   Q ← Q · sm_scale · log2(e) [/ d'] in fp32, so scores come out in log2 units for exp2.
+   Q's scale carries qk_scale = sm_scale · log2(e) [/ d'], so scores come out in log2 units for exp2.
 3. INT8 symmetric quantization per group of rows (a tile of BLOCK_M/BLOCK_N rows, or one row):
-   scale = max|x| / 127 (1 where the group is all zero), x_q = round-half-away(x / scale).
+   x_q = round-half-even(x · (127 / max|x|)), the product rounded once; scale = max|x| / 127
+   (1 where the group is all zero, NaN where it holds a NaN or inf). Q's factor sm_scale·log2(e)
+   goes into its scale only: q_scale = (max|q| · qk_scale) / 127.
 4. Per key tile j: S = (Q_q · K_qᵀ in exact integers) · (q_scale · k_scale) (fp32), invalid keys → −inf,
    online softmax: m' = max(m, rowmax S), P = exp2(S − m'), l = l·exp2(m − m') + rowsum P.
    With one K scale per tile the kernels take the max on the integer scores and compute S − m'
@@ -46,27 +48,36 @@ LOG2_FP8_MAX = math.log2(FP8_MAX)
 REFERENCE_PV_MODES = ("fp16", "fp8", "fp32")
 
 
-def round_half_away(x: torch.Tensor) -> torch.Tensor:
-    """Round to nearest, ties away from zero: what the kernels do (x ± 0.5, then truncate)."""
-    return torch.where(x >= 0, torch.floor(x + 0.5), torch.ceil(x - 0.5))
+def abs_max(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """max|x| along `dim`, NaN where the group holds a NaN or ±inf (as the kernels: NaN inputs
+    must give NaN outputs, and an infinite scale would hide them)."""
+    amax = x.abs().amax(dim=dim)
+    return torch.where(torch.isinf(amax), torch.nan, amax)
 
 
-def quantize_symmetric(x: torch.Tensor, group: int, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_symmetric(
+    x: torch.Tensor, group: int, bits: int = 8, scale_factor: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric integer quantization with one scale per `group` consecutive rows.
 
     x: (B, H, N, D) fp32. Returns (codes as fp32 integers in [-qmax, qmax], scales (B, H, N) fp32),
-    each row carrying its group's scale (what the kernels store and load). A group holding a NaN
-    gets a NaN scale, so that NaN inputs give NaN outputs.
+    each row carrying its group's scale (what the kernels store and load).
+    codes = round-half-even(x · (qmax / max|x|)) with the product rounded once (the kernels fuse
+    it into the rounding add; fp64 holds it exactly); scale = (max|x| · fp32(scale_factor)) / qmax,
+    1 for an all-zero group, NaN for a group holding a NaN or inf.
     """
     qmax = float(2 ** (bits - 1) - 1)
     batch, heads, n, d = x.shape
     n_groups = math.ceil(n / group)
     padded = torch.nn.functional.pad(x, (0, 0, 0, n_groups * group - n))
-    amax = padded.reshape(batch, heads, n_groups, group * d).abs().amax(dim=-1)
-    scale = torch.where(amax == 0, torch.ones_like(amax), amax / qmax)  # a NaN group keeps a NaN scale
-    row_scale = scale.repeat_interleave(group, dim=-1)[..., :n]
-    codes = round_half_away(x / row_scale[..., None]).clamp(-qmax, qmax)
-    return codes, row_scale
+    amax = abs_max(padded.reshape(batch, heads, n_groups, group * d), dim=-1)
+    zero = amax == 0
+    inv = torch.where(zero, torch.ones_like(amax), qmax / amax)
+    factor = torch.tensor(scale_factor, dtype=torch.float32, device=x.device)
+    scale = torch.where(zero, torch.ones_like(amax), (amax * factor) / qmax)
+    row_inv = inv.repeat_interleave(group, dim=-1)[..., :n]
+    codes = torch.round(x.double() * row_inv.double()[..., None]).float().clamp(-qmax, qmax)
+    return codes, scale.repeat_interleave(group, dim=-1)[..., :n]
 
 
 def smoothed_k(k: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,7 +99,8 @@ def quantize_v_fp8(v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.T
         vf = vf * valid[:, None, :, None].to(torch.float32)
     amax = vf.abs().amax(dim=2)
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return (vf / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+    inv = 1.0 / scale  # the kernels multiply by the reciprocal
+    return (vf * inv[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
 def _matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -144,9 +156,8 @@ def sageattn_reference(
         qf = _matmul_fp32(torch.nn.functional.pad(qf, pad), rot)
         ks = _matmul_fp32(torch.nn.functional.pad(ks, pad), rot)
         qk_scale = qk_scale / dim
-    qs = qf * qk_scale
     group_q, group_k = (block_m, block_n) if qk_granularity == "block" else (1, 1)
-    q_codes, q_scale = quantize_symmetric(qs, group_q, qk_bits)
+    q_codes, q_scale = quantize_symmetric(qf, group_q, qk_bits, scale_factor=qk_scale)
     k_codes, k_scale = quantize_symmetric(ks, group_k, qk_bits)
 
     if pv == "fp8":

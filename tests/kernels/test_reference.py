@@ -11,16 +11,28 @@ from sagevideo.kernels.plans import tiles
 from sagevideo.kernels.reference import (
     quantize_symmetric,
     quantize_v_fp8,
-    round_half_away,
     sageattn_reference,
     smoothed_k,
 )
 from sagevideo.kernels.rotation import hadamard_pm1
 
 
-def test_round_half_away_from_zero():
-    x = torch.tensor([-2.5, -1.5, -0.5, -0.4, 0.0, 0.4, 0.5, 1.5, 2.5])
-    assert round_half_away(x).tolist() == [-3, -2, -1, 0, 0, 0, 1, 2, 3]
+def test_codes_round_half_to_even_from_the_unrounded_product():
+    # max|x| = 127: the factor is 1, so ties land exactly on .5
+    x = torch.tensor([-2.5, -1.5, -0.5, -0.4, 0.0, 0.4, 0.5, 1.5, 2.5, 127.0]).reshape(1, 1, 1, 10)
+    codes, scale = quantize_symmetric(x, group=1)
+    assert codes.flatten().tolist() == [-2, -2, -0, -0, 0, 0, 0, 2, 2, 127] and scale.item() == 1.0
+    # scale_factor goes into the scale only
+    codes_scaled, scale_scaled = quantize_symmetric(x, group=1, scale_factor=0.25)
+    assert torch.equal(codes_scaled, codes) and scale_scaled.item() == 0.25
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_group_gets_a_nan_scale(bad):
+    x = torch.randn(1, 1, 8, 4)
+    x[0, 0, 1, 2] = bad
+    _, scale = quantize_symmetric(x, group=4)
+    assert scale[0, 0, :4].isnan().all() and scale[0, 0, 4:].isfinite().all()
 
 
 def test_quantize_symmetric_groups_and_scales():

@@ -153,7 +153,7 @@ def test_quantized_codes_match_reference(n):
 
     ks, mean = smoothed_k(k, None)
     k_codes, k_scale = quantize_symmetric(mm(ks, rot), plan.block_n)
-    q_codes, q_scale = quantize_symmetric(mm(q.float(), rot) * (0.125 * LOG2E / 64), plan.block_m)
+    q_codes, q_scale = quantize_symmetric(mm(q.float(), rot), plan.block_m, scale_factor=0.125 * LOG2E / 64)
     got_k = prep.k_codes.reshape(1, 2, -1, 64)[:, :, :n].float()
     got_q = got_q_codes.reshape(1, 2, -1, 64)[:, :, :n].float()
     for got, want in ((got_k, k_codes), (got_q, q_codes)):
