@@ -32,12 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="cogvideox-2b,d128-8k")
     parser.add_argument("--warps", default="auto,4,8", help="comma list of warp counts; auto = the per-tile rule")
     parser.add_argument("--tiles", default="1", help="K/V tiles per quantization program")
-    parser.add_argument("--stats", default="current",
-                        help="comma list of K/V-stats program shapes MIN_TOKENS_PER_SPLIT:CHUNK:WARPS, or current")
+    parser.add_argument("--qtiles", default="auto", help="comma list of Q tiles per program; auto = the rule")
+    parser.add_argument("--stats", default="auto",
+                        help="comma list of K/V-stats program shapes MIN_TOKENS_PER_SPLIT:CHUNK:WARPS, or auto (the rule)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     rows = []
-    current = f"{quantize.MIN_TOKENS_PER_SPLIT}:{quantize.STATS_CHUNK}:{quantize.STATS_WARPS}"  # before any sweep
     for name in args.shapes.split(","):
         b, h, n, d = SHAPES[name]
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -45,21 +45,23 @@ def main(argv: list[str] | None = None) -> int:
             plan = select_plan(q.device, d, pv).plan
             rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
             warp_counts = [None if w == "auto" else int(w) for w in args.warps.split(",")]
-            stats_shapes = [current if s == "current" else s for s in args.stats.split(",")]
+            stats_shapes = args.stats.split(",")
             tile_counts = [int(t) for t in args.tiles.split(",")]
-            for warps, tiles, stats in itertools.product(warp_counts, tile_counts, stats_shapes):
+            q_tile_counts = [None if t == "auto" else int(t) for t in args.qtiles.split(",")]
+            for warps, tiles, stats, q_tiles in itertools.product(warp_counts, tile_counts, stats_shapes, q_tile_counts):
                 quantize.QUANT_WARPS = warps
-                split_tokens, chunk, stats_warps = map(int, stats.split(":"))
-                quantize.MIN_TOKENS_PER_SPLIT, quantize.STATS_CHUNK, quantize.STATS_WARPS = split_tokens, chunk, stats_warps
+                quantize.STATS_SHAPE = None if stats == "auto" else tuple(map(int, stats.split(":")))
                 prepare = functools.partial(quantize.quantize_inputs, q, k, v, None, rot, plan, sm_scale=d**-0.5,
-                                            per_token=False, smooth_k=True, need_shift=False, tiles_per_program=tiles)
+                                            per_token=False, smooth_k=True, need_shift=False, tiles_per_program=tiles,
+                                            q_tiles=q_tiles)
                 with set_wrap_triton_enabled(False):
                     times = prep_kernel_times(prepare)
                     wall = bench_ms(prepare)  # whole preparation between events: gaps and small launches too
                 times = {key: ms for key, ms in times.items() if key.startswith("_")}
                 rows.append({"shape": name, "pv": pv, "warps": warps, "tiles_per_program": tiles, "stats": stats,
+                             "q_tiles": q_tiles,
                              "ms": times, "total_ms": sum(times.values()), "wall_ms": wall})
-                print(f"{name:14} {pv:5} warps {warps} tiles {tiles} stats {stats}: wall {wall:.3f} ms, "
+                print(f"{name:14} {pv:5} warps {warps} tiles {tiles} q-tiles {q_tiles} stats {stats}: wall {wall:.3f} ms, "
                       f"kernels {sum(times.values()):.3f} ms  "
                       + "  ".join(f"{key.strip('_').split('_kernel')[0]} {ms:.3f}" for key, ms in times.items()))
     if args.json:

@@ -10,8 +10,9 @@ Four launches before the attention kernel:
    quantizes each BLOCK_N tile of K to INT8 and (FP8 mode) writes V as e4m3 transposed to
    (D, N), the layout Hopper's FP8 tensor-core instruction wants for the PV product. Each
    program does TILES_PER_PROGRAM tiles (the rotation matrix and per-head vectors loaded once).
-4. `_quantize_q_kernel`, grid (Nq tiles, B·H), through `quantize_q_tile`: folds sm_scale·log2(e)
-   into Q, optionally rotates, quantizes each BLOCK_M tile (or token) to INT8, and (LSE mode)
+4. `_quantize_q_kernel`, grid (Nq tile groups, B·H), through `_quantize_q_tile`: optionally
+   rotates, quantizes each BLOCK_M tile (or token) to INT8 with sm_scale·log2(e) folded into the
+   scale, and (LSE mode)
    stores sm_scale·q·mean(K), the smoothing shift that turns the kernel's LSE into the true one.
    Quantizing Q inside the attention kernel instead (one pass less) was measured and rejected:
    the prologue's extra shared memory and registers cost the main loop 5-20% (docs/benchmarks.md).
@@ -46,11 +47,22 @@ def quant_warps(rows: int, block_d: int, kernel: str) -> int:
     return 4 if small else 8
 
 
-STATS_CHUNK = 64
-STATS_WARPS = 4
-MIN_TOKENS_PER_SPLIT = 256  # a split per 256+ tokens: ~1,500 programs at 8k tokens x 48 heads
+# K/V-stats program shape (speed; the split changes mean(K)'s fp32 summation order, its last bits).
+# None: by `stats_shape`. A (min tokens per split, chunk, warps) tuple forces one (the sweep does).
+STATS_SHAPE: tuple[int, int, int] | None = None
 MAX_SPLITS = 128
+
+
+def stats_shape(block_d: int, fp8_v: bool) -> tuple[int, int, int]:
+    """(min tokens per split, rows per chunk, warps) of the K/V-stats programs. The H200 sweep
+    `scripts/bench_prep.py --stats` (docs/results/2026-11-30-h200-prep-stats-elementwise.json): 64-row
+    chunks of 256-token splits when both K and V are read at d128 (8k FP8 0.063 ms vs 0.081 with
+    32 rows), else 32-row chunks of 512 tokens (8k K only 0.033 vs 0.056; d64 K+V 0.077 vs 0.104)."""
+    if STATS_SHAPE is not None:
+        return STATS_SHAPE
+    return (256, 64, 4) if fp8_v and block_d == 128 else (512, 32, 4)
 SPLIT_CHUNK = 32
+Q_TILES_PER_PROGRAM = 4  # H200 (`bench_prep.py --qtiles 1,2,4`): 8k FP8 0.059 -> 0.053 ms, 32k 0.112 -> 0.099
 KV_TILES_PER_PROGRAM = 1  # measured 1/2/4/8 on the H200: 1 is fastest with FP8 V, equal within 5% otherwise
 
 
@@ -109,8 +121,10 @@ def _kv_stats_kernel(
     h = bh % H
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    # Accumulate element-wise and reduce over rows once at the end: a cross-warp reduction per
+    # chunk stalled the loads. max|V| is exact in V's own 16-bit dtype.
+    k_acc = tl.zeros((CHUNK, BLOCK_D), dtype=tl.float32)
+    v_acc = tl.zeros((CHUNK, BLOCK_D), dtype=V.dtype.element_ty)
     count = tl.zeros((CHUNK,), dtype=tl.float32)
     start = split * TOKENS_PER_SPLIT
     end = tl.minimum(start + TOKENS_PER_SPLIT, N_K)
@@ -124,11 +138,13 @@ def _kv_stats_kernel(
         if SMOOTH_K:
             k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
                         mask=tile_ok, other=0.0)
-            k_sum += tl.sum(k.to(tl.float32), axis=0)
+            k_acc += k.to(tl.float32)
         if FP8_V:
             v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
                         mask=tile_ok, other=0.0)
-            v_max = tl.maximum(v_max, tl.max(tl.abs(v.to(tl.float32)), axis=0))
+            v_acc = tl.maximum(v_acc, tl.abs(v)).to(v_acc.dtype)  # exact: a max of 16-bit values
+    k_sum = tl.sum(k_acc, axis=0)
+    v_max = tl.max(v_acc, axis=0).to(tl.float32)
     row = bh * NUM_SPLITS + split
     tl.store(KSum + row * BLOCK_D + offs_d, k_sum)
     tl.store(VMax + row * BLOCK_D + offs_d, v_max)
@@ -207,8 +223,18 @@ def _quantize_kv_kernel(
             if HAS_MASK:
                 ok = ok & (tl.load(Mask + b * stride_mb + offs_n, mask=offs_n < N_K, other=0) != 0)
             tile_ok = ok[:, None] & d_ok[None, :]
+            # Both loads first: one program per SM fits at d128 (the rotation's registers), so
+            # the V load must be in flight while K is waited for, not issued after K's stores.
             k16 = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
                           mask=tile_ok, other=0.0)
+            if FP8_V:
+                v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                            mask=tile_ok, other=0.0)
+                v8 = (v.to(tl.float32) * v_inv[None, :]).to(tl.float8e4nv)
+                # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
+                # (contiguous): storing the (N, D) tile at stride N_PAD wrote single bytes and cost
+                # as much as all the other preparation work together.
+                tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], tl.trans(v8))
             if ROTATE:
                 # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries,
                 # so the products are exact and the fp32 sums match an fp32 rotation).
@@ -224,38 +250,28 @@ def _quantize_kv_kernel(
             # zeros, so the attention kernel loads whole tiles without masks.
             tl.store(KQ + bh * N_PAD * BLOCK_D + offs_n[:, None] * BLOCK_D + offs_d[None, :], codes)
             tl.store(KScale + bh * N_PAD + offs_n, scale)
-            if FP8_V:
-                v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
-                            mask=tile_ok, other=0.0).to(tl.float32)
-                v8 = (v * v_inv[None, :]).to(tl.float8e4nv)
-                # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
-                # (contiguous): storing the (N, D) tile at stride N_PAD wrote single bytes and cost
-                # as much as all the other preparation work together.
-                tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], tl.trans(v8))
 
 
 @triton.jit
-def quantize_q_tile(
-    Q, KMean, Rot, b, h, bh, offs_m, offs_d,
+def _quantize_q_tile(
+    Q, mean, rot, b, h, offs_m, offs_d,
     stride_qb, stride_qh, stride_qn,
     N_Q, qk_scale, sm_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, NEED_SHIFT: tl.constexpr,
+    HEAD_DIM: tl.constexpr, ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, NEED_SHIFT: tl.constexpr,
 ):
     """INT8 codes (BLOCK_M, BLOCK_D), scales (BLOCK_M,) of one Q tile, in log2 score units
     (sm_scale·log2(e) folded in, and 1/BLOCK_D when rotated: R Rᵀ = BLOCK_D·I); rows past N_Q are
-    zero. shift (BLOCK_M,): sm_scale·q·mean(K) when NEED_SHIFT (LSE), else zeros."""
+    zero. mean (BLOCK_D,) mean(K) when NEED_SHIFT; rot (BLOCK_D, BLOCK_D) when ROTATE.
+    shift (BLOCK_M,): sm_scale·q·mean(K) when NEED_SHIFT (LSE), else zeros."""
     m_ok = offs_m < N_Q
     q16 = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
                   mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if NEED_SHIFT:
-        mean = tl.load(KMean + bh * BLOCK_D + offs_d)
         shift = tl.sum(q16.to(tl.float32) * mean[None, :], axis=1) * sm_scale
     else:
         shift = tl.zeros((offs_m.shape[0],), dtype=tl.float32)
     if ROTATE:
         # ±1 rotation of 16-bit Q on the tensor cores: exact products, fp32 sums.
-        rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
         q = tl.dot(q16, rot.to(q16.dtype), out_dtype=tl.float32)
     else:
         q = q16.to(tl.float32)
@@ -270,21 +286,26 @@ def _quantize_q_kernel(
     Q, KMean, Rot, QQ, QScale, QShift,
     stride_qb, stride_qh, stride_qn,
     H, N_Q, M_PAD, qk_scale, sm_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_SHIFT: tl.constexpr,
 ):
-    tile = tl.program_id(0)
+    group = tl.program_id(0)
     bh = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    codes, scale, shift = quantize_q_tile(
-        Q, KMean, Rot, bh // H, bh % H, bh, offs_m, offs_d, stride_qb, stride_qh, stride_qn,
-        N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_D, ROTATE, PER_TOKEN, STORE_SHIFT,
-    )
-    tl.store(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :], codes)
-    tl.store(QScale + bh * M_PAD + offs_m, scale)
-    if STORE_SHIFT:
-        tl.store(QShift + bh * M_PAD + offs_m, shift)
+    # loaded once per program: the 32 KB rotation is twice a 64-row d128 Q tile
+    rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]) if ROTATE else None
+    mean = tl.load(KMean + bh * BLOCK_D + offs_d) if STORE_SHIFT else None
+    for t in range(0, TILES_PER_PROGRAM):
+        offs_m = (group * TILES_PER_PROGRAM + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+        codes, scale, shift = _quantize_q_tile(
+            Q, mean, rot, bh // H, bh % H, offs_m, offs_d, stride_qb, stride_qh, stride_qn,
+            N_Q, qk_scale, sm_scale, HEAD_DIM, ROTATE, PER_TOKEN, STORE_SHIFT,
+        )
+        in_pad = offs_m < M_PAD  # the last program's tiles may run past the padded buffer
+        tl.store(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :], codes, mask=in_pad[:, None])
+        tl.store(QScale + bh * M_PAD + offs_m, scale, mask=in_pad)
+        if STORE_SHIFT:
+            tl.store(QShift + bh * M_PAD + offs_m, shift, mask=in_pad)
 
 
 @dataclass
@@ -308,6 +329,11 @@ class QuantizedInputs:
     v_scale: torch.Tensor | None
 
 
+def q_tiles_per_program(n_tiles: int) -> int:
+    """Q tiles per quantization program (speed only): enough programs to fill the GPU."""
+    return max(1, min(Q_TILES_PER_PROGRAM, n_tiles // 16))
+
+
 def kv_tiles_per_program(n_tiles: int) -> int:
     """K/V tiles per quantization program (speed only; the groups are the plan's tiles)."""
     return max(1, min(KV_TILES_PER_PROGRAM, n_tiles // 16))
@@ -326,10 +352,12 @@ def quantize_inputs(
     smooth_k: bool,
     need_shift: bool,
     tiles_per_program: int | None = None,
+    q_tiles: int | None = None,
 ) -> QuantizedInputs:
     """Launch the preparation kernels. q/k/v HND views with unit stride on the head dim;
     key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or
-    None. tiles_per_program: K/V tiles per quantization program (None: `kv_tiles_per_program`)."""
+    None. tiles_per_program: K/V tiles per quantization program (None: `kv_tiles_per_program`);
+    q_tiles: Q tiles per program (None: `q_tiles_per_program`)."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     bh = batch * heads
@@ -339,8 +367,9 @@ def quantize_inputs(
     fp8_v = plan.pv == "fp8"
     dev = q.device
 
-    tokens_per_split = max(MIN_TOKENS_PER_SPLIT, triton.cdiv(n_k, MAX_SPLITS))
-    tokens_per_split = triton.cdiv(tokens_per_split, STATS_CHUNK) * STATS_CHUNK
+    min_tokens, stats_chunk, stats_warps = stats_shape(bd, fp8_v)
+    tokens_per_split = max(min_tokens, triton.cdiv(n_k, MAX_SPLITS))
+    tokens_per_split = triton.cdiv(tokens_per_split, stats_chunk) * stats_chunk
     num_splits = triton.cdiv(n_k, tokens_per_split)
     k_sum = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32)
     k_count = torch.empty(bh * num_splits, device=dev, dtype=torch.float32)
@@ -358,8 +387,8 @@ def quantize_inputs(
             v.stride(0), v.stride(1), v.stride(2),
             stride_mb,
             heads, n_k, tokens_per_split, num_splits,
-            HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=STATS_CHUNK,
-            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v, num_warps=STATS_WARPS,
+            HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=stats_chunk,
+            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v, num_warps=stats_warps,
         )
         wrap_triton(_kv_stats_finalize_kernel)[(bh,)](
             k_sum, k_count, v_max, rot_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean,
@@ -388,11 +417,12 @@ def quantize_inputs(
     q_scale = torch.empty(bh, m_pad, device=dev, dtype=torch.float32)
     q_shift = torch.empty(bh, m_pad, device=dev, dtype=torch.float32) if need_shift else None
     qk_scale = sm_scale * LOG2E / (bd if rotation is not None else 1)
-    wrap_triton(_quantize_q_kernel)[(m_pad // bm, bh)](
+    q_per_program = q_tiles_per_program(m_pad // bm) if q_tiles is None else q_tiles
+    wrap_triton(_quantize_q_kernel)[(triton.cdiv(m_pad // bm, q_per_program), bh)](
         q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
         q.stride(0), q.stride(1), q.stride(2),
         heads, n_q, m_pad, qk_scale, sm_scale,
-        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm,
+        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm, TILES_PER_PROGRAM=q_per_program,
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
         num_warps=quant_warps(bm, bd, "q"),
     )
