@@ -89,9 +89,12 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
     if MASKED:
         cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
         scores = gl.where((cols < N_K)[None, :], scores, float("-inf"))
+        tile_max = gl.max(scores, axis=1)
+    else:
+        tile_max = gl.max(s, axis=1).to(gl.float32)  # integer max: three operands per instruction
     # Scaled after the max (exact: the row scale is positive), so the exponent is one FMA; as in
     # attention_fwd._attn_tile.
-    m_new = gl.maximum(m_i, gl.max(scores, axis=1) * row_scale)
+    m_new = gl.maximum(m_i, tile_max * row_scale)
     alpha = gl.exp2(m_i - m_new)
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
     p = gl.exp2(scores * row_scale[:, None] - (m_new - LOG2_FP8_MAX)[:, None])
