@@ -35,10 +35,10 @@ def compile_plain(block_d: int, pv: str = "fp8"):
     from triton.compiler import ASTSource
 
     from sagevideo.kernels.attention_fwd import _attn_fwd_kernel
-    from sagevideo.kernels.plans import _LAUNCH, tiles
+    from sagevideo.kernels.plans import launch, tiles
 
     block_m, block_n = tiles(pv, block_d)
-    num_warps, num_stages = _LAUNCH[("sm90", block_d)]
+    num_warps, num_stages = launch("sm90", block_d, pv)
     pointers = ("QQ", "QScale", "QShift", "KQ", "KScale", "V", "VQ", "VScale", "Mask", "Out", "Lse")
     types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*bf16", "*fp8e4nv", "*fp32", "*u8", "*bf16", "*fp32")
     ints = ("stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om", "mask_stride_b",

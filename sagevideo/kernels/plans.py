@@ -84,6 +84,17 @@ _LAUNCH = {
     ("interpreter", 64): (4, 1),
     ("interpreter", 128): (4, 1),
 }
+# (arch, block_d, PV mode) -> (num_warps, num_stages) where one PV mode measured better than the
+# (arch, block_d) entry: 16-bit PV at d64 on the H200, 8 warps 483 TOPS vs 4 warps 431 (kernel alone,
+# 2B shape, after the integer row max; docs/results/2026-11-30-h200-intmax-sweep-2b.json).
+_LAUNCH_PV = {
+    ("sm90", 64, "fp16"): (8, 3),
+}
+
+
+def launch(arch: str, block_d: int, pv: str) -> tuple[int, int]:
+    """(num_warps, num_stages) of the plain-Triton kernel; speed only."""
+    return _LAUNCH_PV.get((arch, block_d, pv), _LAUNCH[(arch, block_d)])
 
 
 SM90_KERNEL_ENV = "SAGEVIDEO_SM90_KERNEL"
@@ -179,7 +190,7 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
     if pv == "fp8" and arch == "sm80":
         return PlanChoice(None, "pv='fp8' needs FP8 tensor cores (sm89 or newer); use pv='fp16'")
     block_m, block_n = _TILES[(pv, block_d)]
-    num_warps, num_stages = _LAUNCH[(arch, block_d)]
+    num_warps, num_stages = launch(arch, block_d, pv)
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
     wanted = sm90_kernel_wanted() if arch == "sm90" else "triton"  # checked on sm90 whatever the shape
     # Newer GPUs run the sm90 plans too, but the Gluon kernel's warpgroup MMAs exist only on Hopper.
@@ -195,7 +206,7 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
 
 def plain_triton(plan: KernelPlan) -> KernelPlan:
     """The plain-Triton plan with `plan`'s tiles (for calls the Gluon kernel does not take)."""
-    num_warps, num_stages = _LAUNCH[(plan.arch, plan.block_d)]
+    num_warps, num_stages = launch(plan.arch, plan.block_d, plan.pv)
     return KernelPlan(plan.arch, plan.block_d, plan.pv, plan.block_m, plan.block_n, num_warps, num_stages)
 
 

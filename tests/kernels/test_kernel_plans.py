@@ -104,3 +104,10 @@ def test_gluon_takes_only_the_calls_it_implements(hopper, monkeypatch):
     for feature in plain:
         assert not gluon_runs(plan, **{**plain, feature: True}), feature
     assert not gluon_runs(plans.plain_triton(plan), **plain)
+
+
+def test_launch_can_differ_by_pv_mode_but_tiles_do_not(hopper):
+    fp16, fp8 = (plans.select_plan(CUDA, 64, pv).plan for pv in ("fp16", "fp8"))
+    assert (fp16.num_warps, fp8.num_warps) == (8, 4)  # the H200 sweep's best per mode
+    assert (fp16.block_m, fp16.block_n) == plans.tiles("fp16", 64)
+    assert plans.plain_triton(fp16) == fp16
