@@ -16,7 +16,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from sagevideo.kernels.plans import KernelPlan
-from sagevideo.kernels.quantize import QuantizedInputs, operand_key_order
+from sagevideo.kernels.quantize import QuantizedInputs
 from sagevideo.kernels.reference import FP8_MAX, LN2, MIN_ROW_SCALE
 
 LN2_CONST = tl.constexpr(LN2)
@@ -87,7 +87,7 @@ def _attn_tile(
     if FP8_PV:
         # VQ is (BLOCK_D, N_PAD), contiguous along keys: the K-major operand FP8 MMAs need.
         v = tl.load(VQ + offs_d[None, :] * N_PAD + offs_n[:, None])
-        acc += tl.dot(operand_key_order(p.to(tl.float8e4nv)), v)  # fresh fp32 block product added into acc (two-level)
+        acc += tl.dot(p.to(tl.float8e4nv), v)  # fresh fp32 block product added into acc (two-level)
     else:
         v_ok = offs_d[None, :] < HEAD_DIM
         if MASKED:

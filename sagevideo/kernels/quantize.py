@@ -106,23 +106,6 @@ def _quantize_int8(x, scale_factor, PER_TOKEN: tl.constexpr):
 
 
 @triton.jit
-def operand_key_order(x):
-    """(R, N) -> (R, N), N a multiple of 32: within each 32-key group, column 16·a1 + 8·a0 + 2·c + b
-    moves to 16·a1 + 4·c + 2·a0 + b (a1, a0, b in {0, 1}, c in 0..3).
-
-    Why: a thread holds keys 8·a + 2·c + b of a score tile in the MMA accumulator layout (c: its
-    lane within a quad), and keys 4·c .. 4·c+3 and 16+4·c .. 19+4·c of the 8-bit MMA's A operand.
-    Reordering P's keys this way makes its accumulator -> operand conversion a permutation of each
-    thread's own registers (no lane shuffles); V^T is stored with its keys in the same order, so
-    P·V is unchanged. Applied to P in the attention kernels and to the FP8 V^T tiles here."""
-    R: tl.constexpr = x.shape[0]
-    N: tl.constexpr = x.shape[1]
-    x = tl.reshape(x, (R, N // 32, 2, 2, 4, 2))
-    x = tl.permute(x, (0, 1, 2, 4, 3, 5))
-    return tl.reshape(x, (R, N))
-
-
-@triton.jit
 def _kv_stats_kernel(
     K, V, Mask, KSum, KCount, VMax,
     stride_kb, stride_kh, stride_kn,
@@ -248,12 +231,10 @@ def _quantize_kv_kernel(
                 v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
                             mask=tile_ok, other=0.0)
                 v8 = (v.to(tl.float32) * v_inv[None, :]).to(tl.float8e4nv)
-                # VQ is (B·H, BLOCK_D, N_PAD), keys in `operand_key_order` within each 32-key group.
-                # Transpose the tile first so the store runs along N (contiguous): storing the
-                # (N, D) tile at stride N_PAD wrote single bytes and cost as much as all the other
-                # preparation work together.
-                v8_t = operand_key_order(tl.trans(v8))
-                tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], v8_t)
+                # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
+                # (contiguous): storing the (N, D) tile at stride N_PAD wrote single bytes and cost
+                # as much as all the other preparation work together.
+                tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], tl.trans(v8))
             if ROTATE:
                 # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries,
                 # so the products are exact and the fp32 sums match an fp32 rotation).
@@ -334,8 +315,7 @@ class QuantizedInputs:
     q_codes (bh, M_PAD, block_d) int8; q_scale (bh, M_PAD) fp32 (scores in log2 units);
     q_shift (bh, M_PAD) fp32 = sm_scale·q·mean(K), or None;
     k_codes (bh, N_PAD, block_d) int8; k_scale (bh, N_PAD) fp32; k_mean (bh, block_d) fp32
-    (zeros without smoothing); v_fp8_t (bh, block_d, N_PAD) e4m3, keys in `operand_key_order`
-    within each 32-key group, or None; v_scale (bh, block_d)
+    (zeros without smoothing); v_fp8_t (bh, block_d, N_PAD) e4m3 or None; v_scale (bh, block_d)
     fp32 or None.
     """
 

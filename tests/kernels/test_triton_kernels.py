@@ -7,14 +7,11 @@ is checked tightly only on the GPU (test_gpu.py).
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from sagevideo import last_backend, sageattn
 from sagevideo.eval.attention_error import error_stats
 from sagevideo.eval.presets import make_inputs
 from sagevideo.kernels.plans import select_plan
-from sagevideo.kernels.quantize import operand_key_order
 from sagevideo.kernels.reference import LOG2E, quantize_symmetric, smoothed_k
 from sagevideo.kernels.rotation import hadamard_pm1
 
@@ -181,20 +178,3 @@ def test_fp8_pv_matches_reference(head_dim):
     # P values across e4m3 rounding boundaries (one e4m3 step is 6-12%)
     floor = 0.99 if INTERPRETED else 0.9998
     assert error_stats(out_r, out_t).cos_worst > floor
-
-
-def test_operand_key_order_moves_each_32_key_group_as_documented():
-    x = torch.arange(2 * 64, dtype=torch.float32).reshape(2, 64)
-    y = torch.empty_like(x)
-    _reorder_rows[(1,)](x, y, N=64)
-    col = torch.arange(64)
-    a1, a0, c, b = (col % 32) // 16, (col % 16) // 8, (col % 8) // 2, col % 2
-    expected = torch.empty_like(x)
-    expected[:, (col // 32) * 32 + 16 * a1 + 4 * c + 2 * a0 + b] = x  # key x of a group goes there
-    assert torch.equal(y, expected)
-
-
-@triton.jit
-def _reorder_rows(X, Y, N: tl.constexpr):
-    offs = tl.arange(0, 2)[:, None] * N + tl.arange(0, N)[None, :]
-    tl.store(Y + offs, operand_key_order(tl.load(X + offs)))
