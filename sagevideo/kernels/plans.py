@@ -12,8 +12,9 @@ Two kernels compute a plan, with the same tiles and numerics: the plain-Triton o
 (`attention_fwd`, kernel="triton") everywhere, and on sm90 the warp-specialized Gluon one
 (`attention_sm90`, kernel="gluon", FP8 PV only). SAGEVIDEO_SM90_KERNEL picks between them on sm90:
 "auto" (default) takes the Gluon kernel where it measured faster, FP8 PV at head dim 128 (H200,
-2026-11-30, kernel alone: 1.26/1.25/1.49x cuDNN at 8k/32k/75k tokens against 1.22/1.25/1.46x for
-the plain kernel, docs/benchmarks.md); "triton" the plain kernel everywhere; "gluon" the Gluon
+kernel alone, docs/benchmarks.md: 1.33/1.33x cuDNN at 8k/32k tokens against 1.15/1.18x for the
+plain kernel in the same run, fourth session of 2026-11-30; 1.49 vs 1.46x at 75k in the third);
+"triton" the plain kernel everywhere; "gluon" the Gluon
 kernel wherever it runs (also d64, where it is slower: for comparisons). When this Triton lacks
 the Gluon API or the kernel does not compile with it (checked once per process), the plan keeps
 the plain kernel and its reason says why.
