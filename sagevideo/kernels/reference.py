@@ -2,8 +2,9 @@
 
 It is the oracle for kernel tests (same groups, scales, rounding and block-wise online softmax,
 so results differ from the kernels only by fp32 summation order and, on the GPU, by the
-hardware's approximate exp2; under the CPU interpreter also by the exponent's FMA, which numpy
-rounds as a multiply and a subtraction) and the engine of `sagevideo simulate`.
+hardware's approximate exp2; under the CPU interpreter also by the FMAs of the exponent and of
+the INT8 rounding, which numpy rounds as a multiply and an add: a code may then flip by one where
+the product lies within an ulp of a tie) and the engine of `sagevideo simulate`.
 
 Numerics, step by step (all tensors HND: (B, H, N, D)):
 1. Smoothing: K ← K − mean(K over valid tokens) in fp32; invalid (masked) keys are set to 0.
