@@ -30,7 +30,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from sagevideo.kernels.plans import KernelPlan
-from sagevideo.kernels.reference import LOG2E
+from sagevideo.kernels.reference import LOG2E, TINY_AMAX
 
 # Warps of the K/V and Q quantization programs (speed only). None: by tile, the best per kernel in
 # the H200 sweep `scripts/bench_prep.py --warps 2,4,8` (docs/results/2026-11-30-h200-prep-warps.json):
@@ -71,6 +71,7 @@ KV_TILES_PER_PROGRAM = 1  # measured 1/2/4/8 on the H200: 1 is fastest with FP8 
 # the low byte of the sum's bits. x·(127/max|x|) + ROUNDING_MAGIC compiles to one FMA per element.
 ROUNDING_MAGIC = tl.constexpr(12582912.0)
 NAN_BITS = tl.constexpr(0x7FC00000)
+TINY_AMAX_CONST = tl.constexpr(TINY_AMAX)
 INF_BITS = tl.constexpr(0x7F800000)
 
 
@@ -92,15 +93,18 @@ def _quantize_int8(x, scale_factor, PER_TOKEN: tl.constexpr):
     """Symmetric INT8 codes of a (ROWS, D) fp32 tile and per-row scales (ROWS,) fp32, one per row
     (PER_TOKEN) or the tile's repeated. codes = round-half-even(x · 127/max|x|), the product
     rounded once (fused into the rounding add); scale = max|x| · scale_factor / 127, or 1 for an
-    all-zero group; NaN when the group holds a NaN or inf, so non-finite inputs give NaN outputs."""
+    all-zero group; NaN when the group holds a NaN or inf, so non-finite inputs give NaN outputs;
+    max|x| floored at TINY_AMAX so that 127/max|x| stays finite."""
+    amax = _abs_max_bits(x, 1 if PER_TOKEN else None)
+    zero = amax == 0
+    # below TINY_AMAX, 127/max would overflow to inf (reference.TINY_AMAX); NaN stays NaN
+    amax = tl.maximum(amax, TINY_AMAX_CONST, propagate_nan=tl.PropagateNan.ALL)
+    inv = tl.where(zero, 1.0, tl.math.div_rn(127.0, amax))
+    scale = tl.where(zero, 1.0, tl.math.div_rn(amax * scale_factor, 127.0))
     if PER_TOKEN:
-        amax = _abs_max_bits(x, 1)
-        inv = tl.where(amax == 0, 1.0, tl.math.div_rn(127.0, amax))[:, None]
-        scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax * scale_factor, 127.0))
+        inv = inv[:, None]
     else:
-        amax = _abs_max_bits(x, None)
-        inv = tl.where(amax == 0, 1.0, tl.math.div_rn(127.0, amax))
-        scale = tl.zeros((x.shape[0],), dtype=tl.float32) + tl.where(amax == 0, 1.0, tl.math.div_rn(amax * scale_factor, 127.0))
+        scale = tl.zeros((x.shape[0],), dtype=tl.float32) + scale
     codes = (x * inv + ROUNDING_MAGIC).to(tl.int32, bitcast=True).to(tl.int8)
     return codes, scale
 
@@ -183,7 +187,8 @@ def _kv_stats_finalize_kernel(
             rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
             tl.store(KMeanRot + bh * BLOCK_D + offs_d, tl.sum(mean[:, None] * rot, axis=0))
     if FP8_V:
-        tl.store(VScale + bh * BLOCK_D + offs_d, tl.where(v_max > 0, tl.math.div_rn(v_max, 448.0), 1.0))
+        v_max_floored = tl.maximum(v_max, TINY_AMAX_CONST)  # 1/scale stays finite (reference.TINY_AMAX)
+        tl.store(VScale + bh * BLOCK_D + offs_d, tl.where(v_max > 0, tl.math.div_rn(v_max_floored, 448.0), 1.0))
 
 
 @triton.jit

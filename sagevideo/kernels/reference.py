@@ -46,7 +46,20 @@ FP8_MAX = 448.0  # largest finite float8 e4m3fn value
 # underflows to 0 would turn masked scores into −inf·0 = NaN where the kernels scale after the max.
 MIN_ROW_SCALE = 1.1754943508222875e-38
 LOG2_FP8_MAX = math.log2(FP8_MAX)
+# A group whose max|x| is below this is quantized as if its max were this: its reciprocal scale
+# (127/max, 448/max) then stays finite (an inf one turned codes into inf/NaN). Only denormal-range
+# inputs (bf16) reach it; their codes shrink toward 0 and stay consistent with the scale.
+TINY_AMAX = 2.0**-100
 REFERENCE_PV_MODES = ("fp16", "fp8", "fp32")
+
+
+def _div_fp32(a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Tensor:
+    """a / b correctly rounded to fp32, as the kernels' div_rn: in fp64 (53 ≥ 2·24 + 2 bits, so
+    rounding twice equals rounding once). PyTorch's own fp32 division by or of a scalar multiplies
+    by a rounded reciprocal (CPU and CUDA), which is off by an ulp in a fraction of groups."""
+    a64 = a.double() if isinstance(a, torch.Tensor) else a
+    b64 = b.double() if isinstance(b, torch.Tensor) else b
+    return torch.as_tensor(a64 / b64).float()
 
 
 def abs_max(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -73,9 +86,10 @@ def quantize_symmetric(
     padded = torch.nn.functional.pad(x, (0, 0, 0, n_groups * group - n))
     amax = abs_max(padded.reshape(batch, heads, n_groups, group * d), dim=-1)
     zero = amax == 0
-    inv = torch.where(zero, torch.ones_like(amax), qmax / amax)
+    amax = torch.clamp(amax, min=TINY_AMAX)  # NaN stays NaN
     factor = torch.tensor(scale_factor, dtype=torch.float32, device=x.device)
-    scale = torch.where(zero, torch.ones_like(amax), (amax * factor) / qmax)
+    inv = torch.where(zero, 1.0, _div_fp32(qmax, amax))
+    scale = torch.where(zero, 1.0, _div_fp32(amax * factor, qmax))
     row_inv = inv.repeat_interleave(group, dim=-1)[..., :n]
     codes = torch.round(x.double() * row_inv.double()[..., None]).float().clamp(-qmax, qmax)
     return codes, scale.repeat_interleave(group, dim=-1)[..., :n]
@@ -99,8 +113,8 @@ def quantize_v_fp8(v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.T
     if valid is not None:
         vf = vf * valid[:, None, :, None].to(torch.float32)
     amax = vf.abs().amax(dim=2)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    inv = 1.0 / scale  # the kernels multiply by the reciprocal
+    scale = torch.where(amax > 0, _div_fp32(torch.clamp(amax, min=TINY_AMAX), FP8_MAX), 1.0)
+    inv = _div_fp32(1.0, scale)  # the kernels multiply by the reciprocal
     return (vf * inv[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 

@@ -27,6 +27,41 @@ def test_codes_round_half_to_even_from_the_unrounded_product():
     assert torch.equal(codes_scaled, codes) and scale_scaled.item() == 0.25
 
 
+def test_codes_and_scales_equal_exact_arithmetic_at_near_ties():
+    """Per row, the reciprocal 127/max|x| and the scale are fp32 divisions rounded once (Fraction
+    here), and a code rounds the exact product x·inv, ties to even (the kernels' FMA). The values
+    are built within ~1e-8 of a tie, where rounding twice (a reciprocal of a reciprocal, or the
+    product rounded to fp32 first) would flip codes."""
+    from fractions import Fraction
+
+    gen = torch.Generator().manual_seed(0)
+    rows = 512
+    amax = (torch.rand(rows, generator=gen) * 10 + 0.1).float()
+    exact_inv = torch.tensor([float(_fp32(127 / Fraction(a))) for a in amax.tolist()], dtype=torch.float64)
+    ties = torch.randint(0, 126, (rows, 15), generator=gen) + 0.5
+    near = ties + (torch.rand(rows, 15, generator=gen, dtype=torch.float64) - 0.5) * 2e-6
+    x = torch.cat([amax[:, None], (near / exact_inv[:, None]).float()], dim=1)  # max|row| = amax
+    codes, scale = quantize_symmetric(x[None, None], group=1, scale_factor=0.18033688011112042)
+    want = torch.round(x.double() * exact_inv[:, None])  # exact product in fp64, ties to even
+    assert torch.equal(codes[0, 0].double(), want)
+    factor = _fp32(Fraction(0.18033688011112042))
+    want_scale = [float(_fp32(_fp32(Fraction(a) * factor) / 127)) for a in amax.tolist()]
+    assert scale[0, 0].tolist() == want_scale
+
+
+def _fp32(value):
+    """Nearest fp32 to a positive normal-range Fraction, ties to even, exactly."""
+    from fractions import Fraction
+
+    exponent = math.floor(math.log2(value))
+    while Fraction(2) ** exponent > value:  # log2 of a Fraction may be off by one
+        exponent -= 1
+    while Fraction(2) ** (exponent + 1) <= value:
+        exponent += 1
+    ulp = Fraction(2) ** (exponent - 23)
+    return round(value / ulp) * ulp
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_a_non_finite_group_gets_a_nan_scale(bad):
     x = torch.randn(1, 1, 8, 4)

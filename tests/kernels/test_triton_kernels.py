@@ -107,14 +107,17 @@ def test_tiny_scores_give_no_nan(n):
     assert (out_t.float() - out_r.float()).abs().max() < 0.1
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", ["q", "k"])
 @pytest.mark.parametrize("pv", ["fp16", "fp8"])
-def test_nan_inputs_give_nan_outputs_where_the_reference_does(pv):
-    """A NaN in q reaches the output as NaN (for its whole quantization block, whose scale it
-    sets), as in the reference; it must not pass for a row without keys and come out finite."""
+def test_non_finite_inputs_give_nan_outputs_where_the_reference_does(pv, where, bad):
+    """A NaN or inf in q or k reaches the output as NaN (a q value: its whole quantization block,
+    whose scale it sets; a k value: its whole head, through mean(K)), as in the reference; it must
+    not pass for a row without keys and come out finite."""
     q, k, v, _ = _inputs("k-offset", (1, 2, 100, 64), seed=15)
-    q[0, 1, 37, 5] = float("nan")
+    (q if where == "q" else k)[0, 1, 37, 5] = bad
     out_t, out_r = _both(q, k, v, pv=pv)
-    assert out_t[0, 1, 37].isnan().all()
+    assert (out_t[0, 1, 37] if where == "q" else out_t[0, 1]).isnan().all()
     assert torch.equal(out_t.isnan(), out_r.isnan())
     assert not out_t[0, 0].isnan().any()  # the other head is untouched
 
@@ -178,3 +181,42 @@ def test_fp8_pv_matches_reference(head_dim):
     # P values across e4m3 rounding boundaries (one e4m3 step is 6-12%)
     floor = 0.99 if INTERPRETED else 0.9998
     assert error_stats(out_r, out_t).cos_worst > floor
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_quantization_kernels_equal_the_reference_bit_for_bit(dtype, per_token):
+    """Without rotation and smoothing the kernels' inputs to quantization are exact, so scales must
+    equal the reference's bit for bit, and codes too (on the GPU the rounding add is fused like the
+    reference; the interpreter rounds the product first, which may flip a code at a near-tie).
+    bf16 also gets a group of denormal-range values (max|x| below reference.TINY_AMAX)."""
+    from sagevideo.kernels.quantize import quantize_inputs
+    from sagevideo.kernels.reference import quantize_v_fp8
+
+    q, k, v, _ = _inputs("k-offset", (1, 2, 300, 64), seed=21, dtype=dtype)
+    if dtype == torch.bfloat16:
+        q[0, 1, 128:256] *= 1e-36  # one whole Q group (and for per-token, its rows) tiny
+    plan = select_plan(q.device, 64, "fp8").plan
+    prep = quantize_inputs(q, k, v, None, None, plan, sm_scale=0.125, per_token=per_token, smooth_k=False,
+                           need_shift=False)
+    groups = (1, 1) if per_token else (plan.block_m, plan.block_n)
+    for got_codes, got_scale, x, group, factor in (
+        (prep.q_codes, prep.q_scale, q, groups[0], 0.125 * LOG2E),
+        (prep.k_codes, prep.k_scale, k, groups[1], 1.0),
+    ):
+        want_codes, want_scale = quantize_symmetric(x.float(), group, scale_factor=factor)
+        got_scale = got_scale.reshape(1, 2, -1)[:, :, :300]
+        assert torch.equal(got_scale, want_scale)
+        got = got_codes.reshape(1, 2, -1, 64)[:, :, :300].float()
+        flipped = got != want_codes
+        if INTERPRETED:  # only where the unrounded product is within 1e-5 of a tie
+            inv = factor / want_scale.double()  # ≈ 127/max|x| (scale = max|x|·factor/127): locates near-ties
+            distance = ((x.double() * inv[..., None]).abs() % 1 - 0.5).abs()
+            assert (distance[flipped] < 1e-5).all() and (got - want_codes).abs().max() <= 1
+        else:
+            assert not flipped.any()
+    if not INTERPRETED:  # the interpreter's float8 cast does not round to nearest even
+        want_v, want_v_scale = quantize_v_fp8(v, None)
+        assert torch.equal(prep.v_scale.reshape(1, 2, 64), want_v_scale)
+        got_v = prep.v_fp8_t.reshape(1, 2, 64, -1)[..., :300].transpose(-1, -2)
+        assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
