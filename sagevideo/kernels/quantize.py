@@ -51,6 +51,9 @@ def quant_warps(rows: int, block_d: int, kernel: str) -> int:
 # None: by `stats_shape`. A (min tokens per split, chunk, warps) tuple forces one (the sweep does).
 STATS_SHAPE: tuple[int, int, int] | None = None
 MAX_SPLITS = 128
+SPLIT_CHUNK = 32
+Q_TILES_PER_PROGRAM = 4  # H200 (`bench_prep.py --qtiles 1,2,4`): 8k FP8 0.059 -> 0.053 ms, 32k 0.112 -> 0.099
+KV_TILES_PER_PROGRAM = 1  # measured 1/2/4/8 on the H200: 1 is fastest with FP8 V, equal within 5% otherwise
 
 
 def stats_shape(block_d: int, fp8_v: bool) -> tuple[int, int, int]:
@@ -61,9 +64,6 @@ def stats_shape(block_d: int, fp8_v: bool) -> tuple[int, int, int]:
     if STATS_SHAPE is not None:
         return STATS_SHAPE
     return (256, 64, 4) if fp8_v and block_d == 128 else (512, 32, 4)
-SPLIT_CHUNK = 32
-Q_TILES_PER_PROGRAM = 4  # H200 (`bench_prep.py --qtiles 1,2,4`): 8k FP8 0.059 -> 0.053 ms, 32k 0.112 -> 0.099
-KV_TILES_PER_PROGRAM = 1  # measured 1/2/4/8 on the H200: 1 is fastest with FP8 V, equal within 5% otherwise
 
 
 # 1.5·2^23: adding it to |y| < 2^22 rounds y to an integer (ties to even) and leaves that integer,
@@ -71,8 +71,8 @@ KV_TILES_PER_PROGRAM = 1  # measured 1/2/4/8 on the H200: 1 is fastest with FP8 
 # the low byte of the sum's bits. x·(127/max|x|) + ROUNDING_MAGIC compiles to one FMA per element.
 ROUNDING_MAGIC = tl.constexpr(12582912.0)
 NAN_BITS = tl.constexpr(0x7FC00000)
-TINY_AMAX_CONST = tl.constexpr(TINY_AMAX)
 INF_BITS = tl.constexpr(0x7F800000)
+TINY_AMAX_CONST = tl.constexpr(TINY_AMAX)
 
 
 @triton.jit
@@ -334,14 +334,10 @@ class QuantizedInputs:
     v_scale: torch.Tensor | None
 
 
-def q_tiles_per_program(n_tiles: int) -> int:
-    """Q tiles per quantization program (speed only): enough programs to fill the GPU."""
-    return max(1, min(Q_TILES_PER_PROGRAM, n_tiles // 16))
-
-
-def kv_tiles_per_program(n_tiles: int) -> int:
-    """K/V tiles per quantization program (speed only; the groups are the plan's tiles)."""
-    return max(1, min(KV_TILES_PER_PROGRAM, n_tiles // 16))
+def program_tiles(n_tiles: int, most: int) -> int:
+    """Tiles per quantization program (speed only; the groups are the plan's tiles): up to `most`,
+    keeping at least 16 programs per head so that short sequences still fill the GPU."""
+    return max(1, min(most, n_tiles // 16))
 
 
 def quantize_inputs(
@@ -361,8 +357,8 @@ def quantize_inputs(
 ) -> QuantizedInputs:
     """Launch the preparation kernels. q/k/v HND views with unit stride on the head dim;
     key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or
-    None. tiles_per_program: K/V tiles per quantization program (None: `kv_tiles_per_program`);
-    q_tiles: Q tiles per program (None: `q_tiles_per_program`)."""
+    None. tiles_per_program: K/V tiles per quantization program, q_tiles: Q tiles per program
+    (None: `program_tiles` with KV_TILES_PER_PROGRAM / Q_TILES_PER_PROGRAM)."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     bh = batch * heads
@@ -405,7 +401,7 @@ def quantize_inputs(
     k_codes = torch.empty(bh, n_pad, bd, device=dev, dtype=torch.int8)
     k_scale = torch.empty(bh, n_pad, device=dev, dtype=torch.float32)
     v_fp8_t = torch.empty(bh, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
-    per_program = tiles_per_program or kv_tiles_per_program(n_pad // bn)
+    per_program = tiles_per_program or program_tiles(n_pad // bn, KV_TILES_PER_PROGRAM)
     wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, per_program), bh)](
         k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
         k_codes, k_scale, v_fp8_t if fp8_v else k_codes,
@@ -422,7 +418,7 @@ def quantize_inputs(
     q_scale = torch.empty(bh, m_pad, device=dev, dtype=torch.float32)
     q_shift = torch.empty(bh, m_pad, device=dev, dtype=torch.float32) if need_shift else None
     qk_scale = sm_scale * LOG2E / (bd if rotation is not None else 1)
-    q_per_program = q_tiles_per_program(m_pad // bm) if q_tiles is None else q_tiles
+    q_per_program = q_tiles or program_tiles(m_pad // bm, Q_TILES_PER_PROGRAM)
     wrap_triton(_quantize_q_kernel)[(triton.cdiv(m_pad // bm, q_per_program), bh)](
         q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
         q.stride(0), q.stride(1), q.stride(2),
