@@ -62,16 +62,21 @@ def compile_gluon(block_d: int, pv: str = "fp8"):
     return compile_for_sm90(block_d)
 
 
-def disassemble(cubin: bytes) -> str:
+def cuobjdump(cubin: bytes, flag: str) -> str:
+    """Output of the cuobjdump that ships with Triton (`flag`: -sass, -res-usage) on a cubin."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(cubin)
     try:
-        return subprocess.run([str(tool), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(tool), flag, f.name], capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
+
+
+def disassemble(cubin: bytes) -> str:
+    return cuobjdump(cubin, "-sass")
 
 
 def mma_loops(sass: str) -> list[tuple[int, int, collections.Counter]]:

@@ -16,11 +16,9 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import subprocess
-import tempfile
 from pathlib import Path
 
-from sass_loop_mix import disassemble  # this script's folder is on sys.path
+from sass_loop_mix import cuobjdump, disassemble  # this script's folder is on sys.path
 
 
 def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int):
@@ -37,14 +35,7 @@ def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int):
 
 
 def registers(cubin: bytes) -> int:
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"REG:(\d+)", usage).group(1))
+    return int(re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1))
 
 
 def kernels(block_d: int, pv: str, rotate: bool):
