@@ -164,6 +164,7 @@ def sweep_plans(q, k, v, plan, shape) -> list[dict]:
     """Kernel-only time of every tile/warps/stages variant (tiles change the quantization groups,
     so each tile variant is re-quantized first)."""
     from sagevideo.kernels.attention_fwd import attention_forward
+    from sagevideo.kernels.plans import plain_triton
     from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
 
@@ -171,7 +172,7 @@ def sweep_plans(q, k, v, plan, shape) -> list[dict]:
     rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
     rows = []
     for bm, bn in SWEEP_TILES:
-        tiled = dataclasses.replace(plan, block_m=bm, block_n=bn)
+        tiled = dataclasses.replace(plain_triton(plan), block_m=bm, block_n=bn)  # the plain kernel's plan
         prepared = quantize_inputs(q, k, v, None, rot, tiled, sm_scale=d**-0.5, per_token=False,
                                    smooth_k=True, need_shift=False)
         o = torch.empty_like(q)

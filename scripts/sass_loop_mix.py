@@ -9,6 +9,7 @@ prediction a change can be checked against before any GPU time is spent.
     python3 scripts/sass_loop_mix.py                  # plain and Gluon kernels, d64 and d128 FP8 plans
     python3 scripts/sass_loop_mix.py --kernels plain --pv fp16
     python3 scripts/sass_loop_mix.py --kernels plain --sass /tmp/sass   # also write the SASS files
+    python3 scripts/sass_loop_mix.py --kernels plain --dims 64 --tile 64x128 --launch 4x3
 
 Run it in a process without TRITON_INTERPRET (the interpreter cannot compile).
 """
@@ -26,10 +27,12 @@ from pathlib import Path
 MMA_OPCODES = ("HGMMA", "IGMMA", "QGMMA")
 
 
-def compile_plain(block_d: int, pv: str = "fp8"):
-    """The plain kernel for the `pv` plan at `block_d`, with the specializations a real launch gets
-    (16-byte aligned pointers, sizes and strides divisible by 16): without them Triton cannot prove
-    alignment and loads K/V byte by byte, which no launch does."""
+def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = None,
+                  warps_stages: tuple[int, int] | None = None):
+    """The plain kernel for the `pv` plan at `block_d` (or another `tile` (BLOCK_M, BLOCK_N) and
+    `warps_stages`), with the specializations a real launch gets (16-byte aligned pointers, sizes
+    and strides divisible by 16): without them Triton cannot prove alignment and loads K/V byte by
+    byte, which no launch does."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -37,15 +40,16 @@ def compile_plain(block_d: int, pv: str = "fp8"):
     from sagevideo.kernels.attention_fwd import _attn_fwd_kernel
     from sagevideo.kernels.plans import launch, tiles
 
-    block_m, block_n = tiles(pv, block_d)
-    num_warps, num_stages = launch("sm90", block_d, pv)
+    block_m, block_n = tile or tiles(pv, block_d)
+    num_warps, num_stages = warps_stages or launch("sm90", block_d, pv)
     pointers = ("QQ", "QScale", "QShift", "KQ", "KScale", "V", "VQ", "VScale", "Mask", "Out", "Lse")
     types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*bf16", "*fp8e4nv", "*fp32", "*u8", "*bf16", "*fp32")
     ints = ("stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om", "mask_stride_b",
             "H", "N_Q", "N_K", "M_PAD", "N_PAD")
     signature = {**dict(zip(pointers, types)), **dict.fromkeys(ints, "i32")}
     constexprs = dict(HEAD_DIM=block_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-                      CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False)
+                      CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False,
+                      V_MMA_ORDER=pv == "fp8")
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     aligned = [*pointers, *(n for n in ints if n not in ("mask_stride_b", "H"))]
     names = _attn_fwd_kernel.arg_names
@@ -55,7 +59,7 @@ def compile_plain(block_d: int, pv: str = "fp8"):
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def compile_gluon(block_d: int, pv: str = "fp8"):
+def compile_gluon(block_d: int, pv: str = "fp8", tile=None, warps_stages=None):
     """The Gluon kernel with its launcher defaults (one consumer warpgroup, serial schedule)."""
     from sagevideo.kernels.attention_sm90 import compile_for_sm90
 
@@ -77,6 +81,12 @@ def cuobjdump(cubin: bytes, flag: str) -> str:
 
 def disassemble(cubin: bytes) -> str:
     return cuobjdump(cubin, "-sass")
+
+
+def resources(cubin: bytes) -> str:
+    """'REG:n STACK:n SHARED:n' from cuobjdump -res-usage (a STACK above 0 means spills)."""
+    usage = cuobjdump(cubin, "-res-usage")
+    return " ".join(re.search(rf"{key}:\d+", usage).group(0) for key in ("REG", "STACK", "SHARED"))
 
 
 def mma_loops(sass: str) -> list[tuple[int, int, collections.Counter]]:
@@ -101,13 +111,19 @@ def main() -> None:
     parser.add_argument("--pv", default="fp8", choices=("fp8", "fp16"), help="PV mode (the Gluon kernel: fp8 only)")
     parser.add_argument("--top", type=int, default=14, help="opcodes shown per loop")
     parser.add_argument("--sass", type=Path, help="folder to write each kernel's full SASS into")
+    parser.add_argument("--tile", help="plain kernel: BLOCK_MxBLOCK_N instead of the plan's, e.g. 64x128")
+    parser.add_argument("--launch", help="plain kernel: WARPSxSTAGES instead of the plan's, e.g. 8x3")
     args = parser.parse_args()
+    tile = tuple(map(int, args.tile.split("x"))) if args.tile else None
+    warps_stages = tuple(map(int, args.launch.split("x"))) if args.launch else None
     if args.pv == "fp16" and "gluon" in args.kernels.split(","):
         parser.error("the Gluon kernel has FP8 PV only: use --kernels plain with --pv fp16")
     compilers = {"plain": compile_plain, "gluon": compile_gluon}
     for name in args.kernels.split(","):
         for block_d in map(int, args.dims.split(",")):
-            sass = disassemble(compilers[name](block_d, args.pv).asm["cubin"])
+            cubin = compilers[name](block_d, args.pv, tile, warps_stages).asm["cubin"]
+            sass = disassemble(cubin)
+            print(f"{name} d{block_d} {args.pv}: {resources(cubin)}")
             if args.sass:
                 args.sass.mkdir(parents=True, exist_ok=True)
                 (args.sass / f"{name}-d{block_d}.sass").write_text(sass)

@@ -60,7 +60,7 @@ def kernels(block_d: int, pv: str, rotate: bool):
          "Rot": "*bf16", "KQ": "*i8", "KScale": "*fp32", "VQ": "*fp8e4nv", **strides, "stride_mb": "i32",
          "H": "i32", "N_K": "i32", "N_PAD": "i32"},
         dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_N=block_n, TILES_PER_PROGRAM=1, HAS_MASK=False,
-             SMOOTH_K=True, ROTATE=rotate, PER_TOKEN=False, FP8_V=fp8_v),
+             SMOOTH_K=True, ROTATE=rotate, PER_TOKEN=False, FP8_V=fp8_v, V_MMA_ORDER=fp8_v),
         qz.quant_warps(block_n, block_d, "kv"),
     )
     q = compile_sm90(

@@ -16,7 +16,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from sagevideo.kernels.plans import KernelPlan
-from sagevideo.kernels.quantize import QuantizedInputs
+from sagevideo.kernels.quantize import QuantizedInputs, mma_key_order
 from sagevideo.kernels.reference import FP8_MAX, LN2, MIN_ROW_SCALE
 
 LN2_CONST = tl.constexpr(LN2)
@@ -32,7 +32,7 @@ def _attn_tile(
     N_K, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-    PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
+    PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr, V_MMA_ORDER: tl.constexpr,
 ):
     """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i).
 
@@ -87,7 +87,10 @@ def _attn_tile(
     if FP8_PV:
         # VQ is (BLOCK_D, N_PAD), contiguous along keys: the K-major operand FP8 MMAs need.
         v = tl.load(VQ + offs_d[None, :] * N_PAD + offs_n[:, None])
-        acc += tl.dot(p.to(tl.float8e4nv), v)  # fresh fp32 block product added into acc (two-level)
+        p8 = p.to(tl.float8e4nv)
+        if V_MMA_ORDER:  # VQ's keys are in the MMA operand's order: put P's in the same order
+            p8 = mma_key_order(p8)
+        acc += tl.dot(p8, v)  # fresh fp32 block product added into acc (two-level)
     else:
         v_ok = offs_d[None, :] < HEAD_DIM
         if MASKED:
@@ -106,7 +109,7 @@ def _attn_fwd_kernel(
     H, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr,
+    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -137,13 +140,13 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, Mask, b, mask_stride_b,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
-            HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV,
+            HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER,
         )
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, Mask, b, mask_stride_b,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
-            HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV,
+            HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER,
         )
 
     # l = 0 exactly when a row has no valid key (output 0). A NaN l (NaN inputs) must reach the
@@ -199,6 +202,6 @@ def attention_forward(
         heads, n_q, n_k, m_pad, n_pad,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
-        FP8_PV=fp8_pv, STORE_LSE=lse is not None,
+        FP8_PV=fp8_pv, STORE_LSE=lse is not None, V_MMA_ORDER=fp8_pv and prepared.v_mma_order,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )

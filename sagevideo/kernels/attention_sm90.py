@@ -321,6 +321,9 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         consumer_regs = DEFAULT_CONSUMER_REGS[consumers]
     if release not in (1, 2) or (release == 2 and (pipeline_qk or num_stages % 2)):
         raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
+    if prepared.v_mma_order:
+        raise ValueError("Vᵀ was prepared in the plain kernel's MMA key order: quantize with the Gluon "
+                         "plan (kernel='gluon') for this kernel")
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     n_pad = prepared.k_codes.shape[1]

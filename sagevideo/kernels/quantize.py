@@ -110,6 +110,24 @@ def _quantize_int8(x, scale_factor, PER_TOKEN: tl.constexpr):
 
 
 @triton.jit
+def mma_key_order(x):
+    """(R, N) -> (R, N), N a multiple of 32: within each 32-key group, column 16·a1 + 8·a0 + 2·c + b
+    moves to 16·a1 + 4·c + 2·a0 + b (a1, a0, b in {0, 1}, c in 0..3).
+
+    Why: in the tensor cores' accumulator layout a thread holds keys 8·a + 2·c + b of a score tile
+    (c: its lane within a quad); as the 8-bit MMA's A operand it must hold keys 4·c .. 4·c+3 and
+    16+4·c .. 19+4·c. With P's keys in this order the accumulator -> operand conversion is a
+    renaming of each thread's own registers instead of lane shuffles and byte permutes. Vᵀ is
+    stored with its keys in the same order (`QuantizedInputs.v_mma_order`), so P·V is unchanged:
+    the same products, summed in another order inside the MMA."""
+    R: tl.constexpr = x.shape[0]
+    N: tl.constexpr = x.shape[1]
+    x = tl.reshape(x, (R, N // 32, 2, 2, 4, 2))
+    x = tl.permute(x, (0, 1, 2, 4, 3, 5))
+    return tl.reshape(x, (R, N))
+
+
+@triton.jit
 def _kv_stats_kernel(
     K, V, Mask, KSum, KCount, VMax,
     stride_kb, stride_kh, stride_kn,
@@ -201,7 +219,7 @@ def _quantize_kv_kernel(
     H, N_K, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
-    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr,
+    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, V_MMA_ORDER: tl.constexpr,
 ):
     group = tl.program_id(0)
     bh = tl.program_id(1)
@@ -239,7 +257,10 @@ def _quantize_kv_kernel(
                 # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
                 # (contiguous): storing the (N, D) tile at stride N_PAD wrote single bytes and cost
                 # as much as all the other preparation work together.
-                tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], tl.trans(v8))
+                v8_t = tl.trans(v8)
+                if V_MMA_ORDER:
+                    v8_t = mma_key_order(v8_t)
+                tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], v8_t)
             if ROTATE:
                 # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries,
                 # so the products are exact and the fp32 sums match an fp32 rotation).
@@ -322,6 +343,8 @@ class QuantizedInputs:
     k_codes (bh, N_PAD, block_d) int8; k_scale (bh, N_PAD) fp32; k_mean (bh, block_d) fp32
     (zeros without smoothing); v_fp8_t (bh, block_d, N_PAD) e4m3 or None; v_scale (bh, block_d)
     fp32 or None.
+    v_mma_order: v_fp8_t's keys are in `mma_key_order` within each 32-key group (for the plain
+    Triton kernel, which reorders P to match); False: natural order (the Gluon kernel's).
     """
 
     q_codes: torch.Tensor
@@ -332,6 +355,7 @@ class QuantizedInputs:
     k_mean: torch.Tensor
     v_fp8_t: torch.Tensor | None
     v_scale: torch.Tensor | None
+    v_mma_order: bool = False
 
 
 def program_tiles(n_tiles: int, most: int) -> int:
@@ -366,6 +390,9 @@ def quantize_inputs(
     m_pad = triton.cdiv(n_q, bm) * bm
     n_pad = triton.cdiv(n_k, bn) * bn
     fp8_v = plan.pv == "fp8"
+    # the plain kernel takes Vᵀ in the MMA's key order (no shuffles for P); the Gluon kernel's
+    # P operand comes through a layout conversion, so it takes the natural order
+    v_mma_order = fp8_v and plan.kernel == "triton"
     dev = q.device
 
     min_tokens, stats_chunk, stats_warps = stats_shape(bd, fp8_v)
@@ -411,7 +438,7 @@ def quantize_inputs(
         heads, n_k, n_pad,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=per_program,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-        PER_TOKEN=per_token, FP8_V=fp8_v, num_warps=quant_warps(bn, bd, "kv"),
+        PER_TOKEN=per_token, FP8_V=fp8_v, V_MMA_ORDER=v_mma_order, num_warps=quant_warps(bn, bd, "kv"),
     )
 
     q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
@@ -427,4 +454,4 @@ def quantize_inputs(
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
         num_warps=quant_warps(bm, bd, "q"),
     )
-    return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale)
+    return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, v_mma_order)

@@ -118,6 +118,13 @@ def quantize_v_fp8(v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.T
     return (vf * inv[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
+def mma_key_permutation(n: int) -> torch.Tensor:
+    """Positions of `quantize.mma_key_order` (n a multiple of 32): x[..., mma_key_permutation(n)]
+    puts x's keys in the order the plain kernel stores FP8 Vᵀ in (`QuantizedInputs.v_mma_order`);
+    indexing with its argsort restores the natural order."""
+    return torch.arange(n).reshape(n // 32, 2, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(n)
+
+
 def _matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """fp32 result of a @ b accumulated in fp64: one rounding, independent of TF32 settings and
     summation order, so the oracle is the same on every device."""
