@@ -8,6 +8,8 @@ as users make it (quantization included) and "kernel" the attention kernel alone
 pre-quantized inputs. Accuracy: cosine vs fp32 SDPA (worst over heads) for every sagevideo mode.
 
     python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep cogvideox-2b]
+    python scripts/bench_attention.py --shapes cogvideox-2b --sweep cogvideox-2b --sweep-pv fp8 \
+        --sweep-tiles 128x128,64x128 --sweep-launch 4x3 --sweep-orders mma,natural
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import platform
 import sys
@@ -79,7 +82,8 @@ def reference_fp32(q, k, v) -> torch.Tensor:
     return out
 
 
-def bench_shape(name: str, shape, sweep: bool) -> dict:
+def bench_shape(name: str, shape, sweep: SweepSpace | None) -> dict:
+    """One row of the table; `sweep`: also time the plain kernel's variants in that space."""
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo import last_backend, sageattn
@@ -131,8 +135,8 @@ def bench_shape(name: str, shape, sweep: bool) -> dict:
                 prepared, v, None, o, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n))
             row.setdefault("prep_kernels_ms", {})[pv] = prep_kernel_times(quantize)
         del prepared
-        if sweep:
-            row.setdefault("sweep", {})[pv] = sweep_plans(q, k, v, plan, shape)
+        if sweep and pv in sweep.pv_modes:
+            row.setdefault("sweep", {})[pv] = sweep_plans(q, k, v, plan, shape, sweep)
     cudnn = row["ms"].get("sdpa-cudnn")
     row["tops"] = {key: (tops(shape, ms) if ms else None) for key, ms in row["ms"].items()}
     row["vs_cudnn"] = {key: (cudnn / ms if ms and cudnn else None) for key, ms in row["ms"].items()}
@@ -156,13 +160,21 @@ def prep_kernel_times(quantize) -> dict:
     return times
 
 
-SWEEP_TILES = ((64, 64), (128, 64), (64, 128), (128, 128))
-SWEEP_LAUNCH = ((4, 2), (4, 3), (8, 3))
+@dataclasses.dataclass
+class SweepSpace:
+    """What `--sweep` varies. v_orders (FP8 PV): "mma" = Vᵀ keys in the MMA operand's order (what the
+    plain kernel's plans use), "natural" = without that reorder (P converted by lane shuffles)."""
+
+    tiles: tuple = ((64, 64), (128, 64), (64, 128), (128, 128))
+    launches: tuple = ((4, 2), (4, 3), (8, 3))
+    v_orders: tuple = ("mma",)
+    pv_modes: tuple = ("fp16", "fp8")
 
 
-def sweep_plans(q, k, v, plan, shape) -> list[dict]:
-    """Kernel-only time of every tile/warps/stages variant (tiles change the quantization groups,
-    so each tile variant is re-quantized first)."""
+def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
+    """Kernel-only time of every tile/warps/stages (and, FP8, Vᵀ key order) variant, and the
+    preparation time of each tile variant (tiles change the quantization groups, so each tile
+    variant is re-quantized first)."""
     from sagevideo.kernels.attention_fwd import attention_forward
     from sagevideo.kernels.plans import plain_triton
     from sagevideo.kernels.quantize import quantize_inputs
@@ -171,14 +183,24 @@ def sweep_plans(q, k, v, plan, shape) -> list[dict]:
     n, d = shape[2], shape[3]
     rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
     rows = []
-    for bm, bn in SWEEP_TILES:
+    orders = space.v_orders if plan.pv == "fp8" else ("natural",)
+    for (bm, bn), order in itertools.product(space.tiles, orders):
         tiled = dataclasses.replace(plain_triton(plan), block_m=bm, block_n=bn)  # the plain kernel's plan
-        prepared = quantize_inputs(q, k, v, None, rot, tiled, sm_scale=d**-0.5, per_token=False,
+        # a "gluon" plan's preparation keeps Vᵀ in natural key order; the plain kernel reads either
+        prep_plan = tiled if order == "mma" else dataclasses.replace(tiled, kernel="gluon")
+
+        def quantize(prep_plan=prep_plan):
+            return quantize_inputs(q, k, v, None, rot, prep_plan, sm_scale=d**-0.5, per_token=False,
                                    smooth_k=True, need_shift=False)
+
+        prepared = quantize()
+        prep_ms = bench_ms(quantize)
         o = torch.empty_like(q)
-        for warps, stages in SWEEP_LAUNCH:
+        for warps, stages in space.launches:
             cand = dataclasses.replace(tiled, num_warps=warps, num_stages=stages)
-            entry = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages}
+            entry = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "prep_ms": prep_ms}
+            if plan.pv == "fp8":
+                entry["v_order"] = order
             try:
                 ms = bench_ms(lambda cand=cand, prepared=prepared, o=o: attention_forward(
                     prepared, v, None, o, None, cand, is_causal=False, per_token=False, n_q=n, n_k=n))
@@ -228,7 +250,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma list of {sorted(SHAPES)}")
     parser.add_argument("--json", help="write all figures to this JSON file")
     parser.add_argument("--sweep", help="comma list of shapes on which to also time tile/warps/stages variants")
+    parser.add_argument("--sweep-tiles", help="sweep only these tiles, e.g. 128x128,64x128")
+    parser.add_argument("--sweep-launch", help="sweep only these WARPSxSTAGES, e.g. 4x3,4x2")
+    parser.add_argument("--sweep-orders", default="mma",
+                        help="FP8 Vᵀ key orders to sweep: mma (the plans'), natural, or mma,natural")
+    parser.add_argument("--sweep-pv", default="fp16,fp8", help="PV modes to sweep")
     args = parser.parse_args(argv)
+
+    def pairs(spec):
+        return tuple(tuple(int(x) for x in item.split("x")) for item in spec.split(","))
+
+    space = SweepSpace(v_orders=tuple(args.sweep_orders.split(",")), pv_modes=tuple(args.sweep_pv.split(",")))
+    if args.sweep_tiles:
+        space.tiles = pairs(args.sweep_tiles)
+    if args.sweep_launch:
+        space.launches = pairs(args.sweep_launch)
+    if set(space.v_orders) - {"mma", "natural"}:
+        parser.error(f"--sweep-orders {args.sweep_orders!r}: mma, natural or both")
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -240,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = versions()
     rows = []
     for name in names:
-        rows.append(bench_shape(name, SHAPES[name], name in (args.sweep or "").split(",")))
+        rows.append(bench_shape(name, SHAPES[name], space if name in (args.sweep or "").split(",") else None))
         print(json.dumps({"shape": name, "tops": rows[-1]["tops"]}), flush=True)
     if args.json:
         with open(args.json, "w") as fh:
@@ -251,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for pv, entries in r.get("sweep", {}).items():
             ok = sorted((e for e in entries if "tops" in e), key=lambda e: -e["tops"])[:4]
-            best = ", ".join(f"{e['block_m']}x{e['block_n']} w{e['warps']}s{e['stages']}: {e['tops']:.0f}" for e in ok)
+            best = ", ".join(f"{e['block_m']}x{e['block_n']} w{e['warps']}s{e['stages']} {e.get('v_order', '')}"
+                             f": {e['tops']:.0f} (prep {e['prep_ms']:.3f} ms)" for e in ok)
             print(f"sweep {r['shape']} {pv}: {best}")
     return 0
 

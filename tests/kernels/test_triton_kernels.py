@@ -241,8 +241,8 @@ def test_v_in_mma_key_order_is_a_permutation_that_leaves_the_output_unchanged(he
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype)
     outs, preps = [], []
     for kernel in ("triton", "gluon"):
-        prep = quantize_inputs(q, k, v, None, rotation, dataclasses.replace(plan, kernel=kernel), sm_scale=head_dim**-0.5,
-                               per_token=False, smooth_k=True, need_shift=False)
+        prep = quantize_inputs(q, k, v, None, rotation, dataclasses.replace(plan, kernel=kernel),
+                               sm_scale=head_dim**-0.5, per_token=False, smooth_k=True, need_shift=False)
         out = torch.empty_like(q)
         attention_forward(prep, v, None, out, None, plan, is_causal=False, per_token=False, n_q=300, n_k=300)
         outs.append(out)
