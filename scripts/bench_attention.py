@@ -175,6 +175,8 @@ def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
     """Kernel-only time of every tile/warps/stages (and, FP8, Vᵀ key order) variant, and the
     preparation time of each tile variant (tiles change the quantization groups, so each tile
     variant is re-quantized first)."""
+    from torch._library.triton import set_wrap_triton_enabled
+
     from sagevideo.kernels.attention_fwd import attention_forward
     from sagevideo.kernels.plans import plain_triton
     from sagevideo.kernels.quantize import quantize_inputs
@@ -186,15 +188,14 @@ def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
     orders = space.v_orders if plan.pv == "fp8" else ("natural",)
     for (bm, bn), order in itertools.product(space.tiles, orders):
         tiled = dataclasses.replace(plain_triton(plan), block_m=bm, block_n=bn)  # the plain kernel's plan
-        # a "gluon" plan's preparation keeps Vᵀ in natural key order; the plain kernel reads either
-        prep_plan = tiled if order == "mma" else dataclasses.replace(tiled, kernel="gluon")
 
-        def quantize(prep_plan=prep_plan):
-            return quantize_inputs(q, k, v, None, rot, prep_plan, sm_scale=d**-0.5, per_token=False,
-                                   smooth_k=True, need_shift=False)
+        def quantize(tiled=tiled, order=order):
+            return quantize_inputs(q, k, v, None, rot, tiled, sm_scale=d**-0.5, per_token=False,
+                                   smooth_k=True, need_shift=False, v_mma_order=order == "mma")
 
-        prepared = quantize()
-        prep_ms = bench_ms(quantize)
+        with set_wrap_triton_enabled(False):  # launch overhead, not device time, otherwise (see bench_shape)
+            prepared = quantize()
+            prep_ms = bench_ms(quantize)
         o = torch.empty_like(q)
         for warps, stages in space.launches:
             cand = dataclasses.replace(tiled, num_warps=warps, num_stages=stages)
@@ -202,8 +203,9 @@ def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
             if plan.pv == "fp8":
                 entry["v_order"] = order
             try:
-                ms = bench_ms(lambda cand=cand, prepared=prepared, o=o: attention_forward(
-                    prepared, v, None, o, None, cand, is_causal=False, per_token=False, n_q=n, n_k=n))
+                with set_wrap_triton_enabled(False):
+                    ms = bench_ms(lambda cand=cand, prepared=prepared, o=o: attention_forward(
+                        prepared, v, None, o, None, cand, is_causal=False, per_token=False, n_q=n, n_k=n))
                 entry.update(ms=ms, tops=tops(shape, ms))
             except Exception as exc:  # e.g. out of shared memory
                 entry["error"] = str(exc).splitlines()[0][:160]

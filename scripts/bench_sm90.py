@@ -14,7 +14,6 @@ shapes (odd lengths, padded head dims) for correctness, quickly.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 import sys
@@ -59,18 +58,15 @@ def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3))
     k[..., 7] += 8.0
     # The plain kernel's own plan (select_plan names the Gluon one at d128, whose stages are the
-    # ring's, not the plain kernel's), and each kernel's own preparation: they take Vᵀ in different
-    # key orders (QuantizedInputs.v_mma_order).
+    # ring's, not the plain kernel's).
     plan = plain_triton(select_plan(q.device, d, "fp8").plan)
     rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
     row: dict = {"shape": name, "B": b, "H": h, "N": n, "D": d, "plan": plan.describe(), "ms": {}, "cos_worst": {},
                  "max_diff_vs_triton": {}, "errors": {}}
     ref = reference_fp32(q, k, v)
     with set_wrap_triton_enabled(False):
-        prepared, prepared_gluon = (
-            quantize_inputs(q, k, v, None, rot, kernel_plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
-                            need_shift=False)
-            for kernel_plan in (plan, dataclasses.replace(plan, kernel="gluon")))
+        prepared = quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
+                                   need_shift=False)
         base = torch.empty_like(q)
 
         def triton_kernel():
@@ -86,7 +82,7 @@ def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
             try:
                 def gluon_kernel(out=out, pipeline=pipeline, stages=stages, drop=drop, release=release,
                                  consumers=consumers):
-                    attention_forward_sm90(prepared_gluon, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
+                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
                                            pipeline_qk=pipeline, drop=drop, release=release, consumers=consumers)
 
                 gluon_kernel()

@@ -46,7 +46,7 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
     types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*bf16", "*fp8e4nv", "*fp32", "*u8", "*bf16", "*fp32")
     ints = ("stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om", "mask_stride_b",
             "H", "N_Q", "N_K", "M_PAD", "N_PAD")
-    signature = {**dict(zip(pointers, types)), **dict.fromkeys(ints, "i32")}
+    signature = {**dict(zip(pointers, types, strict=True)), **dict.fromkeys(ints, "i32")}
     constexprs = dict(HEAD_DIM=block_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                       CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False,
                       V_MMA_ORDER=pv == "fp8")
@@ -90,7 +90,7 @@ def resources(cubin: bytes) -> str:
 
 
 def mma_loops(sass: str) -> list[tuple[int, int, collections.Counter]]:
-    """(start, end, opcode counts) of every backward-branch loop whose body issues an MMA."""
+    """(start, end, opcode counts) of every innermost backward-branch loop whose body issues an MMA."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", sass)]
     loops = []
     for addr, text in lines:
@@ -101,7 +101,9 @@ def mma_loops(sass: str) -> list[tuple[int, int, collections.Counter]]:
             opcodes = collections.Counter(t.split()[0].split(".")[0] for t in body if t.strip())
             if any(op in opcodes for op in MMA_OPCODES):
                 loops.append((start, addr, opcodes))
-    return loops
+    # innermost only: a branch back over a whole loop nest (the warp-specialized partitions' code) is
+    # not a loop of interest
+    return [loop for loop in loops if not any(loop[0] <= o[0] and o[1] <= loop[1] and o != loop for o in loops)]
 
 
 def main() -> None:
@@ -129,7 +131,8 @@ def main() -> None:
                 (args.sass / f"{name}-d{block_d}.sass").write_text(sass)
             for start, end, opcodes in mma_loops(sass):
                 mix = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(args.top))
-                print(f"{name} d{block_d} {args.pv} loop {start:#x}-{end:#x}: {sum(opcodes.values())} instructions; {mix}")
+                count = sum(opcodes.values())
+                print(f"{name} d{block_d} {args.pv} loop {start:#x}-{end:#x}: {count} instructions; {mix}")
 
 
 if __name__ == "__main__":

@@ -53,7 +53,8 @@ DEFAULT_CONSUMER_REGS = {1: 232, 2: 240}  # what that budget leaves each consume
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr):
+              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr,
+              V_MMA_ORDER: gl.constexpr):
     """One warp: Q tiles of both warpgroups once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
@@ -74,9 +75,22 @@ def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
 
 
 @gluon.jit
+def _mma_key_order(x):
+    """`quantize.mma_key_order` in Gluon: P's keys in the 8-bit MMA operand's order, so that its
+    conversion into the operand layout renames registers (no lane shuffles or byte permutes)."""
+    R: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    x = gl.reshape(x, (R, N // 32, 2, 2, 4, 2))
+    x = gl.permute(x, (0, 1, 2, 4, 3, 5))
+    return gl.reshape(x, (R, N))
+
+
+@gluon.jit
 def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
-             s_layout: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr, DROP: gl.constexpr):
+             s_layout: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr, DROP: gl.constexpr,
+             V_MMA_ORDER: gl.constexpr):
     """Scores (int32, s_layout) of one key tile -> (P as e4m3 MMA operand, m, l, alpha).
+    V_MMA_ORDER: P's keys put in `_mma_key_order` (Vᵀ was stored so).
 
     DROP == 1 (timing only, wrong results): no max, exp2 or sum, to measure what softmax costs.
     """
@@ -85,6 +99,8 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
     scores = s.to(gl.float32)
     if DROP == 1:
         p8 = (scores * row_scale[:, None]).to(gl.float8e4nv)
+        if V_MMA_ORDER:
+            p8 = _mma_key_order(p8)
         return gl.convert_layout(p8, p_layout), m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
     if MASKED:
         cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
@@ -99,17 +115,24 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
     p = gl.exp2(scores * row_scale[:, None] - (m_new - LOG2_FP8_MAX)[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    return gl.convert_layout(p.to(gl.float8e4nv), p_layout), m_new, l_i, alpha
+    p8 = p.to(gl.float8e4nv)  # narrowed in the accumulator layout: F2FP packs each thread's key pairs
+    if V_MMA_ORDER:
+        p8 = _mma_key_order(p8)
+    return gl.convert_layout(p8, p_layout), m_new, l_i, alpha
 
 
 @gluon.jit
 def _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
-                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, DROP: gl.constexpr):
-    """`_softmax` of key tile j: bounds checked only on the partial last tile."""
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, DROP: gl.constexpr,
+                  V_MMA_ORDER: gl.constexpr):
+    """`_softmax` of key tile j: bounds checked only on the partial last tile (a branch per tile:
+    the pipelined schedule's loop; the serial one runs full tiles and the last in separate loops)."""
     if j < n_full:
-        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, False, DROP)
+        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, False,
+                                       DROP, V_MMA_ORDER)
     else:
-        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, True, DROP)
+        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, True,
+                                       DROP, V_MMA_ORDER)
     return p8, m_i, l_i, alpha
 
 
@@ -138,9 +161,36 @@ def _pv_wait(pv, DROP: gl.constexpr):
 
 
 @gluon.jit
+def _serial_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+                 KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                 RELEASE: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
+                 MASKED: gl.constexpr, DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr):
+    """Key tile j in the serial schedule: S, softmax, P·V, each waited for; the ring stage handed
+    back after it (RELEASE 2: every second tile, in pairs). Returns (acc, m, l, tile j+1's K scale)."""
+    k_scale = k_scale_next
+    k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
+    stage = j % NUM_STAGES
+    mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
+    s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, MASKED,
+                                   DROP, V_MMA_ORDER)
+    pv = _pv_mma(p8, v_smem.index(stage), o_zero, DROP)
+    pv = _pv_wait(pv, DROP)
+    acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
+    if RELEASE == 1:
+        mbarrier.arrive(empty.index(stage), count=1)
+    elif (j % 2 == 1) | (j == n_tiles - 1):
+        # Every arrive costs a warpgroup bar.sync before its one elected thread signals.
+        mbarrier.arrive(empty.index((j // 2) % (NUM_STAGES // 2)), count=1)
+    return acc, m_i, l_i, k_scale_next
+
+
+@gluon.jit
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr):
+              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr,
+              V_MMA_ORDER: gl.constexpr):
     """One warpgroup: 64 query rows against every key tile, then the normalised 16-bit store.
 
     RELEASE (serial schedule; 1 or 2): ring stages handed back to the producer every tile or every
@@ -183,7 +233,7 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
         k_scale_next = _next_k_scale(KScale, k_scale_row, 1, n_tiles, BLOCK_N)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p8, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, 0, n_full, N_K,
-                                            BLOCK_N, s_layout, p_layout, DROP)
+                                            BLOCK_N, s_layout, p_layout, DROP, V_MMA_ORDER)
         for j in range(1, n_tiles):
             k_scale = k_scale_next
             k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
@@ -195,7 +245,7 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
             # S_j done; P·V of tile j-1 may run on (issued after S_j; nothing else is in flight).
             s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
             p8, m_i, l_i, alpha_j = _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
-                                                  BLOCK_N, s_layout, p_layout, DROP)
+                                                  BLOCK_N, s_layout, p_layout, DROP, V_MMA_ORDER)
             pv = _pv_wait(pv, DROP)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
             mbarrier.arrive(empty.index(prev), count=1)
@@ -206,24 +256,20 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
         mbarrier.arrive(empty.index(last), count=1)
     else:
+        # Full key tiles, then the partial last one (if any) in a loop of its own. With one loop and
+        # a branch per tile between the two softmax paths, P (packed 8-bit values) crossed the
+        # branch's merge point, which cost byte permutes, and the loop carried both paths.
         k_scale_next = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
-        for j in range(n_tiles):
-            k_scale = k_scale_next
-            k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
-            stage = j % NUM_STAGES
-            mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
-            s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            p8, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
-                                                BLOCK_N, s_layout, p_layout, DROP)
-            pv = _pv_mma(p8, v_smem.index(stage), o_zero, DROP)
-            pv = _pv_wait(pv, DROP)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
-            if RELEASE == 1:
-                mbarrier.arrive(empty.index(stage), count=1)
-            elif (j % 2 == 1) | (j == n_tiles - 1):
-                # Every arrive costs a warpgroup bar.sync before its one elected thread signals.
-                mbarrier.arrive(empty.index((j // 2) % (NUM_STAGES // 2)), count=1)
+        for j in range(n_full):
+            acc, m_i, l_i, k_scale_next = _serial_tile(
+                j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+                KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, RELEASE, s_layout, p_layout, o_rows,
+                False, DROP, V_MMA_ORDER)
+        for j in range(n_full, n_tiles):
+            acc, m_i, l_i, k_scale_next = _serial_tile(
+                j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+                KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, RELEASE, s_layout, p_layout, o_rows,
+                True, DROP, V_MMA_ORDER)
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
@@ -240,7 +286,7 @@ def _attn_fwd_sm90_kernel(
     H, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, DROP: gl.constexpr,
-    RELEASE: gl.constexpr, CONSUMERS: gl.constexpr,
+    RELEASE: gl.constexpr, CONSUMERS: gl.constexpr, V_MMA_ORDER: gl.constexpr,
 ):
     tile = gl.program_id(0)
     bh = gl.program_id(1)
@@ -274,18 +320,18 @@ def _attn_fwd_sm90_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE)),
+                         DROP, RELEASE, V_MMA_ORDER)),
             (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 1, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE)),
+                         DROP, RELEASE, V_MMA_ORDER)),
             (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE)),
+                         DROP, RELEASE, V_MMA_ORDER)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE)),
+                         DROP, RELEASE, V_MMA_ORDER)),
             (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE)),
+                         DROP, RELEASE, V_MMA_ORDER)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -321,9 +367,6 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         consumer_regs = DEFAULT_CONSUMER_REGS[consumers]
     if release not in (1, 2) or (release == 2 and (pipeline_qk or num_stages % 2)):
         raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
-    if prepared.v_mma_order:
-        raise ValueError("Vᵀ was prepared in the plain kernel's MMA key order: quantize with the Gluon "
-                         "plan (kernel='gluon') for this kernel")
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     n_pad = prepared.k_codes.shape[1]
@@ -337,13 +380,13 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         heads, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PIPELINE_QK=pipeline_qk,
         CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, DROP=drop, RELEASE=release,
-        CONSUMERS=consumers, num_warps=4, maxnreg=MAXNREG[consumers],
+        CONSUMERS=consumers, V_MMA_ORDER=prepared.v_mma_order, num_warps=4, maxnreg=MAXNREG[consumers],
     )
 
 
 def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pipeline_qk: bool = False,
                      drop: int = 0, consumer_regs: int | None = None, producer_regs: int = 24, release: int = 1,
-                     consumers: int = 1, out_dtype: str = "bf16"):
+                     consumers: int = 1, out_dtype: str = "bf16", v_mma_order: bool = True):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]` and `.metadata.shared`. Layout and type errors surface here on any machine.
     out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
@@ -366,7 +409,7 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pi
     }
     constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PIPELINE_QK": pipeline_qk,
                   "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "DROP": drop,
-                  "RELEASE": release, "CONSUMERS": consumers}
+                  "RELEASE": release, "CONSUMERS": consumers, "V_MMA_ORDER": v_mma_order}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,

@@ -119,7 +119,8 @@ def mma_key_order(x):
     16+4·c .. 19+4·c. With P's keys in this order the accumulator -> operand conversion is a
     renaming of each thread's own registers instead of lane shuffles and byte permutes. Vᵀ is
     stored with its keys in the same order (`QuantizedInputs.v_mma_order`), so P·V is unchanged:
-    the same products, summed in another order inside the MMA."""
+    the same products, summed in another order inside the MMA. (`attention_sm90._mma_key_order`
+    is the Gluon twin.)"""
     R: tl.constexpr = x.shape[0]
     N: tl.constexpr = x.shape[1]
     x = tl.reshape(x, (R, N // 32, 2, 2, 4, 2))
@@ -343,8 +344,8 @@ class QuantizedInputs:
     k_codes (bh, N_PAD, block_d) int8; k_scale (bh, N_PAD) fp32; k_mean (bh, block_d) fp32
     (zeros without smoothing); v_fp8_t (bh, block_d, N_PAD) e4m3 or None; v_scale (bh, block_d)
     fp32 or None.
-    v_mma_order: v_fp8_t's keys are in `mma_key_order` within each 32-key group (for the plain
-    Triton kernel, which reorders P to match); False: natural order (the Gluon kernel's).
+    v_mma_order: v_fp8_t's keys are in `mma_key_order` within each 32-key group (both attention
+    kernels reorder P to match); False: natural order (kept to measure what the reorder gains).
     """
 
     q_codes: torch.Tensor
@@ -378,11 +379,13 @@ def quantize_inputs(
     need_shift: bool,
     tiles_per_program: int | None = None,
     q_tiles: int | None = None,
+    v_mma_order: bool = True,
 ) -> QuantizedInputs:
     """Launch the preparation kernels. q/k/v HND views with unit stride on the head dim;
     key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or
     None. tiles_per_program: K/V tiles per quantization program, q_tiles: Q tiles per program
-    (None: `program_tiles` with KV_TILES_PER_PROGRAM / Q_TILES_PER_PROGRAM)."""
+    (None: `program_tiles` with KV_TILES_PER_PROGRAM / Q_TILES_PER_PROGRAM). v_mma_order: FP8 Vᵀ
+    keys in `mma_key_order` (the kernels read either; False only to measure the reorder)."""
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     bh = batch * heads
@@ -390,9 +393,7 @@ def quantize_inputs(
     m_pad = triton.cdiv(n_q, bm) * bm
     n_pad = triton.cdiv(n_k, bn) * bn
     fp8_v = plan.pv == "fp8"
-    # the plain kernel takes Vᵀ in the MMA's key order (no shuffles for P); the Gluon kernel's
-    # P operand comes through a layout conversion, so it takes the natural order
-    v_mma_order = fp8_v and plan.kernel == "triton"
+    v_mma_order = fp8_v and v_mma_order
     dev = q.device
 
     min_tokens, stats_chunk, stats_warps = stats_shape(bd, fp8_v)

@@ -120,7 +120,7 @@ def quantize_v_fp8(v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.T
 
 def mma_key_permutation(n: int) -> torch.Tensor:
     """Positions of `quantize.mma_key_order` (n a multiple of 32): x[..., mma_key_permutation(n)]
-    puts x's keys in the order the plain kernel stores FP8 Vᵀ in (`QuantizedInputs.v_mma_order`);
+    puts x's keys in the order the kernels take FP8 Vᵀ in (`QuantizedInputs.v_mma_order`);
     indexing with its argsort restores the natural order."""
     return torch.arange(n).reshape(n // 32, 2, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(n)
 

@@ -6,7 +6,6 @@ quantized inputs it computes what the plain-Triton kernel computes (same tiles a
 fp32 summation order differs), and holds the FP8-PV floor of DESIGN §2 against fp32 SDPA.
 """
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -40,17 +39,6 @@ def test_compiles_for_sm90_on_any_machine(pipeline_qk, consumers):
     assert compiled["shared"] <= 227 * 1024
 
 
-def test_refuses_v_prepared_for_the_plain_kernel():
-    """Vᵀ in the plain kernel's MMA key order would pair P with the wrong keys: refused before launch."""
-    from sagevideo.kernels.attention_sm90 import attention_forward_sm90
-    from sagevideo.kernels.quantize import QuantizedInputs
-
-    empty = torch.empty(0)
-    prepared = QuantizedInputs(empty, empty, None, empty, empty, empty, empty, empty, v_mma_order=True)
-    with pytest.raises(ValueError, match="kernel='gluon'"):
-        attention_forward_sm90(prepared, torch.empty(1, 1, 1, 64), block_n=128, n_q=1, n_k=1)
-
-
 def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
@@ -68,17 +56,15 @@ def _run_both(shape, dtype, pipeline_qk, consumers):
     plan = plain_triton(select_plan(q.device, d, "fp8").plan)
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype)
 
-    def prepare(plan):  # the kernels take Vᵀ in different key orders (QuantizedInputs.v_mma_order)
-        return quantize_inputs(q, k, v, None, rotation, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
+    prepared = quantize_inputs(q, k, v, None, rotation, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
                                need_shift=False)
-
     plain = torch.empty_like(q)
-    attention_forward(prepare(plan), v, None, plain, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n)
+    attention_forward(prepared, v, None, plain, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n)
     from sagevideo.kernels.attention_sm90 import attention_forward_sm90
 
     gluon = torch.full_like(q, float("nan"))
-    attention_forward_sm90(prepare(dataclasses.replace(plan, kernel="gluon")), gluon, block_n=plan.block_n,
-                           n_q=n, n_k=n, pipeline_qk=pipeline_qk, consumers=consumers)
+    attention_forward_sm90(prepared, gluon, block_n=plan.block_n, n_q=n, n_k=n, pipeline_qk=pipeline_qk,
+                           consumers=consumers)
     return q, k, v, plain, gluon
 
 

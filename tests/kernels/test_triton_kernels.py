@@ -218,7 +218,7 @@ def test_quantization_kernels_equal_the_reference_bit_for_bit(dtype, per_token):
     if not INTERPRETED:  # the interpreter's float8 cast does not round to nearest even
         want_v, want_v_scale = quantize_v_fp8(v, None)
         assert torch.equal(prep.v_scale.reshape(1, 2, 64), want_v_scale)
-        assert prep.v_mma_order  # the plain kernel's plan: keys in the MMA operand's order
+        assert prep.v_mma_order  # keys in the MMA operand's order: restore the natural one
         natural = prep.v_fp8_t[..., mma_key_permutation(prep.v_fp8_t.shape[-1]).argsort().to(DEVICE)]
         got_v = natural.reshape(1, 2, 64, -1)[..., :300].transpose(-1, -2)
         assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
@@ -226,10 +226,10 @@ def test_quantization_kernels_equal_the_reference_bit_for_bit(dtype, per_token):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_v_in_mma_key_order_is_a_permutation_that_leaves_the_output_unchanged(head_dim):
-    """The plain kernel's Vᵀ keys in `quantize.mma_key_order` (P reordered to match in the kernel)
-    against the natural order the Gluon kernel takes: the same codes, permuted, and the same
-    attention output (up to the MMA's summation order). A wrong permutation on either side pairs
-    P values with other keys' V rows: errors of order one."""
+    """Vᵀ keys in `quantize.mma_key_order` (P reordered to match in the kernel) against the natural
+    order: the same codes, permuted, and the same attention output (up to the MMA's summation
+    order). A wrong permutation on either side pairs P values with other keys' V rows: errors of
+    order one."""
     import dataclasses
 
     from sagevideo.kernels.attention_fwd import attention_forward
@@ -240,9 +240,9 @@ def test_v_in_mma_key_order_is_a_permutation_that_leaves_the_output_unchanged(he
     plan = dataclasses.replace(plan, kernel="triton", num_warps=4)  # also on the H200, where d128 names Gluon
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype)
     outs, preps = [], []
-    for kernel in ("triton", "gluon"):
-        prep = quantize_inputs(q, k, v, None, rotation, dataclasses.replace(plan, kernel=kernel),
-                               sm_scale=head_dim**-0.5, per_token=False, smooth_k=True, need_shift=False)
+    for v_mma_order in (True, False):
+        prep = quantize_inputs(q, k, v, None, rotation, plan, sm_scale=head_dim**-0.5, per_token=False,
+                               smooth_k=True, need_shift=False, v_mma_order=v_mma_order)
         out = torch.empty_like(q)
         attention_forward(prep, v, None, out, None, plan, is_causal=False, per_token=False, n_q=300, n_k=300)
         outs.append(out)
