@@ -87,10 +87,9 @@ def _mma_key_order(x):
 
 @gluon.jit
 def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
-             s_layout: gl.constexpr, p_layout: gl.constexpr, MASKED: gl.constexpr, DROP: gl.constexpr,
-             V_MMA_ORDER: gl.constexpr):
-    """Scores (int32, s_layout) of one key tile -> (P as e4m3 MMA operand, m, l, alpha).
-    V_MMA_ORDER: P's keys put in `_mma_key_order` (Vᵀ was stored so).
+             s_layout: gl.constexpr, MASKED: gl.constexpr, DROP: gl.constexpr):
+    """Scores (int32, s_layout) of one key tile -> (P as e4m3 in s_layout, m, l, alpha); `_p_operand`
+    makes P the MMA operand.
 
     DROP == 1 (timing only, wrong results): no max, exp2 or sum, to measure what softmax costs.
     """
@@ -99,9 +98,7 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
     scores = s.to(gl.float32)
     if DROP == 1:
         p8 = (scores * row_scale[:, None]).to(gl.float8e4nv)
-        if V_MMA_ORDER:
-            p8 = _mma_key_order(p8)
-        return gl.convert_layout(p8, p_layout), m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
+        return p8, m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
     if MASKED:
         cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
         scores = gl.where((cols < N_K)[None, :], scores, float("-inf"))
@@ -115,25 +112,33 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
     p = gl.exp2(scores * row_scale[:, None] - (m_new - LOG2_FP8_MAX)[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    p8 = p.to(gl.float8e4nv)  # narrowed in the accumulator layout: F2FP packs each thread's key pairs
+    # narrowed in the accumulator layout: F2FP packs each thread's key pairs
+    return p.to(gl.float8e4nv), m_new, l_i, alpha
+
+
+@gluon.jit
+def _p_operand(p8, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
+    """P (e4m3, s_layout) as the P·V MMA's A operand. V_MMA_ORDER: P's keys put in `_mma_key_order`
+    first (Vᵀ was stored so), which makes the conversion a renaming of registers. Kept out of
+    `_tile_softmax`'s branch: reordered there, the pipelined schedule gave non-finite outputs on
+    Triton 3.6 (the fourth session saw the same with the reorder inside the one-loop serial schedule)."""
     if V_MMA_ORDER:
         p8 = _mma_key_order(p8)
-    return gl.convert_layout(p8, p_layout), m_new, l_i, alpha
+    return gl.convert_layout(p8, p_layout)
 
 
 @gluon.jit
 def _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
                   BLOCK_N: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, DROP: gl.constexpr,
                   V_MMA_ORDER: gl.constexpr):
-    """`_softmax` of key tile j: bounds checked only on the partial last tile (a branch per tile:
-    the pipelined schedule's loop; the serial one runs full tiles and the last in separate loops)."""
+    """`_softmax` of key tile j, P as the MMA operand: bounds checked only on the partial last tile
+    (a branch per tile: the pipelined schedule's loop; the serial one runs full tiles and the last
+    in separate loops)."""
     if j < n_full:
-        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, False,
-                                       DROP, V_MMA_ORDER)
+        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, False, DROP)
     else:
-        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, True,
-                                       DROP, V_MMA_ORDER)
-    return p8, m_i, l_i, alpha
+        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, True, DROP)
+    return _p_operand(p8, p_layout, V_MMA_ORDER), m_i, l_i, alpha
 
 
 @gluon.jit
@@ -173,9 +178,8 @@ def _serial_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, 
     mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
     s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, p_layout, MASKED,
-                                   DROP, V_MMA_ORDER)
-    pv = _pv_mma(p8, v_smem.index(stage), o_zero, DROP)
+    p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP)
+    pv = _pv_mma(_p_operand(p8, p_layout, V_MMA_ORDER), v_smem.index(stage), o_zero, DROP)
     pv = _pv_wait(pv, DROP)
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
     if RELEASE == 1:
