@@ -119,9 +119,9 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
 @gluon.jit
 def _p_operand(p8, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
     """P (e4m3, s_layout) as the P·V MMA's A operand. V_MMA_ORDER: P's keys put in `_mma_key_order`
-    first (Vᵀ was stored so), which makes the conversion a renaming of registers. Kept out of
-    `_tile_softmax`'s branch: reordered there, the pipelined schedule gave non-finite outputs on
-    Triton 3.6 (the fourth session saw the same with the reorder inside the one-loop serial schedule)."""
+    first (Vᵀ was stored so), which makes the conversion a renaming of registers. Called right
+    before the MMA: with the operand made inside `_tile_softmax`'s branch, or carried across loop
+    iterations, the pipelined schedule gave non-finite outputs on the H200 (Triton 3.6)."""
     if V_MMA_ORDER:
         p8 = _mma_key_order(p8)
     return gl.convert_layout(p8, p_layout)
@@ -131,14 +131,14 @@ def _p_operand(p8, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
 def _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
                   BLOCK_N: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, DROP: gl.constexpr,
                   V_MMA_ORDER: gl.constexpr):
-    """`_softmax` of key tile j, P as the MMA operand: bounds checked only on the partial last tile
+    """`_softmax` of key tile j (P in s_layout): bounds checked only on the partial last tile
     (a branch per tile: the pipelined schedule's loop; the serial one runs full tiles and the last
     in separate loops)."""
     if j < n_full:
         p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, False, DROP)
     else:
         p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, True, DROP)
-    return _p_operand(p8, p_layout, V_MMA_ORDER), m_i, l_i, alpha
+    return p8, m_i, l_i, alpha
 
 
 @gluon.jit
@@ -245,7 +245,7 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
             prev = (j - 1) % NUM_STAGES
             mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
             s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            pv = _pv_mma(p8, v_smem.index(prev), o_zero, DROP)
+            pv = _pv_mma(_p_operand(p8, p_layout, V_MMA_ORDER), v_smem.index(prev), o_zero, DROP)
             # S_j done; P·V of tile j-1 may run on (issued after S_j; nothing else is in flight).
             s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
             p8, m_i, l_i, alpha_j = _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
@@ -255,7 +255,7 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
             mbarrier.arrive(empty.index(prev), count=1)
             alpha = alpha_j
         last = (n_tiles - 1) % NUM_STAGES
-        pv = _pv_mma(p8, v_smem.index(last), o_zero, DROP)
+        pv = _pv_mma(_p_operand(p8, p_layout, V_MMA_ORDER), v_smem.index(last), o_zero, DROP)
         pv = _pv_wait(pv, DROP)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
         mbarrier.arrive(empty.index(last), count=1)
@@ -371,6 +371,11 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         consumer_regs = DEFAULT_CONSUMER_REGS[consumers]
     if release not in (1, 2) or (release == 2 and (pipeline_qk or num_stages % 2)):
         raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
+    if pipeline_qk and prepared.v_mma_order:
+        # With P reordered, this schedule gave non-finite outputs on the H200 (Triton 3.6) wherever
+        # the reorder sat; it is a measured-slower experiment, so it keeps the natural order.
+        raise ValueError("pipeline_qk=True takes Vᵀ in natural key order: prepare with "
+                         "quantize_inputs(..., v_mma_order=False)")
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     n_pad = prepared.k_codes.shape[1]
