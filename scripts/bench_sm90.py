@@ -65,9 +65,8 @@ def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
                  "max_diff_vs_triton": {}, "errors": {}}
     ref = reference_fp32(q, k, v)
     with set_wrap_triton_enabled(False):
-        prepared, natural = (quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False,
-                                             smooth_k=True, need_shift=False, v_mma_order=order)
-                             for order in (True, False))  # the pipelined schedule takes natural order
+        prepared = quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
+                                   need_shift=False)
         base = torch.empty_like(q)
 
         def triton_kernel():
@@ -83,9 +82,8 @@ def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
             try:
                 def gluon_kernel(out=out, pipeline=pipeline, stages=stages, drop=drop, release=release,
                                  consumers=consumers):
-                    attention_forward_sm90(natural if pipeline else prepared, out, block_n=plan.block_n, n_q=n,
-                                           n_k=n, num_stages=stages, pipeline_qk=pipeline, drop=drop, release=release,
-                                           consumers=consumers)
+                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
+                                           pipeline_qk=pipeline, drop=drop, release=release, consumers=consumers)
 
                 gluon_kernel()
                 torch.cuda.synchronize()

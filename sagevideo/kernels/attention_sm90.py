@@ -88,8 +88,8 @@ def _mma_key_order(x):
 @gluon.jit
 def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
              s_layout: gl.constexpr, MASKED: gl.constexpr, DROP: gl.constexpr):
-    """Scores (int32, s_layout) of one key tile -> (P as e4m3 in s_layout, m, l, alpha); `_p_operand`
-    makes P the MMA operand.
+    """Scores (int32, s_layout) of one key tile -> (P fp32 in s_layout, m, l, alpha); `_p_operand`
+    makes P the e4m3 MMA operand.
 
     DROP == 1 (timing only, wrong results): no max, exp2 or sum, to measure what softmax costs.
     """
@@ -97,8 +97,7 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
     row_scale = gl.maximum(q_scale * k_scale, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
     scores = s.to(gl.float32)
     if DROP == 1:
-        p8 = (scores * row_scale[:, None]).to(gl.float8e4nv)
-        return p8, m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
+        return scores * row_scale[:, None], m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
     if MASKED:
         cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
         scores = gl.where((cols < N_K)[None, :], scores, float("-inf"))
@@ -112,16 +111,17 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
     p = gl.exp2(scores * row_scale[:, None] - (m_new - LOG2_FP8_MAX)[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    # narrowed in the accumulator layout: F2FP packs each thread's key pairs
-    return p.to(gl.float8e4nv), m_new, l_i, alpha
+    return p, m_new, l_i, alpha
 
 
 @gluon.jit
-def _p_operand(p8, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
-    """P (e4m3, s_layout) as the P·V MMA's A operand. V_MMA_ORDER: P's keys put in `_mma_key_order`
-    first (Vᵀ was stored so), which makes the conversion a renaming of registers. Called right
-    before the MMA: with the operand made inside `_tile_softmax`'s branch, or carried across loop
-    iterations, the pipelined schedule gave non-finite outputs on the H200 (Triton 3.6)."""
+def _p_operand(p, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
+    """P (fp32, s_layout) as the P·V MMA's e4m3 A operand: narrowed in the accumulator layout (F2FP
+    packs each thread's key pairs), then, with V_MMA_ORDER, its keys put in `_mma_key_order` (Vᵀ was
+    stored so), which makes the conversion a renaming of registers. Called outside the pipelined
+    schedule's per-tile branch, on fp32 P: 8-bit P in the accumulator layout (or reordered) leaving
+    that branch gave non-finite outputs on the H200 (Triton 3.6)."""
+    p8 = p.to(gl.float8e4nv)
     if V_MMA_ORDER:
         p8 = _mma_key_order(p8)
     return gl.convert_layout(p8, p_layout)
@@ -129,16 +129,15 @@ def _p_operand(p8, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
 
 @gluon.jit
 def _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
-                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, DROP: gl.constexpr,
-                  V_MMA_ORDER: gl.constexpr):
-    """`_softmax` of key tile j (P in s_layout): bounds checked only on the partial last tile
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, DROP: gl.constexpr):
+    """`_softmax` of key tile j (P fp32 in s_layout): bounds checked only on the partial last tile
     (a branch per tile: the pipelined schedule's loop; the serial one runs full tiles and the last
     in separate loops)."""
     if j < n_full:
-        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, False, DROP)
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, False, DROP)
     else:
-        p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, True, DROP)
-    return p8, m_i, l_i, alpha
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, True, DROP)
+    return p, m_i, l_i, alpha
 
 
 @gluon.jit
@@ -178,8 +177,8 @@ def _serial_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, 
     mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
     s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP)
-    pv = _pv_mma(_p_operand(p8, p_layout, V_MMA_ORDER), v_smem.index(stage), o_zero, DROP)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP)
+    pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(stage), o_zero, DROP)
     pv = _pv_wait(pv, DROP)
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
     if RELEASE == 1:
@@ -236,8 +235,9 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
         k_scale = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
         k_scale_next = _next_k_scale(KScale, k_scale_row, 1, n_tiles, BLOCK_N)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p8, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, 0, n_full, N_K,
-                                            BLOCK_N, s_layout, p_layout, DROP, V_MMA_ORDER)
+        p, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, 0, n_full, N_K,
+                                           BLOCK_N, s_layout, DROP)
+        p8 = _p_operand(p, p_layout, V_MMA_ORDER)
         for j in range(1, n_tiles):
             k_scale = k_scale_next
             k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
@@ -245,17 +245,18 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
             prev = (j - 1) % NUM_STAGES
             mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
             s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            pv = _pv_mma(_p_operand(p8, p_layout, V_MMA_ORDER), v_smem.index(prev), o_zero, DROP)
+            pv = _pv_mma(p8, v_smem.index(prev), o_zero, DROP)
             # S_j done; P·V of tile j-1 may run on (issued after S_j; nothing else is in flight).
             s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
-            p8, m_i, l_i, alpha_j = _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
-                                                  BLOCK_N, s_layout, p_layout, DROP, V_MMA_ORDER)
+            p, m_i, l_i, alpha_j = _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
+                                                 BLOCK_N, s_layout, DROP)
+            p8 = _p_operand(p, p_layout, V_MMA_ORDER)
             pv = _pv_wait(pv, DROP)
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
             mbarrier.arrive(empty.index(prev), count=1)
             alpha = alpha_j
         last = (n_tiles - 1) % NUM_STAGES
-        pv = _pv_mma(_p_operand(p8, p_layout, V_MMA_ORDER), v_smem.index(last), o_zero, DROP)
+        pv = _pv_mma(p8, v_smem.index(last), o_zero, DROP)
         pv = _pv_wait(pv, DROP)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
         mbarrier.arrive(empty.index(last), count=1)
@@ -371,11 +372,6 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         consumer_regs = DEFAULT_CONSUMER_REGS[consumers]
     if release not in (1, 2) or (release == 2 and (pipeline_qk or num_stages % 2)):
         raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
-    if pipeline_qk and prepared.v_mma_order:
-        # With P reordered, this schedule gave non-finite outputs on the H200 (Triton 3.6) wherever
-        # the reorder sat; it is a measured-slower experiment, so it keeps the natural order.
-        raise ValueError("pipeline_qk=True takes Vᵀ in natural key order: prepare with "
-                         "quantize_inputs(..., v_mma_order=False)")
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     n_pad = prepared.k_codes.shape[1]

@@ -57,7 +57,7 @@ def _run_both(shape, dtype, pipeline_qk, consumers):
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype)
 
     prepared = quantize_inputs(q, k, v, None, rotation, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
-                               need_shift=False, v_mma_order=not pipeline_qk)  # see attention_forward_sm90
+                               need_shift=False)
     plain = torch.empty_like(q)
     attention_forward(prepared, v, None, plain, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n)
     from sagevideo.kernels.attention_sm90 import attention_forward_sm90
@@ -66,16 +66,6 @@ def _run_both(shape, dtype, pipeline_qk, consumers):
     attention_forward_sm90(prepared, gluon, block_n=plan.block_n, n_q=n, n_k=n, pipeline_qk=pipeline_qk,
                            consumers=consumers)
     return q, k, v, plain, gluon
-
-
-def test_pipelined_schedule_refuses_v_in_mma_key_order():
-    from sagevideo.kernels.attention_sm90 import attention_forward_sm90
-    from sagevideo.kernels.quantize import QuantizedInputs
-
-    empty = torch.empty(0)
-    prepared = QuantizedInputs(empty, empty, None, empty, empty, empty, empty, empty, v_mma_order=True)
-    with pytest.raises(ValueError, match="v_mma_order=False"):
-        attention_forward_sm90(prepared, torch.empty(1, 1, 1, 64), block_n=128, n_q=1, n_k=1, pipeline_qk=True)
 
 
 def _worst_cosine(ref, out):
