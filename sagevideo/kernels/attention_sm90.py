@@ -190,6 +190,30 @@ def _serial_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, 
 
 
 @gluon.jit
+def _pipelined_tile(j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,
+                    q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+                    s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr,
+                    DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr):
+    """Key tile j (j >= 1) in the pipelined schedule: S_j and P_{j-1}·V_{j-1} issued together, tile
+    j's softmax while P_{j-1}·V_{j-1} runs, then that product into acc (alpha: tile j-1's rescale,
+    p: tile j-1's P, fp32). Returns (acc, m, l, tile j's alpha, tile j's P, tile j+1's K scale)."""
+    k_scale = k_scale_next
+    k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
+    stage = j % NUM_STAGES
+    prev = (j - 1) % NUM_STAGES
+    mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
+    s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(prev), o_zero, DROP)
+    # S_j done; P·V of tile j-1 may run on (issued after S_j; nothing else is in flight).
+    s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
+    p, m_i, l_i, alpha_j = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP)
+    pv = _pv_wait(pv, DROP)
+    acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
+    mbarrier.arrive(empty.index(prev), count=1)
+    return acc, m_i, l_i, alpha_j, p, k_scale_next
+
+
+@gluon.jit
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr,
@@ -237,26 +261,21 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, 0, n_full, N_K,
                                            BLOCK_N, s_layout, DROP)
-        p8 = _p_operand(p, p_layout, V_MMA_ORDER)
-        for j in range(1, n_tiles):
-            k_scale = k_scale_next
-            k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
-            stage = j % NUM_STAGES
-            prev = (j - 1) % NUM_STAGES
-            mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
-            s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            pv = _pv_mma(p8, v_smem.index(prev), o_zero, DROP)
-            # S_j done; P·V of tile j-1 may run on (issued after S_j; nothing else is in flight).
-            s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
-            p, m_i, l_i, alpha_j = _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
-                                                 BLOCK_N, s_layout, DROP)
-            p8 = _p_operand(p, p_layout, V_MMA_ORDER)
-            pv = _pv_wait(pv, DROP)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
-            mbarrier.arrive(empty.index(prev), count=1)
-            alpha = alpha_j
+        # Tile j's P is carried into iteration j + 1 as fp32 and narrowed there, just before its
+        # MMA: carried as the packed 8-bit operand it cost byte permutes at the loop boundary.
+        # Full tiles and the partial last one run in separate loops, as in the serial schedule.
+        for j in range(1, n_full):
+            acc, m_i, l_i, alpha, p, k_scale_next = _pipelined_tile(
+                j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,
+                q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows,
+                False, DROP, V_MMA_ORDER)
+        for j in range(gl.maximum(n_full, 1), n_tiles):
+            acc, m_i, l_i, alpha, p, k_scale_next = _pipelined_tile(
+                j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,
+                q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows,
+                True, DROP, V_MMA_ORDER)
         last = (n_tiles - 1) % NUM_STAGES
-        pv = _pv_mma(p8, v_smem.index(last), o_zero, DROP)
+        pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(last), o_zero, DROP)
         pv = _pv_wait(pv, DROP)
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
         mbarrier.arrive(empty.index(last), count=1)
