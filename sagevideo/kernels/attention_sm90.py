@@ -10,12 +10,14 @@ Hopper machinery:
   each; warpgroup MMAs for both products, registers moved to them with setmaxnreg;
 - PIPELINE_QK: FA3's intra-warpgroup overlap (S_j and P_{j-1}·V_{j-1} issued together, tile j's
   softmax while P·V runs).
-Measured on the H200 (docs/benchmarks.md): one consumer per CTA (two CTAs per SM), serial
-schedule, 2 stages is the fastest; it beats the plain-Triton kernel at head dim 128, not at 64.
-Those are the launcher's defaults.
+P's keys are put in the MMA operand's order (`_mma_key_order`, Vᵀ stored so by the preparation),
+so P becomes the e4m3 operand without lane shuffles, and full key tiles and the masked last one run
+in separate loops. Measured on the H200 (docs/benchmarks.md): one consumer per CTA (two CTAs per
+SM), serial schedule, 2 stages is the fastest; it beats the plain-Triton kernel at head dim 128
+(1.43-1.75x cuDNN against 1.37-1.65x, kernel alone), not at 64. Those are the launcher's defaults.
 
-Numerics equal the plain-Triton kernel's for the same plan: the Q scale is per row (constant
-over the plan's BLOCK_M rows, so 64-row warpgroups keep the d64 plan's 128-row Q groups), K's
+Numerics equal the plain-Triton kernel's for the same plan (bit for bit on the H200): the Q scale
+is per row (constant over the plan's BLOCK_M rows, so a plan's Q groups may span warpgroups), K's
 per BLOCK_N tile, V's per channel. Only what the video transformers run is implemented: FP8 PV,
 per-block K scales, no causal mask, no key mask, no LSE; the dispatch (`op.gluon_runs`) sends
 anything else to the plain-Triton kernel (`supports`).

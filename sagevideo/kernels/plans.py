@@ -12,10 +12,10 @@ Two kernels compute a plan, with the same tiles and numerics: the plain-Triton o
 (`attention_fwd`, kernel="triton") everywhere, and on sm90 the warp-specialized Gluon one
 (`attention_sm90`, kernel="gluon", FP8 PV only). SAGEVIDEO_SM90_KERNEL picks between them on sm90:
 "auto" (default) takes the Gluon kernel where it measured faster, FP8 PV at head dim 128 (H200,
-kernel alone, docs/benchmarks.md: 1.33/1.33x cuDNN at 8k/32k tokens against 1.15/1.18x for the
-plain kernel in the same run, fourth session of 2026-11-30; 1.49 vs 1.46x at 75k in the third);
-"triton" the plain kernel everywhere; "gluon" the Gluon
-kernel wherever it runs (also d64, where it is slower: for comparisons). When this Triton lacks
+kernel alone, docs/benchmarks.md, fifth session of 2026-11-30: 1.43/1.45/1.75x cuDNN at 8k/32k/75k
+tokens against 1.37/1.38/1.65x for the plain kernel in the same run); "triton" the plain kernel
+everywhere; "gluon" the Gluon kernel wherever it runs (also d64, where it is slower, 1.36x
+against 1.42x at the CogVideoX-2B shape: for comparisons). When this Triton lacks
 the Gluon API or the kernel does not compile with it (checked once per process), the plan keeps
 the plain kernel and its reason says why.
 """
@@ -65,8 +65,12 @@ class PlanChoice:
 
 
 # (PV mode, block_d) -> (BLOCK_M, BLOCK_N), identical on every arch so that results do not depend
-# on the GPU model. Chosen by the H200 tile sweep of 2026-11-29 (docs/benchmarks.md): FP8 PV
-# gains 6% (d64) and 16% (d128) from 128-key tiles; 16-bit PV is best at 128x64.
+# on the GPU model. Chosen by H200 tile sweeps (docs/benchmarks.md): FP8 PV gains 6% (d64) and 16%
+# (d128) from 128-key tiles; 16-bit PV is best at 128x64 (2026-11-29). FP8 PV at d64 went from
+# 128x128 to 64x128 when P's keys took the MMA operand order (fifth session of 2026-11-30): the
+# 64-row tile keeps the kernel at 166 registers, three CTAs per SM and no spills on Triton 3.6 (the
+# 128-row one spills there), 583 TOPS against 552 for the old plan at the CogVideoX-2B shape;
+# 64-row Q quantization groups are finer, so no less accurate.
 _TILES = {
     ("fp16", 64): (128, 64),
     ("fp16", 128): (128, 64),

@@ -78,7 +78,7 @@ def _worst_cosine(ref, out):
 @pytest.mark.parametrize(
     "shape, dtype",
     [
-        ((1, 2, 1000, 64), torch.float16),  # partial last key tile, d64 (128-row Q groups over 2 warpgroups)
+        ((1, 2, 1000, 64), torch.float16),  # partial last key tile, d64
         ((2, 3, 777, 128), torch.bfloat16),  # d128, rows past the last 64-row Q tile
         ((1, 2, 300, 80), torch.float16),  # head dim padded to 128: only 80 columns written
         ((1, 1, 100, 64), torch.float16),  # one key tile, shorter than a tile
