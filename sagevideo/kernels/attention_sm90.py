@@ -386,7 +386,8 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
     drop (timing experiments only; the output is wrong): 1 = no softmax, 2 = no P·V MMA.
     release: 2 hands ring stages back in pairs (serial schedule only; num_stages even).
     consumers: consumer warpgroups per CTA (64 query rows each): 2 (one CTA per SM) or 1 (two per SM).
-    """
+    consumer_regs: the consumers' setmaxnreg with 2 consumers; with 1, Triton sets the default
+    partition's count itself (232 with 128 at launch) and this is not used."""
     if consumers not in (1, 2):
         raise ValueError(f"consumers={consumers}: 1 or 2")
     if consumer_regs is None:
