@@ -193,9 +193,13 @@ def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
             return quantize_inputs(q, k, v, None, rot, tiled, sm_scale=d**-0.5, per_token=False,
                                    smooth_k=True, need_shift=False, v_mma_order=order == "mma")
 
-        with set_wrap_triton_enabled(False):  # launch overhead, not device time, otherwise (see bench_shape)
-            prepared = quantize()
-            prep_ms = bench_ms(quantize)
+        try:
+            with set_wrap_triton_enabled(False):  # launch overhead, not device time, otherwise (see bench_shape)
+                prepared = quantize()
+                prep_ms = bench_ms(quantize)
+        except Exception as exc:  # a tile the preparation cannot take: record it, go on
+            rows.append({"block_m": bm, "block_n": bn, "v_order": order, "error": str(exc).splitlines()[0][:160]})
+            continue
         o = torch.empty_like(q)
         for warps, stages in space.launches:
             cand = dataclasses.replace(tiled, num_warps=warps, num_stages=stages)
@@ -259,16 +263,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-pv", default="fp16,fp8", help="PV modes to sweep")
     args = parser.parse_args(argv)
 
-    def pairs(spec):
-        return tuple(tuple(int(x) for x in item.split("x")) for item in spec.split(","))
+    def pairs(option: str, spec: str) -> tuple:
+        try:
+            values = tuple(tuple(int(x) for x in item.split("x")) for item in spec.split(","))
+        except ValueError:
+            values = ()
+        if not values or any(len(v) != 2 for v in values):
+            parser.error(f"{option} {spec!r}: comma list of AxB, e.g. 64x128,128x128")
+        return values
 
     space = SweepSpace(v_orders=tuple(args.sweep_orders.split(",")), pv_modes=tuple(args.sweep_pv.split(",")))
     if args.sweep_tiles:
-        space.tiles = pairs(args.sweep_tiles)
+        space.tiles = pairs("--sweep-tiles", args.sweep_tiles)
+        if any(bn % 32 for _, bn in space.tiles):  # mma_key_order works on 32-key groups
+            parser.error(f"--sweep-tiles {args.sweep_tiles!r}: BLOCK_N must be a multiple of 32")
     if args.sweep_launch:
-        space.launches = pairs(args.sweep_launch)
+        space.launches = pairs("--sweep-launch", args.sweep_launch)
     if set(space.v_orders) - {"mma", "natural"}:
         parser.error(f"--sweep-orders {args.sweep_orders!r}: mma, natural or both")
+    if set(space.pv_modes) - {"fp16", "fp8"}:
+        parser.error(f"--sweep-pv {args.sweep_pv!r}: fp16, fp8 or both")
+    given = [o for o, v in (("--sweep-tiles", args.sweep_tiles), ("--sweep-launch", args.sweep_launch)) if v]
+    if given and not args.sweep:
+        parser.error(f"{', '.join(given)} without --sweep: name the shapes to sweep")
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -291,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for pv, entries in r.get("sweep", {}).items():
             ok = sorted((e for e in entries if "tops" in e), key=lambda e: -e["tops"])[:4]
-            best = ", ".join(f"{e['block_m']}x{e['block_n']} w{e['warps']}s{e['stages']} {e.get('v_order', '')}"
-                             f": {e['tops']:.0f} (prep {e['prep_ms']:.3f} ms)" for e in ok)
+            best = ", ".join(f"{e['block_m']}x{e['block_n']} w{e['warps']}s{e['stages']}"
+                             f"{' ' + e['v_order'] if 'v_order' in e else ''}: {e['tops']:.0f} "
+                             f"(prep {e['prep_ms']:.3f} ms)" for e in ok)
             print(f"sweep {r['shape']} {pv}: {best}")
     return 0
 

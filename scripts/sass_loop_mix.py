@@ -83,18 +83,23 @@ def disassemble(cubin: bytes) -> str:
     return cuobjdump(cubin, "-sass")
 
 
-def resources(cubin: bytes) -> str:
-    """'REG:n STACK:n SHARED:n' from cuobjdump -res-usage (a STACK above 0 means spills)."""
-    usage = cuobjdump(cubin, "-res-usage")
-    return " ".join(re.search(rf"{key}:\d+", usage).group(0) for key in ("REG", "STACK", "SHARED"))
+def resources(compiled) -> str:
+    """Registers and stack from cuobjdump -res-usage (a stack above 0 means spills) and the shared
+    memory the launch takes. For the Gluon kernel the registers are the launch count: its
+    consumers raise theirs with setmaxnreg."""
+    usage = cuobjdump(compiled.asm["cubin"], "-res-usage")
+    regs, stack = (re.search(rf"{key}:(\d+)", usage).group(1) for key in ("REG", "STACK"))
+    return f"registers {regs} (at launch), stack {stack} B, shared {compiled.metadata.shared} B"
 
 
 def mma_loops(sass: str) -> list[tuple[int, int, collections.Counter]]:
-    """(start, end, opcode counts) of every innermost backward-branch loop whose body issues an MMA."""
+    """(start, end, opcode counts) of every innermost loop whose body issues an MMA. A loop ends in a
+    predicated backward branch; unconditional ones are jumps back from out-of-line code (mbarrier
+    wait slow paths), not loops."""
     lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", sass)]
     loops = []
     for addr, text in lines:
-        branch = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        branch = re.search(r"^@!?U?P\w+\s+BRA\b.*?(0x[0-9a-f]+)", text.strip())
         if branch and int(branch.group(1), 16) < addr:
             start = int(branch.group(1), 16)
             body = (re.sub(r"^@!?U?P\w+\s+", "", t) for a, t in lines if start <= a <= addr)
@@ -118,21 +123,24 @@ def main() -> None:
     args = parser.parse_args()
     tile = tuple(map(int, args.tile.split("x"))) if args.tile else None
     warps_stages = tuple(map(int, args.launch.split("x"))) if args.launch else None
+    if (tile or warps_stages) and "gluon" in args.kernels.split(","):
+        parser.error("--tile/--launch apply to the plain kernel: use --kernels plain")
+    variant = "".join(f"-{x[0]}x{x[1]}" for x in (tile, warps_stages) if x)  # in labels and file names
     if args.pv == "fp16" and "gluon" in args.kernels.split(","):
         parser.error("the Gluon kernel has FP8 PV only: use --kernels plain with --pv fp16")
     compilers = {"plain": compile_plain, "gluon": compile_gluon}
     for name in args.kernels.split(","):
         for block_d in map(int, args.dims.split(",")):
-            cubin = compilers[name](block_d, args.pv, tile, warps_stages).asm["cubin"]
-            sass = disassemble(cubin)
-            print(f"{name} d{block_d} {args.pv}: {resources(cubin)}")
+            compiled = compilers[name](block_d, args.pv, tile, warps_stages)
+            sass = disassemble(compiled.asm["cubin"])
+            label = f"{name}{variant} d{block_d} {args.pv}"
+            print(f"{label}: {resources(compiled)}")
             if args.sass:
                 args.sass.mkdir(parents=True, exist_ok=True)
-                (args.sass / f"{name}-d{block_d}.sass").write_text(sass)
+                (args.sass / f"{name}{variant}-d{block_d}.sass").write_text(sass)
             for start, end, opcodes in mma_loops(sass):
                 mix = ", ".join(f"{op} {n}" for op, n in opcodes.most_common(args.top))
-                count = sum(opcodes.values())
-                print(f"{name} d{block_d} {args.pv} loop {start:#x}-{end:#x}: {count} instructions; {mix}")
+                print(f"{label} loop {start:#x}-{end:#x}: {sum(opcodes.values())} instructions; {mix}")
 
 
 if __name__ == "__main__":

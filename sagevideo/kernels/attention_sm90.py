@@ -120,9 +120,9 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
 def _p_operand(p, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
     """P (fp32, s_layout) as the P·V MMA's e4m3 A operand: narrowed in the accumulator layout (F2FP
     packs each thread's key pairs), then, with V_MMA_ORDER, its keys put in `_mma_key_order` (Vᵀ was
-    stored so), which makes the conversion a renaming of registers. Called outside the pipelined
-    schedule's per-tile branch, on fp32 P: 8-bit P in the accumulator layout (or reordered) leaving
-    that branch gave non-finite outputs on the H200 (Triton 3.6)."""
+    stored so), which makes the conversion a renaming of registers. Takes fp32 P and is called
+    outside any branch: 8-bit P in the accumulator layout (or reordered) leaving an `if` (the
+    pipelined schedule's former per-tile branch) gave non-finite outputs on the H200 (Triton 3.6)."""
     p8 = p.to(gl.float8e4nv)
     if V_MMA_ORDER:
         p8 = _mma_key_order(p8)
@@ -132,9 +132,9 @@ def _p_operand(p, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
 @gluon.jit
 def _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
                   BLOCK_N: gl.constexpr, s_layout: gl.constexpr, DROP: gl.constexpr):
-    """`_softmax` of key tile j (P fp32 in s_layout): bounds checked only on the partial last tile
-    (a branch per tile: the pipelined schedule's loop; the serial one runs full tiles and the last
-    in separate loops)."""
+    """`_softmax` of key tile j (P fp32 in s_layout), bounds checked only if it is the partial last
+    tile: for the pipelined schedule's first tile, before its loops (the loops themselves run full
+    tiles and the last one separately, as the serial schedule does)."""
     if j < n_full:
         p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, False, DROP)
     else:

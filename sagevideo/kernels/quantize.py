@@ -356,7 +356,7 @@ class QuantizedInputs:
     k_mean: torch.Tensor
     v_fp8_t: torch.Tensor | None
     v_scale: torch.Tensor | None
-    v_mma_order: bool = False
+    v_mma_order: bool
 
 
 def program_tiles(n_tiles: int, most: int) -> int:

@@ -18,23 +18,27 @@ import torch.nn.functional as F
 _COMPILE = """
 import json, sys
 from sagevideo.kernels import attention_sm90
-kernel = attention_sm90.compile_for_sm90(int(sys.argv[1]), pipeline_qk=sys.argv[2] == "1", consumers=int(sys.argv[3]))
+kernel = attention_sm90.compile_for_sm90(int(sys.argv[1]), pipeline_qk=sys.argv[2] == "1", consumers=int(sys.argv[3]),
+                                        v_mma_order=sys.argv[4] == "1")
 print(json.dumps({"ptx": kernel.asm["ptx"], "shared": kernel.metadata.shared}))
 """
 
 
-@pytest.mark.parametrize("pipeline_qk, consumers", [(False, 1), (True, 2)])
-def test_compiles_for_sm90_on_any_machine(pipeline_qk, consumers):
+@pytest.mark.parametrize(
+    "head_d, pipeline_qk, consumers, v_mma_order", [(64, False, 1, True), (64, True, 2, True), (128, True, 1, False)]
+)
+def test_compiles_for_sm90_on_any_machine(head_d, pipeline_qk, consumers, v_mma_order):
     # A fresh process without TRITON_INTERPRET: under the CPU interpreter (root conftest) jit
     # functions are interpreted Python, which the Gluon compiler refuses.
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE, "64", str(int(pipeline_qk)), str(consumers)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    args = [str(head_d), str(int(pipeline_qk)), str(consumers), str(int(v_mma_order))]
+    done = subprocess.run([sys.executable, "-c", _COMPILE, *args], env=env, capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = json.loads(done.stdout)
     # Q·Kᵀ as INT8 and P·V as e4m3 warpgroup MMAs, K/V through TMA, registers moved to the consumers.
     assert "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8" in compiled["ptx"]
-    assert "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3" in compiled["ptx"]
+    assert f"wgmma.mma_async.sync.aligned.m64n{head_d}k32.f32.e4m3.e4m3" in compiled["ptx"]
     assert "cp.async.bulk.tensor" in compiled["ptx"] and "setmaxnreg.inc" in compiled["ptx"]
     assert compiled["shared"] <= 227 * 1024
 

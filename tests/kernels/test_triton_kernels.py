@@ -195,7 +195,7 @@ def test_quantization_kernels_equal_the_reference_bit_for_bit(dtype, per_token):
 
     q, k, v, _ = _inputs("k-offset", (1, 2, 300, 64), seed=21, dtype=dtype)
     if dtype == torch.bfloat16:
-        q[0, 1, 128:256] *= 1e-36  # one whole Q group (and for per-token, its rows) tiny
+        q[0, 1, 128:256] *= 1e-36  # whole Q groups (and for per-token, their rows) tiny
     plan = select_plan(q.device, 64, "fp8").plan
     prep = quantize_inputs(q, k, v, None, None, plan, sm_scale=0.125, per_token=per_token, smooth_k=False,
                            need_shift=False)
@@ -230,14 +230,12 @@ def test_v_in_mma_key_order_is_a_permutation_that_leaves_the_output_unchanged(he
     order: the same codes, permuted, and the same attention output (up to the MMA's summation
     order). A wrong permutation on either side pairs P values with other keys' V rows: errors of
     order one."""
-    import dataclasses
-
     from sagevideo.kernels.attention_fwd import attention_forward
+    from sagevideo.kernels.plans import plain_triton
     from sagevideo.kernels.quantize import quantize_inputs
 
     q, k, v, _ = _inputs("k-offset", (1, 2, 300, head_dim), seed=23)
-    plan = select_plan(q.device, head_dim, "fp8").plan
-    plan = dataclasses.replace(plan, kernel="triton", num_warps=4)  # also on the H200, where d128 names Gluon
+    plan = plain_triton(select_plan(q.device, head_dim, "fp8").plan)  # on the H200 d128 names Gluon
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype)
     outs, preps = [], []
     for v_mma_order in (True, False):
