@@ -167,17 +167,27 @@ def _pv_wait(pv, DROP: gl.constexpr):
 
 
 @gluon.jit
+def _issue_scores(j, k_scale_next, q_tile, k_smem, ready, s_zero, KScale, k_scale_row, n_tiles,
+                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Wait for key tile j's ring stage and issue S_j = Q·K_jᵀ (async, int32). Returns (S_j in
+    flight, tile j's K scale, tile j+1's K scale, the stage)."""
+    k_scale = k_scale_next
+    k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
+    stage = j % NUM_STAGES
+    mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
+    s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return s, k_scale, k_scale_next, stage
+
+
+@gluon.jit
 def _serial_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
                  KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                  RELEASE: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
                  MASKED: gl.constexpr, DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr):
     """Key tile j in the serial schedule: S, softmax, P·V, each waited for; the ring stage handed
     back after it (RELEASE 2: every second tile, in pairs). Returns (acc, m, l, tile j+1's K scale)."""
-    k_scale = k_scale_next
-    k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
-    stage = j % NUM_STAGES
-    mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
-    s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s, k_scale, k_scale_next, stage = _issue_scores(j, k_scale_next, q_tile, k_smem, ready, s_zero, KScale,
+                                                    k_scale_row, n_tiles, BLOCK_N, NUM_STAGES)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
     p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP)
     pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(stage), o_zero, DROP)
@@ -199,12 +209,9 @@ def _pipelined_tile(j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_
     """Key tile j (j >= 1) in the pipelined schedule: S_j and P_{j-1}·V_{j-1} issued together, tile
     j's softmax while P_{j-1}·V_{j-1} runs, then that product into acc (alpha: tile j-1's rescale,
     p: tile j-1's P, fp32). Returns (acc, m, l, tile j's alpha, tile j's P, tile j+1's K scale)."""
-    k_scale = k_scale_next
-    k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
-    stage = j % NUM_STAGES
+    s, k_scale, k_scale_next, stage = _issue_scores(j, k_scale_next, q_tile, k_smem, ready, s_zero, KScale,
+                                                    k_scale_row, n_tiles, BLOCK_N, NUM_STAGES)
     prev = (j - 1) % NUM_STAGES
-    mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
-    s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(prev), o_zero, DROP)
     # S_j done; P·V of tile j-1 may run on (issued after S_j; nothing else is in flight).
     s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
