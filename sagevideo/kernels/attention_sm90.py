@@ -263,10 +263,9 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     n_full = N_K // BLOCK_N
 
     if PIPELINE_QK:
-        mbarrier.wait(ready.index(0), 0)
-        s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        k_scale = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
-        k_scale_next = _next_k_scale(KScale, k_scale_row, 1, n_tiles, BLOCK_N)
+        s, k_scale, k_scale_next, _ = _issue_scores(0, _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N),
+                                                    q_tile, k_smem, ready, s_zero, KScale, k_scale_row, n_tiles,
+                                                    BLOCK_N, NUM_STAGES)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, 0, n_full, N_K,
                                            BLOCK_N, s_layout, DROP)
