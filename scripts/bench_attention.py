@@ -163,12 +163,14 @@ def prep_kernel_times(quantize) -> dict:
 @dataclasses.dataclass
 class SweepSpace:
     """What `--sweep` varies. v_orders (FP8 PV): "mma" = Vᵀ keys in the MMA operand's order (what the
-    plain kernel's plans use), "natural" = without that reorder (P converted by lane shuffles)."""
+    plain kernel's plans use), "natural" = without that reorder (P converted by lane shuffles).
+    adds: the plan's `scores_by_add` as the plan has it ("plan"), or forced "on"/"off"."""
 
     tiles: tuple = ((64, 64), (128, 64), (64, 128), (128, 128))
     launches: tuple = ((4, 2), (4, 3), (8, 3))
     v_orders: tuple = ("mma",)
     pv_modes: tuple = ("fp16", "fp8")
+    adds: tuple = ("plan",)
 
 
 def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
@@ -201,9 +203,11 @@ def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
             rows.append({"block_m": bm, "block_n": bn, "v_order": order, "error": str(exc).splitlines()[0][:160]})
             continue
         o = torch.empty_like(q)
-        for warps, stages in space.launches:
-            cand = dataclasses.replace(tiled, num_warps=warps, num_stages=stages)
-            entry = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "prep_ms": prep_ms}
+        for (warps, stages), add in itertools.product(space.launches, space.adds):
+            by_add = tiled.scores_by_add if add == "plan" else add == "on"
+            cand = dataclasses.replace(tiled, num_warps=warps, num_stages=stages, scores_by_add=by_add)
+            entry = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "prep_ms": prep_ms,
+                     "scores_by_add": by_add}
             if plan.pv == "fp8":
                 entry["v_order"] = order
             try:
@@ -261,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-orders", default="mma",
                         help="FP8 Vᵀ key orders to sweep: mma (the plans'), natural, or mma,natural")
     parser.add_argument("--sweep-pv", default="fp16,fp8", help="PV modes to sweep")
+    parser.add_argument("--sweep-adds", default="plan",
+                        help="scores converted by an integer add: plan (as the plan has it), on, off, or on,off")
     args = parser.parse_args(argv)
 
     def pairs(option: str, spec: str) -> tuple:
@@ -272,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{option} {spec!r}: comma list of AxB, e.g. 64x128,128x128")
         return values
 
-    space = SweepSpace(v_orders=tuple(args.sweep_orders.split(",")), pv_modes=tuple(args.sweep_pv.split(",")))
+    space = SweepSpace(v_orders=tuple(args.sweep_orders.split(",")), pv_modes=tuple(args.sweep_pv.split(",")),
+                       adds=tuple(args.sweep_adds.split(",")))
     if args.sweep_tiles:
         space.tiles = pairs("--sweep-tiles", args.sweep_tiles)
         if any(bn % 32 for _, bn in space.tiles):  # mma_key_order works on 32-key groups
@@ -281,9 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         space.launches = pairs("--sweep-launch", args.sweep_launch)
     if set(space.v_orders) - {"mma", "natural"}:
         parser.error(f"--sweep-orders {args.sweep_orders!r}: mma, natural or both")
+    if set(space.adds) - {"plan", "on", "off"}:
+        parser.error(f"--sweep-adds {args.sweep_adds!r}: plan, on, off, or a comma list")
     if set(space.pv_modes) - {"fp16", "fp8"}:
         parser.error(f"--sweep-pv {args.sweep_pv!r}: fp16, fp8 or both")
-    given = [o for o, v in (("--sweep-tiles", args.sweep_tiles), ("--sweep-launch", args.sweep_launch)) if v]
+    given = [o for o, v in (("--sweep-tiles", args.sweep_tiles), ("--sweep-launch", args.sweep_launch),
+                            ("--sweep-adds", args.sweep_adds != "plan")) if v]
     if given and not args.sweep:
         parser.error(f"{', '.join(given)} without --sweep: name the shapes to sweep")
     if not torch.cuda.is_available():
@@ -307,9 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     for r in rows:
         for pv, entries in r.get("sweep", {}).items():
-            ok = sorted((e for e in entries if "tops" in e), key=lambda e: -e["tops"])[:4]
+            ok = sorted((e for e in entries if "tops" in e), key=lambda e: -e["tops"])[:6]
             best = ", ".join(f"{e['block_m']}x{e['block_n']} w{e['warps']}s{e['stages']}"
-                             f"{' ' + e['v_order'] if 'v_order' in e else ''}: {e['tops']:.0f} "
+                             f"{' ' + e['v_order'] if 'v_order' in e else ''}"
+                             f"{' add' if e['scores_by_add'] else ' i2f'}: {e['tops']:.0f} "
                              f"(prep {e['prep_ms']:.3f} ms)" for e in ok)
             print(f"sweep {r['shape']} {pv}: {best}")
     return 0

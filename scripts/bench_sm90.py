@@ -29,18 +29,23 @@ CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "
 # s = serial, p = pipelined (intra-warpgroup overlap); the digit = ring stages; "d1"/"d2" = timing
 # experiments that drop one stage (d1: softmax, d2: the P·V MMA), whose outputs are wrong; "r2" =
 # ring stages released in pairs (serial, even stages); "c1" = one consumer warpgroup per CTA (two
-# CTAs per SM) instead of two.
+# CTAs per SM) instead of two; a final "a" = scores converted by an integer add (`scores_by_add`),
+# "i" = by I2F; neither: as the Gluon plan has it.
 VARIANTS = "s2,p2,p3,p4"
 
 
 def parse_variants(spec: str) -> dict:
-    """"s2,p4d1,s4r2c1" -> {"s2": (False, 2, 0, 1, 2), "p4d1": (True, 4, 1, 1, 2), "s4r2c1": (False, 4, 0, 2, 1)}."""
+    """"s2,p4d1,s4r2c1a" -> {"s2": (False, 2, 0, 1, 2, None), "p4d1": (True, 4, 1, 1, 2, None),
+    "s4r2c1a": (False, 4, 0, 2, 1, True)}: (pipelined, stages, drop, release, consumers, scores_by_add)."""
     out = {}
     for name in spec.split(","):
-        match = re.fullmatch(r"([sp])(\d+)(?:d([12]))?(?:r([12]))?(?:c([12]))?", name)
+        match = re.fullmatch(r"([sp])(\d+)(?:d([12]))?(?:r([12]))?(?:c([12]))?([ai])?", name)
         if not match:
-            raise SystemExit(f"bad variant {name!r}: s<stages> or p<stages>, optionally d1/d2, e.g. p3 or s2d1")
-        out[name] = (match[1] == "p", int(match[2]), int(match[3] or 0), int(match[4] or 1), int(match[5] or 2))
+            raise SystemExit(f"bad variant {name!r}: s<stages> or p<stages>, optionally d1/d2, r2, c1/c2, a/i, "
+                             "e.g. p3, s2d1 or s2c1a")
+        by_add = None if match[6] is None else match[6] == "a"
+        out[name] = (match[1] == "p", int(match[2]), int(match[3] or 0), int(match[4] or 1), int(match[5] or 2),
+                     by_add)
     return out
 
 
@@ -49,7 +54,7 @@ def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
 
     from sagevideo.kernels.attention_fwd import attention_forward
     from sagevideo.kernels.attention_sm90 import attention_forward_sm90
-    from sagevideo.kernels.plans import plain_triton, select_plan
+    from sagevideo.kernels.plans import plain_triton, scores_by_add, select_plan
     from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
 
@@ -77,13 +82,16 @@ def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
         if timed:
             row["ms"]["sdpa-cudnn"] = bench_ms(sdpa_fn("cudnn", q, k, v))
             row["ms"]["triton-kernel"] = bench_ms(triton_kernel)
-        for label, (pipeline, stages, drop, release, consumers) in variants.items():
+        for label, (pipeline, stages, drop, release, consumers, by_add) in variants.items():
             out = torch.full_like(q, float("nan"))
+            if by_add is None:
+                by_add = scores_by_add(plan.arch, plan.block_d, plan.pv, "gluon")
             try:
                 def gluon_kernel(out=out, pipeline=pipeline, stages=stages, drop=drop, release=release,
-                                 consumers=consumers):
+                                 consumers=consumers, by_add=by_add):
                     attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
-                                           pipeline_qk=pipeline, drop=drop, release=release, consumers=consumers)
+                                           pipeline_qk=pipeline, drop=drop, release=release, consumers=consumers,
+                                           scores_by_add=by_add)
 
                 gluon_kernel()
                 torch.cuda.synchronize()

@@ -28,17 +28,18 @@ MMA_OPCODES = ("HGMMA", "IGMMA", "QGMMA")
 
 
 def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = None,
-                  warps_stages: tuple[int, int] | None = None):
+                  warps_stages: tuple[int, int] | None = None, by_add: bool | None = None):
     """The plain kernel for the `pv` plan at `block_d` (or another `tile` (BLOCK_M, BLOCK_N) and
-    `warps_stages`), with the specializations a real launch gets (16-byte aligned pointers, sizes
-    and strides divisible by 16): without them Triton cannot prove alignment and loads K/V byte by
-    byte, which no launch does."""
+    `warps_stages`; `by_add`: scores converted by an integer add or not, None: as the sm90 plan),
+    with the specializations a real launch gets (16-byte aligned pointers, sizes and strides
+    divisible by 16): without them Triton cannot prove alignment and loads K/V byte by byte, which
+    no launch does."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from sagevideo.kernels.attention_fwd import _attn_fwd_kernel
-    from sagevideo.kernels.plans import launch, tiles
+    from sagevideo.kernels.plans import launch, scores_by_add, tiles
 
     block_m, block_n = tile or tiles(pv, block_d)
     num_warps, num_stages = warps_stages or launch("sm90", block_d, pv)
@@ -49,7 +50,8 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
     signature = {**dict(zip(pointers, types, strict=True)), **dict.fromkeys(ints, "i32")}
     constexprs = dict(HEAD_DIM=block_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                       CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False,
-                      V_MMA_ORDER=pv == "fp8")
+                      V_MMA_ORDER=pv == "fp8",
+                      SCORES_BY_ADD=scores_by_add("sm90", block_d, pv, "triton") if by_add is None else by_add)
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     aligned = [*pointers, *(n for n in ints if n not in ("mask_stride_b", "H"))]
     names = _attn_fwd_kernel.arg_names
@@ -59,11 +61,13 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def compile_gluon(block_d: int, pv: str = "fp8", tile=None, warps_stages=None):
+def compile_gluon(block_d: int, pv: str = "fp8", tile=None, warps_stages=None, by_add: bool | None = None):
     """The Gluon kernel with its launcher defaults (one consumer warpgroup, serial schedule)."""
     from sagevideo.kernels.attention_sm90 import compile_for_sm90
+    from sagevideo.kernels.plans import scores_by_add
 
-    return compile_for_sm90(block_d)
+    return compile_for_sm90(block_d, scores_by_add=scores_by_add("sm90", block_d, pv, "gluon")
+                            if by_add is None else by_add)
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:
@@ -120,18 +124,22 @@ def main() -> None:
     parser.add_argument("--sass", type=Path, help="folder to write each kernel's full SASS into")
     parser.add_argument("--tile", help="plain kernel: BLOCK_MxBLOCK_N instead of the plan's, e.g. 64x128")
     parser.add_argument("--launch", help="plain kernel: WARPSxSTAGES instead of the plan's, e.g. 8x3")
+    parser.add_argument("--scores-by-add", choices=("plan", "on", "off"), default="plan",
+                        help="int32 scores to fp32 by an integer add (on) or I2F (off); plan: as the sm90 plan")
     args = parser.parse_args()
     tile = tuple(map(int, args.tile.split("x"))) if args.tile else None
     warps_stages = tuple(map(int, args.launch.split("x"))) if args.launch else None
     if (tile or warps_stages) and "gluon" in args.kernels.split(","):
         parser.error("--tile/--launch apply to the plain kernel: use --kernels plain")
+    by_add = {"plan": None, "on": True, "off": False}[args.scores_by_add]
     variant = "".join(f"-{x[0]}x{x[1]}" for x in (tile, warps_stages) if x)  # in labels and file names
+    variant += "" if by_add is None else f"-add-{args.scores_by_add}"
     if args.pv == "fp16" and "gluon" in args.kernels.split(","):
         parser.error("the Gluon kernel has FP8 PV only: use --kernels plain with --pv fp16")
     compilers = {"plain": compile_plain, "gluon": compile_gluon}
     for name in args.kernels.split(","):
         for block_d in map(int, args.dims.split(",")):
-            compiled = compilers[name](block_d, args.pv, tile, warps_stages)
+            compiled = compilers[name](block_d, args.pv, tile, warps_stages, by_add)
             sass = disassemble(compiled.asm["cubin"])
             label = f"{name}{variant} d{block_d} {args.pv}"
             print(f"{label}: {resources(compiled)}")

@@ -22,6 +22,10 @@ from sagevideo.kernels.reference import FP8_MAX, LN2, MIN_ROW_SCALE
 LN2_CONST = tl.constexpr(LN2)
 MIN_ROW_SCALE_CONST = tl.constexpr(MIN_ROW_SCALE)
 LOG2_FP8_MAX = tl.constexpr(math.log2(FP8_MAX))
+# 1.5·2^23 and its fp32 bits: for |s| < 2^22, the bits of s + SCORE_BIAS are SCORE_BIAS_BITS + s
+# (two's complement), so an integer add turns an int32 score into the fp32 number SCORE_BIAS + s.
+SCORE_BIAS = tl.constexpr(12582912.0)
+SCORE_BIAS_BITS = tl.constexpr(0x4B400000)
 
 
 @triton.jit
@@ -32,19 +36,25 @@ def _attn_tile(
     N_K, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-    PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr, V_MMA_ORDER: tl.constexpr,
+    PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
 ):
     """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i).
 
     MASKED tiles check key bounds, the key mask and causality; the others skip all checks.
     In FP8 mode P is computed pre-scaled by 448 (log2(448) folded into the max), so P fills the
     e4m3 range; l and acc carry the same factor and it cancels in acc / l.
+    SCORES_BY_ADD (per-block K scales): s is the fp32 number SCORE_BIAS + score, made by an integer
+    add (|score| <= 127²·128 < 2^22) instead of an I2F per score, and the bias leaves again in the
+    exponent's FMA: s·c − (m + SCORE_BIAS·c). Faster where measured (plans._SCORES_BY_ADD).
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     # K codes are stored (N_PAD, BLOCK_D) row-major: load the tile transposed for Q·Kᵀ.
     k = tl.load(KQ + offs_n[None, :] * BLOCK_D + offs_d[:, None])
     s_int = tl.dot(q, k, out_dtype=tl.int32)
-    s = s_int.to(tl.float32)  # exact: |s| <= 127²·128 < 2^24
+    if SCORES_BY_ADD and not PER_TOKEN_K:
+        s = (s_int + SCORE_BIAS_BITS).to(tl.float32, bitcast=True)  # = SCORE_BIAS + s_int, exactly
+    else:
+        s = s_int.to(tl.float32)  # exact: |s| <= 127²·128 < 2^24
     if PER_TOKEN_K:
         s = s * (q_scale[:, None] * tl.load(KScale + offs_n)[None, :])
     if MASKED:
@@ -65,6 +75,8 @@ def _attn_tile(
                                propagate_nan=tl.PropagateNan.ALL)  # NaN inputs stay NaN
         if MASKED:
             tile_max = tl.max(s, axis=1)
+            if SCORES_BY_ADD:
+                tile_max = tile_max - SCORE_BIAS  # exact (an integer below 2^24); -inf stays -inf
         else:
             # the max of the exact integers, converted once per row: integer max takes three
             # operands per instruction on sm_90 (float max two), half the row-max instructions
@@ -80,6 +92,10 @@ def _attn_tile(
         m_sub = m_sub - LOG2_FP8_MAX
     if PER_TOKEN_K:
         p = tl.math.exp2(s - m_sub[:, None])
+    elif SCORES_BY_ADD:
+        # (SCORE_BIAS + s)·c − (m + SCORE_BIAS·c): one FMA per score; the subtrahend is rounded
+        # once per row, which moves its exponents together by at most ~c (one integer-score unit)
+        p = tl.math.exp2(s * row_scale[:, None] - tl.fma(row_scale, SCORE_BIAS, m_sub)[:, None])
     else:
         p = tl.math.exp2(s * row_scale[:, None] - m_sub[:, None])  # fused: one rounding
     l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -109,7 +125,7 @@ def _attn_fwd_kernel(
     H, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr,
+    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
 ):
     tile = tl.program_id(0)
     bh = tl.program_id(1)
@@ -140,13 +156,13 @@ def _attn_fwd_kernel(
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, Mask, b, mask_stride_b,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
-            HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER,
+            HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
         )
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, Mask, b, mask_stride_b,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
-            HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER,
+            HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
         )
 
     # l = 0 exactly when a row has no valid key (output 0). A NaN l (NaN inputs) must reach the
@@ -203,5 +219,6 @@ def attention_forward(
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
         FP8_PV=fp8_pv, STORE_LSE=lse is not None, V_MMA_ORDER=fp8_pv and prepared.v_mma_order,
+        SCORES_BY_ADD=plan.scores_by_add and not per_token,
         num_warps=plan.num_warps, num_stages=plan.num_stages,
     )

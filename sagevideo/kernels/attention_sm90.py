@@ -38,6 +38,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+from sagevideo.kernels.attention_fwd import SCORE_BIAS, SCORE_BIAS_BITS
 from sagevideo.kernels.quantize import QuantizedInputs
 from sagevideo.kernels.reference import FP8_MAX, MIN_ROW_SCALE
 
@@ -56,7 +57,7 @@ DEFAULT_CONSUMER_REGS = {1: 232, 2: 240}  # what that budget leaves each consume
 def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr,
-              V_MMA_ORDER: gl.constexpr):
+              V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
     """One warp: Q tiles of both warpgroups once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
@@ -89,21 +90,27 @@ def _mma_key_order(x):
 
 @gluon.jit
 def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
-             s_layout: gl.constexpr, MASKED: gl.constexpr, DROP: gl.constexpr):
+             s_layout: gl.constexpr, MASKED: gl.constexpr, DROP: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
     """Scores (int32, s_layout) of one key tile -> (P fp32 in s_layout, m, l, alpha); `_p_operand`
-    makes P the e4m3 MMA operand.
+    makes P the e4m3 MMA operand. SCORES_BY_ADD: the scores become fp32 by an integer add, as in
+    attention_fwd._attn_tile.
 
     DROP == 1 (timing only, wrong results): no max, exp2 or sum, to measure what softmax costs.
     """
     # > 0 (NaN kept): see attention_fwd._attn_tile
     row_scale = gl.maximum(q_scale * k_scale, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
-    scores = s.to(gl.float32)
+    if SCORES_BY_ADD:
+        scores = (s + SCORE_BIAS_BITS).to(gl.float32, bitcast=True)  # = SCORE_BIAS + s, exactly
+    else:
+        scores = s.to(gl.float32)
     if DROP == 1:
         return scores * row_scale[:, None], m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
     if MASKED:
         cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
         scores = gl.where((cols < N_K)[None, :], scores, float("-inf"))
         tile_max = gl.max(scores, axis=1)
+        if SCORES_BY_ADD:
+            tile_max = tile_max - SCORE_BIAS  # exact; -inf stays -inf
     else:
         tile_max = gl.max(s, axis=1).to(gl.float32)  # integer max: three operands per instruction
     # Scaled after the max (exact: the row scale is positive), so the exponent is one FMA; as in
@@ -111,7 +118,10 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
     m_new = gl.maximum(m_i, tile_max * row_scale)
     alpha = gl.exp2(m_i - m_new)
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
-    p = gl.exp2(scores * row_scale[:, None] - (m_new - LOG2_FP8_MAX)[:, None])
+    m_sub = m_new - LOG2_FP8_MAX
+    if SCORES_BY_ADD:
+        m_sub = gl.fma(row_scale, SCORE_BIAS, m_sub)  # the bias leaves in the exponent's FMA
+    p = gl.exp2(scores * row_scale[:, None] - m_sub[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
@@ -131,14 +141,16 @@ def _p_operand(p, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
 
 @gluon.jit
 def _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
-                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, DROP: gl.constexpr):
+                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, DROP: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
     """`_softmax` of key tile j (P fp32 in s_layout), bounds checked only if it is the partial last
     tile: for the pipelined schedule's first tile, before its loops (the loops themselves run full
     tiles and the last one separately, as the serial schedule does)."""
     if j < n_full:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, False, DROP)
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, False, DROP,
+                                      SCORES_BY_ADD)
     else:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, True, DROP)
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, True, DROP,
+                                      SCORES_BY_ADD)
     return p, m_i, l_i, alpha
 
 
@@ -183,13 +195,14 @@ def _issue_scores(j, k_scale_next, q_tile, k_smem, ready, s_zero, KScale, k_scal
 def _serial_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
                  KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                  RELEASE: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
-                 MASKED: gl.constexpr, DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr):
+                 MASKED: gl.constexpr, DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
     """Key tile j in the serial schedule: S, softmax, P·V, each waited for; the ring stage handed
     back after it (RELEASE 2: every second tile, in pairs). Returns (acc, m, l, tile j+1's K scale)."""
     s, k_scale, k_scale_next, stage = _issue_scores(j, k_scale_next, q_tile, k_smem, ready, s_zero, KScale,
                                                     k_scale_row, n_tiles, BLOCK_N, NUM_STAGES)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP,
+                                  SCORES_BY_ADD)
     pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(stage), o_zero, DROP)
     pv = _pv_wait(pv, DROP)
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
@@ -205,7 +218,7 @@ def _serial_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, 
 def _pipelined_tile(j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,
                     q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
                     s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr,
-                    DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr):
+                    DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
     """Key tile j (j >= 1) in the pipelined schedule: S_j and P_{j-1}·V_{j-1} issued together, tile
     j's softmax while P_{j-1}·V_{j-1} runs, then that product into acc (alpha: tile j-1's rescale,
     p: tile j-1's P, fp32). Returns (acc, m, l, tile j's alpha, tile j's P, tile j+1's K scale)."""
@@ -215,7 +228,8 @@ def _pipelined_tile(j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_
     pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(prev), o_zero, DROP)
     # S_j done; P·V of tile j-1 may run on (issued after S_j; nothing else is in flight).
     s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
-    p, m_i, l_i, alpha_j = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP)
+    p, m_i, l_i, alpha_j = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP,
+                                    SCORES_BY_ADD)
     pv = _pv_wait(pv, DROP)
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
     mbarrier.arrive(empty.index(prev), count=1)
@@ -226,7 +240,7 @@ def _pipelined_tile(j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr,
-              V_MMA_ORDER: gl.constexpr):
+              V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
     """One warpgroup: 64 query rows against every key tile, then the normalised 16-bit store.
 
     RELEASE (serial schedule; 1 or 2): ring stages handed back to the producer every tile or every
@@ -268,7 +282,7 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
                                                     BLOCK_N, NUM_STAGES)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, 0, n_full, N_K,
-                                           BLOCK_N, s_layout, DROP)
+                                           BLOCK_N, s_layout, DROP, SCORES_BY_ADD)
         # Tile j's P is carried into iteration j + 1 as fp32 and narrowed there, just before its
         # MMA: carried as the packed 8-bit operand it cost byte permutes at the loop boundary.
         # Full tiles and the partial last one run in separate loops, as in the serial schedule.
@@ -276,12 +290,12 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
             acc, m_i, l_i, alpha, p, k_scale_next = _pipelined_tile(
                 j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,
                 q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows,
-                False, DROP, V_MMA_ORDER)
+                False, DROP, V_MMA_ORDER, SCORES_BY_ADD)
         for j in range(gl.maximum(n_full, 1), n_tiles):
             acc, m_i, l_i, alpha, p, k_scale_next = _pipelined_tile(
                 j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,
                 q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows,
-                True, DROP, V_MMA_ORDER)
+                True, DROP, V_MMA_ORDER, SCORES_BY_ADD)
         last = (n_tiles - 1) % NUM_STAGES
         pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(last), o_zero, DROP)
         pv = _pv_wait(pv, DROP)
@@ -296,12 +310,12 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
             acc, m_i, l_i, k_scale_next = _serial_tile(
                 j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
                 KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, RELEASE, s_layout, p_layout, o_rows,
-                False, DROP, V_MMA_ORDER)
+                False, DROP, V_MMA_ORDER, SCORES_BY_ADD)
         for j in range(n_full, n_tiles):
             acc, m_i, l_i, k_scale_next = _serial_tile(
                 j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
                 KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, RELEASE, s_layout, p_layout, o_rows,
-                True, DROP, V_MMA_ORDER)
+                True, DROP, V_MMA_ORDER, SCORES_BY_ADD)
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
@@ -318,7 +332,7 @@ def _attn_fwd_sm90_kernel(
     H, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, DROP: gl.constexpr,
-    RELEASE: gl.constexpr, CONSUMERS: gl.constexpr, V_MMA_ORDER: gl.constexpr,
+    RELEASE: gl.constexpr, CONSUMERS: gl.constexpr, V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr,
 ):
     tile = gl.program_id(0)
     bh = gl.program_id(1)
@@ -352,18 +366,18 @@ def _attn_fwd_sm90_kernel(
     if CONSUMERS == 2:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER)),
+                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
             (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 1, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER)),
+                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
             (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER)),
+                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER)),
+                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
             (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER)),
+                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -386,12 +400,13 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
                            num_stages: int = 2, pipeline_qk: bool = False,
                            consumer_regs: int | None = None, producer_regs: int = 24, drop: int = 0,
-                           release: int = 1, consumers: int = 1) -> None:
+                           release: int = 1, consumers: int = 1, scores_by_add: bool = False) -> None:
     """Launch on `prepared` (FP8 V) writing `out` (B, H, Nq, D) view with unit head-dim stride.
 
     drop (timing experiments only; the output is wrong): 1 = no softmax, 2 = no P·V MMA.
     release: 2 hands ring stages back in pairs (serial schedule only; num_stages even).
     consumers: consumer warpgroups per CTA (64 query rows each): 2 (one CTA per SM) or 1 (two per SM).
+    scores_by_add: int32 scores to fp32 by an integer add (the plan's `scores_by_add`).
     consumer_regs: the consumers' setmaxnreg with 2 consumers; with 1, Triton sets the default
     partition's count itself (232 with 128 at launch) and this is not used."""
     if consumers not in (1, 2):
@@ -413,13 +428,15 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         heads, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PIPELINE_QK=pipeline_qk,
         CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, DROP=drop, RELEASE=release,
-        CONSUMERS=consumers, V_MMA_ORDER=prepared.v_mma_order, num_warps=4, maxnreg=MAXNREG[consumers],
+        CONSUMERS=consumers, V_MMA_ORDER=prepared.v_mma_order, SCORES_BY_ADD=scores_by_add,
+        num_warps=4, maxnreg=MAXNREG[consumers],
     )
 
 
 def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pipeline_qk: bool = False,
                      drop: int = 0, consumer_regs: int | None = None, producer_regs: int = 24, release: int = 1,
-                     consumers: int = 1, out_dtype: str = "bf16", v_mma_order: bool = True):
+                     consumers: int = 1, out_dtype: str = "bf16", v_mma_order: bool = True,
+                     scores_by_add: bool = False):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]` and `.metadata.shared`. Layout and type errors surface here on any machine.
     out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
@@ -442,7 +459,8 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pi
     }
     constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PIPELINE_QK": pipeline_qk,
                   "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "DROP": drop,
-                  "RELEASE": release, "CONSUMERS": consumers, "V_MMA_ORDER": v_mma_order}
+                  "RELEASE": release, "CONSUMERS": consumers, "V_MMA_ORDER": v_mma_order,
+                  "SCORES_BY_ADD": scores_by_add}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,

@@ -25,7 +25,8 @@ def attention_kernel(prepared, v: torch.Tensor, key_mask: torch.Tensor | None, o
     if plan.kernel == "gluon":
         from sagevideo.kernels.attention_sm90 import attention_forward_sm90
 
-        attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n_q, n_k=n_k, num_stages=plan.num_stages)
+        attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n_q, n_k=n_k, num_stages=plan.num_stages,
+                               scores_by_add=plan.scores_by_add)
     else:
         attention_forward(prepared, v, key_mask, out, lse, plan, is_causal=is_causal, per_token=per_token,
                           n_q=n_q, n_k=n_k)
@@ -51,13 +52,14 @@ def sageattn_fwd(
     num_warps: int,
     num_stages: int,
     kernel: str,
+    scores_by_add: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q/k/v (B, H, N, D) views with unit head-dim stride; key_mask (B', Nk) uint8.
 
     Returns (out like q, lse (B, H, Nq) fp32; an empty tensor unless return_lse).
     kernel "gluon": the warp-specialized sm90 kernel (callers ensure `attention_sm90.supports`).
     """
-    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, kernel)
+    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, kernel, scores_by_add)
     batch, heads, n_q, _ = q.shape
     n_k = k.shape[2]
     prepared = quantize_inputs(
@@ -95,6 +97,7 @@ def sageattn_triton(
     out, lse = torch.ops.sagevideo.sageattn_fwd(
         q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
         plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.kernel,
+        plan.scores_by_add,
     )
     return out, (lse if return_lse else None)
 
@@ -113,7 +116,7 @@ def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: 
 
 
 def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
-                       pv, arch, block_d, block_m, block_n, num_warps, num_stages, kernel):
+                       pv, arch, block_d, block_m, block_n, num_warps, num_stages, kernel, scores_by_add):
     batch, heads, n_q, _ = q.shape
     lse = q.new_empty(batch, heads, n_q if return_lse else 0, dtype=torch.float32)
     return torch.empty_like(q), lse

@@ -2,7 +2,9 @@
 
 Block sizes are part of the numerical contract: the quantization groups of Q and K are the
 attention tiles (BLOCK_M query rows, BLOCK_N key rows), so the reference emulates a plan's
-blocks exactly. Only `num_warps`/`num_stages` are speed knobs.
+blocks exactly. `num_warps`/`num_stages` are speed knobs, and so is `scores_by_add`, which moves
+a row's exponents by at most about one integer-score unit per key tile (far below the INT8 and e4m3
+rounding; the reference does not emulate it, as it does not emulate the GPU's approximate exp2).
 
 `select_plan` returns a plan, or None with the reason the kernel cannot run, so that
 `sageattn(backend="auto")` can fall back and say why, and `sagevideo env` can print it. It raises
@@ -39,6 +41,9 @@ class KernelPlan:
     arch: "sm90", "sm89", "sm80" or "interpreter" (TRITON_INTERPRET=1 on CPU tensors).
     block_d: head dim the kernel computes at (64 or 128); smaller dims are zero-padded in-kernel.
     block_m/block_n: query/key tile = Q/K quantization group for qk_granularity="block".
+    scores_by_add: the int32 scores become fp32 by an integer add of 1.5·2^23's bits, the bias
+    subtracted again inside the exponent's FMA (m' + 1.5·2^23·c, rounded once per row and tile),
+    instead of an I2F per score (per-block K scales only; speed, see `_SCORES_BY_ADD`).
     """
 
     arch: str
@@ -49,12 +54,14 @@ class KernelPlan:
     num_warps: int
     num_stages: int
     kernel: str = "triton"
+    scores_by_add: bool = False
 
     def describe(self) -> str:
         kernel = " kernel=gluon (warp-specialized sm90)" if self.kernel == "gluon" else ""
+        add = " scores-by-add" if self.scores_by_add else ""
         return (
             f"{self.arch} d{self.block_d} pv={self.pv}: BLOCK_M={self.block_m} BLOCK_N={self.block_n} "
-            f"warps={self.num_warps} stages={self.num_stages}{kernel}"
+            f"warps={self.num_warps} stages={self.num_stages}{add}{kernel}"
         )
 
 
@@ -95,6 +102,20 @@ _LAUNCH = {
 _LAUNCH_PV = {
     ("sm90", 64, "fp16"): (8, 3),
 }
+
+
+# (arch, block_d, PV mode, kernel) whose kernel converts scores by an integer add (`scores_by_add`).
+# H200, kernel alone, A/B on the same inputs (docs/benchmarks.md, sixth session): FP8 PV d64 plain
+# 1.430/1.442 -> 1.445/1.476x cuDNN at the CogVideoX-2B/5B shapes; the same change made the plain
+# d128 kernel slower (1.442 -> 1.376/1.363x at 8k/32k), so it is not taken there.
+_SCORES_BY_ADD = {
+    ("sm90", 64, "fp8", "triton"),
+}
+
+
+def scores_by_add(arch: str, block_d: int, pv: str, kernel: str) -> bool:
+    """Whether the plan's kernel converts scores by an integer add; speed only."""
+    return (arch, block_d, pv, kernel) in _SCORES_BY_ADD
 
 
 def launch(arch: str, block_d: int, pv: str) -> tuple[int, int]:
@@ -196,7 +217,8 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
         return PlanChoice(None, "pv='fp8' needs FP8 tensor cores (sm89 or newer); use pv='fp16'")
     block_m, block_n = _TILES[(pv, block_d)]
     num_warps, num_stages = launch(arch, block_d, pv)
-    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages)
+    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages,
+                      scores_by_add=scores_by_add(arch, block_d, pv, "triton"))
     wanted = sm90_kernel_wanted() if arch == "sm90" else "triton"  # checked on sm90 whatever the shape
     # Newer GPUs run the sm90 plans too, but the Gluon kernel's warpgroup MMAs exist only on Hopper.
     hopper = arch == "sm90" and torch.cuda.get_device_capability(device)[0] == 9
@@ -205,14 +227,16 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
         problem = gluon_sm90_problem() or gluon_sm90_compile_problem(block_d, stages)
         if problem:  # the plain-Triton kernel computes the same; say why in `sagevideo env`
             return PlanChoice(plan, f"Gluon sm90 kernel not used ({SM90_KERNEL_ENV}={wanted}): {problem}")
-        plan = KernelPlan(arch, block_d, pv, block_m, block_n, 4, stages, kernel="gluon")
+        plan = KernelPlan(arch, block_d, pv, block_m, block_n, 4, stages, kernel="gluon",
+                          scores_by_add=scores_by_add(arch, block_d, pv, "gluon"))
     return PlanChoice(plan)
 
 
 def plain_triton(plan: KernelPlan) -> KernelPlan:
     """The plain-Triton plan with `plan`'s tiles (for calls the Gluon kernel does not take)."""
     num_warps, num_stages = launch(plan.arch, plan.block_d, plan.pv)
-    return KernelPlan(plan.arch, plan.block_d, plan.pv, plan.block_m, plan.block_n, num_warps, num_stages)
+    return KernelPlan(plan.arch, plan.block_d, plan.pv, plan.block_m, plan.block_n, num_warps, num_stages,
+                      scores_by_add=scores_by_add(plan.arch, plan.block_d, plan.pv, "triton"))
 
 
 def tiles(pv: str, head_dim: int) -> tuple[int, int]:

@@ -6,6 +6,7 @@ quantized inputs it computes what the plain-Triton kernel computes (same tiles a
 fp32 summation order differs), and holds the FP8-PV floor of DESIGN §2 against fp32 SDPA.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -19,19 +20,20 @@ _COMPILE = """
 import json, sys
 from sagevideo.kernels import attention_sm90
 kernel = attention_sm90.compile_for_sm90(int(sys.argv[1]), pipeline_qk=sys.argv[2] == "1", consumers=int(sys.argv[3]),
-                                        v_mma_order=sys.argv[4] == "1")
+                                        v_mma_order=sys.argv[4] == "1", scores_by_add=sys.argv[5] == "1")
 print(json.dumps({"ptx": kernel.asm["ptx"], "shared": kernel.metadata.shared}))
 """
 
 
 @pytest.mark.parametrize(
-    "head_d, pipeline_qk, consumers, v_mma_order", [(64, False, 1, True), (64, True, 2, True), (128, True, 1, False)]
+    "head_d, pipeline_qk, consumers, v_mma_order, scores_by_add",
+    [(64, False, 1, True, False), (64, True, 2, True, True), (128, True, 1, False, False), (128, False, 1, True, True)],
 )
-def test_compiles_for_sm90_on_any_machine(head_d, pipeline_qk, consumers, v_mma_order):
+def test_compiles_for_sm90_on_any_machine(head_d, pipeline_qk, consumers, v_mma_order, scores_by_add):
     # A fresh process without TRITON_INTERPRET: under the CPU interpreter (root conftest) jit
     # functions are interpreted Python, which the Gluon compiler refuses.
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    args = [str(head_d), str(int(pipeline_qk)), str(consumers), str(int(v_mma_order))]
+    args = [str(head_d), str(int(pipeline_qk)), str(consumers), str(int(v_mma_order)), str(int(scores_by_add))]
     done = subprocess.run([sys.executable, "-c", _COMPILE, *args], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -41,13 +43,15 @@ def test_compiles_for_sm90_on_any_machine(head_d, pipeline_qk, consumers, v_mma_
     assert f"wgmma.mma_async.sync.aligned.m64n{head_d}k32.f32.e4m3.e4m3" in compiled["ptx"]
     assert "cp.async.bulk.tensor" in compiled["ptx"] and "setmaxnreg.inc" in compiled["ptx"]
     assert compiled["shared"] <= 227 * 1024
+    # scores_by_add: the int32 scores become fp32 by adding 1.5·2^23's bits (0x4B400000)
+    assert ("1262485504" in compiled["ptx"]) == scores_by_add
 
 
 def _on_hopper() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def _run_both(shape, dtype, pipeline_qk, consumers):
+def _run_both(shape, dtype, pipeline_qk, consumers, scores_by_add=None):
     from sagevideo.kernels.attention_fwd import attention_forward
     from sagevideo.kernels.plans import plain_triton, select_plan
     from sagevideo.kernels.quantize import quantize_inputs
@@ -58,6 +62,8 @@ def _run_both(shape, dtype, pipeline_qk, consumers):
     k[..., 3] += 8.0  # a K channel offset: smoothing matters
     b, h, n, d = shape
     plan = plain_triton(select_plan(q.device, d, "fp8").plan)
+    if scores_by_add is not None:
+        plan = dataclasses.replace(plan, scores_by_add=scores_by_add)
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype)
 
     prepared = quantize_inputs(q, k, v, None, rotation, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
@@ -68,7 +74,7 @@ def _run_both(shape, dtype, pipeline_qk, consumers):
 
     gluon = torch.full_like(q, float("nan"))
     attention_forward_sm90(prepared, gluon, block_n=plan.block_n, n_q=n, n_k=n, pipeline_qk=pipeline_qk,
-                           consumers=consumers)
+                           consumers=consumers, scores_by_add=plan.scores_by_add)
     return q, k, v, plain, gluon
 
 
@@ -96,6 +102,22 @@ def test_matches_plain_triton_kernel(shape, dtype, pipeline_qk, consumers):
     assert _worst_cosine(plain, gluon) >= 0.99999
     assert (gluon.float() - plain.float()).abs().max().item() <= 8e-3
     assert _worst_cosine(_fp32_sdpa(q, k, v), gluon) >= 0.998
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("pipeline_qk", [False, True])
+@pytest.mark.parametrize("shape", [(1, 2, 1000, 64), (2, 3, 777, 128), (2, 30, 17776, 64)])
+def test_scores_by_add_matches_i2f_in_both_kernels(shape, pipeline_qk):
+    """Both kernels converting scores by an integer add agree with each other and with the I2F
+    conversion (the plain kernel without it): the same numbers up to one rounding per row and tile."""
+    q, k, v, plain_add, gluon_add = _run_both(shape, torch.bfloat16, pipeline_qk, 1, scores_by_add=True)
+    *_, plain_i2f, _ = _run_both(shape, torch.bfloat16, pipeline_qk, 1, scores_by_add=False)
+    for out in (plain_add, gluon_add):
+        assert torch.isfinite(out).all()
+        assert _worst_cosine(plain_i2f, out) >= 0.99999
+        assert (out.float() - plain_i2f.float()).abs().max().item() <= 8e-3
+    assert _worst_cosine(_fp32_sdpa(q, k, v), gluon_add) >= 0.998
 
 
 def _fp32_sdpa(q, k, v):

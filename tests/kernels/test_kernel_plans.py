@@ -111,3 +111,17 @@ def test_launch_can_differ_by_pv_mode_but_tiles_do_not(hopper):
     assert (fp16.num_warps, fp8.num_warps) == (8, 4)  # the H200 sweep's best per mode
     assert (fp16.block_m, fp16.block_n) == plans.tiles("fp16", 64)
     assert plans.plain_triton(fp16) == fp16
+
+
+def test_scores_by_add_only_where_it_measured_faster(hopper, monkeypatch):
+    d64 = plans.select_plan(CUDA, 64, "fp8").plan
+    assert d64.scores_by_add and "scores-by-add" in d64.describe()
+    gluon = plans.select_plan(CUDA, 128, "fp8").plan
+    for plan in (gluon, plans.plain_triton(gluon), plans.select_plan(CUDA, 64, "fp16").plan):
+        assert not plan.scores_by_add and "scores-by-add" not in plan.describe()
+    # a speed knob: the plain plan derived from a Gluon one takes the plain kernel's own choice
+    monkeypatch.setattr(plans, "_SCORES_BY_ADD", {("sm90", 128, "fp8", "gluon")})
+    gluon = plans.select_plan(CUDA, 128, "fp8").plan
+    assert gluon.scores_by_add and not plans.plain_triton(gluon).scores_by_add
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
+    assert not plans.select_plan(CUDA, 64, "fp8").plan.scores_by_add  # measured on sm90 only

@@ -224,6 +224,47 @@ def test_quantization_kernels_equal_the_reference_bit_for_bit(dtype, per_token):
         assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
 
 
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"is_causal": True}, {"with_mask": True, "return_lse": True}],
+    ids=["plain", "causal", "mask+lse"],
+)
+def test_scores_by_add_matches_the_reference(monkeypatch, pv, options):
+    """A plan with `scores_by_add` (int32 scores to fp32 by an integer add of 1.5·2^23's bits, the
+    bias taken out again in the exponent's FMA) against the reference, which converts exactly: the
+    same output up to the subtrahend's one rounding. A bias left in the max or the exponent gives
+    zeros or overflow, not small errors."""
+    from sagevideo.kernels import op, plans
+
+    monkeypatch.setattr(plans, "_SCORES_BY_ADD", {(a, d, p, "triton") for a in ("interpreter", "sm90", "sm89", "sm80")
+                                                  for d in (64, 128) for p in ("fp16", "fp8")})
+    launched = []
+
+    def recording(*args, **kwargs):  # the plan the plain kernel was launched with
+        launched.append(args[5].scores_by_add)
+        return attention_forward(*args, **kwargs)
+
+    attention_forward = op.attention_forward
+    monkeypatch.setattr(op, "attention_forward", recording)
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "triton")  # on the H200: the plain kernel at d128 too
+    q, k, v, _ = _inputs("k-offset", (1, 2, 150, 64), seed=29)
+    kw = dict(options)
+    if kw.pop("with_mask", False):
+        mask = torch.ones(1, 150, dtype=torch.bool, device=DEVICE)
+        mask[:, 100:] = False
+        kw["attn_mask"] = mask[:, None, None, :]
+    out_t, out_r = _both(q, k, v, pv=pv, **kw)
+    assert launched == [True]
+    if kw.get("return_lse"):
+        (out_t, lse_t), (out_r, lse_r) = out_t, out_r
+        assert (lse_t - lse_r).abs().max() < 1e-3
+    if pv == "fp16":
+        _assert_close_16bit(out_t, out_r)
+    else:
+        assert torch.isfinite(out_t).all() and error_stats(out_r, out_t).cos_worst > (0.99 if INTERPRETED else 0.9998)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_v_in_mma_key_order_is_a_permutation_that_leaves_the_output_unchanged(head_dim):
     """Vᵀ keys in `quantize.mma_key_order` (P reordered to match in the kernel) against the natural
