@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Side-by-side attention throughput on one GPU: SDPA backends vs sagevideo (and PyPI sageattention).
 
-TOPS = 4·B·H·N²·D / median time (triton.testing.do_bench), non-causal, random fp16 inputs with a
-K channel offset (never zeros), every variant in the same run. Ratios are against SDPA's cuDNN
-backend (the best 16-bit attention on Hopper). For sagevideo, "call" is the full `sageattn` call
-as users make it (quantization included) and "kernel" the attention kernel alone on
-pre-quantized inputs. Accuracy: cosine vs fp32 SDPA (worst over heads) for every sagevideo mode.
+TOPS = 4·B·H·N²·D / median time, non-causal, random fp16 inputs with a K channel offset (never
+zeros), every variant in the same run. Each variant is timed `--reps` times (triton.testing.do_bench
+medians) in round-robin order and the median of those is reported: the H200's clock drifts by
+several percent within a run, and interleaving spreads the drift over every variant alike.
+Ratios are against SDPA's cuDNN backend (the best 16-bit attention on Hopper). For sagevideo,
+"call" is the full `sageattn` call as users make it (quantization included) and "kernel" the
+attention kernel alone on pre-quantized inputs. Accuracy: cosine vs fp32 SDPA (worst over heads) for every sagevideo mode.
 
     python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep cogvideox-2b]
     python scripts/bench_attention.py --shapes cogvideox-2b --sweep cogvideox-2b --sweep-pv fp8 \
@@ -47,6 +49,23 @@ def bench_ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def bench_interleaved(fns: dict, reps: int) -> tuple[dict, dict, dict]:
+    """Time every fn `reps` times, round-robin. Returns (median ms per name, all ms per name, error
+    per name that failed; a failing fn is dropped after its first error)."""
+    runs: dict = {name: [] for name in fns}
+    errors: dict = {}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            if name in errors:
+                continue
+            try:
+                runs[name].append(bench_ms(fn))
+            except RuntimeError as exc:  # e.g. an SDPA backend unavailable for this shape
+                errors[name] = str(exc).splitlines()[0]
+    medians = {name: sorted(ms)[len(ms) // 2] for name, ms in runs.items() if ms}
+    return medians, {name: ms for name, ms in runs.items() if ms}, errors
+
+
 def sdpa_fn(backend: str, q, k, v):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -82,7 +101,7 @@ def reference_fp32(q, k, v) -> torch.Tensor:
     return out
 
 
-def bench_shape(name: str, shape, sweep: SweepSpace | None) -> dict:
+def bench_shape(name: str, shape, sweep: SweepSpace | None, reps: int = 3) -> dict:
     """One row of the table; `sweep`: also time the plain kernel's variants in that space."""
     from torch._library.triton import set_wrap_triton_enabled
 
@@ -97,17 +116,11 @@ def bench_shape(name: str, shape, sweep: SweepSpace | None) -> dict:
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3))
     k[..., 7] += 8.0
     row: dict = {"shape": name, "B": b, "H": h, "N": n, "D": d, "tops": {}, "ms": {}, "cos_worst": {}}
-    for backend in SDPA_BACKENDS:
-        try:
-            ms = bench_ms(sdpa_fn(backend, q, k, v))
-            row["ms"][f"sdpa-{backend}"] = ms
-        except RuntimeError as exc:  # backend unavailable for this shape
-            row["ms"][f"sdpa-{backend}"] = None
-            row.setdefault("errors", {})[f"sdpa-{backend}"] = str(exc).splitlines()[0]
+    timed: dict = {f"sdpa-{backend}": sdpa_fn(backend, q, k, v) for backend in SDPA_BACKENDS}
     try:
         from sageattention import sageattn as pypi_sageattn  # PyPI sageattention 1.0.x, if installed
 
-        row["ms"]["pypi-sageattention"] = bench_ms(lambda: pypi_sageattn(q, k, v, tensor_layout="HND"))
+        timed["pypi-sageattention"] = lambda: pypi_sageattn(q, k, v, tensor_layout="HND")
     except ImportError:
         pass
 
@@ -117,7 +130,7 @@ def bench_shape(name: str, shape, sweep: SweepSpace | None) -> dict:
         row.setdefault("kernel", {})[pv] = last_backend().ran  # "triton", or "gluon" (SAGEVIDEO_SM90_KERNEL)
         assert last_backend().ran in ("triton", "gluon")
         row["cos_worst"][pv] = cosine_worst(ref, out)
-        row["ms"][f"sage-{pv}-call"] = bench_ms(lambda pv=pv: sageattn(q, k, v, pv=pv, backend="triton"))
+        timed[f"sage-{pv}-call"] = lambda pv=pv: sageattn(q, k, v, pv=pv, backend="triton")
         plan = select_plan(q.device, d, pv).plan
         rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
 
@@ -127,16 +140,27 @@ def bench_shape(name: str, shape, sweep: SweepSpace | None) -> dict:
 
         # Launch the kernels directly, as the registered op does in eager mode: through the
         # wrap_triton HOP each launch costs ~0.2 ms of Python and the timing is of the CPU.
+        def direct(fn):
+            def run():
+                with set_wrap_triton_enabled(False):
+                    return fn()
+
+            return run
+
         with set_wrap_triton_enabled(False):
             prepared = quantize()
-            o = torch.empty_like(q)
-            row["ms"][f"sage-{pv}-quant"] = bench_ms(quantize)
-            row["ms"][f"sage-{pv}-kernel"] = bench_ms(lambda prepared=prepared, o=o, plan=plan: attention_kernel(
-                prepared, v, None, o, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n))
             row.setdefault("prep_kernels_ms", {})[pv] = prep_kernel_times(quantize)
-        del prepared
+        o = torch.empty_like(q)
+        timed[f"sage-{pv}-quant"] = direct(quantize)
+        timed[f"sage-{pv}-kernel"] = direct(lambda prepared=prepared, o=o, plan=plan: attention_kernel(
+            prepared, v, None, o, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n))
         if sweep and pv in sweep.pv_modes:
             row.setdefault("sweep", {})[pv] = sweep_plans(q, k, v, plan, shape, sweep)
+    row["ms"], row["ms_reps"], errors = bench_interleaved(timed, reps)
+    for key in timed:
+        row["ms"].setdefault(key, None)
+    if errors:
+        row["errors"] = errors
     cudnn = row["ms"].get("sdpa-cudnn")
     row["tops"] = {key: (tops(shape, ms) if ms else None) for key, ms in row["ms"].items()}
     row["vs_cudnn"] = {key: (cudnn / ms if ms and cudnn else None) for key, ms in row["ms"].items()}
@@ -241,8 +265,9 @@ def print_table(rows: list[dict]) -> None:
     cols = ["sdpa-flash", "sdpa-cudnn", "pypi-sageattention", "sage-fp16-call", "sage-fp16-kernel",
             "sage-fp8-call", "sage-fp8-kernel"]
     print("\nTOPS (x vs SDPA cuDNN), same run:")
-    print("| shape | " + " | ".join(cols) + " | prep kernels ms fp16/fp8 (share of call) | worst cos fp16/fp8 |")
-    print("|---" * (len(cols) + 3) + "|")
+    print("| shape | " + " | ".join(cols) + " | fp16/fp8 call ÷ PyPI | prep kernels ms fp16/fp8 (share of call) "
+          "| worst cos fp16/fp8 |")
+    print("|---" * (len(cols) + 4) + "|")
     for r in rows:
         cells = []
         for c in cols:
@@ -252,13 +277,17 @@ def print_table(rows: list[dict]) -> None:
         shares = " / ".join(f"{prep[pv]:.3f} ({prep[pv] / r['ms'][f'sage-{pv}-call']:.0%})" for pv in ("fp16", "fp8"))
         cos = "/".join(f"{r['cos_worst'][pv]:.5f}" for pv in ("fp16", "fp8"))
         dims = f"{r['shape']} ({r['B']},{r['H']},{r['N']},{r['D']})"
-        print(f"| {dims} | " + " | ".join(cells) + f" | {shares} | {cos} |")
+        pypi = r["ms"].get("pypi-sageattention")
+        vs_pypi = "/".join(f"{pypi / r['ms'][f'sage-{pv}-call']:.3f}" for pv in ("fp16", "fp8")) if pypi else "-"
+        print(f"| {dims} | " + " | ".join(cells) + f" | {vs_pypi} | {shares} | {cos} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma list of {sorted(SHAPES)}")
     parser.add_argument("--json", help="write all figures to this JSON file")
+    parser.add_argument("--reps", type=int, default=3,
+                        help="round-robin repetitions per variant (median reported)")
     parser.add_argument("--sweep", help="comma list of shapes on which to also time tile/warps/stages variants")
     parser.add_argument("--sweep-tiles", help="sweep only these tiles, e.g. 128x128,64x128")
     parser.add_argument("--sweep-launch", help="sweep only these WARPSxSTAGES, e.g. 4x3,4x2")
@@ -268,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-adds", default="plan",
                         help="scores converted by an integer add: plan (as the plan has it), on, off, or on,off")
     args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"--reps {args.reps}: at least 1")
 
     def pairs(option: str, spec: str) -> tuple:
         try:
@@ -307,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = versions()
     rows = []
     for name in names:
-        rows.append(bench_shape(name, SHAPES[name], space if name in (args.sweep or "").split(",") else None))
+        rows.append(bench_shape(name, SHAPES[name], space if name in (args.sweep or "").split(",") else None,
+                                args.reps))
         print(json.dumps({"shape": name, "tops": rows[-1]["tops"]}), flush=True)
     if args.json:
         with open(args.json, "w") as fh:
