@@ -7,7 +7,8 @@ medians) in round-robin order and the median of those is reported: the H200's cl
 several percent within a run, and interleaving spreads the drift over every variant alike.
 Ratios are against SDPA's cuDNN backend (the best 16-bit attention on Hopper). For sagevideo,
 "call" is the full `sageattn` call as users make it (quantization included) and "kernel" the
-attention kernel alone on pre-quantized inputs. Accuracy: cosine vs fp32 SDPA (worst over heads) for every sagevideo mode.
+attention kernel alone on pre-quantized inputs. Accuracy: cosine vs fp32 SDPA (worst over heads)
+for every sagevideo mode.
 
     python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep cogvideox-2b]
     python scripts/bench_attention.py --shapes cogvideox-2b --sweep cogvideox-2b --sweep-pv fp8 \
@@ -231,7 +232,7 @@ def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
             by_add = tiled.scores_by_add if add == "plan" else add == "on"
             cand = dataclasses.replace(tiled, num_warps=warps, num_stages=stages, scores_by_add=by_add)
             entry = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "prep_ms": prep_ms,
-                     "scores_by_add": by_add}
+                     "scores_by_add": by_add, "max_registers": cand.max_registers}
             if plan.pv == "fp8":
                 entry["v_order"] = order
             try:

@@ -28,9 +28,11 @@ MMA_OPCODES = ("HGMMA", "IGMMA", "QGMMA")
 
 
 def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = None,
-                  warps_stages: tuple[int, int] | None = None, by_add: bool | None = None):
+                  warps_stages: tuple[int, int] | None = None, by_add: bool | None = None,
+                  maxnreg: int | None = None):
     """The plain kernel for the `pv` plan at `block_d` (or another `tile` (BLOCK_M, BLOCK_N) and
-    `warps_stages`; `by_add`: scores converted by an integer add or not, None: as the sm90 plan),
+    `warps_stages`; `by_add`: scores converted by an integer add or not, `maxnreg`: a register cap,
+    0 none; None: both as the sm90 plan),
     with the specializations a real launch gets (16-byte aligned pointers, sizes and strides
     divisible by 16): without them Triton cannot prove alignment and loads K/V byte by byte, which
     no launch does."""
@@ -39,7 +41,7 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
     from triton.compiler import ASTSource
 
     from sagevideo.kernels.attention_fwd import _attn_fwd_kernel
-    from sagevideo.kernels.plans import launch, scores_by_add, tiles
+    from sagevideo.kernels.plans import launch, max_registers, scores_by_add, tiles
 
     block_m, block_n = tile or tiles(pv, block_d)
     num_warps, num_stages = warps_stages or launch("sm90", block_d, pv)
@@ -57,11 +59,15 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
     names = _attn_fwd_kernel.arg_names
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     source = ASTSource(fn=_attn_fwd_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    cap = max_registers("sm90", block_d, pv) if maxnreg is None else maxnreg
+    if cap:
+        options["maxnreg"] = cap
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_gluon(block_d: int, pv: str = "fp8", tile=None, warps_stages=None, by_add: bool | None = None):
+def compile_gluon(block_d: int, pv: str = "fp8", tile=None, warps_stages=None, by_add: bool | None = None,
+                  maxnreg: int | None = None):
     """The Gluon kernel with its launcher defaults (one consumer warpgroup, serial schedule)."""
     from sagevideo.kernels.attention_sm90 import compile_for_sm90
     from sagevideo.kernels.plans import scores_by_add
@@ -124,6 +130,8 @@ def main() -> None:
     parser.add_argument("--sass", type=Path, help="folder to write each kernel's full SASS into")
     parser.add_argument("--tile", help="plain kernel: BLOCK_MxBLOCK_N instead of the plan's, e.g. 64x128")
     parser.add_argument("--launch", help="plain kernel: WARPSxSTAGES instead of the plan's, e.g. 8x3")
+    parser.add_argument("--maxnreg", type=int,
+                        help="plain kernel: register cap per thread (0: none) instead of the plan's")
     parser.add_argument("--scores-by-add", choices=("plan", "on", "off"), default="plan",
                         help="int32 scores to fp32 by an integer add (on) or I2F (off); plan: as the sm90 plan")
     args = parser.parse_args()
@@ -134,12 +142,15 @@ def main() -> None:
     by_add = {"plan": None, "on": True, "off": False}[args.scores_by_add]
     variant = "".join(f"-{x[0]}x{x[1]}" for x in (tile, warps_stages) if x)  # in labels and file names
     variant += "" if by_add is None else f"-add-{args.scores_by_add}"
+    variant += "" if args.maxnreg is None else f"-maxnreg{args.maxnreg}"
+    if args.maxnreg is not None and "gluon" in args.kernels.split(","):
+        parser.error("--maxnreg applies to the plain kernel: use --kernels plain")
     if args.pv == "fp16" and "gluon" in args.kernels.split(","):
         parser.error("the Gluon kernel has FP8 PV only: use --kernels plain with --pv fp16")
     compilers = {"plain": compile_plain, "gluon": compile_gluon}
     for name in args.kernels.split(","):
         for block_d in map(int, args.dims.split(",")):
-            compiled = compilers[name](block_d, args.pv, tile, warps_stages, by_add)
+            compiled = compilers[name](block_d, args.pv, tile, warps_stages, by_add, args.maxnreg)
             sass = disassemble(compiled.asm["cubin"])
             label = f"{name}{variant} d{block_d} {args.pv}"
             print(f"{label}: {resources(compiled)}")

@@ -205,6 +205,7 @@ def attention_forward(
     fp8_pv = plan.pv == "fp8"
     mask_arg = key_mask if key_mask is not None else prepared.k_scale
     mask_stride_b = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
+    registers = {} if plan.max_registers is None else {"maxnreg": plan.max_registers}
     wrap_triton(_attn_fwd_kernel)[(m_pad // plan.block_m, bh)](
         prepared.q_codes, prepared.q_scale,
         prepared.q_shift if prepared.q_shift is not None else prepared.q_scale,
@@ -220,5 +221,5 @@ def attention_forward(
         CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
         FP8_PV=fp8_pv, STORE_LSE=lse is not None, V_MMA_ORDER=fp8_pv and prepared.v_mma_order,
         SCORES_BY_ADD=plan.scores_by_add and not per_token,
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **registers,
     )

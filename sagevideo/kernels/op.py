@@ -53,13 +53,16 @@ def sageattn_fwd(
     num_stages: int,
     kernel: str,
     scores_by_add: bool,
+    max_registers: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q/k/v (B, H, N, D) views with unit head-dim stride; key_mask (B', Nk) uint8.
 
     Returns (out like q, lse (B, H, Nq) fp32; an empty tensor unless return_lse).
     kernel "gluon": the warp-specialized sm90 kernel (callers ensure `attention_sm90.supports`).
+    The plan travels as its fields (the op schema takes no dataclass); max_registers 0 = no cap.
     """
-    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, kernel, scores_by_add)
+    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
+                      max_registers or None)
     batch, heads, n_q, _ = q.shape
     n_k = k.shape[2]
     prepared = quantize_inputs(
@@ -97,7 +100,7 @@ def sageattn_triton(
     out, lse = torch.ops.sagevideo.sageattn_fwd(
         q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
         plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.kernel,
-        plan.scores_by_add,
+        plan.scores_by_add, plan.max_registers or 0,
     )
     return out, (lse if return_lse else None)
 
@@ -116,7 +119,8 @@ def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: 
 
 
 def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
-                       pv, arch, block_d, block_m, block_n, num_warps, num_stages, kernel, scores_by_add):
+                       pv, arch, block_d, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
+                       max_registers):
     batch, heads, n_q, _ = q.shape
     lse = q.new_empty(batch, heads, n_q if return_lse else 0, dtype=torch.float32)
     return torch.empty_like(q), lse

@@ -44,6 +44,8 @@ class KernelPlan:
     scores_by_add: the int32 scores become fp32 by an integer add of 1.5·2^23's bits, the bias
     subtracted again inside the exponent's FMA (m' + 1.5·2^23·c, rounded once per row and tile),
     instead of an I2F per score (per-block K scales only; speed, see `_SCORES_BY_ADD`).
+    max_registers: the plain kernel's register cap per thread (Triton's `maxnreg`), or None for
+    ptxas's own choice; speed only: a lower cap fits more CTAs per SM.
     """
 
     arch: str
@@ -55,13 +57,15 @@ class KernelPlan:
     num_stages: int
     kernel: str = "triton"
     scores_by_add: bool = False
+    max_registers: int | None = None
 
     def describe(self) -> str:
         kernel = " kernel=gluon (warp-specialized sm90)" if self.kernel == "gluon" else ""
         add = " scores-by-add" if self.scores_by_add else ""
+        regs = f" maxnreg={self.max_registers}" if self.max_registers else ""
         return (
             f"{self.arch} d{self.block_d} pv={self.pv}: BLOCK_M={self.block_m} BLOCK_N={self.block_n} "
-            f"warps={self.num_warps} stages={self.num_stages}{add}{kernel}"
+            f"warps={self.num_warps} stages={self.num_stages}{regs}{add}{kernel}"
         )
 
 
@@ -101,6 +105,15 @@ _LAUNCH = {
 # 2B shape, after the integer row max; docs/results/2026-11-30-h200-intmax-sweep-2b.json).
 _LAUNCH_PV = {
     ("sm90", 64, "fp16"): (8, 3),
+    ("sm90", 64, "fp8"): (4, 2),  # with the 128-register cap below
+}
+# (arch, block_d, PV mode) -> the plain kernel's register cap (Triton's maxnreg); speed only. FP8 PV
+# at d64 on the H200: ptxas takes 166 registers uncapped (three CTAs per SM); capped at 128 the loop
+# still has no spills (496 instructions instead of 486) and four CTAs fit. Kernel alone, 5 round-robin
+# runs (docs/results/2026-11-30-h200-maxnreg-ab.json): 579/590 TOPS -> 596/599 with 2 stages at the
+# CogVideoX-2B/5B shapes (581/582 with 3 stages); 96 registers spill 168 B.
+_MAX_REGISTERS = {
+    ("sm90", 64, "fp8"): 128,
 }
 
 
@@ -121,6 +134,11 @@ def scores_by_add(arch: str, block_d: int, pv: str, kernel: str) -> bool:
 def launch(arch: str, block_d: int, pv: str) -> tuple[int, int]:
     """(num_warps, num_stages) of the plain-Triton kernel; speed only."""
     return _LAUNCH_PV.get((arch, block_d, pv), _LAUNCH[(arch, block_d)])
+
+
+def max_registers(arch: str, block_d: int, pv: str) -> int | None:
+    """The plain-Triton kernel's register cap per thread, or None (ptxas decides); speed only."""
+    return _MAX_REGISTERS.get((arch, block_d, pv))
 
 
 SM90_KERNEL_ENV = "SAGEVIDEO_SM90_KERNEL"
@@ -218,7 +236,8 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
     block_m, block_n = _TILES[(pv, block_d)]
     num_warps, num_stages = launch(arch, block_d, pv)
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages,
-                      scores_by_add=scores_by_add(arch, block_d, pv, "triton"))
+                      scores_by_add=scores_by_add(arch, block_d, pv, "triton"),
+                      max_registers=max_registers(arch, block_d, pv))
     wanted = sm90_kernel_wanted() if arch == "sm90" else "triton"  # checked on sm90 whatever the shape
     # Newer GPUs run the sm90 plans too, but the Gluon kernel's warpgroup MMAs exist only on Hopper.
     hopper = arch == "sm90" and torch.cuda.get_device_capability(device)[0] == 9
@@ -236,7 +255,8 @@ def plain_triton(plan: KernelPlan) -> KernelPlan:
     """The plain-Triton plan with `plan`'s tiles (for calls the Gluon kernel does not take)."""
     num_warps, num_stages = launch(plan.arch, plan.block_d, plan.pv)
     return KernelPlan(plan.arch, plan.block_d, plan.pv, plan.block_m, plan.block_n, num_warps, num_stages,
-                      scores_by_add=scores_by_add(plan.arch, plan.block_d, plan.pv, "triton"))
+                      scores_by_add=scores_by_add(plan.arch, plan.block_d, plan.pv, "triton"),
+                      max_registers=max_registers(plan.arch, plan.block_d, plan.pv))
 
 
 def tiles(pv: str, head_dim: int) -> tuple[int, int]:

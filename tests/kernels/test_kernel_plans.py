@@ -64,7 +64,8 @@ def test_without_the_gluon_api_the_plain_kernel_runs_and_says_why(hopper, monkey
     monkeypatch.setattr(plans, "gluon_sm90_problem", lambda: "this Triton has no Gluon Hopper API (test)")
     choice = plans.select_plan(CUDA, 128, "fp8")
     assert choice.plan.kernel == "triton"
-    assert choice.reason == "Gluon sm90 kernel not used (SAGEVIDEO_SM90_KERNEL=gluon): this Triton has no Gluon Hopper API (test)"
+    assert choice.reason == ("Gluon sm90 kernel not used (SAGEVIDEO_SM90_KERNEL=gluon): "
+                             "this Triton has no Gluon Hopper API (test)")
 
 
 def test_a_kernel_that_does_not_compile_keeps_the_plain_kernel_and_says_why(hopper, monkeypatch):
@@ -109,6 +110,8 @@ def test_gluon_takes_only_the_calls_it_implements(hopper, monkeypatch):
 def test_launch_can_differ_by_pv_mode_but_tiles_do_not(hopper):
     fp16, fp8 = (plans.select_plan(CUDA, 64, pv).plan for pv in ("fp16", "fp8"))
     assert (fp16.num_warps, fp8.num_warps) == (8, 4)  # the H200 sweep's best per mode
+    assert (fp16.max_registers, fp8.max_registers) == (None, 128) and "maxnreg=128" in fp8.describe()
+    assert plans.plain_triton(fp8) == fp8
     assert (fp16.block_m, fp16.block_n) == plans.tiles("fp16", 64)
     assert plans.plain_triton(fp16) == fp16
 
