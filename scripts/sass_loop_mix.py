@@ -32,10 +32,9 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
                   maxnreg: int | None = None):
     """The plain kernel for the `pv` plan at `block_d` (or another `tile` (BLOCK_M, BLOCK_N) and
     `warps_stages`; `by_add`: scores converted by an integer add or not, `maxnreg`: a register cap,
-    0 none; None: both as the sm90 plan),
-    with the specializations a real launch gets (16-byte aligned pointers, sizes and strides
-    divisible by 16): without them Triton cannot prove alignment and loads K/V byte by byte, which
-    no launch does."""
+    0 none; None: both as the sm90 plan), with the specializations a real launch gets (16-byte
+    aligned pointers, sizes and strides divisible by 16): without them Triton cannot prove alignment
+    and loads K/V byte by byte, which no launch does."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

@@ -2,9 +2,10 @@
 
 Block sizes are part of the numerical contract: the quantization groups of Q and K are the
 attention tiles (BLOCK_M query rows, BLOCK_N key rows), so the reference emulates a plan's
-blocks exactly. `num_warps`/`num_stages` are speed knobs, and so is `scores_by_add`, which moves
-a row's exponents by at most about one integer-score unit per key tile (far below the INT8 and e4m3
-rounding; the reference does not emulate it, as it does not emulate the GPU's approximate exp2).
+blocks exactly. `num_warps`/`num_stages`/`max_registers` are speed knobs, and so is
+`scores_by_add`, which moves a row's exponents by at most about one integer-score unit per key tile
+(far below the INT8 and e4m3 rounding; the reference does not emulate it, as it does not emulate
+the GPU's approximate exp2).
 
 `select_plan` returns a plan, or None with the reason the kernel cannot run, so that
 `sageattn(backend="auto")` can fall back and say why, and `sagevideo env` can print it. It raises
@@ -108,8 +109,9 @@ _LAUNCH_PV = {
     ("sm90", 64, "fp8"): (4, 2),  # with the 128-register cap below
 }
 # (arch, block_d, PV mode) -> the plain kernel's register cap (Triton's maxnreg); speed only. FP8 PV
-# at d64 on the H200: ptxas takes 166 registers uncapped (three CTAs per SM); capped at 128 the loop
-# still has no spills (496 instructions instead of 486) and four CTAs fit. Kernel alone, 5 round-robin
+# at d64 on the H200: ptxas takes 166 registers uncapped (three CTAs per SM); capped at 128 the main
+# loop has no spills (482 instructions instead of 484 with 2 stages; the masked last tile's loop
+# reloads 4 values) and four CTAs fit. Kernel alone, 5 round-robin
 # runs (docs/results/2026-11-30-h200-maxnreg-ab.json): 579/590 TOPS -> 596/599 with 2 stages at the
 # CogVideoX-2B/5B shapes (581/582 with 3 stages); 96 registers spill 168 B.
 _MAX_REGISTERS = {
@@ -118,9 +120,11 @@ _MAX_REGISTERS = {
 
 
 # (arch, block_d, PV mode, kernel) whose kernel converts scores by an integer add (`scores_by_add`).
-# H200, kernel alone, A/B on the same inputs (docs/benchmarks.md, sixth session): FP8 PV d64 plain
-# 1.430/1.442 -> 1.445/1.476x cuDNN at the CogVideoX-2B/5B shapes; the same change made the plain
-# d128 kernel slower (1.442 -> 1.376/1.363x at 8k/32k), so it is not taken there.
+# H200, kernel alone (docs/benchmarks.md, sixth session): FP8 PV d64 plain 577/579 -> 588/588 TOPS at
+# the CogVideoX-2B/5B shapes (sweep, docs/results/2026-11-30-h200-scores-by-add-bench.json); the
+# Gluon d128 kernel slower with it (1.492 -> 1.465x cuDNN at 8k, 1.482 -> 1.461x at 32k, 7
+# round-robin runs), the plain d128 one (not used on sm90) inconclusive (+2% in the sweep, -5% in two
+# exploratory A/Bs). Elsewhere unmeasured, so I2F stays.
 _SCORES_BY_ADD = {
     ("sm90", 64, "fp8", "triton"),
 }
