@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiles", default="1", help="K/V tiles per quantization program")
     parser.add_argument("--qtiles", default="auto", help="comma list of Q tiles per program; auto = the rule")
     parser.add_argument("--stats", default="auto",
-                        help="comma list of K/V-stats program shapes MIN_TOKENS_PER_SPLIT:CHUNK:WARPS, or auto (the rule)")
+                        help="comma list of K/V-stats program shapes MIN_TOKENS_PER_SPLIT:CHUNK:WARPS, "
+                             "or auto (the rule)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     rows = []
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             stats_shapes = args.stats.split(",")
             tile_counts = [int(t) for t in args.tiles.split(",")]
             q_tile_counts = [None if t == "auto" else int(t) for t in args.qtiles.split(",")]
-            for warps, tiles, stats, q_tiles in itertools.product(warp_counts, tile_counts, stats_shapes, q_tile_counts):
+            grid = itertools.product(warp_counts, tile_counts, stats_shapes, q_tile_counts)
+            for warps, tiles, stats, q_tiles in grid:
                 quantize.QUANT_WARPS = warps
                 quantize.STATS_SHAPE = None if stats == "auto" else tuple(map(int, stats.split(":")))
                 prepare = functools.partial(quantize.quantize_inputs, q, k, v, None, rot, plan, sm_scale=d**-0.5,
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"shape": name, "pv": pv, "warps": warps, "tiles_per_program": tiles, "stats": stats,
                              "q_tiles": q_tiles,
                              "ms": times, "total_ms": sum(times.values()), "wall_ms": wall})
-                print(f"{name:14} {pv:5} warps {warps} tiles {tiles} q-tiles {q_tiles} stats {stats}: wall {wall:.3f} ms, "
+                print(f"{name:14} {pv:5} warps {warps} tiles {tiles} q-tiles {q_tiles} stats {stats}: "
+                      f"wall {wall:.3f} ms, "
                       f"kernels {sum(times.values()):.3f} ms  "
                       + "  ".join(f"{key.strip('_').split('_kernel')[0]} {ms:.3f}" for key, ms in times.items()))
     if args.json:
