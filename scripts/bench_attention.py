@@ -50,6 +50,27 @@ def bench_ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def bench_inputs(shape: tuple[int, int, int, int]):
+    """q, k, v (B, H, N, D) fp16 on the GPU, seed 0, channel 7 of K offset by +8 (never zeros; K
+    smoothing matters)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3))
+    k[..., 7] += 8.0
+    return q, k, v
+
+
+def direct(fn):
+    """`fn` launching its Triton kernels directly, as the registered op does in eager mode: through
+    the wrap_triton HOP each launch costs ~0.2 ms of Python and the timing is of the CPU."""
+    from torch._library.triton import set_wrap_triton_enabled
+
+    def run():
+        with set_wrap_triton_enabled(False):
+            return fn()
+
+    return run
+
+
 def bench_interleaved(fns: dict, reps: int) -> tuple[dict, dict, dict]:
     """Time every fn `reps` times, round-robin. Returns (median ms per name, all ms per name, error
     per name that failed; a failing fn is dropped after its first error)."""
@@ -112,10 +133,8 @@ def bench_shape(name: str, shape, sweep: SweepSpace | None, reps: int = 3) -> di
     from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
 
-    torch.manual_seed(0)
     b, h, n, d = shape
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3))
-    k[..., 7] += 8.0
+    q, k, v = bench_inputs(shape)
     row: dict = {"shape": name, "B": b, "H": h, "N": n, "D": d, "tops": {}, "ms": {}, "cos_worst": {}}
     timed: dict = {f"sdpa-{backend}": sdpa_fn(backend, q, k, v) for backend in SDPA_BACKENDS}
     try:
@@ -139,16 +158,7 @@ def bench_shape(name: str, shape, sweep: SweepSpace | None, reps: int = 3) -> di
             return quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False,
                                    smooth_k=True, need_shift=False)
 
-        # Launch the kernels directly, as the registered op does in eager mode: through the
-        # wrap_triton HOP each launch costs ~0.2 ms of Python and the timing is of the CPU.
-        def direct(fn):
-            def run():
-                with set_wrap_triton_enabled(False):
-                    return fn()
-
-            return run
-
-        with set_wrap_triton_enabled(False):
+        with set_wrap_triton_enabled(False):  # direct launches (see `direct`)
             prepared = quantize()
             row.setdefault("prep_kernels_ms", {})[pv] = prep_kernel_times(quantize)
         o = torch.empty_like(q)
@@ -221,7 +231,7 @@ def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
                                    smooth_k=True, need_shift=False, v_mma_order=order == "mma")
 
         try:
-            with set_wrap_triton_enabled(False):  # launch overhead, not device time, otherwise (see bench_shape)
+            with set_wrap_triton_enabled(False):  # launch overhead, not device time, otherwise (see `direct`)
                 prepared = quantize()
                 prep_ms = bench_ms(quantize)
         except Exception as exc:  # a tile the preparation cannot take: record it, go on

@@ -23,7 +23,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import SHAPES, bench_interleaved, cosine_worst, reference_fp32, sdpa_fn, tops  # noqa: E402
+from bench_attention import (  # noqa: E402
+    SHAPES,
+    bench_inputs,
+    bench_interleaved,
+    cosine_worst,
+    direct,
+    reference_fp32,
+    sdpa_fn,
+    tops,
+)
 
 KNOBS = {"num_warps": int, "num_stages": int, "max_registers": int, "scores_by_add": bool}
 
@@ -67,9 +76,7 @@ def run_shape(name: str, base_overrides: dict, variants: dict, reps: int) -> dic
 
     shape = SHAPES[name]
     b, h, n, d = shape
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3))
-    k[..., 7] += 8.0
+    q, k, v = bench_inputs(shape)
     base = dataclasses.replace(plain_triton(select_plan(q.device, d, "fp8").plan), **base_overrides)
     plans = {"base": base, **{label: dataclasses.replace(base, **o) for label, o in variants.items()}}
     rotation = hadamard_pm1(base.block_d, q.device, q.dtype)
@@ -81,10 +88,8 @@ def run_shape(name: str, base_overrides: dict, variants: dict, reps: int) -> dic
     for label, plan in plans.items():
         out = torch.empty_like(q)
 
-        def run(plan=plan, out=out):
-            with set_wrap_triton_enabled(False):  # a direct launch, as the op makes it in eager mode
-                attention_forward(prepared, v, None, out, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n)
-
+        run = direct(lambda plan=plan, out=out: attention_forward(
+            prepared, v, None, out, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n))
         run()
         torch.cuda.synchronize()
         cos[label] = cosine_worst(ref, out)

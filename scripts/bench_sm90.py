@@ -22,7 +22,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import SHAPES, bench_ms, cosine_worst, reference_fp32, sdpa_fn, tops, versions  # noqa: E402
+from bench_attention import (  # noqa: E402
+    SHAPES,
+    bench_inputs,
+    bench_ms,
+    cosine_worst,
+    reference_fp32,
+    sdpa_fn,
+    tops,
+    versions,
+)
 
 CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "small-d80": (1, 2, 300, 80),
                 "one-tile": (1, 1, 100, 64), "two-tiles": (1, 2, 256, 128)}
@@ -58,10 +67,8 @@ def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
     from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
 
-    torch.manual_seed(0)
     b, h, n, d = shape
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3))
-    k[..., 7] += 8.0
+    q, k, v = bench_inputs(shape)
     # The plain kernel's own plan (select_plan names the Gluon one at d128, whose stages are the
     # ring's, not the plain kernel's).
     plan = plain_triton(select_plan(q.device, d, "fp8").plan)
