@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_attention import (  # noqa: E402
     SHAPES,
     bench_inputs,
-    bench_ms,
+    bench_interleaved,
     cosine_worst,
     reference_fp32,
     sdpa_fn,
@@ -35,30 +35,32 @@ from bench_attention import (  # noqa: E402
 
 CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "small-d80": (1, 2, 300, 80),
                 "one-tile": (1, 1, 100, 64), "two-tiles": (1, 2, 256, 128)}
-# s = serial, p = pipelined (intra-warpgroup overlap); the digit = ring stages; "d1"/"d2" = timing
-# experiments that drop one stage (d1: softmax, d2: the P·V MMA), whose outputs are wrong; "r2" =
-# ring stages released in pairs (serial, even stages); "c1" = one consumer warpgroup per CTA (two
-# CTAs per SM) instead of two; a final "a" = scores converted by an integer add (`scores_by_add`),
-# "i" = by I2F; neither: as the Gluon plan has it.
+# s = serial, p = pipelined (intra-warpgroup overlap); the digit = ring stages; then, in this order,
+# optionally: "d1"/"d2" = timing experiments that drop one stage (d1: softmax, d2: the P·V MMA),
+# whose outputs are wrong; "r2" = ring stages released in pairs (serial, even stages); "c1" = one
+# consumer warpgroup per CTA (two CTAs per SM) instead of two; "a" = scores converted by an integer
+# add (`scores_by_add`), "i" = by I2F; neither: as the Gluon plan has it.
 VARIANTS = "s2,p2,p3,p4"
+VARIANT_PATTERN = r"([sp])(\d+)(?:d([12]))?(?:r([12]))?(?:c([12]))?([ai])?"
 
 
 def parse_variants(spec: str) -> dict:
-    """"s2,p4d1,s4r2c1a" -> {"s2": (False, 2, 0, 1, 2, None), "p4d1": (True, 4, 1, 1, 2, None),
-    "s4r2c1a": (False, 4, 0, 2, 1, True)}: (pipelined, stages, drop, release, consumers, scores_by_add)."""
+    """"s2,p4d1,s4r2c1a" -> {name: attention_forward_sm90 keyword arguments}, e.g. "s2d1c1" ->
+    {"pipeline_qk": False, "num_stages": 2, "drop": 1, "release": 1, "consumers": 1,
+    "scores_by_add": None} (None: as the Gluon plan has it)."""
     out = {}
     for name in spec.split(","):
-        match = re.fullmatch(r"([sp])(\d+)(?:d([12]))?(?:r([12]))?(?:c([12]))?([ai])?", name)
+        match = re.fullmatch(VARIANT_PATTERN, name)
         if not match:
-            raise SystemExit(f"bad variant {name!r}: s<stages> or p<stages>, optionally d1/d2, r2, c1/c2, a/i, "
-                             "e.g. p3, s2d1 or s2c1a")
-        by_add = None if match[6] is None else match[6] == "a"
-        out[name] = (match[1] == "p", int(match[2]), int(match[3] or 0), int(match[4] or 1), int(match[5] or 2),
-                     by_add)
+            raise SystemExit(f"bad variant {name!r}: s<stages> or p<stages>, then optionally d1/d2, r2, c1/c2, "
+                             "a/i in that order, e.g. p3, s2d1, s2c1a or s2d1c1a")
+        out[name] = {"pipeline_qk": match[1] == "p", "num_stages": int(match[2]), "drop": int(match[3] or 0),
+                     "release": int(match[4] or 1), "consumers": int(match[5] or 2),
+                     "scores_by_add": None if match[6] is None else match[6] == "a"}
     return out
 
 
-def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
+def run_shape(name: str, shape, timed: bool, variants: dict, reps: int = 1) -> dict:
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo.kernels.attention_fwd import attention_forward
@@ -86,29 +88,26 @@ def run_shape(name: str, shape, timed: bool, variants: dict) -> dict:
 
         triton_kernel()
         row["cos_worst"]["triton"] = cosine_worst(ref, base)
-        if timed:
-            row["ms"]["sdpa-cudnn"] = bench_ms(sdpa_fn("cudnn", q, k, v))
-            row["ms"]["triton-kernel"] = bench_ms(triton_kernel)
-        for label, (pipeline, stages, drop, release, consumers, by_add) in variants.items():
+        fns = {"sdpa-cudnn": sdpa_fn("cudnn", q, k, v), "triton-kernel": triton_kernel}
+        for label, kwargs in variants.items():
             out = torch.full_like(q, float("nan"))
-            if by_add is None:
-                by_add = scores_by_add(plan.arch, plan.block_d, plan.pv, "gluon")
+            if kwargs["scores_by_add"] is None:
+                kwargs = {**kwargs, "scores_by_add": scores_by_add(plan.arch, plan.block_d, plan.pv, "gluon")}
             try:
-                def gluon_kernel(out=out, pipeline=pipeline, stages=stages, drop=drop, release=release,
-                                 consumers=consumers, by_add=by_add):
-                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
-                                           pipeline_qk=pipeline, drop=drop, release=release, consumers=consumers,
-                                           scores_by_add=by_add)
+                def gluon_kernel(out=out, kwargs=kwargs):
+                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, **kwargs)
 
                 gluon_kernel()
                 torch.cuda.synchronize()
-                if not drop:  # drop variants compute something else on purpose
+                if not kwargs["drop"]:  # drop variants compute something else on purpose
                     row["cos_worst"][label] = cosine_worst(ref, out)
                     row["max_diff_vs_triton"][label] = (out.float() - base.float()).abs().max().item()
-                if timed:
-                    row["ms"][label] = bench_ms(gluon_kernel)
+                fns[label] = gluon_kernel
             except Exception as exc:  # record and go on: one variant's failure is a fact, not the end
                 row["errors"][label] = f"{type(exc).__name__}: " + " | ".join(str(exc).splitlines()[:4])[:400]
+        if timed:  # round-robin: the H200 drifts by several percent within a run
+            row["ms"], row["ms_reps"], errors = bench_interleaved(fns, reps)
+            row["errors"].update(errors)
     cudnn = row["ms"].get("sdpa-cudnn")
     row["tops"] = {key: tops(shape, ms) for key, ms in row["ms"].items()}
     row["vs_cudnn"] = {key: cudnn / ms for key, ms in row["ms"].items()} if cudnn else {}
@@ -121,13 +120,14 @@ def main() -> int:
     parser.add_argument("--shapes", default="cogvideox-2b,cogvideox-5b,d128-8k,d128-32k,d128-75k")
     parser.add_argument("--variants", default=VARIANTS)
     parser.add_argument("--untimed", action="store_true", help="one launch per kernel (for a profiler), no timing")
+    parser.add_argument("--reps", type=int, default=3, help="round-robin repetitions (median reported)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     variants = parse_variants(args.variants)
     shapes = CHECK_SHAPES if args.check else {name: SHAPES[name] for name in args.shapes.split(",")}
     rows = []
     for name, shape in shapes.items():
-        rows.append(run_shape(name, shape, not (args.check or args.untimed), variants))
+        rows.append(run_shape(name, shape, not (args.check or args.untimed), variants, args.reps))
         r = rows[-1]
         print(f"{name:14s} cos " + " ".join(f"{k}={v:.5f}" for k, v in r["cos_worst"].items())
               + " | maxdiff " + " ".join(f"{k}={v:.2e}" for k, v in r["max_diff_vs_triton"].items())

@@ -172,6 +172,26 @@ def _pv_mma(p8, v_tile, o_zero, DROP: gl.constexpr):
 
 
 @gluon.jit
+def _ordered_after(x):
+    """x (fp32, >= 0 or NaN) unchanged, passed through a shared store predicated on x < 0, which never
+    runs. ptxas keeps a later warpgroup MMA wait after a shared-memory access but moves it freely
+    above arithmetic (to just after the previous wait); this pins the wait after x is computed."""
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred neg; .reg .b32 at; mov.b32 at, 0; setp.lt.f32 neg, $1, 0f00000000; "
+        "@neg st.shared.b32 [at], $1; mov.b32 $0, $1; }",
+        "=f,f", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _carried_p(p):
+    """Tile j's P (fp32) as carried into iteration j + 1: its e4m3 values held in fp16, which holds
+    them exactly (no double rounding: `_p_operand` narrows them back unchanged). Two registers per
+    four values instead of four (fp32: the d128 schedule spilled) or one byte per register (8-bit
+    values across the loop boundary: byte permutes)."""
+    return p.to(gl.float8e4nv).to(gl.float16)
+
+
+@gluon.jit
 def _pv_wait(pv, DROP: gl.constexpr):
     if DROP != 2:
         pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
@@ -221,7 +241,8 @@ def _pipelined_tile(j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_
                     DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
     """Key tile j (j >= 1) in the pipelined schedule: S_j and P_{j-1}·V_{j-1} issued together, tile
     j's softmax while P_{j-1}·V_{j-1} runs, then that product into acc (alpha: tile j-1's rescale,
-    p: tile j-1's P, fp32). Returns (acc, m, l, tile j's alpha, tile j's P, tile j+1's K scale)."""
+    p: tile j-1's P from `_carried_p`). Returns (acc, m, l, tile j's alpha, tile j's carried P, tile
+    j+1's K scale)."""
     s, k_scale, k_scale_next, stage = _issue_scores(j, k_scale_next, q_tile, k_smem, ready, s_zero, KScale,
                                                     k_scale_row, n_tiles, BLOCK_N, NUM_STAGES)
     prev = (j - 1) % NUM_STAGES
@@ -230,10 +251,13 @@ def _pipelined_tile(j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_
     s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
     p, m_i, l_i, alpha_j = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP,
                                     SCORES_BY_ADD)
+    # Without this the wait for P_{j-1}·V_{j-1} was compiled right after S_j's, before the softmax:
+    # nothing overlapped (SASS: two WARPGROUP.DEPBAR back to back, then every MUFU.EX2).
+    l_i = _ordered_after(l_i)
     pv = _pv_wait(pv, DROP)
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
     mbarrier.arrive(empty.index(prev), count=1)
-    return acc, m_i, l_i, alpha_j, p, k_scale_next
+    return acc, m_i, l_i, alpha_j, _carried_p(p), k_scale_next
 
 
 @gluon.jit
@@ -283,9 +307,10 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, 0, n_full, N_K,
                                            BLOCK_N, s_layout, DROP, SCORES_BY_ADD)
-        # Tile j's P is carried into iteration j + 1 as fp32 and narrowed there, just before its
-        # MMA: carried as the packed 8-bit operand it cost byte permutes at the loop boundary.
-        # Full tiles and the partial last one run in separate loops, as in the serial schedule.
+        # Tile j's P is carried into iteration j + 1 (`_carried_p`) and becomes the 8-bit operand
+        # there, just before its MMA. Full tiles and the partial last one run in separate loops, as
+        # in the serial schedule.
+        p = _carried_p(p)
         for j in range(1, n_full):
             acc, m_i, l_i, alpha, p, k_scale_next = _pipelined_tile(
                 j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,

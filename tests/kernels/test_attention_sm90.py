@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -45,6 +46,36 @@ def test_compiles_for_sm90_on_any_machine(head_d, pipeline_qk, consumers, v_mma_
     assert compiled["shared"] <= 227 * 1024
     # scores_by_add: the int32 scores become fp32 by adding 1.5·2^23's bits (0x4B400000)
     assert ("1262485504" in compiled["ptx"]) == scores_by_add
+
+
+_PIPELINED_SASS = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from sass_loop_mix import disassemble
+from sagevideo.kernels import attention_sm90
+print(disassemble(attention_sm90.compile_for_sm90(int(sys.argv[1]), pipeline_qk=True, consumers=1).asm["cubin"]))
+"""
+
+
+@pytest.mark.parametrize("head_d", [64, 128])
+def test_pipelined_schedule_overlaps_the_softmax_with_the_previous_pv_mma(head_d):
+    """FA3's intra-warpgroup schedule overlaps only if the wait for P_{j-1}·V_{j-1} stays after tile
+    j's softmax in the machine code; ptxas moved it up to S_j's wait until `_ordered_after` pinned
+    it. In the SASS, a tile's exponentials lie between the two waits, with no spills there."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    scripts = str(Path(__file__).parents[2] / "scripts")
+    done = subprocess.run([sys.executable, "-c", _PIPELINED_SASS, str(head_d), scripts], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    code = [line.split("*/", 1)[1].split(";")[0].strip() for line in done.stdout.splitlines()
+            if "*/" in line and ";" in line]
+    # The first wait that leaves one MMA group in flight (P_{j-1}·V_{j-1}), then the next wait.
+    one = next(i for i, ins in enumerate(code) if ins.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x1"))
+    zero = next(i for i in range(one + 1, len(code)) if code[i].startswith("WARPGROUP.DEPBAR"))
+    between = code[one:zero]
+    exps = sum(ins.startswith("MUFU.EX2") for ins in between)
+    assert exps >= 64, f"{exps} exponentials between the waits: P_(j-1)·V_(j-1) is waited for before the softmax"
+    assert not [ins for ins in between if ins.startswith(("LDL", "STL"))], "the pipelined loop spills"
 
 
 def _on_hopper() -> bool:
