@@ -2,13 +2,14 @@
 """The sm90 Gluon attention kernel against the plain-Triton kernel and SDPA cuDNN (issue 4).
 
 Per shape, on the same quantized inputs (FP8 PV plan): the plain-Triton kernel and each Gluon
-variant (schedule serial/pipelined x ring stages), kernel-only times (do_bench median) and their
-ratio to SDPA cuDNN on the fp16 inputs; accuracy as the worst cosine (over heads) against fp32
+variant (schedule serial/pipelined x ring stages), kernel-only times (the median of `--reps`
+do_bench medians, all variants and cuDNN timed round-robin) and their ratio to SDPA cuDNN on the
+fp16 inputs; accuracy as the worst cosine (over heads) against fp32
 SDPA and the max |diff| against the plain-Triton kernel's output. `--check` runs only small
 shapes (odd lengths, padded head dims) for correctness, quickly.
 
     python3 scripts/bench_sm90.py --check
-    python3 scripts/bench_sm90.py --json sm90.json [--shapes cogvideox-2b,d128-8k]
+    python3 scripts/bench_sm90.py --json sm90.json [--shapes cogvideox-2b,d128-8k] [--variants s2c1,p3c1] [--reps 5]
 """
 
 from __future__ import annotations
