@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Side-by-side attention throughput on one GPU: SDPA backends vs sagevideo (and PyPI sageattention).
 
-TOPS = 4·B·H·N²·D / median time, non-causal, random fp16 inputs with a K channel offset (never
-zeros), every variant in the same run. Each variant is timed `--reps` times (triton.testing.do_bench
-medians) in round-robin order and the median of those is reported: the H200's clock drifts by
-several percent within a run, and interleaving spreads the drift over every variant alike.
-Ratios are against SDPA's cuDNN backend (the best 16-bit attention on Hopper). For sagevideo,
-"call" is the full `sageattn` call as users make it (quantization included) and "kernel" the
-attention kernel alone on pre-quantized inputs. Accuracy: cosine vs fp32 SDPA (worst over heads)
-for every sagevideo mode.
+TOPS = 4·B·H·N²·D / median time, non-causal, random fp16 inputs (`--dtype bf16`: bf16, as the
+models run) with a K channel offset (never zeros), every variant in the same run. Each variant is
+timed `--reps` times (triton.testing.do_bench medians) in round-robin order and the median of those
+is reported: the H200's clock drifts by several percent within a run, and interleaving spreads the
+drift over every variant alike. Ratios are against SDPA's cuDNN backend (the best 16-bit attention
+on Hopper). For sagevideo, "call" is the full `sageattn` call as users make it (quantization
+included) and "kernel" the attention kernel alone on pre-quantized inputs. Accuracy: cosine vs
+fp32 SDPA (worst over heads) for every sagevideo mode.
 
     python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep cogvideox-2b]
     python scripts/bench_attention.py --shapes cogvideox-2b --sweep cogvideox-2b --sweep-pv fp8 \
@@ -34,7 +34,12 @@ SHAPES = {
     "d128-8k": (2, 24, 8192, 128),
     "d128-32k": (1, 24, 32768, 128),
     "d128-75k": (1, 24, 75000, 128),
+    # Open-Sora 2.0, 129 frames 16:9 (docs/opensora.md): joint text + video sequence. cuDNN is
+    # ~7% faster at 76544 (a multiple of 128) than at 75000 (docs/benchmarks.md, seventh session).
+    "opensora-256px": (1, 24, 8828, 128),
+    "opensora-768px": (1, 24, 76544, 128),
 }
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_SHAPES = "cogvideox-2b,cogvideox-5b,d128-8k,d128-32k"
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")
 
@@ -50,11 +55,11 @@ def bench_ms(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def bench_inputs(shape: tuple[int, int, int, int]):
-    """q, k, v (B, H, N, D) fp16 on the GPU, seed 0, channel 7 of K offset by +8 (never zeros; K
-    smoothing matters)."""
+def bench_inputs(shape: tuple[int, int, int, int], dtype: torch.dtype = torch.float16):
+    """q, k, v (B, H, N, D) in `dtype` on the GPU, seed 0, channel 7 of K offset by +8 (never zeros;
+    K smoothing matters)."""
     torch.manual_seed(0)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(3))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
     k[..., 7] += 8.0
     return q, k, v
 
@@ -123,7 +128,7 @@ def reference_fp32(q, k, v) -> torch.Tensor:
     return out
 
 
-def bench_shape(name: str, shape, sweep: SweepSpace | None, reps: int = 3) -> dict:
+def bench_shape(name: str, shape, sweep: SweepSpace | None, reps: int = 3, dtype: torch.dtype = torch.float16) -> dict:
     """One row of the table; `sweep`: also time the plain kernel's variants in that space."""
     from torch._library.triton import set_wrap_triton_enabled
 
@@ -134,8 +139,9 @@ def bench_shape(name: str, shape, sweep: SweepSpace | None, reps: int = 3) -> di
     from sagevideo.kernels.rotation import hadamard_pm1
 
     b, h, n, d = shape
-    q, k, v = bench_inputs(shape)
-    row: dict = {"shape": name, "B": b, "H": h, "N": n, "D": d, "tops": {}, "ms": {}, "cos_worst": {}}
+    q, k, v = bench_inputs(shape, dtype)
+    row: dict = {"shape": name, "B": b, "H": h, "N": n, "D": d, "dtype": str(dtype).removeprefix("torch."),
+                 "tops": {}, "ms": {}, "cos_worst": {}}
     timed: dict = {f"sdpa-{backend}": sdpa_fn(backend, q, k, v) for backend in SDPA_BACKENDS}
     try:
         from sageattention import sageattn as pypi_sageattn  # PyPI sageattention 1.0.x, if installed
@@ -287,7 +293,7 @@ def print_table(rows: list[dict]) -> None:
         prep = {pv: sum(r["prep_kernels_ms"][pv].values()) for pv in ("fp16", "fp8")}
         shares = " / ".join(f"{prep[pv]:.3f} ({prep[pv] / r['ms'][f'sage-{pv}-call']:.0%})" for pv in ("fp16", "fp8"))
         cos = "/".join(f"{r['cos_worst'][pv]:.5f}" for pv in ("fp16", "fp8"))
-        dims = f"{r['shape']} ({r['B']},{r['H']},{r['N']},{r['D']})"
+        dims = f"{r['shape']} ({r['B']},{r['H']},{r['N']},{r['D']}) {r.get('dtype', 'float16')}"
         pypi = r["ms"].get("pypi-sageattention")
         vs_pypi = "/".join(f"{pypi / r['ms'][f'sage-{pv}-call']:.3f}" for pv in ("fp16", "fp8")) if pypi else "-"
         print(f"| {dims} | " + " | ".join(cells) + f" | {vs_pypi} | {shares} | {cos} |")
@@ -297,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma list of {sorted(SHAPES)}")
     parser.add_argument("--json", help="write all figures to this JSON file")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16",
+                        help="inputs' dtype (models run bf16; cuDNN is 2-4%% faster in bf16 at d128)")
     parser.add_argument("--reps", type=int, default=3,
                         help="round-robin repetitions per variant (median reported)")
     parser.add_argument("--sweep", help="comma list of shapes on which to also time tile/warps/stages variants")
@@ -350,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in names:
         rows.append(bench_shape(name, SHAPES[name], space if name in (args.sweep or "").split(",") else None,
-                                args.reps))
+                                args.reps, DTYPES[args.dtype]))
         print(json.dumps({"shape": name, "tops": rows[-1]["tops"]}), flush=True)
     if args.json:
         with open(args.json, "w") as fh:

@@ -35,3 +35,18 @@ def test_reps_must_be_positive(capsys):
         bench_attention.main(["--reps", "0"])
     assert exc.value.code == 2
     assert "--reps 0" in capsys.readouterr().err
+
+
+def test_opensora_shapes_are_the_models_joint_sequences():
+    """The benchmark's Open-Sora shapes are what the transformer attends over (bench_transformer's
+    latents: frames x (H/2) x (W/2) video tokens after 2x2 patching, plus 512 text tokens)."""
+    import bench_transformer
+
+    for resolution, (frames, h, w) in bench_transformer.OPENSORA_LATENTS.items():
+        assert bench_attention.SHAPES[f"opensora-{resolution}"] == (1, 24, frames * (h // 2) * (w // 2) + 512, 128)
+
+
+def test_dtype_option_is_checked(capsys):
+    with pytest.raises(SystemExit):
+        bench_attention.main(["--dtype", "fp32"])
+    assert "invalid choice: 'fp32'" in capsys.readouterr().err
