@@ -101,17 +101,28 @@ def resources(compiled) -> str:
     return f"registers {regs} (at launch), stack {stack} B, shared {compiled.metadata.shared} B"
 
 
+PREDICATE = r"^@!?U?P\w+\s+"
+
+
+def instructions(sass: str, keep_predicates: bool = False) -> list[tuple[int, str]]:
+    """(address, instruction text) of every instruction in cuobjdump -sass output, in order; the
+    guard predicate (@P0, @!UP1, ...) removed unless `keep_predicates`."""
+    found = [(int(m.group(1), 16), m.group(2).strip())
+             for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", sass)]
+    return found if keep_predicates else [(addr, re.sub(PREDICATE, "", text)) for addr, text in found]
+
+
 def mma_loops(sass: str) -> list[tuple[int, int, collections.Counter]]:
     """(start, end, opcode counts) of every innermost loop whose body issues an MMA. A loop ends in a
     predicated backward branch; unconditional ones are jumps back from out-of-line code (mbarrier
     wait slow paths), not loops."""
-    lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", sass)]
+    lines = instructions(sass, keep_predicates=True)
     loops = []
     for addr, text in lines:
-        branch = re.search(r"^@!?U?P\w+\s+BRA\b.*?(0x[0-9a-f]+)", text.strip())
+        branch = re.search(PREDICATE + r"BRA\b.*?(0x[0-9a-f]+)", text)
         if branch and int(branch.group(1), 16) < addr:
             start = int(branch.group(1), 16)
-            body = (re.sub(r"^@!?U?P\w+\s+", "", t) for a, t in lines if start <= a <= addr)
+            body = (re.sub(PREDICATE, "", t) for a, t in lines if start <= a <= addr)
             opcodes = collections.Counter(t.split()[0].split(".")[0] for t in body if t.strip())
             if any(op in opcodes for op in MMA_OPCODES):
                 loops.append((start, addr, opcodes))

@@ -51,9 +51,11 @@ def test_compiles_for_sm90_on_any_machine(head_d, pipeline_qk, consumers, v_mma_
 _PIPELINED_SASS = """
 import sys
 sys.path.insert(0, sys.argv[2])
-from sass_loop_mix import disassemble
+import json
+from sass_loop_mix import disassemble, instructions
 from sagevideo.kernels import attention_sm90
-print(disassemble(attention_sm90.compile_for_sm90(int(sys.argv[1]), pipeline_qk=True, consumers=1).asm["cubin"]))
+sass = disassemble(attention_sm90.compile_for_sm90(int(sys.argv[1]), pipeline_qk=True, consumers=1).asm["cubin"])
+print(json.dumps([text for _, text in instructions(sass)]))
 """
 
 
@@ -67,8 +69,7 @@ def test_pipelined_schedule_overlaps_the_softmax_with_the_previous_pv_mma(head_d
     done = subprocess.run([sys.executable, "-c", _PIPELINED_SASS, str(head_d), scripts], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    code = [line.split("*/", 1)[1].split(";")[0].strip() for line in done.stdout.splitlines()
-            if "*/" in line and ";" in line]
+    code = json.loads(done.stdout)  # instructions in order, guard predicates removed
     # The first wait that leaves one MMA group in flight (P_{j-1}·V_{j-1}), then the next wait.
     one = next(i for i, ins in enumerate(code) if ins.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x1"))
     zero = next(i for i in range(one + 1, len(code)) if code[i].startswith("WARPGROUP.DEPBAR"))
