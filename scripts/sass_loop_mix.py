@@ -53,6 +53,7 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
                       CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False,
                       V_MMA_ORDER=pv == "fp8",
                       SCORES_BY_ADD=scores_by_add("sm90", block_d, pv, "triton") if by_add is None else by_add)
+    constexprs["ADD_GUARD"] = "safe" if constexprs["SCORES_BY_ADD"] else ""  # the launch that computes
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     aligned = [*pointers, *(n for n in ints if n not in ("mask_stride_b", "H"))]
     names = _attn_fwd_kernel.arg_names

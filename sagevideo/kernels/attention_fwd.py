@@ -26,12 +26,17 @@ LOG2_FP8_MAX = tl.constexpr(math.log2(FP8_MAX))
 # (two's complement), so an integer add turns an int32 score into the fp32 number SCORE_BIAS + s.
 SCORE_BIAS = tl.constexpr(12582912.0)
 SCORE_BIAS_BITS = tl.constexpr(0x4B400000)
+# Largest row scale c (log2 units per integer-score unit) for which a query tile takes the scores-by-add
+# path: its exponent error, up to ~c, then stays under 2^-7 log2 units (0.5% of P, below e4m3's
+# 2^-4 step). INT8's own score error is about 100·c, so inputs with a larger c (peaky attention) are
+# far off already; their query tiles take the exact conversion instead of overflowing to inf.
+SCORES_BY_ADD_MAX_SCALE = tl.constexpr(2.0**-7)
 
 
 @triton.jit
 def _attn_tile(
     acc, l_i, m_i, q, q_scale,
-    KQ, KScale, V, VQ, Mask, b, mask_stride_b,
+    KQ, KScale, V, VQ, Mask,
     start_n, offs_m, offs_d, v_row_stride,
     N_K, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -45,7 +50,9 @@ def _attn_tile(
     e4m3 range; l and acc carry the same factor and it cancels in acc / l.
     SCORES_BY_ADD (per-block K scales): s is the fp32 number SCORE_BIAS + score, made by an integer
     add (|score| <= 127²·128 < 2^22) instead of an I2F per score, and the bias leaves again in the
-    exponent's FMA: s·c − (m + SCORE_BIAS·c). Faster where measured (plans._SCORES_BY_ADD).
+    exponent's FMA: s·c − (m + SCORE_BIAS·c). Faster where measured (plans._SCORES_BY_ADD). Exact
+    only up to ~c log2 units: the kernel runs it only on query tiles `_add_is_safe` accepts.
+    V and Mask point at this (batch, head)'s rows; offsets within a head stay in int32.
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     # K codes are stored (N_PAD, BLOCK_D) row-major: load the tile transposed for Q·Kᵀ.
@@ -60,7 +67,7 @@ def _attn_tile(
     if MASKED:
         key_ok = offs_n < N_K
         if HAS_MASK:
-            key_ok = key_ok & (tl.load(Mask + b * mask_stride_b + offs_n, mask=offs_n < N_K, other=0) != 0)
+            key_ok = key_ok & (tl.load(Mask + offs_n, mask=offs_n < N_K, other=0) != 0)
         s = tl.where(key_ok[None, :], s, float("-inf"))
         if CAUSAL:
             s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
@@ -93,8 +100,10 @@ def _attn_tile(
     if PER_TOKEN_K:
         p = tl.math.exp2(s - m_sub[:, None])
     elif SCORES_BY_ADD:
-        # (SCORE_BIAS + s)·c − (m + SCORE_BIAS·c): one FMA per score; the subtrahend is rounded
-        # once per row, which moves its exponents together by at most ~c (one integer-score unit)
+        # (SCORE_BIAS + s)·c − (m + SCORE_BIAS·c): one FMA per score; the subtrahend is rounded once
+        # per row, which moves the row's exponents together by up to ~c log2 units (half an ulp of
+        # 1.5·2^23·c): negligible below SCORES_BY_ADD_MAX_SCALE, an overflow to inf for the large c
+        # of peaky inputs
         p = tl.math.exp2(s * row_scale[:, None] - tl.fma(row_scale, SCORE_BIAS, m_sub)[:, None])
     else:
         p = tl.math.exp2(s * row_scale[:, None] - m_sub[:, None])  # fused: one rounding
@@ -111,35 +120,40 @@ def _attn_tile(
         v_ok = offs_d[None, :] < HEAD_DIM
         if MASKED:
             v_ok = v_ok & key_ok[:, None]
-        v = tl.load(V + offs_n[:, None] * v_row_stride + offs_d[None, :], mask=v_ok, other=0.0)
+        # the tile's first row in int64 (a row stride of H·D times a long sequence passes 2^31)
+        v_tile = V + tl.cast(start_n, tl.int64) * v_row_stride
+        offs_t = tl.arange(0, BLOCK_N)
+        v = tl.load(v_tile + offs_t[:, None] * v_row_stride + offs_d[None, :], mask=v_ok, other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
 
 
 @triton.jit
-def _attn_fwd_kernel(
-    QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask, Out, Lse,
-    stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om,
-    mask_stride_b,
-    H, N_Q, N_K, M_PAD, N_PAD,
+def _add_is_safe(q_scale, k_scale, N_PAD, BLOCK_N: tl.constexpr):
+    """Whether every row scale c = q_scale·k_scale of this query tile against its head's key tiles is
+    at most SCORES_BY_ADD_MAX_SCALE (NaN scales count as safe: NaN reaches the output either way).
+    One strided pass over the head's per-tile K scales (N_PAD / BLOCK_N floats), against the
+    thousands of bytes each key tile streams."""
+    q_max = tl.max(tl.where(q_scale == q_scale, q_scale, 0.0), axis=0)
+    k_max = 0.0
+    for start in range(0, N_PAD, BLOCK_N * 128):
+        offs = start + tl.arange(0, 128) * BLOCK_N
+        tile_scales = tl.load(k_scale + offs, mask=offs < N_PAD, other=0.0)
+        k_max = tl.maximum(k_max, tl.max(tl.where(tile_scales == tile_scales, tile_scales, 0.0), axis=0))
+    return q_max * k_max <= SCORES_BY_ADD_MAX_SCALE
+
+
+@triton.jit
+def _attn_tiles(
+    QQ, q_scale, kq, k_scale, v, vq, mask, Out, Lse, QShift, VScale,
+    tile, b, h, bh, offs_m, offs_d,
+    stride_vn, stride_ob, stride_oh, stride_om, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
     STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    """One query tile against every key tile, normalised and stored (with its LSE)."""
     q = tl.load(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :])
-    q_scale = tl.load(QScale + bh * M_PAD + offs_m)
-    kq = KQ + bh * N_PAD * BLOCK_D
-    k_scale = KScale + bh * N_PAD
-    v = V + b * stride_vb + h * stride_vh
-    vq = VQ + bh * BLOCK_D * N_PAD
-
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -154,13 +168,13 @@ def _attn_fwd_kernel(
         lo = 0
     for start_n in range(0, lo, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, Mask, b, mask_stride_b,
+            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
         )
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, Mask, b, mask_stride_b,
+            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
         )
@@ -172,7 +186,9 @@ def _attn_fwd_kernel(
     if FP8_PV:
         out = out * tl.load(VScale + bh * BLOCK_D + offs_d)[None, :]
     m_ok = offs_m < N_Q
-    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :]
+    o_tile = Out + b * stride_ob + h * stride_oh + (tile * BLOCK_M).to(tl.int64) * stride_om
+    offs_t = tl.arange(0, BLOCK_M)
+    o_ptrs = o_tile + offs_t[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
     if STORE_LSE:
         shift = tl.load(QShift + bh * M_PAD + offs_m)
@@ -182,6 +198,47 @@ def _attn_fwd_kernel(
         lse = (m_lse + tl.log2(tl.where(has_keys, l_i, 1.0))) * LN2_CONST + shift
         lse = tl.where(has_keys, lse, float("-inf"))
         tl.store(Lse + bh * N_Q + offs_m, lse, mask=m_ok)
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask, Out, Lse,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om,
+    mask_stride_b,
+    H, N_Q, N_K, M_PAD, N_PAD,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
+    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
+    ADD_GUARD: tl.constexpr,
+):
+    """ADD_GUARD (plans with scores_by_add, two launches): "safe" runs the query tiles whose row
+    scales `_add_is_safe` accepts, with SCORES_BY_ADD; "peaky" the others, without it; "" all."""
+    tile = tl.program_id(0)
+    # Per-(batch, head) bases in int64: B·H·N·D passes 2^31 for long videos and large batches;
+    # offsets within a head stay in int32.
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // H
+    h = bh % H
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q_scale = tl.load(QScale + bh * M_PAD + offs_m)
+    kq = KQ + bh * N_PAD * BLOCK_D
+    k_scale = KScale + bh * N_PAD
+    v = V + b * stride_vb + h * stride_vh
+    vq = VQ + bh * BLOCK_D * N_PAD
+    mask = Mask + b * mask_stride_b
+    run = True
+    if ADD_GUARD == "safe":
+        run = _add_is_safe(q_scale, k_scale, N_PAD, BLOCK_N)
+    elif ADD_GUARD == "peaky":
+        run = not _add_is_safe(q_scale, k_scale, N_PAD, BLOCK_N)
+    if run:
+        _attn_tiles(QQ, q_scale, kq, k_scale, v, vq, mask, Out, Lse, QShift, VScale,
+                    tile, b, h, bh, offs_m, offs_d,
+                    stride_vn, stride_ob, stride_oh, stride_om, N_Q, N_K, M_PAD, N_PAD,
+                    HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, STORE_LSE,
+                    V_MMA_ORDER, SCORES_BY_ADD)
 
 
 def attention_forward(
@@ -197,16 +254,28 @@ def attention_forward(
     n_q: int,
     n_k: int,
 ) -> None:
-    """Launch the attention kernel, writing `out` (B, H, Nq, D) view and `lse` (B·H, Nq) fp32."""
+    """Launch the attention kernel, writing `out` (B, H, Nq, D) view and `lse` (B·H, Nq) fp32.
+
+    A plan with scores_by_add launches twice: once for the query tiles whose row scales the add
+    handles exactly enough, once (without it) for the peaky rest; each program of either launch
+    decides from the scales alone, so no host sync is needed."""
+    by_add = plan.scores_by_add and not per_token
+    for guard in ("safe", "peaky") if by_add else ("",):
+        _launch(prepared, v, key_mask, out, lse, plan, guard, is_causal=is_causal, per_token=per_token,
+                n_q=n_q, n_k=n_k)
+
+
+def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
+            lse: torch.Tensor | None, plan: KernelPlan, guard: str, *, is_causal: bool, per_token: bool, n_q: int,
+            n_k: int) -> None:
     batch, heads, _, head_dim = out.shape
-    bh = batch * heads
     m_pad = prepared.q_codes.shape[1]
     n_pad = prepared.k_codes.shape[1]
     fp8_pv = plan.pv == "fp8"
     mask_arg = key_mask if key_mask is not None else prepared.k_scale
     mask_stride_b = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
     registers = {} if plan.max_registers is None else {"maxnreg": plan.max_registers}
-    wrap_triton(_attn_fwd_kernel)[(m_pad // plan.block_m, bh)](
+    wrap_triton(_attn_fwd_kernel)[(m_pad // plan.block_m, batch * heads)](
         prepared.q_codes, prepared.q_scale,
         prepared.q_shift if prepared.q_shift is not None else prepared.q_scale,
         prepared.k_codes, prepared.k_scale, v,
@@ -220,6 +289,6 @@ def attention_forward(
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
         FP8_PV=fp8_pv, STORE_LSE=lse is not None, V_MMA_ORDER=fp8_pv and prepared.v_mma_order,
-        SCORES_BY_ADD=plan.scores_by_add and not per_token,
+        SCORES_BY_ADD=guard == "safe", ADD_GUARD=guard,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **registers,
     )

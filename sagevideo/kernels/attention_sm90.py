@@ -345,9 +345,9 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
     out = acc / gl.convert_layout(l_i, o_rows)[:, None] * gl.load(VScale + v_scale_row + d)[None, :]
-    r = m_start + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=o_rows)
+    r = WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=o_rows)  # within the CTA (o_offset: its first row)
     ptrs_o = Out + o_offset + r[:, None] * stride_om + d[None, :]
-    gl.store(ptrs_o, out.to(Out.dtype.element_ty), mask=(r < N_Q)[:, None] & (d < D_OUT)[None, :])
+    gl.store(ptrs_o, out.to(Out.dtype.element_ty), mask=(m_start + r < N_Q)[:, None] & (d < D_OUT)[None, :])
 
 
 @gluon.jit
@@ -382,10 +382,12 @@ def _attn_fwd_sm90_kernel(
     ptrs = (QScale, KScale, VScale, Out)
     # Scalars the partitions share, by position (worker partitions take no keyword structs):
     # 0 first Q-code row, 1 first K-code row, 2 first Vᵀ row, 3 key tiles, 4 N_Q, 5 N_K, 6 Q-scale
-    # row, 7 K-scale row, 8 output offset of (b, h), 9 output row stride, 10 V-scale row, 11 M_PAD,
-    # 12 first query row of the CTA within the head, 13 head dim written.
+    # row, 7 K-scale row, 8 output offset of the CTA's first row, 9 output row stride, 10 V-scale row,
+    # 11 M_PAD, 12 first query row of the CTA within the head, 13 head dim written.
+    # The output offset is int64 (B·H·N·D may pass 2^31); TMA coordinates are rows, far below 2^31.
+    o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + m_start.to(gl.int64) * stride_om
     dims = (bh * M_PAD + m_start, bh * N_PAD, bh * HEAD_D, n_tiles, N_Q, N_K,
-            bh * M_PAD, bh * N_PAD, b * stride_ob + h * stride_oh, stride_om, bh * HEAD_D, M_PAD, m_start, D_OUT)
+            bh * M_PAD, bh * N_PAD, o_offset, stride_om, bh * HEAD_D, M_PAD, m_start, D_OUT)
     # One argument list for every partition (worker partitions must share a signature); WG says
     # which 64 query rows a consumer owns (the producer ignores it).
     if CONSUMERS == 2:

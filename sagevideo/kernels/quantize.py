@@ -89,13 +89,28 @@ def _abs_max_bits(x, axis: tl.constexpr):
 
 
 @triton.jit
-def _quantize_int8(x, scale_factor, PER_TOKEN: tl.constexpr):
+def _finite_rows_abs_max_bits(x):
+    """(max|x| over the tile's rows that are all finite, as fp32; per row: True where the row holds a
+    NaN or ±inf)."""
+    bits = tl.abs(x).to(tl.int32, bitcast=True)
+    row_bad = tl.max(bits, axis=1) >= INF_BITS
+    top = tl.max(tl.max(tl.where(row_bad[:, None], 0, bits), axis=1), axis=0)
+    return top.to(tl.float32, bitcast=True), row_bad
+
+
+@triton.jit
+def _quantize_int8(x, scale_factor, PER_TOKEN: tl.constexpr, ROW_LOCAL_NONFINITE: tl.constexpr = False):
     """Symmetric INT8 codes of a (ROWS, D) fp32 tile and per-row scales (ROWS,) fp32, one per row
     (PER_TOKEN) or the tile's repeated. codes = round-half-even(x · 127/max|x|), the product
     rounded once (fused into the rounding add); scale = max|x| · scale_factor / 127, or 1 for an
     all-zero group; NaN when the group holds a NaN or inf, so non-finite inputs give NaN outputs;
-    max|x| floored at TINY_AMAX so that 127/max|x| stays finite."""
-    amax = _abs_max_bits(x, 1 if PER_TOKEN else None)
+    max|x| floored at TINY_AMAX so that 127/max|x| stays finite.
+    ROW_LOCAL_NONFINITE (Q tiles): a row holding a NaN or inf gets a NaN scale alone and the tile's
+    scale comes from its other rows, so the NaN reaches only that row's output, as in SDPA."""
+    if ROW_LOCAL_NONFINITE and not PER_TOKEN:
+        amax, row_bad = _finite_rows_abs_max_bits(x)
+    else:
+        amax = _abs_max_bits(x, 1 if PER_TOKEN else None)
     zero = amax == 0
     # below TINY_AMAX, 127/max would overflow to inf (reference.TINY_AMAX); NaN stays NaN
     amax = tl.maximum(amax, TINY_AMAX_CONST, propagate_nan=tl.PropagateNan.ALL)
@@ -105,6 +120,8 @@ def _quantize_int8(x, scale_factor, PER_TOKEN: tl.constexpr):
         inv = inv[:, None]
     else:
         scale = tl.zeros((x.shape[0],), dtype=tl.float32) + scale
+        if ROW_LOCAL_NONFINITE:
+            scale = tl.where(row_bad, float("nan"), scale)
     codes = (x * inv + ROUNDING_MAGIC).to(tl.int32, bitcast=True).to(tl.int8)
     return codes, scale
 
@@ -140,8 +157,10 @@ def _kv_stats_kernel(
 ):
     bh = tl.program_id(0)
     split = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    b = bh.to(tl.int64) // H  # int64 bases: B·H·N·D may pass 2^31
+    h = bh.to(tl.int64) % H
+    k_head = K + b * stride_kb + h * stride_kh
+    v_head = V + b * stride_vb + h * stride_vh
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     # Accumulate element-wise and reduce over rows once at the end: a cross-warp reduction per
@@ -151,24 +170,26 @@ def _kv_stats_kernel(
     count = tl.zeros((CHUNK,), dtype=tl.float32)
     start = split * TOKENS_PER_SPLIT
     end = tl.minimum(start + TOKENS_PER_SPLIT, N_K)
+    offs_c = tl.arange(0, CHUNK)
     for off in range(start, end, CHUNK):
-        offs_n = off + tl.arange(0, CHUNK)
+        offs_n = off + offs_c
         ok = offs_n < end
         if HAS_MASK:
             ok = ok & (tl.load(Mask + b * stride_mb + offs_n, mask=ok, other=0) != 0)
         count += ok.to(tl.float32)
         tile_ok = ok[:, None] & d_ok[None, :]
+        row = tl.cast(off, tl.int64)  # the chunk's first token in int64 (the token stride may be H·D)
         if SMOOTH_K:
-            k = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+            k = tl.load(k_head + row * stride_kn + offs_c[:, None] * stride_kn + offs_d[None, :],
                         mask=tile_ok, other=0.0)
             k_acc += k.to(tl.float32)
         if FP8_V:
-            v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+            v = tl.load(v_head + row * stride_vn + offs_c[:, None] * stride_vn + offs_d[None, :],
                         mask=tile_ok, other=0.0)
             v_acc = tl.maximum(v_acc, tl.abs(v)).to(v_acc.dtype)  # exact: a max of 16-bit values
     k_sum = tl.sum(k_acc, axis=0)
     v_max = tl.max(v_acc, axis=0).to(tl.float32)
-    row = bh * NUM_SPLITS + split
+    row = bh.to(tl.int64) * NUM_SPLITS + split
     tl.store(KSum + row * BLOCK_D + offs_d, k_sum)
     tl.store(VMax + row * BLOCK_D + offs_d, v_max)
     tl.store(KCount + row, tl.sum(count, axis=0))
@@ -183,7 +204,7 @@ def _kv_stats_finalize_kernel(
 ):
     """Per head: mean(K) over valid keys (0 for no key), mean(K)·R, and V's scale max|V|/448
     per channel (1 for an all-zero channel). The partials are added in split order."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
     v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -223,10 +244,13 @@ def _quantize_kv_kernel(
     PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, V_MMA_ORDER: tl.constexpr,
 ):
     group = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # int64 bases: B·H·N·D may pass 2^31
     b = bh // H
     h = bh % H
+    k_head = K + b * stride_kb + h * stride_kh
+    v_head = V + b * stride_vb + h * stride_vh
     offs_d = tl.arange(0, BLOCK_D)
+    offs_t = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     if ROTATE:
         rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :])
@@ -249,10 +273,11 @@ def _quantize_kv_kernel(
             tile_ok = ok[:, None] & d_ok[None, :]
             # Both loads first: one program per SM fits at d128 (the rotation's registers), so
             # the V load must be in flight while K is waited for, not issued after K's stores.
-            k16 = tl.load(K + b * stride_kb + h * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :],
+            row = start_n.to(tl.int64)  # the tile's first token in int64 (the token stride may be H·D)
+            k16 = tl.load(k_head + row * stride_kn + offs_t[:, None] * stride_kn + offs_d[None, :],
                           mask=tile_ok, other=0.0)
             if FP8_V:
-                v = tl.load(V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :],
+                v = tl.load(v_head + row * stride_vn + offs_t[:, None] * stride_vn + offs_d[None, :],
                             mask=tile_ok, other=0.0)
                 v8 = (v.to(tl.float32) * v_inv[None, :]).to(tl.float8e4nv)
                 # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
@@ -281,22 +306,26 @@ def _quantize_kv_kernel(
 
 @triton.jit
 def _quantize_q_tile(
-    Q, mean, rot, b, h, offs_m, offs_d,
+    Q, mean, rot, b, h, start_m, offs_d,
     stride_qb, stride_qh, stride_qn,
     N_Q, qk_scale, sm_scale,
-    HEAD_DIM: tl.constexpr, ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, NEED_SHIFT: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr,
+    NEED_SHIFT: tl.constexpr,
 ):
     """INT8 codes (BLOCK_M, BLOCK_D), scales (BLOCK_M,) of one Q tile, in log2 score units
     (sm_scale·log2(e) folded in, and 1/BLOCK_D when rotated: R Rᵀ = BLOCK_D·I); rows past N_Q are
     zero. mean (BLOCK_D,) mean(K) when NEED_SHIFT; rot (BLOCK_D, BLOCK_D) when ROTATE.
     shift (BLOCK_M,): sm_scale·q·mean(K) when NEED_SHIFT (LSE), else zeros."""
-    m_ok = offs_m < N_Q
-    q16 = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :],
+    rows = tl.arange(0, BLOCK_M)
+    m_ok = start_m + rows < N_Q
+    # the tile's first row in int64 (the token stride may be H·D); offsets within the tile in int32
+    q_tile = Q + b * stride_qb + h * stride_qh + start_m.to(tl.int64) * stride_qn
+    q16 = tl.load(q_tile + rows[:, None] * stride_qn + offs_d[None, :],
                   mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if NEED_SHIFT:
         shift = tl.sum(q16.to(tl.float32) * mean[None, :], axis=1) * sm_scale
     else:
-        shift = tl.zeros((offs_m.shape[0],), dtype=tl.float32)
+        shift = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if ROTATE:
         # ±1 rotation of 16-bit Q on the tensor cores: exact products, fp32 sums.
         q = tl.dot(q16, rot.to(q16.dtype), out_dtype=tl.float32)
@@ -304,7 +333,7 @@ def _quantize_q_tile(
         q = q16.to(tl.float32)
     # qk_scale goes into the scale, not into each element (the codes of q and q·qk_scale are the
     # same up to rounding); fp32 even when a compiler passes the scalar as fp64
-    codes, scale = _quantize_int8(q, tl.cast(qk_scale, tl.float32), PER_TOKEN)
+    codes, scale = _quantize_int8(q, tl.cast(qk_scale, tl.float32), PER_TOKEN, ROW_LOCAL_NONFINITE=True)
     return codes, scale, shift.to(tl.float32)
 
 
@@ -317,16 +346,17 @@ def _quantize_q_kernel(
     ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_SHIFT: tl.constexpr,
 ):
     group = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(1).to(tl.int64)  # int64 bases: B·H·N·D may pass 2^31
     offs_d = tl.arange(0, BLOCK_D)
     # loaded once per program: the 32 KB rotation is twice a 64-row d128 Q tile
     rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]) if ROTATE else None
     mean = tl.load(KMean + bh * BLOCK_D + offs_d) if STORE_SHIFT else None
     for t in range(0, TILES_PER_PROGRAM):
-        offs_m = (group * TILES_PER_PROGRAM + t) * BLOCK_M + tl.arange(0, BLOCK_M)
+        start_m = (group * TILES_PER_PROGRAM + t) * BLOCK_M
+        offs_m = start_m + tl.arange(0, BLOCK_M)
         codes, scale, shift = _quantize_q_tile(
-            Q, mean, rot, bh // H, bh % H, offs_m, offs_d, stride_qb, stride_qh, stride_qn,
-            N_Q, qk_scale, sm_scale, HEAD_DIM, ROTATE, PER_TOKEN, STORE_SHIFT,
+            Q, mean, rot, bh // H, bh % H, start_m, offs_d, stride_qb, stride_qh, stride_qn,
+            N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, ROTATE, PER_TOKEN, STORE_SHIFT,
         )
         in_pad = offs_m < M_PAD  # the last program's tiles may run past the padded buffer
         tl.store(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :], codes, mask=in_pad[:, None])

@@ -14,15 +14,17 @@ Numerics, step by step (all tensors HND: (B, H, N, D)):
    Q's scale carries qk_scale = sm_scale · log2(e) [/ d'], so scores come out in log2 units for exp2.
 3. INT8 symmetric quantization per group of rows (a tile of BLOCK_M/BLOCK_N rows, or one row):
    x_q = round-half-even(x · (127 / max|x|)), the product rounded once; scale = max|x| / 127
-   (1 where the group is all zero, NaN where it holds a NaN or inf). Q's factor sm_scale·log2(e)
+   (1 where the group is all zero, NaN where it holds a NaN or inf; for Q, a row holding a NaN or
+   inf gets the NaN scale alone, so the NaN stays in its row as with SDPA). Q's factor sm_scale·log2(e)
    goes into its scale only: q_scale = (max|q| · qk_scale) / 127.
 4. Per key tile j: S = (Q_q · K_qᵀ in exact integers) · (q_scale · k_scale) (fp32), invalid keys → −inf,
    online softmax: m' = max(m, rowmax S), P = exp2(S − m'), l = l·exp2(m − m') + rowsum P.
    With one K scale per tile the kernels take the max on the integer scores and compute S − m'
    as one FMA of the integer score, the row's scale and −m' (a single rounding; emulated here);
    the row's scale q_scale·k_scale is floored at the smallest normal fp32 (MIN_ROW_SCALE).
-5. PV, "fp16": acc = acc·α + P.to(t) @ V.to(t) with fp32 accumulation, t = V's dtype when 16-bit
-   else float16. "fp8": V scaled per channel by max|V over valid tokens| / 448 to e4m3 once;
+5. PV, "fp16": acc = acc·α + P.to(t) @ V.to(t) with fp32 accumulation, t = V's dtype when 16-bit;
+   wider inputs (reference only) round P to float16 and keep V as given.
+   "fp8": V scaled per channel by max|V over valid tokens| / 448 to e4m3 once;
    P is computed as exp2(S − m + log2 448) (pre-scaled to fill e4m3; l carries the same factor),
    per tile a fresh fp32 block product P_e4m3 @ V_e4m3 is added into the running acc
    (two-level accumulation); the output acc / l is rescaled by v_scale.
@@ -70,7 +72,7 @@ def abs_max(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def quantize_symmetric(
-    x: torch.Tensor, group: int, bits: int = 8, scale_factor: float = 1.0
+    x: torch.Tensor, group: int, bits: int = 8, scale_factor: float = 1.0, row_local_nonfinite: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric integer quantization with one scale per `group` consecutive rows.
 
@@ -79,10 +81,15 @@ def quantize_symmetric(
     codes = round-half-even(x · (qmax / max|x|)) with the product rounded once (the kernels fuse
     it into the rounding add; fp64 holds it exactly); scale = (max|x| · fp32(scale_factor)) / qmax,
     1 for an all-zero group, NaN for a group holding a NaN or inf.
+    row_local_nonfinite (Q): a row holding a NaN or inf gets a NaN scale alone and its group's scale
+    comes from the other rows, so that the NaN reaches only that row's output (as in SDPA).
     """
     qmax = float(2 ** (bits - 1) - 1)
     batch, heads, n, d = x.shape
     n_groups = math.ceil(n / group)
+    row_bad = ~torch.isfinite(x).all(dim=-1) if row_local_nonfinite else None
+    if row_bad is not None:
+        x = torch.where(row_bad[..., None], 0.0, x)
     padded = torch.nn.functional.pad(x, (0, 0, 0, n_groups * group - n))
     amax = abs_max(padded.reshape(batch, heads, n_groups, group * d), dim=-1)
     zero = amax == 0
@@ -92,26 +99,31 @@ def quantize_symmetric(
     scale = torch.where(zero, 1.0, _div_fp32(amax * factor, qmax))
     row_inv = inv.repeat_interleave(group, dim=-1)[..., :n]
     codes = torch.round(x.double() * row_inv.double()[..., None]).float().clamp(-qmax, qmax)
-    return codes, scale.repeat_interleave(group, dim=-1)[..., :n]
+    row_scale = scale.repeat_interleave(group, dim=-1)[..., :n]
+    if row_bad is not None:
+        row_scale = torch.where(row_bad, torch.nan, row_scale)
+    return codes, row_scale
 
 
 def smoothed_k(k: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(K − mean over valid tokens with invalid rows zeroed, mean (B, H, D)); fp32."""
+    """(K − mean over valid tokens with invalid rows zeroed, mean (B, H, D)); fp32. Invalid rows
+    take no part, whatever they hold (NaN included), as in the kernels, which never load them."""
     kf = k.float()
     if valid is None:
         mean = kf.mean(dim=2)
         return kf - mean[:, :, None], mean
-    w = valid[:, None, :, None].to(torch.float32)  # (B', 1, Nk, 1)
-    count = w.sum(dim=2).clamp(min=1.0)
-    mean = (kf * w).sum(dim=2) / count
-    return (kf - mean[:, :, None]) * w, mean
+    keep = valid[:, None, :, None]  # (B', 1, Nk, 1)
+    kf = torch.where(keep, kf, 0.0)
+    count = keep.to(torch.float32).sum(dim=2).clamp(min=1.0)
+    mean = kf.sum(dim=2) / count
+    return torch.where(keep, kf - mean[:, :, None], 0.0), mean
 
 
 def quantize_v_fp8(v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel FP8 e4m3 V: (codes as float8_e4m3fn (B, H, Nk, D), scales (B, H, D) fp32)."""
     vf = v.float()
     if valid is not None:
-        vf = vf * valid[:, None, :, None].to(torch.float32)
+        vf = torch.where(valid[:, None, :, None], vf, 0.0)
     amax = vf.abs().amax(dim=2)
     scale = torch.where(amax > 0, _div_fp32(torch.clamp(amax, min=TINY_AMAX), FP8_MAX), 1.0)
     inv = _div_fp32(1.0, scale)  # the kernels multiply by the reciprocal
@@ -167,7 +179,7 @@ def sageattn_reference(
     if smooth_k:
         ks, k_mean = smoothed_k(k, valid)
     else:
-        ks = k.float() if valid is None else k.float() * valid[:, None, :, None]
+        ks = k.float() if valid is None else torch.where(valid[:, None, :, None], k.float(), 0.0)
         k_mean = torch.zeros(k.shape[0], k.shape[1], k.shape[3], device=k.device)
     qk_scale = sm_scale * LOG2E
     qf = q.float()
@@ -179,18 +191,21 @@ def sageattn_reference(
         ks = _matmul_fp32(torch.nn.functional.pad(ks, pad), rot)
         qk_scale = qk_scale / dim
     group_q, group_k = (block_m, block_n) if qk_granularity == "block" else (1, 1)
-    q_codes, q_scale = quantize_symmetric(qf, group_q, qk_bits, scale_factor=qk_scale)
+    q_codes, q_scale = quantize_symmetric(qf, group_q, qk_bits, scale_factor=qk_scale, row_local_nonfinite=True)
     k_codes, k_scale = quantize_symmetric(ks, group_k, qk_bits)
 
     if pv == "fp8":
         v_codes, v_scale = quantize_v_fp8(v, valid)
         v_operand = v_codes.float()
     elif pv == "fp16":
+        # 16-bit inputs: P in V's dtype, as the kernels. Wider inputs (which the kernels do not
+        # take): P in fp16 (it lies in [0, 1]) and V as given, since fp16 would overflow past 65504.
         pv_dtype = v.dtype if v.dtype in (torch.float16, torch.bfloat16) else torch.float16
-        v_operand = (v if valid is None else v * valid[:, None, :, None]).to(pv_dtype).float()
+        v_kept = v if valid is None else torch.where(valid[:, None, :, None], v, 0.0)
+        v_operand = (v_kept.to(pv_dtype) if v.dtype in (torch.float16, torch.bfloat16) else v_kept).float()
     else:
         pv_dtype = None
-        v_operand = v.float() if valid is None else v.float() * valid[:, None, :, None]
+        v_operand = v.float() if valid is None else torch.where(valid[:, None, :, None], v.float(), 0.0)
 
     batch, heads = q.shape[0], q.shape[1]
     m = torch.full((batch, heads, n_q), float("-inf"), device=q.device)

@@ -73,3 +73,84 @@ def test_torch_compile_fullgraph_inductor():
     torch._dynamo.reset()
     compiled = torch.compile(attend, fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), attend(q, k, v), atol=2e-3, rtol=2e-3)
+
+
+# Every plan the GPU can take: (head dim, PV, SAGEVIDEO_SM90_KERNEL). On sm90, "auto" runs the plain
+# kernel at d64 (FP8 with scores by add) and for FP16 PV, and the Gluon one for FP8 at d128.
+EVERY_PLAN = [(64, "fp16", "auto"), (64, "fp8", "auto"), (64, "fp8", "gluon"),
+              (128, "fp16", "auto"), (128, "fp8", "auto"), (128, "fp8", "triton")]
+
+
+@pytest.mark.parametrize("head_dim, pv, kernel", EVERY_PLAN)
+@pytest.mark.parametrize("scale", [30.0, 100.0, 1000.0])
+def test_large_q_and_k_give_finite_outputs_in_every_plan(head_dim, pv, kernel, scale, monkeypatch):
+    """1000·randn q and k gave 608,256 non-finite outputs with FP8 PV at d64 (scores by add)."""
+    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", kernel)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(1, 8, 17776, head_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
+               for _ in range(3))
+    out = sageattn(q * scale, k * scale, v, pv=pv, backend="triton")
+    if kernel == "gluon" or (kernel == "auto" and (head_dim, pv) == (128, "fp8")):
+        assert last_backend().ran == "gluon"
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("head_dim, pv, kernel", EVERY_PLAN)
+@pytest.mark.parametrize("granularity", ["block", "token"])
+def test_a_nan_query_row_stays_in_its_row(head_dim, pv, kernel, granularity, monkeypatch):
+    """SDPA: one NaN in q gives one NaN row. It used to spread over the row's whole Q tile."""
+    monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", kernel)
+    q, k, v, _ = _inputs("random", (1, 4, 4096, head_dim), torch.bfloat16)
+    q[0, 2, 1000, 5] = float("nan")
+    out = sageattn(q, k, v, pv=pv, qk_granularity=granularity, backend="triton")
+    bad_rows = (~torch.isfinite(out)).any(dim=-1).nonzero().tolist()
+    assert bad_rows == [[0, 2, 1000]]
+
+
+def _sampled_rows_cosine(q, k, v, out, rows, keep=None):
+    """Worst cosine of `out` against fp32 attention at `rows` (b, h, n) of HND tensors; keep: the
+    valid keys (Nk,) bool or None."""
+    worst = 1.0
+    for b, h, n in rows:
+        kh, vh = (k[b, h], v[b, h]) if keep is None else (k[b, h, keep], v[b, h, keep])
+        ref = torch.softmax(kh.float() @ q[b, h, n].float() * q.shape[-1] ** -0.5, dim=0) @ vh.float()
+        worst = min(worst, F.cosine_similarity(ref, out[b, h, n].float(), dim=0).item())
+    return worst
+
+
+@pytest.mark.parametrize(
+    "shape, layout, pv, masked",
+    [
+        ((1, 66, 262144, 128), "HND", "fp8", False),  # Gluon; the issue's shape (exactly 2^31 worked)
+        ((1, 66, 262144, 128), "NHD", "fp8", False),  # token stride H·D: in-head offsets pass 2^31
+        ((2, 40, 262144, 128), "HND", "fp16", True),  # plain d128 with a key mask and the LSE
+        ((1, 132, 262144, 64), "HND", "fp8", False),  # plain d64 with scores by add (two launches)
+    ],
+    ids=["gluon-hnd", "gluon-nhd", "plain-d128-mask-lse", "plain-d64"],
+)
+def test_more_than_2_31_elements_match_sdpa_on_sampled_rows(shape, layout, pv, masked):
+    """Above 2^31 elements the int32 offsets overflowed (illegal memory access, CUDA context lost).
+    Every output row is written and finite; sampled rows of the last heads match fp32 attention."""
+    torch.cuda.empty_cache()
+    b, h, n, d = shape
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    dims = (b, h, n, d) if layout == "HND" else (b, n, h, d)
+    q, k, v = (torch.randn(dims, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    assert q.numel() > 2**31
+    mask = None
+    if masked:
+        mask = torch.ones(b, 1, 1, n, dtype=torch.bool, device="cuda")
+        mask[..., n - 1000:] = False  # padded keys: the rows below attend to the others only
+    result = sageattn(q, k, v, tensor_layout=layout, pv=pv, attn_mask=mask, return_lse=masked, backend="triton")
+    out = result[0] if masked else result
+    assert torch.isfinite(out).all()
+    if layout == "NHD":  # HND views of the same memory
+        q, k, v, out = (t.transpose(1, 2) for t in (q, k, v, out))
+    keep = None if mask is None else mask[0, 0, 0]
+    rows = [(b - 1, h - 1, 0), (b - 1, h - 1, n // 2 + 7), (b - 1, h - 1, n - 1), (0, h // 2, 12345)]
+    floor = 0.998 if pv == "fp8" else 0.999
+    assert _sampled_rows_cosine(q, k, v, out, rows, keep) >= floor
+    if masked:
+        kh = k[b - 1, h - 1, keep].float()
+        want = torch.logsumexp(kh @ q[b - 1, h - 1, -1].float() * d**-0.5, dim=0)
+        assert abs(result[1][b - 1, h - 1, -1].item() - want.item()) < 0.05

@@ -167,3 +167,36 @@ def test_reference_causal_matches_fp64():
     ref = attention_fp64(x.q, x.k, x.v, sm_scale=0.125, is_causal=True)
     assert error_stats(ref, out).cos_worst > 0.9995
     assert math.isclose(out[0, 0, 0].double().norm().item(), ref[0, 0, 0].norm().item(), rel_tol=0.02)
+
+
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_fp32_inputs_beyond_the_fp16_range_stay_finite(pv):
+    """fp32 V past 65504 (what the kernels never take, but the reference accepts): the reference
+    must not cast V to fp16 and turn it into inf/NaN."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 80, 64, generator=gen) for _ in range(3))
+    v = v * 1e6
+    bm, bn = tiles(pv, 64)
+    out, _ = sageattn_reference(q, k, v, sm_scale=0.125, block_m=bm, block_n=bn, pv=pv)
+    stats = error_stats(attention_fp64(q, k, v), out)
+    assert stats.nonfinite == 0 and stats.cos_worst > 0.99, stats
+
+
+def test_masked_keys_take_no_part_whatever_they_hold():
+    """Padded keys and values holding NaN are never read by the kernels; the reference, their oracle,
+    must ignore them too (a multiply by the mask made 0·NaN = NaN)."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 96, 64, generator=gen) for _ in range(3))
+    valid = torch.ones(1, 96, dtype=torch.bool)
+    valid[:, 80:] = False
+    bm, bn = tiles("fp16", 64)
+    clean, _ = sageattn_reference(q, k, v, sm_scale=0.125, block_m=bm, block_n=bn, key_mask=valid)
+    k[:, :, 85], v[:, :, 90] = float("nan"), float("nan")
+    for pv in ("fp16", "fp8"):
+        bm, bn = tiles(pv, 64)
+        out, _ = sageattn_reference(q, k, v, sm_scale=0.125, block_m=bm, block_n=bn, key_mask=valid, pv=pv,
+                                    rotate_qk=True)
+        assert torch.isfinite(out).all()
+    bm, bn = tiles("fp16", 64)
+    out, _ = sageattn_reference(q, k, v, sm_scale=0.125, block_m=bm, block_n=bn, key_mask=valid)
+    assert torch.equal(out, clean)

@@ -7,6 +7,7 @@ is checked tightly only on the GPU (test_gpu.py).
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from sagevideo import last_backend, sageattn
 from sagevideo.eval.attention_error import error_stats
@@ -111,15 +112,57 @@ def test_tiny_scores_give_no_nan(n):
 @pytest.mark.parametrize("where", ["q", "k"])
 @pytest.mark.parametrize("pv", ["fp16", "fp8"])
 def test_non_finite_inputs_give_nan_outputs_where_the_reference_does(pv, where, bad):
-    """A NaN or inf in q or k reaches the output as NaN (a q value: its whole quantization block,
-    whose scale it sets; a k value: its whole head, through mean(K)), as in the reference; it must
-    not pass for a row without keys and come out finite."""
+    """A NaN or inf in q or k reaches the output as NaN (a q value: its own row; a k value: its whole
+    head, through mean(K), as SDPA's every row of that head), as in the reference; it must not pass
+    for a row without keys and come out finite."""
     q, k, v, _ = _inputs("k-offset", (1, 2, 100, 64), seed=15)
     (q if where == "q" else k)[0, 1, 37, 5] = bad
     out_t, out_r = _both(q, k, v, pv=pv)
     assert (out_t[0, 1, 37] if where == "q" else out_t[0, 1]).isnan().all()
     assert torch.equal(out_t.isnan(), out_r.isnan())
     assert not out_t[0, 0].isnan().any()  # the other head is untouched
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("granularity", ["block", "token"])
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_a_non_finite_query_row_spreads_to_no_other_row(pv, granularity, bad):
+    """SDPA gives one non-finite row for one NaN or inf in q; so must the kernels and the reference
+    (a Q tile's shared scale used to carry the NaN to all its 64 or 128 rows)."""
+    q, k, v, _ = _inputs("k-offset", (1, 2, 200, 64), seed=16)
+    q[0, 1, 70, 3] = bad
+    expected = ~torch.isfinite(F.scaled_dot_product_attention(q.float(), k.float(), v.float()))
+    assert expected.any(dim=-1).sum() == 1
+    out_t, out_r = _both(q, k, v, pv=pv, qk_granularity=granularity)
+    assert torch.equal(~torch.isfinite(out_t), expected)
+    assert torch.equal(~torch.isfinite(out_r), expected)
+
+
+def _with_scores_by_add(q, k, v, scores_by_add):
+    """The FP8 d64 plan (the one that converts scores by an integer add on sm90), with the add on
+    or off, through the op: the interpreter computes what the GPU's plan computes."""
+    import dataclasses
+
+    from sagevideo.kernels.op import sageattn_triton
+
+    plan = dataclasses.replace(select_plan(q.device, 64, "fp8").plan, scores_by_add=scores_by_add)
+    out, _ = sageattn_triton(q, k, v, plan, sm_scale=0.125, is_causal=False, key_mask=None, per_token=False,
+                             smooth_k=True, rotate_qk=True, return_lse=False)
+    return out
+
+
+def test_scores_by_add_computes_ordinary_heads_and_leaves_peaky_ones_to_the_exact_conversion():
+    """The add's exponent error grows with the row scale (q and k x1000 gave NaN): ordinary query
+    tiles run it (their output differs from the exact conversion's by rounding only), peaky ones
+    run the exact conversion (bit-identical to the plan without the add, and finite)."""
+    q, k, v, _ = _inputs("random", (1, 2, 256, 64), seed=17)
+    q[:, 1], k[:, 1] = q[:, 1] * 1000, k[:, 1] * 1000  # head 1 peaky, head 0 ordinary
+    with_add, without = _with_scores_by_add(q, k, v, True), _with_scores_by_add(q, k, v, False)
+    assert torch.isfinite(with_add).all()
+    assert torch.equal(with_add[:, 1], without[:, 1])
+    assert not torch.equal(with_add[:, 0], without[:, 0])  # the add path did run on head 0
+    reference = sageattn(q[:, :1], k[:, :1], v[:, :1], pv="fp8", backend="reference")
+    assert error_stats(reference, with_add[:, :1]).cos_worst > 0.99  # interpreter FP8 floor (see above)
 
 
 def test_key_padding_mask_with_huge_padded_values():
