@@ -14,16 +14,18 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _LAZY = {
     "sageattn": "sagevideo.api.attention",
+    "scaled_dot_product_attention": "sagevideo.api.attention",
     "record_backends": "sagevideo.api.backends",
     "last_backend": "sagevideo.api.backends",
     "generate": "sagevideo.api.generate",
     "install": "sagevideo.pipelines.install",
 }
 
-__all__ = ["__version__", "generate", "install", "last_backend", "record_backends", "sageattn"]
+__all__ = ["__version__", "generate", "install", "last_backend", "record_backends", "sageattn",
+           "scaled_dot_product_attention"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sagevideo.api.attention import sageattn
+    from sagevideo.api.attention import sageattn, scaled_dot_product_attention
     from sagevideo.api.backends import last_backend, record_backends
     from sagevideo.api.generate import generate
     from sagevideo.pipelines.install import install

@@ -28,7 +28,7 @@ def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int):
     from triton.compiler import ASTSource
 
     signature = {**types, **dict.fromkeys(constexprs, "constexpr")}
-    unaligned = {"H", "NUM_SPLITS", "stride_mb", "qk_scale", "sm_scale"}
+    unaligned = {"H", "H_KV", "NUM_SPLITS", "stride_mb", "qk_scale", "sm_scale"}
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in types if n not in unaligned}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
@@ -66,7 +66,8 @@ def kernels(block_d: int, pv: str, rotate: bool):
     q = compile_sm90(
         qz._quantize_q_kernel,
         {"Q": "*bf16", "KMean": "*fp32", "Rot": "*bf16", "QQ": "*i8", "QScale": "*fp32", "QShift": "*fp32",
-         "stride_qb": "i32", "stride_qh": "i32", "stride_qn": "i32", "H": "i32", "N_Q": "i32", "M_PAD": "i32",
+         "stride_qb": "i32", "stride_qh": "i32", "stride_qn": "i32", "H": "i32", "H_KV": "i32", "N_Q": "i32",
+         "M_PAD": "i32",
          "qk_scale": "fp32", "sm_scale": "fp32"},
         dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_M=block_m, TILES_PER_PROGRAM=qz.Q_TILES_PER_PROGRAM,
              ROTATE=rotate, PER_TOKEN=False, STORE_SHIFT=False),

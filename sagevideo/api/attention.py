@@ -1,11 +1,14 @@
-"""`sageattn`: the drop-in replacement for `F.scaled_dot_product_attention` (forward only).
+"""The attention calls users make: `scaled_dot_product_attention` (SDPA's exact signature, the
+one-import switch) and `sageattn` (SageAttention's, with layout and quantization options).
 
 This is the user-facing layer: it validates arguments (clear errors before any GPU work),
 normalises layout and mask, picks the backend that can run, records the choice
-(`sagevideo.last_backend()`, `sagevideo.record_backends()`), and calls
+(`sagevideo.last_backend()`, `sagevideo.record_backends()`, also from inside a torch.compile'd
+graph), and calls
 - the Triton op `torch.ops.sagevideo.sageattn_fwd` (INT8 QK, FP16/FP8 PV),
 - the pure-PyTorch reference that emulates the same numerics, or
 - full-precision SDPA.
+Forward only: the quantized backends refuse backward with one error; "sdpa" differentiates as SDPA.
 """
 
 from __future__ import annotations
@@ -23,8 +26,90 @@ LAYOUTS = ("HND", "NHD")
 GRANULARITIES = ("block", "token")
 BACKENDS = ("auto", "triton", "reference", "sdpa")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+BACKWARD_ERROR = (
+    "sagevideo attention is forward-only: the quantized backends have no backward. Run inference under "
+    "torch.no_grad() / torch.inference_mode(), or use backend='sdpa' (full precision) where gradients are needed"
+)
 
 _warned: set[str] = set()
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    backend: str = "auto",
+    pv: str = "auto",
+    qk_granularity: str = "block",
+) -> torch.Tensor:
+    """`torch.nn.functional.scaled_dot_product_attention` with sagevideo's quantized attention.
+
+    Same signature and semantics as SDPA, so model code switches with one import: query (..., L, E),
+    key/value (..., S, E) (rank 3 or more; with enable_gqa, key/value heads (dim -3) may divide the
+    query's), attn_mask broadcastable to (..., L, S) (bool: True = attend, or additive float),
+    scale defaulting to 1/sqrt(E). Returns (..., L, E) in query's dtype.
+
+    Keyword-only extras: backend ("auto", "triton", "reference", "sdpa"), pv ("auto": FP8 P·V on GPUs
+    with FP8 tensor cores (sm89+), else "fp16"; or "fp16"/"fp8") and qk_granularity ("block"/"token").
+    What the kernels cannot compute (dropout_p > 0, a float or non-key-padding mask, value's head dim
+    unlike query's, fp32 inputs, CPU tensors, rank above 4 with a mask) runs SDPA as asked under
+    backend="auto", recorded with its reason; an explicit backend raises instead.
+    """
+    _check_options("HND", qk_granularity, "fp16" if pv == "auto" else pv, backend)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if pv == "auto":
+        pv = auto_pv(query.device)
+    problem = _sdpa_only_problem(query, key, value, attn_mask, dropout_p)
+    if problem:
+        ran, reason = _fallback_or_raise(backend, problem)
+        if ran != "sdpa":  # pragma: no cover - _fallback_or_raise returns sdpa or raises
+            raise AssertionError(ran)
+        _record(backend, "sdpa", None, reason)
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    lead = query.shape[:-3] if query.dim() > 4 else None
+    q, k, v = (_as_rank4(t) for t in (query, key, value))
+    out = sageattn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=scale, pv=pv,
+                   qk_granularity=qk_granularity, backend=backend, enable_gqa=enable_gqa)
+    if query.dim() == 3:
+        return out.squeeze(1)
+    return out if lead is None else out.reshape(*lead, *out.shape[1:])
+
+
+def auto_pv(device: torch.device) -> str:
+    """"fp8" on GPUs with FP8 tensor cores (sm89 and newer; the fastest mode, which meets its accuracy
+    contract), "fp16" elsewhere."""
+    if device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9):
+        return "fp8"
+    return "fp16"
+
+
+def _sdpa_only_problem(query, key, value, attn_mask, dropout_p) -> str:
+    """Why only SDPA itself can compute this call with SDPA's semantics, or ''."""
+    if dropout_p:
+        return f"dropout_p={dropout_p}: the kernels compute no dropout"
+    if min(query.dim(), key.dim(), value.dim()) < 3:
+        return f"rank {min(query.dim(), key.dim(), value.dim())} inputs: the kernels take (..., L, E) of rank 3 or more"
+    if value.shape[-1] != query.shape[-1]:
+        return f"value head dim {value.shape[-1]} differs from query's {query.shape[-1]}"
+    if query.dim() > 4 and (attn_mask is not None or not (query.shape[:-3] == key.shape[:-3] == value.shape[:-3])):
+        return "rank above 4 with an attn_mask or unequal batch dims"
+    return ""
+
+
+def _as_rank4(t: torch.Tensor) -> torch.Tensor:
+    """(B, L, E) -> (B, 1, L, E); (*batch, H, L, E) -> (prod(batch), H, L, E) (views where possible)."""
+    if t.dim() == 3:
+        return t.unsqueeze(1)
+    return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
 
 
 def sageattn(
@@ -42,10 +127,15 @@ def sageattn(
     return_lse: bool = False,
     backend: str = "auto",
     rotate_qk: bool = True,
+    enable_gqa: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Quantized scaled-dot-product attention with SDPA semantics.
+    """Quantized scaled-dot-product attention with SDPA semantics (SDPA's own signature:
+    `sagevideo.scaled_dot_product_attention`).
 
     Shapes: "HND" q (B, H, Nq, D), k/v (B, H, Nk, D); "NHD" q (B, Nq, H, D), k/v (B, Nk, H, D).
+    enable_gqa: k/v may have fewer heads, a divisor of q's (grouped-query attention, as SDPA's
+    enable_gqa: query head h attends with K/V head h // (H // H_kv)); the kernels read each K/V head
+    for its whole group, nothing is copied.
     Output has q's layout and dtype. With `return_lse`, also returns the natural-log
     log-sum-exp of the (unsmoothed) scaled scores, fp32 (B, H, Nq), so that attention over
     key shards merges exactly.
@@ -62,7 +152,7 @@ def sageattn(
     backend that ran is readable through `sagevideo.last_backend()`.
     """
     _check_options(tensor_layout, qk_granularity, pv, backend)
-    _check_tensors(q, k, v, tensor_layout)
+    _check_tensors(q, k, v, tensor_layout, enable_gqa)
     if tensor_layout == "NHD":
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     batch, heads, n_q, head_dim = q.shape
@@ -72,7 +162,8 @@ def sageattn(
     if is_causal and attn_mask is not None:
         raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
 
-    ran, reason = _choose_backend(backend, q, head_dim, pv, mask_problem)
+    gqa = k.shape[1] != heads
+    ran, reason = _choose_backend(backend, q, head_dim, pv, mask_problem, rotate_qk)
     plan = None
     if ran == "triton":
         from sagevideo.kernels.op import gluon_runs
@@ -83,32 +174,34 @@ def sageattn(
             ran = "gluon"  # recorded: the warp-specialized sm90 kernel computed this call
         else:
             plan = plans.plain_triton(plan)
-    if not torch.compiler.is_compiling():
-        choice = backends.BackendChoice(backend, ran, None if ran == "sdpa" else pv, reason)
-        backends.report(choice)
-        if reason and reason not in _warned:
-            _warned.add(reason)
-            warnings.warn(f"sageattn: running full-precision SDPA: {reason}", stacklevel=2)
+    _record(backend, ran, None if ran == "sdpa" else pv, reason)
 
-    if ran == "sdpa":
-        out, lse = _sdpa(q, k, v, attn_mask, is_causal, scale, return_lse)
-    elif ran == "reference":
-        from sagevideo.kernels.reference import sageattn_reference
+    def compute(q, k, v):
+        if ran == "sdpa":
+            return _sdpa(q, k, v, attn_mask, is_causal, scale, return_lse, gqa)
+        if ran == "reference":
+            from sagevideo.kernels.reference import sageattn_reference
 
-        block_m, block_n = plans.tiles(pv, head_dim)
-        out, lse = sageattn_reference(
-            q, k, v, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
-            qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k, rotate_qk=rotate_qk,
-            return_lse=return_lse, block_m=block_m, block_n=block_n,
-        )
-    else:
+            block_m, block_n = plans.tiles(pv, head_dim)
+            k_all, v_all = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v)) if gqa else (k, v)
+            return sageattn_reference(
+                q, k_all, v_all, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
+                qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k, rotate_qk=rotate_qk,
+                return_lse=return_lse, block_m=block_m, block_n=block_n,
+            )
         from sagevideo.kernels.op import sageattn_triton
 
-        out, lse = sageattn_triton(
+        return sageattn_triton(
             q, k, v, plan, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
             per_token=qk_granularity == "token", smooth_k=smooth_k, rotate_qk=rotate_qk,
             return_lse=return_lse,
         )
+
+    if ran != "sdpa" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        out, lse = _ForwardOnly.apply(compute, return_lse, q, k, v)
+        lse = lse if return_lse else None
+    else:
+        out, lse = compute(q, k, v)
     if tensor_layout == "NHD":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
@@ -125,7 +218,33 @@ def _check_options(layout: str, granularity: str, pv: str, backend: str) -> None
             raise ValueError(f"sageattn: {name}={value!r} is not supported; use one of {allowed}")
 
 
-def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str) -> None:
+class _ForwardOnly(torch.autograd.Function):
+    """Runs a quantized backend inside autograd so that a backward raises one clear error (the
+    backends have none: the reference's autograd through its rounding gave wrong gradients)."""
+
+    @staticmethod
+    def forward(ctx, compute, return_lse, q, k, v):
+        out, lse = compute(q, k, v)
+        return out, (lse if return_lse else out.new_empty(0, dtype=torch.float32))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(BACKWARD_ERROR)
+
+
+def _record(requested: str, ran: str, pv: str | None, reason: str) -> None:
+    """Report one dispatch decision (`backends`), and warn once per fallback reason. Inside a graph
+    torch.compile traces, an effectful op reports it each time the compiled graph runs."""
+    if torch.compiler.is_compiling():
+        backends.report_from_graph(requested, ran, pv, reason)
+    else:
+        backends.report(backends.BackendChoice(requested, ran, pv, reason))
+    if reason and reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"sageattn: running full-precision SDPA: {reason}", stacklevel=3)
+
+
+def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, enable_gqa: bool = False) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"sageattn: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -144,10 +263,14 @@ def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: st
     n_axis, h_axis = (2, 1) if layout == "HND" else (1, 2)
     if not (q.shape[0] == k.shape[0] == v.shape[0]):
         raise ValueError(f"sageattn: batch sizes differ: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
-    if not (q.shape[h_axis] == k.shape[h_axis] == v.shape[h_axis]):
+    q_heads, k_heads, v_heads = q.shape[h_axis], k.shape[h_axis], v.shape[h_axis]
+    grouped = enable_gqa and k_heads == v_heads and k_heads > 0 and q_heads % k_heads == 0
+    if not (q_heads == k_heads == v_heads or grouped):
+        fix = ("K/V heads must divide q's for grouped-query attention" if enable_gqa
+               else "pass enable_gqa=True for grouped-query attention (K/V heads dividing q's)")
         raise ValueError(
-            f"sageattn: head counts differ: q {q.shape[h_axis]}, k {k.shape[h_axis]}, v {v.shape[h_axis]} "
-            f"(layout {layout}: heads are axis {h_axis}); repeat K/V heads for grouped-query attention"
+            f"sageattn: head counts differ: q {q_heads}, k {k_heads}, v {v_heads} "
+            f"(layout {layout}: heads are axis {h_axis}); {fix}"
         )
     if q.shape[3] != k.shape[3] or v.shape[3] != q.shape[3]:
         raise ValueError(
@@ -201,7 +324,9 @@ def _key_padding_mask(
     return attn_mask.reshape(shape[0], n_k), ""
 
 
-def _choose_backend(backend: str, q: torch.Tensor, head_dim: int, pv: str, mask_problem: str) -> tuple[str, str]:
+def _choose_backend(
+    backend: str, q: torch.Tensor, head_dim: int, pv: str, mask_problem: str, rotate_qk: bool = True
+) -> tuple[str, str]:
     """(backend that runs, fallback reason or "")."""
     if backend == "sdpa":
         return "sdpa", ""
@@ -217,6 +342,11 @@ def _choose_backend(backend: str, q: torch.Tensor, head_dim: int, pv: str, mask_
         return _fallback_or_raise(backend, choice.reason)
     if not _triton_available():
         return _fallback_or_raise(backend, "triton is not installed")
+    # the plan's arch is "interpreter": the rotation and 16-bit P·V are bf16 tl.dots for bf16 inputs
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and (rotate_qk or pv == "fp16"):
+        return _fallback_or_raise(
+            backend, "bfloat16 under TRITON_INTERPRET: Triton's CPU interpreter computes bf16 tl.dot wrongly; "
+            "use float16 inputs or backend='reference'")
     return "triton", ""
 
 
@@ -242,8 +372,16 @@ def _sdpa(
     is_causal: bool,
     scale: float,
     return_lse: bool,
+    gqa: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    """Full-precision SDPA on HND q/k/v; the mask as SDPA's 4-D broadcast (a 1-D (Nk,) mask, which
+    the kernels take, SDPA's kernels reject)."""
+    if attn_mask is not None and attn_mask.dim() < 4:
+        attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                         enable_gqa=gqa)
+    if return_lse and gqa:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     lse = _lse_full_precision(q, k, attn_mask, is_causal, scale) if return_lse else None
     return out, lse
 

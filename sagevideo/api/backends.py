@@ -5,7 +5,10 @@ Every `sageattn` call reports one `BackendChoice`. Callers read it in two ways:
 - `with record_backends() as log:` collects every call made inside the block (nested blocks
   each see all calls), e.g. to put "what really ran" into a generation manifest.
 
-Recording happens in Python at dispatch time; under `torch.compile` it happens while tracing.
+Recording happens in Python at dispatch time. Inside a graph that torch.compile traces, the
+dispatch decision is taken once, while tracing, and the graph holds an effectful op
+(`torch.ops.sagevideo.record_backend`) that reports it each time the compiled code runs, so
+records describe what the compiled graph calls.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,37 @@ def report(choice: BackendChoice) -> None:
     _state.last = choice
     for log in _active_logs():
         log.choices.append(choice)
+
+
+@torch.library.custom_op("sagevideo::record_backend", mutates_args=())
+def _record_backend_op(requested: str, ran: str, pv: str, reason: str) -> None:
+    report(BackendChoice(requested, ran, pv or None, reason))
+
+
+@_record_backend_op.register_fake
+def _(requested: str, ran: str, pv: str, reason: str) -> None:
+    return None
+
+
+def _register_effect() -> None:
+    """Mark the op as a side effect, so that AOT autograd and Inductor keep it (an op with no
+    outputs is otherwise dead code) and order it; the API moved between torch releases."""
+    try:
+        from torch.library import EffectType, _register_effectful_op
+
+        _register_effectful_op("sagevideo::record_backend", EffectType.ORDERED)
+    except ImportError:
+        from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+
+        _register_effectful_op(torch.ops.sagevideo.record_backend.default, _EffectType.ORDERED)
+
+
+_register_effect()
+
+
+def report_from_graph(requested: str, ran: str, pv: str | None, reason: str) -> None:
+    """`report`, called while torch.compile traces: puts the reporting op into the graph."""
+    torch.ops.sagevideo.record_backend(requested, ran, pv or "", reason)
 
 
 def last_backend() -> BackendChoice | None:

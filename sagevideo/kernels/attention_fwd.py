@@ -146,7 +146,7 @@ def _add_is_safe(q_scale, k_scale, N_PAD, BLOCK_N: tl.constexpr):
 @triton.jit
 def _attn_tiles(
     QQ, q_scale, kq, k_scale, v, vq, mask, Out, Lse, QShift, VScale,
-    tile, b, h, bh, offs_m, offs_d,
+    tile, b, h, bh, bh_kv, offs_m, offs_d,
     stride_vn, stride_ob, stride_oh, stride_om, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
@@ -184,7 +184,7 @@ def _attn_tiles(
     has_keys = l_i != 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if FP8_PV:
-        out = out * tl.load(VScale + bh * BLOCK_D + offs_d)[None, :]
+        out = out * tl.load(VScale + bh_kv * BLOCK_D + offs_d)[None, :]
     m_ok = offs_m < N_Q
     o_tile = Out + b * stride_ob + h * stride_oh + (tile * BLOCK_M).to(tl.int64) * stride_om
     offs_t = tl.arange(0, BLOCK_M)
@@ -206,27 +206,30 @@ def _attn_fwd_kernel(
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     mask_stride_b,
-    H, N_Q, N_K, M_PAD, N_PAD,
+    H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
     STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
     ADD_GUARD: tl.constexpr,
 ):
     """ADD_GUARD (plans with scores_by_add, two launches): "safe" runs the query tiles whose row
-    scales `_add_is_safe` accepts, with SCORES_BY_ADD; "peaky" the others, without it; "" all."""
+    scales `_add_is_safe` accepts, with SCORES_BY_ADD; "peaky" the others, without it; "" all.
+    H_KV: K/V heads (grouped-query attention: query head h reads K/V head h // (H // H_KV))."""
     tile = tl.program_id(0)
     # Per-(batch, head) bases in int64: B·H·N·D passes 2^31 for long videos and large batches;
     # offsets within a head stay in int32.
     bh = tl.program_id(1).to(tl.int64)
     b = bh // H
     h = bh % H
+    h_kv = h // (H // H_KV)
+    bh_kv = b * H_KV + h_kv
     offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q_scale = tl.load(QScale + bh * M_PAD + offs_m)
-    kq = KQ + bh * N_PAD * BLOCK_D
-    k_scale = KScale + bh * N_PAD
-    v = V + b * stride_vb + h * stride_vh
-    vq = VQ + bh * BLOCK_D * N_PAD
+    kq = KQ + bh_kv * N_PAD * BLOCK_D
+    k_scale = KScale + bh_kv * N_PAD
+    v = V + b * stride_vb + h_kv * stride_vh
+    vq = VQ + bh_kv * BLOCK_D * N_PAD
     mask = Mask + b * mask_stride_b
     run = True
     if ADD_GUARD == "safe":
@@ -235,7 +238,7 @@ def _attn_fwd_kernel(
         run = not _add_is_safe(q_scale, k_scale, N_PAD, BLOCK_N)
     if run:
         _attn_tiles(QQ, q_scale, kq, k_scale, v, vq, mask, Out, Lse, QShift, VScale,
-                    tile, b, h, bh, offs_m, offs_d,
+                    tile, b, h, bh, bh_kv, offs_m, offs_d,
                     stride_vn, stride_ob, stride_oh, stride_om, N_Q, N_K, M_PAD, N_PAD,
                     HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, STORE_LSE,
                     V_MMA_ORDER, SCORES_BY_ADD)
@@ -285,7 +288,7 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor |
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         mask_stride_b,
-        heads, n_q, n_k, m_pad, n_pad,
+        heads, prepared.k_codes.shape[0] // batch, n_q, n_k, m_pad, n_pad,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
         FP8_PV=fp8_pv, STORE_LSE=lse is not None, V_MMA_ORDER=fp8_pv and prepared.v_mma_order,

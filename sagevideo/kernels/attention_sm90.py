@@ -354,7 +354,7 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
 def _attn_fwd_sm90_kernel(
     q_desc, k_desc, v_desc, QScale, KScale, VScale, Out,
     stride_ob, stride_oh, stride_om,
-    H, N_Q, N_K, M_PAD, N_PAD, D_OUT,
+    H, H_KV, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr,
     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, DROP: gl.constexpr,
     RELEASE: gl.constexpr, CONSUMERS: gl.constexpr, V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr,
@@ -363,6 +363,7 @@ def _attn_fwd_sm90_kernel(
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
+    bh_kv = b * H_KV + h // (H // H_KV)  # grouped-query attention: the K/V head of query head h
     m_start = tile * (CONSUMERS * WG_ROWS)
     n_tiles = gl.cdiv(N_K, BLOCK_N)
 
@@ -386,8 +387,8 @@ def _attn_fwd_sm90_kernel(
     # 11 M_PAD, 12 first query row of the CTA within the head, 13 head dim written.
     # The output offset is int64 (B·H·N·D may pass 2^31); TMA coordinates are rows, far below 2^31.
     o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + m_start.to(gl.int64) * stride_om
-    dims = (bh * M_PAD + m_start, bh * N_PAD, bh * HEAD_D, n_tiles, N_Q, N_K,
-            bh * M_PAD, bh * N_PAD, o_offset, stride_om, bh * HEAD_D, M_PAD, m_start, D_OUT)
+    dims = (bh * M_PAD + m_start, bh_kv * N_PAD, bh_kv * HEAD_D, n_tiles, N_Q, N_K,
+            bh * M_PAD, bh_kv * N_PAD, o_offset, stride_om, bh_kv * HEAD_D, M_PAD, m_start, D_OUT)
     # One argument list for every partition (worker partitions must share a signature); WG says
     # which 64 query rows a consumer owns (the producer ignores it).
     if CONSUMERS == 2:
@@ -444,15 +445,15 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
-    n_pad = prepared.k_codes.shape[1]
+    bh_kv, n_pad, _ = prepared.k_codes.shape
     q_desc = _descriptor(prepared.q_codes.view(bh * m_pad, block_d), [WG_ROWS.value, block_d], gl.int8)
-    k_desc = _descriptor(prepared.k_codes.view(bh * n_pad, block_d), [block_n, block_d], gl.int8)
-    v_desc = _descriptor(prepared.v_fp8_t.view(bh * block_d, n_pad), [block_d, block_n], gl.float8e4nv)
+    k_desc = _descriptor(prepared.k_codes.view(bh_kv * n_pad, block_d), [block_n, block_d], gl.int8)
+    v_desc = _descriptor(prepared.v_fp8_t.view(bh_kv * block_d, n_pad), [block_d, block_n], gl.float8e4nv)
     grid = (triton.cdiv(m_pad, consumers * WG_ROWS.value), bh)
     _attn_fwd_sm90_kernel[grid](
         q_desc, k_desc, v_desc, prepared.q_scale, prepared.k_scale, prepared.v_scale, out,
         out.stride(0), out.stride(1), out.stride(2),
-        heads, n_q, n_k, m_pad, n_pad, head_dim,
+        heads, bh_kv // batch, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PIPELINE_QK=pipeline_qk,
         CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, DROP=drop, RELEASE=release,
         CONSUMERS=consumers, V_MMA_ORDER=prepared.v_mma_order, SCORES_BY_ADD=scores_by_add,
@@ -482,7 +483,8 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pi
         "k_desc": desc_type("i8", [block_n, head_d], gl.int8),
         "v_desc": desc_type("fp8e4nv", [head_d, block_n], gl.float8e4nv),
         "QScale": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "Out": f"*{out_dtype}",
-        **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "N_Q", "N_K", "M_PAD", "N_PAD", "D_OUT"), "i32"),
+        **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD",
+                         "D_OUT"), "i32"),
     }
     constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PIPELINE_QK": pipeline_qk,
                   "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "DROP": drop,

@@ -341,16 +341,18 @@ def _quantize_q_tile(
 def _quantize_q_kernel(
     Q, KMean, Rot, QQ, QScale, QShift,
     stride_qb, stride_qh, stride_qn,
-    H, N_Q, M_PAD, qk_scale, sm_scale,
+    H, H_KV, N_Q, M_PAD, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_SHIFT: tl.constexpr,
 ):
+    """H_KV: K/V heads (mean(K) of query head h is K/V head h // (H // H_KV)'s)."""
     group = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 bases: B·H·N·D may pass 2^31
     offs_d = tl.arange(0, BLOCK_D)
     # loaded once per program: the 32 KB rotation is twice a 64-row d128 Q tile
     rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]) if ROTATE else None
-    mean = tl.load(KMean + bh * BLOCK_D + offs_d) if STORE_SHIFT else None
+    bh_kv = (bh // H) * H_KV + (bh % H) // (H // H_KV)
+    mean = tl.load(KMean + bh_kv * BLOCK_D + offs_d) if STORE_SHIFT else None
     for t in range(0, TILES_PER_PROGRAM):
         start_m = (group * TILES_PER_PROGRAM + t) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -367,12 +369,13 @@ def _quantize_q_kernel(
 
 @dataclass
 class QuantizedInputs:
-    """Kernel-ready tensors, padded to whole tiles; `bh` = B·H.
+    """Kernel-ready tensors, padded to whole tiles; `bh` = B·H query heads, `bh_kv` = B·H_KV K/V
+    heads (H_KV = H but for grouped-query attention).
 
     q_codes (bh, M_PAD, block_d) int8; q_scale (bh, M_PAD) fp32 (scores in log2 units);
     q_shift (bh, M_PAD) fp32 = sm_scale·q·mean(K), or None;
-    k_codes (bh, N_PAD, block_d) int8; k_scale (bh, N_PAD) fp32; k_mean (bh, block_d) fp32
-    (zeros without smoothing); v_fp8_t (bh, block_d, N_PAD) e4m3 or None; v_scale (bh, block_d)
+    k_codes (bh_kv, N_PAD, block_d) int8; k_scale (bh_kv, N_PAD) fp32; k_mean (bh_kv, block_d) fp32
+    (zeros without smoothing); v_fp8_t (bh_kv, block_d, N_PAD) e4m3 or None; v_scale (bh_kv, block_d)
     fp32 or None.
     v_mma_order: v_fp8_t's keys are in `mma_key_order` within each 32-key group (both attention
     kernels reorder P to match); False: natural order (kept to measure what the reorder gains).
@@ -411,14 +414,15 @@ def quantize_inputs(
     q_tiles: int | None = None,
     v_mma_order: bool = True,
 ) -> QuantizedInputs:
-    """Launch the preparation kernels. q/k/v HND views with unit stride on the head dim;
+    """Launch the preparation kernels. q/k/v HND views with unit stride on the head dim (k/v may have
+    fewer heads than q, a divisor of them: grouped-query attention);
     key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or
     None. tiles_per_program: K/V tiles per quantization program, q_tiles: Q tiles per program
     (None: `program_tiles` with KV_TILES_PER_PROGRAM / Q_TILES_PER_PROGRAM). v_mma_order: FP8 Vᵀ
     keys in `mma_key_order` (the kernels read either; False only to measure the reorder)."""
     batch, heads, n_q, head_dim = q.shape
-    n_k = k.shape[2]
-    bh = batch * heads
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    bh, bh_kv = batch * heads, batch * kv_heads
     bd, bm, bn = plan.block_d, plan.block_m, plan.block_n
     m_pad = triton.cdiv(n_q, bm) * bm
     n_pad = triton.cdiv(n_k, bn) * bn
@@ -430,43 +434,43 @@ def quantize_inputs(
     tokens_per_split = max(min_tokens, triton.cdiv(n_k, MAX_SPLITS))
     tokens_per_split = triton.cdiv(tokens_per_split, stats_chunk) * stats_chunk
     num_splits = triton.cdiv(n_k, tokens_per_split)
-    k_sum = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32)
-    k_count = torch.empty(bh * num_splits, device=dev, dtype=torch.float32)
-    v_max = torch.empty(bh * num_splits, bd, device=dev, dtype=torch.float32)
-    k_mean = torch.zeros(bh, bd, device=dev, dtype=torch.float32)
-    k_mean_rot = torch.empty(bh, bd, device=dev, dtype=torch.float32) if rotation is not None else k_mean
-    v_scale = torch.empty(bh, bd, device=dev, dtype=torch.float32) if fp8_v else None
+    k_sum = torch.empty(bh_kv * num_splits, bd, device=dev, dtype=torch.float32)
+    k_count = torch.empty(bh_kv * num_splits, device=dev, dtype=torch.float32)
+    v_max = torch.empty(bh_kv * num_splits, bd, device=dev, dtype=torch.float32)
+    k_mean = torch.zeros(bh_kv, bd, device=dev, dtype=torch.float32)
+    k_mean_rot = torch.empty(bh_kv, bd, device=dev, dtype=torch.float32) if rotation is not None else k_mean
+    v_scale = torch.empty(bh_kv, bd, device=dev, dtype=torch.float32) if fp8_v else None
     mask_arg = key_mask if key_mask is not None else k_count  # placeholder pointer, never read
     rot_arg = rotation if rotation is not None else k_count
     stride_mb = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
     if smooth_k or fp8_v:
-        wrap_triton(_kv_stats_kernel)[(bh, num_splits)](
+        wrap_triton(_kv_stats_kernel)[(bh_kv, num_splits)](
             k, v, mask_arg, k_sum, k_count, v_max,
             k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
             stride_mb,
-            heads, n_k, tokens_per_split, num_splits,
+            kv_heads, n_k, tokens_per_split, num_splits,
             HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=stats_chunk,
             HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v, num_warps=stats_warps,
         )
-        wrap_triton(_kv_stats_finalize_kernel)[(bh,)](
+        wrap_triton(_kv_stats_finalize_kernel)[(bh_kv,)](
             k_sum, k_count, v_max, rot_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean,
             num_splits,
             BLOCK_D=bd, SPLIT_CHUNK=SPLIT_CHUNK,
             SMOOTH_K=smooth_k, ROTATE=rotation is not None, FP8_V=fp8_v,
         )
 
-    k_codes = torch.empty(bh, n_pad, bd, device=dev, dtype=torch.int8)
-    k_scale = torch.empty(bh, n_pad, device=dev, dtype=torch.float32)
-    v_fp8_t = torch.empty(bh, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
+    k_codes = torch.empty(bh_kv, n_pad, bd, device=dev, dtype=torch.int8)
+    k_scale = torch.empty(bh_kv, n_pad, device=dev, dtype=torch.float32)
+    v_fp8_t = torch.empty(bh_kv, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
     per_program = tiles_per_program or program_tiles(n_pad // bn, KV_TILES_PER_PROGRAM)
-    wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, per_program), bh)](
+    wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, per_program), bh_kv)](
         k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
         k_codes, k_scale, v_fp8_t if fp8_v else k_codes,
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         stride_mb,
-        heads, n_k, n_pad,
+        kv_heads, n_k, n_pad,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=per_program,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
         PER_TOKEN=per_token, FP8_V=fp8_v, V_MMA_ORDER=v_mma_order, num_warps=quant_warps(bn, bd, "kv"),
@@ -480,7 +484,7 @@ def quantize_inputs(
     wrap_triton(_quantize_q_kernel)[(triton.cdiv(m_pad // bm, q_per_program), bh)](
         q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
         q.stride(0), q.stride(1), q.stride(2),
-        heads, n_q, m_pad, qk_scale, sm_scale,
+        heads, kv_heads, n_q, m_pad, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm, TILES_PER_PROGRAM=q_per_program,
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
         num_warps=quant_warps(bm, bd, "q"),

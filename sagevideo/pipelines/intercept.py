@@ -39,11 +39,10 @@ class _SDPAToRouter(TorchFunctionMode):
 
 def _route(router, layer, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
            enable_gqa=False):
-    """The router's output, or None when the call uses something sageattn does not do
-    (dropout, grouped-query heads): then plain SDPA runs, as the caller asked."""
-    if dropout_p or (enable_gqa and key.shape[-3] != query.shape[-3]):
-        return None
-    return router(layer, query, key, value, attn_mask=attn_mask, is_causal=is_causal, sm_scale=scale)
+    """The router's output for one intercepted SDPA call, with every SDPA argument (grouped-query
+    heads run in the kernels; dropout runs SDPA, recorded as a fallback)."""
+    return router(layer, query, key, value, attn_mask=attn_mask, is_causal=is_causal, sm_scale=scale,
+                  dropout_p=dropout_p, enable_gqa=enable_gqa)
 
 
 class SDPAInterception:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from sagevideo.api.attention import BACKENDS, sageattn
+from sagevideo.api.attention import BACKENDS, sageattn, scaled_dot_product_attention
 from sagevideo.kernels.plans import PV_MODES
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode
 
@@ -76,13 +76,20 @@ class AttentionRouter:
         attn_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         sm_scale: float | None = None,
+        dropout_p: float = 0.0,
+        enable_gqa: bool = False,
     ) -> torch.Tensor:
-        """q/k/v (B, H, N, D) -> (B, H, Nq, D), with the plan's setting for `layer`."""
+        """q/k/v (B, H, N, D) -> (B, H, Nq, D), with the plan's setting for `layer`; SDPA's
+        semantics for every argument (what the kernels cannot compute runs SDPA, recorded)."""
         choice = self.choice(layer)
         if choice.mode is Mode.full:
-            return sageattn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, backend="sdpa")
-        return sageattn(
-            q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale,
+            if dropout_p:
+                return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
+                                                    backend="sdpa")
+            return sageattn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, backend="sdpa",
+                            enable_gqa=enable_gqa)
+        return scaled_dot_product_attention(
+            q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
             pv=choice.mode.pv, qk_granularity=choice.granularity.value, backend=self.backend,
         )
 

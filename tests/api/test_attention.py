@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import sagevideo
 from sagevideo import last_backend, record_backends, sageattn
 from sagevideo.eval.attention_error import attention_fp64, error_stats
 from sagevideo.eval.presets import make_inputs
@@ -173,3 +174,135 @@ def test_compile_fullgraph_does_not_break():
     # "eager" checks Dynamo captures one graph; kernels run as-is (the GPU test uses Inductor)
     compiled = torch.compile(attend, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
+
+
+# ---- SDPA's signature, grouped-query heads, masks of any rank ---------------------------------
+
+def test_scaled_dot_product_attention_has_sdpa_signature_and_semantics():
+    """One import switches model code: SDPA's parameters in SDPA's order with SDPA's defaults (then
+    keyword-only extras), positional attn_mask, scale=, dropout_p=0.0, rank-3 and rank-5 inputs."""
+    import inspect
+
+    # torch's documented signature (the builtin has no introspectable one)
+    theirs = [("query", inspect.Parameter.empty), ("key", inspect.Parameter.empty), ("value", inspect.Parameter.empty),
+              ("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False)]
+    ours = list(inspect.signature(sagevideo.scaled_dot_product_attention).parameters.values())
+    assert [(p.name, p.default) for p in ours[: len(theirs)]] == theirs
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in ours[: len(theirs)])
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs):])
+
+    q, k, v = _qkv((2, 2, 64, 64))
+    mask = torch.ones(64, dtype=torch.bool, device=DEVICE)
+    mask[50:] = False
+    for args, kwargs in [((q, k, v, mask), {}), ((q, k, v), {"scale": 0.2, "dropout_p": 0.0}),
+                         ((q[:, 0], k[:, 0], v[:, 0]), {}), ((q[None], k[None], v[None]), {})]:
+        out = sagevideo.scaled_dot_product_attention(*args, **kwargs, backend="reference")
+        assert last_backend().ran == "reference"
+        # SDPA's own kernels reject a 1-D mask that broadcasts (IndexError): give them its 4-D view
+        want = F.scaled_dot_product_attention(*(t.float() for t in args[:3]), *(m[None, None, None] for m in args[3:]),
+                                              **kwargs)
+        assert out.shape == want.shape and out.dtype == q.dtype
+        assert error_stats(want, out).cos_worst > 0.999
+
+
+def test_what_the_kernels_cannot_compute_is_a_recorded_fallback_or_an_error():
+    q, k, v = _qkv()
+    with pytest.warns(UserWarning, match="dropout_p=0.5"), record_backends() as log:
+        sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float(), dropout_p=0.5)
+    assert log.fallback_reasons == {"dropout_p=0.5: the kernels compute no dropout": 1}
+    with pytest.raises(ValueError, match="backend='reference' cannot run: dropout_p"):
+        sagevideo.scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend="reference")
+    with pytest.raises(ValueError, match="value head dim 32"):
+        sagevideo.scaled_dot_product_attention(q, k, v[..., :32], backend="reference")
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference", "sdpa"])
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_grouped_query_heads_equal_repeated_kv_heads(backend, pv):
+    """enable_gqa: K/V heads broadcast over their query-head group in the kernels' index math (no
+    copy), which must give exactly what the repeated K/V heads give; and SDPA's answer."""
+    q, _, _ = _qkv((2, 4, 100, 64), seed=3)
+    _, k, v = _qkv((2, 2, 100, 64), seed=4)
+    mask = torch.ones(2, 1, 1, 100, dtype=torch.bool, device=DEVICE)
+    mask[1, ..., 70:] = False
+    kw = dict(pv=pv, backend=backend, attn_mask=mask)
+    grouped, lse = sageattn(q, k, v, enable_gqa=True, return_lse=True, **kw)
+    repeated, lse_rep = sageattn(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), return_lse=True, **kw)
+    assert torch.equal(grouped, repeated) and torch.allclose(lse, lse_rep, atol=1e-6)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    assert error_stats(want, grouped).cos_worst > 0.99
+
+
+def test_grouped_query_heads_need_enable_gqa_like_sdpa():
+    q, k, v = _qkv((1, 4, 64, 64))
+    with pytest.raises(ValueError, match="pass enable_gqa=True"):
+        sageattn(q, k[:, :2], v[:, :2])
+    with pytest.raises(ValueError, match="must divide"):
+        sageattn(q, k[:, :3], v[:, :3], enable_gqa=True)
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "reference", "sdpa"])
+def test_a_one_dimensional_key_mask_means_the_same_on_every_backend(backend):
+    """(Nk,) bool masks run in the kernels; SDPA's own kernels reject them (IndexError under auto)."""
+    q, k, v = _qkv((1, 2, 64, 64), seed=5)
+    mask = torch.ones(64, dtype=torch.bool, device=DEVICE)
+    mask[40:] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = sageattn(q, k, v, attn_mask=mask, backend=backend)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask[None, None, None])
+    assert error_stats(want, out).cos_worst > 0.999
+
+
+# ---- forward only, interpreter limits, compiled records ---------------------------------------
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_quantized_backends_refuse_backward_with_one_clear_error(backend):
+    """The reference used to backpropagate through its rounding and give q/k gradients of cosine ≈ 0
+    against SDPA's; every quantized backend now refuses, at backward time (inference without
+    no_grad still runs)."""
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    out = sageattn(q, k, v, backend=backend)
+    with pytest.raises(RuntimeError, match="forward-only"):
+        out.sum().backward()
+
+
+def test_the_sdpa_backend_differentiates_exactly_as_sdpa():
+    q, k, v = (t.float().requires_grad_() for t in _qkv())
+    sageattn(q, k, v, backend="sdpa").sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    F.scaled_dot_product_attention(q, k, v).sum().backward()
+    assert all(torch.equal(a, t.grad) for a, t in zip(grads, (q, k, v), strict=True))
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's limits (CPU)")
+def test_bfloat16_under_the_interpreter_is_refused_not_garbage():
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16 under TRITON_INTERPRET"):
+        sageattn(q, k, v, backend="triton")
+    with pytest.warns(UserWarning, match="bfloat16 under TRITON_INTERPRET"):
+        out = sageattn(q, k, v, backend="auto")
+    assert last_backend().ran == "sdpa"
+    assert error_stats(F.scaled_dot_product_attention(q.float(), k.float(), v.float()), out).cos_worst > 0.999
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference", "sdpa"])
+def test_records_hold_inside_a_compiled_graph(backend):
+    """A compiled forward ran the op but recorded nothing: now each run of the compiled graph
+    reports what it calls (aot_eager: AOT autograd would drop an op without outputs; the Triton
+    op under the CPU interpreter only traces with Dynamo's "eager"; the GPU test runs Inductor)."""
+    q, k, v = _qkv()
+
+    def attend(q, k, v):
+        return sageattn(q, k, v, backend=backend) * 2
+
+    torch._dynamo.reset()
+    interpreted = backend == "triton" and DEVICE == "cpu"
+    compiled = torch.compile(attend, fullgraph=True, backend="eager" if interpreted else "aot_eager")
+    compiled(q, k, v)  # traced here
+    with record_backends() as log:
+        compiled(q, k, v)
+        compiled(q, k, v)
+    assert log.counts == {("sdpa" if backend == "sdpa" else f"{backend}/fp16"): 2}

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sagevideo import last_backend, sageattn
+from sagevideo import last_backend, record_backends, sageattn
 from sagevideo.eval.attention_error import error_stats
 from sagevideo.eval.presets import make_inputs
 
@@ -73,6 +73,10 @@ def test_torch_compile_fullgraph_inductor():
     torch._dynamo.reset()
     compiled = torch.compile(attend, fullgraph=True)
     torch.testing.assert_close(compiled(q, k, v), attend(q, k, v), atol=2e-3, rtol=2e-3)
+    with record_backends() as log:  # each run of the Inductor graph reports what it calls
+        compiled(q, k, v)
+        compiled(q, k, v)
+    assert log.counts == {"triton/fp16": 2}
 
 
 # Every plan the GPU can take: (head dim, PV, SAGEVIDEO_SM90_KERNEL). On sm90, "auto" runs the plain

@@ -89,25 +89,46 @@ def test_bad_arguments(tiny_pipe):
     assert not hasattr(tiny_pipe.transformer, "_sagevideo_attention")
 
 
-def test_compile_fullgraph_with_sagevideo_installed(tiny_pipe):
-    """Dynamo captures the installed transformer in one graph (the kernels run under the CPU
-    interpreter here, so Dynamo's "eager" backend; Inductor is checked on the GPU)."""
-    import copy
-
-    transformer = torch.nn.Module.to(copy.deepcopy(tiny_pipe.transformer), torch.float16)  # kernels take 16-bit
+def _transformer_inputs(pipe, transformer, dtype, device):
     gen = torch.Generator().manual_seed(0)
     config = transformer.config
-    hidden = torch.randn(1, 3, config.in_channels, config.sample_height, config.sample_width, generator=gen).half()
-    text = torch.randn(1, 32, config.text_embed_dim, generator=gen).half()
-    rotary = tiny_pipe._prepare_rotary_positional_embeddings(
-        config.sample_height * 8, config.sample_width * 8, 3, torch.device("cpu")
+    hidden = torch.randn(1, 3, config.in_channels, config.sample_height, config.sample_width, generator=gen)
+    text = torch.randn(1, 32, config.text_embed_dim, generator=gen)
+    rotary = pipe._prepare_rotary_positional_embeddings(
+        config.sample_height * 8, config.sample_width * 8, 3, torch.device(device)
     ) if config.use_rotary_positional_embeddings else None
-    kwargs = dict(
-        hidden_states=hidden, encoder_hidden_states=text, timestep=torch.tensor([10]), image_rotary_emb=rotary,
-        return_dict=False,
-    )
-    with sagevideo.install(transformer, pv="fp16", backend="triton"), torch.no_grad():
-        eager = transformer(**kwargs)[0]
+    return dict(hidden_states=hidden.to(device, dtype), encoder_hidden_states=text.to(device, dtype),
+                timestep=torch.tensor([10], device=device), image_rotary_emb=rotary, return_dict=False)
+
+
+def _compiled_matches_eager_and_records(pipe, dtype, device, compile_backend, pv):
+    """The installed transformer compiles in one graph, computes what eager computes, and every run
+    of the compiled graph records the calls it makes (a compiled forward used to record {})."""
+    import copy
+
+    transformer = torch.nn.Module.to(copy.deepcopy(pipe.transformer), device=device, dtype=dtype)
+    kwargs = _transformer_inputs(pipe, transformer, dtype, device)
+    with sagevideo.install(transformer, pv=pv, backend="triton"), torch.no_grad():
+        with sagevideo.record_backends() as eager_log:
+            eager = transformer(**kwargs)[0]
         torch._dynamo.reset()
-        compiled = torch.compile(transformer, fullgraph=True, backend="eager")
-        torch.testing.assert_close(compiled(**kwargs)[0], eager)
+        compiled = torch.compile(transformer, fullgraph=True, backend=compile_backend)
+        first = compiled(**kwargs)[0]  # traced and compiled here
+        with sagevideo.record_backends() as log:
+            again = compiled(**kwargs)[0]
+    torch.testing.assert_close(first, eager, atol=2e-3, rtol=2e-3)
+    assert torch.equal(again, first)
+    assert sum(eager_log.counts.values()) == len(pipe.transformer.attn_processors)
+    # what the compiled graph calls: the plain-Triton kernel (the Gluon launch is not traceable)
+    assert log.counts == {f"triton/{pv}": sum(eager_log.counts.values())}
+
+
+def test_compile_fullgraph_with_sagevideo_installed(tiny_pipe):
+    """(Kernels under the CPU interpreter here, so Dynamo's "eager" backend; Inductor on the GPU.)"""
+    _compiled_matches_eager_and_records(tiny_pipe, torch.float16, "cpu", "eager", "fp16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_compiled_with_inductor_records_what_runs_on_gpu(tiny_pipe, pv):
+    _compiled_matches_eager_and_records(tiny_pipe, torch.bfloat16, "cuda", "inductor", pv)

@@ -1,6 +1,8 @@
 """Dispatcher-based transformers (here a tiny Wan): SDPA is intercepted only inside the
 transformer's forward, layer names reach the plan, and remove() restores bit-identical outputs."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,3 +62,52 @@ def test_plan_reaches_intercepted_layers_by_name(wan):
     with sagevideo.install(model, plan, backend="reference"), sagevideo.record_backends() as log:
         _run(model, inputs)
     assert log.counts == {"reference/fp8": 2, "sdpa": 2}
+
+
+class _GroupedQueryModel(torch.nn.Module):
+    """The least a dispatcher model has for install(): attention modules with processors; its
+    attention calls SDPA with grouped-query heads, then with dropout."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.processor = object()
+
+        def forward(self, q, k, v):
+            grouped = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            dropped = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+            return grouped, dropped
+
+    def __init__(self):
+        super().__init__()
+        self.attn = self.Attention()
+        self.proj = torch.nn.Linear(4, 4)  # install() reads the model's device from its parameters
+
+    @property
+    def attn_processors(self):
+        return {"attn.processor": self.attn.processor}
+
+    def set_attn_processor(self, processors):
+        self.attn.processor = processors["attn.processor"]
+
+    def forward(self, q, k, v):
+        return self.attn(q, k, v)
+
+
+def test_intercepted_calls_keep_every_sdpa_argument():
+    """Grouped-query calls used to bypass sagevideo silently (0 routed); they now run in the kernels'
+    index math, and dropout runs SDPA as asked, recorded as a fallback with its reason."""
+    model = _GroupedQueryModel()
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 64, 64, generator=gen).half()
+    k, v = (torch.randn(1, 2, 64, 64, generator=gen).half() for _ in range(2))
+    with sagevideo.install(model), sagevideo.record_backends() as log, pytest.warns(UserWarning, match="dropout"):
+        grouped, _ = model(q, k, v)
+    kernel = "triton" if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1" else "sdpa"
+    assert log.counts == ({f"{kernel}/fp16": 1, "sdpa": 1} if kernel == "triton" else {"sdpa": 2})
+    assert "dropout_p=0.5: the kernels compute no dropout" in log.fallback_reasons
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True)
+    assert F.cosine_similarity(want.flatten(), grouped.float().flatten(), dim=0) > 0.999
+    # an explicitly requested quantized backend refuses what it cannot compute
+    with sagevideo.install(model, backend="reference"), pytest.raises(ValueError, match="dropout"):
+        model(q, k, v)
