@@ -382,6 +382,8 @@ def calibrate(
         f"{overrides} override{'s' if overrides != 1 else ''}); worst layer {name}: cosine {worst.cos:.5f} "
         f"with {CANDIDATES[0].label} at step {worst.step}" + (f"; Q/K/V in {save_qkv}" if save_qkv else "")
     )
+    if result.peaky_note():
+        typer.echo(f"sagevideo calibrate: {result.peaky_note()}")
 
 
 # --- evaluation: `sagevideo eval`, `sagevideo ab`, `sagevideo check-weights` (sagevideo.eval) ---

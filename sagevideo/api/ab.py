@@ -224,6 +224,13 @@ def ab(
             )
             notes.append(line)
             echo(f"sagevideo ab: WARNING: {line}")
+    if probe is not None and probe.get("peaky_layers"):
+        names = ", ".join(f"{p['layer']} (score std {p['score_std']:.0f}, cosine {p['cos_worst']:.4f})"
+                          for p in probe["peaky_layers"])
+        count = len(probe["peaky_layers"])
+        line = f"attention too peaky for INT8 in {count} layer(s): {names}; {probe['peaky_advice']}"
+        notes.append(line)
+        echo(f"sagevideo ab: WARNING: {line}")
     if not noise_floor:
         notes.append("no noise-floor run (--no-noise-floor): verdicts cannot say whether a difference is noise")
     first = records["test"][0]

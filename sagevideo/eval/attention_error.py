@@ -76,3 +76,29 @@ def attention_fp64(
         n_q, n_k = s.shape[-2:]
         s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return torch.softmax(s, dim=-1) @ v.double()
+
+
+# Score standard deviation above which INT8 Q·Kᵀ alone costs the accuracy contract: per-tile INT8
+# with 16-bit P·V falls below cosine 0.999 near a score std of 10 (q, k ~ N(0, std); the measured
+# table is in docs/benchmarks.md, "accuracy contract"), since the INT8 score error grows with the
+# score range. Layers past it are "peaky" and belong in full precision.
+PEAKY_SCORE_STD = 10.0
+
+
+def score_std(q: torch.Tensor, k: torch.Tensor, *, sm_scale: float | None = None, rows: int = 256) -> float:
+    """Worst over (batch, head) of the standard deviation of the scaled scores q·kᵀ·sm_scale, on up to
+    `rows` evenly spaced query rows against every key (fp32; HND; K/V heads broadcast over query-head
+    groups). A diagnostic of how peaky attention is, not an exact statistic (masks are ignored)."""
+    scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    pick = torch.linspace(0, q.shape[2] - 1, min(rows, q.shape[2]), device=q.device).long()
+    keys = k if k.shape[1] == q.shape[1] else k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = (q[:, :, pick].float() @ keys.float().transpose(-1, -2)) * scale
+    return float(scores.flatten(2).std(dim=-1).max())
+
+
+def peaky_reason(std: float) -> str:
+    """Why a layer with this score std is kept in full precision ('' when it is not peaky)."""
+    if std < PEAKY_SCORE_STD:
+        return ""
+    return (f"peaky attention: score std {std:.0f} is past INT8's resolution (per-tile INT8 keeps cosine 0.999 only "
+            f"up to a score std of about {PEAKY_SCORE_STD:.0f})")

@@ -55,6 +55,19 @@ def peaky(shape, gen) -> AttentionInputs:
     return AttentionInputs(q * 2.5, k * 2.5, v, description="q, k x2.5: score std ~6, a few keys dominate")
 
 
+def beyond_int8(shape, gen) -> AttentionInputs:
+    q, k, v = _qkv(shape, gen)
+    return AttentionInputs(q * 30.0, k * 30.0, v, description="q, k x30: score std ~900, past INT8's resolution "
+                           "(cosine ~0.97 in every quantized mode; keep such layers in full precision)")
+
+
+def score_std_scaled(shape, gen, score_std: float) -> AttentionInputs:
+    """q, k ~ N(0, score_std): scores q·k/sqrt(D) of standard deviation `score_std`."""
+    q, k, v = _qkv(shape, gen)
+    s = score_std**0.5
+    return AttentionInputs(q * s, k * s, v, description=f"q, k scaled: score std {score_std:g}")
+
+
 def near_uniform(shape, gen) -> AttentionInputs:
     q, k, v = _qkv(shape, gen)
     return AttentionInputs(q * 0.1, k * 0.1, v, description="q, k x0.1: nearly uniform attention")
@@ -81,6 +94,7 @@ PRESETS: dict[str, Callable[[tuple[int, ...], torch.Generator], AttentionInputs]
     "k-offset": k_channel_offset,
     "q-outlier": q_channel_outlier,
     "peaky": peaky,
+    "beyond-int8": beyond_int8,
     "near-uniform": near_uniform,
     "padded": padded,
     "large": large_magnitude,

@@ -30,11 +30,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sagevideo.eval.attention_error import error_stats
+from sagevideo.eval.attention_error import error_stats, peaky_reason, score_std
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter
 
 METRIC_NAMES = ("cos", "rel_l1", "rmse")
+# A layer is flagged as too peaky for INT8 when its attention is past INT8's resolution
+# (`attention_error.PEAKY_SCORE_STD`) and its worst cosine below the 16-bit P·V contract.
+PEAKY_COSINE = 0.999
 
 
 @dataclass
@@ -50,6 +53,7 @@ class _Cell:
     rmse_worst: float = 0.0
     slices: int = 0
     nonfinite: int = 0
+    score_std: float = 0.0  # the largest seen (`attention_error.score_std`)
 
     def add(self, ref: torch.Tensor, out: torch.Tensor) -> None:
         e = error_stats(ref, out)
@@ -81,15 +85,18 @@ class ProbeRouter(AttentionRouter):
         super().__init__(plan, backend)
         self.recorder = recorder or ProbeRecorder()
 
-    def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None):
-        out = super().__call__(layer, q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale)
-        ref = F.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale
-        )
-        full = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale)
+    def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None, dropout_p=0.0,
+                 enable_gqa=False):
+        out = super().__call__(layer, q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale,
+                               dropout_p=dropout_p, enable_gqa=enable_gqa)
+        sdpa = dict(attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale, enable_gqa=enable_gqa)
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **sdpa)
+        full = F.scaled_dot_product_attention(q, k, v, **sdpa)
         key = (self.recorder.prompt_index, layer, self.clock.step)
         self.recorder.test[key].add(ref, out)
         self.recorder.floor[key].add(ref, full)
+        cell = self.recorder.test[key]
+        cell.score_std = max(cell.score_std, score_std(q, k, sm_scale=sm_scale))
         self.recorder.modes[layer].add(self.choice(layer).label)
         return out
 
@@ -115,9 +122,11 @@ def _aggregate(cells: dict[tuple[int, str, int | None], _Cell], prompts: list[st
                 "cos_worst_prompt": None,
                 "rel_l1_worst": 0.0,
                 "rmse_worst": 0.0,
+                "score_std": 0.0,
                 "steps": {},
             },
         )
+        entry["score_std"] = max(entry["score_std"], c.score_std)
         entry["calls"] += c.calls
         entry["slices"] += c.slices
         for name in METRIC_NAMES:
@@ -171,8 +180,14 @@ def summarize_probe(recorder: ProbeRecorder, prompts: list[str]) -> dict[str, An
         match = next((f for f in floor["layers"] if f["layer"] == layer["layer"]), None)
         layer["floor_cos_worst"] = match["cos_worst"] if match else None
         layer["floor_cos_mean"] = match["cos_mean"] if match else None
+    peaky = [{"layer": layer["layer"], "score_std": layer["score_std"], "cos_worst": layer["cos_worst"],
+              "why": peaky_reason(layer["score_std"])}
+             for layer in test["layers"] if peaky_reason(layer["score_std"]) and layer["cos_worst"] < PEAKY_COSINE]
     return {
         "reference": "fp32 SDPA on the same Q/K/V",
+        "peaky_layers": peaky,
+        "peaky_advice": ("keep these layers in full precision: `sagevideo calibrate` writes such a plan, or list "
+                         "them in a plan override with mode 'full'") if peaky else "",
         "floor_is": "SDPA in the model's dtype (what the full-precision arm computes) vs fp32 SDPA",
         "slices": "per (batch, head) of each call; mean over slices, worst over slices, calls and steps",
         "prompts": prompts,

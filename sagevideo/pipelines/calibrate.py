@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from sagevideo.api.attention import sageattn
-from sagevideo.eval.attention_error import error_stats
+from sagevideo.eval.attention_error import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override
 from sagevideo.pipelines.routing import AttentionRouter
 
@@ -54,12 +54,28 @@ class WorstError:
 
 @dataclass
 class CalibrationResult:
-    """errors[layer][choice label] -> WorstError; plan: the chosen plan; threshold: cosine floor."""
+    """errors[layer][choice label] -> WorstError; plan: the chosen plan; threshold: cosine floor;
+    score_std[layer]: the largest score standard deviation seen (`eval.attention_error.score_std`)."""
 
     errors: dict[str, dict[str, WorstError]]
     plan: AttentionPlan
     threshold: float
     chosen: dict[str, Choice] = field(default_factory=dict)
+    score_std: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def peaky(self) -> dict[str, str]:
+        """Layers kept in full precision because their attention is too peaky for INT8: name -> why."""
+        return {name: peaky_reason(std) for name, std in self.score_std.items()
+                if self.chosen.get(name) == FULL and peaky_reason(std)}
+
+    def peaky_note(self) -> str:
+        """One line naming the peaky layers ('' when there are none)."""
+        if not self.peaky:
+            return ""
+        names = ", ".join(f"{name} (score std {self.score_std[name]:.0f})" for name in self.peaky)
+        return (f"{len(self.peaky)} layer(s) kept in full precision, their attention too peaky for INT8 "
+                f"(score std past {PEAKY_SCORE_STD:.0f}): {names}")
 
     def worst_layer(self, label: str | None = None) -> tuple[str, WorstError]:
         """Layer with the lowest worst cosine for a candidate (default: the fastest)."""
@@ -68,7 +84,7 @@ class CalibrationResult:
 
     def table(self) -> str:
         labels = [c.label for c in CANDIDATES]
-        header = f"{'layer':40s} " + " ".join(f"{lab:>16s}" for lab in labels) + "   chosen"
+        header = f"{'layer':40s} " + " ".join(f"{lab:>16s}" for lab in labels) + f" {'score std':>9s}   chosen"
         lines = [f"worst cosine vs fp32 attention over heads, calls and captured steps (threshold {self.threshold})",
                  header, "-" * len(header)]
         for name, errs in self.errors.items():
@@ -76,7 +92,10 @@ class CalibrationResult:
             for lab in labels:
                 w = errs[lab]
                 cells.append(f"{'n/a':>16s}" if w.unsupported or not w.calls else f"{w.cos:16.5f}")
-            lines.append(f"{name:40s} " + " ".join(cells) + f"   {self.chosen[name].label}")
+            std = self.score_std.get(name)
+            flag = "  (peaky)" if name in self.peaky else ""
+            lines.append(f"{name:40s} " + " ".join(cells) + (f" {std:9.1f}" if std is not None else f" {'':9s}")
+                         + f"   {self.chosen[name].label}{flag}")
         return "\n".join(lines)
 
 
@@ -87,23 +106,25 @@ class ProbingRouter(AttentionRouter):
         super().__init__(AttentionPlan.uniform(Mode.full), backend)
         self.capture_steps = capture_steps
         self.errors: dict[str, dict[str, WorstError]] = {}
+        self.score_std: dict[str, float] = {}
         self.save_qkv = save_qkv
 
-    def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale)
+    def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None, dropout_p=0.0,
+                 enable_gqa=False):
+        sdpa = dict(attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale, enable_gqa=enable_gqa)
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **sdpa)
         step = self.clock.step
         if self.capture_steps is not None and step not in self.capture_steps:
             return out
-        ref = F.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale
-        )
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **sdpa)
+        self.score_std[layer] = max(self.score_std.get(layer, 0.0), score_std(q, k, sm_scale=sm_scale))
         errs = self.errors.setdefault(layer, {c.label: WorstError() for c in CANDIDATES})
         for choice in CANDIDATES:
             worst = errs[choice.label]
             try:
                 test = sageattn(
                     q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, pv=choice.mode.pv,
-                    qk_granularity=choice.granularity.value, backend=self.backend,
+                    qk_granularity=choice.granularity.value, backend=self.backend, enable_gqa=enable_gqa,
                 )
             except ValueError as err:  # e.g. a mask the kernels cannot honour: never choose this mode here
                 worst.unsupported = str(err)
@@ -160,4 +181,4 @@ def calibrate_pipeline(
     if not probe.errors:
         raise RuntimeError("calibration captured no attention call: check --capture-steps against --steps")
     plan, chosen = choose_plan(probe.errors, threshold, type(pipe.transformer).__name__, num_steps)
-    return CalibrationResult(probe.errors, plan, threshold, chosen)
+    return CalibrationResult(probe.errors, plan, threshold, chosen, probe.score_std)

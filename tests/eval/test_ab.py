@@ -80,6 +80,7 @@ def test_attention_probe_per_layer_and_step(ab_run):
     assert s["calls"] == 8 and s["cos_worst"] == min(layer["cos_worst"] for layer in probe["layers"])
     assert s["worst_at"]["cos"]["layer"] in LAYERS and s["worst_at"]["cos"]["step"] in (0, 1)
     assert probe["reproduced"]["all_identical"] is True
+    assert probe["peaky_layers"] == [] and all(0 < layer["score_std"] < 10 for layer in probe["layers"])
     figures = [f["file"] for f in json.loads((out / "metrics.json").read_text())["figures"]]
     assert "figures/attention_cosine_per_layer.png" in figures and all((out / f).is_file() for f in figures)
 
@@ -154,3 +155,22 @@ def test_ab_with_a_plan_evaluates_an_arm_that_ran_the_plan(tmp_path):
     assert probe[LAYERS[0]]["cos_worst_by_step"][1] < 1.0
     assert data["attention_probe"]["reproduced"]["all_identical"] is True
     assert "no noise-floor run" in " ".join(data["notes"])
+
+
+def test_the_probe_names_layers_too_peaky_for_int8():
+    """q, k x30 (score std ~900): every quantized mode falls to cosine ~0.97 while SDPA stays exact;
+    the probe must name such a layer, with its score std, and say to keep it in full precision."""
+    import torch
+
+    from sagevideo.eval.probe import ProbeRouter, summarize_probe
+    from sagevideo.pipelines.plans import AttentionPlan
+
+    router = ProbeRouter(AttentionPlan.uniform("int8-fp16"), "reference")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 64, generator=gen) for _ in range(3))
+    router("blocks.0.attn", q * 30, k * 30, v)
+    router("blocks.1.attn", q, k, v)
+    summary = summarize_probe(router.recorder, ["a prompt"])
+    assert [p["layer"] for p in summary["peaky_layers"]] == ["blocks.0.attn"]
+    assert summary["peaky_layers"][0]["score_std"] > 500 and summary["peaky_layers"][0]["cos_worst"] < 0.99
+    assert "full precision" in summary["peaky_advice"]

@@ -76,3 +76,27 @@ def test_cli_bad_input_is_exit_2(tmp_path, args, match):
     result = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "p.json"), *args])
     assert result.exit_code == 2, result.output
     assert match in result.output
+
+
+def test_a_peaky_layer_is_flagged_by_name_and_kept_in_full_precision(tiny_pipe):
+    """Attention past INT8's resolution (q, k x30: every mode near cosine 0.97) is named, with its
+    score std, and kept in full precision; the other layers keep their quantized modes."""
+    block = tiny_pipe.transformer.transformer_blocks[0].attn1
+    scaled = [t for t in (block.norm_q.weight, block.norm_k.weight) if t is not None] if block.norm_q is not None \
+        else [block.to_q.weight, block.to_k.weight]
+    saved = [t.detach().clone() for t in scaled]
+    try:
+        with torch.no_grad():
+            for t in scaled:
+                t.mul_(30.0)
+        result = calibrate_pipeline(tiny_pipe, _run, threshold=0.999, num_steps=2)
+    finally:
+        with torch.no_grad():
+            for t, s in zip(scaled, saved, strict=True):
+                t.copy_(s)
+    peaky = "transformer_blocks.0.attn1"
+    assert list(result.peaky) == [peaky] and "peaky attention: score std" in result.peaky[peaky]
+    assert result.chosen[peaky].mode is Mode.full
+    assert result.score_std[peaky] > 10 * max(v for k, v in result.score_std.items() if k != peaky)
+    assert all(c.mode is not Mode.full for name, c in result.chosen.items() if name != peaky)
+    assert peaky in result.peaky_note() and "(peaky)" in result.table()
