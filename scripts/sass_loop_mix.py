@@ -44,16 +44,18 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
 
     block_m, block_n = tile or tiles(pv, block_d)
     num_warps, num_stages = warps_stages or launch("sm90", block_d, pv)
-    pointers = ("QQ", "QScale", "QShift", "KQ", "KScale", "V", "VQ", "VScale", "Mask", "Out", "Lse")
-    types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*bf16", "*fp8e4nv", "*fp32", "*u8", "*bf16", "*fp32")
+    pointers = ("QQ", "QScale", "QShift", "KQ", "KScale", "KScaleMax", "Work", "V", "VQ", "VScale", "Mask", "Out",
+                "Lse")
+    types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*i32", "*i32", "*bf16", "*fp8e4nv", "*fp32", "*u8", "*bf16",
+             "*fp32")
     ints = ("stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om", "mask_stride_b",
             "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD")
     signature = {**dict(zip(pointers, types, strict=True)), **dict.fromkeys(ints, "i32")}
     constexprs = dict(HEAD_DIM=block_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                       CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False,
-                      V_MMA_ORDER=pv == "fp8",
-                      SCORES_BY_ADD=scores_by_add("sm90", block_d, pv, "triton") if by_add is None else by_add)
-    constexprs["ADD_GUARD"] = "safe" if constexprs["SCORES_BY_ADD"] else ""  # the launch that computes
+                      V_MMA_ORDER=pv == "fp8", WIDE_ROWS=False,
+                      MODE="add" if (scores_by_add("sm90", block_d, pv, "triton") if by_add is None else by_add)
+                      else "exact")
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     aligned = [*pointers, *(n for n in ints if n not in ("mask_stride_b", "H", "H_KV"))]
     names = _attn_fwd_kernel.arg_names

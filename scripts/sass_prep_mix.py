@@ -41,7 +41,7 @@ def registers(cubin: bytes) -> int:
 def kernels(block_d: int, pv: str, rotate: bool):
     """(name, compiled kernel, elements per program) of each preparation kernel for a plan."""
     from sagevideo.kernels import quantize as qz
-    from sagevideo.kernels.plans import tiles
+    from sagevideo.kernels.plans import scores_by_add, tiles
 
     block_m, block_n = tiles(pv, block_d)
     fp8_v = pv == "fp8"
@@ -57,10 +57,11 @@ def kernels(block_d: int, pv: str, rotate: bool):
     kv = compile_sm90(
         qz._quantize_kv_kernel,
         {"K": "*bf16", "V": "*bf16", "Mask": "*u8", "KMean": "*fp32", "KMeanRot": "*fp32", "VScale": "*fp32",
-         "Rot": "*bf16", "KQ": "*i8", "KScale": "*fp32", "VQ": "*fp8e4nv", **strides, "stride_mb": "i32",
-         "H": "i32", "N_K": "i32", "N_PAD": "i32"},
+         "Rot": "*bf16", "KQ": "*i8", "KScale": "*fp32", "VQ": "*fp8e4nv", "KScaleMax": "*i32", **strides,
+         "stride_mb": "i32", "H": "i32", "N_K": "i32", "N_PAD": "i32"},
         dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_N=block_n, TILES_PER_PROGRAM=1, HAS_MASK=False,
-             SMOOTH_K=True, ROTATE=rotate, PER_TOKEN=False, FP8_V=fp8_v, V_MMA_ORDER=fp8_v),
+             SMOOTH_K=True, ROTATE=rotate, PER_TOKEN=False, FP8_V=fp8_v, V_MMA_ORDER=fp8_v,
+             TRACK_MAX=scores_by_add("sm90", block_d, pv, "triton")),
         qz.quant_warps(block_n, block_d, "kv"),
     )
     q = compile_sm90(

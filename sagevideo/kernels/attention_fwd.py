@@ -31,6 +31,9 @@ SCORE_BIAS_BITS = tl.constexpr(0x4B400000)
 # 2^-4 step). INT8's own score error is about 100·c, so inputs with a larger c (peaky attention) are
 # far off already; their query tiles take the exact conversion instead of overflowing to inf.
 SCORES_BY_ADD_MAX_SCALE = tl.constexpr(2.0**-7)
+# In-head element offsets from this size on take int64 math in the main loop (below it, int32 as
+# ever: the 64-bit form costs instructions per key tile).
+WIDE_ROW_OFFSETS = 2**31
 
 
 @triton.jit
@@ -42,8 +45,10 @@ def _attn_tile(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
+    WIDE_ROWS: tl.constexpr,
 ):
     """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i).
+    WIDE_ROWS: in-head row offsets of V (16-bit P·V) may pass 2^31 (int64 math; the host decides).
 
     MASKED tiles check key bounds, the key mask and causality; the others skip all checks.
     In FP8 mode P is computed pre-scaled by 448 (log2(448) folded into the max), so P fills the
@@ -120,40 +125,42 @@ def _attn_tile(
         v_ok = offs_d[None, :] < HEAD_DIM
         if MASKED:
             v_ok = v_ok & key_ok[:, None]
-        # the tile's first row in int64 (a row stride of H·D times a long sequence passes 2^31)
-        v_tile = V + tl.cast(start_n, tl.int64) * v_row_stride
-        offs_t = tl.arange(0, BLOCK_N)
-        v = tl.load(v_tile + offs_t[:, None] * v_row_stride + offs_d[None, :], mask=v_ok, other=0.0)
+        if WIDE_ROWS:  # the tile's first row in int64: a row stride of H·D times a long sequence passes 2^31
+            v_tile = V + tl.cast(start_n, tl.int64) * v_row_stride
+            v = tl.load(v_tile + tl.arange(0, BLOCK_N)[:, None] * v_row_stride + offs_d[None, :], mask=v_ok, other=0.0)
+        else:
+            v = tl.load(V + offs_n[:, None] * v_row_stride + offs_d[None, :], mask=v_ok, other=0.0)
         acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_new
 
 
 @triton.jit
-def _add_is_safe(q_scale, k_scale, N_PAD, BLOCK_N: tl.constexpr):
-    """Whether every row scale c = q_scale·k_scale of this query tile against its head's key tiles is
-    at most SCORES_BY_ADD_MAX_SCALE (NaN scales count as safe: NaN reaches the output either way).
-    One strided pass over the head's per-tile K scales (N_PAD / BLOCK_N floats), against the
-    thousands of bytes each key tile streams."""
-    q_max = tl.max(tl.where(q_scale == q_scale, q_scale, 0.0), axis=0)
-    k_max = 0.0
-    for start in range(0, N_PAD, BLOCK_N * 128):
-        offs = start + tl.arange(0, 128) * BLOCK_N
-        tile_scales = tl.load(k_scale + offs, mask=offs < N_PAD, other=0.0)
-        k_max = tl.maximum(k_max, tl.max(tl.where(tile_scales == tile_scales, tile_scales, 0.0), axis=0))
-    return q_max * k_max <= SCORES_BY_ADD_MAX_SCALE
-
-
-@triton.jit
-def _attn_tiles(
-    QQ, q_scale, kq, k_scale, v, vq, mask, Out, Lse, QShift, VScale,
-    tile, b, h, bh, bh_kv, offs_m, offs_d,
-    stride_vn, stride_ob, stride_oh, stride_om, N_Q, N_K, M_PAD, N_PAD,
+def _query_tile(
+    tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask, Out, Lse,
+    stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
+    H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
+    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
-    """One query tile against every key tile, normalised and stored (with its LSE)."""
+    """Query tile `tile` of head `bh` (int64) against every key tile, normalised and stored (with its
+    LSE). Query head h reads K/V head h // (H // H_KV) (grouped-query attention when H_KV < H).
+    Per-(batch, head) bases are int64 (B·H·N·D passes 2^31 for long videos and large batches);
+    offsets within a head stay in int32."""
+    b = bh // H
+    h = bh % H
+    h_kv = h // (H // H_KV)
+    bh_kv = b * H_KV + h_kv
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
     q = tl.load(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :])
+    q_scale = tl.load(QScale + bh * M_PAD + offs_m)
+    kq = KQ + bh_kv * N_PAD * BLOCK_D
+    k_scale = KScale + bh_kv * N_PAD
+    v = V + b * stride_vb + h_kv * stride_vh
+    vq = VQ + bh_kv * BLOCK_D * N_PAD
+    mask = Mask + b * mask_stride_b
+
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -171,12 +178,14 @@ def _attn_tiles(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
+            WIDE_ROWS,
         )
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
+            WIDE_ROWS,
         )
 
     # l = 0 exactly when a row has no valid key (output 0). A NaN l (NaN inputs) must reach the
@@ -202,46 +211,48 @@ def _attn_tiles(
 
 @triton.jit
 def _attn_fwd_kernel(
-    QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask, Out, Lse,
+    QQ, QScale, QShift, KQ, KScale, KScaleMax, Work, V, VQ, VScale, Mask, Out, Lse,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     mask_stride_b,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
-    ADD_GUARD: tl.constexpr,
+    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, MODE: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
-    """ADD_GUARD (plans with scores_by_add, two launches): "safe" runs the query tiles whose row
-    scales `_add_is_safe` accepts, with SCORES_BY_ADD; "peaky" the others, without it; "" all.
-    H_KV: K/V heads (grouped-query attention: query head h reads K/V head h // (H // H_KV))."""
-    tile = tl.program_id(0)
-    # Per-(batch, head) bases in int64: B·H·N·D passes 2^31 for long videos and large batches;
-    # offsets within a head stay in int32.
-    bh = tl.program_id(1).to(tl.int64)
-    b = bh // H
-    h = bh % H
-    h_kv = h // (H // H_KV)
-    bh_kv = b * H_KV + h_kv
-    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    q_scale = tl.load(QScale + bh * M_PAD + offs_m)
-    kq = KQ + bh_kv * N_PAD * BLOCK_D
-    k_scale = KScale + bh_kv * N_PAD
-    v = V + b * stride_vb + h_kv * stride_vh
-    vq = VQ + bh_kv * BLOCK_D * N_PAD
-    mask = Mask + b * mask_stride_b
-    run = True
-    if ADD_GUARD == "safe":
-        run = _add_is_safe(q_scale, k_scale, N_PAD, BLOCK_N)
-    elif ADD_GUARD == "peaky":
-        run = not _add_is_safe(q_scale, k_scale, N_PAD, BLOCK_N)
-    if run:
-        _attn_tiles(QQ, q_scale, kq, k_scale, v, vq, mask, Out, Lse, QShift, VScale,
-                    tile, b, h, bh, bh_kv, offs_m, offs_d,
-                    stride_vn, stride_ob, stride_oh, stride_om, N_Q, N_K, M_PAD, N_PAD,
-                    HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, STORE_LSE,
-                    V_MMA_ORDER, SCORES_BY_ADD)
+    """MODE "exact": grid (query tiles, B·H), scores converted exactly. Plans with scores_by_add
+    launch twice: "add", the same grid, converts by the add in every query tile whose row scales
+    stay at most SCORES_BY_ADD_MAX_SCALE against its head (KScaleMax: the head's largest K scale,
+    int32 bits) and appends the others to Work ([count, items...], item = bh·M_TILES + tile); then
+    "worklist", a persistent grid, computes those exactly. No host sync: the second launch reads
+    the count on the GPU (and returns at once when it is 0)."""
+    m_tiles = M_PAD // BLOCK_M
+    if MODE == "worklist":
+        count = tl.load(Work)
+        for i in range(tl.program_id(0), count, tl.num_programs(0)):
+            item = tl.load(Work + 1 + i).to(tl.int64)
+            _query_tile(item % m_tiles, item // m_tiles, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
+                        Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
+                        H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
+                        PER_TOKEN_K, FP8_PV, STORE_LSE, V_MMA_ORDER, False, WIDE_ROWS)
+    else:
+        tile = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+        add_ok = False
+        if MODE == "add":
+            # The tile's Q scale (its first row's: a NaN there, from a NaN input row, only sends the
+            # tile to the exact path) times the head's largest K scale bounds every row scale c.
+            bh_kv = (bh // H) * H_KV + (bh % H) // (H // H_KV)
+            k_max = tl.load(KScaleMax + bh_kv).to(tl.float32, bitcast=True)
+            add_ok = tl.load(QScale + bh * M_PAD + tile * BLOCK_M) * k_max <= SCORES_BY_ADD_MAX_SCALE
+            if not add_ok:
+                slot = tl.atomic_add(Work, 1)
+                tl.store(Work + 1 + slot, (bh * m_tiles + tile).to(tl.int32))
+        if MODE == "exact" or add_ok:
+            _query_tile(tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
+                        Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
+                        H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
+                        PER_TOKEN_K, FP8_PV, STORE_LSE, V_MMA_ORDER, MODE == "add", WIDE_ROWS)
 
 
 def attention_forward(
@@ -258,19 +269,33 @@ def attention_forward(
     n_k: int,
 ) -> None:
     """Launch the attention kernel, writing `out` (B, H, Nq, D) view and `lse` (B·H, Nq) fp32.
-
-    A plan with scores_by_add launches twice: once for the query tiles whose row scales the add
-    handles exactly enough, once (without it) for the peaky rest; each program of either launch
-    decides from the scales alone, so no host sync is needed."""
+    A plan with scores_by_add launches it twice (see `_attn_fwd_kernel`'s MODE) and needs
+    `prepared.k_scale_max`, which the preparation tracks for such plans."""
+    batch, heads, _, _ = out.shape
+    m_pad = prepared.q_codes.shape[1]
     by_add = plan.scores_by_add and not per_token
-    for guard in ("safe", "peaky") if by_add else ("",):
-        _launch(prepared, v, key_mask, out, lse, plan, guard, is_causal=is_causal, per_token=per_token,
-                n_q=n_q, n_k=n_k)
+    if not by_add:
+        _launch(prepared, v, key_mask, out, lse, plan, "exact", None, (m_pad // plan.block_m, batch * heads),
+                is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
+        return
+    if prepared.k_scale_max is None:
+        raise ValueError("a scores_by_add plan needs the K scales' maxima: quantize the inputs with that plan")
+    items = m_pad // plan.block_m * batch * heads
+    work = torch.zeros(1 + items, device=out.device, dtype=torch.int32)
+    _launch(prepared, v, key_mask, out, lse, plan, "add", work, (m_pad // plan.block_m, batch * heads),
+            is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
+    _launch(prepared, v, key_mask, out, lse, plan, "worklist", work, (min(items, _persistent_programs(out)),),
+            is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
+
+
+def _persistent_programs(t: torch.Tensor) -> int:
+    """Programs of the work-list launch: enough to fill the GPU (4 per SM) when every tile is peaky."""
+    return 4 * torch.cuda.get_device_properties(t.device).multi_processor_count if t.is_cuda else 2
 
 
 def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
-            lse: torch.Tensor | None, plan: KernelPlan, guard: str, *, is_causal: bool, per_token: bool, n_q: int,
-            n_k: int) -> None:
+            lse: torch.Tensor | None, plan: KernelPlan, mode: str, work: torch.Tensor | None, grid: tuple,
+            *, is_causal: bool, per_token: bool, n_q: int, n_k: int) -> None:
     batch, heads, _, head_dim = out.shape
     m_pad = prepared.q_codes.shape[1]
     n_pad = prepared.k_codes.shape[1]
@@ -278,10 +303,12 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor |
     mask_arg = key_mask if key_mask is not None else prepared.k_scale
     mask_stride_b = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
     registers = {} if plan.max_registers is None else {"maxnreg": plan.max_registers}
-    wrap_triton(_attn_fwd_kernel)[(m_pad // plan.block_m, batch * heads)](
+    placeholder = prepared.k_scale  # a pointer the mode never reads
+    wrap_triton(_attn_fwd_kernel)[grid](
         prepared.q_codes, prepared.q_scale,
         prepared.q_shift if prepared.q_shift is not None else prepared.q_scale,
-        prepared.k_codes, prepared.k_scale, v,
+        prepared.k_codes, prepared.k_scale,
+        prepared.k_scale_max if mode == "add" else placeholder, work if work is not None else placeholder, v,
         prepared.v_fp8_t if fp8_pv else prepared.k_codes,
         prepared.v_scale if fp8_pv else prepared.k_scale,
         mask_arg, out, lse if lse is not None else prepared.q_scale,
@@ -291,7 +318,7 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor |
         heads, prepared.k_codes.shape[0] // batch, n_q, n_k, m_pad, n_pad,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
-        FP8_PV=fp8_pv, STORE_LSE=lse is not None, V_MMA_ORDER=fp8_pv and prepared.v_mma_order,
-        SCORES_BY_ADD=guard == "safe", ADD_GUARD=guard,
+        FP8_PV=fp8_pv, STORE_LSE=lse is not None, V_MMA_ORDER=fp8_pv and prepared.v_mma_order, MODE=mode,
+        WIDE_ROWS=n_k * v.stride(2) >= WIDE_ROW_OFFSETS,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **registers,
     )

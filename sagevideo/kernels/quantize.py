@@ -234,15 +234,17 @@ def _kv_stats_finalize_kernel(
 @triton.jit
 def _quantize_kv_kernel(
     K, V, Mask, KMean, KMeanRot, VScale, Rot,
-    KQ, KScale, VQ,
+    KQ, KScale, VQ, KScaleMax,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb,
     H, N_K, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
-    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, V_MMA_ORDER: tl.constexpr,
+    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, V_MMA_ORDER: tl.constexpr, TRACK_MAX: tl.constexpr,
 ):
+    """TRACK_MAX: also raise KScaleMax[head] (int32 bits of a non-negative fp32, zero-initialised) to
+    the largest K scale of the head (NaN counts as 0), for the attention kernel's scores-by-add guard."""
     group = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 bases: B·H·N·D may pass 2^31
     b = bh // H
@@ -302,6 +304,9 @@ def _quantize_kv_kernel(
             # zeros, so the attention kernel loads whole tiles without masks.
             tl.store(KQ + bh * N_PAD * BLOCK_D + offs_n[:, None] * BLOCK_D + offs_d[None, :], codes)
             tl.store(KScale + bh * N_PAD + offs_n, scale)
+            if TRACK_MAX:
+                finite = tl.where(scale == scale, scale, 0.0)
+                tl.atomic_max(KScaleMax + bh, tl.max(finite, axis=0).to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -377,6 +382,7 @@ class QuantizedInputs:
     k_codes (bh_kv, N_PAD, block_d) int8; k_scale (bh_kv, N_PAD) fp32; k_mean (bh_kv, block_d) fp32
     (zeros without smoothing); v_fp8_t (bh_kv, block_d, N_PAD) e4m3 or None; v_scale (bh_kv, block_d)
     fp32 or None.
+    k_scale_max (bh_kv,) int32: bits of each head's largest K scale (fp32), or None (not tracked).
     v_mma_order: v_fp8_t's keys are in `mma_key_order` within each 32-key group (both attention
     kernels reorder P to match); False: natural order (kept to measure what the reorder gains).
     """
@@ -390,6 +396,7 @@ class QuantizedInputs:
     v_fp8_t: torch.Tensor | None
     v_scale: torch.Tensor | None
     v_mma_order: bool
+    k_scale_max: torch.Tensor | None = None
 
 
 def program_tiles(n_tiles: int, most: int) -> int:
@@ -419,7 +426,8 @@ def quantize_inputs(
     key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or
     None. tiles_per_program: K/V tiles per quantization program, q_tiles: Q tiles per program
     (None: `program_tiles` with KV_TILES_PER_PROGRAM / Q_TILES_PER_PROGRAM). v_mma_order: FP8 Vᵀ
-    keys in `mma_key_order` (the kernels read either; False only to measure the reorder)."""
+    keys in `mma_key_order` (the kernels read either; False only to measure the reorder). For a
+    plain-kernel plan with scores_by_add, also each head's largest K scale (its guard reads it)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     bh, bh_kv = batch * heads, batch * kv_heads
@@ -463,17 +471,20 @@ def quantize_inputs(
     k_codes = torch.empty(bh_kv, n_pad, bd, device=dev, dtype=torch.int8)
     k_scale = torch.empty(bh_kv, n_pad, device=dev, dtype=torch.float32)
     v_fp8_t = torch.empty(bh_kv, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
+    track_k_scale_max = plan.scores_by_add and not per_token and plan.kernel == "triton"
+    k_scale_max = torch.zeros(bh_kv, device=dev, dtype=torch.int32) if track_k_scale_max else None
     per_program = tiles_per_program or program_tiles(n_pad // bn, KV_TILES_PER_PROGRAM)
     wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, per_program), bh_kv)](
         k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
-        k_codes, k_scale, v_fp8_t if fp8_v else k_codes,
+        k_codes, k_scale, v_fp8_t if fp8_v else k_codes, k_scale_max if track_k_scale_max else k_count,
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         stride_mb,
         kv_heads, n_k, n_pad,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=per_program,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-        PER_TOKEN=per_token, FP8_V=fp8_v, V_MMA_ORDER=v_mma_order, num_warps=quant_warps(bn, bd, "kv"),
+        PER_TOKEN=per_token, FP8_V=fp8_v, V_MMA_ORDER=v_mma_order, TRACK_MAX=track_k_scale_max,
+        num_warps=quant_warps(bn, bd, "kv"),
     )
 
     q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
@@ -489,4 +500,5 @@ def quantize_inputs(
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
         num_warps=quant_warps(bm, bd, "q"),
     )
-    return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, v_mma_order)
+    return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, v_mma_order,
+                           k_scale_max)

@@ -127,10 +127,11 @@ def _sampled_rows_cosine(q, k, v, out, rows, keep=None):
     [
         ((1, 66, 262144, 128), "HND", "fp8", False),  # Gluon; the issue's shape (exactly 2^31 worked)
         ((1, 66, 262144, 128), "NHD", "fp8", False),  # token stride H·D: in-head offsets pass 2^31
+        ((1, 66, 262144, 128), "NHD", "fp16", False),  # the same through the plain kernel's V rows
         ((2, 40, 262144, 128), "HND", "fp16", True),  # plain d128 with a key mask and the LSE
         ((1, 132, 262144, 64), "HND", "fp8", False),  # plain d64 with scores by add (two launches)
     ],
-    ids=["gluon-hnd", "gluon-nhd", "plain-d128-mask-lse", "plain-d64"],
+    ids=["gluon-hnd", "gluon-nhd", "plain-nhd", "plain-d128-mask-lse", "plain-d64"],
 )
 def test_more_than_2_31_elements_match_sdpa_on_sampled_rows(shape, layout, pv, masked):
     """Above 2^31 elements the int32 offsets overflowed (illegal memory access, CUDA context lost).
