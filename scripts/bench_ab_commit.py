@@ -52,6 +52,35 @@ def prepare(commit: str, root: Path) -> Path:
     return target
 
 
+def _part_fns(package: str, side: str, q, k, v, pv: str) -> dict:
+    """{side-prep: the preparation kernels, side-kernel: the attention kernel on prepared inputs}."""
+    import importlib
+
+    import torch
+    from bench_attention import direct
+
+    plans = importlib.import_module(f"{package}.kernels.plans")
+    quantize = importlib.import_module(f"{package}.kernels.quantize")
+    op = importlib.import_module(f"{package}.kernels.op")
+    rotation = importlib.import_module(f"{package}.kernels.rotation")
+    d = q.shape[-1]
+    plan = plans.select_plan(q.device, d, pv).plan
+    rot = rotation.hadamard_pm1(plan.block_d, q.device, q.dtype)
+
+    def prep():
+        return quantize.quantize_inputs(q, k, v, None, rot, plan, sm_scale=d**-0.5, per_token=False, smooth_k=True,
+                                        need_shift=False)
+
+    prepared = direct(prep)()
+    out = torch.empty_like(q)
+
+    def kernel():
+        op.attention_kernel(prepared, v, None, out, None, plan, is_causal=False, per_token=False,
+                            n_q=q.shape[2], n_k=k.shape[2])
+
+    return {f"{side}-prep": direct(prep), f"{side}-kernel": direct(kernel)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prepare", metavar="COMMIT", help="extract COMMIT as the base (run here, not on the GPU)")
@@ -60,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pv", default="fp8,fp16", help="comma list of PV modes")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--parts", action="store_true",
+                        help="also time the preparation and the attention kernel alone, for each side")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
@@ -87,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                 "base": direct(functools.partial(base_attention.sageattn, q, k, v, pv=pv, backend="triton")),
                 "head": direct(functools.partial(sagevideo.sageattn, q, k, v, pv=pv, backend="triton")),
             }
+            if args.parts:
+                for side, package in (("head", "sagevideo"), ("base", BASE_PACKAGE)):
+                    fns.update(_part_fns(package, side, q, k, v, pv))
             fns["head"]()
             ran_head = sagevideo.last_backend().label
             fns["base"]()
@@ -111,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{row['shape']:16} {row['pv']:5} {ms['head']:9.3f} {ms['base']:9.3f} {ms['base'] / ms['head']:10.3f} "
               f"{ms['cudnn'] / ms['head']:11.3f} {ms['cudnn'] / ms['base']:11.3f}  {row['ran']['head']}")
+        if "head-prep" in ms:
+            print(f"{'':22} prep {ms['head-prep']:.3f} vs {ms['base-prep']:.3f} ms, kernel {ms['head-kernel']:.3f} "
+                  f"vs {ms['base-kernel']:.3f} ms (head vs base)")
     return 0
 
 

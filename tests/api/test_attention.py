@@ -197,12 +197,13 @@ def test_scaled_dot_product_attention_has_sdpa_signature_and_semantics():
     for args, kwargs in [((q, k, v, mask), {}), ((q, k, v), {"scale": 0.2, "dropout_p": 0.0}),
                          ((q[:, 0], k[:, 0], v[:, 0]), {}), ((q[None], k[None], v[None]), {})]:
         out = sagevideo.scaled_dot_product_attention(*args, **kwargs, backend="reference")
-        assert last_backend().ran == "reference"
+        # pv="auto": FP8 P·V on GPUs with FP8 tensor cores, 16-bit elsewhere
+        assert last_backend().ran == "reference" and last_backend().pv == sagevideo.api.attention.auto_pv(q.device)
         # SDPA's own kernels reject a 1-D mask that broadcasts (IndexError): give them its 4-D view
         want = F.scaled_dot_product_attention(*(t.float() for t in args[:3]), *(m[None, None, None] for m in args[3:]),
                                               **kwargs)
         assert out.shape == want.shape and out.dtype == q.dtype
-        assert error_stats(want, out).cos_worst > 0.999
+        assert error_stats(want, out).cos_worst > (0.998 if last_backend().pv == "fp8" else 0.999)
 
 
 def test_what_the_kernels_cannot_compute_is_a_recorded_fallback_or_an_error():
