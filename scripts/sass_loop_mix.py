@@ -53,7 +53,7 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
     signature = {**dict(zip(pointers, types, strict=True)), **dict.fromkeys(ints, "i32")}
     constexprs = dict(HEAD_DIM=block_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                       CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False,
-                      V_MMA_ORDER=pv == "fp8", WIDE_ROWS=False,
+                      V_MMA_ORDER=pv == "fp8", WIDE_OFFSETS=False,
                       MODE="add" if (scores_by_add("sm90", block_d, pv, "triton") if by_add is None else by_add)
                       else "exact")
     signature.update(dict.fromkeys(constexprs, "constexpr"))

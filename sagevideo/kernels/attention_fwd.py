@@ -31,9 +31,9 @@ SCORE_BIAS_BITS = tl.constexpr(0x4B400000)
 # 2^-4 step). INT8's own score error is about 100·c, so inputs with a larger c (peaky attention) are
 # far off already; their query tiles take the exact conversion instead of overflowing to inf.
 SCORES_BY_ADD_MAX_SCALE = tl.constexpr(2.0**-7)
-# In-head element offsets from this size on take int64 math in the main loop (below it, int32 as
-# ever: the 64-bit form costs instructions per key tile).
-WIDE_ROW_OFFSETS = 2**31
+# Element offsets from this size on take int64 math (below it, int32: on the H200 int64 per-head
+# bases alone made the 16-bit P·V kernel 2.5-3.5% slower at the CogVideoX shapes).
+WIDE_OFFSETS_FROM = 2**31
 
 
 @triton.jit
@@ -45,10 +45,10 @@ def _attn_tile(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
-    WIDE_ROWS: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr,
 ):
     """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i).
-    WIDE_ROWS: in-head row offsets of V (16-bit P·V) may pass 2^31 (int64 math; the host decides).
+    WIDE_OFFSETS: offsets may pass 2^31 (int64 math; the host decides).
 
     MASKED tiles check key bounds, the key mask and causality; the others skip all checks.
     In FP8 mode P is computed pre-scaled by 448 (log2(448) folded into the max), so P fills the
@@ -125,7 +125,7 @@ def _attn_tile(
         v_ok = offs_d[None, :] < HEAD_DIM
         if MASKED:
             v_ok = v_ok & key_ok[:, None]
-        if WIDE_ROWS:  # the tile's first row in int64: a row stride of H·D times a long sequence passes 2^31
+        if WIDE_OFFSETS:  # the tile's first row in int64: a row stride of H·D times a long sequence
             v_tile = V + tl.cast(start_n, tl.int64) * v_row_stride
             v = tl.load(v_tile + tl.arange(0, BLOCK_N)[:, None] * v_row_stride + offs_d[None, :], mask=v_ok, other=0.0)
         else:
@@ -141,12 +141,12 @@ def _query_tile(
     H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
 ):
-    """Query tile `tile` of head `bh` (int64) against every key tile, normalised and stored (with its
-    LSE). Query head h reads K/V head h // (H // H_KV) (grouped-query attention when H_KV < H).
-    Per-(batch, head) bases are int64 (B·H·N·D passes 2^31 for long videos and large batches);
-    offsets within a head stay in int32."""
+    """Query tile `tile` of head `bh` against every key tile, normalised and stored (with its LSE).
+    Query head h reads K/V head h // (H // H_KV) (grouped-query attention when H_KV < H).
+    WIDE_OFFSETS (B·H·N·D past 2^31: long videos, large batches): `bh` is int64, so are the
+    per-(batch, head) bases and the row offsets that can pass 2^31; otherwise all int32."""
     b = bh // H
     h = bh % H
     h_kv = h // (H // H_KV)
@@ -178,14 +178,14 @@ def _query_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
-            WIDE_ROWS,
+            WIDE_OFFSETS,
         )
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
-            WIDE_ROWS,
+            WIDE_OFFSETS,
         )
 
     # l = 0 exactly when a row has no valid key (output 0). A NaN l (NaN inputs) must reach the
@@ -195,7 +195,10 @@ def _query_tile(
     if FP8_PV:
         out = out * tl.load(VScale + bh_kv * BLOCK_D + offs_d)[None, :]
     m_ok = offs_m < N_Q
-    o_tile = Out + b * stride_ob + h * stride_oh + (tile * BLOCK_M).to(tl.int64) * stride_om
+    first_row = tile * BLOCK_M
+    if WIDE_OFFSETS:
+        first_row = first_row.to(tl.int64)
+    o_tile = Out + b * stride_ob + h * stride_oh + first_row * stride_om
     offs_t = tl.arange(0, BLOCK_M)
     o_ptrs = o_tile + offs_t[:, None] * stride_om + offs_d[None, :]
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
@@ -218,7 +221,7 @@ def _attn_fwd_kernel(
     H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, MODE: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, MODE: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
 ):
     """MODE "exact": grid (query tiles, B·H), scores converted exactly. Plans with scores_by_add
     launch twice: "add", the same grid, converts by the add in every query tile whose row scales
@@ -230,14 +233,18 @@ def _attn_fwd_kernel(
     if MODE == "worklist":
         count = tl.load(Work)
         for i in range(tl.program_id(0), count, tl.num_programs(0)):
-            item = tl.load(Work + 1 + i).to(tl.int64)
+            item = tl.load(Work + 1 + i)
+            if WIDE_OFFSETS:
+                item = item.to(tl.int64)
             _query_tile(item % m_tiles, item // m_tiles, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
                         Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
-                        PER_TOKEN_K, FP8_PV, STORE_LSE, V_MMA_ORDER, False, WIDE_ROWS)
+                        PER_TOKEN_K, FP8_PV, STORE_LSE, V_MMA_ORDER, False, WIDE_OFFSETS)
     else:
         tile = tl.program_id(0)
-        bh = tl.program_id(1).to(tl.int64)
+        bh = tl.program_id(1)
+        if WIDE_OFFSETS:
+            bh = bh.to(tl.int64)
         add_ok = False
         if MODE == "add":
             # The tile's Q scale (its first row's: a NaN there, from a NaN input row, only sends the
@@ -252,7 +259,7 @@ def _attn_fwd_kernel(
             _query_tile(tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
                         Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
-                        PER_TOKEN_K, FP8_PV, STORE_LSE, V_MMA_ORDER, MODE == "add", WIDE_ROWS)
+                        PER_TOKEN_K, FP8_PV, STORE_LSE, V_MMA_ORDER, MODE == "add", WIDE_OFFSETS)
 
 
 def attention_forward(
@@ -293,6 +300,11 @@ def _persistent_programs(t: torch.Tensor) -> int:
     return 4 * torch.cuda.get_device_properties(t.device).multi_processor_count if t.is_cuda else 2
 
 
+def _extent(t: torch.Tensor) -> int:
+    """1 + the largest element offset of `t` (a strided view's reach, not its numel)."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+
+
 def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
             lse: torch.Tensor | None, plan: KernelPlan, mode: str, work: torch.Tensor | None, grid: tuple,
             *, is_causal: bool, per_token: bool, n_q: int, n_k: int) -> None:
@@ -319,6 +331,6 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor |
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
         FP8_PV=fp8_pv, STORE_LSE=lse is not None, V_MMA_ORDER=fp8_pv and prepared.v_mma_order, MODE=mode,
-        WIDE_ROWS=n_k * v.stride(2) >= WIDE_ROW_OFFSETS,
+        WIDE_OFFSETS=max(map(_extent, (v, out, prepared.q_codes, prepared.k_codes))) >= WIDE_OFFSETS_FROM,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **registers,
     )

@@ -166,14 +166,14 @@ def test_scores_by_add_computes_ordinary_heads_and_leaves_peaky_ones_to_the_exac
 
 
 def test_the_wide_row_offset_path_computes_what_the_narrow_one_does(monkeypatch):
-    """V's in-head row offsets switch to int64 past 2^31 (checked on the GPU at that size); here the
-    switch is lowered so that the interpreter runs the same code on a small NHD input."""
+    """Offsets switch to int64 past 2^31 (checked on the GPU at that size); here the switch is
+    lowered so that the interpreter runs the same code on a small NHD input."""
     from sagevideo.kernels import attention_fwd
 
     q, k, v, _ = _inputs("k-offset", (1, 2, 150, 64), seed=18)
     q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     narrow = sageattn(q, k, v, tensor_layout="NHD", backend="triton")
-    monkeypatch.setattr(attention_fwd, "WIDE_ROW_OFFSETS", 0)
+    monkeypatch.setattr(attention_fwd, "WIDE_OFFSETS_FROM", 0)
     assert torch.equal(sageattn(q, k, v, tensor_layout="NHD", backend="triton"), narrow)
 
 
