@@ -6,12 +6,17 @@ While (and only while) the transformer's forward runs, a `TorchFunctionMode` rou
 calls to the plan's attention; forward hooks on each attention module say which layer is
 calling. Nothing global is reassigned: the text encoder, the VAE and any code outside the
 transformer keep plain SDPA.
+
+The mode is entered by a forward pre-hook on the transformer and left by its forward hook
+(`always_call`, so an exception leaves it too). `transformer.forward` itself is never replaced:
+what others wrap it with (diffusers' `HookRegistry`: caches, group offloading; accelerate's
+offload hooks), before or after install, keeps running, and `remove()` takes away sagevideo's
+own hooks and nothing else.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,24 +52,22 @@ def _route(router, layer, query, key, value, attn_mask=None, dropout_p=0.0, is_c
 
 
 class SDPAInterception:
-    """Installed interception on one transformer; `remove()` undoes every hook and wrapper."""
+    """Installed interception on one transformer; `remove()` undoes every hook it added.
+
+    layers: layer name (as plans name it) -> attention module.
+    """
 
     def __init__(self, transformer: torch.nn.Module, layers: dict[str, torch.nn.Module], router: AttentionRouter):
         self.transformer = transformer
+        self.router = router
         self.layer_of_call: list[str] = []
+        self._modes: list[_SDPAToRouter] = []  # one per running forward (re-entrant)
         self._handles = []
         for name, module in layers.items():
             self._handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
             self._handles.append(module.register_forward_hook(self._leave, always_call=True))
-        mode_factory = functools.partial(_SDPAToRouter, router, self.layer_of_call)
-        forward = transformer.forward
-
-        @functools.wraps(forward)
-        def forward_with_interception(*args: Any, **kwargs: Any):
-            with mode_factory():
-                return forward(*args, **kwargs)
-
-        transformer.forward = forward_with_interception
+        self._handles.append(transformer.register_forward_pre_hook(self._enter_forward))
+        self._handles.append(transformer.register_forward_hook(self._leave_forward, always_call=True))
 
     def _enter(self, name: str, module, args) -> None:
         self.layer_of_call.append(name)
@@ -73,8 +76,16 @@ class SDPAInterception:
         if self.layer_of_call:
             self.layer_of_call.pop()
 
+    def _enter_forward(self, module, args) -> None:
+        mode = _SDPAToRouter(self.router, self.layer_of_call)
+        mode.__enter__()
+        self._modes.append(mode)
+
+    def _leave_forward(self, module, args, output) -> None:
+        if self._modes:  # empty when an earlier pre-hook raised before ours entered the mode
+            self._modes.pop().__exit__(None, None, None)
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self.transformer.__dict__.pop("forward", None)  # the class's forward shows through again
