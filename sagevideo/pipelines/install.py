@@ -10,6 +10,7 @@ an error, not a double wrap. Which attention runs where comes from an `Attention
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from sagevideo.api.attention import BACKENDS
 from sagevideo.kernels.plans import PV_MODES
 from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
-from sagevideo.pipelines.intercept import SDPAInterception
+from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter
 
@@ -256,6 +257,7 @@ def install_router(
     routes: upstream processor class -> factory(pv=, backend=, name=, router=) replacing the
     default mapping (e.g. sequence-parallel processors). Everything is checked before anything changes."""
     routes = routes or _processor_routes()
+    is_pipeline = _pipeline_modules(pipe_or_transformer) is not None
     planned: list[tuple[InstalledDenoiser, dict[str, str]]] = []  # (denoiser, processor key -> layer name)
     seen: set[int] = set()
     for component, transformer in denoisers_of(pipe_or_transformer).items():
@@ -269,10 +271,12 @@ def install_router(
     router.plan.validate_for([name for _, layers in planned for name in layers.values()])
 
     handle = InstalledAttention([d for d, _ in planned], router)
+    unrouted = UnroutedForwards()  # one warning per handle, whichever denoiser routes nothing
     done: list[InstalledDenoiser] = []
     try:
         for denoiser, layers in planned:
-            _apply(denoiser, layers, router, routes, pv, backend)
+            label = f"pipe.{denoiser.component}" if is_pipeline else "transformer"
+            _apply(denoiser, layers, router, routes, pv, backend, label, unrouted)
             done.append(denoiser)
     except BaseException:
         for denoiser in done:  # leave nothing half-installed
@@ -313,9 +317,10 @@ def _check_installable(transformer: Any, prefix: str) -> dict[str, Any]:
 
 def _apply(
     denoiser: InstalledDenoiser, layers: dict[str, str], router: AttentionRouter, routes: dict[type, Any],
-    pv: str, backend: str,
+    pv: str, backend: str, label: str, unrouted: UnroutedForwards,
 ) -> None:
-    """Swap in sagevideo processors when every processor has a route, else intercept SDPA in the forward."""
+    """Swap in sagevideo processors when every processor has a route, else intercept SDPA in the
+    forward (warning now when diffusers' dispatcher is set to a backend that never calls SDPA)."""
     transformer, originals = denoiser.transformer, denoiser.originals
     if all(type(proc) in routes for proc in originals.values()):
         denoiser.processors = {
@@ -325,4 +330,7 @@ def _apply(
         transformer.set_attn_processor(dict(denoiser.processors))
     else:
         modules = {layers[key]: transformer.get_submodule(key.removesuffix(".processor")) for key in originals}
-        denoiser.interception = SDPAInterception(transformer, modules, router)
+        advice = non_sdpa_backend_advice(label, modules.values())
+        if advice is not None:
+            warnings.warn(f"sagevideo.install: {advice}", stacklevel=4)
+        denoiser.interception = SDPAInterception(transformer, modules, router, label=label, unrouted=unrouted)
