@@ -9,6 +9,10 @@ Recording happens in Python at dispatch time. Inside a graph that torch.compile 
 dispatch decision is taken once, while tracing, and the graph holds an effectful op
 (`torch.ops.sagevideo.record_backend`) that reports it each time the compiled code runs, so
 records describe what the compiled graph calls.
+
+An installed transformer forward whose attention layers ran but routed no call to sagevideo
+(e.g. diffusers' "flex" backend, which never calls SDPA) is noted too: `report_unrouted(reason)`,
+read back as `BackendLog.unrouted` and, when any, `summary()["unrouted"]`.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class BackendLog:
     """All choices made inside one `record_backends()` block."""
 
     choices: list[BackendChoice] = field(default_factory=list)
+    unrouted_reasons: list[str] = field(default_factory=list)  # one per forward that routed no call
 
     @property
     def counts(self) -> dict[str, int]:
@@ -64,9 +69,18 @@ class BackendLog:
         """Fallback reasons with how often each occurred."""
         return dict(Counter(c.reason for c in self.choices if c.reason))
 
+    @property
+    def unrouted(self) -> dict[str, int]:
+        """Why installed transformer forwards routed no attention call, with how many forwards each."""
+        return dict(Counter(self.unrouted_reasons))
+
     def summary(self) -> dict[str, object]:
-        """JSON-ready summary for manifests and reports."""
-        return {"counts": self.counts, "fallbacks": self.fallback_reasons}
+        """JSON-ready summary for manifests and reports: counts, fallbacks, and "unrouted" (reason ->
+        forwards) only when some installed forward routed no attention call."""
+        summary: dict[str, object] = {"counts": self.counts, "fallbacks": self.fallback_reasons}
+        if self.unrouted_reasons:
+            summary["unrouted"] = self.unrouted
+        return summary
 
 
 _state = threading.local()
@@ -115,6 +129,13 @@ _register_effect()
 def report_from_graph(requested: str, ran: str, pv: str | None, reason: str) -> None:
     """`report`, called while torch.compile traces: puts the reporting op into the graph."""
     torch.ops.sagevideo.record_backend(requested, ran, pv or "", reason)
+
+
+def report_unrouted(reason: str) -> None:
+    """Note that an installed transformer forward routed no attention call, and why (called by the
+    SDPA interception)."""
+    for log in _active_logs():
+        log.unrouted_reasons.append(reason)
 
 
 def last_backend() -> BackendChoice | None:

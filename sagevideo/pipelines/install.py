@@ -9,40 +9,77 @@ an error, not a double wrap. Which attention runs where comes from an `Attention
 
 from __future__ import annotations
 
+import re
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from sagevideo.api.attention import BACKENDS
 from sagevideo.kernels.plans import PV_MODES
 from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
-from sagevideo.pipelines.intercept import SDPAInterception
+from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter
 
 _HANDLE_ATTR = "_sagevideo_attention"
 
+# Pipeline components that denoise: diffusers names them `transformer`, and Wan 2.2 adds
+# `transformer_2` (low-noise steps below `boundary_ratio`). install() covers every one of them.
+_TRANSFORMER_COMPONENT = re.compile(r"transformer(_\w+)?")
+# Denoising components install() does not cover: a pipeline holding one is refused, since its
+# attention would run stock while the manifest says sagevideo ran.
+_OTHER_DENOISER_COMPONENT = re.compile(r"(unet|controlnet|prior|prior_prior|decoder)(_\w+)?")
 
-class InstalledAttention:
-    """What `install` did to one transformer; `remove()` (or leaving a `with` block) undoes it.
 
-    processors: name -> installed processor (empty when SDPA is intercepted instead);
-    originals: name -> processor at install time; router: the plan and step clock in use.
+@dataclass
+class InstalledDenoiser:
+    """What `install` did to one denoiser of a pipeline.
+
+    component: its pipeline component name ("transformer", "transformer_2"); prefix: what its layer
+    names carry in plans and records ("" for `transformer`, "transformer_2." for `transformer_2`);
+    originals: processor key -> processor at install time; processors: processor key -> installed
+    processor (empty when SDPA is intercepted instead).
     """
 
-    def __init__(
-        self,
-        transformer: Any,
-        originals: dict[str, Any],
-        processors: dict[str, Any],
-        router: AttentionRouter,
-        interception: SDPAInterception | None = None,
-    ):
-        self.transformer = transformer
-        self.originals = originals
-        self.processors = processors
+    component: str
+    transformer: Any
+    prefix: str
+    originals: dict[str, Any]
+    processors: dict[str, Any] = field(default_factory=dict)
+    interception: SDPAInterception | None = None
+
+
+class InstalledAttention:
+    """What `install` did to a pipeline's denoisers; `remove()` (or leaving a `with` block) undoes it all.
+
+    denoisers: one `InstalledDenoiser` per transformer, `transformer` first; router: the plan and
+    step clock they share. `originals`/`processors`/`layers` span every denoiser, keyed by
+    prefixed processor key; `transformer`/`interception` are the first denoiser's.
+    """
+
+    def __init__(self, denoisers: list[InstalledDenoiser], router: AttentionRouter):
+        self.denoisers = denoisers
         self.router = router
-        self.interception = interception
         self.removed = False
+
+    @property
+    def transformer(self) -> Any:
+        return self.denoisers[0].transformer
+
+    @property
+    def interception(self) -> SDPAInterception | None:
+        return self.denoisers[0].interception
+
+    @property
+    def originals(self) -> dict[str, Any]:
+        return {d.prefix + key: proc for d in self.denoisers for key, proc in d.originals.items()}
+
+    @property
+    def processors(self) -> dict[str, Any]:
+        return {d.prefix + key: proc for d in self.denoisers for key, proc in d.processors.items()}
 
     @property
     def layers(self) -> list[str]:
@@ -53,28 +90,30 @@ class InstalledAttention:
         return self.router.plan
 
     def remove(self) -> None:
-        """Restore the original processors. A second call does nothing."""
+        """Restore every denoiser's original processors and hooks. A second call does nothing.
+        Raises RuntimeError (restoring nothing) when sagevideo's processors were replaced since."""
         if self.removed:
             return
-        if self.interception is not None:
-            self.interception.remove()
-            self._finish()
-            return
-        current = self.transformer.attn_processors
-        replaced = [name for name, proc in self.processors.items() if current.get(name) is not proc]
-        if replaced or set(current) != set(self.processors):
-            # e.g. fuse_qkv_projections() reinstalled stock processors: restoring ours' originals
-            # on top would silently undo the user's change.
-            raise RuntimeError(
-                f"sagevideo: the attention processors were replaced after install (e.g. "
-                f"{(replaced or sorted(set(current) ^ set(self.processors)))[0]}); not restoring"
-            )
-        self.transformer.set_attn_processor(dict(self.originals))
+        for d in self.denoisers:
+            if d.interception is not None:
+                continue
+            current = d.transformer.attn_processors
+            replaced = [name for name, proc in d.processors.items() if current.get(name) is not proc]
+            if replaced or set(current) != set(d.processors):
+                # e.g. fuse_qkv_projections() reinstalled stock processors: restoring ours' originals
+                # on top would silently undo the user's change.
+                raise RuntimeError(
+                    f"sagevideo: the attention processors were replaced after install (e.g. {d.prefix}"
+                    f"{(replaced or sorted(set(current) ^ set(d.processors)))[0]}); not restoring"
+                )
+        for d in self.denoisers:
+            _undo(d)
         self._finish()
 
     def _finish(self) -> None:
         self.router.clock.detach()
-        delattr(self.transformer, _HANDLE_ATTR)
+        for d in self.denoisers:
+            delattr(d.transformer, _HANDLE_ATTR)
         self.removed = True
 
     def __enter__(self) -> InstalledAttention:
@@ -84,8 +123,54 @@ class InstalledAttention:
         self.remove()
 
     def __repr__(self) -> str:
+        names = "+".join(type(d.transformer).__name__ for d in self.denoisers)
         state = "removed" if self.removed else f"{len(self.originals)} layers"
-        return f"<InstalledAttention {type(self.transformer).__name__}: {state}>"
+        return f"<InstalledAttention {names}: {state}>"
+
+
+def _undo(denoiser: InstalledDenoiser) -> None:
+    if denoiser.interception is not None:
+        denoiser.interception.remove()
+    else:
+        denoiser.transformer.set_attn_processor(dict(denoiser.originals))
+
+
+def _pipeline_modules(pipe: Any) -> dict[str, Any] | None:
+    """Registered module name -> module of a diffusers pipeline (None for anything else). Read
+    from the config rather than `pipe.components`, which raises when modules were registered
+    beyond the constructor's arguments."""
+    config = getattr(pipe, "config", None)
+    if not hasattr(pipe, "register_modules") or config is None:
+        return None
+    modules = {name: getattr(pipe, name, None) for name in config.keys() if not name.startswith("_")}
+    return {name: module for name, module in modules.items() if isinstance(module, torch.nn.Module)}
+
+
+def denoisers_of(pipe_or_transformer: Any) -> dict[str, Any]:
+    """Component name -> denoiser that `install` covers, `transformer` first: every `transformer*`
+    component of a diffusers pipeline (Wan 2.2: `transformer` and `transformer_2`), or
+    {"transformer": x} for a transformer x (or an object with a `.transformer` that is no pipeline).
+
+    Raises TypeError for a pipeline that also denoises with a component sagevideo does not
+    install into (a ControlNet, a UNet...).
+    """
+    modules = _pipeline_modules(pipe_or_transformer)
+    if modules is None:
+        return {"transformer": getattr(pipe_or_transformer, "transformer", pipe_or_transformer)}
+    found = {name: module for name, module in modules.items() if _TRANSFORMER_COMPONENT.fullmatch(name)}
+    others = sorted(
+        name for name, module in modules.items()
+        if _OTHER_DENOISER_COMPONENT.fullmatch(name) and hasattr(module, "attn_processors")
+    )
+    if found and others:
+        raise TypeError(
+            f"sagevideo.install: {type(pipe_or_transformer).__name__} also runs attention in {', '.join(others)}, "
+            "which sagevideo does not install into (it would run stock attention unrecorded); to quantize only "
+            "the transformer, pass it: install(pipe.transformer) (step-dependent plans then have no step clock)"
+        )
+    if not found:
+        return {"transformer": pipe_or_transformer}  # not a transformer pipeline: install() says so
+    return dict(sorted(found.items(), key=lambda item: (item[0] != "transformer", item[0])))
 
 
 def _processor_routes() -> dict[type, type]:
@@ -121,28 +206,33 @@ def install(
     pv: str | None = None,
     backend: str = "auto",
 ) -> InstalledAttention:
-    """Route every attention layer of a diffusers video transformer through `sagevideo.sageattn`.
+    """Route every attention layer of a diffusers video pipeline's denoisers through `sagevideo.sageattn`.
 
-    pipe_or_transformer: a pipeline with a `.transformer` (step-dependent plans need the pipeline:
-    steps are counted on its scheduler), or the transformer itself.
-    plan: an `AttentionPlan`, a path to its JSON, or None for `default_plan(transformer, pv)`.
+    pipe_or_transformer: a pipeline (step-dependent plans need it: steps are counted on its
+    scheduler), or a transformer itself. A pipeline gets it in every denoiser it holds
+    (`transformer`, and `transformer_2` of Wan 2.2); layers of `transformer` keep their names,
+    those of another denoiser are prefixed with its component name ("transformer_2.blocks.0.attn1").
+    plan: an `AttentionPlan` (over the layers of all denoisers), a path to its JSON, or None for
+    `default_plan(transformer, pv)`.
     backend: `sageattn` backend for the quantized layers ("auto", "triton", "reference", "sdpa").
     CogVideoX (and the Open-Sora port) get sagevideo processors that keep the upstream behaviour;
     other transformers with attention processors (diffusers' dispatcher: Wan, HunyuanVideo, LTX,
     Flux...) get a scoped SDPA interception inside their forward. Raises RuntimeError when
     already installed, TypeError for unsupported models, PlanError for a plan that does not fit.
     """
-    transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
-    if not hasattr(transformer, "attn_processors") or not hasattr(transformer, "set_attn_processor"):
-        raise TypeError(
-            f"sagevideo.install: {type(pipe_or_transformer).__name__} is neither a diffusers pipeline with a "
-            "transformer nor a diffusers transformer with attention processors"
-        )
+    found = denoisers_of(pipe_or_transformer)
+    for transformer in found.values():
+        if not hasattr(transformer, "attn_processors") or not hasattr(transformer, "set_attn_processor"):
+            raise TypeError(
+                f"sagevideo.install: {type(pipe_or_transformer).__name__} is neither a diffusers pipeline with a "
+                "transformer nor a diffusers transformer with attention processors"
+            )
     if pv is not None and pv not in PV_MODES:
         raise ValueError(f"sagevideo.install: pv={pv!r} is not supported; use one of {PV_MODES}")
     if backend not in BACKENDS:
         raise ValueError(f"sagevideo.install: backend={backend!r} is not supported; use one of {BACKENDS}")
-    return install_router(pipe_or_transformer, plan_router(transformer, plan, pv, backend), pv=pv or "fp16",
+    first = next(iter(found.values()))
+    return install_router(pipe_or_transformer, plan_router(first, plan, pv, backend), pv=pv or "fp16",
                           backend=backend)
 
 
@@ -163,10 +253,46 @@ def install_router(
     backend: str = "auto",
     routes: dict[type, Any] | None = None,
 ) -> InstalledAttention:
-    """Install with a ready router (e.g. calibration's probing router); see `install`.
+    """Install with a ready router (e.g. calibration's probing router) into every denoiser; see `install`.
     routes: upstream processor class -> factory(pv=, backend=, name=, router=) replacing the
-    default mapping (e.g. sequence-parallel processors)."""
-    transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
+    default mapping (e.g. sequence-parallel processors). Everything is checked before anything changes."""
+    routes = routes or _processor_routes()
+    is_pipeline = _pipeline_modules(pipe_or_transformer) is not None
+    planned: list[tuple[InstalledDenoiser, dict[str, str]]] = []  # (denoiser, processor key -> layer name)
+    seen: set[int] = set()
+    for component, transformer in denoisers_of(pipe_or_transformer).items():
+        if id(transformer) in seen:  # one module registered under two names: installed once
+            continue
+        seen.add(id(transformer))
+        prefix = "" if component == "transformer" else f"{component}."
+        originals = _check_installable(transformer, prefix)
+        layers = {key: prefix + key.removesuffix(".processor") for key in originals}
+        planned.append((InstalledDenoiser(component, transformer, prefix, originals), layers))
+    router.plan.validate_for([name for _, layers in planned for name in layers.values()])
+
+    handle = InstalledAttention([d for d, _ in planned], router)
+    unrouted = UnroutedForwards()  # one warning per handle, whichever denoiser routes nothing
+    done: list[InstalledDenoiser] = []
+    try:
+        for denoiser, layers in planned:
+            label = f"pipe.{denoiser.component}" if is_pipeline else "transformer"
+            _apply(denoiser, layers, router, routes, pv, backend, label, unrouted)
+            done.append(denoiser)
+    except BaseException:
+        for denoiser in done:  # leave nothing half-installed
+            _undo(denoiser)
+        raise
+    if all(d.transformer is not pipe_or_transformer for d in handle.denoisers) and hasattr(
+        pipe_or_transformer, "scheduler"
+    ):
+        router.clock.attach(pipe_or_transformer.scheduler)  # one clock for all denoisers: steps of the pipeline
+    for denoiser in handle.denoisers:
+        setattr(denoiser.transformer, _HANDLE_ATTR, handle)
+    return handle
+
+
+def _check_installable(transformer: Any, prefix: str) -> dict[str, Any]:
+    """The transformer's processors (key -> processor), or a clear error why sagevideo cannot take them over."""
     if getattr(transformer, _HANDLE_ATTR, None) is not None:
         raise RuntimeError(
             "sagevideo.install: sagevideo attention is already installed on this transformer; "
@@ -175,30 +301,36 @@ def install_router(
     originals = transformer.attn_processors
     if not originals:
         raise TypeError(f"sagevideo.install: {type(transformer).__name__} has no attention processors")
-    routes = routes or _processor_routes()
     sage_types = tuple(_processor_routes().values())
     for name, proc in originals.items():
         if isinstance(proc, sage_types):
-            raise RuntimeError(f"sagevideo.install: {name} already runs sagevideo attention; not wrapping twice")
+            raise RuntimeError(
+                f"sagevideo.install: {prefix}{name} already runs sagevideo attention; not wrapping twice"
+            )
         if type(proc).__name__.startswith("Fused"):
             raise TypeError(
-                f"sagevideo.install: {name} uses {type(proc).__name__}; "
+                f"sagevideo.install: {prefix}{name} uses {type(proc).__name__}; "
                 "after fuse_qkv_projections(), call unfuse_qkv_projections() first"
             )
-    layers = {key: key.removesuffix(".processor") for key in originals}
-    router.plan.validate_for(list(layers.values()))
-    if pipe_or_transformer is not transformer and hasattr(pipe_or_transformer, "scheduler"):
-        router.clock.attach(pipe_or_transformer.scheduler)
+    return originals
 
+
+def _apply(
+    denoiser: InstalledDenoiser, layers: dict[str, str], router: AttentionRouter, routes: dict[type, Any],
+    pv: str, backend: str, label: str, unrouted: UnroutedForwards,
+) -> None:
+    """Swap in sagevideo processors when every processor has a route, else intercept SDPA in the
+    forward (warning now when diffusers' dispatcher is set to a backend that never calls SDPA)."""
+    transformer, originals = denoiser.transformer, denoiser.originals
     if all(type(proc) in routes for proc in originals.values()):
-        processors = {
+        denoiser.processors = {
             key: routes[type(proc)](pv=pv, backend=backend, name=layers[key], router=router)
             for key, proc in originals.items()
         }
-        transformer.set_attn_processor(dict(processors))
-        handle = InstalledAttention(transformer, originals, processors, router)
+        transformer.set_attn_processor(dict(denoiser.processors))
     else:
-        modules = {layers[key]: transformer.get_submodule(layers[key]) for key in originals}
-        handle = InstalledAttention(transformer, originals, {}, router, SDPAInterception(transformer, modules, router))
-    setattr(transformer, _HANDLE_ATTR, handle)
-    return handle
+        modules = {layers[key]: transformer.get_submodule(key.removesuffix(".processor")) for key in originals}
+        advice = non_sdpa_backend_advice(label, modules.values())
+        if advice is not None:
+            warnings.warn(f"sagevideo.install: {advice}", stacklevel=4)
+        denoiser.interception = SDPAInterception(transformer, modules, router, label=label, unrouted=unrouted)

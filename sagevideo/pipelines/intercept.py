@@ -6,33 +6,63 @@ While (and only while) the transformer's forward runs, a `TorchFunctionMode` rou
 calls to the plan's attention; forward hooks on each attention module say which layer is
 calling. Nothing global is reassigned: the text encoder, the VAE and any code outside the
 transformer keep plain SDPA.
+
+The mode is entered by a forward pre-hook on the transformer and left by its forward hook
+(`always_call`, so an exception leaves it too). `transformer.forward` itself is never replaced:
+what others wrap it with (diffusers' `HookRegistry`: caches, group offloading; accelerate's
+offload hooks), before or after install, keeps running, and `remove()` takes away sagevideo's
+own hooks and nothing else.
+
+A forward whose attention layers ran but routed no call at all (e.g. diffusers' "flex" backend
+set on the processors, which never calls SDPA) is reported: a warning once per installed handle,
+and a note in every active `record_backends()` log.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from sagevideo.api.backends import report_unrouted
 from sagevideo.pipelines.routing import AttentionRouter
+
+# diffusers attention-dispatcher backends whose functions call F.scaled_dot_product_attention
+# (without a context-parallel config): the only ones the interception can reach.
+SDPA_DISPATCHER_BACKENDS = frozenset({"native", "_native_cudnn", "_native_efficient", "_native_flash", "_native_math"})
+
+
+@dataclass
+class _ForwardTally:
+    """What one transformer forward did: attention layers entered, SDPA calls seen inside them,
+    and those the router computed."""
+
+    layers: int = 0
+    seen: int = 0
+    routed: int = 0
 
 
 class _SDPAToRouter(TorchFunctionMode):
     """Sends F.scaled_dot_product_attention calls to the router under the current layer name."""
 
-    def __init__(self, router: AttentionRouter, layer_of_call: list[str]):
+    def __init__(self, router: AttentionRouter, layer_of_call: list[str], tally: _ForwardTally):
         super().__init__()
         self.router = router
         self.layer_of_call = layer_of_call
+        self.tally = tally
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention and self.layer_of_call:
+            self.tally.seen += 1
             routed = _route(self.router, self.layer_of_call[-1], *args, **kwargs)
             if routed is not None:
+                self.tally.routed += 1
                 return routed
         return func(*args, **kwargs)
 
@@ -45,35 +75,153 @@ def _route(router, layer, query, key, value, attn_mask=None, dropout_p=0.0, is_c
                   dropout_p=dropout_p, enable_gqa=enable_gqa)
 
 
-class SDPAInterception:
-    """Installed interception on one transformer; `remove()` undoes every hook and wrapper."""
+def _active_dispatcher_backend() -> str | None:
+    """diffusers' process-wide attention backend (what processors without their own use), or None."""
+    try:
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
-    def __init__(self, transformer: torch.nn.Module, layers: dict[str, torch.nn.Module], router: AttentionRouter):
+        backend = _AttentionBackendRegistry.get_active_backend()[0]
+    except Exception:  # a diffusers without the dispatcher, or a changed private API: nothing to report
+        return None
+    return str(getattr(backend, "value", backend))
+
+
+def dispatcher_backends(modules: Iterable[torch.nn.Module]) -> set[str]:
+    """Names of the diffusers dispatcher backends the processors of `modules` would call
+    (`processor._attention_backend`, else the process-wide one); empty for non-dispatcher processors."""
+    names: set[str] = set()
+    for module in modules:
+        processor = getattr(module, "processor", None)
+        if processor is None or not hasattr(processor, "_attention_backend"):
+            continue
+        backend = processor._attention_backend
+        name = str(getattr(backend, "value", backend)) if backend is not None else _active_dispatcher_backend()
+        if name is not None:
+            names.add(name)
+    return names
+
+
+def non_sdpa_backend_advice(label: str, modules: Iterable[torch.nn.Module]) -> str | None:
+    """Why and how to fix, when some processors of `modules` use a dispatcher backend that never
+    calls SDPA (e.g. "flex"); None when every one reaches SDPA."""
+    others = sorted(dispatcher_backends(modules) - SDPA_DISPATCHER_BACKENDS)
+    if not others:
+        return None
+    return (
+        f"{label}'s attention processors use diffusers' attention backend {', '.join(map(repr, others))}, which "
+        "does not call torch's scaled_dot_product_attention, so sagevideo cannot route it; call "
+        f"{label}.set_attention_backend('native') before running it"
+    )
+
+
+class UnroutedForwards:
+    """Shared by the interceptions of one installed handle: warns once, and notes in the active
+    `record_backends()` logs every forward whose attention layers ran but routed no call."""
+
+    def __init__(self) -> None:
+        self.warned = False
+        self.ever_routed = False
+
+    def check(self, label: str, tally: _ForwardTally, modules: Iterable[torch.nn.Module], replaced: bool) -> None:
+        """After a forward: `replaced` says whether some attention module's processor changed since install."""
+        if tally.routed:
+            self.ever_routed = True
+            return
+        if not tally.layers:  # nothing attended (e.g. a cache hook reused the whole output)
+            return
+        reason = _unrouted_reason(label, tally, modules, self.ever_routed and not replaced)
+        if reason is None:
+            return
+        report_unrouted(reason)
+        if not self.warned:
+            self.warned = True
+            warnings.warn(f"sagevideo: {reason}", stacklevel=2)
+
+
+def _unrouted_reason(label: str, tally: _ForwardTally, modules, routed_before: bool) -> str | None:
+    """Why a forward with attention layers routed nothing, or None when that is expected.
+    routed_before: these very processors routed calls in an earlier forward."""
+    if tally.seen:
+        return (
+            f"a {label} forward routed none of its attention calls: each asked for what sagevideo does not compute"
+            " (dropout_p > 0, e.g. a model in train() mode, or fewer K/V heads with enable_gqa); stock SDPA ran"
+        )
+    advice = non_sdpa_backend_advice(label, modules)
+    if advice is not None:
+        return f"a {label} forward routed no attention call: {advice}"
+    if routed_before:
+        # The same processors reached SDPA before: skipping attention now is a cache's doing (e.g. attention
+        # broadcast reusing every layer's output for a step), not a silent fallback.
+        return None
+    kinds = sorted({type(getattr(m, "processor", None)).__name__ for m in modules})
+    return (
+        f"a {label} forward routed no attention call: its attention processors ({', '.join(kinds)}) do not call "
+        "torch's scaled_dot_product_attention, so stock attention ran; sagevideo routes processors that do "
+        "(diffusers' 'native' attention backend)"
+    )
+
+
+class SDPAInterception:
+    """Installed interception on one transformer; `remove()` undoes every hook it added.
+
+    layers: layer name (as plans name it) -> attention module; label: the transformer's name in
+    messages ("pipe.transformer_2"); unrouted: the handle's shared `UnroutedForwards`.
+    """
+
+    def __init__(
+        self,
+        transformer: torch.nn.Module,
+        layers: dict[str, torch.nn.Module],
+        router: AttentionRouter,
+        *,
+        label: str = "transformer",
+        unrouted: UnroutedForwards | None = None,
+    ):
         self.transformer = transformer
+        self.router = router
+        self.label = label
+        self.unrouted = unrouted if unrouted is not None else UnroutedForwards()
         self.layer_of_call: list[str] = []
+        self._modules = list(layers.values())
+        self._processors = [getattr(m, "processor", None) for m in self._modules]  # at install
+        self._active: list[tuple[_SDPAToRouter, _ForwardTally]] = []  # one per running forward (re-entrant)
         self._handles = []
         for name, module in layers.items():
             self._handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
             self._handles.append(module.register_forward_hook(self._leave, always_call=True))
-        mode_factory = functools.partial(_SDPAToRouter, router, self.layer_of_call)
-        forward = transformer.forward
-
-        @functools.wraps(forward)
-        def forward_with_interception(*args: Any, **kwargs: Any):
-            with mode_factory():
-                return forward(*args, **kwargs)
-
-        transformer.forward = forward_with_interception
+        self._handles.append(transformer.register_forward_pre_hook(self._enter_forward))
+        self._handles.append(transformer.register_forward_hook(self._leave_forward, always_call=True))
 
     def _enter(self, name: str, module, args) -> None:
         self.layer_of_call.append(name)
+        if self._active:
+            self._active[-1][1].layers += 1
 
     def _leave(self, module, args, output) -> None:
         if self.layer_of_call:
             self.layer_of_call.pop()
 
+    def _enter_forward(self, module, args) -> None:
+        tally = _ForwardTally()
+        mode = _SDPAToRouter(self.router, self.layer_of_call, tally)
+        mode.__enter__()
+        self._active.append((mode, tally))
+
+    def _leave_forward(self, module, args, output) -> None:
+        if not self._active:  # an earlier pre-hook raised before ours entered the mode
+            return
+        mode, tally = self._active.pop()
+        mode.__exit__(None, None, None)
+        if output is not None:  # None: the forward raised; its error says what happened
+            replaced = not tally.routed and self._processors_replaced()
+            self.unrouted.check(self.label, tally, self._modules, replaced)
+
+    def _processors_replaced(self) -> bool:
+        """Whether some attention module runs another processor than at install."""
+        current = [getattr(m, "processor", None) for m in self._modules]
+        return any(now is not then for now, then in zip(current, self._processors, strict=True))
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        self.transformer.__dict__.pop("forward", None)  # the class's forward shows through again

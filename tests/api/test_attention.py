@@ -206,7 +206,8 @@ def test_scaled_dot_product_attention_has_sdpa_signature_and_semantics():
         assert error_stats(want, out).cos_worst > (0.998 if last_backend().pv == "fp8" else 0.999)
 
 
-def test_what_the_kernels_cannot_compute_is_a_recorded_fallback_or_an_error():
+def test_what_the_kernels_cannot_compute_is_a_recorded_fallback_or_an_error(monkeypatch):
+    monkeypatch.setattr(sagevideo.api.attention, "_warned", set())  # each fallback reason warns once a process
     q, k, v = _qkv()
     with pytest.warns(UserWarning, match="dropout_p=0.5"), record_backends() as log:
         sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float(), dropout_p=0.5)
@@ -279,7 +280,8 @@ def test_the_sdpa_backend_differentiates_exactly_as_sdpa():
 
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's limits (CPU)")
-def test_bfloat16_under_the_interpreter_is_refused_not_garbage():
+def test_bfloat16_under_the_interpreter_is_refused_not_garbage(monkeypatch):
+    monkeypatch.setattr(sagevideo.api.attention, "_warned", set())
     q, k, v = _qkv(dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="bfloat16 under TRITON_INTERPRET"):
         sageattn(q, k, v, backend="triton")

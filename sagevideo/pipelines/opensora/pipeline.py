@@ -4,18 +4,18 @@
   first frame on its own; latents are z * 0.476986 with shift 0: `vae.config.scaling_factor`).
 - Text: T5-v1.1-XXL `last_hidden_state` of the prompt padded to 512 tokens, run WITHOUT an
   attention mask (as the official model; the padding tokens are attended to), and CLIP-L/14's
-  `pooler_output` at 77 tokens. The prompt gets " {fps} FPS." and " {motion_score} motion score."
-  appended before both encoders.
+  `pooler_output` at 77 tokens. The prompt is prepared as the official sampler does
+  (`add_prompt_suffixes`): stripped, ended with a period, " {fps} FPS." appended unless it
+  already ends in "N FPS.", then " {motion_score} motion score.", before both encoders.
 - Sampling: Euler steps on the shifted linspace schedule (`schedule.opensora_sigmas`) through a
   `FlowMatchEulerDiscreteScheduler` left at shift 1 (the shift is applied here), velocity output.
 - Guidance: each step runs the transformer on [prompt + cond, negative + cond, negative + zero
-  cond] and combines u2 + g_img * (u - u2) + g_txt * (c - u).
+  cond] and combines u2 + g_img * (u - u2) + g_txt * (c - u), with the official configs'
+  oscillation of both scales by default (`schedule.oscillated_scale`: 1.0 on odd steps from step 10).
 
-What this pipeline does NOT reproduce (OPENSORA.md states them without the formulas):
-- the official guidance oscillation of g_txt and g_img and the time scaling of g_img. Here both
-  scales are constants, or callables (step_index, sigma) -> scale that can carry such a schedule.
-  In text-to-video the condition is zero in both negative branches, so u == u2 and g_img has no
-  effect; only the missing g_txt oscillation changes the result.
+What this pipeline does NOT reproduce:
+- the official time scaling of g_img (`scale_temporal_osci`). In text-to-video the condition is
+  zero in both negative branches, so u == u2 and g_img has no effect at all.
 - whether the suffixes are also appended to the negative prompt (here: no) and the official
   default negative prompt (here: "").
 - image-to-video (a non-zero cond), the aspect-ratio table (height and width are given here, as
@@ -24,6 +24,7 @@ What this pipeline does NOT reproduce (OPENSORA.md states them without the formu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 
 from sagevideo.pipelines.opensora.packing import latent_ids, pack_latents, text_ids, unpack_latents
-from sagevideo.pipelines.opensora.schedule import combine_guidance, opensora_sigmas
+from sagevideo.pipelines.opensora.schedule import combine_guidance, opensora_sigmas, oscillated_scale
 from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
 
 T5_MAX_LENGTH = 512
@@ -54,10 +55,19 @@ class OpenSoraPipelineOutput(BaseOutput):
     frames: torch.Tensor | np.ndarray | list
 
 
+_ENDS_WITH_FPS = re.compile(r"\d+ FPS\.$")
+
+
 def add_prompt_suffixes(prompt: str, fps: int | None, motion_score: int | None) -> str:
-    """The official sampler's prompt: prompt + " {fps} FPS." + " {motion_score} motion score."."""
+    """The official sampler's prompt text. With `fps`: stripped, ended with a period, then
+    " {fps} FPS." unless it already ends in "N FPS."; with `motion_score`: " {motion_score} motion score.".
+    "a cat playing piano" -> "a cat playing piano. 24 FPS. 4 motion score."."""
     if fps is not None:
-        prompt = f"{prompt} {fps} FPS."
+        prompt = prompt.strip()
+        if not prompt.endswith("."):
+            prompt += "."
+        if not _ENDS_WITH_FPS.search(prompt):
+            prompt = f"{prompt} {fps} FPS."
     if motion_score is not None:
         prompt = f"{prompt} {motion_score} motion score."
     return prompt
@@ -128,6 +138,8 @@ class OpenSoraPipeline(DiffusionPipeline):
         num_inference_steps: int = 50,
         guidance_scale: Scale = 7.5,
         image_guidance_scale: Scale = 3.0,
+        text_oscillation: bool = True,
+        image_oscillation: bool = True,
         fps: int | None = 24,
         motion_score: int | None = 4,
         num_videos_per_prompt: int = 1,
@@ -137,11 +149,14 @@ class OpenSoraPipeline(DiffusionPipeline):
         output_type: str = "np",
         return_dict: bool = True,
     ) -> OpenSoraPipelineOutput | tuple:
-        """Generate videos (default: 256px 16:9, 129 frames, 50 steps, g_txt 7.5, g_img 3.0).
+        """Generate videos (default: 256px 16:9, 129 frames, 50 steps, g_txt 7.5, g_img 3.0, both oscillating).
 
         height, width: pixels, multiples of 16 (VAE 8x times patch 2); num_frames: 1 + a multiple of 4.
         guidance_scale (g_txt), image_guidance_scale (g_img): a float, or a callable
         (step_index, sigma) -> float for a step-dependent schedule.
+        text_oscillation, image_oscillation: the official configs' `text_osci`/`image_osci` (on by
+        default): that scale is 1.0 on odd steps from step 10 on (`schedule.oscillated_scale`).
+        fps, motion_score: the prompt suffixes (`add_prompt_suffixes`); None leaves that one out.
         latents: optional initial noise (B, 16, T_lat, H/8, W/8), B = len(prompts) * num_videos_per_prompt.
         """
         self._check_scheduler()
@@ -194,9 +209,12 @@ class OpenSoraPipeline(DiffusionPipeline):
                     img, img_ids, txt3, txt_ids, sigma.expand(3 * batch).to(dtype), pooled3, cond=cond
                 )
                 c, u, u2 = pred.float().chunk(3)
-                velocity = combine_guidance(
-                    c, u, u2, _scale(guidance_scale, i, float(sigma)), _scale(image_guidance_scale, i, float(sigma))
-                )
+                g_txt, g_img = _scale(guidance_scale, i, float(sigma)), _scale(image_guidance_scale, i, float(sigma))
+                if text_oscillation:
+                    g_txt = oscillated_scale(g_txt, i)
+                if image_oscillation:
+                    g_img = oscillated_scale(g_img, i)
+                velocity = combine_guidance(c, u, u2, g_txt, g_img)
                 velocity = unpack_latents(velocity, t_lat, h_lat, w_lat, patch)
                 latents = self.scheduler.step(velocity, t, latents, return_dict=False)[0]
                 progress.update()

@@ -31,6 +31,18 @@ def opensora_sigmas(num_steps: int, tokens_per_frame: int, latent_frames: int) -
     return time_shift(shift_alpha(tokens_per_frame, latent_frames), t)
 
 
+# Open-Sora's guidance oscillation (`text_osci`, `image_osci` in the official 256px/768px configs)
+# leaves the first OSCILLATION_FROM_STEP steps alone.
+OSCILLATION_FROM_STEP = 10
+
+
+def oscillated_scale(scale: float, step: int, from_step: int = OSCILLATION_FROM_STEP) -> float:
+    """`scale` at 0-based `step`, oscillated as the official sampler does: unchanged before `from_step`
+    and on even steps, 1.0 (the conditional prediction alone) on odd steps from `from_step` on; at 50
+    steps, 1.0 at steps 11, 13, ..., 49."""
+    return scale if step < from_step or step % 2 == 0 else 1.0
+
+
 def combine_guidance(
     cond: torch.Tensor, uncond: torch.Tensor, uncond_no_image: torch.Tensor, text_scale: float, image_scale: float
 ) -> torch.Tensor:

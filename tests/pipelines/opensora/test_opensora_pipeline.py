@@ -34,7 +34,7 @@ def test_sampler_matches_the_formulas(pipe):
         ids2 = pipe.tokenizer_2([text], max_length=77, **tok).input_ids
         return pipe.text_encoder(ids).last_hidden_state, pipe.text_encoder_2(ids2).pooler_output
 
-    pos, neg = encode("a cat 24 FPS. 4 motion score."), encode("")
+    pos, neg = encode("a cat. 24 FPS. 4 motion score."), encode("")
     tokens_per_frame, t_lat = 2 * 2, 2
     alpha = (1 + (tokens_per_frame - 256) * 2 / 3840) * t_lat**0.5
     t = torch.linspace(1, 0, steps + 1)
@@ -82,3 +82,23 @@ def test_suffixes_reach_the_encoders(pipe, monkeypatch):
     pipe("a dog", negative_prompt="blurry", height=32, width=32, num_frames=1, num_inference_steps=1,
          output_type="latent", max_sequence_length=8, fps=24, motion_score=4)
     assert seen == [[add_prompt_suffixes("a dog", 24, 4)], ["blurry"]]
+
+
+@pytest.mark.parametrize("oscillation", [True, False])
+def test_guidance_oscillates_by_default(pipe, monkeypatch, oscillation):
+    """The official 256px/768px configs (text_osci, image_osci): both scales are 1.0 on odd steps from step 10."""
+    from sagevideo.pipelines.opensora import pipeline as module
+
+    used = []
+    real = module.combine_guidance
+
+    def spy(c, u, u2, text_scale, image_scale):
+        used.append((text_scale, image_scale))
+        return real(c, u, u2, text_scale, image_scale)
+
+    monkeypatch.setattr(module, "combine_guidance", spy)
+    options = {} if oscillation else dict(text_oscillation=False, image_oscillation=False)
+    pipe("a cat", height=32, width=32, num_frames=1, num_inference_steps=14, output_type="latent",
+         max_sequence_length=8, **options)
+    plain = [(7.5, 3.0)] * 14
+    assert used == ([(7.5, 3.0)] * 11 + [(1.0, 1.0), (7.5, 3.0), (1.0, 1.0)] if oscillation else plain)

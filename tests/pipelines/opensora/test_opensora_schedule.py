@@ -1,11 +1,12 @@
-"""Sampling schedule shift and the three-branch guidance (OPENSORA.md §3, §6)."""
+"""Sampling schedule shift, the three-branch guidance and its oscillation, and the prompt text
+(OPENSORA.md §3, §6; the official sampler's rules)."""
 
 import math
 
 import torch
 
 from sagevideo.pipelines.opensora.pipeline import add_prompt_suffixes
-from sagevideo.pipelines.opensora.schedule import combine_guidance, opensora_sigmas, shift_alpha
+from sagevideo.pipelines.opensora.schedule import combine_guidance, opensora_sigmas, oscillated_scale, shift_alpha
 
 
 def test_shift_alpha_and_sigmas():
@@ -28,6 +29,18 @@ def test_guidance_formula():
     torch.testing.assert_close(combine_guidance(c, u, u, 7.5, 3.0), u + 7.5 * (c - u))
 
 
-def test_prompt_suffixes():
-    assert add_prompt_suffixes("a cat", 24, 4) == "a cat 24 FPS. 4 motion score."
+def test_guidance_oscillation_of_the_official_configs():
+    """text_osci/image_osci: at 50 steps, 1.0 at steps 11, 13, ..., 49; the scale everywhere else."""
+    scales = [oscillated_scale(7.5, i) for i in range(50)]
+    assert [i for i, g in enumerate(scales) if g == 1.0] == list(range(11, 50, 2))
+    assert all(g == 7.5 for i, g in enumerate(scales) if i < 10 or i % 2 == 0)
+
+
+def test_prompt_text_of_the_official_sampler():
+    assert add_prompt_suffixes("a cat playing piano", 24, 4) == "a cat playing piano. 24 FPS. 4 motion score."
+    assert add_prompt_suffixes("  a cat.\n", 24, 4) == "a cat. 24 FPS. 4 motion score."  # stripped, one period
+    assert add_prompt_suffixes("a cat at 30 FPS.", 24, 4) == "a cat at 30 FPS. 4 motion score."  # FPS given
+    assert add_prompt_suffixes("a cat at 30 FPS", 24, 4) == "a cat at 30 FPS. 4 motion score."  # period first
+    assert add_prompt_suffixes("a cat, FPS.", 24, 4) == "a cat, FPS. 24 FPS. 4 motion score."  # no number
+    assert add_prompt_suffixes("a cat", 24, None) == "a cat. 24 FPS."
     assert add_prompt_suffixes("a cat", None, None) == "a cat"
