@@ -224,6 +224,11 @@ def _keep_sigterm_handler() -> Iterator[None]:
     previous = signal.getsignal(signal.SIGTERM) if main else None
     try:
         yield
+    except SystemExit as stop:
+        # A SIGTERM while Ray starts reached Ray's handler (sys.exit(15)): give it to the caller's.
+        if stop.code == signal.SIGTERM and callable(previous):
+            previous(signal.SIGTERM, None)
+        raise
     finally:
         if previous is not None:  # None: set outside Python, nothing to put back
             signal.signal(signal.SIGTERM, previous)

@@ -144,3 +144,27 @@ def test_cpu_threads_split_each_node_between_its_workers(monkeypatch):
     assert cpu_threads(two_nodes, 2) == 8 and cpu_threads(two_nodes, 4) == 4  # spread: the smaller node counts
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert cpu_threads(local, 2) is None  # the user chose; Ray passes it on to the workers
+
+
+def test_sigterm_while_ray_starts_reaches_the_callers_handler(monkeypatch):
+    """ray.init installs a SIGTERM handler that calls sys.exit(15); one that fires while Ray starts
+    becomes the caller's (the batch driver's: stop like Ctrl-C), and the caller's handler is back."""
+
+    class Stop(Exception):
+        pass
+
+    def callers(signum, frame):
+        raise Stop()
+
+    def init(*args, **kwargs):  # what ray.init does, then a SIGTERM arriving before it returns
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+        sys.exit(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, callers)
+    try:
+        monkeypatch.setattr(ray, "init", init)
+        with pytest.raises(Stop), ray_session(None):
+            pass
+        assert signal.getsignal(signal.SIGTERM) is callers
+    finally:
+        signal.signal(signal.SIGTERM, previous)
