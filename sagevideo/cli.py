@@ -164,7 +164,8 @@ def generate(
 
     Job-file values win over these options: job > the file's defaults > option.
 
-    Exit codes: 0 all done, 1 a job or the model load failed, 2 bad input (nothing loaded), 130 interrupted.
+    Exit codes: 0 all done, 1 a job or the model load failed (or a full disk stopped the batch), 2 bad input
+    or --out in use by another run (nothing loaded), 130 Ctrl-C, 143 SIGTERM (finished videos kept).
     """
     from tqdm.auto import tqdm
 
@@ -209,7 +210,7 @@ def generate(
         raise fail("generate", str(err), EXIT_FAILED) from None
     except BatchInterrupted as stop:
         typer.echo(stop.report.summary_line())
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(stop.exit_code) from None
     typer.echo(report.summary_line())
     if not report.ok:
         raise typer.Exit(EXIT_FAILED)
@@ -513,7 +514,7 @@ def ab(
     """
     from sagevideo.api.ab import ABFailed
     from sagevideo.api.ab import ab as run_ab
-    from sagevideo.api.generate import ModelLoadError
+    from sagevideo.api.generate import BatchStopped, ModelLoadError
     from sagevideo.eval.evaluate import EvalInputError, MetricModelError, PairingError
     from sagevideo.jobs import InputError
 
@@ -526,11 +527,11 @@ def ab(
         )
     except (InputError, EvalInputError, PairingError) as err:
         raise fail("ab", str(err), EXIT_BAD_INPUT) from None
-    except (ABFailed, ModelLoadError, MetricModelError) as err:
+    except (ABFailed, ModelLoadError, MetricModelError, BatchStopped) as err:
         raise fail("ab", str(err), EXIT_FAILED) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # BatchInterrupted says whether Ctrl-C (130) or SIGTERM (143)
         typer.echo("sagevideo ab: interrupted; re-run the same command to resume", err=True)
-        raise typer.Exit(_EVAL_EXIT_INTERRUPTED) from None
+        raise typer.Exit(getattr(stop, "exit_code", _EVAL_EXIT_INTERRUPTED)) from None
     _print_verdicts(result, out)
 
 

@@ -29,7 +29,7 @@ PREVIEW = {"resolution": "64x64", "frames": 9, "steps": 2}
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import sagevideo
-    from sagevideo.api.generate import BatchInterrupted, ModelLoadError
+    from sagevideo.api.generate import BatchInterrupted, BatchStopped, ModelLoadError
     from sagevideo.jobs import InputError
 
     shots: Path | list = args.shots
@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BatchInterrupted as stop:
         print(stop.report.summary_line())
-        return 130
+        return stop.exit_code
+    except BatchStopped as stop:  # a full disk: what finished is kept
+        print(stop.report.summary_line())
+        return 1
     print(_table(records, out))
     failed = [r for r in records if r.get("status") != "done"]
     print(f"production_render: {len(records) - len(failed)}/{len(records)} shots done in {out}")

@@ -82,9 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     except ModelLoadError as err:
         print(f"sp_generate: rank {rank}: {err}", file=sys.stderr)
         return 1
+    except InputError as err:  # rank 0: --out is in use by another run (torchrun then stops the others)
+        print(f"sp_generate: error: {err}", file=sys.stderr)
+        return 2
     except BatchInterrupted as stop:
         print(stop.report.summary_line())
-        return 130
+        return stop.exit_code
     finally:
         _leave_group()
     print(report.summary_line())

@@ -119,7 +119,8 @@ def test_plan_path_is_relative_to_the_job_file_recorded_and_applied(tmp_path):
     assert record["backends"]["counts"] == {"reference/fp16": 4}  # the plan ran: 2 layers x 2 steps
     assert (tmp_path / "o" / "cat.mp4").is_file()
 
-    # A changed job keeping its output name replaces the file; the old job's record no longer counts.
+    # A changed job keeping its output name takes the name (the earlier render is kept under another);
+    # the old job's record no longer counts.
     (plans / "p.json").write_text(json.dumps({"version": 1, "default": {"mode": "int8-fp8"}}))
     (again,) = sagevideo.generate(path, out=tmp_path / "o", progress=False)
     assert again["job_id"] != record["job_id"] and again["created"] >= record["created"]
@@ -129,7 +130,7 @@ def test_plan_path_is_relative_to_the_job_file_recorded_and_applied(tmp_path):
     from sagevideo.api.batch_run import _previous_records
     from sagevideo.outputs.manifest import Manifest
 
-    assert _previous_records(Manifest(plan.manifest_path), plan) == [None]  # cat.mp4 is the fp8 job's now
+    assert _previous_records(Manifest(plan.manifest_path).records(), plan) == [None]  # cat.mp4 is the fp8 job's now
 
 
 def test_invalid_plan_is_refused_before_loading(tmp_path):

@@ -186,8 +186,7 @@ def plan_batch(
         raise InputError(f"--job-timeout {job_timeout}: give seconds > 0, e.g. 1800 (leave it out for no limit)")
     use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev, gpus_per_job)
     notes += execution_notes
-    out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
-    planned, seen, duplicates = [], set(), 0
+    planned, labels, seen, duplicates = [], [], set(), 0
     for j, label in resolved:
         key = (j.attention, j.pv)
         id_settings = {
@@ -214,6 +213,11 @@ def plan_batch(
                 plan_sha256=plan_shas.get(j.plan),
             )
         )
+        labels.append(label)
+    problems = _automatic_name_clashes(planned, labels)
+    if problems:
+        raise InputError(group_problems(problems))
+    out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
     if duplicates:
         notes.append(f"{duplicates} duplicate job(s) (same prompt and settings) will run once")
     return BatchPlan(
@@ -332,6 +336,24 @@ def _duplicate_outputs(resolved: list[tuple[JobSpec, Any]]) -> list[tuple[str, s
             )
         else:
             first[key] = label
+    return problems
+
+
+def _automatic_name_clashes(planned: list[PlannedJob], labels: list[Any]) -> list[tuple[str, str]]:
+    """An `output:` equal to another job's automatic name (slug + id) would make the two jobs
+    write one file: one video lost, and every re-run rendering one of them again."""
+    automatic = {pj.output.casefold(): label for pj, label in zip(planned, labels, strict=True) if not pj.job.output}
+    problems = []
+    for pj, label in zip(planned, labels, strict=True):
+        other = automatic.get(pj.output.casefold()) if pj.job.output else None
+        if other is not None:
+            problems.append(
+                (
+                    where(label, "output"),
+                    f"output: {pj.job.output!r} is the automatic output name of {where(other)} "
+                    f"({pj.output}); give this job another output name",
+                )
+            )
     return problems
 
 

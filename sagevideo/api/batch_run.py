@@ -3,13 +3,23 @@ load) or on Ray workers (`sagevideo.scheduling`, one load per worker).
 
 Workers hand back staged files and records; this process alone renames each output into place and
 appends its record to the manifest, one record per job per run. A failing job is recorded and the
-batch goes on; Ctrl-C stops cleanly (`BatchInterrupted`), keeping what finished.
+batch goes on; Ctrl-C or SIGTERM stops cleanly (`BatchInterrupted`), keeping what finished.
+
+What keeps this true when things go wrong:
+- one run per output folder: `run_batch` locks it (`outputs.folders.FolderLock`); a second run is
+  refused with an InputError that names the first (pid, host, command, since when);
+- an output name that holds another job's video (a job changed but kept its `output:` name) is
+  never overwritten: that video is renamed `<name>.was-<its job id>.mp4` first and its job's
+  record appended again with the new name, and the summary says so;
+- a video rename and its manifest line go together: if the line cannot be written (disk full),
+  the rename is undone and the batch stops; a video the disk had no room for stops it too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -21,7 +31,7 @@ from typing import Any
 
 from sagevideo.api.batch_plan import BatchPlan
 from sagevideo.api.execute import KILL_HOOK_ENV, JobTimeoutError, PlannedJob
-from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, is_done
+from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, ManifestWriteError, is_done, now_iso
 
 log = logging.getLogger("sagevideo")
 
@@ -30,7 +40,10 @@ log = logging.getLogger("sagevideo")
 class BatchReport:
     """What a run did. records: one per planned job (the new record, or the done one it skipped;
     {} for jobs an interrupt left unrun). retried: jobs that needed more than one attempt because
-    a worker died. workers: where it ran, e.g. "2 Ray workers on 2 nodes" (None: this process)."""
+    a worker died. workers: where it ran, e.g. "2 Ray worker(s) on 1 node(s) of a local Ray
+    instance" (None: this process). signal: "SIGINT" or "SIGTERM" when one interrupted the run.
+    stopped: why the run stopped early on its own (the disk is full). kept: (output name, new
+    name) of earlier renders of changed jobs that were renamed, not overwritten."""
 
     plan: BatchPlan
     records: list[dict[str, Any]]
@@ -39,13 +52,16 @@ class BatchReport:
     failed: int = 0
     retried: int = 0
     interrupted: bool = False
+    signal: str | None = None
+    stopped: str | None = None
+    kept: list[tuple[str, str]] = field(default_factory=list)
     workers: str | None = None
     attention: Counter = field(default_factory=Counter)  # backend label -> calls, e.g. "reference/fp16"
     fallbacks: Counter = field(default_factory=Counter)  # fallback reason -> calls
 
     @property
     def ok(self) -> bool:
-        return self.failed == 0 and not self.interrupted
+        return self.failed == 0 and not self.interrupted and not self.stopped
 
     def add(self, index: int, record: dict[str, Any], echo: Callable[[str], None]) -> None:
         """Count one finished job (its record is final and in the manifest)."""
@@ -75,7 +91,11 @@ class BatchReport:
             attention = f"{self.plan.backend}/{self.plan.settings.pv} (no new calls)"
         if full and full < len(self.plan.jobs):
             attention += f"; full precision for {full} job(s)"
-        state = "interrupted after " if self.interrupted else ""
+        state = ""
+        if self.interrupted:
+            state = "terminated (SIGTERM) after " if self.signal == "SIGTERM" else "interrupted after "
+        elif self.stopped:
+            state = "stopped after "
         line = (
             f"sagevideo: {state}{self.done} done, {self.skipped} skipped, {self.failed} failed → "
             f"{self.plan.out} ({MANIFEST_NAME}); attention: {attention}"
@@ -87,20 +107,44 @@ class BatchReport:
         if self.fallbacks:
             reasons = "; ".join(f"{reason} (x{n})" for reason, n in self.fallbacks.most_common())
             line += f"; SDPA fallbacks: {reasons}"
-        if self.interrupted:
+        if self.kept:
+            shown = ", ".join(f"{name} → {kept}" for name, kept in self.kept[:3])
+            more = f" and {len(self.kept) - 3} more" if len(self.kept) > 3 else ""
+            line += f"; earlier renders of changed jobs kept, not overwritten: {shown}{more}"
+        if self.stopped:
+            line += f"; stopped: {self.stopped}"
+        if self.interrupted or self.stopped:
             line += "; re-run the same command to resume"
         return line
 
 
 class BatchInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `run_batch`: workers are stopped, finished jobs are in the manifest.
+    """Ctrl-C or SIGTERM during `run_batch`: workers are stopped, finished jobs are in the manifest.
 
-    report: what finished before the interrupt (`report.interrupted` is True).
+    report: what finished before the interrupt (`report.interrupted` is True, `report.signal` says which).
     """
 
     def __init__(self, report: BatchReport):
         super().__init__("interrupted")
         self.report = report
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell reports for a command the signal stopped: 128 + 2 (SIGINT), 128 + 15 (SIGTERM)."""
+        return 128 + (signal.SIGTERM if self.report.signal == "SIGTERM" else signal.SIGINT)
+
+
+class BatchStopped(RuntimeError):
+    """`generate` ended early on its own: the output storage is full, or the manifest cannot be
+    written. report: what finished (`report.stopped` says why); re-running resumes."""
+
+    def __init__(self, report: BatchReport):
+        super().__init__(report.stopped)
+        self.report = report
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what SLURM, Kubernetes and `kill` send) during `run_batch`: handled as Ctrl-C is."""
 
 
 def run_batch(
@@ -117,17 +161,47 @@ def run_batch(
     `plan.use_ray`, else this process. `scripts/sp_generate.py` passes its rank 0 under torchrun.
 
     Raises ModelLoadError when no model could be loaded, InputError when a Ray cluster cannot be
-    joined, BatchInterrupted on Ctrl-C (after stopping the workers; finished jobs are recorded).
+    joined or another run holds the output folder, BatchInterrupted on Ctrl-C or SIGTERM (after
+    stopping the workers; finished jobs are recorded). A full disk ends the run early with
+    `report.stopped` set.
     """
+    from sagevideo.jobs import InputError
+    from sagevideo.outputs.folders import FolderLock
+
+    echo = echo or log.warning
+    lock = FolderLock(plan.out, InputError)
+    with _sigterm_as_interrupt():
+        try:
+            lock.acquire(note=echo)
+            try:
+                return _run_locked(plan, progress=progress, echo=echo, execute=execute)
+            finally:
+                lock.release()
+        except KeyboardInterrupt as stop:
+            if isinstance(stop, BatchInterrupted):
+                raise
+            # Before any job was handed out (taking the lock): nothing to keep.
+            report = BatchReport(plan=plan, records=[{} for _ in plan.jobs], interrupted=True)
+            report.signal = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
+            raise BatchInterrupted(report) from None
+
+
+def _run_locked(
+    plan: BatchPlan,
+    *,
+    progress: bool,
+    echo: Callable[[str], None],
+    execute: Callable[..., Iterator[tuple[int, dict[str, Any]]]] | None,
+) -> BatchReport:
+    """`run_batch` once the output folder is this run's."""
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-
-    echo = echo or log.warning
     manifest = Manifest(plan.manifest_path)
     report = BatchReport(plan=plan, records=[])
+    records = manifest.records()
     todo: list[tuple[int, PlannedJob]] = []
-    for index, (pj, previous) in enumerate(zip(plan.jobs, _previous_records(manifest, plan), strict=True)):
+    for index, (pj, previous) in enumerate(zip(plan.jobs, _previous_records(records, plan), strict=True)):
         if previous is not None:
             report.skipped += 1
             report.records.append(previous)
@@ -156,18 +230,20 @@ def run_batch(
         results = run_jobs(plan, todo, status=status, echo=echo, report=report)
     else:
         results = _run_here(plan, todo, status)
+    committer = _Committer(plan, manifest, records, report, echo)
     # Library warnings (e.g. diffusers' prompt truncation) print above the bar, not through it.
     libraries = [logging.getLogger(name) for name in ("diffusers", "transformers")]
     try:
         with logging_redirect_tqdm(loggers=libraries, tqdm_class=tqdm):
             for index, record in results:
-                with _sigint_deferred():  # a video's rename and its manifest line go together
-                    record = _commit(plan, plan.jobs[index], record)
-                    manifest.append(record)
-                    report.add(index, record, echo)
+                with _signals_deferred():  # a video's rename and its manifest line go together
+                    committer.finish(index, record)
                 bar.update(1)
-    except KeyboardInterrupt:
+                if report.stopped:
+                    break
+    except KeyboardInterrupt as stop:
         report.interrupted = True
+        report.signal = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
         raise BatchInterrupted(report) from None
     finally:
         results.close()  # stops workers (Ray) or removes installed attention (here)
@@ -180,7 +256,7 @@ def run_batch(
 def pending_jobs(plan: BatchPlan) -> list[tuple[int, PlannedJob]]:
     """(plan index, job) of every job that `run_batch` would run now: those the manifest does not
     show as done. Every rank of a torchrun group calls it before its first job, so all agree."""
-    previous = _previous_records(Manifest(plan.manifest_path), plan)
+    previous = _previous_records(Manifest(plan.manifest_path).records(), plan)
     return [(index, pj) for index, (pj, record) in enumerate(zip(plan.jobs, previous, strict=True)) if record is None]
 
 
@@ -214,63 +290,173 @@ def _step_watch(pj: PlannedJob, status: Callable[[str], None], limit_s: float | 
 
 
 @contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C for the few milliseconds of a commit, then raise it: an interrupt then never
-    leaves a video under its final name without its manifest record, or a record uncounted."""
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """For the whole run, SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread, so
+    it stops the batch the way Ctrl-C does: workers stopped, summary, resume hint."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers live in the main thread only
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM for the few milliseconds of a commit, then raise them: an interrupt
+    then never leaves a video under its final name without its manifest record, or a record uncounted."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers live in the main thread only
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    hold = lambda signum, frame: caught.append(signum)
+    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        # None: the old handler was not set from Python; Python's own is the sane one to restore.
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        for signum, handler in previous.items():
+            # None: the old handler was not set from Python; Python's own is the sane one to restore.
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            signal.signal(signum, handler if handler is not None else default)
+        if signal.SIGTERM in caught:
+            raise Terminated()
         if caught:
             raise KeyboardInterrupt
 
 
-def _commit(plan: BatchPlan, pj: PlannedJob, record: dict[str, Any]) -> dict[str, Any]:
-    """Give a done job's staged video (and PNG folder) its final name; the record becomes the
-    manifest line. The folder goes first: the mp4's name is the one a re-run trusts."""
-    from sagevideo.outputs.staging import commit, commit_folder
+class _Committer:
+    """The driver's end of a job: its outputs into place and its manifest line, together.
 
-    staged = plan.out / str(record.get("_staged"))
-    staged_frames = record.get("_staged_frames")
-    record = {k: v for k, v in record.items() if not k.startswith("_")}  # private worker -> driver keys
-    if record["status"] != "done":
-        return record
-    try:
-        if pj.frames_dir:
-            commit_folder(plan.out / str(staged_frames), plan.out / pj.frames_dir)
-        commit(staged, plan.out / pj.output)
-    except OSError as err:
-        record.update(
-            status="failed",
-            error=(
-                f"the finished video {staged.name} could not be moved into place ({err.strerror or err}); "
-                "with several machines, --out must be a folder every node shares"
-            ),
-        )
-    else:
-        record["outputs"] = pj.outputs
-    return record
+    owners: output name -> the latest done record that wrote it (the manifest's say on whose
+    video a file is), kept up to date as jobs finish."""
+
+    def __init__(
+        self,
+        plan: BatchPlan,
+        manifest: Manifest,
+        records: list[dict[str, Any]],
+        report: BatchReport,
+        echo: Callable[[str], None],
+    ):
+        self.plan, self.manifest, self.report, self.echo = plan, manifest, report, echo
+        self.owners = _owners(records)
+
+    def finish(self, index: int, record: dict[str, Any]) -> None:
+        """Commit and record one finished job and count it; sets `report.stopped` when the batch
+        cannot go on (the manifest cannot be written, or the disk is full)."""
+        pj = self.plan.jobs[index]
+        storage_full = record.get("_storage_full")
+        staged = [(record.get("_staged_frames"), pj.frames_dir), (record.get("_staged"), pj.output)]
+        record = {k: v for k, v in record.items() if not k.startswith("_")}  # private worker -> driver keys
+        committed: list[tuple[Path, Path]] = []
+        try:
+            if record["status"] == "done":
+                record = self._into_place(pj, record, staged, committed)
+            self.manifest.append(record)
+        except ManifestWriteError as err:
+            for final, staged_path in reversed(committed):  # a final name holds only what the manifest vouches for
+                with contextlib.suppress(OSError):
+                    os.replace(final, staged_path)
+            self.report.stopped = f"{err}; no later job could be recorded"
+            self.echo(f"sagevideo: {err}; stopping (job {pj.job_id} is not recorded and runs again on a re-run)")
+            return
+        self.report.add(index, record, self.echo)
+        if record["status"] == "done":
+            self.owners.update(dict.fromkeys(record["outputs"], record))
+        if storage_full:
+            self.report.stopped = f"{storage_full}; later jobs would fail the same way, so the batch stopped"
+
+    def _into_place(
+        self, pj: PlannedJob, record: dict[str, Any], staged: list[tuple[Any, str | None]], committed: list
+    ) -> dict[str, Any]:
+        """Give a done job's staged video (and PNG folder) its final names, after renaming aside any
+        other job's output there; the record becomes the manifest line. The folder goes first: the
+        mp4's name is the one a re-run trusts. committed: (final, staged) of each rename made."""
+        from sagevideo.outputs.staging import commit, commit_folder
+
+        out = self.plan.out
+        try:
+            self._keep_others(pj)
+            for staged_name, final_name in staged:
+                if final_name is None:
+                    continue
+                final, staged_path = out / final_name, out / str(staged_name)
+                (commit_folder if final_name == pj.frames_dir else commit)(staged_path, final)
+                committed.append((final, staged_path))
+        except OSError as err:
+            return {
+                **record,
+                "status": "failed",
+                "error": (
+                    f"the finished video {pj.output} could not be moved into place ({err.strerror or err}); "
+                    "with several machines, --out must be a folder every node shares"
+                ),
+            }
+        return {**record, "outputs": pj.outputs}
+
+    def _keep_others(self, pj: PlannedJob) -> None:
+        """Rename aside what another job (or no recorded job) left under this job's output names;
+        another job's outputs move together, and its record is appended again naming their new place."""
+        from sagevideo.outputs.staging import keep_aside
+
+        out = self.plan.out
+        for name in pj.outputs:
+            if not (out / name).exists():
+                continue  # (or moved aside just now with the rest of its job's outputs)
+            owner = self.owners.get(name)
+            if owner is not None and owner["job_id"] == pj.job_id:
+                continue  # this job's own earlier render (e.g. its PNG folder was missing): same inputs
+            if owner is None:
+                moved = {name: keep_aside(out / name, "unrecorded").name}
+                what = "a file no manifest record vouches for"
+            else:
+                names = [n for n in owner["outputs"] if self.owners.get(n) is owner and (out / n).exists()]
+                moved = {n: keep_aside(out / n, owner["job_id"][:10]).name for n in names}
+                what = f"the render of job {owner['job_id']} ({str(owner.get('prompt'))[:40]!r})"
+                kept_record = {**owner, "outputs": [moved.get(n, n) for n in owner["outputs"]], "created": now_iso()}
+                try:
+                    self.manifest.append(kept_record)
+                except ManifestWriteError:
+                    for n, kept in moved.items():  # back where its record says it is
+                        with contextlib.suppress(OSError):
+                            os.rename(out / kept, out / n)
+                    raise
+                for n in moved:
+                    del self.owners[n]
+                self.owners.update(dict.fromkeys(kept_record["outputs"], kept_record))
+            for old, kept in moved.items():
+                self.report.kept.append((old, kept))
+                self.echo(f"sagevideo: {old} held {what}; {pj.label} now writes {name}, so it is kept as {kept}")
 
 
-def _previous_records(manifest: Manifest, plan: BatchPlan) -> list[dict[str, Any] | None]:
-    """Per planned job: its latest record if that says done, its file is present and no later
-    done job wrote the same file (a changed job with the same output name replaced it)."""
-    records = manifest.records()
-    latest = {r["job_id"]: r for r in records}
-    writer: dict[str, str] = {}
+def _owners(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Output name -> the latest done record that names it (a later one wrote over an earlier one)."""
+    owners: dict[str, dict[str, Any]] = {}
     for r in records:
         if r.get("status") == "done":
             for name in r.get("outputs") or []:
-                writer[name] = r["job_id"]
+                owners[name] = r
+    return owners
+
+
+def _previous_records(records: list[dict[str, Any]], plan: BatchPlan) -> list[dict[str, Any] | None]:
+    """Per planned job: its latest record if that says done, names the outputs the plan expects,
+    they are present and no later done job wrote them (a changed job with the same output name)."""
+    latest = {r["job_id"]: r for r in records}
+    owners = _owners(records)
     found = []
     for pj in plan.jobs:
         previous = latest.get(pj.job_id)
-        ok = is_done(previous, plan.out) and all(writer.get(name) == pj.job_id for name in previous["outputs"])
+        ok = (
+            is_done(previous, plan.out)
+            and previous["outputs"] == pj.outputs
+            and all(owners.get(name) is previous for name in pj.outputs)
+        )
         found.append(previous if ok else None)
     return found

@@ -79,13 +79,17 @@ class PlannedJob:
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a worker needs to run a batch's jobs (small and picklable: no jobs, no model)."""
+    """What a worker needs to run a batch's jobs (small and picklable: no jobs, no model).
+
+    cpu_threads: torch intra-op threads for a CPU worker that shares its machine with other
+    workers (None: torch's default, right for a process that has the machine to itself)."""
 
     out: Path
     source: ModelSource
     device: str
     dtype: str
     fps: int
+    cpu_threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,10 @@ class PipelineHost:
         self.ctx = ctx
         self.worker = worker or worker_info()
         self.kill_hook = kill_hook
+        if ctx.cpu_threads and ctx.device == "cpu":
+            import torch
+
+            torch.set_num_threads(ctx.cpu_threads)
         self.pipe, self.load_s = _load(ctx)
         self._handle = None
         self._attention: tuple[str | None, str | None] | None = None  # (backend, pv) installed now
@@ -203,11 +211,12 @@ class PipelineHost:
     ) -> dict[str, Any]:
         """Generate one job; returns its record (status "done" with "_staged" and, for frames_png,
         "_staged_frames"; or "failed" with the error; "_device_error" marks errors a fresh worker
-        may not have). on_step(step, steps) after each denoising step (it may raise to stop the
-        job). Never raises for a job's own failure; KeyboardInterrupt and SystemExit go through."""
+        may not have, "_storage_full" a disk or quota too full to write the video). on_step(step,
+        steps) after each denoising step (it may raise to stop the job). Never raises for a job's
+        own failure; KeyboardInterrupt and SystemExit go through."""
         from sagevideo.api.backends import record_backends
         from sagevideo.outputs.staging import staged_path
-        from sagevideo.outputs.video import write_frames_png, write_mp4
+        from sagevideo.outputs.video import VideoWriteError, write_frames_png, write_mp4
         from sagevideo.pipelines import runner  # looked up per call: tests patch runner.run_job
 
         record = base_record(self.ctx, pj)
@@ -222,10 +231,14 @@ class PipelineHost:
                 )
                 timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
                 start = time.perf_counter()
-                staged = write_mp4(result.frames, staged_path(self.ctx.out / pj.output), fps=self.ctx.fps)
+                staged = write_mp4(
+                    result.frames, staged_path(self.ctx.out / pj.output), fps=self.ctx.fps, name=pj.output
+                )
                 record.update(_staged=staged.name)
                 if pj.frames_dir:
-                    pngs = write_frames_png(result.frames, staged_path(self.ctx.out / pj.frames_dir))
+                    pngs = write_frames_png(
+                        result.frames, staged_path(self.ctx.out / pj.frames_dir), name=pj.frames_dir
+                    )
                     record.update(_staged_frames=pngs.name)
                 timings["write_s"] = round(time.perf_counter() - start, 4)
                 record.update(status="done")
@@ -233,6 +246,8 @@ class PipelineHost:
                 record.update(status="failed", error=f"{type(err).__name__}: {err}")
                 if is_device_error(err):
                     record["_device_error"] = True
+                if isinstance(err, VideoWriteError) and err.storage_full:
+                    record["_storage_full"] = True  # the driver stops the batch: every later write would fail
         record.update(backends=calls.summary(), timings=timings, created=now_iso())
         if self.kill_hook is not None:
             self.kill_hook.maybe_exit(pj, attempt)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sagevideo.api.batch_plan import BatchPlan, PromptsOrJobs, plan_batch
-from sagevideo.api.batch_run import BatchInterrupted, BatchReport, pending_jobs, run_batch
+from sagevideo.api.batch_run import BatchInterrupted, BatchReport, BatchStopped, pending_jobs, run_batch
 from sagevideo.api.execute import ModelLoadError, PlannedJob
 
 log = logging.getLogger("sagevideo")
@@ -29,6 +29,7 @@ __all__ = [
     "BatchInterrupted",
     "BatchPlan",
     "BatchReport",
+    "BatchStopped",
     "ModelLoadError",
     "PlannedJob",
     "generate",
@@ -56,10 +57,14 @@ def generate(
     max_attempts, gpus_per_job, job_timeout, frames_png). address/workers > 1 run the batch on Ray (`pip install
     'sagevideo[ray]'`); so does gpus_per_job > 1, each job then split over that many ranks.
     Jobs that the manifest in `out` already records as done (with their file present) are skipped.
-    Raises InputError before loading anything when an input is invalid; Ctrl-C raises
-    `BatchInterrupted` (a KeyboardInterrupt) after stopping the workers.
+    Raises InputError before loading anything when an input is invalid (or when another run
+    writes into `out`); Ctrl-C or SIGTERM raises `BatchInterrupted` (a KeyboardInterrupt) after
+    stopping the workers; a full disk raises `BatchStopped` after recording the job it hit.
     """
     plan = plan_batch(prompts_or_jobs, out=out, model=model, **options)
     for note in plan.notes:
         log.info(note)
-    return run_batch(plan, progress=progress).records
+    report = run_batch(plan, progress=progress)
+    if report.stopped:
+        raise BatchStopped(report)
+    return report.records

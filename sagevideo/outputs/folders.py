@@ -1,8 +1,12 @@
-"""Output folders: create one and prove it is writable before any model loads."""
+"""Output folders: create one and prove it is writable before any model loads; lock it for a run."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -19,3 +23,97 @@ def writable_folder(out: str | Path, error: type[Exception], file_hint: str = ""
     except OSError as err:
         raise error(f"--out {out}: cannot write there ({err.strerror or err}); give a writable folder") from None
     return path
+
+
+LOCK_NAME = ".sagevideo.lock"
+
+
+class FolderLock:
+    """An exclusive lock on an output folder for one run: `acquire()` or a clear error, `release()`.
+
+    The lock is an OS file lock (flock, through the `filelock` library) on `.sagevideo.lock` in
+    the folder, which also holds who took it (pid, host, command, since). The OS drops the lock
+    when its process dies, however it dies, so a killed run never blocks the next one; the file it
+    leaves holds stale details that nobody reads (they are read only while the lock is held).
+    """
+
+    def __init__(self, folder: str | Path, error: type[Exception]):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+        self.error = error
+        self._lock = None
+
+    def acquire(self, note: Callable[[str], None] | None = None) -> None:
+        """Take the lock at once or raise `error(message)` naming the run that holds it. On a file
+        system without working file locks (some network mounts), say so through `note` and go on
+        without one."""
+        from filelock import FileLock, Timeout
+
+        # thread_local=False: one lock per run, whichever thread releases it.
+        lock = FileLock(self.path, timeout=0, thread_local=False, on_acquired=_write_holder)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise self.error(self._in_use_message()) from None
+        except OSError as err:
+            if note is not None:
+                note(
+                    f"sagevideo: --out {self.folder}: cannot lock the folder ({err.strerror or err}); make sure "
+                    "no other run writes there at the same time"
+                )
+            return
+        self._lock = lock
+
+    def release(self) -> None:
+        """Remove the lock file, then let go of the lock (a run that opens the file meanwhile sees
+        it unlinked and retries on a fresh one, which the library checks)."""
+        if self._lock is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        self._lock.release()
+        self._lock = None
+
+    def __enter__(self) -> FolderLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _in_use_message(self) -> str:
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+            who = (
+                f"pid {holder['pid']} on {holder['host']}, `{holder['command']}`, since {holder['since']}"
+            )
+        except (OSError, ValueError, KeyError, TypeError):  # taken a moment ago, details not written yet
+            who = "details not written yet"
+        return (
+            f"--out {self.folder}: another sagevideo run is writing there ({who}); wait for it to finish, "
+            "or give another --out (two runs into one folder would render every job twice)"
+        )
+
+
+def _write_holder(fd: int) -> None:
+    """Record who holds the lock in the lock file (called by filelock with the locked descriptor)."""
+    import shlex
+    import socket
+    import sys
+    from datetime import datetime, timezone
+
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if program in ("__main__.py", "sagevideo"):  # python -m sagevideo, or the console script
+        program = "sagevideo"
+    elif program == "-c":
+        program = "python -c"
+    holder = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": " ".join([program, shlex.join(sys.argv[1:])]).strip(),
+        "since": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    }
+    # Only details for an error message: a full disk must not cost the lock itself.
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode("utf-8"), 0)

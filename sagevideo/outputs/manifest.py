@@ -1,10 +1,13 @@
 """The manifest: `manifest.jsonl` in the output folder, one JSON object per job attempt.
 
-Records are appended one line at a time, flushed and fsynced, so a killed run loses at most
-the line it was writing; a torn last line is skipped (with a warning) when reading. The latest
-record of a job id decides whether a re-run skips it: status "done" and every output present
-(and no later done job wrote the same file). Only the driver process appends, one record per
-job per run, even when Ray workers run the jobs.
+Records are appended one line at a time, each in one write and fsynced; a write that fails
+(disk full, quota, file-size limit) is cut back off, so a line is there whole or not at all and
+the append raises `ManifestWriteError`. A run killed mid-write loses at most that line; a torn
+last line is skipped (with a warning) when reading. The latest record of a job id decides whether
+a re-run skips it: status "done" and every output present (and no later done job wrote the same
+file). Only the driver process appends, one record per job per run, even when Ray workers run
+the jobs; plus, when a job's render replaces an earlier one of a changed job under the same name,
+a copy of the earlier job's record naming the new place of its kept video (see `batch_run`).
 
 Record fields: job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed, frames,
 height, width, steps, guidance, name, model, model_fingerprint, attention ("sage"/"full"), pv,
@@ -22,6 +25,8 @@ sagevideo_version.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import warnings
@@ -30,6 +35,14 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.jsonl"
+
+
+class ManifestWriteError(RuntimeError):
+    """A record could not be appended (nothing of it stays in the file). errno: ENOSPC, EFBIG, ... or None."""
+
+    def __init__(self, message: str, errno_: int | None = None):
+        super().__init__(message)
+        self.errno = errno_
 
 
 class Manifest:
@@ -65,18 +78,43 @@ class Manifest:
         return {record["job_id"]: record for record in self.records()}
 
     def append(self, record: dict[str, Any]) -> None:
-        """Append one record as one line, durably."""
-        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
-        with self.path.open("a+b") as f:
+        """Append one record as one line, durably: the whole line or, on ManifestWriteError, none of it."""
+        line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+        except OSError as err:
+            raise self._error(err) from None
+        try:
+            size = os.fstat(fd).st_size
             # A run killed mid-write can leave a line without its newline; start a fresh line
             # so the torn one stays the only casualty.
-            if f.tell() > 0:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
-            f.write(line.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line
+            try:
+                _write_all(fd, line)
+                os.fsync(fd)
+            except OSError as err:
+                # Cut off what did get written: a half line would be a torn record for every later reader.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                raise self._error(err) from None
+        finally:
+            os.close(fd)
+
+    def _error(self, err: OSError) -> ManifestWriteError:
+        from sagevideo.outputs.video import describe_os_error
+
+        return ManifestWriteError(f"{self.path}: a record could not be written ({describe_os_error(err)})", err.errno)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is written; a write that makes no progress is ENOSPC."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
 
 
 def is_done(record: dict[str, Any] | None, out_dir: Path) -> bool:

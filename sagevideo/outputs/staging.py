@@ -13,6 +13,11 @@ Names, for final `shot-010.mp4` (and, with frames_png, the folder `shot-010_fram
     .shot-010_frames.<8 hex>.staged/                      a finished frames folder waiting for its commit
     .shot-010_frames.<8 hex>.old/                         a replaced frames folder, being deleted
 A killed worker (or driver) can leave any of them behind; `remove_leftovers` deletes them.
+
+An output already under a final name that another job wrote (a job whose prompt or settings
+changed, keeping its `output:` name) is never replaced: `keep_aside` renames it first, e.g.
+`shot-010.mp4` -> `shot-010.was-<first 10 digits of that job's id>.mp4` (and
+`shot-010_frames/` -> `shot-010.was-<id>_frames/`).
 """
 
 from __future__ import annotations
@@ -81,3 +86,24 @@ def remove_leftovers(final: str | Path) -> int:
                 path.unlink()
             removed += 1
     return removed
+
+
+def kept_name(final: str | Path, tag: str, number: int = 1) -> Path:
+    """Where `keep_aside` puts an earlier output: `<stem>.was-<tag>[-N]<suffix>` (`_frames` folders
+    keep their ending, so the kept mp4 and frames still pair by name)."""
+    final = Path(final)
+    mark = f".was-{tag}" + (f"-{number}" if number > 1 else "")
+    if final.name.endswith("_frames"):
+        return final.with_name(f"{final.name.removesuffix('_frames')}{mark}_frames")
+    return final.with_name(f"{final.stem}{mark}{final.suffix}")
+
+
+def keep_aside(final: str | Path, tag: str) -> Path:
+    """Rename an existing output (file or folder) to its first free `kept_name`; returns the new path."""
+    final = Path(final)
+    number = 1
+    while (kept := kept_name(final, tag, number)).exists():
+        number += 1
+    os.rename(final, kept)
+    _fsync_dir(final.parent)
+    return kept

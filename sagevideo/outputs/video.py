@@ -1,53 +1,88 @@
 """Write mp4 files so that no half-written video ever has its final name.
 
-The video is encoded (imageio + its bundled ffmpeg; H.264, yuv420p) into a hidden temporary
-file in the destination folder, fsynced, then renamed over the final name with `os.replace`,
-which is atomic within one filesystem.
+The video is encoded (the ffmpeg that imageio-ffmpeg bundles; H.264, yuv420p) into a hidden
+temporary file in the destination folder, checked, fsynced, then renamed over the final name with
+`os.replace`, which is atomic within one filesystem. Checked means: ffmpeg exited cleanly and the
+file decodes back to every frame. A full disk, a quota or a file-size limit (`ulimit -f`) can
+leave ffmpeg with a truncated file and, when it is killed by SIGXFSZ, no error message at all;
+such a write raises `VideoWriteError` with the reason and leaves nothing under the final name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
+import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
 
 # H.264 with yuv420p needs even sizes; 16 keeps every encoder and player happy. Generation sizes
-# are checked to be multiples of 16 up front, so imageio never has to resize.
+# are checked to be multiples of 16 up front, so the encoder never has to resize.
 MACRO_BLOCK = 16
 
+# Errors that mean the storage itself is full: every later write there fails the same way.
+STORAGE_FULL = (errno.ENOSPC, errno.EDQUOT)
+_REASONS = {
+    errno.ENOSPC: "disk full (ENOSPC)",
+    errno.EDQUOT: "disk quota exceeded (EDQUOT)",
+    errno.EFBIG: "file-size limit reached (EFBIG: ulimit -f or a quota)",
+}
+# How ffmpeg words those errors in its messages (it exits with its own code, not the errno).
+_FFMPEG_WORDS = {
+    "No space left on device": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT,
+    "File too large": errno.EFBIG,
+}
 
-def write_mp4(frames: np.ndarray, path: str | Path, *, fps: int = 8, quality: float = 8.0) -> Path:
+
+class VideoWriteError(RuntimeError):
+    """A video or its PNG frames could not be written whole. errno: ENOSPC, EDQUOT, EFBIG, ... or None."""
+
+    def __init__(self, message: str, errno_: int | None = None):
+        super().__init__(message)
+        self.errno = errno_
+
+    @property
+    def storage_full(self) -> bool:
+        """True for a full disk or quota: later writes to the same storage would fail too."""
+        return self.errno in STORAGE_FULL
+
+
+def describe_os_error(err: OSError) -> str:
+    """A short reason for a failed write: 'disk full (ENOSPC)', ..., else the system's message."""
+    return _REASONS.get(err.errno) or err.strerror or str(err)
+
+
+def write_mp4(
+    frames: np.ndarray, path: str | Path, *, fps: int = 8, quality: float = 8.0, name: str | None = None
+) -> Path:
     """Encode frames (F, H, W, 3) uint8 RGB to `path` atomically; returns the path.
 
-    quality: imageio's 0-10 scale (10 = best). Raises ValueError for bad frames; on any error
-    the temporary file is removed and `path` is untouched.
+    quality: imageio's 0-10 scale (10 = best). Raises ValueError for bad frames and
+    VideoWriteError when the file could not be written whole (encoder error, disk full, quota,
+    file-size limit, fewer frames read back); on any error the temporary file is removed and
+    `path` is untouched. name: the video's name in those errors (default: the file name; a
+    staged file's caller gives the final one).
     """
-    import imageio.v2 as imageio
-
     frames = _checked_frames(frames, "write_mp4")
     path = Path(path)
+    name = name or path.name
     # Hidden, unique, same folder (so the rename stays on one filesystem); ffmpeg creates it with
     # the usual umask permissions (mkstemp's would be 0600).
     tmp = path.with_name(f".{path.stem}.{os.getpid()}-{secrets.token_hex(4)}.partial.mp4")
     try:
-        writer = imageio.get_writer(
-            tmp,
-            format="FFMPEG",
-            mode="I",
-            fps=fps,
-            codec="libx264",
-            pixelformat="yuv420p",
-            quality=quality,
-            macro_block_size=MACRO_BLOCK,
-            ffmpeg_log_level="error",
-        )
-        with writer:
-            for frame in frames:
-                writer.append_data(frame)
-        _fsync_file(tmp)
+        _encode(frames, tmp, fps=fps, quality=quality, name=name)
+        try:
+            _fsync_file(tmp)
+        except OSError as err:
+            raise VideoWriteError(f"{name} not written: {describe_os_error(err)}", err.errno) from None
+        found = count_frames(tmp)
+        if found != len(frames):
+            raise VideoWriteError(f"{name} not written: the encoded file holds {found} of {len(frames)} frames")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -57,20 +92,87 @@ def write_mp4(frames: np.ndarray, path: str | Path, *, fps: int = 8, quality: fl
     return path
 
 
-def write_frames_png(frames: np.ndarray, folder: str | Path) -> Path:
+def count_frames(path: str | Path) -> int:
+    """Frames that decode from the video at `path`; 0 when it cannot be opened (e.g. truncated)."""
+    import imageio.v2 as imageio
+
+    try:
+        with imageio.get_reader(path, format="FFMPEG") as reader:  # iterate: list(reader) raises MemoryError
+            return sum(1 for _ in reader)
+    except Exception:  # no moov atom, bad data: whatever decoded before the error is not a video
+        return 0
+
+
+def _encode(frames: np.ndarray, path: Path, *, fps: int, quality: float, name: str) -> None:
+    """Run ffmpeg on the raw frames and check its exit. The command is the one imageio's FFMPEG
+    writer builds for these options (so the files are byte-identical to what it made), but here
+    ffmpeg's exit status and messages are seen, which imageio drops."""
+    from fractions import Fraction
+
+    import imageio_ffmpeg
+
+    count, height, width, _ = frames.shape
+    crf = int((1 - quality / 10.0) * 51)  # imageio's mapping of its 0-10 quality to libx264's CRF
+    cmd = [
+        imageio_ffmpeg.get_ffmpeg_exe(), "-y",
+        "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}", "-pix_fmt", "rgb24",
+        "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an",
+        "-vcodec", "libx264", "-pix_fmt", "yuv420p", "-crf", str(crf),
+    ]
+    if width % MACRO_BLOCK or height % MACRO_BLOCK:
+        up = lambda n: n + (-n) % MACRO_BLOCK
+        cmd += ["-vf", f"scale={up(width)}:{up(height)}"]
+    cmd += ["-v", "error", str(path)]
+    # Its own session: Ctrl-C or a SIGTERM to the terminal's process group must not kill the encoder
+    # under a commit; an interrupt here kills it explicitly below.
+    process = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        _, stderr = process.communicate(memoryview(np.ascontiguousarray(frames)).cast("B"))
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    if process.returncode != 0:
+        raise _encoder_error(process.returncode, stderr.decode("utf-8", errors="replace"), name)
+
+
+def _encoder_error(returncode: int, stderr: str, name: str) -> VideoWriteError:
+    """Why ffmpeg failed, in words: disk full, quota, file-size limit, or its last message."""
+    if returncode == -getattr(signal, "SIGXFSZ", 25):
+        code = errno.EFBIG  # killed by the kernel at the file-size limit, before it could say so
+    else:
+        code = next((code for words, code in _FFMPEG_WORDS.items() if words in stderr), None)
+    if code is not None:
+        reason = _REASONS[code]
+    else:
+        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+        how = f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
+        reason = f"the encoder failed ({how}" + (f": {lines[-1][:200]})" if lines else ")")
+    return VideoWriteError(f"{name} not written: {reason}", code)
+
+
+def write_frames_png(frames: np.ndarray, folder: str | Path, *, name: str | None = None) -> Path:
     """Write frames (F, H, W, 3) uint8 RGB as `folder/frame_00000.png`, ... into a new folder.
 
     The folder is meant to be a staged (hidden) name that is renamed into place afterwards, so it
-    must not exist yet; each file is fsynced. Returns the folder."""
+    must not exist yet; each file is fsynced. Returns the folder. A failed write raises
+    VideoWriteError naming `name` (default: the folder's); the partial folder is left for the
+    caller's clean-up of staged names."""
     import imageio.v3 as iio
 
     frames = _checked_frames(frames, "write_frames_png")
     folder = Path(folder)
-    folder.mkdir()
-    for index, frame in enumerate(frames):
-        path = folder / f"frame_{index:05d}.png"
-        iio.imwrite(path, frame, extension=".png")
-        _fsync_file(path)
+    try:
+        folder.mkdir()
+        for index, frame in enumerate(frames):
+            path = folder / f"frame_{index:05d}.png"
+            iio.imwrite(path, frame, extension=".png")
+            _fsync_file(path)
+    except OSError as err:
+        reason = describe_os_error(err)
+        raise VideoWriteError(f"{name or folder.name}: PNG frames not written: {reason}", err.errno) from None
     _fsync_dir(folder)
     return folder
 

@@ -63,19 +63,20 @@ def run_jobs(
     echo: a line for the user. report: a `BatchReport` whose `workers` gets where the batch ran.
     Raises ModelLoadError when no worker could load the model, InputError when Ray cannot be joined.
     """
+    import dataclasses
     import os
     import secrets
 
     import ray
     from ray.util.queue import Queue
 
-    from sagevideo.scheduling.cluster import group_pool_size, pool_size, ray_session
+    from sagevideo.scheduling.cluster import cpu_threads, group_pool_size, pool_size, ray_session
     from sagevideo.scheduling.worker import GenerationWorker
 
     status("starting Ray")
     ranks = plan.gpus_per_job
     local_cpus = max(plan.workers or 1, 1) * ranks if plan.device == "cpu" else None
-    with ray_session(plan.address, local_cpus=local_cpus) as cluster:
+    with ray_session(plan.address, local_cpus=local_cpus, echo=echo) as cluster:
         if ranks > 1:
             size, notes = group_pool_size(plan.workers, plan.device, cluster, ranks, len(todo))
         else:
@@ -87,7 +88,10 @@ def run_jobs(
         marker.touch()
         # num_cpus=0: the queue's actor must not take a CPU slot a worker needs.
         steps_queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
-        args = (plan.context(), marker.name, os.environ.get(KILL_HOOK_ENV), steps_queue)
+        ctx = plan.context()
+        if plan.device == "cpu":
+            ctx = dataclasses.replace(ctx, cpu_threads=cpu_threads(cluster, size * ranks))
+        args = (ctx, marker.name, os.environ.get(KILL_HOOK_ENV), steps_queue)
         if ranks > 1:
             from sagevideo.scheduling.group import GroupLauncher
 
@@ -113,7 +117,7 @@ def run_jobs(
             if report is not None and pool.seen:
                 nodes = len({w["node"] for w in pool.seen})
                 kind = "Ray worker(s)" if ranks == 1 else f"Ray group(s) of {ranks} ranks"
-                report.workers = f"{len(pool.seen)} {kind} on {nodes} node(s)"
+                report.workers = f"{len(pool.seen)} {kind} on {nodes} node(s) of {cluster.name()}"
 
 
 @dataclass(eq=False)  # compared and hashed by identity: it sits in lists and dicts of the pool

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sagevideo.outputs.manifest import Manifest, is_done
+from sagevideo.outputs.manifest import Manifest, ManifestWriteError, is_done
 
 
 def test_append_and_latest(tmp_path):
@@ -44,3 +44,81 @@ def test_is_done(tmp_path):
     assert not is_done({"status": "done", "outputs": []}, tmp_path)
     assert not is_done({"status": "failed", "outputs": ["v.mp4"]}, tmp_path)
     assert not is_done(None, tmp_path)
+
+
+def test_append_that_hits_a_full_disk_leaves_no_torn_line(tmp_path, monkeypatch):
+    """A write cut short by ENOSPC: what got written is cut off again, so the file keeps whole lines only
+    (the old append wrote half a line and raised a bare OSError)."""
+    import errno
+    import os
+
+    import sagevideo.outputs.manifest as manifest_module
+
+    path = tmp_path / "manifest.jsonl"
+    m = Manifest(path)
+    m.append({"job_id": "a", "status": "done"})
+    before = path.read_bytes()
+    real_write = os.write
+    calls = []
+
+    def short_then_full(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))  # a short write, as at the last free block
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(manifest_module.os, "write", short_then_full)
+    full = r"manifest.jsonl: a record could not be written \(disk full \(ENOSPC\)\)"
+    with pytest.raises(ManifestWriteError, match=full):
+        m.append({"job_id": "b", "status": "done", "prompt": "x" * 200})
+    assert len(calls) == 2 and path.read_bytes() == before
+    monkeypatch.undo()
+    m.append({"job_id": "c", "status": "done"})
+    assert [r["job_id"] for r in m.records()] == ["a", "c"]
+
+
+def test_append_whose_fsync_fails_is_cut_off(tmp_path, monkeypatch):
+    import errno
+
+    import sagevideo.outputs.manifest as manifest_module
+
+    path = tmp_path / "manifest.jsonl"
+    Manifest(path).append({"job_id": "a", "status": "done"})
+    before = path.read_bytes()
+
+    def fail(fd):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")  # network file systems report it at fsync
+
+    monkeypatch.setattr(manifest_module.os, "fsync", fail)
+    with pytest.raises(ManifestWriteError, match=r"disk quota exceeded \(EDQUOT\)") as err:
+        Manifest(path).append({"job_id": "b", "status": "done"})
+    assert err.value.errno == errno.EDQUOT and path.read_bytes() == before
+
+
+def test_append_under_a_file_size_limit_in_a_real_process(tmp_path):
+    """`ulimit -f` in a child process: the kernel cuts the write at the limit (Python ignores SIGXFSZ,
+    so the write returns short, then EFBIG); the line goes whole or not at all."""
+    import resource
+    import subprocess
+    import sys
+
+    path = tmp_path / "manifest.jsonl"
+    Manifest(path).append({"job_id": "a", "status": "done"})
+    before = path.read_bytes()
+    limit = len(before) + 100  # room for part of the next line only
+    code = (
+        "import sys; from sagevideo.outputs.manifest import Manifest, ManifestWriteError\n"
+        "try:\n"
+        f"    Manifest({str(path)!r}).append({{'job_id': 'b', 'status': 'done', 'prompt': 'x' * 400}})\n"
+        "except ManifestWriteError as err:\n"
+        "    print(err); sys.exit(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "file-size limit reached (EFBIG" in done.stdout and not done.stderr
+    assert path.read_bytes() == before

@@ -1,12 +1,17 @@
-"""write_mp4: decodable H.264 files, written atomically."""
+"""write_mp4: decodable H.264 files, written atomically, and never a truncated one under the final name."""
 
+import errno
+import functools
 import os
+import resource
+import signal
+import subprocess
 
 import imageio.v2 as imageio
 import numpy as np
 import pytest
 
-from sagevideo.outputs.video import write_mp4
+from sagevideo.outputs.video import VideoWriteError, write_mp4
 
 
 def _frames(n=9, h=64, w=48):
@@ -33,35 +38,70 @@ def test_round_trip(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["v.mp4"]  # no temporary left behind
 
 
-def test_failure_leaves_final_name_untouched(tmp_path, monkeypatch):
+@pytest.fixture
+def file_size_limit(monkeypatch):
+    """The encoder (every child process started meanwhile) runs under `ulimit -f 8` (8 KiB): the
+    same kernel path as a quota. It is killed by SIGXFSZ at the limit, as from a shell, unless
+    the test asks for SIGXFSZ ignored (then its writes fail with EFBIG)."""
+    real = subprocess.Popen
+
+    def limit(ignore_signal: bool):
+        def preexec():
+            resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+            if ignore_signal:
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+        monkeypatch.setattr(subprocess, "Popen", functools.partial(real, preexec_fn=preexec))
+
+    return limit
+
+
+@pytest.mark.parametrize("ignore_signal", [False, True], ids=["killed-by-SIGXFSZ", "EFBIG"])
+def test_file_size_limit_is_an_error_and_leaves_final_name_untouched(tmp_path, file_size_limit, ignore_signal):
+    """imageio's writer never looked at ffmpeg's exit: a video cut at the limit got its final name."""
     target = tmp_path / "v.mp4"
     target.write_bytes(b"previous")
-    import imageio.v2
-
-    real = imageio.v2.get_writer
-
-    class Exploding:
-        def __init__(self, *args, **kwargs):
-            self.inner = real(*args, **kwargs)
-            self.n = 0
-
-        def append_data(self, frame):
-            self.n += 1
-            if self.n == 3:
-                raise RuntimeError("disk full")
-            self.inner.append_data(frame)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.inner.close()
-
-    monkeypatch.setattr(imageio.v2, "get_writer", Exploding)
-    with pytest.raises(RuntimeError, match="disk full"):
+    file_size_limit(ignore_signal)
+    with pytest.raises(VideoWriteError, match=r"v\.mp4 not written: file-size limit reached \(EFBIG") as err:
         write_mp4(_frames(), target)
+    assert err.value.errno == errno.EFBIG and not err.value.storage_full
     assert target.read_bytes() == b"previous"
-    assert sorted(os.listdir(tmp_path)) == ["v.mp4"]
+    assert sorted(os.listdir(tmp_path)) == ["v.mp4"]  # no temporary left behind
+
+
+def fake_encoder(tmp_path, monkeypatch, body: str) -> None:
+    """Replace the bundled ffmpeg with a shell script (its last argument is the output path)."""
+    import imageio_ffmpeg
+
+    script = tmp_path / "ffmpeg"
+    script.write_text(f'#!/bin/sh\ncat > /dev/null\nfor out; do :; done\n{body}\n')
+    script.chmod(0o755)
+    monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", lambda: str(script))
+
+
+def test_encoder_that_exits_cleanly_with_a_broken_file_is_caught_by_counting_frames(tmp_path, monkeypatch):
+    fake_encoder(tmp_path, monkeypatch, 'printf "not an mp4" > "$out"; exit 0')
+    (tmp_path / "out").mkdir()
+    with pytest.raises(VideoWriteError, match=r"v\.mp4 not written: the encoded file holds 0 of 9 frames"):
+        write_mp4(_frames(), tmp_path / "out" / "v.mp4")
+    assert os.listdir(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize(
+    "body, reason, code",
+    [
+        ('echo "Error writing trailer: No space left on device" >&2; exit 1', "disk full \\(ENOSPC\\)", errno.ENOSPC),
+        ('echo "av_interleaved_write_frame(): Disk quota exceeded" >&2; exit 1', "disk quota exceeded", errno.EDQUOT),
+        ('echo "something odd" >&2; exit 3', "the encoder failed \\(exit status 3: something odd\\)", None),
+    ],
+)
+def test_encoder_errors_are_named(tmp_path, monkeypatch, body, reason, code):
+    fake_encoder(tmp_path, monkeypatch, body)
+    (tmp_path / "out").mkdir()
+    with pytest.raises(VideoWriteError, match=f"v\\.mp4 not written: {reason}") as err:
+        write_mp4(_frames(), tmp_path / "out" / "v.mp4")
+    assert err.value.errno == code and err.value.storage_full == (code in (errno.ENOSPC, errno.EDQUOT))
+    assert os.listdir(tmp_path / "out") == []
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,7 @@ def test_cli_batch_on_two_workers_with_a_killed_worker(tmp_path, ray_local, monk
     assert result.exit_code == 0, result.output
     assert "5 done, 0 skipped, 0 failed" in result.stdout
     assert "ran on " in result.stdout and "1 job(s) retried after a worker died" in result.stdout
+    assert "node(s) of the Ray cluster at " in result.stdout  # which cluster: here the module's instance
     assert "died during the job" in result.stderr and "retrying job" in result.stderr
 
     records = manifest(out)
