@@ -99,7 +99,7 @@ def test_failed_job_gives_exit_code_1(tmp_path, monkeypatch):
     [
         (["missing.txt"], "prompts file missing.txt does not exist"),
         (["--model", "/no/such/folder"], "--model /no/such/folder: no such folder"),
-        (["--frames", "8"], "frames: 8 is not 1 + a multiple of 4"),
+        (["--frames", "8"], "--frames 8: 8 is not 1 + a multiple of 4"),  # the option, not "job 1: frames:"
         (["--backend", "triton", "--device", "cpu"], "--backend triton cannot run"),
         (["--job-timeout", "0"], "--job-timeout 0.0: give seconds > 0"),
     ],

@@ -1,8 +1,8 @@
 """`sagevideo ab`: paired full-precision vs quantized runs of one job file, then their evaluation.
 
-Three runs through `sagevideo.generate`, each into its own folder under `out`, with the same
-prompts, seeds and sizes (generate draws the initial noise from a CPU generator seeded by the
-job's seed, so the arms start from the same latents):
+Three runs through `plan_batch` and `run_batch` (as `sagevideo.generate`), each into its own
+folder under `out`, with the same prompts, seeds and sizes (generate draws the initial noise
+from a CPU generator seeded by the job's seed, so the arms start from the same latents):
   out/quantized/    attention="sage" (with --plan / --pv), the test arm (run first: its
                     settings are the ones most likely to be refused, before anything else ran)
   out/full/         attention="full", the reference arm
@@ -138,7 +138,7 @@ def ab(
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
     failed; ModelLoadError (from generate) when the model cannot be loaded.
     """
-    import sagevideo
+    from sagevideo.api.generate import plan_batch, run_batch
     from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out
     from sagevideo.eval.probe import rerun_arm
     from sagevideo.pipelines.plans import AttentionPlan, PlanError
@@ -165,7 +165,7 @@ def ab(
     out_dir = prepare_out(out)
     options.labels = dict(LABELS)
 
-    common: dict[str, Any] = {"model": model, "backend": backend, "device": device, "progress": progress}
+    common: dict[str, Any] = {"model": model, "backend": backend, "device": device}
     quantized: dict[str, Any] = {"attention": "sage"}
     if pv is not None:
         quantized["pv"] = pv
@@ -177,7 +177,11 @@ def ab(
     records: dict[str, list[dict[str, Any]]] = {}
     for role, settings in runs:
         echo(f"sagevideo ab: {LABELS[role]} arm -> {out_dir / ARMS[role]}")
-        recs = sagevideo.generate(job_file, out=out_dir / ARMS[role], **common, **settings)
+        batch = plan_batch(job_file, out=out_dir / ARMS[role], **common, **settings)
+        for note in batch.notes:
+            if note.startswith("plan "):  # e.g. a plan calibrated for another step count
+                echo(f"sagevideo ab: {note}")
+        recs = run_batch(batch, progress=progress).records
         failed = [r for r in recs if r.get("status") != "done"]
         if failed:
             raise ABFailed(

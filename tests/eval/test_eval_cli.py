@@ -104,10 +104,13 @@ def test_ab_bad_input_exits_2_before_any_model(tmp_path, no_model_loads):
     plain.write_text("a fox\n")
     bad_plan = tmp_path / "plan.json"
     bad_plan.write_text('{"default": {"mode": "int4"}}')
+    other_model = tmp_path / "other.json"  # made for a model with more layers than the tiny one
+    other_model.write_text('{"overrides": [{"layers": ["transformer_blocks.9.attn1"], "mode": "full"}]}')
     cases = [
         (["ab", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o")], "no such file"),
         (["ab", str(jobs), "--out", str(tmp_path / "o")], "sets job 1: attention"),
         (["ab", str(plain), "--out", str(tmp_path / "o"), "--plan", str(bad_plan)], "--plan"),
+        (["ab", str(plain), "--out", str(tmp_path / "o"), "--plan", str(other_model)], "transformer does not have"),
         (["ab", str(plain), "--out", str(tmp_path / "o"), "--metrics", "fvd"], "unknown metric"),
         (["ab", str(plain), "--out", str(tmp_path / "o"), "--model", str(tmp_path / "no-model")], "no-model"),
     ]
