@@ -348,27 +348,27 @@ def calibrate(
     save_qkv: Annotated[
         Path | None, typer.Option(help="Also save captured Q/K/V (safetensors) for `sagevideo simulate --qkv`.")
     ] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
 ) -> None:
     """Measure each attention layer's error per mode on real prompts and write the fastest plan that
-    meets the threshold (full precision where no mode does)."""
+    meets the threshold (full precision where no mode does).
+
+    Exit codes: 0 done, 2 bad input (nothing was loaded)."""
     from sagevideo.api.calibrate import calibrate as run_calibration
-    from sagevideo.jobs import InputError
+    from sagevideo.jobs import InputError, read_prompts_file
 
     prompts = list(prompt or [])
-    if prompts_file is not None:
-        if not prompts_file.is_file():
-            raise fail("calibrate", f"{prompts_file}: no such file", EXIT_BAD_INPUT)
-        prompts += [line.strip() for line in prompts_file.read_text().splitlines()
-                    if line.strip() and not line.lstrip().startswith("#")]
     try:
-        steps_list = None if capture_steps is None else [int(s) for s in capture_steps.split(",") if s.strip()]
-    except ValueError:
-        message = f"--capture-steps {capture_steps!r}: give integers like 0,1,-1"
-        raise fail("calibrate", message, EXIT_BAD_INPUT) from None
-    try:
+        if prompts_file is not None:  # UTF-8 text with at least one prompt, else one line saying so
+            prompts += [text for text, _ in read_prompts_file(prompts_file)]
+        try:
+            steps_list = None if capture_steps is None else [int(s) for s in capture_steps.split(",") if s.strip()]
+        except ValueError:
+            raise InputError(f"--capture-steps {capture_steps!r}: give integers like 0,1,-1") from None
         result = run_calibration(
-            prompts or None, out=out, model=model, steps=steps, frames=frames, height=height, width=width,
-            seed=seed, capture_steps=steps_list, threshold=threshold, device=device.value, save_qkv=save_qkv,
+            prompts if prompt or prompts_file else None, out=out, model=model, steps=steps, frames=frames,
+            height=height, width=width, seed=seed, capture_steps=steps_list, threshold=threshold,
+            device=device.value, save_qkv=save_qkv, progress=progress,
         )
     except InputError as err:
         raise fail("calibrate", str(err), EXIT_BAD_INPUT) from None
