@@ -293,22 +293,48 @@ def simulate(
     dtype: Annotated[str, typer.Option(help="Input dtype before quantization: fp16, bf16 or fp32.")] = "fp32",
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
 ) -> None:
-    """Simulate quantized attention against exact fp64 attention: cosine, rel-L1, RMSE, worst first."""
+    """Simulate quantized attention against exact fp64 attention: cosine, rel-L1, RMSE, worst first.
+
+    Exit codes: 0 done, 2 bad input (checked before computing, including whether it fits in memory)."""
     import json
 
-    from sagevideo.eval.simulate import format_table, variant_grid
+    from sagevideo.budget import available_bytes, format_bytes
+    from sagevideo.eval.simulate import estimate_bytes, format_table, qkv_file_shapes, variant_grid
     from sagevideo.eval.simulate import simulate as run_simulation
+    from sagevideo.outputs.files import writable_file
 
     dims = _shape(shape)
     if qkv is not None and not qkv.is_file():
         raise fail("simulate", f"--qkv {qkv}: no such file", EXIT_BAD_INPUT)
     if dtype not in ("fp16", "bf16", "fp32"):
         raise fail("simulate", f"--dtype {dtype}: use fp16, bf16 or fp32", EXIT_BAD_INPUT)
+    if layout not in ("HND", "NHD"):
+        raise fail("simulate", f"--layout {layout}: use HND or NHD", EXIT_BAD_INPUT)
+    try:  # everything that could fail after the computation is checked before it
+        if json_out is not None:
+            writable_file(json_out, "--json", ValueError, "figures.json")
+    except ValueError as err:
+        raise fail("simulate", str(err), EXIT_BAD_INPUT) from None
+    try:
+        shapes = qkv_file_shapes(qkv, layout) if qkv is not None else {preset.value: dims}
+    except ValueError as err:  # the message starts with the file's path
+        raise fail("simulate", f"--qkv {err}", EXIT_BAD_INPUT) from None
     modes = [p.value for p in (pv or [SimPV.fp16, SimPV.fp8])]
     variants = variant_grid(
         modes, _settings(smooth_k), _settings(rotate),
         qk_bits=qk_bits, granularity=granularity.value, block_m=block_m, block_n=block_n,
     )
+    need, have = estimate_bytes(shapes.values(), variants, dtype), available_bytes("cpu")
+    if need > have:
+        b, h, n, d = max(shapes.values(), key=lambda x: x[0] * x[1] * x[2] ** 2)
+        fits = max(128, int((have / 2 / (16 * b * h)) ** 0.5) // 128 * 128)
+        raise fail(
+            "simulate",
+            f"needs about {format_bytes(need)} of memory (the exact fp64 reference holds B·H·N² = {b}·{h}·{n}² "
+            f"scores), this machine has {format_bytes(have)} available; use fewer tokens or heads, e.g. "
+            f"--shape {b},{h},{min(fits, n)},{d}" + (" (or a --qkv file with shorter sequences)" if qkv else ""),
+            EXIT_BAD_INPUT,
+        )
     try:
         results = run_simulation(
             variants, preset=preset.value, shape=dims, seed=seed,
