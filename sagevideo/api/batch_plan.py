@@ -312,7 +312,7 @@ def _problem_at(label: Any, item: Any, field: str, problem: str, options: Mappin
     if value is None or _item_sets(label, item, field):
         return where(label, field), problem
     text = problem.removeprefix(f"{field}: ")
-    if text.startswith(str(value)):  # '--plan p.json: p.json does not exist' says the path once
+    if field == "plan" and text.startswith(str(value)):  # '--plan p.json: does not exist': the path once
         text = text.removeprefix(str(value)).lstrip(": ")
     return option_place(field, value), text
 

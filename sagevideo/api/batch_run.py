@@ -125,6 +125,8 @@ def run_batch(
 
     echo = echo or log.warning
     manifest = Manifest(plan.manifest_path)
+    for message in manifest.quarantine():  # torn or mistyped lines: said once, then set aside
+        echo(f"sagevideo: {message}")
     report = BatchReport(plan=plan, records=[])
     todo: list[tuple[int, PlannedJob]] = []
     for index, (pj, previous) in enumerate(zip(plan.jobs, _previous_records(manifest, plan), strict=True)):
