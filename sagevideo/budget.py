@@ -8,12 +8,16 @@ instead of swapping or being killed hours later.
 from __future__ import annotations
 
 
-def available_bytes(device: str = "cpu") -> int:
-    """Memory a new allocation can use now: free GPU memory on "cuda[:N]", else available RAM."""
+def available_bytes(device: str = "cpu") -> int | None:
+    """Memory a new allocation can use now: free GPU memory on "cuda[:N]", else available RAM;
+    None when the device cannot tell (then nothing is refused for memory)."""
     if device.startswith("cuda"):
         import torch
 
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        try:
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+        except (RuntimeError, AssertionError):  # no usable CUDA runtime after all
+            return None
         return int(free)
     import psutil
 

@@ -148,7 +148,7 @@ def generate(
         float | None,
         typer.Option(
             help="Seconds one job may run. On Ray a job still running then has its worker stopped and is "
-            "retried (a hang); in this process it fails after the step that passed the limit.",
+            "retried (a hang); in this process it is stopped mid-step (between two torch operations) and fails.",
         ),
     ] = None,
     frames_png: Annotated[
@@ -324,8 +324,8 @@ def simulate(
         modes, _settings(smooth_k), _settings(rotate),
         qk_bits=qk_bits, granularity=granularity.value, block_m=block_m, block_n=block_n,
     )
-    need, have = estimate_bytes(shapes.values(), variants, dtype), available_bytes("cpu")
-    if need > have:
+    need, have = estimate_bytes(shapes.values(), variants, dtype), available_bytes("cpu") or 0
+    if have and need > have:
         b, h, n, d = max(shapes.values(), key=lambda x: x[0] * x[1] * x[2] ** 2)
         fits = max(128, int((have / 2 / (16 * b * h)) ** 0.5) // 128 * 128)
         raise fail(

@@ -9,6 +9,7 @@ and output name. It returns a `BatchPlan` for `sagevideo.api.batch_run.run_batch
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import math
@@ -125,8 +126,12 @@ def plan_batch(
     be a JSON object, recorded in the manifest). gpus_per_job: ranks per job (Ulysses sequence
     parallelism, CogVideoX only), checked against every job's heads and video tokens here.
     job_timeout: seconds one job may run. On Ray the driver stops a worker whose job runs longer
-    (a hang) and retries the job like a worker death; in this process the limit is checked after
-    each denoising step and the job fails (a hang inside one step cannot be stopped here).
+    (a hang) and retries the job like a worker death; in this process a timer stops the job at the
+    limit, mid-step, between two torch operations (one operation that runs longer, e.g. a single
+    huge attention call, finishes first; outside the main thread the limit is checked after each
+    step), and the job fails. Jobs whose estimated peak memory exceeds what the device has free
+    are refused with the estimate (`sagevideo.api.estimate`); large CPU jobs get a note with their
+    measured attention time.
     frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4).
     Raises InputError naming each bad field and its fix.
     """
@@ -209,6 +214,12 @@ def plan_batch(
         raise InputError(f"--job-timeout {job_timeout}: give seconds > 0, e.g. 1800 (leave it out for no limit)")
     use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev, gpus_per_job)
     notes += execution_notes
+    # On CUDA only for a run in this process: a driver that Ray workers serve must not take a GPU context.
+    here = address is None and not (use_ray and dev == "cuda")
+    problems, estimate_notes = _budget(source, resolved, backends, dev, dt, job_timeout, local=here)
+    if problems:
+        raise InputError(group_problems(problems))
+    notes += estimate_notes
     out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
     planned, seen, duplicates = [], set(), 0
     for j, label in resolved:
@@ -384,6 +395,42 @@ def check_plans(
                 f"re-run `sagevideo calibrate --steps {other[0]}` to measure at the jobs' count"
             )
     return shas, problems, notes
+
+
+def _budget(
+    source: ModelSource,
+    resolved: list[tuple[JobSpec, Any]],
+    backends: Mapping[tuple[str, str | None], str | None],
+    device: str,
+    dtype: str,
+    job_timeout: float | None,
+    *,
+    local: bool,
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """(problems, notes): jobs whose estimated peak memory exceeds what this machine's device has
+    free are refused with the estimate (`local`: the jobs run here, not on a cluster's nodes);
+    large CPU jobs get a note with their measured attention time."""
+    from sagevideo.api.estimate import TIME_ESTIMATE_FROM_TOKENS, attention_seconds, estimate_job, time_note
+    from sagevideo.budget import available_bytes, format_bytes
+
+    free = available_bytes(device) if local else None
+    problems, notes, timed = [], [], set()
+    for j, label in resolved:
+        backend = backends[(j.attention, j.pv)]
+        estimate = estimate_job(source, j, backend, dtype)
+        if free is not None and estimate.peak > free:
+            problems.append((where(label), (
+                f"needs {estimate.describe()}, but the {device} has {format_bytes(free)} free; "
+                "use a smaller resolution or fewer frames"
+            )))
+            continue
+        key = (j.height, j.width, j.frames, j.steps, j.guidance > 1, backend, j.pv)
+        if device == "cpu" and estimate.tokens >= TIME_ESTIMATE_FROM_TOKENS and key not in timed:
+            timed.add(key)
+            seconds = attention_seconds(source, j, backend, device, dtype)
+            estimate = dataclasses.replace(estimate, attention_s=seconds)
+            notes.append(time_note(str(label), estimate, backend, device, job_timeout))
+    return problems, notes
 
 
 def _duplicate_outputs(resolved: list[tuple[JobSpec, Any]]) -> list[tuple[str, str]]:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from sagevideo.api.batch_plan import BatchPlan
-from sagevideo.api.execute import KILL_HOOK_ENV, JobTimeoutError, PlannedJob
+from sagevideo.api.deadline import JobTimeoutError
+from sagevideo.api.execute import KILL_HOOK_ENV, PlannedJob
 from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, is_done
 
 log = logging.getLogger("sagevideo")
@@ -197,7 +198,7 @@ def _run_here(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Calla
     try:
         for index, pj in todo:
             status(pj.output)
-            yield index, host.run(pj, on_step=_step_watch(pj, status, plan.job_timeout))
+            yield index, host.run(pj, on_step=_step_watch(pj, status, plan.job_timeout), time_limit=plan.job_timeout)
     finally:
         host.close()
 

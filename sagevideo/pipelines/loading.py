@@ -31,6 +31,7 @@ class ModelSource:
     outputs of an older model are not taken as done. spatial/temporal: VAE compression factors;
     patch: transformer patch size (height and width must be multiples of spatial*patch).
     layers: number of transformer blocks (one attention layer each, named as `attention_layers`).
+    vae_channels: channels of the VAE decoder at full resolution (what its memory scales with).
     """
 
     name: str
@@ -48,6 +49,7 @@ class ModelSource:
     default_frames: int
     default_steps: int
     layers: int = 30
+    vae_channels: int = 128
 
     @property
     def is_tiny(self) -> bool:
@@ -123,6 +125,7 @@ def resolve_model(model: str) -> ModelSource:
             default_frames=tiny.DEFAULT_FRAMES,
             default_steps=2,
             layers=cfg["num_layers"],
+            vae_channels=vae["block_out_channels"][0],
         )
     path = Path(model).expanduser()
     if not path.exists():
@@ -171,6 +174,7 @@ def resolve_model(model: str) -> ModelSource:
         default_frames=cfg.get("sample_frames", 49),
         default_steps=50,
         layers=cfg.get("num_layers", 30),
+        vae_channels=(vae.get("block_out_channels") or (128,))[0],
     )
 
 

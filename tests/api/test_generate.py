@@ -283,9 +283,31 @@ def test_steps_are_reported_and_a_job_past_job_timeout_fails(tmp_path, monkeypat
 
     (late,) = sagevideo.generate("a cat", out=tmp_path / "b", steps=3, job_timeout=1e-9, progress=False)
     assert late["status"] == "failed" and late["attempts"] == 1
-    # the elapsed seconds round to 0 or more on a loaded machine; the step is what matters
-    assert re.fullmatch(r"JobTimeoutError: ran past --job-timeout 1e-09 s \(\d+ s, at step 1/3\)", late["error"])
+    # the elapsed seconds round to 0 or more on a loaded machine
+    assert re.fullmatch(r"JobTimeoutError: ran past --job-timeout 1e-09 s \(stopped mid-job after \d+ s\)",
+                        late["error"])
     assert not list((tmp_path / "b").glob("*.mp4"))
+
+
+def test_job_timeout_stops_a_job_in_this_process_mid_step(tmp_path, monkeypatch):
+    import time
+
+    from sagevideo.pipelines import runner
+
+    real = runner.run_job
+
+    def one_endless_step(pipe, job, **kwargs):  # a step that never ends (Python work: interruptible)
+        give_up = time.monotonic() + 5
+        while time.monotonic() < give_up:
+            pass
+        return real(pipe, job, **kwargs)
+
+    monkeypatch.setattr(runner, "run_job", one_endless_step)
+    start = time.monotonic()
+    first, second = sagevideo.generate(["a cat", "a dog"], out=tmp_path, job_timeout=0.2, progress=False)
+    assert time.monotonic() - start < 4  # both stopped at the limit, not after the step
+    assert first["status"] == second["status"] == "failed"
+    assert first["error"] == "JobTimeoutError: ran past --job-timeout 0.2 s (stopped mid-job after 0 s)"
 
 
 @pytest.mark.parametrize("bad", [0, -5, float("inf"), "10", True])
