@@ -335,13 +335,27 @@ def simulate(
             f"--shape {b},{h},{min(fits, n)},{d}" + (" (or a --qkv file with shorter sequences)" if qkv else ""),
             EXIT_BAD_INPUT,
         )
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(shapes) * (len(variants) + 1), desc="simulate", unit="run", file=sys.stderr,
+               dynamic_ncols=True, leave=False)
+
+    started = []
+
+    def step(text: str) -> None:  # called before each run: the bar counts the finished ones
+        bar.update(1 if started else 0)
+        started.append(text)
+        bar.set_postfix_str(text[:60], refresh=True)
+
     try:
         results = run_simulation(
             variants, preset=preset.value, shape=dims, seed=seed,
-            qkv_file=None if qkv is None else str(qkv), layout=layout, dtype=dtype,
+            qkv_file=None if qkv is None else str(qkv), layout=layout, dtype=dtype, progress=step,
         )
     except (ValueError, FileNotFoundError) as err:
         raise fail("simulate", str(err), EXIT_BAD_INPUT) from None
+    finally:
+        bar.close()
     source = str(qkv) if qkv else f"preset {preset.value} {dims} seed {seed}"
     typer.echo(f"inputs: {source}, dtype {dtype}; errors vs fp64 attention, per (batch, head)\n")
     typer.echo(format_table(results))
@@ -490,6 +504,7 @@ def eval_command(
         result = evaluate(
             ref_dir, test_dir, out=out, noise_ref=noise_ref, options=options,
             echo=lambda line: typer.echo(line, err=True),
+            progress=lambda text: typer.echo(f"sagevideo eval: {text}", err=True),
         )
     except (EvalInputError, PairingError) as err:
         raise fail("eval", str(err), EXIT_BAD_INPUT) from None

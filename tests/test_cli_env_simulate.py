@@ -58,6 +58,7 @@ def test_simulate_prints_table_summary_and_json(tmp_path):
     assert result.exit_code == 0, result.output
     assert "cos worst" in result.output and "smooth_k=off" in result.output and "smooth_k=on" in result.output
     assert "sagevideo simulate: 2 variants; worst cosine" in result.output
+    assert "simulate:" in result.stderr and "fp64 reference: k-offset" in result.stderr  # progress, on stderr
     figures = json.loads(out.read_text())
     assert len(figures) == 2 and {"cos_worst", "rel_l1_worst", "rmse_worst"} <= figures[0].keys()
 

@@ -162,6 +162,7 @@ def ab(
             pv = loaded_plan.default.mode.pv  # None when the default is full precision
     options = options or EvalOptions()
     check_metrics(options.metrics)
+    shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None  # re-runs' and evaluation's steps
     out_dir = prepare_out(out)
     options.labels = dict(LABELS)
 
@@ -210,6 +211,7 @@ def ab(
                 model=model,
                 probe=attention_probe,
                 write_to=test_dir,
+                progress=shown,
             )
             records["test"] = rerun["records"]
             probe = rerun["probe"]
@@ -220,7 +222,9 @@ def ab(
             )
     if attention_probe and probe is None:
         echo("sagevideo ab: attention probe: re-running the quantized jobs with a probing router")
-        probe = rerun_arm(records["test"], arm_dir=test_dir, plan=loaded_plan, model=model, probe=True)["probe"]
+        probe = rerun_arm(
+            records["test"], arm_dir=test_dir, plan=loaded_plan, model=model, probe=True, progress=shown
+        )["probe"]
         if not probe["reproduced"]["all_identical"]:
             line = (
                 "the probed run did not reproduce the quantized arm's videos exactly; the probe measured the "
@@ -257,4 +261,5 @@ def ab(
         run_info=run_info,
         notes=notes,
         echo=echo,
+        progress=shown,
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,8 +212,11 @@ def simulate(
     layout: str = "HND",
     dtype: str = "fp32",
     device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
 ) -> list[VariantResult]:
-    """Run every variant on the inputs and return per-layer errors vs fp64 attention."""
+    """Run every variant on the inputs and return per-layer errors vs fp64 attention.
+
+    progress(text) is called before each fp64 reference and each (variant, layer) run."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: use one of {sorted(DTYPES)}")
     if qkv_file is not None:
@@ -223,6 +226,8 @@ def simulate(
         layers = {preset: (x.q, x.k, x.v, x.key_mask)}
     prepared = {}
     for name, (q, k, v, mask) in layers.items():
+        if progress is not None:
+            progress(f"fp64 reference: {name}")
         q, k, v = (t.to(device=device, dtype=DTYPES[dtype]) for t in (q, k, v))
         mask = None if mask is None else mask.to(device)
         prepared[name] = (q, k, v, mask, attention_fp64(q, k, v, key_mask=mask))
@@ -232,6 +237,8 @@ def simulate(
         variant = dataclasses.replace(variant, head_dim=head_dim)  # default tiles follow the plan
         result = VariantResult(variant)
         for name, (q, k, v, mask, ref) in prepared.items():
+            if progress is not None:
+                progress(f"{variant.label}: {name}")
             result.layers.append(evaluate_layer(name, q, k, v, variant, mask, ref))
         results.append(result)
     return results

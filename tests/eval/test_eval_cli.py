@@ -76,6 +76,7 @@ def test_eval_cli_writes_metrics_and_report(arms, weights_dir, tmp_path):
     assert "PSNR: beyond the noise floor (worse)" in result.output
     assert "LPIPS: beyond the noise floor (worse)" in result.output
     assert f"wrote {out / 'metrics.json'}" in result.output
+    assert "sagevideo eval: video 1/" in result.stderr  # progress, one line per video
     data = json.loads((out / "metrics.json").read_text())
     assert list(data["metrics"]) == ["psnr", "ssim", "lpips"] and data["skipped"] == {}
 
