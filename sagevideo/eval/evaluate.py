@@ -370,7 +370,10 @@ def evaluate(
         raise EvalInputError(f"--lpips-net {options.lpips_net}: use one of {', '.join(LPIPS_FILES)}")
     out_dir = prepare_out(out)
     pairs, arms = plan_pairs(ref_dir, test_dir, noise_ref, records=records)  # PairingError: before any model
-    all_notes = list(notes) + setting_notes(pairs)
+    unclean = setting_notes(pairs)
+    for line in unclean:  # e.g. arms with different steps: said on the console, not only in metrics.json
+        echo(f"sagevideo eval: WARNING: {line}")
+    all_notes = list(notes) + unclean
     runner = _Runner(keys, options, echo)
     collected = runner.run(pairs, out_dir, progress)
     b = options.bootstrap

@@ -119,3 +119,27 @@ def test_ab_bad_input_exits_2_before_any_model(tmp_path, no_model_loads):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
+
+
+def test_a_truncated_video_is_one_clear_line_without_ffmpegs_banner(tmp_path, no_model_loads):
+    ref = make_arm(tmp_path / "ref", [("a fox", 0, base_video(0))])
+    test = make_arm(tmp_path / "test", [("a fox", 0, base_video(0))])
+    video = test / "video-0-0.mp4"
+    video.write_bytes(video.read_bytes()[:3000])  # an interrupted copy
+    result = runner.invoke(app, ["eval", str(ref), str(test), "--out", str(tmp_path / "o"), "--metrics", "psnr"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "sagevideo eval: error: the folders do not pair:",
+        "sagevideo eval: error:   TEST_DIR: 'a fox' seed 0: video-0-0.mp4 cannot be decoded (moov atom not found); "
+        "is it truncated (an interrupted copy or write) or not a video? Render or copy it again",
+        "sagevideo eval: error: both arms must hold the same prompts and seeds, with equal frame counts and sizes",
+    ]
+
+
+def test_arms_that_differ_in_steps_are_called_unclean_on_the_console(tmp_path):
+    ref = make_arm(tmp_path / "ref", [("a fox", 0, base_video(0))])
+    test = make_arm(tmp_path / "test", [("a fox", 0, base_video(0))], steps=50)
+    result = runner.invoke(app, ["eval", str(ref), str(test), "--out", str(tmp_path / "o"), "--metrics", "psnr"])
+    assert result.exit_code == 0, result.output
+    assert ("sagevideo eval: WARNING: arms differ in steps (ref 2, test 50, first at 'a fox' seed 0): not a clean A/B"
+            in result.stderr.splitlines())
