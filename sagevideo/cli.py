@@ -494,8 +494,8 @@ def eval_command(
 ) -> None:
     """Compare two output folders (paired by prompt and seed): metrics.json and report.html in --out.
 
-    Exit codes: 0 done, 1 a metric's model failed to load, 2 bad input (folders that do not pair,
-    unknown metric; nothing was loaded).
+    Exit codes: 0 done, 1 a metric's weights are present but could not be loaded (the other metrics
+    are still written), 2 bad input (folders that do not pair, unknown metric; nothing was loaded).
     """
     from sagevideo.eval.evaluate import EvalInputError, MetricModelError, PairingError, evaluate
 
@@ -511,6 +511,15 @@ def eval_command(
     except MetricModelError as err:
         raise fail("eval", str(err), EXIT_FAILED) from None
     _print_verdicts(result, out)
+    _fail_for_lost_metrics("eval", result)
+
+
+def _fail_for_lost_metrics(command: str, result: dict) -> None:
+    """Exit 1 (after everything was written) when a metric's weights are present but broken."""
+    if result.get("failed"):
+        lost = ", ".join(result["failed"])
+        message = f"{lost}: weights present but not loadable (see above); the other metrics are in metrics.json"
+        raise fail(command, message, EXIT_FAILED)
 
 
 @app.command()
@@ -571,6 +580,7 @@ def ab(
         typer.echo("sagevideo ab: interrupted; re-run the same command to resume", err=True)
         raise typer.Exit(_EVAL_EXIT_INTERRUPTED) from None
     _print_verdicts(result, out)
+    _fail_for_lost_metrics("ab", result)
 
 
 @app.command("check-weights")

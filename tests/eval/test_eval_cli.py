@@ -143,3 +143,58 @@ def test_arms_that_differ_in_steps_are_called_unclean_on_the_console(tmp_path):
     assert result.exit_code == 0, result.output
     assert ("sagevideo eval: WARNING: arms differ in steps (ref 2, test 50, first at 'a fox' seed 0): not a clean A/B"
             in result.stderr.splitlines())
+
+
+def broken_lpips(folder, content):
+    from sagevideo.eval.weights import LPIPS_FILES
+
+    (folder / "lpips").mkdir(parents=True)
+    path = folder / "lpips" / LPIPS_FILES["alex"]
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        import torch
+
+        torch.save(content, path)
+    return path
+
+
+def test_check_weights_tries_loading_and_never_calls_a_corrupt_file_ready(tmp_path):
+    import argparse
+
+    import torch
+
+    for name, content, reason in [
+        ("random", bytes(range(256)) * 20, "not a readable torch weights file: corrupt, truncated or another format"),
+        ("objects", {"features.0.weight": torch.zeros(1), "args": argparse.Namespace(lr=1)},
+         "it holds Python objects besides tensors, which are not unpickled here"),
+    ]:
+        path = broken_lpips(tmp_path / name, content)
+        result = runner.invoke(app, ["check-weights", "--weights", str(tmp_path / name)])
+        assert result.exit_code == 1
+        assert "lpips: broken files" in result.output and "lpips: ready" not in result.output
+        assert f"BROKEN   {path} ({reason}" in result.output
+        assert "usable now: psnr, ssim;" in result.output and "weights_only" not in result.output
+
+
+def test_eval_with_one_metrics_broken_weights_writes_the_others(arms, tmp_path):
+    import torch
+
+    for name, content in [
+        ("truncated", bytes(range(256)) * 20),  # refused by the safe load up front
+        ("wrong-model", {"features.0.weight": torch.zeros(3)}),  # loads, then does not fit AlexNet
+    ]:
+        weights = tmp_path / name
+        broken_lpips(weights, content)
+        out = tmp_path / f"out-{name}"
+        result = runner.invoke(app, ["eval", str(arms["ref"]), str(arms["noise10"]), "--out", str(out),
+                                     "--metrics", "psnr,lpips", "--weights", str(weights), "--resamples", "100"])
+        assert result.exit_code == 1, result.output
+        data = json.loads((out / "metrics.json").read_text())
+        assert list(data["metrics"]) == ["psnr"] and list(data["failed"]) == ["lpips"]
+        assert "PSNR:" in result.stdout and (out / "report.html").is_file()
+        assert result.stderr.splitlines()[-1] == (
+            "sagevideo eval: error: lpips: weights present but not loadable (see above); the other metrics are in "
+            "metrics.json"
+        )
+        assert "weights_only" not in result.output and "Traceback" not in result.output
