@@ -46,6 +46,9 @@ def ray_session(address: str | None, *, local_cpus: int | None = None) -> Iterat
     (None: Ray counts them); CPU workers each take one, so a CPU batch asks for as many as it has workers."""
     import ray
 
+    from sagevideo.scheduling.quiet import quiet_ray_driver
+
+    quiet_ray_driver()  # Ray's raylet lines and token notice stay off the terminal
     started = connected = False
     if not ray.is_initialized():
         connected = True  # by this function: disconnect (or stop a local instance) at the end
