@@ -288,8 +288,8 @@ def simulate(
     rotate: Annotated[OnOff, typer.Option(help="Hadamard-rotate Q and K: on, off or both.")] = OnOff.on,
     qk_bits: Annotated[int, typer.Option(min=2, max=16, help="Bits of the Q/K integer quantization.")] = 8,
     granularity: Annotated[Granularity, typer.Option(help="Q/K scale per tile or per token.")] = Granularity.block,
-    block_m: Annotated[int | None, typer.Option(help="Q tile (default: the kernel plan's).")] = None,
-    block_n: Annotated[int | None, typer.Option(help="K tile (default: the kernel plan's).")] = None,
+    block_m: Annotated[int | None, typer.Option(min=1, help="Q tile (default: the kernel plan's).")] = None,
+    block_n: Annotated[int | None, typer.Option(min=1, help="K tile (default: the kernel plan's).")] = None,
     dtype: Annotated[str, typer.Option(help="Input dtype before quantization: fp16, bf16 or fp32.")] = "fp32",
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
 ) -> None:
@@ -590,10 +590,14 @@ def check_weights(
 ) -> None:
     """List each evaluation metric's weight files: present, missing, and where to put them.
 
-    Nothing is ever downloaded. Exit code 0 when every metric can run, 1 when some would be skipped.
+    Nothing is ever downloaded. Exit code 0 when every metric can run, 1 when some would be skipped,
+    2 bad input.
     """
     from sagevideo.eval.weights import report_lines
 
+    if weights is not None and weights.exists() and not weights.is_dir():
+        raise fail("check-weights", f"--weights {weights}: is a file; give the folder that holds the weights",
+                   EXIT_BAD_INPUT)
     lines, complete = report_lines(weights, lpips_net=lpips_net.value)
     for line in lines:
         typer.echo(line)

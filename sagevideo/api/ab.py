@@ -163,7 +163,6 @@ def ab(
     options = options or EvalOptions()
     check_metrics(options.metrics)
     shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None  # re-runs' and evaluation's steps
-    out_dir = prepare_out(out)
     options.labels = dict(LABELS)
 
     common: dict[str, Any] = {"model": model, "backend": backend, "device": device}
@@ -175,10 +174,15 @@ def ab(
     runs = [("test", quantized), ("ref", {"attention": "full"})]
     if noise_floor:
         runs.append(("noise", {"attention": "full"}))
+    # Every arm is planned (and so checked) before anything runs or any folder is made for it.
+    if Path(out).expanduser().exists():
+        prepare_out(out)  # an --out that is a file is said as such, not as a bad arm folder
+    batches = {role: plan_batch(job_file, out=Path(out).expanduser() / ARMS[role], **common, **settings)
+               for role, settings in runs}
+    out_dir = prepare_out(out)
     records: dict[str, list[dict[str, Any]]] = {}
-    for role, settings in runs:
+    for role, batch in batches.items():
         echo(f"sagevideo ab: {LABELS[role]} arm -> {out_dir / ARMS[role]}")
-        batch = plan_batch(job_file, out=out_dir / ARMS[role], **common, **settings)
         for note in batch.notes:
             if note.startswith("plan "):  # e.g. a plan calibrated for another step count
                 echo(f"sagevideo ab: {note}")

@@ -119,6 +119,7 @@ def test_ab_bad_input_exits_2_before_any_model(tmp_path, no_model_loads):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
+        assert "arm ->" not in result.output and not (tmp_path / "o").exists(), args  # refused before any arm
 
 
 def test_a_truncated_video_is_one_clear_line_without_ffmpegs_banner(tmp_path, no_model_loads):
@@ -198,3 +199,13 @@ def test_eval_with_one_metrics_broken_weights_writes_the_others(arms, tmp_path):
             "metrics.json"
         )
         assert "weights_only" not in result.output and "Traceback" not in result.output
+
+
+def test_check_weights_refuses_a_file_as_the_folder(tmp_path):
+    (tmp_path / "weights.tar").write_bytes(b"not a folder")
+    result = runner.invoke(app, ["check-weights", "--weights", str(tmp_path / "weights.tar")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"sagevideo check-weights: error: --weights {tmp_path / 'weights.tar'}: is a file; give the folder that holds "
+        "the weights"
+    )
