@@ -62,6 +62,7 @@ def calibrate(
         problems.append((option_place(field, options[field]) if options.get(field) else f"--model {model}", text))
     if problems:
         raise InputError(group_problems(problems))
+    _check_memory(source, jobs, device)
     n_steps = jobs[0].steps
     captured = None
     if capture_steps is not None:
@@ -72,6 +73,26 @@ def calibrate(
             )
         captured = {s % n_steps for s in capture_steps}
     return _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress)
+
+
+def _check_memory(source, jobs, device: str) -> None:
+    """Refuse, with the estimate, a calibration whose denoising cannot fit in the device's free memory
+    (it decodes nothing: the video stays latent)."""
+    import torch
+
+    from sagevideo.api.estimate import OVERHEAD_BYTES, estimate_job
+    from sagevideo.budget import available_bytes, format_bytes
+
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    dtype = "bfloat16" if dev.startswith("cuda") else "float32"
+    estimate = estimate_job(source, jobs[0], "reference" if dev == "cpu" else "triton", dtype)
+    need, free = estimate.weights + estimate.denoise + OVERHEAD_BYTES, available_bytes(dev)
+    if free is not None and need > free:
+        raise InputError(
+            f"calibrating at {jobs[0].width}x{jobs[0].height}, {jobs[0].frames} frames needs about "
+            f"{format_bytes(need)} ({estimate.tokens:,} tokens per attention call), but the {dev} has "
+            f"{format_bytes(free)} free; use a smaller --width/--height or fewer --frames"
+        )
 
 
 def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress):

@@ -83,6 +83,9 @@ def test_cli_refuses_unusable_outputs_and_prompt_files_before_loading(tmp_path, 
     from sagevideo.pipelines import loading
 
     monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("a model was loaded for bad input"))
+    import sagevideo.budget
+
+    monkeypatch.setattr(sagevideo.budget, "available_bytes", lambda device="cpu": 24 * 10**9)
     (tmp_path / "plans").mkdir()
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("un caf\xe9\n".encode("latin-1"))
@@ -96,6 +99,9 @@ def test_cli_refuses_unusable_outputs_and_prompt_files_before_loading(tmp_path, 
         ([str(latin1), "--out", plan], f"prompts file {latin1} is not UTF-8 text"),
         ([str(comments), "--out", plan], f"prompts file {comments} has no prompts"),  # not the built-in ones
         (["--out", plan, "--steps", "0"], "--steps 0: Input should be greater than or equal to 1"),
+        (["--out", plan, "--width", "8192", "--height", "8192", "--frames", "49"],
+         "calibrating at 8192x8192, 49 frames needs about 126 GB (3,408,098 tokens per attention call), but the cpu "
+         "has 24.0 GB free"),
     ]
     for args, message in cases:
         result = CliRunner().invoke(app, ["calibrate", *args])
