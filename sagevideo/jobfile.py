@@ -79,7 +79,7 @@ class JobFile:
     """A read job file. items: (job dict or prompt, Origin or 'FILE line N' label), in file order.
 
     problems: (where, what is wrong) found in its layout and defaults; the jobs' own fields are
-    checked when they are parsed (`sagevideo.jobs.parse_jobs`), with the other settings."""
+    checked when they are parsed (`sagevideo.jobs.collect_jobs`), with the other settings."""
 
     path: Path
     kind: str  # "yaml", "toml" or "text"

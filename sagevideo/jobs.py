@@ -225,16 +225,6 @@ def _parts_with_input(err: ValidationError) -> list[tuple[str, str, Any]]:
     return [(field, msg, inputs.get(field)) for field, msg, _ in problem_parts(err)]
 
 
-def validation_problems(err: ValidationError) -> list[str]:
-    """One '<field>: <what is wrong> (got <value>)' per problem."""
-    return [line for _, line in field_problems(err)]
-
-
-def validation_message(err: ValidationError, where: str) -> str:
-    """One line per problem: '<where>: <field>: <what is wrong> (got <value>)'."""
-    return "\n".join(f"{where}: {line}" for line in validation_problems(err))
-
-
 def group_problems(problems: Iterable[tuple[str, str]]) -> str:
     """(where, problem) pairs -> one line per distinct problem, listing where it occurs.
 
@@ -266,7 +256,8 @@ def where(label: Any, field: str | None = None) -> str:
 def job_problems(
     value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, Any]
 ) -> tuple[JobSpec | None, list[tuple[str | None, str]]]:
-    """Like `parse_job`, but returns (job or None, [(field or None, problem line)]) instead of raising.
+    """A prompt string, a mapping of JobSpec fields (over `defaults`), or a JobSpec -> (job or None,
+    [(field or None, problem line)]), without saying which job (see `collect_jobs`).
 
     Every field is checked: a bad `resolution` is reported beside the job's other problems,
     not instead of them."""
@@ -323,23 +314,8 @@ def merge_fields(defaults: Mapping[str, Any], fields: Mapping[str, Any]) -> dict
     return merged
 
 
-def parse_job(value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, Any]) -> JobSpec:
-    """A prompt string, a mapping of JobSpec fields, or a JobSpec -> JobSpec.
-
-    `defaults` fill fields a string or mapping does not set; a JobSpec is taken as it is.
-    Raises InputError with one line per problem (without saying which job: see parse_jobs).
-    """
-    job, problems = job_problems(value, defaults)
-    if job is None:
-        raise InputError("\n".join(line for _, line in problems))
-    return job
-
-
 def parse_jobs(labelled: Iterable[tuple[Any, Any]], defaults: Mapping[str, Any]) -> list[JobSpec]:
-    """Parse (item, label) pairs, e.g. (prompt, "prompts.txt line 3"); all problems in one InputError.
-
-    A label may also be a job-file origin (see `where`), so that each problem names its line.
-    """
+    """`collect_jobs`, raising one InputError with every problem (or when there is no job)."""
     parsed, problems = collect_jobs(labelled, defaults)
     if problems:
         raise InputError(group_problems(problems))
@@ -351,7 +327,9 @@ def parse_jobs(labelled: Iterable[tuple[Any, Any]], defaults: Mapping[str, Any])
 def collect_jobs(
     labelled: Iterable[tuple[Any, Any]], defaults: Mapping[str, Any]
 ) -> tuple[list[tuple[JobSpec, Any, Any]], list[tuple[str, str]]]:
-    """([(job, label, item)] of the items that parse, [(where, problem)] of those that do not)."""
+    """Parse (item, label) pairs, e.g. (prompt, "prompts.txt line 3"): ([(job, label, item)] of the
+    items that parse, [(where, problem)] of those that do not). A label may also be a job-file
+    origin (see `where`), so that each problem names its line."""
     parsed, problems = [], []
     for value, label in labelled:
         job, found = job_problems(value, defaults)
