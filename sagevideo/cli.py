@@ -148,7 +148,7 @@ def generate(
         float | None,
         typer.Option(
             help="Seconds one job may run. On Ray a job still running then has its worker stopped and is "
-            "retried (a hang); in this process it fails after the step that passed the limit.",
+            "retried (a hang); in this process it is stopped mid-step (between two torch operations) and fails.",
         ),
     ] = None,
     frames_png: Annotated[
@@ -289,34 +289,74 @@ def simulate(
     rotate: Annotated[OnOff, typer.Option(help="Hadamard-rotate Q and K: on, off or both.")] = OnOff.on,
     qk_bits: Annotated[int, typer.Option(min=2, max=16, help="Bits of the Q/K integer quantization.")] = 8,
     granularity: Annotated[Granularity, typer.Option(help="Q/K scale per tile or per token.")] = Granularity.block,
-    block_m: Annotated[int | None, typer.Option(help="Q tile (default: the kernel plan's).")] = None,
-    block_n: Annotated[int | None, typer.Option(help="K tile (default: the kernel plan's).")] = None,
+    block_m: Annotated[int | None, typer.Option(min=1, help="Q tile (default: the kernel plan's).")] = None,
+    block_n: Annotated[int | None, typer.Option(min=1, help="K tile (default: the kernel plan's).")] = None,
     dtype: Annotated[str, typer.Option(help="Input dtype before quantization: fp16, bf16 or fp32.")] = "fp32",
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the figures as JSON.")] = None,
 ) -> None:
-    """Simulate quantized attention against exact fp64 attention: cosine, rel-L1, RMSE, worst first."""
+    """Simulate quantized attention against exact fp64 attention: cosine, rel-L1, RMSE, worst first.
+
+    Exit codes: 0 done, 2 bad input (checked before computing, including whether it fits in memory)."""
     import json
 
-    from sagevideo.eval.simulate import format_table, variant_grid
+    from sagevideo.budget import available_bytes, format_bytes
+    from sagevideo.eval.simulate import estimate_bytes, format_table, qkv_file_shapes, variant_grid
     from sagevideo.eval.simulate import simulate as run_simulation
+    from sagevideo.outputs.files import writable_file
 
     dims = _shape(shape)
     if qkv is not None and not qkv.is_file():
         raise fail("simulate", f"--qkv {qkv}: no such file", EXIT_BAD_INPUT)
     if dtype not in ("fp16", "bf16", "fp32"):
         raise fail("simulate", f"--dtype {dtype}: use fp16, bf16 or fp32", EXIT_BAD_INPUT)
+    if layout not in ("HND", "NHD"):
+        raise fail("simulate", f"--layout {layout}: use HND or NHD", EXIT_BAD_INPUT)
+    try:  # everything that could fail after the computation is checked before it
+        if json_out is not None:
+            writable_file(json_out, "--json", ValueError, "figures.json")
+    except ValueError as err:
+        raise fail("simulate", str(err), EXIT_BAD_INPUT) from None
+    try:
+        shapes = qkv_file_shapes(qkv, layout) if qkv is not None else {preset.value: dims}
+    except ValueError as err:  # the message starts with the file's path
+        raise fail("simulate", f"--qkv {err}", EXIT_BAD_INPUT) from None
     modes = [p.value for p in (pv or [SimPV.fp16, SimPV.fp8])]
     variants = variant_grid(
         modes, _settings(smooth_k), _settings(rotate),
         qk_bits=qk_bits, granularity=granularity.value, block_m=block_m, block_n=block_n,
     )
+    need, have = estimate_bytes(shapes.values(), variants, dtype), available_bytes("cpu") or 0
+    if have and need > have:
+        b, h, n, d = max(shapes.values(), key=lambda x: x[0] * x[1] * x[2] ** 2)
+        fits = max(128, int((have / 2 / (16 * b * h)) ** 0.5) // 128 * 128)
+        raise fail(
+            "simulate",
+            f"needs about {format_bytes(need)} of memory (the exact fp64 reference holds B·H·N² = {b}·{h}·{n}² "
+            f"scores), this machine has {format_bytes(have)} available; use fewer tokens or heads, e.g. "
+            f"--shape {b},{h},{min(fits, n)},{d}" + (" (or a --qkv file with shorter sequences)" if qkv else ""),
+            EXIT_BAD_INPUT,
+        )
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(shapes) * (len(variants) + 1), desc="simulate", unit="run", file=sys.stderr,
+               dynamic_ncols=True, leave=False)
+
+    started = []
+
+    def step(text: str) -> None:  # called before each run: the bar counts the finished ones
+        bar.update(1 if started else 0)
+        started.append(text)
+        bar.set_postfix_str(text[:60], refresh=True)
+
     try:
         results = run_simulation(
             variants, preset=preset.value, shape=dims, seed=seed,
-            qkv_file=None if qkv is None else str(qkv), layout=layout, dtype=dtype,
+            qkv_file=None if qkv is None else str(qkv), layout=layout, dtype=dtype, progress=step,
         )
     except (ValueError, FileNotFoundError) as err:
         raise fail("simulate", str(err), EXIT_BAD_INPUT) from None
+    finally:
+        bar.close()
     source = str(qkv) if qkv else f"preset {preset.value} {dims} seed {seed}"
     typer.echo(f"inputs: {source}, dtype {dtype}; errors vs fp64 attention, per (batch, head)\n")
     typer.echo(format_table(results))
@@ -349,27 +389,27 @@ def calibrate(
     save_qkv: Annotated[
         Path | None, typer.Option(help="Also save captured Q/K/V (safetensors) for `sagevideo simulate --qkv`.")
     ] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show the progress bar.")] = True,
 ) -> None:
     """Measure each attention layer's error per mode on real prompts and write the fastest plan that
-    meets the threshold (full precision where no mode does)."""
+    meets the threshold (full precision where no mode does).
+
+    Exit codes: 0 done, 2 bad input (nothing was loaded)."""
     from sagevideo.api.calibrate import calibrate as run_calibration
-    from sagevideo.jobs import InputError
+    from sagevideo.jobs import InputError, read_prompts_file
 
     prompts = list(prompt or [])
-    if prompts_file is not None:
-        if not prompts_file.is_file():
-            raise fail("calibrate", f"{prompts_file}: no such file", EXIT_BAD_INPUT)
-        prompts += [line.strip() for line in prompts_file.read_text().splitlines()
-                    if line.strip() and not line.lstrip().startswith("#")]
     try:
-        steps_list = None if capture_steps is None else [int(s) for s in capture_steps.split(",") if s.strip()]
-    except ValueError:
-        message = f"--capture-steps {capture_steps!r}: give integers like 0,1,-1"
-        raise fail("calibrate", message, EXIT_BAD_INPUT) from None
-    try:
+        if prompts_file is not None:  # UTF-8 text with at least one prompt, else one line saying so
+            prompts += [text for text, _ in read_prompts_file(prompts_file)]
+        try:
+            steps_list = None if capture_steps is None else [int(s) for s in capture_steps.split(",") if s.strip()]
+        except ValueError:
+            raise InputError(f"--capture-steps {capture_steps!r}: give integers like 0,1,-1") from None
         result = run_calibration(
-            prompts or None, out=out, model=model, steps=steps, frames=frames, height=height, width=width,
-            seed=seed, capture_steps=steps_list, threshold=threshold, device=device.value, save_qkv=save_qkv,
+            prompts if prompt or prompts_file else None, out=out, model=model, steps=steps, frames=frames,
+            height=height, width=width, seed=seed, capture_steps=steps_list, threshold=threshold,
+            device=device.value, save_qkv=save_qkv, progress=progress,
         )
     except InputError as err:
         raise fail("calibrate", str(err), EXIT_BAD_INPUT) from None
@@ -457,8 +497,8 @@ def eval_command(
 ) -> None:
     """Compare two output folders (paired by prompt and seed): metrics.json and report.html in --out.
 
-    Exit codes: 0 done, 1 a metric's model failed to load, 2 bad input (folders that do not pair,
-    unknown metric; nothing was loaded).
+    Exit codes: 0 done, 1 a metric's weights are present but could not be loaded (the other metrics
+    are still written), 2 bad input (folders that do not pair, unknown metric; nothing was loaded).
     """
     from sagevideo.eval.evaluate import EvalInputError, MetricModelError, PairingError, evaluate
 
@@ -467,12 +507,22 @@ def eval_command(
         result = evaluate(
             ref_dir, test_dir, out=out, noise_ref=noise_ref, options=options,
             echo=lambda line: typer.echo(line, err=True),
+            progress=lambda text: typer.echo(f"sagevideo eval: {text}", err=True),
         )
     except (EvalInputError, PairingError) as err:
         raise fail("eval", str(err), EXIT_BAD_INPUT) from None
     except MetricModelError as err:
         raise fail("eval", str(err), EXIT_FAILED) from None
     _print_verdicts(result, out)
+    _fail_for_lost_metrics("eval", result)
+
+
+def _fail_for_lost_metrics(command: str, result: dict) -> None:
+    """Exit 1 (after everything was written) when a metric's weights are present but broken."""
+    if result.get("failed"):
+        lost = ", ".join(result["failed"])
+        message = f"{lost}: weights present but not loadable (see above); the other metrics are in metrics.json"
+        raise fail(command, message, EXIT_FAILED)
 
 
 @app.command()
@@ -533,6 +583,7 @@ def ab(
         typer.echo("sagevideo ab: interrupted; re-run the same command to resume", err=True)
         raise typer.Exit(getattr(stop, "exit_code", _EVAL_EXIT_INTERRUPTED)) from None
     _print_verdicts(result, out)
+    _fail_for_lost_metrics("ab", result)
 
 
 @app.command("check-weights")
@@ -542,10 +593,14 @@ def check_weights(
 ) -> None:
     """List each evaluation metric's weight files: present, missing, and where to put them.
 
-    Nothing is ever downloaded. Exit code 0 when every metric can run, 1 when some would be skipped.
+    Nothing is ever downloaded. Exit code 0 when every metric can run, 1 when some would be skipped,
+    2 bad input.
     """
     from sagevideo.eval.weights import report_lines
 
+    if weights is not None and weights.exists() and not weights.is_dir():
+        raise fail("check-weights", f"--weights {weights}: is a file; give the folder that holds the weights",
+                   EXIT_BAD_INPUT)
     lines, complete = report_lines(weights, lpips_net=lpips_net.value)
     for line in lines:
         typer.echo(line)

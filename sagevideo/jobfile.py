@@ -17,7 +17,8 @@ file may also be a bare list of jobs. Relative `plan` paths are relative to the 
 Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped.
 
 Every problem in the file is reported at once, before anything is loaded, as
-'FILE line N (job K): field: what is wrong (got value)', raised as `InputError`.
+'FILE line N (job K): field: what is wrong (got value)', raised as `InputError`: a bad default
+is reported once at its line and left out, so it hides no job's own problems.
 """
 
 from __future__ import annotations
@@ -30,16 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from sagevideo.jobs import (
     InputError,
-    JobSpec,
-    field_problems,
     group_problems,
+    job_problems,
     merge_fields,
     read_prompts_file,
     read_text_file,
+    where,
 )
 
 STRUCTURED = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
@@ -77,11 +76,15 @@ class Origin:
 
 @dataclass
 class JobFile:
-    """A read job file. items: (job dict or prompt, Origin or 'FILE line N' label), in file order."""
+    """A read job file. items: (job dict or prompt, Origin or 'FILE line N' label), in file order.
+
+    problems: (where, what is wrong) found in its layout and defaults; the jobs' own fields are
+    checked when they are parsed (`sagevideo.jobs.collect_jobs`), with the other settings."""
 
     path: Path
     kind: str  # "yaml", "toml" or "text"
     items: list[tuple[Any, Any]]
+    problems: list[tuple[str, str]] = field(default_factory=list)
 
 
 def job_file_kind(path: str | Path) -> str:
@@ -105,7 +108,20 @@ def looks_like_job_file(value: Any) -> bool:
 
 
 def read_job_file(path: str | Path) -> JobFile:
-    """Read and check a job file's structure and fields; raises InputError naming each bad line."""
+    """Read and check a job file's structure, defaults and jobs' fields; raises InputError naming
+    each bad line (all of them at once)."""
+    job_file = load_job_file(path)
+    problems = list(job_file.problems)
+    for value, label in job_file.items:
+        problems += [(where(label, fld), line) for fld, line in job_problems(value, {})[1]]
+    if problems:
+        raise InputError(group_problems(problems))
+    return job_file
+
+
+def load_job_file(path: str | Path) -> JobFile:
+    """Read a job file, collecting the problems of its layout and defaults in `JobFile.problems`
+    instead of raising; raises InputError only when the file cannot be read or parsed at all."""
     path = Path(path)
     kind = job_file_kind(path)
     if kind == "text":
@@ -113,7 +129,8 @@ def read_job_file(path: str | Path) -> JobFile:
         return JobFile(path, kind, list(read_prompts_file(path)))
     text = read_text_file(path, "job file", "a YAML or TOML job file")
     data, lines = _parse_yaml(path, text) if kind == "yaml" else _parse_toml(path, text)
-    return JobFile(path, kind, _jobs(path, data, lines))
+    items, problems = _jobs(path, data, lines)
+    return JobFile(path, kind, items, problems)
 
 
 def _place(file: str, line: int | None, what: str) -> str:
@@ -123,18 +140,18 @@ def _place(file: str, line: int | None, what: str) -> str:
 # --- structure -----------------------------------------------------------------------------------
 
 
-def _jobs(path: Path, data: Any, lines: dict[tuple, int]) -> list[tuple[Any, Any]]:
-    """Top-level checks, then defaults, then one (job dict, Origin) per job."""
+def _jobs(path: Path, data: Any, lines: dict[tuple, int]) -> tuple[list[tuple[Any, Any]], list[tuple[str, str]]]:
+    """Top-level checks, then defaults, then one (job dict, Origin) per job; every problem found
+    is returned with the items that could be read, none stops the others from being checked."""
     name = str(path)
     if data is None:
         data = {}
     if isinstance(data, list):  # a bare list of jobs (YAML)
         data, lines = {"jobs": data}, {("jobs", *key): line for key, line in lines.items()}
     if not isinstance(data, dict):
-        raise InputError(
-            f"{name}: expected 'defaults' and 'jobs' sections (or a list of jobs), got a "
-            f"{_kind_of(data)}; see `sagevideo generate --help` for the layout"
-        )
+        return [], [(name,
+                     f"expected 'defaults' and 'jobs' sections (or a list of jobs), got a {_kind_of(data)}; "
+                     "see `sagevideo generate --help` for the layout")]
     problems = []
     for key in data:
         if key not in TOP_LEVEL:
@@ -142,6 +159,8 @@ def _jobs(path: Path, data: Any, lines: dict[tuple, int]) -> list[tuple[Any, Any
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             at = _place(name, lines.get((key,)), "top level")
             problems.append((at, f"{key!r}: unknown section; use 'defaults' and 'jobs'{hint}"))
+    defaults, found = _defaults(path, data.get("defaults"), lines)
+    problems += found
     jobs = data.get("jobs")
     jobs_at = _place(name, lines.get(("jobs",)), "jobs")
     if jobs is None:
@@ -152,12 +171,11 @@ def _jobs(path: Path, data: Any, lines: dict[tuple, int]) -> list[tuple[Any, Any
         problems.append((jobs_at, f"'jobs' must be a list of jobs, got a {_kind_of(jobs)}"))
     elif not jobs:
         problems.append((jobs_at, "'jobs' is empty; add at least one job"))
-    if problems:
-        raise InputError(group_problems(problems))
+    if not isinstance(jobs, list):
+        return [], problems
 
-    defaults = _defaults(path, data.get("defaults"), lines)
     inherited = _field_lines(lines, ("defaults",), defaults)
-    items, problems = [], []
+    items = []
     for number, job in enumerate(jobs, start=1):
         key = ("jobs", number - 1)
         origin = Origin(name, number, lines.get(key), _field_lines(lines, key, job), inherited)
@@ -171,21 +189,20 @@ def _jobs(path: Path, data: Any, lines: dict[tuple, int]) -> list[tuple[Any, Any
             problems.append((origin.at(), f"{bad_keys[0]!r} is not a field name; quote it or remove it"))
             continue
         items.append((merge_fields(defaults, _resolve_plan(path, job)), origin))
-    if problems:
-        raise InputError(group_problems(problems))
-    return items
+    return items, problems
 
 
-def _defaults(path: Path, defaults: Any, lines: dict[tuple, int]) -> dict[str, Any]:
-    """Check the defaults section on its own, so a bad default is reported once, at its line."""
+def _defaults(path: Path, defaults: Any, lines: dict[tuple, int]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """(the usable defaults, problems): each bad default is reported once, at its line, and left
+    out, so the jobs are still checked (with what is left)."""
     name = str(path)
     if defaults is None:
-        return {}
+        return {}, []
     at = _place(name, lines.get(("defaults",)), "defaults")
     if not isinstance(defaults, dict):
-        raise InputError(f"{at}: 'defaults' must be a table of job fields, got a {_kind_of(defaults)}")
-    problems = []
-    for key in defaults:
+        return {}, [(at, f"'defaults' must be a table of job fields, got a {_kind_of(defaults)}")]
+    problems, usable = [], {}
+    for key, value in defaults.items():
         if not isinstance(key, str):
             problems.append((at, f"{key!r} is not a field name; quote it or remove it"))
         elif key in PER_JOB_ONLY:
@@ -193,17 +210,19 @@ def _defaults(path: Path, defaults: Any, lines: dict[tuple, int]) -> dict[str, A
                 (_place(name, lines.get(("defaults", key)), "defaults"),
                  f"{key}: cannot be a default (every job would get the same {key}); set it on each job")
             )
-    if not problems:
-        try:
-            JobSpec(prompt="-", **defaults)  # the prompt is a stand-in: defaults have none
-        except ValidationError as err:
-            for fld, line in field_problems(err):
-                key = "resolution" if fld in _SIZE_FIELDS and "resolution" in defaults else fld
-                at = _place(name, lines.get(("defaults", key), lines.get(("defaults",))), "defaults")
-                problems.append((at, line))
-    if problems:
-        raise InputError(group_problems(problems))
-    return _resolve_plan(path, defaults)
+        else:
+            usable[key] = value
+    _, found = job_problems({"prompt": "-", **usable}, {})  # the prompt is a stand-in: defaults have none
+    bad = set()
+    for fld, line in found:
+        fld = (fld or "value").split(".", 1)[0]
+        key = "resolution" if fld in _SIZE_FIELDS and "resolution" in usable else fld
+        bad.add(key)
+        if key == "resolution":
+            bad.update(_SIZE_FIELDS)  # "resolution or height/width, not both": neither is trusted
+        problems.append((_place(name, lines.get(("defaults", key), lines.get(("defaults",))), "defaults"), line))
+    usable = {k: v for k, v in usable.items() if k not in bad}
+    return _resolve_plan(path, usable), problems
 
 
 def _resolve_plan(path: Path, fields: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import math
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping
@@ -55,7 +54,8 @@ class JobSpec(BaseModel):
     height: int | None = Field(None, ge=8, le=8192)
     width: int | None = Field(None, ge=8, le=8192)
     steps: int | None = Field(None, ge=1, le=1000)
-    guidance: float = Field(6.0, ge=0.0, le=100.0)
+    # allow_inf_nan=False: a NaN fails every comparison, so `le` alone would call it "more than 100".
+    guidance: float = Field(6.0, ge=0.0, le=100.0, allow_inf_nan=False)
     attention: Literal["sage", "full"] | None = None
     pv: Literal["fp16", "fp8"] | None = None
     plan: str | None = None
@@ -92,13 +92,6 @@ class JobSpec(BaseModel):
         value = value.strip()
         if not value:
             raise ValueError("prompt is empty; give some text to generate from")
-        return value
-
-    @field_validator("guidance")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("guidance must be a finite number, e.g. 6.0")
         return value
 
     @field_validator("plan")
@@ -168,6 +161,11 @@ def known_fields(model: str) -> list[str]:
 
 def field_problems(err: ValidationError) -> list[tuple[str, str]]:
     """(field, '<field>: <what is wrong> (got <value>)') per problem, with a fix where one is known."""
+    return [(field, f"{field}: {msg}{shown}") for field, msg, shown in problem_parts(err)]
+
+
+def problem_parts(err: ValidationError) -> list[tuple[str, str, str]]:
+    """(field, what is wrong, ' (got <value>)' or '') per problem of a validation error."""
     problems = []
     for problem in err.errors():
         field = ".".join(str(part) for part in problem["loc"])
@@ -184,18 +182,47 @@ def field_problems(err: ValidationError) -> list[tuple[str, str]]:
                 msg += f" (did you mean {close[0]!r}?)"
         elif problem["type"] == "missing":
             msg = f"missing; every job needs a {field}" if field == "prompt" else "missing; add it"
-        problems.append((field, f"{field}: {msg}{shown}"))
+        problems.append((field, msg, shown))
     return problems
 
 
-def validation_problems(err: ValidationError) -> list[str]:
-    """One '<field>: <what is wrong> (got <value>)' per problem."""
-    return [line for _, line in field_problems(err)]
+def option_name(field: str) -> str:
+    """The command-line option of a job field or run setting: negative_prompt -> --negative-prompt."""
+    return "--" + field.replace("_", "-")
 
 
-def validation_message(err: ValidationError, where: str) -> str:
-    """One line per problem: '<where>: <field>: <what is wrong> (got <value>)'."""
-    return "\n".join(f"{where}: {line}" for line in validation_problems(err))
+def option_place(field: str, value: Any) -> str:
+    """Where a problem of an option's value is: '--steps 0' (a flag for booleans)."""
+    if isinstance(value, bool):
+        return option_name(field) if value else f"--no-{field.replace('_', '-')}"
+    return f"{option_name(field)} {value}"
+
+
+def settings_problems(err: ValidationError) -> list[tuple[str, str]]:
+    """(option with its value, what is wrong) per problem of a RunSettings error."""
+    return [(option_place(field, got), msg) for field, msg, got in _parts_with_input(err)]
+
+
+def option_problems(options: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Check options that are job fields (seed, steps, ...) on their own, before any job.
+
+    Returns (the options with bad ones left out, [(option with its value, what is wrong)]): a
+    bad option is reported once, by its name ('--steps 0'), and does not hide the jobs' problems."""
+    given = {k: v for k, v in options.items() if v is not None}
+    try:
+        JobSpec(prompt="-", **given)  # the prompt is a stand-in: options give none
+    except ValidationError as err:
+        bad = _parts_with_input(err)
+    else:
+        return dict(options), []
+    names = {field.split(".", 1)[0] for field, _, _ in bad}
+    kept = {k: v for k, v in options.items() if k not in names}
+    return kept, [(option_place(field, got), msg) for field, msg, got in bad]
+
+
+def _parts_with_input(err: ValidationError) -> list[tuple[str, str, Any]]:
+    inputs = {".".join(str(part) for part in e["loc"]): e.get("input") for e in err.errors()}
+    return [(field, msg, inputs.get(field)) for field, msg, _ in problem_parts(err)]
 
 
 def group_problems(problems: Iterable[tuple[str, str]]) -> str:
@@ -212,7 +239,7 @@ def group_problems(problems: Iterable[tuple[str, str]]) -> str:
     lines = []
     for problem, places in grouped.items():
         shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
-        lines.append(f"{shown}: {problem}")
+        lines.append(f"{shown}: {problem}" if shown else problem)  # "": a problem that names its own place
     return "\n".join(lines)
 
 
@@ -229,7 +256,11 @@ def where(label: Any, field: str | None = None) -> str:
 def job_problems(
     value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, Any]
 ) -> tuple[JobSpec | None, list[tuple[str | None, str]]]:
-    """Like `parse_job`, but returns (job or None, [(field or None, problem line)]) instead of raising."""
+    """A prompt string, a mapping of JobSpec fields (over `defaults`), or a JobSpec -> (job or None,
+    [(field or None, problem line)]), without saying which job (see `collect_jobs`).
+
+    Every field is checked: a bad `resolution` is reported beside the job's other problems,
+    not instead of them."""
     if isinstance(value, JobSpec):
         return value, []
     if isinstance(value, str):
@@ -240,10 +271,34 @@ def job_problems(
         return None, [
             (None, f"expected a prompt string, a dict of job fields or a JobSpec, got {type(value).__name__}")
         ]
+    fields, problems = split_resolution(fields)
     try:
-        return JobSpec(**fields), []
+        job = JobSpec(**fields)
     except ValidationError as err:
-        return None, list(field_problems(err))
+        problems += field_problems(err)
+    if problems:
+        return None, problems
+    return job, []
+
+
+def split_resolution(fields: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str | None, str]]]:
+    """(fields with `resolution` turned into width/height, [(field, problem)]).
+
+    JobSpec does the same split, but a model-level check stops pydantic from checking any other
+    field; here a bad resolution is reported and left out so the rest is still checked."""
+    fields = dict(fields)
+    if "resolution" not in fields:
+        return fields, []
+    value = fields.pop("resolution")
+    if value is None:
+        return fields, []
+    if fields.get("height") is not None or fields.get("width") is not None:
+        return fields, [("resolution", "resolution: give either resolution or height/width, not both")]
+    try:
+        fields["width"], fields["height"] = parse_resolution(value)
+    except ValueError as err:
+        return fields, [("resolution", f"resolution: {err}")]
+    return fields, []
 
 
 def merge_fields(defaults: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -259,34 +314,29 @@ def merge_fields(defaults: Mapping[str, Any], fields: Mapping[str, Any]) -> dict
     return merged
 
 
-def parse_job(value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, Any]) -> JobSpec:
-    """A prompt string, a mapping of JobSpec fields, or a JobSpec -> JobSpec.
-
-    `defaults` fill fields a string or mapping does not set; a JobSpec is taken as it is.
-    Raises InputError with one line per problem (without saying which job: see parse_jobs).
-    """
-    job, problems = job_problems(value, defaults)
-    if job is None:
-        raise InputError("\n".join(line for _, line in problems))
-    return job
-
-
 def parse_jobs(labelled: Iterable[tuple[Any, Any]], defaults: Mapping[str, Any]) -> list[JobSpec]:
-    """Parse (item, label) pairs, e.g. (prompt, "prompts.txt line 3"); all problems in one InputError.
+    """`collect_jobs`, raising one InputError with every problem (or when there is no job)."""
+    parsed, problems = collect_jobs(labelled, defaults)
+    if problems:
+        raise InputError(group_problems(problems))
+    if not parsed:
+        raise InputError("no prompts to generate; give at least one")
+    return [job for job, _, _ in parsed]
 
-    A label may also be a job-file origin (see `where`), so that each problem names its line.
-    """
-    jobs, problems = [], []
+
+def collect_jobs(
+    labelled: Iterable[tuple[Any, Any]], defaults: Mapping[str, Any]
+) -> tuple[list[tuple[JobSpec, Any, Any]], list[tuple[str, str]]]:
+    """Parse (item, label) pairs, e.g. (prompt, "prompts.txt line 3"): ([(job, label, item)] of the
+    items that parse, [(where, problem)] of those that do not). A label may also be a job-file
+    origin (see `where`), so that each problem names its line."""
+    parsed, problems = [], []
     for value, label in labelled:
         job, found = job_problems(value, defaults)
         if job is not None:
-            jobs.append(job)
+            parsed.append((job, label, value))
         problems += [(where(label, field), line) for field, line in found]
-    if problems:
-        raise InputError(group_problems(problems))
-    if not jobs:
-        raise InputError("no prompts to generate; give at least one")
-    return jobs
+    return parsed, problems
 
 
 def read_text_file(path: str | Path, what: str, expected: str) -> str:

@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 
     shots: Path | list = args.shots
     out = args.out
-    if args.preview:
-        shots, out = _preview_jobs(args.shots), args.out / "preview"
     try:
+        if args.preview:
+            shots, out = _preview_jobs(args.shots, args.model, args.out), args.out / "preview"
         records = sagevideo.generate(
             shots,
             model=args.model,
@@ -77,11 +77,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _preview_jobs(path: Path) -> list[dict]:
-    """The shot list with PREVIEW over each shot, checked first as written (errors name lines)."""
+def _preview_jobs(path: Path, model: str, out: Path) -> list[dict]:
+    """The shot list with PREVIEW over each shot, checked first as written, for this model (errors
+    name lines; InputError lists them all)."""
+    from sagevideo.api.generate import plan_batch
     from sagevideo.jobfile import read_job_file
     from sagevideo.jobs import merge_fields
 
+    plan_batch(job_file=path, model=model, out=out)
     return [merge_fields(fields, PREVIEW) for fields, _ in read_job_file(path).items]
 
 

@@ -99,7 +99,7 @@ def test_failed_job_gives_exit_code_1(tmp_path, monkeypatch):
     [
         (["missing.txt"], "prompts file missing.txt does not exist"),
         (["--model", "/no/such/folder"], "--model /no/such/folder: no such folder"),
-        (["--frames", "8"], "frames: 8 is not 1 + a multiple of 4"),
+        (["--frames", "8"], "--frames 8: 8 is not 1 + a multiple of 4"),  # the option, not "job 1: frames:"
         (["--backend", "triton", "--device", "cpu"], "--backend triton cannot run"),
         (["--job-timeout", "0"], "--job-timeout 0.0: give seconds > 0"),
     ],
@@ -156,3 +156,21 @@ def test_model_that_cannot_load_exits_1(tmp_path, monkeypatch):
     assert result.exit_code == 1
     assert "error: could not load model tiny: OSError: header too large" in result.stderr
     assert not (tmp_path / "manifest.jsonl").exists()
+
+
+def test_a_mistyped_manifest_line_is_said_once_and_the_batch_resumes(tmp_path):
+    out = tmp_path / "out"
+    first = invoke("--out", out, "-p", "a fox", "--no-progress")
+    assert first.exit_code == 0, first.output
+    manifest = out / "manifest.jsonl"
+    with manifest.open("a") as f:  # valid JSON, wrong types: a hand edit or another tool's line
+        f.write('{"job_id": "0123", "status": "done", "outputs": 5}\n{"job_id": "b", "sta')
+    again = invoke("--out", out, "-p", "a fox", "--no-progress")
+    assert again.exit_code == 0, again.output
+    assert "0 done, 1 skipped" in again.stdout
+    said = [line for line in again.stderr.splitlines() if "not a usable record" in line]
+    assert len(said) == 2 and said[0].startswith("sagevideo: manifest.jsonl line 2 is not a usable record (field "
+                                                 "outputs: Input should be a valid list (got 5))")
+    assert "Traceback" not in again.output and "Warning" not in again.output
+    third = invoke("--out", out, "-p", "a fox", "--no-progress")
+    assert third.exit_code == 0 and "not a usable record" not in third.stderr

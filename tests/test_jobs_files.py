@@ -210,7 +210,11 @@ def test_a_bad_default_is_reported_once_at_its_line(tmp_path, no_model_load):
     path = write(tmp_path, "d.yaml", "defaults:\n  frames: 10\n  steps: 0\njobs:\n  - a\n  - b\n  - c\n")
     with pytest.raises(InputError) as err:
         plan_batch(job_file=path, out=tmp_path / "out")
-    assert str(err.value) == f"{path} line 3 (defaults): steps: Input should be greater than or equal to 1 (got 0)"
+    assert str(err.value).splitlines() == [  # each bad default once, the model's rule on frames too
+        f"{path} line 3 (defaults): steps: Input should be greater than or equal to 1 (got 0)",
+        f"{path} line 2 (defaults): frames: 10 is not 1 + a multiple of 4 (the VAE compresses time 4x); "
+        "use 1 + a multiple of 8, e.g. 9 or 17",
+    ]
     path.write_text("defaults:\n  frames: 10\njobs:\n  - a\n  - b\n  - c\n")
     with pytest.raises(InputError) as err:  # a model rule on an inherited value: one line, at the default
         plan_batch(job_file=path, out=tmp_path / "out")
@@ -256,3 +260,71 @@ def test_read_job_file_keeps_lines_for_inherited_fields(tmp_path):
 def test_resolution_forms(value, width_height):
     job = JobSpec(prompt="x", resolution=value)
     assert (job.width, job.height) == width_height
+
+
+def test_a_bad_default_hides_no_job_problem_and_a_bad_resolution_hides_no_field(tmp_path, no_model_load):
+    path = write(
+        tmp_path,
+        "all.yaml",
+        "defaults:\n  steps: -3\n  guidance: .nan\njobs:\n  - prompt: a fox\n    resolution: 12x\n    seed: -1\n"
+        "    frames: 0\n  - prompt: ok\n    pv: fp9\n",
+    )
+    with pytest.raises(InputError) as err:
+        plan_batch(job_file=path, out=tmp_path / "out")
+    assert str(err.value).splitlines() == [
+        f"{path} line 2 (defaults): steps: Input should be greater than or equal to 1 (got -3)",
+        f"{path} line 3 (defaults): guidance: Input should be a finite number (got nan)",  # not "<= 100"
+        f"{path} line 6 (job 1): resolution: resolution '12x' is not WIDTHxHEIGHT; give WIDTHxHEIGHT in pixels, "
+        "e.g. 720x480, or [720, 480]",
+        f"{path} line 7 (job 1): seed: Input should be greater than or equal to 0 (got -1)",
+        f"{path} line 8 (job 1): frames: Input should be greater than or equal to 1 (got 0)",
+        f"{path} line 10 (job 2): pv: Input should be 'fp16' or 'fp8' (got 'fp9')",
+    ]
+
+
+def test_bad_options_are_named_as_options_beside_the_file_problems(tmp_path, no_model_load):
+    path = write(tmp_path, "s.yaml", "jobs:\n  - prompt: a\n    seed: -1\n  - prompt: b\n")
+    with pytest.raises(InputError) as err:
+        plan_batch(job_file=path, out=tmp_path / "out", steps=0, frames=8)
+    assert str(err.value).splitlines() == [
+        "--steps 0: Input should be greater than or equal to 1",
+        f"{path} line 3 (job 1): seed: Input should be greater than or equal to 0 (got -1)",
+        "--frames 8: 8 is not 1 + a multiple of 4 (the VAE compresses time 4x); use 1 + a multiple of 8, e.g. 1 or 9",
+    ]
+
+
+def test_cli_option_error_names_the_option(tmp_path, no_model_load):
+    result = CliRunner().invoke(app, ["generate", "-p", "x", "--steps", "0", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "sagevideo generate: error: --steps 0: Input should be greater than or equal to 1"
+
+
+def plan_file(tmp_path, **fields):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"version": 1, "default": {"mode": "int8-fp16"}, **fields}))
+    return path
+
+
+def test_a_plan_naming_a_layer_the_model_lacks_is_refused_before_loading(tmp_path, no_model_load):
+    plan = plan_file(tmp_path, overrides=[{"layers": ["transformer_blocks.7.attn1"], "mode": "full"}])
+    path = write(tmp_path, "s.yaml", f"jobs:\n  - prompt: a\n    plan: {plan}\n")
+    with pytest.raises(InputError, match=r"s.yaml line 3 \(job 1\): plan: .*plan.json: plan names 1 layer\(s\) "
+                       r"this transformer does not have, e.g. \['transformer_blocks.7.attn1'\]"):
+        plan_batch(job_file=path, out=tmp_path / "out")
+    with pytest.raises(InputError, match=rf"^--plan {plan}: plan names 1 layer"):  # the option, by its name
+        plan_batch("a", plan=plan, out=tmp_path / "out")
+
+
+def test_a_step_range_no_job_reaches_is_refused_and_a_step_count_mismatch_noted(tmp_path, no_model_load):
+    plan = plan_file(tmp_path, overrides=[{"steps": [5, None], "mode": "full"}])
+    path = write(tmp_path, "s.yaml", f"jobs:\n  - prompt: a\n    plan: {plan}\n  - prompt: b\n    plan: {plan}\n"
+                 "    steps: 8\n")
+    with pytest.raises(InputError) as err:  # 2 steps (the tiny default): [5, null] would never apply
+        plan_batch(job_file=path, out=tmp_path / "out")
+    (line,) = str(err.value).splitlines()
+    assert line.startswith(f"{path} line 3 (job 1): plan: {plan}: plan overrides[0] starts at step 5 but the run "
+                           "has 2 steps (0..1), so it would never apply")
+
+    calibrated = plan_file(tmp_path, num_steps=50, layers=["transformer_blocks.0.attn1", "transformer_blocks.1.attn1"])
+    batch = plan_batch("a", plan=calibrated, out=tmp_path / "out")
+    assert any(n.startswith("plan plan.json was made for 50 steps but runs on jobs of 2 step(s)") for n in batch.notes)

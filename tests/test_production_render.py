@@ -43,3 +43,16 @@ def test_bad_shot_list_exits_2_naming_the_line(tmp_path, script, capsys):
     bad.write_text("jobs:\n  - prompt: a\n    resolution: 720x481\n")
     assert script.main([str(bad), "--model", "tiny", "--out", str(tmp_path / "out")]) == 2
     assert "bad.yaml line 3 (job 1): height: 481 px is not a multiple of 16" in capsys.readouterr().err
+
+
+def test_bad_shot_list_exits_2_in_preview_too_with_every_problem(tmp_path, script, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("jobs:\n  - prompt: a\n    steps: -2\n    resolution: 720x481\n")
+    assert script.main([str(bad), "--model", "tiny", "--out", str(tmp_path / "out"), "--preview"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml line 3 (job 1): steps: Input should be greater than or equal to 1" in err
+    assert "Traceback" not in err
+    # checked as written: the preview's own 64x64 would have hidden the bad size
+    bad.write_text("jobs:\n  - prompt: a\n    resolution: 720x481\n")
+    assert script.main([str(bad), "--model", "tiny", "--out", str(tmp_path / "out"), "--preview"]) == 2
+    assert "bad.yaml line 3 (job 1): height: 481 px is not a multiple of 16" in capsys.readouterr().err

@@ -1,8 +1,8 @@
 """`sagevideo ab`: paired full-precision vs quantized runs of one job file, then their evaluation.
 
-Three runs through `sagevideo.generate`, each into its own folder under `out`, with the same
-prompts, seeds and sizes (generate draws the initial noise from a CPU generator seeded by the
-job's seed, so the arms start from the same latents):
+Three runs through `plan_batch` and `run_batch` (as `sagevideo.generate`), each into its own
+folder under `out`, with the same prompts, seeds and sizes (generate draws the initial noise
+from a CPU generator seeded by the job's seed, so the arms start from the same latents):
   out/quantized/    attention="sage" (with --plan / --pv), the test arm (run first: its
                     settings are the ones most likely to be refused, before anything else ran)
   out/full/         attention="full", the reference arm
@@ -138,7 +138,7 @@ def ab(
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
     failed; ModelLoadError (from generate) when the model cannot be loaded.
     """
-    import sagevideo
+    from sagevideo.api.generate import plan_batch, run_batch
     from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out
     from sagevideo.eval.probe import rerun_arm
     from sagevideo.pipelines.plans import AttentionPlan, PlanError
@@ -162,10 +162,10 @@ def ab(
             pv = loaded_plan.default.mode.pv  # None when the default is full precision
     options = options or EvalOptions()
     check_metrics(options.metrics)
-    out_dir = prepare_out(out)
+    shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None  # re-runs' and evaluation's steps
     options.labels = dict(LABELS)
 
-    common: dict[str, Any] = {"model": model, "backend": backend, "device": device, "progress": progress}
+    common: dict[str, Any] = {"model": model, "backend": backend, "device": device}
     quantized: dict[str, Any] = {"attention": "sage"}
     if pv is not None:
         quantized["pv"] = pv
@@ -174,10 +174,19 @@ def ab(
     runs = [("test", quantized), ("ref", {"attention": "full"})]
     if noise_floor:
         runs.append(("noise", {"attention": "full"}))
+    # Every arm is planned (and so checked) before anything runs or any folder is made for it.
+    if Path(out).expanduser().exists():
+        prepare_out(out)  # an --out that is a file is said as such, not as a bad arm folder
+    batches = {role: plan_batch(job_file, out=Path(out).expanduser() / ARMS[role], **common, **settings)
+               for role, settings in runs}
+    out_dir = prepare_out(out)
     records: dict[str, list[dict[str, Any]]] = {}
-    for role, settings in runs:
+    for role, batch in batches.items():
         echo(f"sagevideo ab: {LABELS[role]} arm -> {out_dir / ARMS[role]}")
-        recs = sagevideo.generate(job_file, out=out_dir / ARMS[role], **common, **settings)
+        for note in batch.notes:
+            if note.startswith("plan "):  # e.g. a plan calibrated for another step count
+                echo(f"sagevideo ab: {note}")
+        recs = run_batch(batch, progress=progress).records
         failed = [r for r in recs if r.get("status") != "done"]
         if failed:
             raise ABFailed(
@@ -206,6 +215,7 @@ def ab(
                 model=model,
                 probe=attention_probe,
                 write_to=test_dir,
+                progress=shown,
             )
             records["test"] = rerun["records"]
             probe = rerun["probe"]
@@ -216,7 +226,9 @@ def ab(
             )
     if attention_probe and probe is None:
         echo("sagevideo ab: attention probe: re-running the quantized jobs with a probing router")
-        probe = rerun_arm(records["test"], arm_dir=test_dir, plan=loaded_plan, model=model, probe=True)["probe"]
+        probe = rerun_arm(
+            records["test"], arm_dir=test_dir, plan=loaded_plan, model=model, probe=True, progress=shown
+        )["probe"]
         if not probe["reproduced"]["all_identical"]:
             line = (
                 "the probed run did not reproduce the quantized arm's videos exactly; the probe measured the "
@@ -260,4 +272,5 @@ def ab(
         run_info=run_info,
         notes=notes,
         echo=echo,
+        progress=shown,
     )

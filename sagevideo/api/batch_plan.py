@@ -9,6 +9,7 @@ and output name. It returns a `BatchPlan` for `sagevideo.api.batch_run.run_batch
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import math
@@ -20,17 +21,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from sagevideo.api.execute import PlannedJob, RunContext
+from sagevideo.jobfile import Origin
 from sagevideo.jobs import (
     DEFAULT_PROMPTS,
     InputError,
     JobSpec,
     RunSettings,
+    collect_jobs,
     group_problems,
     job_id,
+    option_place,
+    option_problems,
     output_stem,
-    parse_jobs,
     read_prompts_file,
-    validation_message,
+    settings_problems,
     where,
 )
 from sagevideo.outputs.manifest import MANIFEST_NAME
@@ -122,13 +126,17 @@ def plan_batch(
     be a JSON object, recorded in the manifest). gpus_per_job: ranks per job (Ulysses sequence
     parallelism, CogVideoX only), checked against every job's heads and video tokens here.
     job_timeout: seconds one job may run. On Ray the driver stops a worker whose job runs longer
-    (a hang) and retries the job like a worker death; in this process the limit is checked after
-    each denoising step and the job fails (a hang inside one step cannot be stopped here).
+    (a hang) and retries the job like a worker death; in this process a timer stops the job at the
+    limit, mid-step, between two torch operations (one operation that runs longer, e.g. a single
+    huge attention call, finishes first; outside the main thread the limit is checked after each
+    step), and the job fails. Jobs whose estimated peak memory exceeds what the device has free
+    are refused with the estimate (`sagevideo.api.estimate`); large CPU jobs get a note with their
+    measured attention time.
     frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4).
     Raises InputError naming each bad field and its fix.
     """
     from sagevideo.api.sharded import degree_problems
-    from sagevideo.jobfile import looks_like_job_file, read_job_file
+    from sagevideo.jobfile import load_job_file, looks_like_job_file
     from sagevideo.pipelines.loading import resolve_model
 
     try:
@@ -136,14 +144,12 @@ def plan_batch(
             model=model, attention=attention, pv=pv, backend=backend, device=device, dtype=dtype, fps=fps
         )
     except ValidationError as err:
-        raise InputError(validation_message(err, "settings")) from None
+        raise InputError(group_problems(settings_problems(err))) from None
     dev, dt = _resolve_device(settings)
     settings = settings.model_copy(update={"pv": resolve_pv(settings.pv, dev)})
     if job_file is None and looks_like_job_file(prompts_or_jobs):
         job_file, prompts_or_jobs = prompts_or_jobs, None
-    file_items = read_job_file(job_file).items if job_file is not None else []
-    labelled = [*file_items, *_labelled_items(prompts_or_jobs, prompts_file, have_jobs=bool(file_items))]
-    defaults = dict(
+    options = dict(
         seed=seed,
         frames=frames,
         height=height,
@@ -156,17 +162,39 @@ def plan_batch(
         plan=None if plan is None else str(Path(plan).expanduser().resolve()),
         frames_png=frames_png,
     )
-    notes = _shadowed_options(job_file, file_items, {**defaults, "pv": pv})
-    jobs = parse_jobs(labelled, defaults)
-    source = resolve_model(settings.model)
-    resolved = [(_resolve_job(source, j), label) for j, (_, label) in zip(jobs, labelled, strict=True)]
-    problems = [
-        (where(label, problem.split(":", 1)[0]), problem) for j, label in resolved for problem in source.problems(j)
-    ]
-    plan_shas, plan_problems = _check_plans(resolved)
-    problems += plan_problems + _duplicate_outputs(resolved)
+    # Every problem is collected before anything is refused: a bad option, a bad default of the
+    # job file and each job's own problems are listed together, each once.
+    defaults, problems = option_problems(options)
+    loaded = load_job_file(job_file) if job_file is not None else None
+    file_items = loaded.items if loaded is not None else []
+    problems += loaded.problems if loaded is not None else []
+    labelled = [*file_items, *_labelled_items(prompts_or_jobs, prompts_file, have_jobs=loaded is not None)]
+    notes = _shadowed_options(job_file, file_items, {**options, "pv": pv})
+    parsed, found = collect_jobs(labelled, defaults)
+    problems += found
+    try:
+        source = resolve_model(settings.model)
+    except InputError as err:  # the jobs' model-specific checks need the model; the rest is listed
+        problems.append(("", str(err)))
+        source = None
+    resolved: list[tuple[JobSpec, Any]] = []
+    plan_shas: dict[str, str] = {}
+    if source is not None:
+        with_items = [(_resolve_job(source, j), label, item) for j, label, item in parsed]
+        resolved = [(j, label) for j, label, _ in with_items]
+        # The options on their own first: a bad --frames is said even when no job parses.
+        stand_in = JobSpec(prompt="-", **{k: v for k, v in defaults.items() if v is not None})
+        checked = [(_resolve_job(source, stand_in), f"--model {settings.model} defaults", {}), *with_items]
+        for j, label, item in checked:
+            for problem in source.problems(j):
+                problems.append(_problem_at(label, item, problem.split(":", 1)[0], problem, defaults))
+        plan_shas, plan_problems, plan_notes = check_plans(source, with_items, defaults)
+        problems += plan_problems + _duplicate_outputs(resolved)
+        notes += plan_notes
     if problems:
         raise InputError(group_problems(problems))
+    if not resolved:
+        raise InputError("no prompts to generate; give at least one")
     problems = degree_problems(source, resolved, gpus_per_job)  # raises for batch-wide problems
     if problems:
         raise InputError(group_problems(problems))
@@ -186,6 +214,12 @@ def plan_batch(
         raise InputError(f"--job-timeout {job_timeout}: give seconds > 0, e.g. 1800 (leave it out for no limit)")
     use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev, gpus_per_job)
     notes += execution_notes
+    # On CUDA only for a run in this process: a driver that Ray workers serve must not take a GPU context.
+    here = address is None and not (use_ray and dev == "cuda")
+    problems, estimate_notes = _budget(source, resolved, backends, dev, dt, job_timeout, local=here)
+    if problems:
+        raise InputError(group_problems(problems))
+    notes += estimate_notes
     planned, labels, seen, duplicates = [], [], set(), 0
     for j, label in resolved:
         key = (j.attention, j.pv)
@@ -242,7 +276,7 @@ def _labelled_items(
     prompts_or_jobs: PromptsOrJobs, prompts_file: str | Path | None, *, have_jobs: bool = False
 ) -> list[tuple[Any, str]]:
     """(item, label) pairs from a prompts file and the Python/CLI items; the built-in batch when
-    nothing at all was given (have_jobs: a job file already gave jobs)."""
+    nothing at all was given (have_jobs: a job file was given, even one whose jobs are all bad)."""
     items: list[tuple[Any, str]] = list(read_prompts_file(prompts_file)) if prompts_file is not None else []
     if isinstance(prompts_or_jobs, (str, Mapping, JobSpec)):
         prompts_or_jobs = [prompts_or_jobs]
@@ -286,35 +320,121 @@ def _resolve_job(source: ModelSource, job: JobSpec) -> JobSpec:
     return job.model_copy(update={"pv": job.pv if job.attention == "sage" else None})
 
 
-def _check_plans(resolved: list[tuple[JobSpec, Any]]) -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """({plan path: first 16 hex digits of its SHA-256}, problems) for every plan the jobs name."""
+def _problem_at(label: Any, item: Any, field: str, problem: str, options: Mapping[str, Any]) -> tuple[str, str]:
+    """(where, problem) for a problem of a job's `field`: the option ('--frames 8') when the job
+    took its value from an option given on the command line, else the job's own place."""
+    value = options.get(field)
+    if value is None or _item_sets(label, item, field):
+        return where(label, field), problem
+    text = problem.removeprefix(f"{field}: ")
+    if field == "plan" and text.startswith(str(value)):  # '--plan p.json: does not exist': the path once
+        text = text.removeprefix(str(value)).lstrip(": ")
+    return option_place(field, value), text
+
+
+def _item_sets(label: Any, item: Any, field: str) -> bool:
+    """Whether a job item (or its job file's defaults) sets `field` itself."""
+    if isinstance(label, Origin):
+        return field in label.lines or field in label.inherited
+    if isinstance(item, JobSpec):
+        return True
+    if isinstance(item, Mapping):
+        return field in item or (field in ("height", "width") and "resolution" in item)
+    return field == "prompt"
+
+
+def check_plans(
+    source: ModelSource, jobs: list[tuple[JobSpec, Any, Any]], options: Mapping[str, Any] | None = None
+) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
+    """({plan path: first 16 hex digits of its SHA-256}, problems, notes) for every plan the jobs
+    (job, label, item) name, checked as the run will use it: readable JSON, layers the model has
+    (from its config, no weights), step ranges inside each job's steps. A note says when a plan
+    made for N steps is used on jobs with another number of steps."""
+    from sagevideo.pipelines.plans import AttentionPlan, PlanError
+
+    options = options or {}
+    fix = "give the path of an attention-plan JSON (relative paths are relative to the job file)"
+    loaded: dict[str, AttentionPlan | str] = {}  # path -> plan, or why it cannot be used
     shas: dict[str, str] = {}
     problems: list[tuple[str, str]] = []
-    bad: dict[str, str] = {}
-    for j, label in resolved:
-        if not j.plan or j.plan in shas:
+    reported: set[tuple[str, str]] = set()
+    steps_of: dict[str, set[int]] = {}
+    for j, label, item in jobs:
+        if not j.plan:
             continue
-        if j.plan not in bad:
+        if j.plan not in loaded:
             path = Path(j.plan).expanduser()
-            fix = "give the path of an attention-plan JSON (relative paths are relative to the job file)"
             try:
                 data = path.read_bytes()
+                plan = AttentionPlan.from_json(data.decode("utf-8", errors="replace"), source=j.plan)
             except FileNotFoundError:
-                bad[j.plan] = f"plan: {j.plan} does not exist; {fix}"
+                loaded[j.plan] = f"{j.plan} does not exist; {fix}"
             except OSError as err:
-                bad[j.plan] = f"plan: {j.plan} cannot be read ({err.strerror or err}); {fix}"
+                loaded[j.plan] = f"{j.plan} cannot be read ({err.strerror or err}); {fix}"
+            except PlanError as err:
+                loaded[j.plan] = f"{err}; write plans with `sagevideo calibrate`"
             else:
-                from sagevideo.pipelines.plans import AttentionPlan, PlanError
+                loaded[j.plan] = plan
+                shas[j.plan] = hashlib.sha256(data).hexdigest()[:16]
+        plan = loaded[j.plan]
+        found = [plan] if isinstance(plan, str) else [
+            f"{j.plan}: {p}" for p in plan.problems_for(source.attention_layers, j.steps)
+        ]
+        for problem in found:
+            place, text = _problem_at(label, item, "plan", f"plan: {problem}", options)
+            if (place, text) not in reported:  # a plan that does not fit is said once per place
+                reported.add((place, text))
+                problems.append((place, text))
+        if not found:
+            steps_of.setdefault(j.plan, set()).add(j.steps)
+    notes = []
+    for path, steps in steps_of.items():
+        plan = loaded[path]
+        other = sorted(s for s in steps if plan.num_steps is not None and s != plan.num_steps)
+        if other:
+            shown = ", ".join(map(str, other))
+            notes.append(
+                f"plan {Path(path).name} was made for {plan.num_steps} steps but runs on jobs of {shown} step(s): "
+                "its layer choices were measured at that step count and its step ranges count steps from 0 either way; "
+                f"re-run `sagevideo calibrate --steps {other[0]}` to measure at the jobs' count"
+            )
+    return shas, problems, notes
 
-                try:
-                    AttentionPlan.from_json(data.decode("utf-8", errors="replace"), source=j.plan)
-                except PlanError as err:
-                    bad[j.plan] = f"plan: {err}; write plans with `sagevideo calibrate`"
-                else:
-                    shas[j.plan] = hashlib.sha256(data).hexdigest()[:16]
-                    continue
-        problems.append((where(label, "plan"), bad[j.plan]))
-    return shas, problems
+
+def _budget(
+    source: ModelSource,
+    resolved: list[tuple[JobSpec, Any]],
+    backends: Mapping[tuple[str, str | None], str | None],
+    device: str,
+    dtype: str,
+    job_timeout: float | None,
+    *,
+    local: bool,
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """(problems, notes): jobs whose estimated peak memory exceeds what this machine's device has
+    free are refused with the estimate (`local`: the jobs run here, not on a cluster's nodes);
+    large CPU jobs get a note with their measured attention time."""
+    from sagevideo.api.estimate import TIME_ESTIMATE_FROM_TOKENS, attention_seconds, estimate_job, time_note
+    from sagevideo.budget import available_bytes, format_bytes
+
+    free = available_bytes(device) if local else None
+    problems, notes, timed = [], [], set()
+    for j, label in resolved:
+        backend = backends[(j.attention, j.pv)]
+        estimate = estimate_job(source, j, backend, dtype)
+        if free is not None and estimate.peak > free:
+            problems.append((where(label), (
+                f"needs {estimate.describe()}, but the {device} has {format_bytes(free)} free; "
+                "use a smaller resolution or fewer frames"
+            )))
+            continue
+        key = (j.height, j.width, j.frames, j.steps, j.guidance > 1, backend, j.pv)
+        if device == "cpu" and estimate.tokens >= TIME_ESTIMATE_FROM_TOKENS and key not in timed:
+            timed.add(key)
+            seconds = attention_seconds(source, j, backend, device, dtype)
+            estimate = dataclasses.replace(estimate, attention_s=seconds)
+            notes.append(time_note(str(label), estimate, backend, device, job_timeout))
+    return problems, notes
 
 
 def _duplicate_outputs(resolved: list[tuple[JobSpec, Any]]) -> list[tuple[str, str]]:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from sagevideo.api.batch_plan import BatchPlan
-from sagevideo.api.execute import KILL_HOOK_ENV, JobTimeoutError, PlannedJob
+from sagevideo.api.deadline import JobTimeoutError
+from sagevideo.api.execute import KILL_HOOK_ENV, PlannedJob
 from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, ManifestWriteError, is_done, now_iso
 
 log = logging.getLogger("sagevideo")
@@ -198,6 +199,8 @@ def _run_locked(
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     manifest = Manifest(plan.manifest_path)
+    for message in manifest.quarantine():  # torn or mistyped lines: said once, then set aside
+        echo(f"sagevideo: {message}")
     report = BatchReport(plan=plan, records=[])
     records = manifest.records()
     todo: list[tuple[int, PlannedJob]] = []
@@ -271,7 +274,7 @@ def _run_here(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Calla
     try:
         for index, pj in todo:
             status(pj.output)
-            yield index, host.run(pj, on_step=_step_watch(pj, status, plan.job_timeout))
+            yield index, host.run(pj, on_step=_step_watch(pj, status, plan.job_timeout), time_limit=plan.job_timeout)
     finally:
         host.close()
 

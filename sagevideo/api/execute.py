@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sagevideo.api.deadline import deadline
 from sagevideo.jobs import JobSpec
 from sagevideo.outputs.manifest import now_iso
 from sagevideo.pipelines.loading import ModelSource
@@ -34,10 +35,6 @@ KILL_EXIT_CODE = 87
 
 class ModelLoadError(RuntimeError):
     """The model passed its checks but could not be loaded or prepared."""
-
-
-class JobTimeoutError(RuntimeError):
-    """A job ran past --job-timeout."""
 
 
 @dataclass(frozen=True)
@@ -207,13 +204,19 @@ class PipelineHost:
         self._attention: tuple[str | None, str | None] | None = None  # (backend, pv) installed now
 
     def run(
-        self, pj: PlannedJob, *, attempt: int = 1, on_step: Callable[[int, int], None] | None = None
+        self,
+        pj: PlannedJob,
+        *,
+        attempt: int = 1,
+        on_step: Callable[[int, int], None] | None = None,
+        time_limit: float | None = None,
     ) -> dict[str, Any]:
         """Generate one job; returns its record (status "done" with "_staged" and, for frames_png,
         "_staged_frames"; or "failed" with the error; "_device_error" marks errors a fresh worker
         may not have, "_storage_full" a disk or quota too full to write the video). on_step(step,
-        steps) after each denoising step (it may raise to stop the job). Never raises for a job's
-        own failure; KeyboardInterrupt and SystemExit go through."""
+        steps) after each denoising step (it may raise to stop the job). time_limit: seconds the
+        generation may take, enforced mid-step where it can be (see `sagevideo.api.deadline`). Never
+        raises for a job's own failure; KeyboardInterrupt and SystemExit go through."""
         from sagevideo.api.backends import record_backends
         from sagevideo.outputs.staging import staged_path
         from sagevideo.outputs.video import VideoWriteError, write_frames_png, write_mp4
@@ -226,9 +229,10 @@ class PipelineHost:
         with record_backends() as calls:
             try:
                 self._set_attention(pj.backend, pj.job.pv, pj.job.plan)
-                result = runner.run_job(
-                    self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens, on_step=on_step
-                )
+                with deadline(time_limit):
+                    result = runner.run_job(
+                        self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens, on_step=on_step
+                    )
                 timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
                 start = time.perf_counter()
                 staged = write_mp4(

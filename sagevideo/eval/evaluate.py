@@ -13,7 +13,8 @@ Input problems raise `EvalInputError` (or `PairingError`) before any model is lo
 metrics.json (schema "sagevideo.eval.metrics", version 1), top level:
   schema, schema_version, created, sagevideo_version, arms{ref,test,noise}: folder, label,
   settings; pairs[]: prompt, seed, frames, height, width, videos, diff_video; n_pairs, n_prompts;
-  bootstrap{}; metrics{key: entry}; skipped{key: reason}; verdicts[]; attention_probe;
+  bootstrap{}; metrics{key: entry}; skipped{key: reason}; failed{key: reason} (the skipped ones
+  whose weights are present but could not be loaded); verdicts[]; attention_probe;
   notes[]; versions{}.
 Metric entry: name, kind ("paired": a comparison of two videos; "per_arm": a value per video of
 each arm; "set": a distance between the arms' frame sets), unit, higher_is_better, description,
@@ -37,7 +38,15 @@ from typing import Any
 from sagevideo.eval.entries import paired_entry, per_arm_entry, set_entries
 from sagevideo.eval.pairing import Arm, Pair, PairingError, load_arm, pair_arms, setting_notes
 from sagevideo.eval.stats import Bootstrap, fmt, json_safe
-from sagevideo.eval.weights import CLIP_FOLDER, INCEPTION_FILE, LPIPS_FILES, METRICS, check, status_for
+from sagevideo.eval.weights import (
+    CLIP_FOLDER,
+    INCEPTION_FILE,
+    LPIPS_FILES,
+    METRICS,
+    check,
+    status_for,
+    torch_load_reason,
+)
 
 SCHEMA = "sagevideo.eval.metrics"
 SCHEMA_VERSION = 1
@@ -50,7 +59,10 @@ class EvalInputError(ValueError):
 
 
 class MetricModelError(RuntimeError):
-    """A metric's weights are present but could not be loaded (corrupt or of another model)."""
+    """A metric's weights are present but could not be loaded (corrupt or of another model).
+
+    `evaluate` itself skips such a metric (in metrics.json: skipped and failed) and computes the
+    others; the commands raise this afterwards, so the exit code says a metric was lost."""
 
 
 @dataclass
@@ -133,6 +145,7 @@ class _Runner:
         self.options = options
         self.echo = echo
         self.skipped: dict[str, str] = {}
+        self.failed: dict[str, str] = {}  # skipped because their weights are present but cannot be loaded
         self.details: dict[str, dict[str, Any]] = {}
         weights_dir = Path(options.weights).expanduser() if options.weights is not None else None
         statuses = check(weights_dir, lpips_net=options.lpips_net)
@@ -148,55 +161,69 @@ class _Runner:
                 if line not in self.skipped.values():
                     echo(f"sagevideo eval: {line}")
                 self.skipped[key] = line
+                if status.broken:
+                    self.failed[key] = line
                 continue
             self.keys.append(key)
         self.root = root
-        try:
-            self._load_models()
-        except Exception as err:
-            raise MetricModelError(f"could not load a metric's model from {root}: {type(err).__name__}: {err}") from err
-
-    def _load_models(self) -> None:
+        self.clip = self.lpips = self.features = None
+        # One metric's broken model must not lose the others: each group loads on its own.
+        for group, load in (
+            (("clipsim", "clip_t"), self._load_clip), (("lpips",), self._load_lpips), (("fid", "kid"), self._load_fid)
+        ):
+            if not set(group) & set(self.keys):
+                continue
+            try:
+                load()
+            except Exception as err:  # corrupt, truncated or of another model
+                names = "/".join(k for k in group if k in self.keys)
+                line = f"{names}: skipped, its model could not be loaded from {root} ({torch_load_reason(err)})"
+                echo(f"sagevideo eval: {line}")
+                for key in group:
+                    if key in self.keys:
+                        self.keys.remove(key)
+                        self.skipped[key] = self.failed[key] = line
         import torch
 
-        o = self.options
-        keys = set(self.keys)
-        self.clip = None
-        if keys & {"clipsim", "clip_t"}:
-            from sagevideo.eval.clip_metrics import CLIPEmbedder, load_clip
-
-            if isinstance(o.clip, CLIPEmbedder):
-                self.clip = o.clip
-            elif o.clip is not None:
-                model, processor = o.clip
-                self.clip = CLIPEmbedder(model, processor, device=o.device)
-            else:
-                self.clip = load_clip(self.root / CLIP_FOLDER, device=o.device)
-            self.details["clip"] = self.clip.describe()
-        self.lpips = None
-        if "lpips" in keys:
-            from sagevideo.eval.lpips import LocalLPIPS
-
-            path = self.root / "lpips" / LPIPS_FILES[o.lpips_net]
-            self.lpips = LocalLPIPS(path, o.lpips_net).to(o.device)
-            self.details["lpips"] = {
-                "net": o.lpips_net,
-                "backbone_file": str(path),
-                "linear_layers": "torchmetrics' lpips_models",
-                "input": "frames in [-1, 1]",
-            }
-        self.features = None
-        if keys & {"fid", "kid"}:
-            from sagevideo.eval import fid
-
-            if o.fid_extractor is not None:
-                self.features = fid.injected_features(o.fid_extractor, resize=o.fid_resize, device=o.device)
-            else:
-                self.features = fid.inception_features(
-                    self.root / "inception" / INCEPTION_FILE, antialias=o.fid_antialias, device=o.device
-                )
-            self.details["fid"] = self.features.describe()
         torch.set_grad_enabled(False)
+
+    def _load_clip(self) -> None:
+        from sagevideo.eval.clip_metrics import CLIPEmbedder, load_clip
+
+        o = self.options
+        if isinstance(o.clip, CLIPEmbedder):
+            self.clip = o.clip
+        elif o.clip is not None:
+            model, processor = o.clip
+            self.clip = CLIPEmbedder(model, processor, device=o.device)
+        else:
+            self.clip = load_clip(self.root / CLIP_FOLDER, device=o.device)
+        self.details["clip"] = self.clip.describe()
+
+    def _load_lpips(self) -> None:
+        from sagevideo.eval.lpips import LocalLPIPS
+
+        o = self.options
+        path = self.root / "lpips" / LPIPS_FILES[o.lpips_net]
+        self.lpips = LocalLPIPS(path, o.lpips_net).to(o.device)
+        self.details["lpips"] = {
+            "net": o.lpips_net,
+            "backbone_file": str(path),
+            "linear_layers": "torchmetrics' lpips_models",
+            "input": "frames in [-1, 1]",
+        }
+
+    def _load_fid(self) -> None:
+        from sagevideo.eval import fid
+
+        o = self.options
+        if o.fid_extractor is not None:
+            self.features = fid.injected_features(o.fid_extractor, resize=o.fid_resize, device=o.device)
+        else:
+            self.features = fid.inception_features(
+                self.root / "inception" / INCEPTION_FILE, antialias=o.fid_antialias, device=o.device
+            )
+        self.details["fid"] = self.features.describe()
 
     def run(self, pairs: list[Pair], out: Path, progress: Callable[[str], None] | None) -> dict[str, Any]:
         import numpy as np
@@ -370,7 +397,10 @@ def evaluate(
         raise EvalInputError(f"--lpips-net {options.lpips_net}: use one of {', '.join(LPIPS_FILES)}")
     out_dir = prepare_out(out)
     pairs, arms = plan_pairs(ref_dir, test_dir, noise_ref, records=records)  # PairingError: before any model
-    all_notes = list(notes) + setting_notes(pairs)
+    unclean = setting_notes(pairs)
+    for line in unclean:  # e.g. arms with different steps: said on the console, not only in metrics.json
+        echo(f"sagevideo eval: WARNING: {line}")
+    all_notes = list(notes) + unclean
     runner = _Runner(keys, options, echo)
     collected = runner.run(pairs, out_dir, progress)
     b = options.bootstrap
@@ -451,6 +481,7 @@ def evaluate(
         "bootstrap": b.as_dict(),
         "metrics": metrics,
         "skipped": runner.skipped,
+        "failed": runner.failed,
         "verdicts": verdicts,
         "attention_probe": attention_probe,
         "notes": all_notes,

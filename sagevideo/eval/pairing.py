@@ -131,12 +131,15 @@ def load_arm(folder: str | Path, role: str, records: list[dict[str, Any]] | None
 
 def _read_shapes(arm: Arm, role: str, budget: list[int]) -> list[str]:
     """Frame count and size of every video, decoded; frames are kept while `budget[0]` bytes last."""
-    from sagevideo.eval.videos import read_frames
+    from sagevideo.eval.videos import VideoReadError, read_frames
 
     problems = []
     for video in arm.videos.values():
         try:
             frames = read_frames(video.path)
+        except VideoReadError as err:  # truncated or not a video: one line, without ffmpeg's banner
+            problems.append(f"{role}: {video.label}: {err}")
+            continue
         except Exception as err:  # unreadable or truncated file
             problems.append(f"{role}: {video.label}: {video.path.name} cannot be read ({type(err).__name__}: {err})")
             continue

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,32 +134,72 @@ def evaluate_layer(name: str, q, k, v, variant: Variant, key_mask=None, ref=None
     return LayerResult(name, error_stats(ref, out), divmod(flat, cos.shape[1]))
 
 
-def load_qkv_file(path: str | Path, layout: str = "HND") -> dict[str, tuple[torch.Tensor, ...]]:
-    """Layers of captured Q/K/V from a safetensors file: {layer name: (q, k, v)} in HND."""
-    from safetensors.torch import load_file
+def qkv_file_shapes(path: str | Path, layout: str = "HND") -> dict[str, tuple[int, int, int, int]]:
+    """{layer: (B, H, N, D)} of a captured Q/K/V file, read from its header only (no tensor data).
+
+    Raises ValueError naming the problem: not a safetensors file, tensors not named q/k/v or
+    <layer>.q/.k/.v, a layer without all three, tensors that are not 4-D."""
+    from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path} (expected a .safetensors file with q/k/v tensors)")
     if layout not in ("HND", "NHD"):
         raise ValueError(f"layout={layout!r}: use 'HND' or 'NHD'")
-    tensors = load_file(str(path))
-    layers: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            shapes = {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except (SafetensorError, OSError) as err:
+        raise ValueError(
+            f"{path}: not a readable safetensors file ({err}); give one written by "
+            "`sagevideo calibrate --save-qkv` or safetensors.torch.save_file"
+        ) from None
+    layers: dict[str, dict[str, tuple[int, ...]]] = {}
+    for key, shape in shapes.items():
         prefix, _, role = key.rpartition(".")
         if role not in ("q", "k", "v"):
             raise ValueError(f"{path}: tensor {key!r} is not named q, k, v or <layer>.q/.k/.v")
-        layers.setdefault(prefix or "attention", {})[role] = value
+        layers.setdefault(prefix or "attention", {})[role] = shape
+    if not layers:
+        raise ValueError(f"{path}: holds no tensors; expected q, k, v (or <layer>.q/.k/.v)")
     out = {}
     for name, parts in layers.items():
         missing = {"q", "k", "v"} - parts.keys()
         if missing:
             raise ValueError(f"{path}: layer {name!r} lacks {sorted(missing)}")
-        qkv = tuple(parts[r] if layout == "HND" else parts[r].transpose(1, 2) for r in ("q", "k", "v"))
-        if any(t.dim() != 4 for t in qkv):
+        if any(len(parts[r]) != 4 for r in "qkv"):
             raise ValueError(f"{path}: layer {name!r}: q/k/v must be 4-D (B, H, N, D) in {layout} layout")
-        out[name] = qkv
+        b, x, y, d = parts["q"]
+        out[name] = (b, x, y, d) if layout == "HND" else (b, y, x, d)
     return out
+
+
+def load_qkv_file(path: str | Path, layout: str = "HND") -> dict[str, tuple[torch.Tensor, ...]]:
+    """Layers of captured Q/K/V from a safetensors file: {layer name: (q, k, v)} in HND."""
+    from safetensors.torch import load_file
+
+    names = qkv_file_shapes(path, layout)  # every problem of the file, before its data is read
+    tensors = load_file(str(path))
+    out = {}
+    for name in names:
+        prefix = "" if name == "attention" and "q" in tensors else f"{name}."
+        parts = {r: tensors[f"{prefix}{r}"] for r in "qkv"}
+        out[name] = tuple(parts[r] if layout == "HND" else parts[r].transpose(1, 2) for r in "qkv")
+    return out
+
+
+def estimate_bytes(shapes: Iterable[tuple[int, int, int, int]], variants: Iterable[Variant], dtype: str) -> int:
+    """Peak memory of `simulate` on layers of these (B, H, N, D) shapes (N the longest of Q and K).
+
+    Every layer's inputs stay in memory (fp32 as read, in `dtype`, and fp64 copies), and one layer
+    at a time holds the exact fp64 reference's B·H·N² scores twice (scores and softmax); the
+    naive INT8 PV variant holds three fp32 N² matrices."""
+    shapes = list(shapes)
+    width = torch.finfo(DTYPES[dtype]).bits // 8
+    inputs = sum(3 * b * h * n * d * (4 + width + 8) + b * h * n * d * 8 for b, h, n, d in shapes)
+    naive = any(v.pv == "int8-naive" for v in variants)
+    per_layer = max(b * h * n * n * (2 * 8 + (3 * 4 if naive else 0)) for b, h, n, d in shapes)
+    return inputs + per_layer
 
 
 def simulate(
@@ -172,8 +212,11 @@ def simulate(
     layout: str = "HND",
     dtype: str = "fp32",
     device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
 ) -> list[VariantResult]:
-    """Run every variant on the inputs and return per-layer errors vs fp64 attention."""
+    """Run every variant on the inputs and return per-layer errors vs fp64 attention.
+
+    progress(text) is called before each fp64 reference and each (variant, layer) run."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: use one of {sorted(DTYPES)}")
     if qkv_file is not None:
@@ -183,6 +226,8 @@ def simulate(
         layers = {preset: (x.q, x.k, x.v, x.key_mask)}
     prepared = {}
     for name, (q, k, v, mask) in layers.items():
+        if progress is not None:
+            progress(f"fp64 reference: {name}")
         q, k, v = (t.to(device=device, dtype=DTYPES[dtype]) for t in (q, k, v))
         mask = None if mask is None else mask.to(device)
         prepared[name] = (q, k, v, mask, attention_fp64(q, k, v, key_mask=mask))
@@ -192,6 +237,8 @@ def simulate(
         variant = dataclasses.replace(variant, head_dim=head_dim)  # default tiles follow the plan
         result = VariantResult(variant)
         for name, (q, k, v, mask, ref) in prepared.items():
+            if progress is not None:
+                progress(f"{variant.label}: {name}")
             result.layers.append(evaluate_layer(name, q, k, v, variant, mask, ref))
         results.append(result)
     return results

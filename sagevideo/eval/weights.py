@@ -10,13 +10,16 @@ One folder holds every metric's weights (`--weights DIR`, else `$SAGEVIDEO_WEIGH
     DIR/lpips/vgg16-397923af.pth           the same for `lpips_net="vgg"`
     DIR/inception/weights-inception-2015-12-05-6726825d.pth   torch-fidelity's FID Inception v3
 
-`check(weights_dir)` says per metric what is present and missing; `sagevideo check-weights`
-prints it. A metric whose files are missing is skipped by `sagevideo eval` with one line.
+`check(weights_dir)` says per metric what is present, missing and present but unloadable (each
+present file is opened the safe way: safetensors headers, `torch.load(weights_only=True)`, JSON);
+`sagevideo check-weights` prints it. A metric whose files are missing or broken is skipped by
+`sagevideo eval` with one line, and the other metrics still run.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,10 +55,11 @@ class WeightStatus:
     present: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     package_problem: str = ""
+    broken: dict[str, str] = field(default_factory=dict)  # present file -> why it cannot be loaded
 
     @property
     def ok(self) -> bool:
-        return not self.missing and not self.package_problem
+        return not self.missing and not self.package_problem and not self.broken
 
     def skip_line(self, weights_dir: Path) -> str:
         """The one line `sagevideo eval` prints when it skips these metrics."""
@@ -65,6 +69,9 @@ class WeightStatus:
                 f"{names}: skipped, weights missing in {weights_dir}: {', '.join(self.missing)} "
                 "(run `sagevideo check-weights` for where to get them)"
             )
+        if self.broken:
+            name, why = next(iter(self.broken.items()))
+            return f"{names}: skipped, {weights_dir / name} cannot be loaded ({why}); copy it again ({self.source})"
         return f"{names}: skipped, {self.package_problem}"
 
 
@@ -138,7 +145,51 @@ def _fill(status: WeightStatus, root: Path) -> WeightStatus:
             status.present.append(found[0])
         else:
             status.missing.append(" or ".join(group))
+    for name in status.present:
+        problem = load_problem(root / name)
+        if problem:
+            status.broken[name] = problem
     return status
+
+
+def load_problem(path: Path) -> str:
+    """Why a weights or config file cannot be loaded, or "": safetensors by its header (offsets
+    checked against the file size), torch files with `weights_only=True` (memory-mapped: no data
+    read), JSON by parsing. Never unpickles anything but tensors and plain containers."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    f.get_slice(key).get_shape()
+        elif suffix in (".pth", ".pt", ".bin"):
+            import torch
+
+            try:
+                torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as err:
+                if "mmap" not in str(err):
+                    raise
+                torch.load(path, map_location="cpu", weights_only=True)  # an older, non-zip torch file
+        elif suffix == ".json":
+            json.loads(path.read_text(encoding="utf-8"))
+    except Exception as err:  # every way a file can be broken: truncated, another format, foreign pickles
+        return torch_load_reason(err)
+    return ""
+
+
+def torch_load_reason(err: BaseException) -> str:
+    """A short reason for a failed load. torch's refusal of a pickle with other objects advises
+    `weights_only=False`, which can run arbitrary code: that advice is never passed on."""
+    text = str(err)
+    if "Unsupported global" in text:
+        return "it holds Python objects besides tensors, which are not unpickled here (a plain state dict is needed)"
+    if type(err).__name__ == "UnpicklingError" or "weights_only" in text:
+        return "not a readable torch weights file: corrupt, truncated or another format"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+    return f"{type(err).__name__}: {first.split('. ', 1)[0][:160]}"  # its first sentence
 
 
 def check(weights_dir: str | Path | None = None, *, lpips_net: str = "alex") -> list[WeightStatus]:
@@ -160,13 +211,18 @@ def report_lines(weights_dir: str | Path | None = None, *, lpips_net: str = "ale
     lines = [f"weights folder: {root} ({where}){'' if root.is_dir() else ' (does not exist yet)'}"]
     lines.append("psnr, ssim: no weights needed (always run)")
     for s in statuses:
-        state = "ready" if s.ok else ("missing files" if s.missing else "package missing")
+        state = "ready" if s.ok else (
+            "missing files" if s.missing else "broken files" if s.broken else "package missing"
+        )
         lines.append(f"{', '.join(s.metrics)}: {state} - {s.what}")
         for name in s.present:
-            lines.append(f"    present  {root / name}")
+            if name in s.broken:
+                lines.append(f"    BROKEN   {root / name} ({s.broken[name]})")
+            else:
+                lines.append(f"    present  {root / name}")
         for name in s.missing:
             lines.append(f"    MISSING  {root / name}")
-        if s.missing:
+        if s.missing or s.broken:
             lines.append(f"    get it:  {s.source}")
         if s.package_problem:
             lines.append(f"    package: {s.package_problem}")

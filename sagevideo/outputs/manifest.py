@@ -2,12 +2,14 @@
 
 Records are appended one line at a time, each in one write and fsynced; a write that fails
 (disk full, quota, file-size limit) is cut back off, so a line is there whole or not at all and
-the append raises `ManifestWriteError`. A run killed mid-write loses at most that line; a torn
-last line is skipped (with a warning) when reading. The latest record of a job id decides whether
-a re-run skips it: status "done" and every output present (and no later done job wrote the same
-file). Only the driver process appends, one record per job per run, even when Ray workers run
-the jobs; plus, when a job's render replaces an earlier one of a changed job under the same name,
-a copy of the earlier job's record naming the new place of its kept video (see `batch_run`).
+the append raises `ManifestWriteError`. A line that is not a record (a torn write from a run
+killed mid-write, or valid JSON with a field of the wrong type) is skipped when reading;
+`quarantine()` copies it once into manifest.bad-lines.jsonl and says so, so later runs neither
+crash on it nor warn again. The latest record of a job id decides whether a re-run skips it:
+status "done" and every output present (and no later done job wrote the same file). Only the
+driver process appends, one record per job per run, even when Ray workers run the jobs; plus,
+when a job's render replaces an earlier one of a changed job under the same name, a copy of the
+earlier job's record naming the new place of its kept video (see `batch_run`).
 
 Record fields: job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed, frames,
 height, width, steps, guidance, name, model, model_fingerprint, attention ("sage"/"full"), pv,
@@ -27,14 +29,68 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
-import warnings
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+
 MANIFEST_NAME = "manifest.jsonl"
+BAD_LINES_NAME = "manifest.bad-lines.jsonl"
+
+
+class _RecordTypes(BaseModel):
+    """The types of the record fields that resuming, pairing and reports rely on (others pass as they
+    are): a line that breaks them is set aside instead of crashing a reader."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    job_id: StrictStr
+    status: StrictStr | None = None
+    error: StrictStr | None = None
+    outputs: list[StrictStr] | None = None
+    prompt: StrictStr | None = None
+    negative_prompt: StrictStr | None = None
+    seed: StrictInt | None = None
+    frames: StrictInt | None = None
+    height: StrictInt | None = None
+    width: StrictInt | None = None
+    steps: StrictInt | None = None
+    fps: StrictInt | None = None
+    attempts: StrictInt | None = None
+    retries: list | None = None
+    backends: dict | None = None
+    timings: dict | None = None
+    worker: dict | None = None
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A manifest line that is not a usable record: its 1-based number, text and why."""
+
+    number: int
+    text: str
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(f"{self.number}:{self.text}".encode()).hexdigest()[:16]
+
+
+def record_problem(record: Any) -> str | None:
+    """Why a parsed JSON line is not a usable record, or None."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record"
+    try:
+        _RecordTypes.model_validate(record)
+    except ValidationError as err:
+        e = err.errors()[0]
+        field = ".".join(str(part) for part in e["loc"]) or "record"
+        return f"field {field}: {e['msg']} (got {e.get('input')!r})"[:200]
+    return None
 
 
 class ManifestWriteError(RuntimeError):
@@ -50,9 +106,11 @@ class Manifest:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.bad_lines: list[BadLine] = []  # found by the last records()
 
     def records(self) -> list[dict[str, Any]]:
-        """Every readable record in file order."""
+        """Every usable record in file order; the other lines are listed in `bad_lines`."""
+        self.bad_lines = []
         if not self.path.exists():
             return []
         records = []
@@ -64,14 +122,41 @@ class Manifest:
                 try:
                     record = json.loads(line)
                 except ValueError:
-                    warnings.warn(
-                        f"{self.path} line {number} is not valid JSON (torn write?); ignoring it",
-                        stacklevel=2,
-                    )
+                    self.bad_lines.append(BadLine(number, line.rstrip("\n"), "not valid JSON (a torn write?)"))
                     continue
-                if isinstance(record, dict) and "job_id" in record:
-                    records.append(record)
+                problem = record_problem(record)
+                if problem:
+                    self.bad_lines.append(BadLine(number, line.rstrip("\n"), problem))
+                    continue
+                records.append(record)
         return records
+
+    def quarantine(self) -> list[str]:
+        """Copy bad lines not seen before into manifest.bad-lines.jsonl (the manifest itself is left as
+        it is: another process may be appending to it); one message per newly found line."""
+        self.records()
+        if not self.bad_lines:
+            return []
+        side = self.path.with_name(BAD_LINES_NAME)
+        known = set()
+        if side.is_file():
+            for line in side.read_text(encoding="utf-8", errors="replace").splitlines():
+                try:
+                    known.add(json.loads(line)["key"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+        new = [bad for bad in self.bad_lines if bad.key not in known]
+        if not new:
+            return []
+        with side.open("a", encoding="utf-8") as f:
+            for bad in new:
+                entry = {"key": bad.key, "line": bad.number, "reason": bad.reason, "text": bad.text, "found": now_iso()}
+                f.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        return [
+            f"{self.path.name} line {bad.number} is not a usable record ({bad.reason}); it is ignored (its job, if "
+            f"any, runs again) and was copied to {side.name}"
+            for bad in new
+        ]
 
     def latest(self) -> dict[str, dict[str, Any]]:
         """job_id -> its most recent record."""

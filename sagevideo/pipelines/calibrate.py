@@ -102,12 +102,15 @@ class CalibrationResult:
 class ProbingRouter(AttentionRouter):
     """Returns full-precision attention; at captured steps also measures every candidate."""
 
-    def __init__(self, backend: str, capture_steps: set[int] | None, save_qkv: dict | None = None):
+    def __init__(
+        self, backend: str, capture_steps: set[int] | None, save_qkv: dict | None = None, on_measure=None
+    ):
         super().__init__(AttentionPlan.uniform(Mode.full), backend)
         self.capture_steps = capture_steps
         self.errors: dict[str, dict[str, WorstError]] = {}
         self.score_std: dict[str, float] = {}
         self.save_qkv = save_qkv
+        self.on_measure = on_measure  # on_measure(layer, step) before each measured call: progress
 
     def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None, dropout_p=0.0,
                  enable_gqa=False):
@@ -116,6 +119,8 @@ class ProbingRouter(AttentionRouter):
         step = self.clock.step
         if self.capture_steps is not None and step not in self.capture_steps:
             return out
+        if self.on_measure is not None:
+            self.on_measure(layer, step)
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **sdpa)
         self.score_std[layer] = max(self.score_std.get(layer, 0.0), score_std(q, k, sm_scale=sm_scale))
         errs = self.errors.setdefault(layer, {c.label: WorstError() for c in CANDIDATES})
@@ -167,15 +172,17 @@ def calibrate_pipeline(
     backend: str | None = None,
     num_steps: int | None = None,
     save_qkv: dict | None = None,
+    on_measure=None,
 ) -> CalibrationResult:
     """Run `run(pipe)` (which generates with the pipeline) under the probing router; return the
     per-layer errors and the chosen plan. backend defaults to "triton" on CUDA and "reference"
-    (the exact emulation) on CPU, never "auto", which could silently measure SDPA."""
+    (the exact emulation) on CPU, never "auto", which could silently measure SDPA. on_measure(layer,
+    step) is called before each measured attention call (a progress display)."""
     from sagevideo.pipelines.install import install_router
 
     if backend is None:
         backend = "triton" if pipe.transformer.device.type == "cuda" else "reference"
-    probe = ProbingRouter(backend, capture_steps, save_qkv)
+    probe = ProbingRouter(backend, capture_steps, save_qkv, on_measure)
     with install_router(pipe, probe):
         run(pipe)
     if not probe.errors:

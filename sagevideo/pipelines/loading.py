@@ -30,6 +30,8 @@ class ModelSource:
     model does (tiny: its configs and seed; a folder: its configs and weight file sizes), so
     outputs of an older model are not taken as done. spatial/temporal: VAE compression factors;
     patch: transformer patch size (height and width must be multiples of spatial*patch).
+    layers: number of transformer blocks (one attention layer each, named as `attention_layers`).
+    vae_channels: channels of the VAE decoder at full resolution (what its memory scales with).
     """
 
     name: str
@@ -46,10 +48,18 @@ class ModelSource:
     default_width: int
     default_frames: int
     default_steps: int
+    layers: int = 30
+    vae_channels: int = 128
 
     @property
     def is_tiny(self) -> bool:
         return self.path is None
+
+    @property
+    def attention_layers(self) -> list[str]:
+        """Names of the transformer's attention layers, as plans and `install` name them, from the
+        config alone (CogVideoX: one `attn1` per block)."""
+        return [f"transformer_blocks.{i}.attn1" for i in range(self.layers)]
 
     def resolve(self, job: JobSpec) -> JobSpec:
         """The job with unset size/steps filled from this model's defaults."""
@@ -114,6 +124,8 @@ def resolve_model(model: str) -> ModelSource:
             default_width=tiny.DEFAULT_WIDTH,
             default_frames=tiny.DEFAULT_FRAMES,
             default_steps=2,
+            layers=cfg["num_layers"],
+            vae_channels=vae["block_out_channels"][0],
         )
     path = Path(model).expanduser()
     if not path.exists():
@@ -161,6 +173,8 @@ def resolve_model(model: str) -> ModelSource:
         default_width=cfg.get("sample_width", 90) * spatial,
         default_frames=cfg.get("sample_frames", 49),
         default_steps=50,
+        layers=cfg.get("num_layers", 30),
+        vae_channels=(vae.get("block_out_channels") or (128,))[0],
     )
 
 

@@ -131,11 +131,20 @@ class AttentionPlan(BaseModel):
 
     def validate_for(self, layers: list[str], num_steps: int | None = None) -> None:
         """Raise PlanError if the plan names layers that `layers` lacks or steps beyond `num_steps`."""
+        problems = self.problems_for(layers, num_steps)
+        if problems:
+            raise PlanError("; ".join(problems))
+
+    def problems_for(self, layers: list[str], num_steps: int | None = None) -> list[str]:
+        """Why the plan does not fit a transformer with these attention layers and a run of
+        `num_steps` denoising steps (an override starting at or after the last step would never
+        apply); [] when it fits."""
+        problems = []
         present = set(layers)
         named = set(self.layers or ()) | {name for o in self.overrides for name in (o.layers or ())}
         unknown = sorted(named - present)
         if unknown:
-            raise PlanError(
+            problems.append(
                 f"plan names {len(unknown)} layer(s) this transformer does not have, e.g. {unknown[:3]}; "
                 f"it has {len(present)} attention layers such as {sorted(present)[:2]}. Was the plan made for "
                 f"another model ({self.model or 'unknown'})? Re-run `sagevideo calibrate` for this model."
@@ -143,9 +152,11 @@ class AttentionPlan(BaseModel):
         if num_steps is not None:
             for i, o in enumerate(self.overrides):
                 if o.steps is not None and o.steps[0] >= num_steps:
-                    raise PlanError(
-                        f"plan overrides[{i}] starts at step {o.steps[0]} but the run has {num_steps} steps"
+                    problems.append(
+                        f"plan overrides[{i}] starts at step {o.steps[0]} but the run has {num_steps} steps "
+                        f"(0..{num_steps - 1}), so it would never apply; fix its steps or the job's steps"
                     )
+        return problems
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, exclude_none=True)

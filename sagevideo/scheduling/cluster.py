@@ -74,6 +74,9 @@ def ray_session(
     import ray
 
     echo = echo or (lambda line: None)
+    from sagevideo.scheduling.quiet import quiet_ray_driver
+
+    quiet_ray_driver()  # Ray's raylet lines and token notice stay off the terminal
     started = connected = False
     via = ""
     if not ray.is_initialized():

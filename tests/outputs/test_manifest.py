@@ -1,6 +1,7 @@
 """The JSON-lines manifest: durable appends, latest record per job, torn lines survived."""
 
 import json
+import warnings
 
 import pytest
 
@@ -25,11 +26,44 @@ def test_torn_last_line_is_skipped_and_next_append_starts_fresh(tmp_path):
     m.append({"job_id": "a", "status": "done"})
     with path.open("a") as f:
         f.write('{"job_id": "b", "sta')  # a run killed mid-write
-    with pytest.warns(UserWarning, match="line 2 is not valid JSON"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no UserWarning (with a source line) on every read
         assert list(m.latest()) == ["a"]
+    assert [(bad.number, bad.reason) for bad in m.bad_lines] == [(2, "not valid JSON (a torn write?)")]
     m.append({"job_id": "c", "status": "done"})
-    with pytest.warns(UserWarning):
-        assert list(m.latest()) == ["a", "c"]
+    assert list(m.latest()) == ["a", "c"]
+
+
+@pytest.mark.parametrize(
+    "line, reason",
+    [
+        ('{"job_id": "x", "status": "done", "outputs": 5}', "field outputs: Input should be a valid list (got 5)"),
+        ('{"job_id": ["x"], "status": "done"}', "field job_id: Input should be a valid string"),
+        ('{"job_id": "x", "seed": "3"}', "field seed: Input should be a valid integer"),
+        ('{"job_id": "x", "outputs": ["a.mp4", 7]}', "field outputs.1: Input should be a valid string"),
+        ("[1, 2]", "a JSON list, not a record"),
+    ],
+)
+def test_valid_json_with_a_wrong_typed_field_is_set_aside_not_a_crash(tmp_path, line, reason):
+    path = tmp_path / "manifest.jsonl"
+    path.write_text('{"job_id": "a", "status": "done", "outputs": ["a.mp4"]}\n' + line + "\n")
+    m = Manifest(path)
+    assert list(m.latest()) == ["a"]
+    (bad,) = m.bad_lines
+    assert bad.number == 2 and bad.reason.startswith(reason)
+
+
+def test_bad_lines_are_quarantined_once(tmp_path):
+    path = tmp_path / "manifest.jsonl"
+    path.write_text('{"job_id": "a"}\n{"job_id": "b", "sta\n{"job_id": 3}\n')
+    m = Manifest(path)
+    first = m.quarantine()
+    assert len(first) == 2 and first[0].startswith("manifest.jsonl line 2 is not a usable record (not valid JSON")
+    assert "copied to manifest.bad-lines.jsonl" in first[0]
+    kept = [json.loads(x) for x in (tmp_path / "manifest.bad-lines.jsonl").read_text().splitlines()]
+    assert [(k["line"], k["text"]) for k in kept] == [(2, '{"job_id": "b", "sta'), (3, '{"job_id": 3}')]
+    assert m.quarantine() == [] and Manifest(path).quarantine() == []  # said once, not on every run
+    assert path.read_text().count("\n") == 3  # the manifest itself is untouched
 
 
 def test_nan_is_refused(tmp_path):

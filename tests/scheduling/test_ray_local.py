@@ -48,6 +48,7 @@ def test_cli_batch_on_two_workers_with_a_killed_worker(tmp_path, ray_local, monk
     assert "ran on " in result.stdout and "1 job(s) retried after a worker died" in result.stdout
     assert "node(s) of the Ray cluster at " in result.stdout  # which cluster: here the module's instance
     assert "died during the job" in result.stderr and "retrying job" in result.stderr
+    assert "(raylet)" not in result.output and "Token authentication" not in result.output  # Ray's own noise
 
     records = manifest(out)
     assert len(records) == 5 and len({r["job_id"] for r in records}) == 5  # each job exactly once

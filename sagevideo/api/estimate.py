@@ -1,0 +1,161 @@
+"""Estimate a job's peak memory and attention time before it starts, from the model's configs.
+
+The memory model has three parts, of which the largest counts (they do not overlap in time):
+the weights in the run's dtype (from the safetensors headers, no data read), denoising (the
+transformer's activations, ~16 values per token and channel, plus the attention backend's
+transient: the PyTorch emulation holds B·H·N·block_n scores per key tile; SDPA and the Triton
+kernels need O(N)), and decoding (the VAE at full resolution: about 26 activations of
+H·W·C for one frame, ~15 more per frame up to 9 frames and ~6.5 after, as measured on the built-in
+tiny CogVideoX on CPU; real VAEs have more channels at lower resolutions, so this is a floor).
+Figures are estimates (within ~50% on the tiny model); a job is refused only when its estimate
+exceeds what the device has free.
+
+The attention time is measured, not guessed: one call of the job's backend at 1,024 tokens on
+this machine, scaled by N² (attention dominates at the sizes where a run takes hours).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from sagevideo.budget import format_bytes, format_seconds
+from sagevideo.jobs import JobSpec
+from sagevideo.pipelines.loading import ModelSource
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_ACTIVATIONS_PER_CHANNEL = 16  # transformer: q, k, v, out, 4x FFN, norms, residuals (fp32 or bf16)
+_PROBE_TOKENS = 1024
+# Below this many tokens per attention call a job is quick enough not to need a time estimate.
+TIME_ESTIMATE_FROM_TOKENS = 16384
+OVERHEAD_BYTES = 300 * 10**6  # text encoder activations, scheduler, frame buffers, allocator slack
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """One job's estimate: tokens per attention call, bytes of each phase, attention seconds (None
+    when not measured: small jobs, or a GPU)."""
+
+    tokens: int
+    weights: int
+    denoise: int
+    decode: int
+    attention_s: float | None = None
+    calls: int = 0
+
+    @property
+    def peak(self) -> int:
+        return self.weights + max(self.denoise, self.decode) + OVERHEAD_BYTES
+
+    def describe(self) -> str:
+        phase = "decoding the video" if self.decode >= self.denoise else "denoising"
+        return (
+            f"about {format_bytes(self.peak)} at its peak ({phase}; weights {format_bytes(self.weights)}, "
+            f"{self.tokens:,} tokens per attention call)"
+        )
+
+
+def latent_tokens(source: ModelSource, job: JobSpec) -> int:
+    """Video tokens plus text tokens in one attention call of a resolved job."""
+    size = source.spatial * source.patch
+    latent_frames = (job.frames - 1) // source.temporal + 1
+    return latent_frames * (job.height // size) * (job.width // size) + source.text_tokens
+
+
+def decode_activations(frames: int) -> float:
+    """Full-resolution VAE activations alive at the decoder's peak, in frames' worth (see module doc)."""
+    return 26 + 15 * min(frames - 1, 8) + 6.5 * max(0, frames - 9)
+
+
+def estimate_job(source: ModelSource, job: JobSpec, backend: str | None, dtype: str) -> JobEstimate:
+    """Peak memory of a resolved job; backend: its sageattn backend (None: full precision, SDPA)."""
+    from sagevideo.kernels.plans import tiles
+
+    width = DTYPE_BYTES[dtype]
+    batch = 2 if job.guidance > 1 else 1  # classifier-free guidance runs both halves in one batch
+    tokens = latent_tokens(source, job)
+    inner = source.heads * source.head_dim
+    denoise = batch * tokens * inner * width * _ACTIVATIONS_PER_CHANNEL
+    if backend == "reference":  # the emulation: fp64/fp32 score tiles and fp32/fp64 copies of Q, K, V
+        block_n = tiles(job.pv or "fp16", source.head_dim)[1]
+        denoise += batch * source.heads * tokens * (block_n * 40 + source.head_dim * 40)
+    decode = int(job.height * job.width * source.vae_channels * width * decode_activations(job.frames))
+    return JobEstimate(tokens=tokens, weights=weights_bytes(source, dtype), denoise=denoise, decode=decode,
+                       calls=source.layers * job.steps)
+
+
+def weights_bytes(source: ModelSource, dtype: str) -> int:
+    """Bytes of the pipeline's weights once loaded in `dtype` (tiny: its parameter count)."""
+    width = DTYPE_BYTES[dtype]
+    if source.is_tiny:
+        return 10 * 10**6  # a few hundred thousand parameters; this bounds them
+    return _stored_elements(str(source.path)) * width
+
+
+@lru_cache(maxsize=8)
+def _stored_elements(folder: str) -> int:
+    """Number of weight elements in a diffusers folder's safetensors files (headers only)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(Path(folder).rglob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                n = 1
+                for dim in f.get_slice(key).get_shape():
+                    n *= dim
+                total += n
+    return total
+
+
+def attention_seconds(source: ModelSource, job: JobSpec, backend: str | None, device: str, dtype: str) -> float:
+    """Seconds of attention for the whole job: one measured call at 1,024 tokens scaled by N²."""
+    batch = 2 if job.guidance > 1 else 1
+    per_call = _probe_call(backend, device, dtype, batch, source.heads, source.head_dim, job.pv or "fp16")
+    scale = (latent_tokens(source, job) / _PROBE_TOKENS) ** 2
+    return per_call * scale * source.layers * job.steps
+
+
+@lru_cache(maxsize=16)
+def _probe_call(backend: str | None, device: str, dtype: str, batch: int, heads: int, head_dim: int, pv: str) -> float:
+    """Seconds of one attention call of this backend at 1,024 tokens here (best of two, after a warm-up)."""
+    import torch
+    import torch.nn.functional as F
+
+    from sagevideo.api.attention import sageattn
+
+    generator = torch.Generator().manual_seed(0)
+    shape = (batch, heads, _PROBE_TOKENS, head_dim)
+    q, k, v = (torch.randn(shape, generator=generator).to(device=device, dtype=getattr(torch, dtype))
+               for _ in range(3))
+
+    def call():
+        if backend is None:
+            F.scaled_dot_product_attention(q, k, v)
+        else:
+            sageattn(q, k, v, pv=pv, backend=backend)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    best = float("inf")
+    with torch.no_grad():
+        call()
+        for _ in range(2):
+            start = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def time_note(label: str, estimate: JobEstimate, backend: str | None, device: str, timeout: float | None) -> str:
+    """A note that a job will take long, with the estimate and what it is based on."""
+    line = (
+        f"{label}: attention alone needs about {format_seconds(estimate.attention_s)} here "
+        f"({estimate.tokens:,} tokens per call, {estimate.calls} calls; backend {backend or 'sdpa'} on {device}, "
+        f"measured at {_PROBE_TOKENS:,} tokens and scaled by N²); the progress bar moves once per denoising step"
+    )
+    if timeout is not None and estimate.attention_s > timeout:
+        line += f"; it will run past --job-timeout {timeout:g} s"
+    return line
