@@ -13,11 +13,11 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _LAZY = {
-    "sageattn": "sagevideo.api.attention",
-    "scaled_dot_product_attention": "sagevideo.api.attention",
-    "record_backends": "sagevideo.api.backends",
-    "last_backend": "sagevideo.api.backends",
-    "generate": "sagevideo.api.generate",
+    "sageattn": "sagevideo.attention.functional",
+    "scaled_dot_product_attention": "sagevideo.attention.functional",
+    "record_backends": "sagevideo.attention.records",
+    "last_backend": "sagevideo.attention.records",
+    "generate": "sagevideo.generation.generate",
     "install": "sagevideo.pipelines.install",
 }
 
@@ -25,9 +25,9 @@ __all__ = ["__version__", "generate", "install", "last_backend", "record_backend
            "scaled_dot_product_attention"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sagevideo.api.attention import sageattn, scaled_dot_product_attention
-    from sagevideo.api.backends import last_backend, record_backends
-    from sagevideo.api.generate import generate
+    from sagevideo.attention.functional import sageattn, scaled_dot_product_attention
+    from sagevideo.attention.records import last_backend, record_backends
+    from sagevideo.generation.generate import generate
     from sagevideo.pipelines.install import install
 
 

@@ -1,6 +1,6 @@
 """`python -m sagevideo ...`: the `sagevideo` command where its console script is not installed
 (e.g. a checkout on PYTHONPATH)."""
 
-from sagevideo.cli import app
+from sagevideo.cli.app import app
 
 app(prog_name="sagevideo")

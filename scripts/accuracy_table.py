@@ -16,8 +16,8 @@ import argparse
 
 import torch
 
-from sagevideo.eval.presets import CONTRACT_PRESETS, score_std_scaled
-from sagevideo.eval.simulate import Variant, evaluate_layer, simulate
+from sagevideo.eval.numerics.presets import CONTRACT_PRESETS, score_std_scaled
+from sagevideo.eval.numerics.simulate import Variant, evaluate_layer, simulate
 
 
 def score_std_table(stds: list[float], shape: tuple[int, ...], seed: int) -> None:

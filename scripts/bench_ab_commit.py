@@ -102,8 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(root))
     import torch
     from bench_attention import DTYPES, SHAPES, bench_inputs, bench_interleaved, direct, sdpa_fn
-    from sagevideo_base.api import attention as base_attention  # its ops under its own namespace
-    from sagevideo_base.api import backends as base_backends
+    try:  # its ops under its own namespace; the layout before the rooms were renamed, or this one
+        from sagevideo_base.api import attention as base_attention
+        from sagevideo_base.api import backends as base_backends
+    except ImportError:
+        from sagevideo_base.attention import functional as base_attention
+        from sagevideo_base.attention import records as base_backends
 
     import sagevideo
 

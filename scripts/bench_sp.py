@@ -109,8 +109,8 @@ def kernel_breakdown(forward) -> dict:
 
 def main() -> int:
     import sagevideo
-    from sagevideo.parallel.cogvideox import shard_cogvideox
     from sagevideo.parallel.launch import init_from_env
+    from sagevideo.pipelines.cogvideox.sequence_parallel import shard_cogvideox
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="tiny config on CPU over gloo (smoke test)")

@@ -108,7 +108,7 @@ def timed(fn, repeats: int) -> float:
 
 def main() -> int:
     import sagevideo
-    from sagevideo.eval.attention_error import error_stats
+    from sagevideo.eval.numerics.errors import error_stats
     from sagevideo.pipelines.install import install_router
     from sagevideo.pipelines.routing import AttentionRouter
 

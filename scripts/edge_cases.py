@@ -25,7 +25,11 @@ BIG = {"2^31-gluon": ((1, 66, 262144, 128), "fp8"), "2^31-plain-d64": ((1, 132, 
 
 def _api(package: str):
     sys.path[:0] = [str(ROOT), str(ROOT / ".bench-base")]
-    return importlib.import_module(f"{package}.api.attention"), importlib.import_module(f"{package}.api.backends")
+    try:  # this layout, or the one before the rooms were renamed (an earlier commit as the base)
+        return (importlib.import_module(f"{package}.attention.functional"),
+                importlib.import_module(f"{package}.attention.records"))
+    except ImportError:
+        return importlib.import_module(f"{package}.api.attention"), importlib.import_module(f"{package}.api.backends")
 
 
 def _inputs(shape, seed=0):

@@ -29,8 +29,8 @@ PREVIEW = {"resolution": "64x64", "frames": 9, "steps": 2}
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import sagevideo
-    from sagevideo.api.generate import BatchInterrupted, BatchStopped, ModelLoadError
-    from sagevideo.jobs import InputError
+    from sagevideo.generation.generate import BatchInterrupted, BatchStopped, ModelLoadError
+    from sagevideo.jobs.specs import InputError
 
     shots: Path | list = args.shots
     out = args.out
@@ -80,9 +80,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _preview_jobs(path: Path, model: str, out: Path) -> list[dict]:
     """The shot list with PREVIEW over each shot, checked first as written, for this model (errors
     name lines; InputError lists them all)."""
-    from sagevideo.api.generate import plan_batch
-    from sagevideo.jobfile import read_job_file
-    from sagevideo.jobs import merge_fields
+    from sagevideo.generation.generate import plan_batch
+    from sagevideo.jobs.files import read_job_file
+    from sagevideo.jobs.specs import merge_fields
 
     plan_batch(job_file=path, model=model, out=out)
     return [merge_fields(fields, PREVIEW) for fields, _ in read_job_file(path).items]

@@ -27,10 +27,10 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    from sagevideo.api.execute import KILL_HOOK_ENV, KillHook, ModelLoadError, worker_info
-    from sagevideo.api.generate import BatchInterrupted, pending_jobs, plan_batch, run_batch
-    from sagevideo.api.sharded import ShardedHost, degree_problems
-    from sagevideo.jobs import InputError, group_problems
+    from sagevideo.generation.generate import BatchInterrupted, pending_jobs, plan_batch, run_batch
+    from sagevideo.host.pipeline_host import KILL_HOOK_ENV, KillHook, ModelLoadError, worker_info
+    from sagevideo.host.sharded import ShardedHost, degree_problems
+    from sagevideo.jobs.specs import InputError, group_problems
     from sagevideo.parallel.launch import init_from_env
 
     rank = int(os.environ.get("RANK", "0"))

@@ -6,7 +6,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from sagevideo.cli import app
+from sagevideo.cli.app import app
 
 runner = CliRunner()
 
@@ -70,7 +70,7 @@ def test_simulate_bad_input_is_exit_2():
 
 
 def test_simulate_refuses_what_it_could_only_find_out_after_computing(tmp_path, monkeypatch):
-    import sagevideo.eval.simulate as simulate_module
+    import sagevideo.eval.numerics.simulate as simulate_module
 
     monkeypatch.setattr(simulate_module, "simulate", lambda *a, **k: pytest.fail("computed before refusing"))
     not_tensors = tmp_path / "captured.safetensors"

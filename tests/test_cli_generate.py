@@ -8,7 +8,7 @@ import imageio.v2 as imageio
 import pytest
 from typer.testing import CliRunner
 
-from sagevideo.cli import app
+from sagevideo.cli.app import app
 
 runner = CliRunner()
 
@@ -132,8 +132,8 @@ def test_imports_stay_light():
     """`import sagevideo`, the CLI module and the generation/scheduling modules load neither diffusers,
     triton nor ray (Ray is imported only when a batch runs on it)."""
     code = (
-        "import sys, sagevideo, sagevideo.cli, sagevideo.jobs, sagevideo.jobfile, sagevideo.api.generate, "
-        "sagevideo.scheduling; "
+        "import sys, sagevideo, sagevideo.cli.app, sagevideo.jobs.specs, sagevideo.jobs.files, "
+        "sagevideo.generation.generate, sagevideo.scheduling; "
         "print([m for m in ('diffusers', 'transformers', 'triton', 'ray', 'torch') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -7,10 +7,10 @@ import pytest
 from typer.testing import CliRunner
 
 import sagevideo
-from sagevideo.api.generate import plan_batch
-from sagevideo.cli import app
-from sagevideo.jobfile import read_job_file
-from sagevideo.jobs import InputError, JobSpec
+from sagevideo.cli.app import app
+from sagevideo.generation.generate import plan_batch
+from sagevideo.jobs.files import read_job_file
+from sagevideo.jobs.specs import InputError, JobSpec
 
 SHOTS_YAML = """\
 # a studio's shot list
@@ -127,7 +127,7 @@ def test_plan_path_is_relative_to_the_job_file_recorded_and_applied(tmp_path):
     assert again["backends"]["counts"] == {"reference/fp8": 4}
     (plans / "p.json").write_text(json.dumps({"version": 1, "default": {"mode": "int8-fp16"}}))
     plan = plan_batch(job_file=path, out=tmp_path / "o")
-    from sagevideo.api.batch_run import _previous_records
+    from sagevideo.generation.run import _previous_records
     from sagevideo.outputs.manifest import Manifest
 
     assert _previous_records(Manifest(plan.manifest_path).records(), plan) == [None]  # cat.mp4 is the fp8 job's now

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sagevideo.api.generate import plan_batch
+from sagevideo.generation.generate import plan_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "scripts" / "examples" / "shots.yaml"

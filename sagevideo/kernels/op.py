@@ -2,7 +2,7 @@
 
 Registering the quantize + attention launches as one triton_op lets `torch.compile(fullgraph=True)`
 trace through it (and Inductor see the Triton kernels) instead of graph-breaking on Python.
-`sageattn_triton` is the thin Python entry used by `sagevideo.api.attention`.
+`sageattn_triton` is the thin Python entry used by `sagevideo.attention.functional`.
 """
 
 from __future__ import annotations

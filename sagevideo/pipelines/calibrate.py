@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from sagevideo.api.attention import sageattn
-from sagevideo.eval.attention_error import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
+from sagevideo.attention.functional import sageattn
+from sagevideo.eval.numerics.errors import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override
 from sagevideo.pipelines.routing import AttentionRouter
 
@@ -55,7 +55,7 @@ class WorstError:
 @dataclass
 class CalibrationResult:
     """errors[layer][choice label] -> WorstError; plan: the chosen plan; threshold: cosine floor;
-    score_std[layer]: the largest score standard deviation seen (`eval.attention_error.score_std`)."""
+    score_std[layer]: the largest score standard deviation seen (`eval.numerics.errors.score_std`)."""
 
     errors: dict[str, dict[str, WorstError]]
     plan: AttentionPlan

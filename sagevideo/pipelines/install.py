@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from sagevideo.api.attention import BACKENDS
+from sagevideo.attention.functional import BACKENDS
 from sagevideo.kernels.plans import PV_MODES
-from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
+from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
 from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from sagevideo.api.backends import report_unrouted
+from sagevideo.attention.records import report_unrouted
 from sagevideo.pipelines.routing import AttentionRouter
 
 # diffusers attention-dispatcher backends whose functions call F.scaled_dot_product_attention

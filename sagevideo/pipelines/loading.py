@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sagevideo.jobs import InputError, JobSpec
+from sagevideo.jobs.specs import InputError, JobSpec
 
 SUPPORTED_PIPELINES = ("CogVideoXPipeline",)
 _WEIGHT_COMPONENTS = ("transformer", "vae", "text_encoder")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sagevideo.jobs import JobSpec
+from sagevideo.jobs.specs import JobSpec
 
 
 class NonFiniteError(RuntimeError):

@@ -10,7 +10,7 @@ A batch runs on a pool of Ray actors, each holding one loaded pipeline, fed from
 - `queue`: hands jobs to idle workers, retries a job whose worker died on another worker (up to
   `max_attempts`), replaces dead workers (a whole group when one rank dies), and stops every
   worker on Ctrl-C.
-The driver (`sagevideo.api.batch_run.run_batch`) renames outputs into place and writes the
+The driver (`sagevideo.generation.run.run_batch`) renames outputs into place and writes the
 manifest; workers never touch it.
 """
 

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from sagevideo.jobs import InputError
+from sagevideo.jobs.specs import InputError
 
 PROBE_TIMEOUT_S = 3.0  # a Ray head answers the probe in milliseconds, even across a data centre
 # An HTTP/2 client's opening (RFC 9113 section 3.4) and an empty SETTINGS frame. A gRPC server,

@@ -23,7 +23,7 @@ import os
 import socket
 from typing import Any
 
-from sagevideo.api.execute import KillHook, PlannedJob, RunContext, worker_info
+from sagevideo.host.pipeline_host import KillHook, PlannedJob, RunContext, worker_info
 
 log = logging.getLogger("sagevideo")
 
@@ -92,7 +92,7 @@ class RankWorker:
         """Join the group and load the pipeline; returns this rank's info with "error": None, or
         why it cannot run jobs (the driver then stops the whole group). steps_queue: the driver's
         step-progress queue; rank 0 reports to it."""
-        from sagevideo.api.sharded import ShardedHost
+        from sagevideo.host.sharded import ShardedHost
         from sagevideo.parallel.launch import init_from_env
 
         self.steps_queue = steps_queue if self.rank == 0 else None

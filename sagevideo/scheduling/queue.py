@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sagevideo.api.execute import KILL_HOOK_ENV, ModelLoadError, PlannedJob, base_record
+from sagevideo.host.pipeline_host import KILL_HOOK_ENV, ModelLoadError, PlannedJob, base_record
 from sagevideo.outputs.manifest import now_iso
 
 log = logging.getLogger("sagevideo")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sagevideo.api.execute import KillHook, PipelineHost, PlannedJob, RunContext, worker_info
+from sagevideo.host.pipeline_host import KillHook, PipelineHost, PlannedJob, RunContext, worker_info
 
 
 def step_reporter(steps_queue: Any, pj: PlannedJob) -> Callable[[int, int], None] | None:

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 import sagevideo
 from sagevideo import last_backend, record_backends, sageattn
-from sagevideo.eval.attention_error import attention_fp64, error_stats
-from sagevideo.eval.presets import make_inputs
+from sagevideo.eval.numerics.errors import attention_fp64, error_stats
+from sagevideo.eval.numerics.presets import make_inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -198,7 +198,8 @@ def test_scaled_dot_product_attention_has_sdpa_signature_and_semantics():
                          ((q[:, 0], k[:, 0], v[:, 0]), {}), ((q[None], k[None], v[None]), {})]:
         out = sagevideo.scaled_dot_product_attention(*args, **kwargs, backend="reference")
         # pv="auto": FP8 P·V on GPUs with FP8 tensor cores, 16-bit elsewhere
-        assert last_backend().ran == "reference" and last_backend().pv == sagevideo.api.attention.auto_pv(q.device)
+        assert last_backend().ran == "reference"
+        assert last_backend().pv == sagevideo.attention.functional.auto_pv(q.device)
         # SDPA's own kernels reject a 1-D mask that broadcasts (IndexError): give them its 4-D view
         want = F.scaled_dot_product_attention(*(t.float() for t in args[:3]), *(m[None, None, None] for m in args[3:]),
                                               **kwargs)
@@ -207,7 +208,7 @@ def test_scaled_dot_product_attention_has_sdpa_signature_and_semantics():
 
 
 def test_what_the_kernels_cannot_compute_is_a_recorded_fallback_or_an_error(monkeypatch):
-    monkeypatch.setattr(sagevideo.api.attention, "_warned", set())  # each fallback reason warns once a process
+    monkeypatch.setattr(sagevideo.attention.functional, "_warned", set())  # each fallback reason warns once a process
     q, k, v = _qkv()
     with pytest.warns(UserWarning, match="dropout_p=0.5"), record_backends() as log:
         sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float(), dropout_p=0.5)
@@ -281,7 +282,7 @@ def test_the_sdpa_backend_differentiates_exactly_as_sdpa():
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's limits (CPU)")
 def test_bfloat16_under_the_interpreter_is_refused_not_garbage(monkeypatch):
-    monkeypatch.setattr(sagevideo.api.attention, "_warned", set())
+    monkeypatch.setattr(sagevideo.attention.functional, "_warned", set())
     q, k, v = _qkv(dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="bfloat16 under TRITON_INTERPRET"):
         sageattn(q, k, v, backend="triton")

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 import sagevideo
-from sagevideo.api.generate import BatchStopped, plan_batch, run_batch
-from sagevideo.cli import app
+from sagevideo.cli.app import app
+from sagevideo.generation.generate import BatchStopped, plan_batch, run_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {
@@ -220,7 +220,7 @@ def test_cpu_threads_of_the_run_context_reach_torch(tmp_path, monkeypatch):
     import torch
 
     import sagevideo.pipelines.loading as loading
-    from sagevideo.api.execute import PipelineHost
+    from sagevideo.host.pipeline_host import PipelineHost
 
     monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: object())
     ctx = plan_batch(["a cat"], out=tmp_path).context()

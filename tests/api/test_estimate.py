@@ -3,10 +3,10 @@
 import pytest
 from typer.testing import CliRunner
 
-from sagevideo.api.estimate import estimate_job, latent_tokens
-from sagevideo.api.generate import plan_batch
-from sagevideo.cli import app
-from sagevideo.jobs import JobSpec
+from sagevideo.cli.app import app
+from sagevideo.generation.estimate import estimate_job, latent_tokens
+from sagevideo.generation.generate import plan_batch
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.loading import resolve_model
 
 GB = 10**9
@@ -22,10 +22,10 @@ def no_model_load(monkeypatch):
 @pytest.fixture
 def free_memory(monkeypatch):
     """Set what the machine has free (the refusal must not depend on the test machine)."""
-    import sagevideo.budget
+    import sagevideo.generation.budget
 
     def set_free(n: int) -> None:
-        monkeypatch.setattr(sagevideo.budget, "available_bytes", lambda device="cpu": n)
+        monkeypatch.setattr(sagevideo.generation.budget, "available_bytes", lambda device="cpu": n)
 
     return set_free
 
@@ -53,7 +53,7 @@ def test_a_job_that_cannot_fit_is_refused_with_its_estimate(tmp_path, no_model_l
 
 
 def test_a_long_job_gets_its_measured_attention_time(tmp_path, no_model_load, free_memory, monkeypatch):
-    import sagevideo.api.estimate as estimate
+    import sagevideo.generation.estimate as estimate
 
     free_memory(100 * GB)
     monkeypatch.setattr(estimate, "_probe_call", lambda *args: 0.25)  # one call at 1,024 tokens, here

@@ -9,8 +9,8 @@ import imageio.v2 as imageio
 import pytest
 
 import sagevideo
-from sagevideo.api.generate import plan_batch
-from sagevideo.jobs import DEFAULT_PROMPTS, InputError, JobSpec
+from sagevideo.generation.generate import plan_batch
+from sagevideo.jobs.specs import DEFAULT_PROMPTS, InputError, JobSpec
 
 RECORD_FIELDS = set(
     "job_id status error prompt negative_prompt seed frames height width steps guidance name model "
@@ -134,7 +134,7 @@ def test_non_finite_frames_fail_the_job(tmp_path, monkeypatch):
 
 
 def test_full_attention_installs_nothing(tmp_path):
-    from sagevideo.api.generate import run_batch
+    from sagevideo.generation.generate import run_batch
 
     plan = plan_batch(["a cat"], out=tmp_path, attention="full")
     report = run_batch(plan, progress=False)
@@ -269,7 +269,7 @@ def test_frames_png_writes_a_folder_per_job_and_resume_checks_it(tmp_path):
 
 
 def test_steps_are_reported_and_a_job_past_job_timeout_fails(tmp_path, monkeypatch):
-    from sagevideo.api import batch_run as gen
+    from sagevideo.generation import run as gen
 
     seen = []
     real = gen._step_watch
@@ -324,7 +324,7 @@ def test_bad_job_timeout_is_refused(tmp_path, no_model_load, bad):
 def test_pv_auto_follows_the_gpu_like_the_default_plan(monkeypatch, pv, device, capability, expected):
     import torch
 
-    from sagevideo.api.batch_plan import resolve_pv
+    from sagevideo.generation.plan import resolve_pv
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability or pytest.fail("asked a CPU"))
     assert resolve_pv(pv, device) == expected

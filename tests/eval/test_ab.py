@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from typer.testing import CliRunner
 
-from sagevideo.cli import app
+from sagevideo.cli.app import app
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,7 +86,7 @@ def test_attention_probe_per_layer_and_step(ab_run):
 
 
 def test_plan_check_counts_calls_per_precision():
-    from sagevideo.api.ab import expected_calls, plan_check
+    from sagevideo.experiments.ab import expected_calls, plan_check
     from sagevideo.pipelines.plans import AttentionPlan
 
     plan = AttentionPlan.model_validate(
@@ -162,7 +162,7 @@ def test_the_probe_names_layers_too_peaky_for_int8():
     the probe must name such a layer, with its score std, and say to keep it in full precision."""
     import torch
 
-    from sagevideo.eval.probe import ProbeRouter, summarize_probe
+    from sagevideo.experiments.probe import ProbeRouter, summarize_probe
     from sagevideo.pipelines.plans import AttentionPlan
 
     router = ProbeRouter(AttentionPlan.uniform("int8-fp16"), "reference")

@@ -8,7 +8,7 @@ import pytest
 from evalkit import base_video, make_arm
 from typer.testing import CliRunner
 
-from sagevideo.cli import app
+from sagevideo.cli.app import app
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sagevideo.eval.attention_error import error_stats
-from sagevideo.eval.simulate import Variant, format_table, load_qkv_file, simulate, variant_grid
+from sagevideo.eval.numerics.errors import error_stats
+from sagevideo.eval.numerics.simulate import Variant, format_table, load_qkv_file, simulate, variant_grid
 
 SEED_SHAPE = (1, 8, 1024, 128)
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sagevideo import last_backend, sageattn
-from sagevideo.eval.attention_error import attention_fp64, error_stats
-from sagevideo.eval.presets import CONTRACT_PRESETS, make_inputs
+from sagevideo.eval.numerics.errors import attention_fp64, error_stats
+from sagevideo.eval.numerics.presets import CONTRACT_PRESETS, make_inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPE = (1, 4, 256, 64)

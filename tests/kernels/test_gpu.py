@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from sagevideo import last_backend, record_backends, sageattn
-from sagevideo.eval.attention_error import error_stats
-from sagevideo.eval.presets import make_inputs
+from sagevideo.eval.numerics.errors import error_stats
+from sagevideo.eval.numerics.presets import make_inputs
 
 pytestmark = pytest.mark.gpu
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from sagevideo.eval.attention_error import attention_fp64, error_stats
-from sagevideo.eval.presets import make_inputs
+from sagevideo.eval.numerics.errors import attention_fp64, error_stats
+from sagevideo.eval.numerics.presets import make_inputs
 from sagevideo.kernels.plans import tiles
 from sagevideo.kernels.reference import (
     quantize_symmetric,

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from sagevideo import last_backend, sageattn
-from sagevideo.eval.attention_error import error_stats
-from sagevideo.eval.presets import make_inputs
+from sagevideo.eval.numerics.errors import error_stats
+from sagevideo.eval.numerics.presets import make_inputs
 from sagevideo.kernels.plans import select_plan
 from sagevideo.kernels.reference import LOG2E, mma_key_permutation, quantize_symmetric, smoothed_k
 from sagevideo.kernels.rotation import hadamard_pm1

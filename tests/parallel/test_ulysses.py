@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from sagevideo.parallel.cogvideox import check_cogvideox_degree
 from sagevideo.parallel.ulysses import check_degree
+from sagevideo.pipelines.cogvideox.sequence_parallel import check_cogvideox_degree
 
 pytestmark = pytest.mark.slow
 
@@ -70,9 +70,9 @@ def _opensora():
 
 def _worker(rank, world, port, out_dir):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from sagevideo.parallel.cogvideox import shard_cogvideox
     from sagevideo.parallel.launch import init_from_env
-    from sagevideo.parallel.opensora import shard_opensora
+    from sagevideo.pipelines.cogvideox.sequence_parallel import shard_cogvideox
+    from sagevideo.pipelines.opensora.sequence_parallel import shard_opensora
 
     init_from_env("gloo")
     model = _model()
@@ -191,8 +191,8 @@ def _processor_worker(rank, world, port, out_dir):
     from types import SimpleNamespace
 
     from sagevideo.parallel import ulysses
-    from sagevideo.parallel.cogvideox import UlyssesCogVideoXAttnProcessor, shard_ranges
     from sagevideo.parallel.launch import init_from_env
+    from sagevideo.pipelines.cogvideox.sequence_parallel import UlyssesCogVideoXAttnProcessor, shard_ranges
 
     init_from_env("gloo")
     processor = UlyssesCogVideoXAttnProcessor(backend="sdpa")
@@ -217,7 +217,7 @@ def test_ulysses_cogvideox_processor_equals_one_process_exactly(tmp_path):
     video only: each rank's output is bit-equal to the one-process processor's for its tokens."""
     from types import SimpleNamespace
 
-    from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
+    from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
 
     mp.spawn(_processor_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     single = SageCogVideoXAttnProcessor(backend="sdpa")
@@ -247,7 +247,7 @@ def test_degree_errors_are_clear():
 
 
 def test_shards_cover_text_then_video_once():
-    from sagevideo.parallel.cogvideox import shard_ranges
+    from sagevideo.pipelines.cogvideox.sequence_parallel import shard_ranges
 
     assert [shard_ranges(226, 17550, 2, r) for r in range(2)] == [((0, 226), (0, 8662)), ((226, 226), (8662, 17550))]
     # More ranks than the text fills: the text spans ranks 0 and 1.

@@ -4,7 +4,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sagevideo.cli import app
+from sagevideo.cli.app import app
 from sagevideo.pipelines.calibrate import CANDIDATES, calibrate_pipeline
 from sagevideo.pipelines.plans import AttentionPlan, Mode
 
@@ -59,7 +59,7 @@ def test_cli_writes_plan_and_qkv(tmp_path):
     assert "calibrate: 100%" in result.stderr and "measuring transformer_blocks.1.attn1 (step 1)" in result.stderr
     plan = AttentionPlan.load(plan_path)
     assert plan.num_steps == 2 and len(plan.layers) == 2
-    from sagevideo.eval.simulate import load_qkv_file
+    from sagevideo.eval.numerics.simulate import load_qkv_file
 
     assert set(load_qkv_file(qkv)) == {f"transformer_blocks.{i}.attn1.step1" for i in (0, 1)}
 
@@ -107,9 +107,9 @@ def test_cli_refuses_unusable_outputs_and_prompt_files_before_loading(tmp_path, 
     from sagevideo.pipelines import loading
 
     monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("a model was loaded for bad input"))
-    import sagevideo.budget
+    import sagevideo.generation.budget
 
-    monkeypatch.setattr(sagevideo.budget, "available_bytes", lambda device="cpu": 24 * 10**9)
+    monkeypatch.setattr(sagevideo.generation.budget, "available_bytes", lambda device="cpu": 24 * 10**9)
     (tmp_path / "plans").mkdir()
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("un caf\xe9\n".encode("latin-1"))

@@ -8,8 +8,8 @@ import pytest
 import torch
 from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
 
-from sagevideo.api.backends import record_backends
-from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
+from sagevideo.attention.records import record_backends
+from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
 
 
 def _inputs(batch=2, n_text=16, n_video=48, dim=128, head_dim=64, seed=0):

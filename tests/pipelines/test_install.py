@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sagevideo
-from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
+from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
 
 
 def _latents(pipe):

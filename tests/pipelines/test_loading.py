@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from sagevideo.jobs import InputError, JobSpec
+from sagevideo.jobs.specs import InputError, JobSpec
 from sagevideo.pipelines.loading import load_pipeline, resolve_model
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sagevideo.jobs import JobSpec
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.loading import resolve_model
 from sagevideo.pipelines.runner import NonFiniteError, run_job
 

@@ -15,9 +15,9 @@ ray = pytest.importorskip("ray")
 
 from ray.exceptions import ActorDiedError  # noqa: E402
 
-from sagevideo.api.execute import KillHook, ModelLoadError, PlannedJob  # noqa: E402
-from sagevideo.api.generate import plan_batch  # noqa: E402
-from sagevideo.jobs import InputError, JobSpec  # noqa: E402
+from sagevideo.generation.generate import plan_batch  # noqa: E402
+from sagevideo.host.pipeline_host import KillHook, ModelLoadError, PlannedJob  # noqa: E402
+from sagevideo.jobs.specs import InputError, JobSpec  # noqa: E402
 from sagevideo.scheduling import queue  # noqa: E402
 from sagevideo.scheduling.cluster import Cluster, group_pool_size  # noqa: E402
 from sagevideo.scheduling.group import torchrun_env  # noqa: E402

@@ -16,8 +16,8 @@ ray = pytest.importorskip("ray")
 
 from ray.exceptions import ActorDiedError  # noqa: E402
 
-from sagevideo.api.execute import ModelLoadError  # noqa: E402
-from sagevideo.api.generate import plan_batch  # noqa: E402
+from sagevideo.generation.generate import plan_batch  # noqa: E402
+from sagevideo.host.pipeline_host import ModelLoadError  # noqa: E402
 from sagevideo.scheduling import queue  # noqa: E402
 
 _order = itertools.count()

@@ -7,7 +7,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import sagevideo  # noqa: E402
-from sagevideo.jobs import InputError  # noqa: E402
+from sagevideo.jobs.specs import InputError  # noqa: E402
 
 OBJECT_STORE_BYTES = 80 * 2**20  # as in conftest: jobs return file names, not frames
 

@@ -18,7 +18,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import sagevideo  # noqa: E402
-from sagevideo.jobs import InputError  # noqa: E402
+from sagevideo.jobs.specs import InputError  # noqa: E402
 from sagevideo.scheduling import cluster as cluster_module  # noqa: E402
 from sagevideo.scheduling.cluster import Cluster, cpu_threads, head_problem, ray_session  # noqa: E402
 

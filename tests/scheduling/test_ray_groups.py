@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 pytest.importorskip("ray")
 
 import sagevideo  # noqa: E402
-from sagevideo.api.execute import KILL_HOOK_ENV  # noqa: E402
-from sagevideo.cli import app  # noqa: E402
+from sagevideo.cli.app import app  # noqa: E402
+from sagevideo.host.pipeline_host import KILL_HOOK_ENV  # noqa: E402
 from tests.parallel.sp_tolerance import JOBS, assert_same_videos  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 pytest.importorskip("ray")
 
 import sagevideo  # noqa: E402
-from sagevideo.api.execute import KILL_HOOK_ENV  # noqa: E402
-from sagevideo.api.generate import BatchInterrupted  # noqa: E402
-from sagevideo.cli import app  # noqa: E402
+from sagevideo.cli.app import app  # noqa: E402
+from sagevideo.generation.generate import BatchInterrupted  # noqa: E402
+from sagevideo.host.pipeline_host import KILL_HOOK_ENV  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each batch starts worker processes that import torch and diffusers
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from opensora_helpers import TINY, cosine, tiny_inputs
 
-from sagevideo.api.backends import record_backends
+from sagevideo.attention.records import record_backends
 from sagevideo.pipelines.opensora import OpenSoraAttnProcessor, OpenSoraTransformer3DModel, SageOpenSoraAttnProcessor
 
 

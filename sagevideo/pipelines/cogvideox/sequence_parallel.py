@@ -32,7 +32,7 @@ from sagevideo.parallel.ulysses import (
     send_slot,
     ulysses_exchange,
 )
-from sagevideo.pipelines.cogvideox import SageCogVideoXAttnProcessor
+from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
 from sagevideo.pipelines.rotary import rotary_into
 
 

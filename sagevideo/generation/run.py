@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sagevideo.api.batch_plan import BatchPlan
-from sagevideo.api.deadline import JobTimeoutError
-from sagevideo.api.execute import KILL_HOOK_ENV, PlannedJob
+from sagevideo.generation.plan import BatchPlan
+from sagevideo.host.deadline import JobTimeoutError
+from sagevideo.host.pipeline_host import KILL_HOOK_ENV, PlannedJob
 from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, ManifestWriteError, is_done, now_iso
 
 log = logging.getLogger("sagevideo")
@@ -166,7 +166,7 @@ def run_batch(
     stopping the workers; finished jobs are recorded). A full disk ends the run early with
     `report.stopped` set.
     """
-    from sagevideo.jobs import InputError
+    from sagevideo.jobs.specs import InputError
     from sagevideo.outputs.folders import FolderLock
 
     echo = echo or log.warning
@@ -267,7 +267,7 @@ def _run_here(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Calla
     """Jobs in this process, one model load: yields (plan index, record) as each finishes."""
     import os
 
-    from sagevideo.api.execute import KillHook, PipelineHost
+    from sagevideo.host.pipeline_host import KillHook, PipelineHost
 
     status(f"loading {Path(plan.source.name).name}")
     host = PipelineHost(plan.context(), kill_hook=KillHook.parse(os.environ.get(KILL_HOOK_ENV)))

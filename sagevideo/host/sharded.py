@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
-from sagevideo.api.execute import KillHook, PipelineHost, PlannedJob, RunContext, exit_now, is_device_error
-from sagevideo.jobs import InputError, JobSpec, where
+from sagevideo.host.pipeline_host import KillHook, PipelineHost, PlannedJob, RunContext, exit_now, is_device_error
+from sagevideo.jobs.specs import InputError, JobSpec, where
 from sagevideo.pipelines.loading import ModelSource
 
-# Pipelines whose transformer `sagevideo.parallel.cogvideox.shard_cogvideox` can split.
+# Pipelines whose transformer `sagevideo.pipelines.cogvideox.sequence_parallel.shard_cogvideox` can split.
 SEQUENCE_PARALLEL_PIPELINES = ("CogVideoXPipeline",)
 SEQUENCE_PARALLEL_TRANSFORMERS = ("CogVideoXTransformer3DModel",)
 
@@ -57,7 +57,7 @@ def degree_problems(source: ModelSource, jobs: list[tuple[JobSpec, Any]], degree
         raise InputError(f"--gpus-per-job {degree}: give a whole number >= 1 (1: one GPU per job, no splitting)")
     if degree == 1:
         return []
-    from sagevideo.parallel.cogvideox import check_cogvideox_degree
+    from sagevideo.pipelines.cogvideox.sequence_parallel import check_cogvideox_degree
 
     config = transformer_config(source)
     supported = config.class_name in SEQUENCE_PARALLEL_TRANSFORMERS
@@ -168,7 +168,7 @@ class ShardedHost(PipelineHost):
     def _set_attention(self, backend: str | None, pv: str | None, plan: str | None = None) -> None:
         """Install Ulysses with sagevideo attention for (backend, pv, plan); attention "full"
         (backend None) runs SDPA inside Ulysses, as sharding needs the sagevideo processor."""
-        from sagevideo.parallel.cogvideox import shard_cogvideox
+        from sagevideo.pipelines.cogvideox.sequence_parallel import shard_cogvideox
         from sagevideo.pipelines.plans import AttentionPlan
 
         if self._attention == (backend, pv, plan):

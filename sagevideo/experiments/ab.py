@@ -15,7 +15,7 @@ them per arm). With a plan, the quantized arm's recorded attention calls are com
 the plan implies (`plan_check`). A generator that records the plan without applying it (as
 `generate` did before it installed plans per job) fails the check: ab then re-renders the
 quantized jobs with the plan installed by router on a pipeline it loads itself
-(`sagevideo.eval.probe.rerun_arm`) into out/quantized-plan/, and evaluates that arm. With
+(`sagevideo.experiments.probe.rerun_arm`) into out/quantized-plan/, and evaluates that arm. With
 `attention_probe` the quantized jobs are re-run with a probing router, which also checks that the
 arm is reproduced exactly (or, for the re-rendered plan arm, the probe is that very run).
 """
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sagevideo.jobs import InputError
+from sagevideo.jobs.specs import InputError
 
 log = logging.getLogger("sagevideo")
 
@@ -138,9 +138,9 @@ def ab(
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
     failed; ModelLoadError (from generate) when the model cannot be loaded.
     """
-    from sagevideo.api.generate import plan_batch, run_batch
     from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out
-    from sagevideo.eval.probe import rerun_arm
+    from sagevideo.experiments.probe import rerun_arm
+    from sagevideo.generation.generate import plan_batch, run_batch
     from sagevideo.pipelines.plans import AttentionPlan, PlanError
 
     job_file = Path(job_file).expanduser()

@@ -4,7 +4,7 @@
 asks for (installing or removing sagevideo's processors only when it changes between jobs),
 generates, writes the mp4 under a *staged* name (`sagevideo.outputs.staging`) and returns the
 job's manifest record with the private key "_staged". Nothing here appends to the manifest or
-gives a file its final name: the driver does both (`sagevideo.api.batch_run.run_batch`), so there
+gives a file its final name: the driver does both (`sagevideo.generation.run.run_batch`), so there
 is exactly one writer of the manifest and of final names, however many workers run.
 """
 
@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sagevideo.api.deadline import deadline
-from sagevideo.jobs import JobSpec
+from sagevideo.host.deadline import deadline
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.outputs.manifest import now_iso
 from sagevideo.pipelines.loading import ModelSource
 
 # Test hook (read by the driver, handed to workers): "PROMPT_SUBSTRING[:TIMES][@RANK][,...]" makes
 # the process running a matching job exit abruptly (os._exit) right after its video is staged, on
 # its first TIMES attempts (default 1): a worker (or, without Ray, the driver) killed mid-batch.
-# @RANK targets one rank of a sequence-parallel group (`sagevideo.api.sharded`), which exits in the
+# @RANK targets one rank of a sequence-parallel group (`sagevideo.host.sharded`), which exits in the
 # middle of denoising instead, while its peers wait for it in a collective; a rule without @RANK
 # fires on every rank. A plain worker is rank 0.
 KILL_HOOK_ENV = "SAGEVIDEO_TEST_KILL_WORKER"
@@ -215,9 +215,9 @@ class PipelineHost:
         "_staged_frames"; or "failed" with the error; "_device_error" marks errors a fresh worker
         may not have, "_storage_full" a disk or quota too full to write the video). on_step(step,
         steps) after each denoising step (it may raise to stop the job). time_limit: seconds the
-        generation may take, enforced mid-step where it can be (see `sagevideo.api.deadline`). Never
+        generation may take, enforced mid-step where it can be (see `sagevideo.host.deadline`). Never
         raises for a job's own failure; KeyboardInterrupt and SystemExit go through."""
-        from sagevideo.api.backends import record_backends
+        from sagevideo.attention.records import record_backends
         from sagevideo.outputs.staging import staged_path
         from sagevideo.outputs.video import VideoWriteError, write_frames_png, write_mp4
         from sagevideo.pipelines import runner  # looked up per call: tests patch runner.run_job

@@ -19,9 +19,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sagevideo.api.batch_plan import BatchPlan, PromptsOrJobs, plan_batch
-from sagevideo.api.batch_run import BatchInterrupted, BatchReport, BatchStopped, pending_jobs, run_batch
-from sagevideo.api.execute import ModelLoadError, PlannedJob
+from sagevideo.generation.plan import BatchPlan, PromptsOrJobs, plan_batch
+from sagevideo.generation.run import BatchInterrupted, BatchReport, BatchStopped, pending_jobs, run_batch
+from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob
 
 log = logging.getLogger("sagevideo")
 

@@ -11,7 +11,7 @@ YAML (TOML is the same with a `[defaults]` table and `[[jobs]]` tables):
         seed: 3
       - a bare string is a job with just a prompt
 
-Job fields are `sagevideo.jobs.JobSpec`'s: prompt, negative_prompt, seed, frames, resolution (or
+Job fields are `sagevideo.jobs.specs.JobSpec`'s: prompt, negative_prompt, seed, frames, resolution (or
 height/width), steps, guidance, attention (sage/full), pv (fp16/fp8), plan, name, output. A YAML
 file may also be a bare list of jobs. Relative `plan` paths are relative to the job file's folder.
 Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped.
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sagevideo.jobs import (
+from sagevideo.jobs.specs import (
     InputError,
     group_problems,
     job_problems,
@@ -79,7 +79,7 @@ class JobFile:
     """A read job file. items: (job dict or prompt, Origin or 'FILE line N' label), in file order.
 
     problems: (where, what is wrong) found in its layout and defaults; the jobs' own fields are
-    checked when they are parsed (`sagevideo.jobs.collect_jobs`), with the other settings."""
+    checked when they are parsed (`sagevideo.jobs.specs.collect_jobs`), with the other settings."""
 
     path: Path
     kind: str  # "yaml", "toml" or "text"

@@ -19,7 +19,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from sagevideo.api import backends
+from sagevideo.attention import records as backends
 from sagevideo.kernels import plans
 
 LAYOUTS = ("HND", "NHD")

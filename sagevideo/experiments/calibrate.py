@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sagevideo.jobs import DEFAULT_PROMPTS, InputError, collect_jobs, group_problems, option_place, option_problems
+from sagevideo.jobs.specs import (
+    DEFAULT_PROMPTS,
+    InputError,
+    collect_jobs,
+    group_problems,
+    option_place,
+    option_problems,
+)
 
 
 def calibrate(
@@ -80,8 +87,8 @@ def _check_memory(source, jobs, device: str) -> None:
     (it decodes nothing: the video stays latent)."""
     import torch
 
-    from sagevideo.api.estimate import OVERHEAD_BYTES, estimate_job
-    from sagevideo.budget import available_bytes, format_bytes
+    from sagevideo.generation.budget import available_bytes, format_bytes
+    from sagevideo.generation.estimate import OVERHEAD_BYTES, estimate_job
 
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     dtype = "bfloat16" if dev.startswith("cuda") else "float32"

@@ -3,7 +3,7 @@
 `plan_batch(...)` validates prompts or a job file (YAML/TOML/text), settings, model folder,
 attention-plan files and output folder, resolves model defaults, the device, each job's
 attention backend and where the batch runs (this process, or Ray), and gives each job a stable id
-and output name. It returns a `BatchPlan` for `sagevideo.api.batch_run.run_batch`, or raises
+and output name. It returns a `BatchPlan` for `sagevideo.generation.run.run_batch`, or raises
 `InputError` naming each bad field and its fix.
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sagevideo.api.execute import PlannedJob, RunContext
-from sagevideo.jobfile import Origin
-from sagevideo.jobs import (
+from sagevideo.host.pipeline_host import PlannedJob, RunContext
+from sagevideo.jobs.files import Origin
+from sagevideo.jobs.specs import (
     DEFAULT_PROMPTS,
     InputError,
     JobSpec,
@@ -130,13 +130,13 @@ def plan_batch(
     limit, mid-step, between two torch operations (one operation that runs longer, e.g. a single
     huge attention call, finishes first; outside the main thread the limit is checked after each
     step), and the job fails. Jobs whose estimated peak memory exceeds what the device has free
-    are refused with the estimate (`sagevideo.api.estimate`); large CPU jobs get a note with their
+    are refused with the estimate (`sagevideo.generation.estimate`); large CPU jobs get a note with their
     measured attention time.
     frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4).
     Raises InputError naming each bad field and its fix.
     """
-    from sagevideo.api.sharded import degree_problems
-    from sagevideo.jobfile import load_job_file, looks_like_job_file
+    from sagevideo.host.sharded import degree_problems
+    from sagevideo.jobs.files import load_job_file, looks_like_job_file
     from sagevideo.pipelines.loading import resolve_model
 
     try:
@@ -414,8 +414,8 @@ def _budget(
     """(problems, notes): jobs whose estimated peak memory exceeds what this machine's device has
     free are refused with the estimate (`local`: the jobs run here, not on a cluster's nodes);
     large CPU jobs get a note with their measured attention time."""
-    from sagevideo.api.estimate import TIME_ESTIMATE_FROM_TOKENS, attention_seconds, estimate_job, time_note
-    from sagevideo.budget import available_bytes, format_bytes
+    from sagevideo.generation.budget import available_bytes, format_bytes
+    from sagevideo.generation.estimate import TIME_ESTIMATE_FROM_TOKENS, attention_seconds, estimate_job, time_note
 
     free = available_bytes(device) if local else None
     problems, notes, timed = [], [], set()

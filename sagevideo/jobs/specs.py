@@ -1,6 +1,6 @@
 """Generation job specs: what one video is (`JobSpec`) and how a batch runs (`RunSettings`).
 
-Both are pydantic models with `extra="forbid"`, so YAML/TOML job files (`sagevideo.jobfile`) get
+Both are pydantic models with `extra="forbid"`, so YAML/TOML job files (`sagevideo.jobs.files`) get
 the same checks and error messages as the CLI and the Python API. Validation problems are raised
 as `InputError` with one line per problem that names the field (and, for job files, the line)
 and says what to give instead.
@@ -136,7 +136,7 @@ class RunSettings(BaseModel):
     model: "tiny" (built in) or a local diffusers folder. attention: "sage" installs sagevideo's
     processor, "full" runs the stock full-precision one. pv: "auto" = FP8 on sm89+ GPUs, FP16
     elsewhere (resolved by `plan_batch`). backend: `sageattn`'s backend; "auto" on
-    a CPU device means "reference" (see `sagevideo.api.batch_plan`). dtype: None = bf16 on CUDA, fp32 on CPU.
+    a CPU device means "reference" (see `sagevideo.generation.plan`). dtype: None = bf16 on CUDA, fp32 on CPU.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -169,8 +169,8 @@ def generate(
     """
     from tqdm.auto import tqdm
 
-    from sagevideo.api.generate import BatchInterrupted, ModelLoadError, plan_batch, run_batch
-    from sagevideo.jobs import InputError
+    from sagevideo.generation.generate import BatchInterrupted, ModelLoadError, plan_batch, run_batch
+    from sagevideo.jobs.specs import InputError
 
     try:
         batch = plan_batch(
@@ -219,7 +219,7 @@ def generate(
 @app.command()
 def env() -> None:
     """Print torch/triton/GPU versions and which kernel plan runs on each device, and why."""
-    from sagevideo.env_report import report_lines
+    from sagevideo.cli.env_report import report_lines
 
     try:
         lines = report_lines()
@@ -299,9 +299,9 @@ def simulate(
     Exit codes: 0 done, 2 bad input (checked before computing, including whether it fits in memory)."""
     import json
 
-    from sagevideo.budget import available_bytes, format_bytes
-    from sagevideo.eval.simulate import estimate_bytes, format_table, qkv_file_shapes, variant_grid
-    from sagevideo.eval.simulate import simulate as run_simulation
+    from sagevideo.eval.numerics.simulate import estimate_bytes, format_table, qkv_file_shapes, variant_grid
+    from sagevideo.eval.numerics.simulate import simulate as run_simulation
+    from sagevideo.generation.budget import available_bytes, format_bytes
     from sagevideo.outputs.files import writable_file
 
     dims = _shape(shape)
@@ -395,8 +395,8 @@ def calibrate(
     meets the threshold (full precision where no mode does).
 
     Exit codes: 0 done, 2 bad input (nothing was loaded)."""
-    from sagevideo.api.calibrate import calibrate as run_calibration
-    from sagevideo.jobs import InputError, read_prompts_file
+    from sagevideo.experiments.calibrate import calibrate as run_calibration
+    from sagevideo.jobs.specs import InputError, read_prompts_file
 
     prompts = list(prompt or [])
     try:
@@ -562,11 +562,11 @@ def ab(
     Re-running resumes. Exit codes: 0 done, 1 a job or a model load failed, 2 bad input (before
     anything ran), 130 interrupted.
     """
-    from sagevideo.api.ab import ABFailed
-    from sagevideo.api.ab import ab as run_ab
-    from sagevideo.api.generate import BatchStopped, ModelLoadError
     from sagevideo.eval.evaluate import EvalInputError, MetricModelError, PairingError
-    from sagevideo.jobs import InputError
+    from sagevideo.experiments.ab import ABFailed
+    from sagevideo.experiments.ab import ab as run_ab
+    from sagevideo.generation.generate import BatchStopped, ModelLoadError
+    from sagevideo.jobs.specs import InputError
 
     try:
         options = _eval_options(metrics, weights, device, lpips_net, resamples, set_resamples, diff_gain)

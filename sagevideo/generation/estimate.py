@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from sagevideo.budget import format_bytes, format_seconds
-from sagevideo.jobs import JobSpec
+from sagevideo.generation.budget import format_bytes, format_seconds
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.loading import ModelSource
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -124,7 +124,7 @@ def _probe_call(backend: str | None, device: str, dtype: str, batch: int, heads:
     import torch
     import torch.nn.functional as F
 
-    from sagevideo.api.attention import sageattn
+    from sagevideo.attention.functional import sageattn
 
     generator = torch.Generator().manual_seed(0)
     shape = (batch, heads, _PROBE_TOKENS, head_dim)

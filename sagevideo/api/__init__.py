@@ -1,1 +1,0 @@
-"""User-facing Python API: the attention function, backend records, generation."""

@@ -1,0 +1,1 @@
+"""The `sagevideo` command line (typer): `app` in `sagevideo.cli.app`."""

@@ -1,0 +1,1 @@
+"""What to make: job specs and generation settings (`specs`), job files (`files`)."""
