@@ -1,0 +1,1 @@
+"""Maintained benchmarks and their results file (bench/results.jsonl, see bench/results.py)."""
