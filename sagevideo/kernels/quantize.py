@@ -232,7 +232,7 @@ def _quantize_kv_kernel(
             shift = tl.load(KMean + bh * BLOCK_D + offs_d)
     if FP8_V:
         # multiply by the reciprocal (one rounding, like the reference): a division per element
-        # was a third of this kernel's instructions
+        # would be a third of this kernel's instructions
         v_inv = tl.math.div_rn(1.0, tl.load(VScale + bh * BLOCK_D + offs_d))
     for t in range(0, TILES_PER_PROGRAM):
         start_n = (group * TILES_PER_PROGRAM + t) * BLOCK_N

@@ -128,7 +128,7 @@ def test_non_finite_inputs_give_nan_outputs_where_the_reference_does(pv, where, 
 @pytest.mark.parametrize("pv", ["fp16", "fp8"])
 def test_a_non_finite_query_row_spreads_to_no_other_row(pv, granularity, bad):
     """SDPA gives one non-finite row for one NaN or inf in q; so must the kernels and the reference
-    (a Q tile's shared scale used to carry the NaN to all its 64 or 128 rows)."""
+    (a Q tile's shared scale must not carry the NaN to all its 64 or 128 rows)."""
     q, k, v, _ = _inputs("k-offset", (1, 2, 200, 64), seed=16)
     q[0, 1, 70, 3] = bad
     expected = ~torch.isfinite(F.scaled_dot_product_attention(q.float(), k.float(), v.float()))
