@@ -12,7 +12,7 @@ fp32 SDPA (worst over heads) for every sagevideo mode.
 
     python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep cogvideox-2b]
     python scripts/bench_attention.py --shapes cogvideox-2b --sweep cogvideox-2b --sweep-pv fp8 \
-        --sweep-tiles 128x128,64x128 --sweep-launch 4x3 --sweep-orders mma,natural
+        --sweep-tiles 128x128,64x128 --sweep-launch 4x3,4x2 --sweep-adds on,off
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ SHAPES = {
     "d128-32k": (1, 24, 32768, 128),
     "d128-75k": (1, 24, 75000, 128),
     # Open-Sora 2.0, 129 frames 16:9 (docs/opensora.md): joint text + video sequence. cuDNN is
-    # ~7% faster at 76544 (a multiple of 128) than at 75000 (docs/benchmarks.md, seventh session).
+    # ~7% faster at 76544 (a multiple of 128) than at 75000 (docs/benchmarks.md, "the table's
+    # protocol flatters the d128 ratios").
     "opensora-256px": (1, 24, 8828, 128),
     "opensora-768px": (1, 24, 76544, 128),
 }
@@ -203,45 +204,41 @@ def prep_kernel_times(quantize) -> dict:
 
 @dataclasses.dataclass
 class SweepSpace:
-    """What `--sweep` varies. v_orders (FP8 PV): "mma" = Vᵀ keys in the MMA operand's order (what the
-    plain kernel's plans use), "natural" = without that reorder (P converted by lane shuffles).
-    adds: the plan's `scores_by_add` as the plan has it ("plan"), or forced "on"/"off"."""
+    """What `--sweep` varies: the plain kernel's tiles, (warps, stages), PV modes, and its
+    `scores_by_add` as the plan has it ("plan") or forced "on"/"off"."""
 
     tiles: tuple = ((64, 64), (128, 64), (64, 128), (128, 128))
     launches: tuple = ((4, 2), (4, 3), (8, 3))
-    v_orders: tuple = ("mma",)
     pv_modes: tuple = ("fp16", "fp8")
     adds: tuple = ("plan",)
 
 
 def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
-    """Kernel-only time of every tile/warps/stages (and, FP8, Vᵀ key order) variant, and the
-    preparation time of each tile variant (tiles change the quantization groups, so each tile
-    variant is re-quantized first)."""
+    """Kernel-only time of every tile/warps/stages variant, and the preparation time of each tile
+    variant (tiles change the quantization groups, so each tile variant is re-quantized first)."""
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo.kernels.attention_fwd import attention_forward
-    from sagevideo.kernels.plans import plain_triton
+    from sagevideo.kernels.plans import plain_plan
     from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
 
     n, d = shape[2], shape[3]
     rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
     rows = []
-    orders = space.v_orders if plan.pv == "fp8" else ("natural",)
-    for (bm, bn), order in itertools.product(space.tiles, orders):
-        tiled = dataclasses.replace(plain_triton(plan), block_m=bm, block_n=bn)  # the plain kernel's plan
+    for bm, bn in space.tiles:
+        tiled = plain_plan(plan.arch, plan.block_d, plan.pv, bm, bn)  # the plain kernel's plan for these tiles
 
-        def quantize(tiled=tiled, order=order):
+        def quantize(tiled=tiled):
             return quantize_inputs(q, k, v, None, rot, tiled, sm_scale=d**-0.5, per_token=False,
-                                   smooth_k=True, need_shift=False, v_mma_order=order == "mma")
+                                   smooth_k=True, need_shift=False)
 
         try:
             with set_wrap_triton_enabled(False):  # launch overhead, not device time, otherwise (see `direct`)
                 prepared = quantize()
                 prep_ms = bench_ms(quantize)
         except Exception as exc:  # a tile the preparation cannot take: record it, go on
-            rows.append({"block_m": bm, "block_n": bn, "v_order": order, "error": str(exc).splitlines()[0][:160]})
+            rows.append({"block_m": bm, "block_n": bn, "error": str(exc).splitlines()[0][:160]})
             continue
         o = torch.empty_like(q)
         for (warps, stages), add in itertools.product(space.launches, space.adds):
@@ -249,11 +246,15 @@ def sweep_plans(q, k, v, plan, shape, space: SweepSpace) -> list[dict]:
             cand = dataclasses.replace(tiled, num_warps=warps, num_stages=stages, scores_by_add=by_add)
             entry = {"block_m": bm, "block_n": bn, "warps": warps, "stages": stages, "prep_ms": prep_ms,
                      "scores_by_add": by_add, "max_registers": cand.max_registers}
-            if plan.pv == "fp8":
-                entry["v_order"] = order
+            if by_add and not tiled.scores_by_add:  # the guard reads K scale maxima the plan did not track
+                with set_wrap_triton_enabled(False):
+                    prepared_add = quantize_inputs(q, k, v, None, rot, cand, sm_scale=d**-0.5, per_token=False,
+                                                   smooth_k=True, need_shift=False)
+            else:
+                prepared_add = prepared
             try:
                 with set_wrap_triton_enabled(False):
-                    ms = bench_ms(lambda cand=cand, prepared=prepared, o=o: attention_forward(
+                    ms = bench_ms(lambda cand=cand, prepared=prepared_add, o=o: attention_forward(
                         prepared, v, None, o, None, cand, is_causal=False, per_token=False, n_q=n, n_k=n))
                 entry.update(ms=ms, tops=tops(shape, ms))
             except Exception as exc:  # e.g. out of shared memory
@@ -310,8 +311,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", help="comma list of shapes on which to also time tile/warps/stages variants")
     parser.add_argument("--sweep-tiles", help="sweep only these tiles, e.g. 128x128,64x128")
     parser.add_argument("--sweep-launch", help="sweep only these WARPSxSTAGES, e.g. 4x3,4x2")
-    parser.add_argument("--sweep-orders", default="mma",
-                        help="FP8 Vᵀ key orders to sweep: mma (the plans'), natural, or mma,natural")
     parser.add_argument("--sweep-pv", default="fp16,fp8", help="PV modes to sweep")
     parser.add_argument("--sweep-adds", default="plan",
                         help="scores converted by an integer add: plan (as the plan has it), on, off, or on,off")
@@ -328,16 +327,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{option} {spec!r}: comma list of AxB, e.g. 64x128,128x128")
         return values
 
-    space = SweepSpace(v_orders=tuple(args.sweep_orders.split(",")), pv_modes=tuple(args.sweep_pv.split(",")),
-                       adds=tuple(args.sweep_adds.split(",")))
+    space = SweepSpace(pv_modes=tuple(args.sweep_pv.split(",")), adds=tuple(args.sweep_adds.split(",")))
     if args.sweep_tiles:
         space.tiles = pairs("--sweep-tiles", args.sweep_tiles)
         if any(bn % 32 for _, bn in space.tiles):  # mma_key_order works on 32-key groups
             parser.error(f"--sweep-tiles {args.sweep_tiles!r}: BLOCK_N must be a multiple of 32")
     if args.sweep_launch:
         space.launches = pairs("--sweep-launch", args.sweep_launch)
-    if set(space.v_orders) - {"mma", "natural"}:
-        parser.error(f"--sweep-orders {args.sweep_orders!r}: mma, natural or both")
     if set(space.adds) - {"plan", "on", "off"}:
         parser.error(f"--sweep-adds {args.sweep_adds!r}: plan, on, off, or a comma list")
     if set(space.pv_modes) - {"fp16", "fp8"}:
@@ -370,7 +366,6 @@ def main(argv: list[str] | None = None) -> int:
         for pv, entries in r.get("sweep", {}).items():
             ok = sorted((e for e in entries if "tops" in e), key=lambda e: -e["tops"])[:6]
             best = ", ".join(f"{e['block_m']}x{e['block_n']} w{e['warps']}s{e['stages']}"
-                             f"{' ' + e['v_order'] if 'v_order' in e else ''}"
                              f"{' add' if e['scores_by_add'] else ' i2f'}: {e['tops']:.0f} "
                              f"(prep {e['prep_ms']:.3f} ms)" for e in ok)
             print(f"sweep {r['shape']} {pv}: {best}")

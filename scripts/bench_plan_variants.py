@@ -81,8 +81,11 @@ def run_shape(name: str, base_overrides: dict, variants: dict, reps: int) -> dic
     plans = {"base": base, **{label: dataclasses.replace(base, **o) for label, o in variants.items()}}
     rotation = hadamard_pm1(base.block_d, q.device, q.dtype)
     ref = reference_fp32(q, k, v)
+    # One preparation for every variant: the same codes (tiles are not a knob here), with the K scale
+    # maxima tracked when any variant converts scores by an integer add (its guard reads them).
+    tracking = dataclasses.replace(base, scores_by_add=any(p.scores_by_add for p in plans.values()))
     with set_wrap_triton_enabled(False):
-        prepared = quantize_inputs(q, k, v, None, rotation, base, sm_scale=d**-0.5, per_token=False,
+        prepared = quantize_inputs(q, k, v, None, rotation, tracking, sm_scale=d**-0.5, per_token=False,
                                    smooth_k=True, need_shift=False)
     fns, cos = {}, {}
     for label, plan in plans.items():

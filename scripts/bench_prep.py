@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Device time of each preparation kernel (K/V stats, finalize, K/V quantization, Q quantization)
-for several warp counts of the quantization kernels, K/V tiles per program and K/V-stats program
-shapes, on the benchmark shapes (speed knobs: warps and tiles per program change nothing in the
-results; the stats shape changes the fp32 summation order of mean(K), so its last bits). Direct
-launches, as the registered op runs them in eager mode.
+under variants of the plan's `PrepPlan`: warp counts of the quantization kernels, K/V and Q tiles
+per program and K/V-stats program shapes, on the benchmark shapes. Speed knobs: warps and tiles per
+program change nothing in the results; the stats shape changes the fp32 summation order of mean(K),
+so its last bits. Direct launches, as the registered op runs them in eager mode.
 
     python3 scripts/bench_prep.py --shapes cogvideox-2b,d128-8k --warps auto,4,8 --tiles 1,2,4,8 --json prep.json
     python3 scripts/bench_prep.py --warps auto --stats 256:64:4,1024:64:4,512:128:8   # tokens/split:chunk:warps
+
+"auto" keeps the plan's value. Tiles per program stay capped so that each head gets at least the
+plan's `min_programs_per_head` programs (which binds only on short sequences).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import itertools
 import json
@@ -20,24 +24,42 @@ import sys
 import torch
 
 
+def prep_variant(base, warps: int | None, kv_tiles: int | None, stats: str, q_tiles: int | None):
+    """`base` (a PrepPlan) with the given fields replaced; None / "auto" keep the plan's."""
+    changes: dict = {}
+    if warps is not None:
+        changes.update(kv_warps=warps, q_warps=warps)
+    if kv_tiles is not None:
+        changes["kv_tiles_per_program"] = kv_tiles
+    if q_tiles is not None:
+        changes["q_tiles_per_program"] = q_tiles
+    if stats != "auto":
+        changes.update(zip(("stats_min_tokens", "stats_chunk", "stats_warps"), map(int, stats.split(":")), strict=True))
+    return dataclasses.replace(base, **changes)
+
+
 def main(argv: list[str] | None = None) -> int:
     from bench_attention import SHAPES, bench_ms, prep_kernel_times  # this script's folder is on sys.path
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo.kernels import quantize
-    from sagevideo.kernels.plans import select_plan
+    from sagevideo.kernels.plans import prep_plan, select_plan
     from sagevideo.kernels.rotation import hadamard_pm1
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="cogvideox-2b,d128-8k")
-    parser.add_argument("--warps", default="auto,4,8", help="comma list of warp counts; auto = the per-tile rule")
-    parser.add_argument("--tiles", default="1", help="K/V tiles per quantization program")
-    parser.add_argument("--qtiles", default="auto", help="comma list of Q tiles per program; auto = the rule")
+    parser.add_argument("--warps", default="auto,4,8", help="comma list of quantization warp counts; auto = the plan's")
+    parser.add_argument("--tiles", default="auto", help="comma list of K/V tiles per program; auto = the plan's")
+    parser.add_argument("--qtiles", default="auto", help="comma list of Q tiles per program; auto = the plan's")
     parser.add_argument("--stats", default="auto",
                         help="comma list of K/V-stats program shapes MIN_TOKENS_PER_SPLIT:CHUNK:WARPS, "
-                             "or auto (the rule)")
+                             "or auto (the plan's)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+
+    def counts(spec: str) -> list[int | None]:
+        return [None if item == "auto" else int(item) for item in spec.split(",")]
+
     rows = []
     for name in args.shapes.split(","):
         b, h, n, d = SHAPES[name]
@@ -45,23 +67,17 @@ def main(argv: list[str] | None = None) -> int:
         for pv in ("fp16", "fp8"):
             plan = select_plan(q.device, d, pv).plan
             rot = hadamard_pm1(plan.block_d, q.device, q.dtype)
-            warp_counts = [None if w == "auto" else int(w) for w in args.warps.split(",")]
-            stats_shapes = args.stats.split(",")
-            tile_counts = [int(t) for t in args.tiles.split(",")]
-            q_tile_counts = [None if t == "auto" else int(t) for t in args.qtiles.split(",")]
-            grid = itertools.product(warp_counts, tile_counts, stats_shapes, q_tile_counts)
+            grid = itertools.product(counts(args.warps), counts(args.tiles), args.stats.split(","), counts(args.qtiles))
             for warps, tiles, stats, q_tiles in grid:
-                quantize.QUANT_WARPS = warps
-                quantize.STATS_SHAPE = None if stats == "auto" else tuple(map(int, stats.split(":")))
+                prep = prep_variant(prep_plan(plan), warps, tiles, stats, q_tiles)
                 prepare = functools.partial(quantize.quantize_inputs, q, k, v, None, rot, plan, sm_scale=d**-0.5,
-                                            per_token=False, smooth_k=True, need_shift=False, tiles_per_program=tiles,
-                                            q_tiles=q_tiles)
+                                            per_token=False, smooth_k=True, need_shift=False, prep=prep)
                 with set_wrap_triton_enabled(False):
                     times = prep_kernel_times(prepare)
                     wall = bench_ms(prepare)  # whole preparation between events: gaps and small launches too
                 times = {key: ms for key, ms in times.items() if key.startswith("_")}
                 rows.append({"shape": name, "pv": pv, "warps": warps, "tiles_per_program": tiles, "stats": stats,
-                             "q_tiles": q_tiles,
+                             "q_tiles": q_tiles, "prep": dataclasses.asdict(prep),
                              "ms": times, "total_ms": sum(times.values()), "wall_ms": wall})
                 print(f"{name:14} {pv:5} warps {warps} tiles {tiles} q-tiles {q_tiles} stats {stats}: "
                       f"wall {wall:.3f} ms, "

@@ -1,22 +1,21 @@
 #!/usr/bin/env python3
-"""The sm90 Gluon attention kernel against the plain-Triton kernel and SDPA cuDNN (issue 4).
+"""The sm90 Gluon attention kernel against the plain-Triton kernel and SDPA cuDNN.
 
-Per shape, on the same quantized inputs (FP8 PV plan): the plain-Triton kernel and each Gluon
-variant (schedule serial/pipelined x ring stages), kernel-only times (the median of `--reps`
-do_bench medians, all variants and cuDNN timed round-robin) and their ratio to SDPA cuDNN on the
-fp16 inputs; accuracy as the worst cosine (over heads) against fp32
-SDPA and the max |diff| against the plain-Triton kernel's output. `--check` runs only small
-shapes (odd lengths, padded head dims) for correctness, quickly.
+Per shape, on the same quantized inputs (FP8 PV plan): the plain-Triton kernel and the Gluon kernel
+at each number of K/V ring stages, kernel-only times (the median of `--reps` do_bench medians, all
+kernels and cuDNN timed round-robin) and their ratio to SDPA cuDNN on the fp16 inputs; accuracy as
+the worst cosine (over heads) against fp32 SDPA and the max |diff| against the plain-Triton
+kernel's output. `--check` runs only small shapes (odd lengths, padded head dims) for correctness,
+quickly.
 
     python3 scripts/bench_sm90.py --check
-    python3 scripts/bench_sm90.py --json sm90.json [--shapes cogvideox-2b,d128-8k] [--variants s2c1,p3c1] [--reps 5]
+    python3 scripts/bench_sm90.py --json sm90.json [--shapes cogvideox-2b,d128-8k] [--stages 2,3] [--reps 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -36,37 +35,25 @@ from bench_attention import (  # noqa: E402
 
 CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "small-d80": (1, 2, 300, 80),
                 "one-tile": (1, 1, 100, 64), "two-tiles": (1, 2, 256, 128)}
-# s = serial, p = pipelined (intra-warpgroup overlap); the digit = ring stages; then, in this order,
-# optionally: "d1"/"d2" = timing experiments that drop one stage (d1: softmax, d2: the P·V MMA),
-# whose outputs are wrong; "r2" = ring stages released in pairs (serial, even stages); "c1" = one
-# consumer warpgroup per CTA (two CTAs per SM) instead of two; "a" = scores converted by an integer
-# add (`scores_by_add`), "i" = by I2F; neither: as the Gluon plan has it.
-VARIANTS = "s2,p2,p3,p4"
-VARIANT_PATTERN = r"([sp])(\d+)(?:d([12]))?(?:r([12]))?(?:c([12]))?([ai])?"
+STAGES = "2,3"
 
 
-def parse_variants(spec: str) -> dict:
-    """"s2,p4d1,s4r2c1a" -> {name: attention_forward_sm90 keyword arguments}, e.g. "s2d1c1" ->
-    {"pipeline_qk": False, "num_stages": 2, "drop": 1, "release": 1, "consumers": 1,
-    "scores_by_add": None} (None: as the Gluon plan has it)."""
+def parse_stages(spec: str) -> dict[str, int]:
+    """"2,3" -> {"s2": 2, "s3": 3}: the Gluon variants timed, by K/V ring stages (at least 1)."""
     out = {}
-    for name in spec.split(","):
-        match = re.fullmatch(VARIANT_PATTERN, name)
-        if not match:
-            raise SystemExit(f"bad variant {name!r}: s<stages> or p<stages>, then optionally d1/d2, r2, c1/c2, "
-                             "a/i in that order, e.g. p3, s2d1, s2c1a or s2d1c1a")
-        out[name] = {"pipeline_qk": match[1] == "p", "num_stages": int(match[2]), "drop": int(match[3] or 0),
-                     "release": int(match[4] or 1), "consumers": int(match[5] or 2),
-                     "scores_by_add": None if match[6] is None else match[6] == "a"}
+    for item in spec.split(","):
+        if not item.strip().isdigit() or int(item) < 1:
+            raise SystemExit(f"bad ring stages {item!r}: a comma list of positive integers, e.g. 2,3")
+        out[f"s{int(item)}"] = int(item)
     return out
 
 
-def run_shape(name: str, shape, timed: bool, variants: dict, reps: int = 1) -> dict:
+def run_shape(name: str, shape, timed: bool, variants: dict[str, int], reps: int = 1) -> dict:
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo.kernels.attention_fwd import attention_forward
     from sagevideo.kernels.attention_sm90 import attention_forward_sm90
-    from sagevideo.kernels.plans import plain_triton, scores_by_add, select_plan
+    from sagevideo.kernels.plans import plain_triton, select_plan
     from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
 
@@ -90,19 +77,16 @@ def run_shape(name: str, shape, timed: bool, variants: dict, reps: int = 1) -> d
         triton_kernel()
         row["cos_worst"]["triton"] = cosine_worst(ref, base)
         fns = {"sdpa-cudnn": sdpa_fn("cudnn", q, k, v), "triton-kernel": triton_kernel}
-        for label, kwargs in variants.items():
+        for label, stages in variants.items():
             out = torch.full_like(q, float("nan"))
-            if kwargs["scores_by_add"] is None:
-                kwargs = {**kwargs, "scores_by_add": scores_by_add(plan.arch, plan.block_d, plan.pv, "gluon")}
             try:
-                def gluon_kernel(out=out, kwargs=kwargs):
-                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, **kwargs)
+                def gluon_kernel(out=out, stages=stages):
+                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages)
 
                 gluon_kernel()
                 torch.cuda.synchronize()
-                if not kwargs["drop"]:  # drop variants compute something else on purpose
-                    row["cos_worst"][label] = cosine_worst(ref, out)
-                    row["max_diff_vs_triton"][label] = (out.float() - base.float()).abs().max().item()
+                row["cos_worst"][label] = cosine_worst(ref, out)
+                row["max_diff_vs_triton"][label] = (out.float() - base.float()).abs().max().item()
                 fns[label] = gluon_kernel
             except Exception as exc:  # record and go on: one variant's failure is a fact, not the end
                 row["errors"][label] = f"{type(exc).__name__}: " + " | ".join(str(exc).splitlines()[:4])[:400]
@@ -119,12 +103,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="small correctness shapes only, untimed")
     parser.add_argument("--shapes", default="cogvideox-2b,cogvideox-5b,d128-8k,d128-32k,d128-75k")
-    parser.add_argument("--variants", default=VARIANTS)
+    parser.add_argument("--stages", default=STAGES, help="comma list of the Gluon kernel's K/V ring stages")
     parser.add_argument("--untimed", action="store_true", help="one launch per kernel (for a profiler), no timing")
     parser.add_argument("--reps", type=int, default=3, help="round-robin repetitions (median reported)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    variants = parse_variants(args.variants)
+    variants = parse_stages(args.stages)
     shapes = CHECK_SHAPES if args.check else {name: SHAPES[name] for name in args.shapes.split(",")}
     rows = []
     for name, shape in shapes.items():

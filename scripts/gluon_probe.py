@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the installed Triton's Gluon offers on this GPU, for the warp-specialized sm90 kernel (issue 4).
+"""What the installed Triton's Gluon offers on this GPU, for the warp-specialized sm90 kernel.
 
 Checks, each independently (an error is reported, not raised):
 - the Hopper names the kernel needs exist (TMA descriptor, mbarrier, warpgroup MMA, warp_specialize);

@@ -53,9 +53,8 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
     signature = {**dict(zip(pointers, types, strict=True)), **dict.fromkeys(ints, "i32")}
     constexprs = dict(HEAD_DIM=block_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                       CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False,
-                      V_MMA_ORDER=pv == "fp8", WIDE_OFFSETS=False,
-                      MODE="add" if (scores_by_add("sm90", block_d, pv, "triton") if by_add is None else by_add)
-                      else "exact")
+                      WIDE_OFFSETS=False,
+                      MODE="add" if (scores_by_add("sm90", block_d, pv) if by_add is None else by_add) else "exact")
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     aligned = [*pointers, *(n for n in ints if n not in ("mask_stride_b", "H", "H_KV"))]
     names = _attn_fwd_kernel.arg_names
@@ -70,12 +69,12 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
 
 def compile_gluon(block_d: int, pv: str = "fp8", tile=None, warps_stages=None, by_add: bool | None = None,
                   maxnreg: int | None = None):
-    """The Gluon kernel with its launcher defaults (one consumer warpgroup, serial schedule)."""
+    """The Gluon kernel with the sm90 plan's ring stages (FP8 PV only; the plain kernel's options do
+    not apply)."""
     from sagevideo.kernels.attention_sm90 import compile_for_sm90
-    from sagevideo.kernels.plans import scores_by_add
+    from sagevideo.kernels.plans import gluon_stages
 
-    return compile_for_sm90(block_d, scores_by_add=scores_by_add("sm90", block_d, pv, "gluon")
-                            if by_add is None else by_add)
+    return compile_for_sm90(block_d, num_stages=gluon_stages(block_d))
 
 
 def cuobjdump(cubin: bytes, flag: str) -> str:

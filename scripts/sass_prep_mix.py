@@ -2,8 +2,8 @@
 sm_90 SASS compiled on this machine, with registers and shared memory per program.
 
 The quantization programs are as much issue- as memory-bound on the H200 (docs/benchmarks.md,
-fourth session): instructions per element, registers (programs per SM) and whether loads are in
-flight together are the predictions a change can be checked against before any GPU time.
+"a division-free preparation"): instructions per element, registers (programs per SM) and whether
+loads are in flight together are the predictions a change can be checked against before any GPU time.
 
     python3 scripts/sass_prep_mix.py                 # d64 and d128, the sm90 FP8 plans, rotation on
     python3 scripts/sass_prep_mix.py --pv fp16 --no-rotate --sass /tmp/sass
@@ -39,30 +39,32 @@ def registers(cubin: bytes) -> int:
 
 
 def kernels(block_d: int, pv: str, rotate: bool):
-    """(name, compiled kernel, elements per program) of each preparation kernel for a plan."""
+    """(name, compiled kernel, elements per program) of each preparation kernel for the sm90 plan,
+    launched as `plans.prep_plan` says (one K/V tile and the most Q tiles per program)."""
     from sagevideo.kernels import quantize as qz
-    from sagevideo.kernels.plans import scores_by_add, tiles
+    from sagevideo.kernels.plans import plain_plan, prep_plan, tiles
 
     block_m, block_n = tiles(pv, block_d)
+    plan = plain_plan("sm90", block_d, pv, block_m, block_n)
+    prep = prep_plan(plan)
     fp8_v = pv == "fp8"
     strides = {f"stride_{t}{d}": "i32" for t in "kv" for d in "bhn"}
-    min_tokens, chunk, stats_warps = qz.stats_shape(block_d, fp8_v)
     stats = compile_sm90(
         qz._kv_stats_kernel,
         {"K": "*bf16", "V": "*bf16", "Mask": "*u8", "KSum": "*fp32", "KCount": "*fp32", "VMax": "*fp32", **strides,
          "stride_mb": "i32", "H": "i32", "N_K": "i32", "TOKENS_PER_SPLIT": "i32", "NUM_SPLITS": "i32"},
-        dict(HEAD_DIM=block_d, BLOCK_D=block_d, CHUNK=chunk, HAS_MASK=False, SMOOTH_K=True, FP8_V=fp8_v),
-        stats_warps,
+        dict(HEAD_DIM=block_d, BLOCK_D=block_d, CHUNK=prep.stats_chunk, HAS_MASK=False, SMOOTH_K=True, FP8_V=fp8_v),
+        prep.stats_warps,
     )
     kv = compile_sm90(
         qz._quantize_kv_kernel,
         {"K": "*bf16", "V": "*bf16", "Mask": "*u8", "KMean": "*fp32", "KMeanRot": "*fp32", "VScale": "*fp32",
          "Rot": "*bf16", "KQ": "*i8", "KScale": "*fp32", "VQ": "*fp8e4nv", "KScaleMax": "*i32", **strides,
          "stride_mb": "i32", "H": "i32", "N_K": "i32", "N_PAD": "i32"},
-        dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_N=block_n, TILES_PER_PROGRAM=1, HAS_MASK=False,
-             SMOOTH_K=True, ROTATE=rotate, PER_TOKEN=False, FP8_V=fp8_v, V_MMA_ORDER=fp8_v,
-             TRACK_MAX=scores_by_add("sm90", block_d, pv, "triton")),
-        qz.quant_warps(block_n, block_d, "kv"),
+        dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_N=block_n, TILES_PER_PROGRAM=prep.kv_tiles_per_program,
+             HAS_MASK=False, SMOOTH_K=True, ROTATE=rotate, PER_TOKEN=False, FP8_V=fp8_v,
+             TRACK_MAX=plan.scores_by_add),
+        prep.kv_warps,
     )
     q = compile_sm90(
         qz._quantize_q_kernel,
@@ -70,13 +72,13 @@ def kernels(block_d: int, pv: str, rotate: bool):
          "stride_qb": "i32", "stride_qh": "i32", "stride_qn": "i32", "H": "i32", "H_KV": "i32", "N_Q": "i32",
          "M_PAD": "i32",
          "qk_scale": "fp32", "sm_scale": "fp32"},
-        dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_M=block_m, TILES_PER_PROGRAM=qz.Q_TILES_PER_PROGRAM,
+        dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_M=block_m, TILES_PER_PROGRAM=prep.q_tiles_per_program,
              ROTATE=rotate, PER_TOKEN=False, STORE_SHIFT=False),
-        qz.quant_warps(block_m, block_d, "q"),
+        prep.q_warps,
     )
-    del min_tokens  # the split length is a runtime argument: the loop body is what is counted
-    return [("kv_stats (one chunk)", stats, chunk * block_d), ("quantize_kv (one tile)", kv, block_n * block_d),
-            ("quantize_q (one tile)", q, block_m * block_d)]
+    # the split length is a runtime argument: the loop body is what is counted
+    return [("kv_stats (one chunk)", stats, prep.stats_chunk * block_d),
+            ("quantize_kv (one tile)", kv, block_n * block_d), ("quantize_q (one tile)", q, block_m * block_d)]
 
 
 def main() -> None:

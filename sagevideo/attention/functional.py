@@ -2,7 +2,8 @@
 one-import switch) and `sageattn` (SageAttention's, with layout and quantization options).
 
 This is the user-facing layer: it validates arguments (clear errors before any GPU work),
-normalises layout and mask, picks the backend that can run, records the choice
+normalises layout and mask, picks the backend that can run through the registry (`backends`:
+constraint checks with reasons, the auto/explicit policy), records the choice
 (`sagevideo.last_backend()`, `sagevideo.record_backends()`, also from inside a torch.compile'd
 graph), and calls
 - the Triton op `torch.ops.sagevideo.sageattn_fwd` (INT8 QK, FP16/FP8 PV),
@@ -19,13 +20,13 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from sagevideo.attention import records as backends
+from sagevideo.attention import records
+from sagevideo.attention.backends import CHOICES as BACKENDS
+from sagevideo.attention.backends import GLUON, AttentionCall, Backend, choose
 from sagevideo.kernels import plans
 
 LAYOUTS = ("HND", "NHD")
 GRANULARITIES = ("block", "token")
-BACKENDS = ("auto", "triton", "reference", "sdpa")
-KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 BACKWARD_ERROR = (
     "sagevideo attention is forward-only: the quantized backends have no backward. Run inference under "
     "torch.no_grad() / torch.inference_mode(), or use backend='sdpa' (full precision) where gradients are needed"
@@ -67,12 +68,14 @@ def scaled_dot_product_attention(
             raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
     if pv == "auto":
         pv = auto_pv(query.device)
-    problem = _sdpa_only_problem(query, key, value, attn_mask, dropout_p)
-    if problem:
-        ran, reason = _fallback_or_raise(backend, problem)
-        if ran != "sdpa":  # pragma: no cover - _fallback_or_raise returns sdpa or raises
-            raise AssertionError(ran)
-        _record(backend, "sdpa", None, reason)
+    shape_problem = _shape_problem(query, key, value, attn_mask)
+    if dropout_p or shape_problem:
+        call = AttentionCall(query.device, query.dtype, query.shape[-1] if query.dim() else 0, pv=pv,
+                             dropout_p=dropout_p, shape_problem=shape_problem)
+        chosen, reason = choose(backend, call)
+        if chosen is not Backend.SDPA:  # pragma: no cover - the quantized backends refuse such a call
+            raise AssertionError(chosen)
+        _record(backend, chosen.value, None, reason)
         return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
     lead = query.shape[:-3] if query.dim() > 4 else None
@@ -92,10 +95,8 @@ def auto_pv(device: torch.device) -> str:
     return "fp16"
 
 
-def _sdpa_only_problem(query, key, value, attn_mask, dropout_p) -> str:
-    """Why only SDPA itself can compute this call with SDPA's semantics, or ''."""
-    if dropout_p:
-        return f"dropout_p={dropout_p}: the kernels compute no dropout"
+def _shape_problem(query, key, value, attn_mask) -> str:
+    """Why these SDPA-signature inputs do not reduce to the kernels' rank-4 call, or ''."""
     if min(query.dim(), key.dim(), value.dim()) < 3:
         return f"rank {min(query.dim(), key.dim(), value.dim())} inputs: the kernels take (..., L, E) of rank 3 or more"
     if value.shape[-1] != query.shape[-1]:
@@ -158,28 +159,34 @@ def sageattn(
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     scale = _check_scale(sm_scale, head_dim)
-    key_mask, mask_problem = _key_padding_mask(attn_mask, batch, heads, n_q, n_k)
+    _check_mask(attn_mask, batch, heads, n_q, n_k)
     if is_causal and attn_mask is not None:
         raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
 
     gqa = k.shape[1] != heads
-    ran, reason = _choose_backend(backend, q, head_dim, pv, mask_problem, rotate_qk)
+    call = AttentionCall(q.device, q.dtype, head_dim, pv=pv, rotate_qk=rotate_qk,
+                         mask_dtype=None if attn_mask is None else attn_mask.dtype,
+                         mask_shape=None if attn_mask is None else tuple(attn_mask.shape), n_k=n_k)
+    chosen, reason = choose(backend, call)
+    ran = chosen.value
+    # the quantized backends take the mask as (B', Nk) key padding (their checks passed)
+    key_mask = None if attn_mask is None or chosen is Backend.SDPA else _as_key_mask(attn_mask, n_k)
     plan = None
-    if ran == "triton":
+    if chosen is Backend.TRITON:
         from sagevideo.kernels.op import gluon_runs
 
         plan = plans.select_plan(q.device, head_dim, pv).plan
         if gluon_runs(plan, is_causal=is_causal, has_mask=key_mask is not None,
                       per_token=qk_granularity == "token", return_lse=return_lse):
-            ran = "gluon"  # recorded: the warp-specialized sm90 kernel computed this call
+            ran = GLUON  # recorded: the warp-specialized sm90 kernel computed this call
         else:
             plan = plans.plain_triton(plan)
-    _record(backend, ran, None if ran == "sdpa" else pv, reason)
+    _record(backend, ran, None if chosen is Backend.SDPA else pv, reason)
 
     def compute(q, k, v):
-        if ran == "sdpa":
+        if chosen is Backend.SDPA:
             return _sdpa(q, k, v, attn_mask, is_causal, scale, return_lse, gqa)
-        if ran == "reference":
+        if chosen is Backend.REFERENCE:
             from sagevideo.kernels.reference import sageattn_reference
 
             block_m, block_n = plans.tiles(pv, head_dim)
@@ -197,7 +204,7 @@ def sageattn(
             return_lse=return_lse,
         )
 
-    if ran != "sdpa" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if chosen is not Backend.SDPA and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out, lse = _ForwardOnly.apply(compute, return_lse, q, k, v)
         lse = lse if return_lse else None
     else:
@@ -233,12 +240,12 @@ class _ForwardOnly(torch.autograd.Function):
 
 
 def _record(requested: str, ran: str, pv: str | None, reason: str) -> None:
-    """Report one dispatch decision (`backends`), and warn once per fallback reason. Inside a graph
+    """Report one dispatch decision (`records`), and warn once per fallback reason. Inside a graph
     torch.compile traces, an effectful op reports it each time the compiled graph runs."""
     if torch.compiler.is_compiling():
-        backends.report_from_graph(requested, ran, pv, reason)
+        records.report_from_graph(requested, ran, pv, reason)
     else:
-        backends.report(backends.BackendChoice(requested, ran, pv, reason))
+        records.report(records.BackendChoice(requested, ran, pv, reason))
     if reason and reason not in _warned:
         _warned.add(reason)
         warnings.warn(f"sageattn: running full-precision SDPA: {reason}", stacklevel=3)
@@ -296,12 +303,11 @@ def _check_scale(sm_scale: float | None, head_dim: int) -> float:
     return scale
 
 
-def _key_padding_mask(
-    attn_mask: torch.Tensor | None, batch: int, heads: int, n_q: int, n_k: int
-) -> tuple[torch.Tensor | None, str]:
-    """Return (key mask (B', Nk) bool with B' in {1, B}, "") or (None, why the kernels can't use it)."""
+def _check_mask(attn_mask: torch.Tensor | None, batch: int, heads: int, n_q: int, n_k: int) -> None:
+    """Raise unless attn_mask is None or a tensor broadcastable to (B, H, Nq, Nk) (SDPA's rule).
+    Whether the kernels can take it is the backends' key-padding check."""
     if attn_mask is None:
-        return None, ""
+        return
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"sageattn: attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
     if attn_mask.dim() > 4:
@@ -314,54 +320,12 @@ def _key_padding_mask(
                 f"sageattn: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                 f"(B, H, Nq, Nk) = {target}"
             )
-    if attn_mask.dtype != torch.bool:
-        return None, f"attn_mask of dtype {attn_mask.dtype}: only boolean key-padding masks run in the kernels"
-    if shape[1] != 1 or shape[2] != 1 or shape[3] != n_k:
-        return None, (
-            f"attn_mask of shape {tuple(attn_mask.shape)} is not a key-padding mask (B, 1, 1, Nk); "
-            "only those run in the kernels"
-        )
-    return attn_mask.reshape(shape[0], n_k), ""
 
 
-def _choose_backend(
-    backend: str, q: torch.Tensor, head_dim: int, pv: str, mask_problem: str, rotate_qk: bool = True
-) -> tuple[str, str]:
-    """(backend that runs, fallback reason or "")."""
-    if backend == "sdpa":
-        return "sdpa", ""
-    if mask_problem:
-        return _fallback_or_raise(backend, mask_problem)
-    if backend == "reference":
-        return "reference", ""
-    if q.dtype not in KERNEL_DTYPES:
-        problem = f"dtype {q.dtype}: the Triton kernels take float16 or bfloat16 inputs"
-        return _fallback_or_raise(backend, problem)
-    choice = plans.select_plan(q.device, head_dim, pv)
-    if choice.plan is None:
-        return _fallback_or_raise(backend, choice.reason)
-    if not _triton_available():
-        return _fallback_or_raise(backend, "triton is not installed")
-    # the plan's arch is "interpreter": the rotation and 16-bit P·V are bf16 tl.dots for bf16 inputs
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and (rotate_qk or pv == "fp16"):
-        return _fallback_or_raise(
-            backend, "bfloat16 under TRITON_INTERPRET: Triton's CPU interpreter computes bf16 tl.dot wrongly; "
-            "use float16 inputs or backend='reference'")
-    return "triton", ""
-
-
-def _fallback_or_raise(backend: str, problem: str) -> tuple[str, str]:
-    if backend == "auto":
-        return "sdpa", problem
-    raise ValueError(f"sageattn: backend={backend!r} cannot run: {problem}. Use backend='auto' to fall back to SDPA.")
-
-
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _as_key_mask(attn_mask: torch.Tensor, n_k: int) -> torch.Tensor:
+    """A boolean key-padding mask broadcastable as (B', 1, 1, Nk) -> its (B', Nk) view, B' in {1, B}."""
+    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+    return attn_mask.reshape(shape[0], n_k)
 
 
 def _sdpa(

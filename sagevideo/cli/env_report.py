@@ -1,14 +1,17 @@
-"""What `sagevideo env` prints: versions, devices, and which kernel plan runs where, and why."""
+"""What `sagevideo env` prints: versions, devices, the attention backend registry (each backend,
+available on each device or why not) and which kernel plan runs where, and why."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import platform
+import textwrap
 from dataclasses import dataclass
 
 import torch
 
+from sagevideo.attention import backends
 from sagevideo.kernels import plans
 
 PACKAGES = ("torch", "triton", "diffusers", "transformers", "ray", "torchmetrics", "imageio-ffmpeg")
@@ -48,21 +51,39 @@ def device_name(device: torch.device) -> str:
     return f"{device} ({platform.processor() or platform.machine()})"
 
 
-def plan_rows() -> list[PlanRow]:
-    """For each device, head dim (64, 128) and PV mode: what sageattn(backend="auto") runs."""
+@dataclass(frozen=True)
+class BackendRow:
+    backend: str
+    device: str
+    problem: str  # '' = available there
+
+
+def backend_rows() -> list[BackendRow]:
+    """For each registered backend and device: can it compute a float16 call at head dim 64 with
+    16-bit P·V and no mask there, or why not (head dims and PV modes: `plan_rows`)."""
     rows = []
-    triton_ok = package_versions()["triton"] is not None
+    for spec in backends.registered():
+        for device in devices():
+            call = backends.AttentionCall(device, torch.float16, 64, pv="fp16")
+            rows.append(BackendRow(spec.backend.value, str(device), spec.problem(call)))
+    return rows
+
+
+def plan_rows() -> list[PlanRow]:
+    """For each device, head dim (64, 128) and PV mode: what sageattn(backend="auto") runs on
+    float16 inputs without a mask."""
+    rows = []
     for device in devices():
         for head_dim in (64, 128):
             for pv in plans.PV_MODES:
+                call = backends.AttentionCall(device, torch.float16, head_dim, pv=pv)
+                chosen, reason = backends.choose(backends.AUTO, call)
+                if chosen is not backends.Backend.TRITON:
+                    rows.append(PlanRow(str(device), head_dim, pv, "sdpa (fallback)", reason))
+                    continue
                 choice = plans.select_plan(device, head_dim, pv)
-                if choice.plan is not None and not triton_ok:
-                    rows.append(PlanRow(str(device), head_dim, pv, "sdpa (fallback)", "triton is not installed"))
-                elif choice.plan is not None:
-                    detail = choice.plan.describe() + (f"; {choice.reason}" if choice.reason else "")
-                    rows.append(PlanRow(str(device), head_dim, pv, choice.plan.kernel, detail))
-                else:
-                    rows.append(PlanRow(str(device), head_dim, pv, "sdpa (fallback)", choice.reason))
+                detail = choice.plan.describe() + (f"; {choice.reason}" if choice.reason else "")
+                rows.append(PlanRow(str(device), head_dim, pv, choice.plan.kernel, detail))
     return rows
 
 
@@ -76,6 +97,18 @@ def report_lines() -> list[str]:
     lines.append(f"  {'TRITON_INTERPRET':15s} {interpret or 'unset'}")
     lines += ["", "devices:"]
     lines += [f"  {device_name(d)}" for d in devices()]
+    lines += ["", "attention backends (backend='auto' runs the first of "
+              f"{', '.join(b.value for b in backends.AUTO_ORDER)} that can, else {backends.FALLBACK.value}, "
+              "and records why):"]
+    problems = {(row.backend, row.device): row.problem for row in backend_rows()}
+    for spec in backends.registered():
+        lines.append(f"  {spec.backend.value:10s} {spec.summary}")
+        if spec.constraints:
+            needs = "needs: " + "; ".join(c.name for c in spec.constraints)
+            lines += textwrap.wrap(needs, width=110, initial_indent=" " * 13, subsequent_indent=" " * 20)
+        for device in devices():
+            problem = problems[(spec.backend.value, str(device))]
+            lines.append(f"  {'':10s} {str(device):8s} {'available' if not problem else 'not here: ' + problem}")
     lines += ["", "kernel plan per device (fp16/bf16 inputs, backend='auto'):"]
     for row in plan_rows():
         lines.append(f"  {row.device:8s} d{row.head_dim:<4d} pv={row.pv:5s} -> {row.runs:16s} {row.detail}")

@@ -1,11 +1,15 @@
 """Quantized attention kernels (Triton), their op boundary, plans per arch, and the reference.
 
-Modules, one job each:
-- `plans`: which kernel configuration runs on which device and head dim, and why not;
+The only package that imports triton. Modules, one job each:
+- `plans`: the tuning tables (`KernelPlan` for the attention kernels, `PrepPlan` for the
+  preparation), which kernel configuration runs on which device and head dim, and why not;
+- `constants`: the numeric constants the kernels and the reference share;
 - `reference`: pure-PyTorch emulation of the exact kernel numerics (the test oracle);
+- `rotation`: the random-sign Hadamard matrix Q and K are rotated by;
 - `quantize`: Triton kernels that smooth K and quantize Q/K (INT8) and V (FP8);
-- `attention_fwd`: the Triton attention forward kernel (INT8 QK, FP16/FP8 PV);
-- `op`: the `torch.library` op `sagevideo::sageattn_fwd` that chains the two.
+- `attention_fwd`: the plain-Triton attention forward kernel (INT8 QK, FP16/FP8 PV);
+- `attention_sm90`: the warp-specialized Hopper attention kernel in Gluon (FP8 PV);
+- `op`: the `torch.library` op `sagevideo::sageattn_fwd` that chains preparation and attention.
 
-Only `plans` and `reference` import without triton.
+`plans`, `constants`, `reference` and `rotation` import without triton.
 """

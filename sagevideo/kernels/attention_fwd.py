@@ -8,32 +8,22 @@ path reads V directly from the caller's tensor (no copy).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
+from sagevideo.kernels import constants
+from sagevideo.kernels.constants import WIDE_OFFSETS_FROM
 from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.quantize import QuantizedInputs, mma_key_order
-from sagevideo.kernels.reference import FP8_MAX, LN2, MIN_ROW_SCALE
 
-LN2_CONST = tl.constexpr(LN2)
-MIN_ROW_SCALE_CONST = tl.constexpr(MIN_ROW_SCALE)
-LOG2_FP8_MAX = tl.constexpr(math.log2(FP8_MAX))
-# 1.5·2^23 and its fp32 bits: for |s| < 2^22, the bits of s + SCORE_BIAS are SCORE_BIAS_BITS + s
-# (two's complement), so an integer add turns an int32 score into the fp32 number SCORE_BIAS + s.
-SCORE_BIAS = tl.constexpr(12582912.0)
-SCORE_BIAS_BITS = tl.constexpr(0x4B400000)
-# Largest row scale c (log2 units per integer-score unit) for which a query tile takes the scores-by-add
-# path: its exponent error, up to ~c, then stays under 2^-7 log2 units (0.5% of P, below e4m3's
-# 2^-4 step). INT8's own score error is about 100·c, so inputs with a larger c (peaky attention) are
-# far off already; their query tiles take the exact conversion instead of overflowing to inf.
-SCORES_BY_ADD_MAX_SCALE = tl.constexpr(2.0**-7)
-# Element offsets from this size on take int64 math (below it, int32: on the H200 int64 per-head
-# bases alone made the 16-bit P·V kernel 2.5-3.5% slower at the CogVideoX shapes).
-WIDE_OFFSETS_FROM = 2**31
+LN2_CONST = tl.constexpr(constants.LN2)
+MIN_ROW_SCALE_CONST = tl.constexpr(constants.MIN_ROW_SCALE)
+LOG2_FP8_MAX = tl.constexpr(constants.LOG2_FP8_MAX)
+SCORE_BIAS = tl.constexpr(constants.SCORE_BIAS)
+SCORE_BIAS_BITS = tl.constexpr(constants.SCORE_BIAS_BITS)
+SCORES_BY_ADD_MAX_SCALE = tl.constexpr(constants.SCORES_BY_ADD_MAX_SCALE)
 
 
 @triton.jit
@@ -44,7 +34,7 @@ def _attn_tile(
     N_K, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
-    PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
+    PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
     WIDE_OFFSETS: tl.constexpr,
 ):
     """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i).
@@ -117,9 +107,7 @@ def _attn_tile(
     if FP8_PV:
         # VQ is (BLOCK_D, N_PAD), contiguous along keys: the K-major operand FP8 MMAs need.
         v = tl.load(VQ + offs_d[None, :] * N_PAD + offs_n[:, None])
-        p8 = p.to(tl.float8e4nv)
-        if V_MMA_ORDER:  # VQ's keys are in the MMA operand's order: put P's in the same order
-            p8 = mma_key_order(p8)
+        p8 = mma_key_order(p.to(tl.float8e4nv))  # VQ's keys are in the MMA operand's order: P's too
         acc += tl.dot(p8, v)  # fresh fp32 block product added into acc (two-level)
     else:
         v_ok = offs_d[None, :] < HEAD_DIM
@@ -141,7 +129,7 @@ def _query_tile(
     H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, SCORES_BY_ADD: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    STORE_LSE: tl.constexpr, SCORES_BY_ADD: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
 ):
     """Query tile `tile` of head `bh` against every key tile, normalised and stored (with its LSE).
     Query head h reads K/V head h // (H // H_KV) (grouped-query attention when H_KV < H).
@@ -177,14 +165,14 @@ def _query_tile(
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
-            HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
+            HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
             WIDE_OFFSETS,
         )
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
-            HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, V_MMA_ORDER, SCORES_BY_ADD,
+            HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
             WIDE_OFFSETS,
         )
 
@@ -221,7 +209,7 @@ def _attn_fwd_kernel(
     H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr, V_MMA_ORDER: tl.constexpr, MODE: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    STORE_LSE: tl.constexpr, MODE: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
 ):
     """MODE "exact": grid (query tiles, B·H), scores converted exactly. Plans with scores_by_add
     launch twice: "add", the same grid, converts by the add in every query tile whose row scales
@@ -239,7 +227,7 @@ def _attn_fwd_kernel(
             _query_tile(item % m_tiles, item // m_tiles, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
                         Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
-                        PER_TOKEN_K, FP8_PV, STORE_LSE, V_MMA_ORDER, False, WIDE_OFFSETS)
+                        PER_TOKEN_K, FP8_PV, STORE_LSE, False, WIDE_OFFSETS)
     else:
         tile = tl.program_id(0)
         bh = tl.program_id(1)
@@ -259,7 +247,7 @@ def _attn_fwd_kernel(
             _query_tile(tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
                         Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
-                        PER_TOKEN_K, FP8_PV, STORE_LSE, V_MMA_ORDER, MODE == "add", WIDE_OFFSETS)
+                        PER_TOKEN_K, FP8_PV, STORE_LSE, MODE == "add", WIDE_OFFSETS)
 
 
 def attention_forward(
@@ -330,7 +318,7 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor |
         heads, prepared.k_codes.shape[0] // batch, n_q, n_k, m_pad, n_pad,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
-        FP8_PV=fp8_pv, STORE_LSE=lse is not None, V_MMA_ORDER=fp8_pv and prepared.v_mma_order, MODE=mode,
+        FP8_PV=fp8_pv, STORE_LSE=lse is not None, MODE=mode,
         WIDE_OFFSETS=max(map(_extent, (v, out, prepared.q_codes, prepared.k_codes))) >= WIDE_OFFSETS_FROM,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **registers,
     )

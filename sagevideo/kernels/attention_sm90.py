@@ -1,26 +1,26 @@
-"""Hopper (sm90) attention forward in Gluon: a TMA producer warp feeding consumer warpgroups.
+"""Hopper (sm90) attention forward in Gluon: a TMA producer warp feeding a consumer warpgroup.
 
 The same computation as `attention_fwd` (INT8 Q·Kᵀ into int32, fp32 online softmax with exp2,
 FP8 P·V as a fresh fp32 product per key tile added into the accumulator), with FlashAttention-3's
 Hopper machinery:
 - a one-warp producer partition streams K-code tiles and Vᵀ (e4m3) tiles into a ring of
-  NUM_STAGES shared-memory stages with TMA, signalling `ready[s]`; each consumer arrives on
+  NUM_STAGES shared-memory stages with TMA, signalling `ready[s]`; the consumer arrives on
   `empty[s]` once its MMAs have read the stage;
-- CONSUMERS warpgroups (the default partition, plus a 4-warp worker when 2) own 64 query rows
-  each; warpgroup MMAs for both products, registers moved to them with setmaxnreg;
-- PIPELINE_QK: FA3's intra-warpgroup overlap (S_j and P_{j-1}·V_{j-1} issued together, tile j's
-  softmax while P·V runs).
-P's keys are put in the MMA operand's order (`_mma_key_order`, Vᵀ stored so by the preparation),
-so P becomes the e4m3 operand without lane shuffles, and full key tiles and the masked last one run
-in separate loops. Measured on the H200 (docs/benchmarks.md): one consumer per CTA (two CTAs per
-SM), serial schedule, 2 stages is the fastest; it beats the plain-Triton kernel at head dim 128
-(1.43-1.75x cuDNN against 1.37-1.65x, kernel alone), not at 64. Those are the launcher's defaults.
+- one consumer warpgroup (the default partition) owns 64 query rows per CTA, two CTAs per SM;
+  warpgroup MMAs for both products, registers moved to it with setmaxnreg;
+- each key tile in order: S = Q·Kᵀ, softmax, P·V, each waited for;
+- P's keys are put in the MMA operand's order (`_mma_key_order`; the preparation stores Vᵀ so), so
+  P becomes the e4m3 operand without lane shuffles; full key tiles and the masked last one run in
+  separate loops.
+This is the configuration that measured fastest on the H200, and faster than the plain-Triton kernel
+at head dim 128, not at 64; the schedules it was measured against (FA3's intra-warpgroup pipelining,
+two consumer warpgroups per CTA, ring stages released in pairs) are in git history, their figures in
+docs/benchmarks.md ("the pipelined schedule had never overlapped").
 
 Numerics equal the plain-Triton kernel's for the same plan (bit for bit on the H200): the Q scale
-is per row (constant over the plan's BLOCK_M rows, so a plan's Q groups may span warpgroups), K's
-per BLOCK_N tile, V's per channel. Only what the video transformers run is implemented: FP8 PV,
-per-block K scales, no causal mask, no key mask, no LSE; the dispatch (`op.gluon_runs`) sends
-anything else to the plain-Triton kernel (`supports`).
+is per row (constant over the plan's BLOCK_M rows), K's per BLOCK_N tile, V's per channel. Only what
+the video transformers run is implemented: FP8 PV, per-block K scales, no causal mask, no key mask,
+no LSE; the dispatch (`op.gluon_runs`) sends anything else to the plain-Triton kernel (`supports`).
 
 Gluon cannot run under TRITON_INTERPRET; `compile_for_sm90` compiles this kernel for sm90 on a
 CPU-only machine (tests, `scripts/gluon_compile_check.py`); the `gpu` tests check it against the
@@ -29,8 +29,6 @@ plain-Triton kernel.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -38,39 +36,31 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from sagevideo.kernels.attention_fwd import SCORE_BIAS, SCORE_BIAS_BITS
+from sagevideo.kernels import constants
 from sagevideo.kernels.quantize import QuantizedInputs
-from sagevideo.kernels.reference import FP8_MAX, MIN_ROW_SCALE
 
-LOG2_FP8_MAX = gl.constexpr(math.log2(FP8_MAX))
-MIN_ROW_SCALE_CONST = gl.constexpr(MIN_ROW_SCALE)
-WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64 per warpgroup)
-# Registers per thread at launch, by consumer warpgroups per CTA. Two: 4 + 4 + 1 warps run as 3
-# warpgroups, 168 x 384 threads fill the SM's 64K registers (one CTA per SM). One: 4 + 1 warps as 2
-# warpgroups, 128 x 256 threads = half the SM (two CTAs per SM, as the plain-Triton kernel runs).
-# setmaxnreg then moves registers from the producer (PRODUCER_REGS) to the consumers (CONSUMER_REGS).
-MAXNREG = {1: 128, 2: 168}
-DEFAULT_CONSUMER_REGS = {1: 232, 2: 240}  # what that budget leaves each consumer thread after the producer's 24
+LOG2_FP8_MAX = gl.constexpr(constants.LOG2_FP8_MAX)
+MIN_ROW_SCALE_CONST = gl.constexpr(constants.MIN_ROW_SCALE)
+WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64) = per CTA
+# Registers per thread at launch: 4 + 1 warps run as 2 warpgroups, 128 x 256 threads = half the SM
+# (two CTAs per SM, as the plain-Triton kernel runs). Triton then gives the consumer partition 232
+# with setmaxnreg, taken from the producer's PRODUCER_REGS.
+MAXNREG = 128
+PRODUCER_REGS = 24
 
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr,
-              V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
-    """One warp: Q tiles of both warpgroups once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """One warp: the CTA's Q tile once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
     q_row, k_row, v_row, n_tiles = dims[0], dims[1], dims[2], dims[3]
-    consumers: gl.constexpr = q_smem.type.shape[0]
-    mbarrier.expect(q_bar, consumers * q_desc.block_type.nbytes)
-    for c in gl.static_range(consumers):
-        tma.async_copy_global_to_shared(q_desc, [q_row + c * WG_ROWS, 0], q_bar, q_smem.index(c))
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
     for j in range(n_tiles):
         stage = j % NUM_STAGES
-        # First pass: free. RELEASE == 2: stages are released (and waited for) in pairs.
-        mbarrier.wait(empty.index((j // RELEASE) % (NUM_STAGES // RELEASE)), ((j // NUM_STAGES) & 1) ^ 1,
-                      pred=j % RELEASE == 0)
+        mbarrier.wait(empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)  # first pass through the ring: free
         bar = ready.index(stage)
         mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, 0], bar, k_smem.index(stage))
@@ -89,28 +79,16 @@ def _mma_key_order(x):
 
 
 @gluon.jit
-def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
-             s_layout: gl.constexpr, MASKED: gl.constexpr, DROP: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
-    """Scores (int32, s_layout) of one key tile -> (P fp32 in s_layout, m, l, alpha); `_p_operand`
-    makes P the e4m3 MMA operand. SCORES_BY_ADD: the scores become fp32 by an integer add, as in
-    attention_fwd._attn_tile.
-
-    DROP == 1 (timing only, wrong results): no max, exp2 or sum, to measure what softmax costs.
-    """
+def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K, s_layout: gl.constexpr, MASKED: gl.constexpr):
+    """Scores (int32 (64, BLOCK_N), s_layout) of one key tile -> (P fp32 in s_layout, m, l, alpha);
+    `_p_operand` makes P the e4m3 MMA operand. MASKED: the partial last tile (keys past N_K -> -inf)."""
     # > 0 (NaN kept): see attention_fwd._attn_tile
     row_scale = gl.maximum(q_scale * k_scale, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
-    if SCORES_BY_ADD:
-        scores = (s + SCORE_BIAS_BITS).to(gl.float32, bitcast=True)  # = SCORE_BIAS + s, exactly
-    else:
-        scores = s.to(gl.float32)
-    if DROP == 1:
-        return scores * row_scale[:, None], m_i, l_i + 1.0, gl.full_like(m_i, 1.0)
+    scores = s.to(gl.float32)  # exact: |s| <= 127²·128 < 2^24
     if MASKED:
         cols = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
         scores = gl.where((cols < N_K)[None, :], scores, float("-inf"))
         tile_max = gl.max(scores, axis=1)
-        if SCORES_BY_ADD:
-            tile_max = tile_max - SCORE_BIAS  # exact; -inf stays -inf
     else:
         tile_max = gl.max(s, axis=1).to(gl.float32)  # integer max: three operands per instruction
     # Scaled after the max (exact: the row scale is positive), so the exponent is one FMA; as in
@@ -119,39 +97,19 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K,
     alpha = gl.exp2(m_i - m_new)
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
     m_sub = m_new - LOG2_FP8_MAX
-    if SCORES_BY_ADD:
-        m_sub = gl.fma(row_scale, SCORE_BIAS, m_sub)  # the bias leaves in the exponent's FMA
     p = gl.exp2(scores * row_scale[:, None] - m_sub[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
 
 @gluon.jit
-def _p_operand(p, p_layout: gl.constexpr, V_MMA_ORDER: gl.constexpr):
+def _p_operand(p, p_layout: gl.constexpr):
     """P (fp32, s_layout) as the P·V MMA's e4m3 A operand: narrowed in the accumulator layout (F2FP
-    packs each thread's key pairs), then, with V_MMA_ORDER, its keys put in `_mma_key_order` (Vᵀ was
-    stored so), which makes the conversion a renaming of registers. Takes fp32 P and is called
-    outside any branch: 8-bit P in the accumulator layout (or reordered) leaving an `if` (the
-    pipelined schedule's former per-tile branch) gave non-finite outputs on the H200 (Triton 3.6)."""
-    p8 = p.to(gl.float8e4nv)
-    if V_MMA_ORDER:
-        p8 = _mma_key_order(p8)
+    packs each thread's key pairs), then its keys put in `_mma_key_order` (Vᵀ was stored so), which
+    makes the conversion a renaming of registers. Called outside any branch: 8-bit P in the
+    accumulator layout crossing an `if` gave non-finite outputs on the H200 (Triton 3.6)."""
+    p8 = _mma_key_order(p.to(gl.float8e4nv))
     return gl.convert_layout(p8, p_layout)
-
-
-@gluon.jit
-def _tile_softmax(s, m_i, l_i, k_scale, q_scale, j, n_full, N_K,
-                  BLOCK_N: gl.constexpr, s_layout: gl.constexpr, DROP: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
-    """`_softmax` of key tile j (P fp32 in s_layout), bounds checked only if it is the partial last
-    tile: for the pipelined schedule's first tile, before its loops (the loops themselves run full
-    tiles and the last one separately, as the serial schedule does)."""
-    if j < n_full:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, False, DROP,
-                                      SCORES_BY_ADD)
-    else:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, True, DROP,
-                                      SCORES_BY_ADD)
-    return p, m_i, l_i, alpha
 
 
 @gluon.jit
@@ -162,119 +120,30 @@ def _next_k_scale(KScale, k_scale_row, j, n_tiles, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _pv_mma(p8, v_tile, o_zero, DROP: gl.constexpr):
-    """Issue P·V (async) as a fresh fp32 product; DROP == 2 (timing only) issues nothing."""
-    if DROP == 2:
-        pv = o_zero
-    else:
-        pv = warpgroup_mma(p8, v_tile.permute((1, 0)), o_zero, use_acc=False, is_async=True)
-    return pv
-
-
-@gluon.jit
-def _ordered_after(x):
-    """x (fp32, >= 0 or NaN) unchanged, passed through a shared store predicated on x < 0, which never
-    runs. ptxas keeps a later warpgroup MMA wait after a shared-memory access but moves it freely
-    above arithmetic (to just after the previous wait); this pins the wait after x is computed."""
-    return gl.inline_asm_elementwise(
-        "{ .reg .pred neg; .reg .b32 at; mov.b32 at, 0; setp.lt.f32 neg, $1, 0f00000000; "
-        "@neg st.shared.b32 [at], $1; mov.b32 $0, $1; }",
-        "=f,f", [x], dtype=gl.float32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _carried_p(p):
-    """Tile j's P (fp32) as carried into iteration j + 1: its e4m3 values held in fp16, which holds
-    them exactly (no double rounding: `_p_operand` narrows them back unchanged). Two registers per
-    four values instead of four (fp32: the d128 schedule spilled) or one byte per register (8-bit
-    values across the loop boundary: byte permutes)."""
-    return p.to(gl.float8e4nv).to(gl.float16)
-
-
-@gluon.jit
-def _pv_wait(pv, DROP: gl.constexpr):
-    if DROP != 2:
-        pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-    return pv
-
-
-@gluon.jit
-def _issue_scores(j, k_scale_next, q_tile, k_smem, ready, s_zero, KScale, k_scale_row, n_tiles,
-                  BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """Wait for key tile j's ring stage and issue S_j = Q·K_jᵀ (async, int32). Returns (S_j in
-    flight, tile j's K scale, tile j+1's K scale, the stage)."""
+def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+              KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+              s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr):
+    """Key tile j: wait for its ring stage, S = Q·K_jᵀ, softmax, P·V, each waited for; the stage
+    handed back after it. Returns (acc, m, l, tile j+1's K scale)."""
     k_scale = k_scale_next
     k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
     stage = j % NUM_STAGES
     mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
     s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    return s, k_scale, k_scale_next, stage
-
-
-@gluon.jit
-def _serial_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-                 KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                 RELEASE: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr,
-                 MASKED: gl.constexpr, DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
-    """Key tile j in the serial schedule: S, softmax, P·V, each waited for; the ring stage handed
-    back after it (RELEASE 2: every second tile, in pairs). Returns (acc, m, l, tile j+1's K scale)."""
-    s, k_scale, k_scale_next, stage = _issue_scores(j, k_scale_next, q_tile, k_smem, ready, s_zero, KScale,
-                                                    k_scale_row, n_tiles, BLOCK_N, NUM_STAGES)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP,
-                                  SCORES_BY_ADD)
-    pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(stage), o_zero, DROP)
-    pv = _pv_wait(pv, DROP)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED)
+    pv = warpgroup_mma(_p_operand(p, p_layout), v_smem.index(stage).permute((1, 0)), o_zero, use_acc=False,
+                       is_async=True)
+    pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
-    if RELEASE == 1:
-        mbarrier.arrive(empty.index(stage), count=1)
-    elif (j % 2 == 1) | (j == n_tiles - 1):
-        # Every arrive costs a warpgroup bar.sync before its one elected thread signals.
-        mbarrier.arrive(empty.index((j // 2) % (NUM_STAGES // 2)), count=1)
+    mbarrier.arrive(empty.index(stage), count=1)
     return acc, m_i, l_i, k_scale_next
 
 
 @gluon.jit
-def _pipelined_tile(j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,
-                    q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-                    s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr,
-                    DROP: gl.constexpr, V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
-    """Key tile j (j >= 1) in the pipelined schedule: S_j and P_{j-1}·V_{j-1} issued together, tile
-    j's softmax while P_{j-1}·V_{j-1} runs, then that product into acc (alpha: tile j-1's rescale,
-    p: tile j-1's P from `_carried_p`). Returns (acc, m, l, tile j's alpha, tile j's carried P, tile
-    j+1's K scale)."""
-    s, k_scale, k_scale_next, stage = _issue_scores(j, k_scale_next, q_tile, k_smem, ready, s_zero, KScale,
-                                                    k_scale_row, n_tiles, BLOCK_N, NUM_STAGES)
-    prev = (j - 1) % NUM_STAGES
-    pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(prev), o_zero, DROP)
-    # S_j done; P·V of tile j-1 may run on (issued after S_j; nothing else is in flight).
-    s = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1, deps=(s,))
-    p, m_i, l_i, alpha_j = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED, DROP,
-                                    SCORES_BY_ADD)
-    # Without this the wait for P_{j-1}·V_{j-1} was compiled right after S_j's, before the softmax:
-    # nothing overlapped (SASS: two WARPGROUP.DEPBAR back to back, then every MUFU.EX2).
-    l_i = _ordered_after(l_i)
-    pv = _pv_wait(pv, DROP)
-    acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
-    mbarrier.arrive(empty.index(prev), count=1)
-    return acc, m_i, l_i, alpha_j, _carried_p(p), k_scale_next
-
-
-@gluon.jit
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              WG: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr, DROP: gl.constexpr, RELEASE: gl.constexpr,
-              V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr):
-    """One warpgroup: 64 query rows against every key tile, then the normalised 16-bit store.
-
-    RELEASE (serial schedule; 1 or 2): ring stages handed back to the producer every tile or every
-    second tile (then in pairs, NUM_STAGES even).
-
-    PIPELINE_QK (FlashAttention-3's intra-warpgroup overlap): S_j = Q·K_jᵀ and P_{j-1}·V_{j-1}
-    are issued together, the softmax of tile j runs while P_{j-1}·V_{j-1} is on the tensor cores,
-    and the accumulator takes that product afterwards. Otherwise each tile is issued and waited
-    for in order (S, softmax, P·V).
-    """
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """One warpgroup: the CTA's 64 query rows against every key tile, then the normalised 16-bit store."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
     QScale, KScale, VScale, Out = ptrs[0], ptrs[1], ptrs[2], ptrs[3]
@@ -289,63 +158,33 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    rows = m_start + WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=row_layout)  # within the head
+    rows = m_start + gl.arange(0, WG_ROWS, layout=row_layout)  # within the head
     q_scale = gl.load(QScale + scale_row + rows, mask=rows < M_PAD, other=0.0)
     m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_layout)
     l_i = gl.zeros([WG_ROWS], gl.float32, row_layout)
     acc = gl.zeros([WG_ROWS, HEAD_D], gl.float32, o_layout)
     s_zero = gl.zeros([WG_ROWS, BLOCK_N], gl.int32, s_layout)
     o_zero = gl.zeros([WG_ROWS, HEAD_D], gl.float32, o_layout)
-    q_tile = q_smem.index(WG)
     mbarrier.wait(q_bar, 0)
     n_full = N_K // BLOCK_N
 
-    if PIPELINE_QK:
-        s, k_scale, k_scale_next, _ = _issue_scores(0, _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N),
-                                                    q_tile, k_smem, ready, s_zero, KScale, k_scale_row, n_tiles,
-                                                    BLOCK_N, NUM_STAGES)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        p, m_i, l_i, alpha = _tile_softmax(s, m_i, l_i, k_scale, q_scale, 0, n_full, N_K,
-                                           BLOCK_N, s_layout, DROP, SCORES_BY_ADD)
-        # Tile j's P is carried into iteration j + 1 (`_carried_p`) and becomes the 8-bit operand
-        # there, just before its MMA. Full tiles and the partial last one run in separate loops, as
-        # in the serial schedule.
-        p = _carried_p(p)
-        for j in range(1, n_full):
-            acc, m_i, l_i, alpha, p, k_scale_next = _pipelined_tile(
-                j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,
-                q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows,
-                False, DROP, V_MMA_ORDER, SCORES_BY_ADD)
-        for j in range(gl.maximum(n_full, 1), n_tiles):
-            acc, m_i, l_i, alpha, p, k_scale_next = _pipelined_tile(
-                j, acc, m_i, l_i, alpha, p, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero,
-                q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows,
-                True, DROP, V_MMA_ORDER, SCORES_BY_ADD)
-        last = (n_tiles - 1) % NUM_STAGES
-        pv = _pv_mma(_p_operand(p, p_layout, V_MMA_ORDER), v_smem.index(last), o_zero, DROP)
-        pv = _pv_wait(pv, DROP)
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
-        mbarrier.arrive(empty.index(last), count=1)
-    else:
-        # Full key tiles, then the partial last one (if any) in a loop of its own. With one loop and
-        # a branch per tile between the two softmax paths, P (packed 8-bit values) crossed the
-        # branch's merge point, which cost byte permutes, and the loop carried both paths.
-        k_scale_next = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
-        for j in range(n_full):
-            acc, m_i, l_i, k_scale_next = _serial_tile(
-                j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-                KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, RELEASE, s_layout, p_layout, o_rows,
-                False, DROP, V_MMA_ORDER, SCORES_BY_ADD)
-        for j in range(n_full, n_tiles):
-            acc, m_i, l_i, k_scale_next = _serial_tile(
-                j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-                KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, RELEASE, s_layout, p_layout, o_rows,
-                True, DROP, V_MMA_ORDER, SCORES_BY_ADD)
+    # Full key tiles, then the partial last one (if any) in a loop of its own. With one loop and a
+    # branch per tile between the two softmax paths, P (packed 8-bit values) crossed the branch's
+    # merge point, which cost byte permutes, and the loop carried both paths.
+    k_scale_next = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
+    for j in range(n_full):
+        acc, m_i, l_i, k_scale_next = _key_tile(
+            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False)
+    for j in range(n_full, n_tiles):
+        acc, m_i, l_i, k_scale_next = _key_tile(
+            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True)
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
     out = acc / gl.convert_layout(l_i, o_rows)[:, None] * gl.load(VScale + v_scale_row + d)[None, :]
-    r = WG * WG_ROWS + gl.arange(0, WG_ROWS, layout=o_rows)  # within the CTA (o_offset: its first row)
+    r = gl.arange(0, WG_ROWS, layout=o_rows)  # within the CTA (o_offset: its first row)
     ptrs_o = Out + o_offset + r[:, None] * stride_om + d[None, :]
     gl.store(ptrs_o, out.to(Out.dtype.element_ty), mask=(m_start + r < N_Q)[:, None] & (d < D_OUT)[None, :])
 
@@ -355,19 +194,18 @@ def _attn_fwd_sm90_kernel(
     q_desc, k_desc, v_desc, QScale, KScale, VScale, Out,
     stride_ob, stride_oh, stride_om,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD, D_OUT,
-    BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PIPELINE_QK: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, DROP: gl.constexpr,
-    RELEASE: gl.constexpr, CONSUMERS: gl.constexpr, V_MMA_ORDER: gl.constexpr, SCORES_BY_ADD: gl.constexpr,
+    BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
 ):
+    """Grid (query tiles of 64 rows, B·H): one consumer warpgroup and one producer warp per CTA."""
     tile = gl.program_id(0)
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
     bh_kv = b * H_KV + h // (H // H_KV)  # grouped-query attention: the K/V head of query head h
-    m_start = tile * (CONSUMERS * WG_ROWS)
+    m_start = tile * WG_ROWS
     n_tiles = gl.cdiv(N_K, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -376,7 +214,7 @@ def _attn_fwd_sm90_kernel(
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=CONSUMERS)  # every consumer warpgroup releases a stage
+        mbarrier.init(empty.index(i), count=1)
 
     bufs = (q_smem, k_smem, v_smem)
     bars = (q_bar, ready, empty)
@@ -389,24 +227,12 @@ def _attn_fwd_sm90_kernel(
     o_offset = b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + m_start.to(gl.int64) * stride_om
     dims = (bh * M_PAD + m_start, bh_kv * N_PAD, bh_kv * HEAD_D, n_tiles, N_Q, N_K,
             bh * M_PAD, bh_kv * N_PAD, o_offset, stride_om, bh_kv * HEAD_D, M_PAD, m_start, D_OUT)
-    # One argument list for every partition (worker partitions must share a signature); WG says
-    # which 64 query rows a consumer owns (the producer ignores it).
-    if CONSUMERS == 2:
-        gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
-            (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 1, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
-            (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
-            (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, BLOCK_N, HEAD_D, NUM_STAGES, PIPELINE_QK,
-                         DROP, RELEASE, V_MMA_ORDER, SCORES_BY_ADD)),
-        ], [1], [PRODUCER_REGS])
+    # One argument list for both partitions (worker partitions must share a signature; spelled out
+    # in each entry: a tuple assigned to a name first would turn the constexprs into tensors).
+    gl.warp_specialize([
+        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
+        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
+    ], [1], [PRODUCER_REGS])
 
 
 def supports(*, pv: str, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> str:
@@ -426,53 +252,31 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 
 
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
-                           num_stages: int = 2, pipeline_qk: bool = False,
-                           consumer_regs: int | None = None, producer_regs: int = 24, drop: int = 0,
-                           release: int = 1, consumers: int = 1, scores_by_add: bool = False) -> None:
-    """Launch on `prepared` (FP8 V) writing `out` (B, H, Nq, D) view with unit head-dim stride.
-
-    drop (timing experiments only; the output is wrong): 1 = no softmax, 2 = no P·V MMA.
-    release: 2 hands ring stages back in pairs (serial schedule only; num_stages even).
-    consumers: consumer warpgroups per CTA (64 query rows each): 2 (one CTA per SM) or 1 (two per SM).
-    scores_by_add: int32 scores to fp32 by an integer add (the plan's `scores_by_add`).
-    consumer_regs: the consumers' setmaxnreg with 2 consumers; with 1, Triton sets the default
-    partition's count itself (232 with 128 at launch) and this is not used."""
-    if consumers not in (1, 2):
-        raise ValueError(f"consumers={consumers}: 1 or 2")
-    if consumer_regs is None:
-        consumer_regs = DEFAULT_CONSUMER_REGS[consumers]
-    if release not in (1, 2) or (release == 2 and (pipeline_qk or num_stages % 2)):
-        raise ValueError(f"release={release}: 1, or 2 with the serial schedule and an even num_stages")
+                           num_stages: int = 2) -> None:
+    """Launch on `prepared` (FP8 V, the plan's tiles) writing `out` (B, H, Nq, D), a view with unit
+    head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's)."""
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     bh_kv, n_pad, _ = prepared.k_codes.shape
     q_desc = _descriptor(prepared.q_codes.view(bh * m_pad, block_d), [WG_ROWS.value, block_d], gl.int8)
     k_desc = _descriptor(prepared.k_codes.view(bh_kv * n_pad, block_d), [block_n, block_d], gl.int8)
     v_desc = _descriptor(prepared.v_fp8_t.view(bh_kv * block_d, n_pad), [block_d, block_n], gl.float8e4nv)
-    grid = (triton.cdiv(m_pad, consumers * WG_ROWS.value), bh)
+    grid = (triton.cdiv(m_pad, WG_ROWS.value), bh)
     _attn_fwd_sm90_kernel[grid](
         q_desc, k_desc, v_desc, prepared.q_scale, prepared.k_scale, prepared.v_scale, out,
         out.stride(0), out.stride(1), out.stride(2),
         heads, bh_kv // batch, n_q, n_k, m_pad, n_pad, head_dim,
-        BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PIPELINE_QK=pipeline_qk,
-        CONSUMER_REGS=consumer_regs, PRODUCER_REGS=producer_regs, DROP=drop, RELEASE=release,
-        CONSUMERS=consumers, V_MMA_ORDER=prepared.v_mma_order, SCORES_BY_ADD=scores_by_add,
-        num_warps=4, maxnreg=MAXNREG[consumers],
+        BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PRODUCER_REGS=PRODUCER_REGS,
+        num_warps=4, maxnreg=MAXNREG,
     )
 
 
-def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pipeline_qk: bool = False,
-                     drop: int = 0, consumer_regs: int | None = None, producer_regs: int = 24, release: int = 1,
-                     consumers: int = 1, out_dtype: str = "bf16", v_mma_order: bool = True,
-                     scores_by_add: bool = False):
+def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16"):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
-    `.asm["ptx"]` and `.metadata.shared`. Layout and type errors surface here on any machine.
-    out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
+    `.asm["ptx"]`, `.asm["cubin"]` and `.metadata.shared`. Layout and type errors surface here on any
+    machine. out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-
-    if consumer_regs is None:
-        consumer_regs = DEFAULT_CONSUMER_REGS[consumers]
 
     def desc_type(dtype: str, block: list[int], gl_dtype) -> str:
         layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype)
@@ -486,11 +290,7 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, pi
         **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD",
                          "D_OUT"), "i32"),
     }
-    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PIPELINE_QK": pipeline_qk,
-                  "CONSUMER_REGS": consumer_regs, "PRODUCER_REGS": producer_regs, "DROP": drop,
-                  "RELEASE": release, "CONSUMERS": consumers, "V_MMA_ORDER": v_mma_order,
-                  "SCORES_BY_ADD": scores_by_add}
+    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4,
-                                                                                "maxnreg": MAXNREG[consumers]})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})

@@ -20,13 +20,11 @@ def attention_kernel(prepared, v: torch.Tensor, key_mask: torch.Tensor | None, o
                      lse: torch.Tensor | None, plan: KernelPlan, *, is_causal: bool, per_token: bool,
                      n_q: int, n_k: int) -> None:
     """The attention kernel `plan.kernel` names, on prepared inputs (no quantization): the plain
-    Triton one, or the Gluon sm90 one (callers ensure `gluon_runs`; the launcher's defaults are its
-    measured configuration: serial schedule, one consumer warpgroup per CTA)."""
+    Triton one, or the Gluon sm90 one (callers ensure `gluon_runs`)."""
     if plan.kernel == "gluon":
         from sagevideo.kernels.attention_sm90 import attention_forward_sm90
 
-        attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n_q, n_k=n_k, num_stages=plan.num_stages,
-                               scores_by_add=plan.scores_by_add)
+        attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n_q, n_k=n_k, num_stages=plan.num_stages)
     else:
         attention_forward(prepared, v, key_mask, out, lse, plan, is_causal=is_causal, per_token=per_token,
                           n_q=n_q, n_k=n_k)

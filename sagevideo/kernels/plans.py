@@ -1,26 +1,30 @@
-"""Kernel plans: the fixed configuration the Triton path uses per (arch, head dim, PV mode).
+"""Kernel plans: the only tuning knobs of the Triton path, as tables per (arch, head dim, PV mode).
 
-Block sizes are part of the numerical contract: the quantization groups of Q and K are the
-attention tiles (BLOCK_M query rows, BLOCK_N key rows), so the reference emulates a plan's
-blocks exactly. `num_warps`/`num_stages`/`max_registers` are speed knobs, and so is
-`scores_by_add`, which moves a row's exponents by at most about one integer-score unit per key tile
-(far below the INT8 and e4m3 rounding; the reference does not emulate it, as it does not emulate
-the GPU's approximate exp2).
+Two plans per call:
+- `KernelPlan`, the attention kernel's configuration. Block sizes are part of the numerical
+  contract: the quantization groups of Q and K are the attention tiles (BLOCK_M query rows, BLOCK_N
+  key rows), so the reference emulates a plan's blocks exactly. `num_warps`/`num_stages`/
+  `max_registers` are speed knobs, and so is `scores_by_add`, which moves a row's exponents by at
+  most about one integer-score unit per key tile (far below the INT8 and e4m3 rounding; the
+  reference does not emulate it, as it does not emulate the GPU's approximate exp2).
+- `PrepPlan`, the preparation kernels' launch shape (`prep_plan(kernel_plan)`): speed only, but for
+  the K/V-stats split, which sets mean(K)'s fp32 summation order (its last bits).
 
-`select_plan` returns a plan, or None with the reason the kernel cannot run, so that
+`select_plan` returns a plan, or None with the reason the kernels cannot run, so that
 `sageattn(backend="auto")` can fall back and say why, and `sagevideo env` can print it. It raises
-only for a misspelt SAGEVIDEO_SM90_KERNEL.
+only for a misspelt SAGEVIDEO_SM90_KERNEL. Its parts (`head_dim_problem`, `arch_of`, `pv_problem`,
+`triton_problem`) are the attention backend registry's constraint checks.
 
 Two kernels compute a plan, with the same tiles and numerics: the plain-Triton one
-(`attention_fwd`, kernel="triton") everywhere, and on sm90 the warp-specialized Gluon one
+(`attention_fwd`, kernel="triton") everywhere, and on Hopper the warp-specialized Gluon one
 (`attention_sm90`, kernel="gluon", FP8 PV only). SAGEVIDEO_SM90_KERNEL picks between them on sm90:
-"auto" (default) takes the Gluon kernel where it measured faster, FP8 PV at head dim 128 (H200,
-kernel alone, docs/benchmarks.md, fifth session of 2026-11-30: 1.43/1.45/1.75x cuDNN at 8k/32k/75k
-tokens against 1.37/1.38/1.65x for the plain kernel in the same run); "triton" the plain kernel
-everywhere; "gluon" the Gluon kernel wherever it runs (also d64, where it is slower, 1.36x
-against 1.42x at the CogVideoX-2B shape: for comparisons). When this Triton lacks
-the Gluon API or the kernel does not compile with it (checked once per process), the plan keeps
-the plain kernel and its reason says why.
+"auto" (default) takes the Gluon kernel where it measured faster, FP8 PV at head dim 128
+(docs/benchmarks.md, "P in the MMA operand's key order"); "triton" the plain kernel everywhere;
+"gluon" the Gluon kernel wherever it runs (also d64, where it is slower: for comparisons). When
+this Triton lacks the Gluon API or the kernel does not compile with it (checked once per process),
+the plan keeps the plain kernel and its reason says why.
+
+Importable without triton (only the Gluon checks import it, when asked).
 """
 
 from __future__ import annotations
@@ -33,19 +37,21 @@ import torch
 
 PV_MODES = ("fp16", "fp8")
 MAX_HEAD_DIM = 128
+KERNELS = ("triton", "gluon")
 
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """One Triton configuration.
+    """One attention-kernel configuration.
 
     arch: "sm90", "sm89", "sm80" or "interpreter" (TRITON_INTERPRET=1 on CPU tensors).
     block_d: head dim the kernel computes at (64 or 128); smaller dims are zero-padded in-kernel.
     block_m/block_n: query/key tile = Q/K quantization group for qk_granularity="block".
-    scores_by_add: the int32 scores become fp32 by an integer add of 1.5·2^23's bits, the bias
-    subtracted again inside the exponent's FMA (m' + 1.5·2^23·c, rounded once per row and tile),
-    instead of an I2F per score (per-block K scales only; speed, see `_SCORES_BY_ADD`).
-    max_registers: the plain kernel's register cap per thread (Triton's `maxnreg`), or None for
+    kernel: "triton" (plain) or "gluon" (warp-specialized sm90; FP8 PV, its num_stages = ring stages).
+    scores_by_add (plain kernel): the int32 scores become fp32 by an integer add of 1.5·2^23's bits,
+    the bias subtracted again inside the exponent's FMA (m' + 1.5·2^23·c, rounded once per row and
+    tile), instead of an I2F per score (per-block K scales only; speed, see `_SCORES_BY_ADD`).
+    max_registers (plain kernel): its register cap per thread (Triton's `maxnreg`), or None for
     ptxas's own choice; speed only: a lower cap fits more CTAs per SM.
     """
 
@@ -59,6 +65,13 @@ class KernelPlan:
     kernel: str = "triton"
     scores_by_add: bool = False
     max_registers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"KernelPlan: kernel={self.kernel!r} is not one of {KERNELS}")
+        if self.kernel == "gluon" and (self.pv != "fp8" or self.scores_by_add or self.max_registers):
+            raise ValueError("KernelPlan: the Gluon sm90 kernel runs FP8 PV with its own launch "
+                             "(no scores_by_add, no max_registers)")
 
     def describe(self) -> str:
         kernel = " kernel=gluon (warp-specialized sm90)" if self.kernel == "gluon" else ""
@@ -76,13 +89,44 @@ class PlanChoice:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class PrepPlan:
+    """Launch shape of the preparation kernels (`quantize.quantize_inputs`) for one KernelPlan.
+
+    stats_min_tokens/stats_chunk/stats_warps: the K/V-stats programs take splits of at least
+    stats_min_tokens keys (at most max_splits per head), read in stats_chunk-row chunks by
+    stats_warps warps; the split sets mean(K)'s fp32 summation order (its last bits), nothing else.
+    finalize_chunk: splits the finalize program reduces per step.
+    kv_warps/q_warps: warps of the K/V and Q quantization programs.
+    kv_tiles_per_program/q_tiles_per_program: the most K/V (BLOCK_N) and Q (BLOCK_M) tiles one
+    program quantizes (the rotation and per-head vectors loaded once), fewer where a head would get
+    under min_programs_per_head programs (short sequences still fill the GPU). The groups
+    themselves are the KernelPlan's tiles: these change no result.
+    """
+
+    stats_min_tokens: int
+    stats_chunk: int
+    stats_warps: int
+    kv_warps: int
+    q_warps: int
+    max_splits: int = 128
+    finalize_chunk: int = 32
+    kv_tiles_per_program: int = 1
+    q_tiles_per_program: int = 4
+    min_programs_per_head: int = 16
+
+    def tiles_per_program(self, n_tiles: int, most: int) -> int:
+        """Tiles per program for a head of `n_tiles` tiles: up to `most`, keeping at least
+        `min_programs_per_head` programs."""
+        return max(1, min(most, n_tiles // self.min_programs_per_head))
+
+
 # (PV mode, block_d) -> (BLOCK_M, BLOCK_N), identical on every arch so that results do not depend
-# on the GPU model. Chosen by H200 tile sweeps (docs/benchmarks.md): FP8 PV gains 6% (d64) and 16%
-# (d128) from 128-key tiles; 16-bit PV is best at 128x64 (2026-11-29). FP8 PV at d64 went from
-# 128x128 to 64x128 when P's keys took the MMA operand order (fifth session of 2026-11-30): the
-# 64-row tile keeps the kernel at 166 registers, three CTAs per SM and no spills on Triton 3.6 (the
-# 128-row one spills there), 583 TOPS against 552 for the old plan at the CogVideoX-2B shape;
-# 64-row Q quantization groups are finer, so no less accurate.
+# on the GPU model. From the H200 tile sweeps (docs/benchmarks.md, "Tile sweep" and "P in the MMA
+# operand's key order"): FP8 PV is fastest with 128-key tiles; 16-bit PV at 128x64. FP8 PV at d64
+# takes 64-row tiles with P in the MMA operand's key order: the kernel stays at three CTAs per SM
+# without spills (128 rows spill on Triton 3.6); 64-row Q quantization groups are finer, so no less
+# accurate.
 _TILES = {
     ("fp16", 64): (128, 64),
     ("fp16", 128): (128, 64),
@@ -90,10 +134,11 @@ _TILES = {
     ("fp8", 128): (64, 128),
 }
 
-# (arch, block_d) -> (num_warps, num_stages); speed only.
+# (arch, block_d) -> (num_warps, num_stages) of the plain kernel; speed only. sm90 from the H200
+# sweeps (4 warps beat 8 at d128); sm89/sm80 unmeasured.
 _LAUNCH = {
     ("sm90", 64): (4, 3),
-    ("sm90", 128): (4, 3),  # H200 sweep 2026-11-29: 4 warps beat 8 by 1.0-1.7x (docs/benchmarks.md)
+    ("sm90", 128): (4, 3),
     ("sm89", 64): (4, 2),
     ("sm89", 128): (8, 2),
     ("sm80", 64): (4, 3),
@@ -102,37 +147,48 @@ _LAUNCH = {
     ("interpreter", 128): (4, 1),
 }
 # (arch, block_d, PV mode) -> (num_warps, num_stages) where one PV mode measured better than the
-# (arch, block_d) entry: 16-bit PV at d64 on the H200, 8 warps 483 TOPS vs 4 warps 431 (kernel alone,
-# 2B shape, after the integer row max; docs/results/2026-11-30-h200-intmax-sweep-2b.json).
+# (arch, block_d) entry: 16-bit PV at d64 on the H200, 8 warps (483 TOPS against 431 with 4, the
+# tile/launch sweep in docs/benchmarks.md, "the integer row max").
 _LAUNCH_PV = {
     ("sm90", 64, "fp16"): (8, 3),
     ("sm90", 64, "fp8"): (4, 2),  # with the 128-register cap below
 }
 # (arch, block_d, PV mode) -> the plain kernel's register cap (Triton's maxnreg); speed only. FP8 PV
 # at d64 on the H200: ptxas takes 166 registers uncapped (three CTAs per SM); capped at 128 the main
-# loop has no spills (482 instructions instead of 484 with 2 stages; the masked last tile's loop
-# reloads 4 values) and four CTAs fit. Kernel alone, 5 round-robin
-# runs (docs/results/2026-11-30-h200-maxnreg-ab.json): 579/590 TOPS -> 596/599 with 2 stages at the
-# CogVideoX-2B/5B shapes (581/582 with 3 stages); 96 registers spill 168 B.
+# loop does not spill and four CTAs fit, 2-3% faster with 2 stages (docs/benchmarks.md, "scores by
+# an integer add, four CTAs per SM at d64"); 96 registers spill.
 _MAX_REGISTERS = {
     ("sm90", 64, "fp8"): 128,
 }
-
-
-# (arch, block_d, PV mode, kernel) whose kernel converts scores by an integer add (`scores_by_add`).
-# H200, kernel alone (docs/benchmarks.md, sixth session): FP8 PV d64 plain 577/579 -> 588/588 TOPS at
-# the CogVideoX-2B/5B shapes (sweep, docs/results/2026-11-30-h200-scores-by-add-bench.json); the
-# Gluon d128 kernel slower with it (1.492 -> 1.465x cuDNN at 8k, 1.482 -> 1.461x at 32k, 7
-# round-robin runs), the plain d128 one (not used on sm90) inconclusive (+2% in the sweep, -5% in two
-# exploratory A/Bs). Elsewhere unmeasured, so I2F stays.
+# (arch, block_d, PV mode) whose plain kernel converts scores by an integer add (`scores_by_add`):
+# measured faster for FP8 PV at d64 on the H200 (+2%), inconclusive for the plain d128 kernel, slower
+# in the Gluon kernel, which therefore has no such path (docs/benchmarks.md, "scores by an integer
+# add"). Elsewhere unmeasured, so I2F stays.
 _SCORES_BY_ADD = {
-    ("sm90", 64, "fp8", "triton"),
+    ("sm90", 64, "fp8"),
+}
+
+SM90_KERNEL_ENV = "SAGEVIDEO_SM90_KERNEL"
+SM90_KERNELS = ("auto", "triton", "gluon")
+# Ring stages of the Gluon kernel per head dim (2 measured fastest on the H200), and the (PV mode, head
+# dim) where it measured faster than the plain-Triton kernel: what "auto" takes.
+_GLUON_STAGES = {64: 2, 128: 2}
+_GLUON_FASTER = {("fp8", 128)}
+
+# (block_d, FP8 V) -> (stats_min_tokens, stats_chunk, stats_warps). H200 sweep of
+# `scripts/bench_prep.py --stats` (docs/benchmarks.md, "a division-free preparation"): 64-row chunks
+# of 256-token splits when both K and V are read at d128, else 32-row chunks of 512 tokens.
+_STATS_SHAPE = {
+    (64, False): (512, 32, 4),
+    (64, True): (512, 32, 4),
+    (128, False): (512, 32, 4),
+    (128, True): (256, 64, 4),
 }
 
 
-def scores_by_add(arch: str, block_d: int, pv: str, kernel: str) -> bool:
-    """Whether the plan's kernel converts scores by an integer add; speed only."""
-    return (arch, block_d, pv, kernel) in _SCORES_BY_ADD
+def scores_by_add(arch: str, block_d: int, pv: str) -> bool:
+    """Whether the plain kernel's plan converts scores by an integer add; speed only."""
+    return (arch, block_d, pv) in _SCORES_BY_ADD
 
 
 def launch(arch: str, block_d: int, pv: str) -> tuple[int, int]:
@@ -145,12 +201,25 @@ def max_registers(arch: str, block_d: int, pv: str) -> int | None:
     return _MAX_REGISTERS.get((arch, block_d, pv))
 
 
-SM90_KERNEL_ENV = "SAGEVIDEO_SM90_KERNEL"
-SM90_KERNELS = ("auto", "triton", "gluon")
-# Ring stages of the Gluon kernel per head dim (one consumer warpgroup per CTA; H200 sweep), and the
-# (PV mode, head dim) where it measured faster than the plain-Triton kernel: what "auto" takes.
-_GLUON_STAGES = {64: 2, 128: 2}
-_GLUON_FASTER = {("fp8", 128)}
+def gluon_stages(block_d: int) -> int:
+    """K/V ring stages of the Gluon sm90 kernel at `block_d`."""
+    return _GLUON_STAGES[block_d]
+
+
+def quant_warps(rows: int, block_d: int, kind: str) -> int:
+    """Warps of a quantization program over a `rows` x `block_d` tile (`kind` "kv" or "q"); speed only.
+    H200 sweep `scripts/bench_prep.py --warps 2,4,8` (docs/benchmarks.md, "a division-free
+    preparation"): 4 for 64-row Q tiles and 64x64 K/V tiles, 8 elsewhere (equal or better)."""
+    small = rows * block_d <= 4096 if kind == "kv" else rows <= 64
+    return 4 if small else 8
+
+
+def prep_plan(plan: KernelPlan) -> PrepPlan:
+    """The preparation kernels' launch shape for `plan` (its tiles and PV mode decide it)."""
+    min_tokens, chunk, warps = _STATS_SHAPE[(plan.block_d, plan.pv == "fp8")]
+    return PrepPlan(stats_min_tokens=min_tokens, stats_chunk=chunk, stats_warps=warps,
+                    kv_warps=quant_warps(plan.block_n, plan.block_d, "kv"),
+                    q_warps=quant_warps(plan.block_m, plan.block_d, "q"))
 
 
 def sm90_kernel_wanted() -> str:
@@ -159,6 +228,15 @@ def sm90_kernel_wanted() -> str:
     if value not in SM90_KERNELS:
         raise ValueError(f"{SM90_KERNEL_ENV}={value!r}: use one of {SM90_KERNELS} (or leave it unset)")
     return value
+
+
+def triton_problem() -> str:
+    """'' when triton imports, else why the Triton kernels cannot run."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "triton is not installed"
+    return ""
 
 
 def gluon_sm90_problem() -> str:
@@ -183,7 +261,7 @@ def gluon_sm90_compile_problem(block_d: int, num_stages: int) -> str:
         from sagevideo.kernels.attention_sm90 import compile_for_sm90
 
         for out_dtype in ("bf16", "fp16"):  # the output's dtype is the inputs'
-            compile_for_sm90(block_d, num_stages=num_stages, consumers=1, pipeline_qk=False, out_dtype=out_dtype)
+            compile_for_sm90(block_d, num_stages=num_stages, out_dtype=out_dtype)
     except Exception as exc:  # whatever breaks, the plain kernel computes the same numbers
         import triton
 
@@ -199,6 +277,13 @@ def padded_head_dim(head_dim: int) -> int | None:
     if head_dim <= MAX_HEAD_DIM:
         return 128
     return None
+
+
+def head_dim_problem(head_dim: int) -> str:
+    """'' when the kernels take `head_dim` (zero-padded to 64 or 128), else why not."""
+    if padded_head_dim(head_dim) is None:
+        return f"head dim {head_dim} > {MAX_HEAD_DIM}: not supported by the kernels"
+    return ""
 
 
 def interpreter_enabled() -> bool:
@@ -225,42 +310,53 @@ def arch_of(device: torch.device) -> tuple[str | None, str]:
     return None, f"compute capability {major}.{minor}: the kernels need sm80 or newer (INT8 tensor cores)"
 
 
+def pv_problem(arch: str, pv: str) -> str:
+    """'' when `arch` runs PV mode `pv`, else why not."""
+    if pv not in PV_MODES:
+        return f"pv={pv!r} is not one of {PV_MODES}"
+    if pv == "fp8" and arch == "sm80":
+        return "pv='fp8' needs FP8 tensor cores (sm89 or newer); use pv='fp16'"
+    return ""
+
+
 def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
     """The plan for `device`, `head_dim` and PV mode, or None with the reason."""
     if pv not in PV_MODES:
-        return PlanChoice(None, f"pv={pv!r} is not one of {PV_MODES}")
-    block_d = padded_head_dim(head_dim)
-    if block_d is None:
-        return PlanChoice(None, f"head dim {head_dim} > {MAX_HEAD_DIM}: not supported by the kernels")
+        return PlanChoice(None, pv_problem("", pv))
+    problem = head_dim_problem(head_dim)
+    if problem:
+        return PlanChoice(None, problem)
     arch, reason = arch_of(device)
     if arch is None:
         return PlanChoice(None, reason)
-    if pv == "fp8" and arch == "sm80":
-        return PlanChoice(None, "pv='fp8' needs FP8 tensor cores (sm89 or newer); use pv='fp16'")
+    problem = pv_problem(arch, pv)
+    if problem:
+        return PlanChoice(None, problem)
+    block_d = padded_head_dim(head_dim)
     block_m, block_n = _TILES[(pv, block_d)]
-    num_warps, num_stages = launch(arch, block_d, pv)
-    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages,
-                      scores_by_add=scores_by_add(arch, block_d, pv, "triton"),
-                      max_registers=max_registers(arch, block_d, pv))
+    plan = plain_plan(arch, block_d, pv, block_m, block_n)
     wanted = sm90_kernel_wanted() if arch == "sm90" else "triton"  # checked on sm90 whatever the shape
     # Newer GPUs run the sm90 plans too, but the Gluon kernel's warpgroup MMAs exist only on Hopper.
     hopper = arch == "sm90" and torch.cuda.get_device_capability(device)[0] == 9
     if hopper and pv == "fp8" and (wanted == "gluon" or (wanted == "auto" and (pv, block_d) in _GLUON_FASTER)):
-        stages = _GLUON_STAGES[block_d]
+        stages = gluon_stages(block_d)
         problem = gluon_sm90_problem() or gluon_sm90_compile_problem(block_d, stages)
         if problem:  # the plain-Triton kernel computes the same; say why in `sagevideo env`
             return PlanChoice(plan, f"Gluon sm90 kernel not used ({SM90_KERNEL_ENV}={wanted}): {problem}")
-        plan = KernelPlan(arch, block_d, pv, block_m, block_n, 4, stages, kernel="gluon",
-                          scores_by_add=scores_by_add(arch, block_d, pv, "gluon"))
+        plan = KernelPlan(arch, block_d, pv, block_m, block_n, 4, stages, kernel="gluon")
     return PlanChoice(plan)
+
+
+def plain_plan(arch: str, block_d: int, pv: str, block_m: int, block_n: int) -> KernelPlan:
+    """The plain-Triton kernel's plan for these tiles: its launch, register cap and score conversion."""
+    num_warps, num_stages = launch(arch, block_d, pv)
+    return KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages,
+                      scores_by_add=scores_by_add(arch, block_d, pv), max_registers=max_registers(arch, block_d, pv))
 
 
 def plain_triton(plan: KernelPlan) -> KernelPlan:
     """The plain-Triton plan with `plan`'s tiles (for calls the Gluon kernel does not take)."""
-    num_warps, num_stages = launch(plan.arch, plan.block_d, plan.pv)
-    return KernelPlan(plan.arch, plan.block_d, plan.pv, plan.block_m, plan.block_n, num_warps, num_stages,
-                      scores_by_add=scores_by_add(plan.arch, plan.block_d, plan.pv, "triton"),
-                      max_registers=max_registers(plan.arch, plan.block_d, plan.pv))
+    return plain_plan(plan.arch, plan.block_d, plan.pv, plan.block_m, plan.block_n)
 
 
 def tiles(pv: str, head_dim: int) -> tuple[int, int]:

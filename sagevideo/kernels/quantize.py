@@ -8,14 +8,18 @@ Four launches before the attention kernel:
    splits and 1,172 tiles per head).
 3. `_quantize_kv_kernel`, grid (tile groups, B·H): subtracts mean(K), optionally rotates,
    quantizes each BLOCK_N tile of K to INT8 and (FP8 mode) writes V as e4m3 transposed to
-   (D, N), the layout Hopper's FP8 tensor-core instruction wants for the PV product. Each
-   program does TILES_PER_PROGRAM tiles (the rotation matrix and per-head vectors loaded once).
+   (D, N), the layout Hopper's FP8 tensor-core instruction wants for the PV product, with each
+   32-key group in `mma_key_order`. Each program does TILES_PER_PROGRAM tiles (the rotation
+   matrix and per-head vectors loaded once).
 4. `_quantize_q_kernel`, grid (Nq tile groups, B·H), through `_quantize_q_tile`: optionally
    rotates, quantizes each BLOCK_M tile (or token) to INT8 with sm_scale·log2(e) folded into the
    scale, and (LSE mode)
    stores sm_scale·q·mean(K), the smoothing shift that turns the kernel's LSE into the true one.
    Quantizing Q inside the attention kernel instead (one pass less) was measured and rejected:
-   the prologue's extra shared memory and registers cost the main loop 5-20% (docs/benchmarks.md).
+   the prologue's extra shared memory and registers cost the main loop 5-20% (docs/benchmarks.md,
+   "the preparation pass").
+
+Launch shapes (warps, splits, tiles per program) come from a `plans.PrepPlan`, never from module state.
 
 Numerics are documented in `reference.py`, which emulates them exactly.
 """
@@ -29,50 +33,15 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from sagevideo.kernels.plans import KernelPlan
-from sagevideo.kernels.reference import LOG2E, TINY_AMAX
+from sagevideo.kernels.constants import FP8_MAX, INF_BITS, INT8_MAX, LOG2E, NAN_BITS, ROUNDING_MAGIC, TINY_AMAX
+from sagevideo.kernels.plans import KernelPlan, PrepPlan, prep_plan
 
-# Warps of the K/V and Q quantization programs (speed only). None: by tile, the best per kernel in
-# the H200 sweep `scripts/bench_prep.py --warps 2,4,8` (docs/results/2026-11-30-h200-prep-warps.json):
-# 4 for 64-row Q tiles (d128 FP8: 0.089 ms vs 0.116 with 8) and 64x64 K/V tiles (d64 FP16: 0.091 vs
-# 0.114), 8 elsewhere (equal or better). An int forces one count for every kernel (the sweep does).
-QUANT_WARPS: int | None = None
-
-
-def quant_warps(rows: int, block_d: int, kernel: str) -> int:
-    """Warps for a quantization program over a `rows` x `block_d` tile ("kv" or "q")."""
-    if QUANT_WARPS is not None:
-        return QUANT_WARPS
-    small = rows * block_d <= 4096 if kernel == "kv" else rows <= 64
-    return 4 if small else 8
-
-
-# K/V-stats program shape (speed; the split changes mean(K)'s fp32 summation order, its last bits).
-# None: by `stats_shape`. A (min tokens per split, chunk, warps) tuple forces one (the sweep does).
-STATS_SHAPE: tuple[int, int, int] | None = None
-MAX_SPLITS = 128
-SPLIT_CHUNK = 32
-Q_TILES_PER_PROGRAM = 4  # H200 (`bench_prep.py --qtiles 1,2,4`): 8k FP8 0.059 -> 0.053 ms, 32k 0.112 -> 0.099
-KV_TILES_PER_PROGRAM = 1  # measured 1/2/4/8 on the H200: 1 is fastest with FP8 V, equal within 5% otherwise
-
-
-def stats_shape(block_d: int, fp8_v: bool) -> tuple[int, int, int]:
-    """(min tokens per split, rows per chunk, warps) of the K/V-stats programs. The H200 sweep
-    `scripts/bench_prep.py --stats` (docs/results/2026-11-30-h200-prep-stats-elementwise.json): 64-row
-    chunks of 256-token splits when both K and V are read at d128 (8k FP8 0.063 ms vs 0.081 with
-    32 rows), else 32-row chunks of 512 tokens (8k K only 0.033 vs 0.056; d64 K+V 0.077 vs 0.104)."""
-    if STATS_SHAPE is not None:
-        return STATS_SHAPE
-    return (256, 64, 4) if fp8_v and block_d == 128 else (512, 32, 4)
-
-
-# 1.5·2^23: adding it to |y| < 2^22 rounds y to an integer (ties to even) and leaves that integer,
-# two's complement, in the low mantissa bits; the constant's low byte is zero, so the INT8 code is
-# the low byte of the sum's bits. x·(127/max|x|) + ROUNDING_MAGIC compiles to one FMA per element.
-ROUNDING_MAGIC = tl.constexpr(12582912.0)
-NAN_BITS = tl.constexpr(0x7FC00000)
-INF_BITS = tl.constexpr(0x7F800000)
+ROUNDING_MAGIC_CONST = tl.constexpr(ROUNDING_MAGIC)
+NAN_BITS_CONST = tl.constexpr(NAN_BITS)
+INF_BITS_CONST = tl.constexpr(INF_BITS)
 TINY_AMAX_CONST = tl.constexpr(TINY_AMAX)
+INT8_MAX_CONST = tl.constexpr(INT8_MAX)
+FP8_MAX_CONST = tl.constexpr(FP8_MAX)
 
 
 @triton.jit
@@ -85,7 +54,7 @@ def _abs_max_bits(x, axis: tl.constexpr):
         top = tl.max(tl.max(bits, axis=1), axis=0)
     else:
         top = tl.max(bits, axis=axis)
-    return tl.where(top >= INF_BITS, NAN_BITS, top).to(tl.float32, bitcast=True)
+    return tl.where(top >= INF_BITS_CONST, NAN_BITS_CONST, top).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -93,7 +62,7 @@ def _finite_rows_abs_max_bits(x):
     """(max|x| over the tile's rows that are all finite, as fp32; per row: True where the row holds a
     NaN or ±inf)."""
     bits = tl.abs(x).to(tl.int32, bitcast=True)
-    row_bad = tl.max(bits, axis=1) >= INF_BITS
+    row_bad = tl.max(bits, axis=1) >= INF_BITS_CONST
     top = tl.max(tl.max(tl.where(row_bad[:, None], 0, bits), axis=1), axis=0)
     return top.to(tl.float32, bitcast=True), row_bad
 
@@ -112,17 +81,17 @@ def _quantize_int8(x, scale_factor, PER_TOKEN: tl.constexpr, ROW_LOCAL_NONFINITE
     else:
         amax = _abs_max_bits(x, 1 if PER_TOKEN else None)
     zero = amax == 0
-    # below TINY_AMAX, 127/max would overflow to inf (reference.TINY_AMAX); NaN stays NaN
+    # below TINY_AMAX, 127/max would overflow to inf (constants.TINY_AMAX); NaN stays NaN
     amax = tl.maximum(amax, TINY_AMAX_CONST, propagate_nan=tl.PropagateNan.ALL)
-    inv = tl.where(zero, 1.0, tl.math.div_rn(127.0, amax))
-    scale = tl.where(zero, 1.0, tl.math.div_rn(amax * scale_factor, 127.0))
+    inv = tl.where(zero, 1.0, tl.math.div_rn(INT8_MAX_CONST, amax))
+    scale = tl.where(zero, 1.0, tl.math.div_rn(amax * scale_factor, INT8_MAX_CONST))
     if PER_TOKEN:
         inv = inv[:, None]
     else:
         scale = tl.zeros((x.shape[0],), dtype=tl.float32) + scale
         if ROW_LOCAL_NONFINITE:
             scale = tl.where(row_bad, float("nan"), scale)
-    codes = (x * inv + ROUNDING_MAGIC).to(tl.int32, bitcast=True).to(tl.int8)
+    codes = (x * inv + ROUNDING_MAGIC_CONST).to(tl.int32, bitcast=True).to(tl.int8)
     return codes, scale
 
 
@@ -135,7 +104,7 @@ def mma_key_order(x):
     (c: its lane within a quad); as the 8-bit MMA's A operand it must hold keys 4·c .. 4·c+3 and
     16+4·c .. 19+4·c. With P's keys in this order the accumulator -> operand conversion is a
     renaming of each thread's own registers instead of lane shuffles and byte permutes. Vᵀ is
-    stored with its keys in the same order (`QuantizedInputs.v_mma_order`), so P·V is unchanged:
+    stored with its keys in the same order (`QuantizedInputs.v_fp8_t`), so P·V is unchanged:
     the same products, summed in another order inside the MMA. (`attention_sm90._mma_key_order`
     is the Gluon twin.)"""
     R: tl.constexpr = x.shape[0]
@@ -227,8 +196,8 @@ def _kv_stats_finalize_kernel(
             rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
             tl.store(KMeanRot + bh * BLOCK_D + offs_d, tl.sum(mean[:, None] * rot, axis=0))
     if FP8_V:
-        v_max_floored = tl.maximum(v_max, TINY_AMAX_CONST)  # 1/scale stays finite (reference.TINY_AMAX)
-        tl.store(VScale + bh * BLOCK_D + offs_d, tl.where(v_max > 0, tl.math.div_rn(v_max_floored, 448.0), 1.0))
+        v_max_floored = tl.maximum(v_max, TINY_AMAX_CONST)  # 1/scale stays finite (constants.TINY_AMAX)
+        tl.store(VScale + bh * BLOCK_D + offs_d, tl.where(v_max > 0, tl.math.div_rn(v_max_floored, FP8_MAX_CONST), 1.0))
 
 
 @triton.jit
@@ -241,7 +210,7 @@ def _quantize_kv_kernel(
     H, N_K, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
-    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, V_MMA_ORDER: tl.constexpr, TRACK_MAX: tl.constexpr,
+    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, TRACK_MAX: tl.constexpr,
 ):
     """TRACK_MAX: also raise KScaleMax[head] (int32 bits of a non-negative fp32, zero-initialised) to
     the largest K scale of the head (NaN counts as 0), for the attention kernel's scores-by-add guard."""
@@ -263,7 +232,7 @@ def _quantize_kv_kernel(
             shift = tl.load(KMean + bh * BLOCK_D + offs_d)
     if FP8_V:
         # multiply by the reciprocal (one rounding, like the reference): a division per element
-        # was a third of this kernel's instructions
+        # would be a third of this kernel's instructions
         v_inv = tl.math.div_rn(1.0, tl.load(VScale + bh * BLOCK_D + offs_d))
     for t in range(0, TILES_PER_PROGRAM):
         start_n = (group * TILES_PER_PROGRAM + t) * BLOCK_N
@@ -285,9 +254,9 @@ def _quantize_kv_kernel(
                 # VQ is (B·H, BLOCK_D, N_PAD). Transpose the tile first so the store runs along N
                 # (contiguous): storing the (N, D) tile at stride N_PAD wrote single bytes and cost
                 # as much as all the other preparation work together.
-                v8_t = tl.trans(v8)
-                if V_MMA_ORDER:
-                    v8_t = mma_key_order(v8_t)
+                # Keys in the MMA operand's order (`mma_key_order`): both attention kernels reorder P
+                # the same way, which makes P's conversion into the MMA operand free.
+                v8_t = mma_key_order(tl.trans(v8))
                 tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], v8_t)
             if ROTATE:
                 # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries,
@@ -380,11 +349,9 @@ class QuantizedInputs:
     q_codes (bh, M_PAD, block_d) int8; q_scale (bh, M_PAD) fp32 (scores in log2 units);
     q_shift (bh, M_PAD) fp32 = sm_scale·q·mean(K), or None;
     k_codes (bh_kv, N_PAD, block_d) int8; k_scale (bh_kv, N_PAD) fp32; k_mean (bh_kv, block_d) fp32
-    (zeros without smoothing); v_fp8_t (bh_kv, block_d, N_PAD) e4m3 or None; v_scale (bh_kv, block_d)
-    fp32 or None.
+    (zeros without smoothing); v_fp8_t (bh_kv, block_d, N_PAD) e4m3 with its keys in `mma_key_order`
+    within each 32-key group, or None; v_scale (bh_kv, block_d) fp32 or None.
     k_scale_max (bh_kv,) int32: bits of each head's largest K scale (fp32), or None (not tracked).
-    v_mma_order: v_fp8_t's keys are in `mma_key_order` within each 32-key group (both attention
-    kernels reorder P to match); False: natural order (kept to measure what the reorder gains).
     """
 
     q_codes: torch.Tensor
@@ -395,14 +362,7 @@ class QuantizedInputs:
     k_mean: torch.Tensor
     v_fp8_t: torch.Tensor | None
     v_scale: torch.Tensor | None
-    v_mma_order: bool
     k_scale_max: torch.Tensor | None = None
-
-
-def program_tiles(n_tiles: int, most: int) -> int:
-    """Tiles per quantization program (speed only; the groups are the plan's tiles): up to `most`,
-    keeping at least 16 programs per head so that short sequences still fill the GPU."""
-    return max(1, min(most, n_tiles // 16))
 
 
 def quantize_inputs(
@@ -417,17 +377,14 @@ def quantize_inputs(
     per_token: bool,
     smooth_k: bool,
     need_shift: bool,
-    tiles_per_program: int | None = None,
-    q_tiles: int | None = None,
-    v_mma_order: bool = True,
+    prep: PrepPlan | None = None,
 ) -> QuantizedInputs:
     """Launch the preparation kernels. q/k/v HND views with unit stride on the head dim (k/v may have
     fewer heads than q, a divisor of them: grouped-query attention);
     key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or
-    None. tiles_per_program: K/V tiles per quantization program, q_tiles: Q tiles per program
-    (None: `program_tiles` with KV_TILES_PER_PROGRAM / Q_TILES_PER_PROGRAM). v_mma_order: FP8 Vᵀ
-    keys in `mma_key_order` (the kernels read either; False only to measure the reorder). For a
+    None. prep: the launch shape (None: `plans.prep_plan(plan)`; benchmarks pass others). For a
     plain-kernel plan with scores_by_add, also each head's largest K scale (its guard reads it)."""
+    prep = prep or prep_plan(plan)
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     bh, bh_kv = batch * heads, batch * kv_heads
@@ -435,12 +392,10 @@ def quantize_inputs(
     m_pad = triton.cdiv(n_q, bm) * bm
     n_pad = triton.cdiv(n_k, bn) * bn
     fp8_v = plan.pv == "fp8"
-    v_mma_order = fp8_v and v_mma_order
     dev = q.device
 
-    min_tokens, stats_chunk, stats_warps = stats_shape(bd, fp8_v)
-    tokens_per_split = max(min_tokens, triton.cdiv(n_k, MAX_SPLITS))
-    tokens_per_split = triton.cdiv(tokens_per_split, stats_chunk) * stats_chunk
+    tokens_per_split = max(prep.stats_min_tokens, triton.cdiv(n_k, prep.max_splits))
+    tokens_per_split = triton.cdiv(tokens_per_split, prep.stats_chunk) * prep.stats_chunk
     num_splits = triton.cdiv(n_k, tokens_per_split)
     k_sum = torch.empty(bh_kv * num_splits, bd, device=dev, dtype=torch.float32)
     k_count = torch.empty(bh_kv * num_splits, device=dev, dtype=torch.float32)
@@ -458,13 +413,13 @@ def quantize_inputs(
             v.stride(0), v.stride(1), v.stride(2),
             stride_mb,
             kv_heads, n_k, tokens_per_split, num_splits,
-            HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=stats_chunk,
-            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v, num_warps=stats_warps,
+            HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=prep.stats_chunk,
+            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v, num_warps=prep.stats_warps,
         )
         wrap_triton(_kv_stats_finalize_kernel)[(bh_kv,)](
             k_sum, k_count, v_max, rot_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean,
             num_splits,
-            BLOCK_D=bd, SPLIT_CHUNK=SPLIT_CHUNK,
+            BLOCK_D=bd, SPLIT_CHUNK=prep.finalize_chunk,
             SMOOTH_K=smooth_k, ROTATE=rotation is not None, FP8_V=fp8_v,
         )
 
@@ -473,32 +428,31 @@ def quantize_inputs(
     v_fp8_t = torch.empty(bh_kv, bd, n_pad, device=dev, dtype=torch.float8_e4m3fn) if fp8_v else None
     track_k_scale_max = plan.scores_by_add and not per_token and plan.kernel == "triton"
     k_scale_max = torch.zeros(bh_kv, device=dev, dtype=torch.int32) if track_k_scale_max else None
-    per_program = tiles_per_program or program_tiles(n_pad // bn, KV_TILES_PER_PROGRAM)
-    wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, per_program), bh_kv)](
+    kv_per_program = prep.tiles_per_program(n_pad // bn, prep.kv_tiles_per_program)
+    wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, kv_per_program), bh_kv)](
         k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
         k_codes, k_scale, v_fp8_t if fp8_v else k_codes, k_scale_max if track_k_scale_max else k_count,
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         stride_mb,
         kv_heads, n_k, n_pad,
-        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=per_program,
+        HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=kv_per_program,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-        PER_TOKEN=per_token, FP8_V=fp8_v, V_MMA_ORDER=v_mma_order, TRACK_MAX=track_k_scale_max,
-        num_warps=quant_warps(bn, bd, "kv"),
+        PER_TOKEN=per_token, FP8_V=fp8_v, TRACK_MAX=track_k_scale_max,
+        num_warps=prep.kv_warps,
     )
 
     q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
     q_scale = torch.empty(bh, m_pad, device=dev, dtype=torch.float32)
     q_shift = torch.empty(bh, m_pad, device=dev, dtype=torch.float32) if need_shift else None
     qk_scale = sm_scale * LOG2E / (bd if rotation is not None else 1)
-    q_per_program = q_tiles or program_tiles(m_pad // bm, Q_TILES_PER_PROGRAM)
+    q_per_program = prep.tiles_per_program(m_pad // bm, prep.q_tiles_per_program)
     wrap_triton(_quantize_q_kernel)[(triton.cdiv(m_pad // bm, q_per_program), bh)](
         q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
         q.stride(0), q.stride(1), q.stride(2),
         heads, kv_heads, n_q, m_pad, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm, TILES_PER_PROGRAM=q_per_program,
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
-        num_warps=quant_warps(bm, bd, "q"),
+        num_warps=prep.q_warps,
     )
-    return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, v_mma_order,
-                           k_scale_max)
+    return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, k_scale_max)

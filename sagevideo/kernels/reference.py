@@ -38,20 +38,10 @@ import math
 
 import torch
 
+from sagevideo.kernels.constants import FP8_MAX, LN2, LOG2_FP8_MAX, LOG2E, MIN_ROW_SCALE, TINY_AMAX
 from sagevideo.kernels.plans import padded_head_dim
 from sagevideo.kernels.rotation import hadamard_pm1
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
-FP8_MAX = 448.0  # largest finite float8 e4m3fn value
-# Floor of a row's score scale q_scale·k_scale (the smallest normal fp32): a product that
-# underflows to 0 would turn masked scores into −inf·0 = NaN where the kernels scale after the max.
-MIN_ROW_SCALE = 1.1754943508222875e-38
-LOG2_FP8_MAX = math.log2(FP8_MAX)
-# A group whose max|x| is below this is quantized as if its max were this: its reciprocal scale
-# (127/max, 448/max) then stays finite (an inf one turned codes into inf/NaN). Only denormal-range
-# inputs (bf16) reach it; their codes shrink toward 0 and stay consistent with the scale.
-TINY_AMAX = 2.0**-100
 REFERENCE_PV_MODES = ("fp16", "fp8", "fp32")
 
 
@@ -132,7 +122,7 @@ def quantize_v_fp8(v: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.T
 
 def mma_key_permutation(n: int) -> torch.Tensor:
     """Positions of `quantize.mma_key_order` (n a multiple of 32): x[..., mma_key_permutation(n)]
-    puts x's keys in the order the kernels take FP8 Vᵀ in (`QuantizedInputs.v_mma_order`);
+    puts x's keys in the order the kernels take FP8 Vᵀ in (`QuantizedInputs.v_fp8_t`);
     indexing with its argsort restores the natural order."""
     return torch.arange(n).reshape(n // 32, 2, 2, 4, 2).permute(0, 1, 3, 2, 4).reshape(n)
 

@@ -261,9 +261,9 @@ def test_a_one_dimensional_key_mask_means_the_same_on_every_backend(backend):
 
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_quantized_backends_refuse_backward_with_one_clear_error(backend):
-    """The reference used to backpropagate through its rounding and give q/k gradients of cosine ≈ 0
-    against SDPA's; every quantized backend now refuses, at backward time (inference without
-    no_grad still runs)."""
+    """Autograd through the reference's rounding gives q/k gradients of cosine ≈ 0 against SDPA's, so
+    every quantized backend refuses a backward, at backward time (inference without no_grad still
+    runs)."""
     q, k, v = (t.requires_grad_() for t in _qkv())
     out = sageattn(q, k, v, backend=backend)
     with pytest.raises(RuntimeError, match="forward-only"):
@@ -294,9 +294,9 @@ def test_bfloat16_under_the_interpreter_is_refused_not_garbage(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["triton", "reference", "sdpa"])
 def test_records_hold_inside_a_compiled_graph(backend):
-    """A compiled forward ran the op but recorded nothing: now each run of the compiled graph
-    reports what it calls (aot_eager: AOT autograd would drop an op without outputs; the Triton
-    op under the CPU interpreter only traces with Dynamo's "eager"; the GPU test runs Inductor)."""
+    """Each run of a compiled graph reports what it calls, not only the trace (aot_eager: AOT autograd
+    would drop an op without outputs; the Triton op under the CPU interpreter only traces with
+    Dynamo's "eager"; the GPU test runs Inductor)."""
     q, k, v = _qkv()
 
     def attend(q, k, v):

@@ -102,7 +102,7 @@ def test_large_q_and_k_give_finite_outputs_in_every_plan(head_dim, pv, kernel, s
 @pytest.mark.parametrize("head_dim, pv, kernel", EVERY_PLAN)
 @pytest.mark.parametrize("granularity", ["block", "token"])
 def test_a_nan_query_row_stays_in_its_row(head_dim, pv, kernel, granularity, monkeypatch):
-    """SDPA: one NaN in q gives one NaN row. It used to spread over the row's whole Q tile."""
+    """SDPA: one NaN in q gives one NaN row. Not over the row's whole Q tile, which shares one scale."""
     monkeypatch.setenv("SAGEVIDEO_SM90_KERNEL", kernel)
     q, k, v, _ = _inputs("random", (1, 4, 4096, head_dim), torch.bfloat16)
     q[0, 2, 1000, 5] = float("nan")

@@ -122,9 +122,33 @@ def test_scores_by_add_only_where_it_measured_faster(hopper, monkeypatch):
     gluon = plans.select_plan(CUDA, 128, "fp8").plan
     for plan in (gluon, plans.plain_triton(gluon), plans.select_plan(CUDA, 64, "fp16").plan):
         assert not plan.scores_by_add and "scores-by-add" not in plan.describe()
-    # a speed knob: the plain plan derived from a Gluon one takes the plain kernel's own choice
-    monkeypatch.setattr(plans, "_SCORES_BY_ADD", {("sm90", 128, "fp8", "gluon")})
-    gluon = plans.select_plan(CUDA, 128, "fp8").plan
-    assert gluon.scores_by_add and not plans.plain_triton(gluon).scores_by_add
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
     assert not plans.select_plan(CUDA, 64, "fp8").plan.scores_by_add  # measured on sm90 only
+
+
+def test_a_gluon_plan_takes_no_plain_kernel_knobs():
+    with pytest.raises(ValueError, match="Gluon sm90 kernel runs FP8 PV with its own launch"):
+        plans.KernelPlan("sm90", 64, "fp8", 64, 128, 4, 2, kernel="gluon", scores_by_add=True)
+    with pytest.raises(ValueError, match="Gluon"):
+        plans.KernelPlan("sm90", 64, "fp16", 128, 64, 4, 2, kernel="gluon")
+    with pytest.raises(ValueError, match="kernel='cuda'"):
+        plans.KernelPlan("sm90", 64, "fp8", 64, 128, 4, 2, kernel="cuda")
+
+
+@pytest.mark.parametrize(
+    "pv, block_d, stats, warps",
+    [("fp16", 64, (512, 32, 4), (4, 8)), ("fp8", 64, (512, 32, 4), (8, 4)),
+     ("fp16", 128, (512, 32, 4), (8, 8)), ("fp8", 128, (256, 64, 4), (8, 4))],
+)
+def test_prep_plans_follow_the_tiles_and_pv_mode(hopper, pv, block_d, stats, warps):
+    """The preparation's launch shape per plan: the tables the H200 sweeps chose (4 warps for 64-row
+    Q tiles and 64x64 K/V tiles; 64-row stats chunks when K and V are read at d128)."""
+    prep = plans.prep_plan(plans.select_plan(CUDA, block_d, pv).plan)
+    assert (prep.stats_min_tokens, prep.stats_chunk, prep.stats_warps) == stats
+    assert (prep.kv_warps, prep.q_warps) == warps
+    assert (prep.kv_tiles_per_program, prep.q_tiles_per_program, prep.max_splits) == (1, 4, 128)
+
+
+def test_tiles_per_program_keep_sixteen_programs_per_head():
+    prep = plans.prep_plan(plans.KernelPlan("interpreter", 64, "fp16", 128, 64, 4, 1))
+    assert [prep.tiles_per_program(n, 4) for n in (1, 16, 47, 48, 64, 1000)] == [1, 1, 2, 3, 4, 4]

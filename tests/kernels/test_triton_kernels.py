@@ -128,7 +128,7 @@ def test_non_finite_inputs_give_nan_outputs_where_the_reference_does(pv, where, 
 @pytest.mark.parametrize("pv", ["fp16", "fp8"])
 def test_a_non_finite_query_row_spreads_to_no_other_row(pv, granularity, bad):
     """SDPA gives one non-finite row for one NaN or inf in q; so must the kernels and the reference
-    (a Q tile's shared scale used to carry the NaN to all its 64 or 128 rows)."""
+    (a Q tile's shared scale must not carry the NaN to all its 64 or 128 rows)."""
     q, k, v, _ = _inputs("k-offset", (1, 2, 200, 64), seed=16)
     q[0, 1, 70, 3] = bad
     expected = ~torch.isfinite(F.scaled_dot_product_attention(q.float(), k.float(), v.float()))
@@ -200,13 +200,19 @@ def test_lse_matches_reference():
 def test_quantized_codes_match_reference(n):
     """The quantization kernels themselves: INT8 codes equal the reference's (rare ±1 flips
     allowed where fp32 summation order moves a value across a rounding boundary)."""
+    import dataclasses
+
+    from sagevideo.kernels.plans import prep_plan
     from sagevideo.kernels.quantize import quantize_inputs
 
     q, k, v, _ = _inputs("k-offset", (1, 2, n, 64), seed=11)
     plan = select_plan(q.device, 64, "fp16").plan
     rot = hadamard_pm1(64, q.device)
+    launch = prep_plan(plan)
+    if n > 2000:
+        launch = dataclasses.replace(launch, kv_tiles_per_program=2, q_tiles_per_program=2, min_programs_per_head=1)
     prep = quantize_inputs(q, k, v, None, rot, plan, sm_scale=0.125, per_token=False, smooth_k=True, need_shift=True,
-                           tiles_per_program=2 if n > 2000 else None, q_tiles=2 if n > 2000 else None)
+                           prep=launch)
     got_q_codes, got_q_scale, got_q_shift = prep.q_codes, prep.q_scale, prep.q_shift
     def mm(a, b):  # fp64 accumulation: no TF32, no summation-order effects in the expectation
         return (a.double() @ b.double()).float()
@@ -273,7 +279,7 @@ def test_quantization_kernels_equal_the_reference_bit_for_bit(dtype, per_token):
     if not INTERPRETED:  # the interpreter's float8 cast does not round to nearest even
         want_v, want_v_scale = quantize_v_fp8(v, None)
         assert torch.equal(prep.v_scale.reshape(1, 2, 64), want_v_scale)
-        assert prep.v_mma_order  # keys in the MMA operand's order: restore the natural one
+        # keys in the MMA operand's order: restore the natural one
         natural = prep.v_fp8_t[..., mma_key_permutation(prep.v_fp8_t.shape[-1]).argsort().to(DEVICE)]
         got_v = natural.reshape(1, 2, 64, -1)[..., :300].transpose(-1, -2)
         assert torch.equal(got_v.view(torch.uint8), want_v.view(torch.uint8))
@@ -292,7 +298,7 @@ def test_scores_by_add_matches_the_reference(monkeypatch, pv, options):
     zeros or overflow, not small errors."""
     from sagevideo.kernels import op, plans
 
-    monkeypatch.setattr(plans, "_SCORES_BY_ADD", {(a, d, p, "triton") for a in ("interpreter", "sm90", "sm89", "sm80")
+    monkeypatch.setattr(plans, "_SCORES_BY_ADD", {(a, d, p) for a in ("interpreter", "sm90", "sm89", "sm80")
                                                   for d in (64, 128) for p in ("fp16", "fp8")})
     launched = []
 
@@ -321,30 +327,31 @@ def test_scores_by_add_matches_the_reference(monkeypatch, pv, options):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_v_in_mma_key_order_is_a_permutation_that_leaves_the_output_unchanged(head_dim):
-    """Vᵀ keys in `quantize.mma_key_order` (P reordered to match in the kernel) against the natural
-    order: the same codes, permuted, and the same attention output (up to the MMA's summation
-    order). A wrong permutation on either side pairs P values with other keys' V rows: errors of
-    order one."""
-    from sagevideo.kernels.attention_fwd import attention_forward
+def test_v_in_mma_key_order_is_a_permutation_of_the_per_channel_fp8_v(head_dim):
+    """FP8 Vᵀ is stored with each 32-key group in `quantize.mma_key_order` (the kernels reorder P to
+    match): restored to the natural order, it is the reference's per-channel FP8 V (all codes on the
+    GPU; under the interpreter, whose float8 cast is off for a few values, nearly all: the unrestored
+    order matches about a quarter), zeros past the last key; and the kernel's output is the
+    reference's. A wrong permutation on either side pairs P values with other keys' V rows: errors
+    of order one, on inputs whose keys differ as much as these."""
     from sagevideo.kernels.plans import plain_triton
     from sagevideo.kernels.quantize import quantize_inputs
+    from sagevideo.kernels.reference import quantize_v_fp8
 
     q, k, v, _ = _inputs("k-offset", (1, 2, 300, head_dim), seed=23)
     plan = plain_triton(select_plan(q.device, head_dim, "fp8").plan)  # on the H200 d128 names Gluon
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype)
-    outs, preps = [], []
-    for v_mma_order in (True, False):
-        prep = quantize_inputs(q, k, v, None, rotation, plan, sm_scale=head_dim**-0.5, per_token=False,
-                               smooth_k=True, need_shift=False, v_mma_order=v_mma_order)
-        out = torch.empty_like(q)
-        attention_forward(prep, v, None, out, None, plan, is_causal=False, per_token=False, n_q=300, n_k=300)
-        outs.append(out)
-        preps.append(prep)
-    mma, natural = preps
-    assert mma.v_mma_order and not natural.v_mma_order
-    restore = mma_key_permutation(mma.v_fp8_t.shape[-1]).argsort().to(DEVICE)
-    assert torch.equal(mma.v_fp8_t[..., restore].view(torch.uint8), natural.v_fp8_t.view(torch.uint8))
-    assert not torch.equal(mma.v_fp8_t.view(torch.uint8), natural.v_fp8_t.view(torch.uint8))
-    stats = error_stats(outs[1], outs[0])
-    assert stats.cos_worst > 0.99999 and (outs[0].float() - outs[1].float()).abs().max().item() < 2e-3
+    prep = quantize_inputs(q, k, v, None, rotation, plan, sm_scale=head_dim**-0.5, per_token=False,
+                           smooth_k=True, need_shift=False)
+    restore = mma_key_permutation(prep.v_fp8_t.shape[-1]).argsort().to(DEVICE)
+    natural = prep.v_fp8_t[..., restore].float().reshape(1, 2, plan.block_d, -1)
+    want, _ = quantize_v_fp8(v, None)
+    got = natural[:, :, :head_dim, :300].transpose(-1, -2)
+    agree = (got == want.float()).float().mean().item()
+    assert agree > 0.95 if INTERPRETED else agree == 1.0
+    assert (natural[..., 300:] == 0).all()
+    assert not torch.equal(prep.v_fp8_t.float(), prep.v_fp8_t[..., restore].float())  # really reordered
+    v_peaky = v * torch.arange(300, device=DEVICE, dtype=v.dtype)[:, None] / 30  # every key's V distinct
+    out_t, out_r = _both(q * 4, k, v_peaky, pv="fp8")  # peaky attention: each query picks few keys
+    floor = 0.99 if INTERPRETED else 0.9998
+    assert error_stats(out_r, out_t).cos_worst > floor

@@ -1,6 +1,5 @@
-"""scripts/bench_sm90.py's variant names (the GPU part runs on the H200 only)."""
+"""scripts/bench_sm90.py's ring-stage list (the GPU part runs on the H200 only)."""
 
-import inspect
 import sys
 from pathlib import Path
 
@@ -10,20 +9,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import bench_sm90  # noqa: E402
 
 
-def test_variant_names_become_launcher_keyword_arguments():
-    from sagevideo.kernels.attention_sm90 import attention_forward_sm90
-
-    variants = bench_sm90.parse_variants("s2c1,p3d1c2a,s4r2c1i")
-    assert variants["s2c1"] == {"pipeline_qk": False, "num_stages": 2, "drop": 0, "release": 1, "consumers": 1,
-                                "scores_by_add": None}
-    assert variants["p3d1c2a"] == {"pipeline_qk": True, "num_stages": 3, "drop": 1, "release": 1, "consumers": 2,
-                                   "scores_by_add": True}
-    assert variants["s4r2c1i"]["release"] == 2 and variants["s4r2c1i"]["scores_by_add"] is False
-    # every key is a keyword the launcher takes
-    assert set(variants["s2c1"]) <= set(inspect.signature(attention_forward_sm90).parameters)
+def test_stages_become_labelled_gluon_variants():
+    assert bench_sm90.parse_stages("2,3") == {"s2": 2, "s3": 3}
+    assert bench_sm90.parse_stages(bench_sm90.STAGES) == {"s2": 2, "s3": 3}
 
 
-@pytest.mark.parametrize("name", ["s", "x2", "s2c1d1", "s2c3", "p3q"])
-def test_bad_variant_names_are_refused(name):
-    with pytest.raises(SystemExit, match="bad variant"):
-        bench_sm90.parse_variants(name)
+@pytest.mark.parametrize("spec", ["", "0", "s2", "2,x", "-1"])
+def test_bad_stage_lists_are_refused(spec):
+    with pytest.raises(SystemExit, match="bad ring stages"):
+        bench_sm90.parse_stages(spec)

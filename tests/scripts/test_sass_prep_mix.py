@@ -1,10 +1,17 @@
 """scripts/sass_prep_mix.py on CPU: the preparation kernels compile for sm_90 and quantize without
-a division per element (an IEEE division is ~11 instructions with a slow-path check, FCHK)."""
+a division per element (an IEEE division is ~11 instructions with a slow-path check, FCHK).
+
+Opt-in (`pytest -m sass`): it asserts facts of the machine code, which a Triton upgrade may move.
+"""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sass
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "sass_prep_mix.py"
 
