@@ -135,8 +135,8 @@ def plan_batch(
     frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4).
     Raises InputError naming each bad field and its fix.
     """
-    from sagevideo.host.sharded import degree_problems
     from sagevideo.jobs.files import load_job_file, looks_like_job_file
+    from sagevideo.pipelines.families import degree_problems
     from sagevideo.pipelines.loading import resolve_model
 
     try:

@@ -32,7 +32,7 @@ def transformer_config(source: ModelSource) -> SimpleNamespace:
     """What the degree check needs of the transformer's config (heads, patch sizes, class), read
     from JSON only: tiny's built-in config, or the folder's transformer/config.json."""
     if source.is_tiny:
-        from sagevideo.pipelines.tiny import TRANSFORMER_CONFIG
+        from sagevideo.pipelines.cogvideox.tiny import TRANSFORMER_CONFIG
 
         cfg = {"_class_name": "CogVideoXTransformer3DModel", **TRANSFORMER_CONFIG}
     else:
