@@ -65,7 +65,8 @@ def write_model(folder: Path, args: argparse.Namespace) -> None:
     from diffusers import AutoencoderKLCogVideoX, CogVideoXPipeline, CogVideoXTransformer3DModel
     from transformers import T5Config, T5EncoderModel
 
-    from sagevideo.pipelines.tiny import tiny_pipeline, tiny_tokenizer
+    from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
+    from sagevideo.pipelines.tiny import tiny_tokenizer
 
     tokenizer = tiny_tokenizer()  # byte-level, built in memory: saves and loads with no download
     cfg = dict(COGVIDEOX_2B, num_layers=args.layers, sample_frames=args.frames,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from sagevideo import install, record_backends
-from sagevideo.pipelines.tiny import tiny_pipeline
+from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
 
 PROMPTS = ["a red fox running through snow", "a paper boat on a rainy street"]
 

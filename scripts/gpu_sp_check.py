@@ -3,7 +3,8 @@
 
 Three runs of the same small batch on the tiny model, at a size that gives the kernels real work:
 1. one GPU, this process (`sagevideo.generate`): the reference;
-2. `torchrun --nproc-per-node 2 scripts/sp_generate.py` (NCCL);
+2. `torchrun --nproc-per-node 2 -m sagevideo.generation.torchrun` (NCCL; here through this script,
+   which saves raw frames first);
 3. two processes started as Ray starts rank actors, each seeing only its own GPU
    (CUDA_VISIBLE_DEVICES=0 / =1), then rearranged by `sagevideo.scheduling.group.torchrun_env`
    before CUDA starts: checks the variables the Ray path sets, without Ray.
@@ -45,10 +46,9 @@ def save_frames_instead_of_mp4() -> None:
 def rank_main(argv: list[str]) -> int:
     """One rank (under torchrun, or started by `ray_style`)."""
     save_frames_instead_of_mp4()
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import sp_generate
+    from sagevideo.generation.torchrun import main as torchrun_main
 
-    return sp_generate.main(argv)
+    return torchrun_main(argv)
 
 
 def ray_style(jobs: Path, out: Path, device: str) -> None:

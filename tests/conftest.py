@@ -52,7 +52,7 @@ def no_network(monkeypatch, allowed_hosts):
 @pytest.fixture(scope="session")
 def tiny_pipe():
     """The tiny CogVideoX pipeline, built once. Tests that change it must undo their changes."""
-    from sagevideo.pipelines.tiny import tiny_pipeline
+    from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
 
     pipe = tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)

@@ -12,12 +12,11 @@ writes out/metrics.json and out/report.html. Re-running resumes: finished videos
 
 The job file decides prompts, seeds, sizes, steps; it must not set attention, pv or plan (ab sets
 them per arm). With a plan, the quantized arm's recorded attention calls are compared with what
-the plan implies (`plan_check`). A generator that records the plan without applying it (as
-`generate` did before it installed plans per job) fails the check: ab then re-renders the
-quantized jobs with the plan installed by router on a pipeline it loads itself
-(`sagevideo.experiments.probe.rerun_arm`) into out/quantized-plan/, and evaluates that arm. With
-`attention_probe` the quantized jobs are re-run with a probing router, which also checks that the
-arm is reproduced exactly (or, for the re-rendered plan arm, the probe is that very run).
+the plan implies (`plan_check`): `generate` installs each job's plan, so a mismatch means the arm
+did not run the plan, and ab stops (`ABFailed`) rather than evaluate it as if it had. With
+`attention_probe` the quantized jobs are re-run with a probing router
+(`sagevideo.experiments.probe.rerun_arm`, through the same generation path), which also checks
+that the arm is reproduced exactly.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ from sagevideo.jobs.specs import InputError
 log = logging.getLogger("sagevideo")
 
 ARMS = {"test": "quantized", "ref": "full", "noise": "full-repeat"}
-PLAN_ARM = "quantized-plan"  # the quantized jobs re-rendered with the plan installed (see `ab`)
 LABELS = {"ref": "full precision", "test": "quantized", "noise": "full precision, repeated (noise floor)"}
 _ARM_FIELDS = ("attention", "pv", "plan")
 
@@ -136,10 +134,11 @@ def ab(
 
     options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
-    failed; ModelLoadError (from generate) when the model cannot be loaded.
+    failed or the quantized arm's attention calls do not match the plan; ModelLoadError (from
+    generate) when the model cannot be loaded.
     """
     from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out
-    from sagevideo.experiments.probe import rerun_arm
+    from sagevideo.experiments.probe import ProbeRunError, rerun_arm
     from sagevideo.generation.generate import plan_batch, run_batch
     from sagevideo.pipelines.plans import AttentionPlan, PlanError
 
@@ -203,32 +202,15 @@ def ab(
         check = plan_check(loaded_plan, records["test"])
         notes.append(f"plan check ({ARMS['test']}/): {check['message']}")
         if not check["consistent"]:
-            test_dir = out_dir / PLAN_ARM
-            echo(
-                f"sagevideo ab: {check['message']}; rendering the quantized arm again with the plan installed "
-                f"-> {test_dir}"
-            )
-            rerun = rerun_arm(
-                records["test"],
-                arm_dir=out_dir / ARMS["test"],
-                plan=loaded_plan,
-                model=model,
-                probe=attention_probe,
-                write_to=test_dir,
-                progress=shown,
-            )
-            records["test"] = rerun["records"]
-            probe = rerun["probe"]
-            recheck = plan_check(loaded_plan, records["test"])
-            notes.append(
-                f"the quantized arm evaluated here is {PLAN_ARM}/: the jobs of {ARMS['test']}/ re-rendered by "
-                f"sagevideo ab with the plan installed (install_router on a pipeline it loaded); {recheck['message']}"
-            )
-    if attention_probe and probe is None:
+            raise ABFailed(f"{check['message']}; see {test_dir / 'manifest.jsonl'}")
+    if attention_probe:
         echo("sagevideo ab: attention probe: re-running the quantized jobs with a probing router")
-        probe = rerun_arm(
-            records["test"], arm_dir=test_dir, plan=loaded_plan, model=model, probe=True, progress=shown
-        )["probe"]
+        try:
+            probe = rerun_arm(
+                records["test"], arm_dir=test_dir, plan=loaded_plan, model=model, probe=True, progress=shown
+            )["probe"]
+        except ProbeRunError as err:
+            raise ABFailed(str(err)) from None
         if not probe["reproduced"]["all_identical"]:
             line = (
                 "the probed run did not reproduce the quantized arm's videos exactly; the probe measured the "

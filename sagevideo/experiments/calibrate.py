@@ -1,4 +1,8 @@
-"""`sagevideo.calibrate(...)`: load a model, run prompts with probing attention, write a plan."""
+"""`sagevideo.calibrate(...)`: load a model, run prompts with probing attention, write a plan.
+
+The model and its job constraints come from its family (`sagevideo.pipelines.families`, through
+`resolve_model`); the prompts run through the one generation path (`PipelineHost.generate`,
+denoising only) with the probing router as the host's attention hook."""
 
 from __future__ import annotations
 
@@ -103,43 +107,42 @@ def _check_memory(source, jobs, device: str) -> None:
 
 
 def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress):
+    """Generate every prompt's latents through the one generation path (a `PipelineHost` whose
+    attention hook installs the probing router), then choose and save the plan."""
     import sys
 
     import torch
     from tqdm.auto import tqdm
 
-    from sagevideo.pipelines.calibrate import calibrate_pipeline
-    from sagevideo.pipelines.loading import load_pipeline
+    from sagevideo.host.pipeline_host import PipelineHost, PlannedJob, RouterAttention, RunContext
+    from sagevideo.pipelines.calibrate import calibration_result, probing_router
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
     bar = tqdm(total=len(jobs) * n_steps, unit="step", desc="calibrate", disable=not progress, file=sys.stderr,
                dynamic_ncols=True)
     bar.set_postfix_str(f"loading {source.name if source.is_tiny else source.path.name}", refresh=True)
-    pipe = load_pipeline(source, device, dtype)
-
-    def run(pipe):
-        for number, job in enumerate(jobs, start=1):
-            bar.set_postfix_str(f"prompt {number}/{len(jobs)}", refresh=True)
-            pipe(
-                prompt=job.prompt, negative_prompt=job.negative_prompt or None, height=job.height, width=job.width,
-                num_frames=job.frames, num_inference_steps=job.steps, guidance_scale=job.guidance,
-                generator=torch.Generator("cpu").manual_seed(job.seed), output_type="latent",
-                max_sequence_length=source.text_tokens, callback_on_step_end=step_done,
-            )
-
-    def step_done(pipeline, step, timestep, tensors: dict) -> dict:
-        bar.update(1)
-        return tensors
 
     def measured(layer: str, step: int | None) -> None:
         bar.set_postfix_str(f"measuring {layer} (step {step})", refresh=True)
 
     tensors: dict | None = {} if save_qkv is not None else None
     try:
-        result = calibrate_pipeline(pipe, run, threshold=threshold, capture_steps=captured, num_steps=n_steps,
-                                    save_qkv=tensors, on_measure=measured if progress else None)
+        # Nothing is written: the video stays latent (out only names where the host would stage files).
+        host = PipelineHost(RunContext(out=out.parent, source=source, device=device, dtype=dtype, fps=8))
+        probe = probing_router(host.pipe, capture_steps=captured, save_qkv=tensors,
+                               on_measure=measured if progress else None)
+        host.attention = RouterAttention(probe)
+        try:
+            for number, job in enumerate(jobs, start=1):
+                bar.set_postfix_str(f"prompt {number}/{len(jobs)}", refresh=True)
+                pj = PlannedJob(job=job, job_id=f"calibrate-{number}", output=f"calibrate-{number}.mp4",
+                                label=f"prompt {number}", backend=probe.backend)
+                host.generate(pj, on_step=lambda step, steps: bar.update(1), decode=False)
+        finally:
+            host.close()
+        result = calibration_result(probe, host.pipe, threshold=threshold, num_steps=n_steps)
     finally:
         bar.close()
     result.plan.save(out)

@@ -8,13 +8,11 @@ relative L1 / RMSE (`sagevideo.eval.numerics.errors`, per batch×head slice, mea
 quantized vs reference, and of full precision vs reference: the floor that full precision
 itself sits at.
 
-`sagevideo.generate` has no hook into its pipeline, so `rerun_arm` loads the model itself
-(`sagevideo.pipelines.loading`), installs the router and re-runs the quantized arm's jobs from
-their manifest records (same prompt, seed, size, steps, guidance) with `runner.run_job`. Each
-re-run video is encoded like the arm's and compared with the arm's file: `reproduced` says
-whether the probe saw exactly the run that made the quantized videos. The same re-run can
-instead write its videos as an arm of its own (`write_to`): `sagevideo ab` does that when the
-generator recorded a plan without applying it.
+`rerun_arm` re-runs the quantized arm's jobs from their manifest records (same prompt, seed,
+size, steps, guidance) through the one generation path: a `PipelineHost` whose attention hook
+installs the router (`RouterAttention`), writing each video staged into a temporary folder, as a
+batch worker would. Each re-run video, encoded like the arm's, is compared with the arm's file:
+`reproduced` says whether the probe saw exactly the run that made the quantized videos.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ import tempfile
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -38,6 +35,10 @@ METRIC_NAMES = ("cos", "rel_l1", "rmse")
 # A layer is flagged as too peaky for INT8 when its attention is past INT8's resolution
 # (`eval.numerics.errors.PEAKY_SCORE_STD`) and its worst cosine below the 16-bit P·V contract.
 PEAKY_COSINE = 0.999
+
+
+class ProbeRunError(RuntimeError):
+    """A job re-run by `rerun_arm` failed (its error is in the message)."""
 
 
 @dataclass
@@ -205,29 +206,23 @@ def rerun_arm(
     plan: AttentionPlan | str | Path | None = None,
     model: str | None = None,
     probe: bool = True,
-    write_to: str | Path | None = None,
     progress: Any = None,
 ) -> dict[str, Any]:
-    """Re-run an arm's jobs (from their manifest records) with `plan` installed by router.
+    """Re-run an arm's jobs (from their manifest records) with `plan` installed by router, and
+    compare each video with the arm's file in `arm_dir` ("reproduced").
 
     probe: install a `ProbeRouter` and measure every call (else the plain `AttentionRouter`).
-    write_to: a folder to write the videos and manifest records of this run into (an arm of its
-    own: `sagevideo ab` uses it when the generator did not apply the plan); without it, each video
-    is compared with the arm's file in `arm_dir` ("reproduced"). model/backend/device/dtype/pv
-    come from the records. Returns {"probe": summarize_probe(...) or None, "reproduced": {...} or
-    None, "records": [new records] or None, "plan": ..., "backend": ...}.
+    model/backend/device/dtype/pv/fps come from the records. Returns {"probe": summarize_probe(...)
+    or None, "reproduced": {...}, "plan": ..., "backend": ...}. Raises ModelLoadError when the model
+    cannot be loaded, ProbeRunError when a re-run job fails.
     """
-    import copy
-
     import numpy as np
 
-    from sagevideo.attention.records import record_backends
     from sagevideo.eval.pairing import video_file
     from sagevideo.eval.videos import read_frames
-    from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, now_iso
-    from sagevideo.outputs.video import write_mp4
-    from sagevideo.pipelines import loading, runner
-    from sagevideo.pipelines.install import install_router
+    from sagevideo.host.pipeline_host import PipelineHost, PlannedJob, RouterAttention, RunContext
+    from sagevideo.jobs.specs import JobSpec
+    from sagevideo.pipelines import loading
 
     first = records[0]
     source = loading.resolve_model(model or first["model"])
@@ -237,76 +232,57 @@ def rerun_arm(
         plan = AttentionPlan.uniform(f"int8-{pv}")
     elif not isinstance(plan, AttentionPlan):
         plan = AttentionPlan.load(plan)
-    pipe = loading.load_pipeline(source, first["device"], getattr(torch, first["dtype"]))
     recorder = ProbeRecorder()
     router = ProbeRouter(plan, backend, recorder) if probe else AttentionRouter(plan, backend)
-    reproduced, written, prompts = [], [], []
-    if write_to is not None:
-        write_to = Path(write_to)
-        write_to.mkdir(parents=True, exist_ok=True)
-        (write_to / MANIFEST_NAME).unlink(missing_ok=True)  # this run's records only
-    with install_router(pipe, router, pv=pv, backend=backend):
-        for index, record in enumerate(records):
-            recorder.prompt_index = index
-            prompts.append(record["prompt"])
-            if progress is not None:
-                progress(f"re-run {index + 1}/{len(records)}: {record['prompt'][:40]}")
-            job = SimpleNamespace(
-                **{
-                    k: record.get(k)
-                    for k in ("prompt", "negative_prompt", "seed", "frames", "height", "width", "steps", "guidance")
-                }
-            )
-            with record_backends() as calls:
-                result = runner.run_job(pipe, job, text_tokens=source.text_tokens)
-            fps = record.get("fps") or 8
-            if write_to is not None:
-                name = video_file(record)
-                write_mp4(result.frames, write_to / name, fps=fps)
-                new = copy.deepcopy(record)
-                new.update(
-                    backends=calls.summary(),
-                    outputs=[name],
-                    created=now_iso(),
-                    timings={"denoise_s": round(result.denoise_s, 4), "decode_s": round(result.decode_s, 4)},
-                    rendered_by="sagevideo ab: plan installed with install_router (the generator did not apply it)",
+    reproduced, prompts = [], []
+    with tempfile.TemporaryDirectory(prefix="sagevideo-probe-") as tmp:
+        ctx = RunContext(out=Path(tmp), source=source, device=first["device"], dtype=first["dtype"],
+                         fps=first.get("fps") or 8)
+        host = PipelineHost(ctx, attention=RouterAttention(router, pv=pv, backend=backend))
+        try:
+            for index, record in enumerate(records):
+                recorder.prompt_index = index
+                prompts.append(record["prompt"])
+                if progress is not None:
+                    progress(f"re-run {index + 1}/{len(records)}: {record['prompt'][:40]}")
+                job = JobSpec(**{k: record.get(k) for k in _JOB_FIELDS if record.get(k) is not None})
+                pj = PlannedJob(job=job, job_id=record["job_id"], output=f"probe-{index}.mp4",
+                                label=f"re-run {index + 1}", backend=backend)
+                done = host.run(pj)
+                if done["status"] != "done":
+                    what = record["prompt"][:40]
+                    raise ProbeRunError(f"attention probe: re-running {what!r} failed: {done['error']}")
+                staged = Path(tmp) / done["_staged"]
+                probed = read_frames(staged)
+                staged.unlink()
+                arm = read_frames(Path(arm_dir) / video_file(record))
+                same_shape = probed.shape == arm.shape
+                max_diff = int(np.abs(probed.astype(np.int16) - arm.astype(np.int16)).max()) if same_shape else None
+                reproduced.append(
+                    {
+                        "prompt": record["prompt"],
+                        "seed": record["seed"],
+                        "max_abs_diff": max_diff,
+                        "identical": same_shape and max_diff == 0,
+                    }
                 )
-                Manifest(write_to / MANIFEST_NAME).append(new)
-                written.append(new)
-                continue
-            with tempfile.TemporaryDirectory(prefix="sagevideo-probe-") as tmp:
-                path = write_mp4(result.frames, Path(tmp) / "probe.mp4", fps=fps)
-                probed = read_frames(path)
-            arm = read_frames(Path(arm_dir) / video_file(record))
-            same_shape = probed.shape == arm.shape
-            max_diff = int(np.abs(probed.astype(np.int16) - arm.astype(np.int16)).max()) if same_shape else None
-            reproduced.append(
-                {
-                    "prompt": record["prompt"],
-                    "seed": record["seed"],
-                    "max_abs_diff": max_diff,
-                    "identical": same_shape and max_diff == 0,
-                }
-            )
-    out: dict[str, Any] = {"probe": None, "reproduced": None, "records": written or None}
+        finally:
+            host.close()
+    out: dict[str, Any] = {"probe": None}
+    out["reproduced"] = {
+        "all_identical": all(r["identical"] for r in reproduced),
+        "videos": reproduced,
+        "how": "each re-run video encoded like the arm's and compared with the arm's file (uint8 max |diff|)",
+    }
     if probe:
         out["probe"] = summarize_probe(recorder, prompts)
         out["probe"]["plan"] = plan.model_dump(mode="json")
         out["probe"]["backend"] = backend
-    if reproduced:
-        out["reproduced"] = {
-            "all_identical": all(r["identical"] for r in reproduced),
-            "videos": reproduced,
-            "how": "each re-run video encoded like the arm's and compared with the arm's file (uint8 max |diff|)",
-        }
-        if out["probe"] is not None:
-            out["probe"]["reproduced"] = out["reproduced"]
-    elif written and out["probe"] is not None:
-        out["probe"]["reproduced"] = {
-            "all_identical": True,
-            "videos": [],
-            "how": "the probed run is the arm itself (its videos were written by this run)",
-        }
+        out["probe"]["reproduced"] = out["reproduced"]
     out["plan"] = plan.model_dump(mode="json")
     out["backend"] = backend
     return out
+
+
+# Manifest-record fields that say what a job made (the rest say how and where it ran).
+_JOB_FIELDS = ("prompt", "negative_prompt", "seed", "frames", "height", "width", "steps", "guidance")

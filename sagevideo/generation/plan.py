@@ -124,7 +124,7 @@ def plan_batch(
     a job's own value > a job file's `defaults` > these keyword options > the model's defaults.
     plan: an attention-plan JSON for every job that does not name its own (checked to exist and
     be a JSON object, recorded in the manifest). gpus_per_job: ranks per job (Ulysses sequence
-    parallelism, CogVideoX only), checked against every job's heads and video tokens here.
+    parallelism, for the model families that have it), checked against every job's heads and tokens here.
     job_timeout: seconds one job may run. On Ray the driver stops a worker whose job runs longer
     (a hang) and retries the job like a worker death; in this process a timer stops the job at the
     limit, mid-step, between two torch operations (one operation that runs longer, e.g. a single
@@ -135,8 +135,8 @@ def plan_batch(
     frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4).
     Raises InputError naming each bad field and its fix.
     """
-    from sagevideo.host.sharded import degree_problems
     from sagevideo.jobs.files import load_job_file, looks_like_job_file
+    from sagevideo.pipelines.families import degree_problems
     from sagevideo.pipelines.loading import resolve_model
 
     try:
@@ -510,7 +510,8 @@ def _resolve_execution(
         if gpus_per_job > 1:
             raise InputError(
                 f"--gpus-per-job {gpus_per_job} starts one process per rank through Ray, which is not "
-                "installed; pip install 'sagevideo[ray]', or run scripts/sp_generate.py under torchrun"
+                "installed; pip install 'sagevideo[ray]', or run `torchrun --nproc-per-node N -m "
+                "sagevideo.generation.torchrun ...` (the same options as generate)"
             )
         if asked:
             why = f"--address {address}" if address is not None else f"--workers {workers}"
@@ -581,7 +582,8 @@ def _resolve_backend(
     from sagevideo.kernels import plans
 
     if attention == "full":
-        return None, ["attention: full precision (the stock CogVideoX processor; nothing installed)"]
+        stock = source.model_family.title
+        return None, [f"attention: full precision (the stock {stock} processor; nothing installed)"]
     backend = settings.backend
     if backend == "auto" and device == "cpu":
         # On CPU, sageattn's auto would fall back to full-precision SDPA and the run would not

@@ -31,7 +31,7 @@ from typing import Any
 
 from sagevideo.generation.plan import BatchPlan
 from sagevideo.host.deadline import JobTimeoutError
-from sagevideo.host.pipeline_host import KILL_HOOK_ENV, PlannedJob
+from sagevideo.host.pipeline_host import PlannedJob
 from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, ManifestWriteError, is_done, now_iso
 
 log = logging.getLogger("sagevideo")
@@ -159,7 +159,7 @@ def run_batch(
 
     execute(plan, todo, status): runs `todo` [(plan index, PlannedJob)] and yields (index, record)
     as jobs finish (a generator: closing it stops the work); default: Ray workers when
-    `plan.use_ray`, else this process. `scripts/sp_generate.py` passes its rank 0 under torchrun.
+    `plan.use_ray`, else this process. `sagevideo.generation.torchrun` passes its rank 0 under torchrun.
 
     Raises ModelLoadError when no model could be loaded, InputError when a Ray cluster cannot be
     joined or another run holds the output folder, BatchInterrupted on Ctrl-C or SIGTERM (after
@@ -265,12 +265,10 @@ def pending_jobs(plan: BatchPlan) -> list[tuple[int, PlannedJob]]:
 
 def _run_here(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Callable[[str], None]) -> Iterator:
     """Jobs in this process, one model load: yields (plan index, record) as each finishes."""
-    import os
-
-    from sagevideo.host.pipeline_host import KillHook, PipelineHost
+    from sagevideo.host.pipeline_host import PipelineHost
 
     status(f"loading {Path(plan.source.name).name}")
-    host = PipelineHost(plan.context(), kill_hook=KillHook.parse(os.environ.get(KILL_HOOK_ENV)))
+    host = PipelineHost(plan.context())
     try:
         for index, pj in todo:
             status(pj.output)

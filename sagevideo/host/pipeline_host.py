@@ -1,40 +1,42 @@
-"""Run planned jobs on a loaded pipeline: the part the in-process path and Ray workers share.
+"""The one generation path: a loaded pipeline that runs planned jobs, whoever asks.
 
-`PipelineHost(context)` loads the model once. `host.run(planned_job)` sets the attention the job
-asks for (installing or removing sagevideo's processors only when it changes between jobs),
-generates, writes the mp4 under a *staged* name (`sagevideo.outputs.staging`) and returns the
-job's manifest record with the private key "_staged". Nothing here appends to the manifest or
-gives a file its final name: the driver does both (`sagevideo.generation.run.run_batch`), so there
-is exactly one writer of the manifest and of final names, however many workers run.
+`PipelineHost(context)` loads the model once (through its family). `host.generate(planned_job)`
+is the generation loop every runner uses: it sets the attention the job asks for (through the
+host's attention hook, only when it changes between jobs), then denoises (and decodes) with the
+family's calls (`sagevideo.pipelines.runner.run_job`) under the job's time limit. `host.run(job)`
+adds what a batch needs: the mp4 (and PNG frames) written under *staged* names
+(`sagevideo.outputs.staging`) and the job's manifest record, with the private key "_staged".
+Nothing here appends to the manifest or gives a file its final name: the driver does both
+(`sagevideo.generation.run.run_batch`), so there is exactly one writer of the manifest and of
+final names, however many workers run.
+
+Who composes it: the in-process batch and Ray workers use it as it is; a sequence-parallel rank
+(`sagevideo.host.sharded.ShardedHost`, under Ray or `python -m sagevideo.generation.torchrun`)
+gives it the family's Ulysses hooks as its attention hook; calibration and the attention probe
+(`sagevideo.experiments`) give it their measuring router (`RouterAttention`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sagevideo.host import failpoints
 from sagevideo.host.deadline import deadline
 from sagevideo.jobs.specs import JobSpec
 from sagevideo.outputs.manifest import now_iso
 from sagevideo.pipelines.loading import ModelSource
 
-# Test hook (read by the driver, handed to workers): "PROMPT_SUBSTRING[:TIMES][@RANK][,...]" makes
-# the process running a matching job exit abruptly (os._exit) right after its video is staged, on
-# its first TIMES attempts (default 1): a worker (or, without Ray, the driver) killed mid-batch.
-# @RANK targets one rank of a sequence-parallel group (`sagevideo.host.sharded`), which exits in the
-# middle of denoising instead, while its peers wait for it in a collective; a rule without @RANK
-# fires on every rank. A plain worker is rank 0.
-KILL_HOOK_ENV = "SAGEVIDEO_TEST_KILL_WORKER"
-KILL_EXIT_CODE = 87
-
 
 class ModelLoadError(RuntimeError):
-    """The model passed its checks but could not be loaded or prepared."""
+    """The model passed its checks but could not be loaded or prepared. Raised by `PipelineHost()`;
+    callers (Ray workers and ranks, the CLI) tell it from other errors by its type."""
 
 
 @dataclass(frozen=True)
@@ -87,43 +89,6 @@ class RunContext:
     dtype: str
     fps: int
     cpu_threads: int | None = None
-
-
-@dataclass(frozen=True)
-class KillHook:
-    """The parsed `SAGEVIDEO_TEST_KILL_WORKER` hook: (prompt substring, attempts to kill, rank or
-    None for every rank) rules."""
-
-    rules: tuple[tuple[str, int, int | None], ...]
-
-    @classmethod
-    def parse(cls, spec: str | None) -> KillHook | None:
-        if not spec:
-            return None
-        rules = []
-        for part in spec.split(","):
-            text, at, rank = part.rpartition("@")
-            if not (at and text and rank.isdigit()):
-                text, rank = part, None
-            head, _, tail = text.rpartition(":")
-            text, times = (head, int(tail)) if head and tail.isdigit() else (text, 1)
-            rules.append((text, times, None if rank is None else int(rank)))
-        return cls(tuple(rules))
-
-    def fires(self, pj: PlannedJob, attempt: int, rank: int = 0) -> bool:
-        """Whether a rule matches this job, attempt and rank."""
-        return any(
-            text in pj.job.prompt and attempt <= times and at in (None, rank) for text, times, at in self.rules
-        )
-
-    def maybe_exit(self, pj: PlannedJob, attempt: int, rank: int = 0) -> None:
-        if self.fires(pj, attempt, rank):
-            exit_now()
-
-
-def exit_now() -> None:
-    """Leave the process at once: no cleanup, no exception, like a kill -9 or a segfault."""
-    os._exit(KILL_EXIT_CODE)
 
 
 def worker_info(node: str | None = None) -> dict[str, Any]:
@@ -184,24 +149,88 @@ def is_device_error(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and any(s in str(err) for s in ("CUDA error", "CUDA out of memory"))
 
 
+class PlanAttention:
+    """The default attention hook: `install(pipe, plan, pv=, backend=)` for sagevideo attention,
+    nothing for attention "full" (backend None: the stock processors run)."""
+
+    def __call__(self, pipe: Any, backend: str | None, pv: str | None, plan: str | None) -> Any:
+        if backend is None:
+            return None
+        from sagevideo.pipelines.install import install
+
+        return install(pipe, plan, pv=pv, backend=backend)
+
+
+class RouterAttention:
+    """An attention hook that installs one ready router for every job, whatever the job asks
+    (calibration's probing router, the attention probe's router)."""
+
+    def __init__(self, router: Any, *, pv: str = "fp16", backend: str = "auto"):
+        self.router, self.pv, self.backend = router, pv, backend
+
+    def __call__(self, pipe: Any, backend: str | None, pv: str | None, plan: str | None) -> Any:
+        from sagevideo.pipelines.install import install_router
+
+        return install_router(pipe, self.router, pv=self.pv, backend=self.backend)
+
+
 class PipelineHost:
     """One loaded pipeline and the attention currently installed on it.
 
+    attention: the hook that installs attention for a job, called as hook(pipe, backend, pv, plan)
+    -> a handle with `remove()` or None (default `PlanAttention()`). rank: this process's rank in
+    a sequence-parallel group (0 otherwise; failpoints can target a rank).
     load_s: seconds the load took; charged to the first job this host runs (as in a manifest
     record's timings.load_s). worker: `worker_info()` written into every record.
+    Raises ModelLoadError when the model cannot be loaded.
     """
 
-    def __init__(self, ctx: RunContext, *, worker: dict[str, Any] | None = None, kill_hook: KillHook | None = None):
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        worker: dict[str, Any] | None = None,
+        attention: Callable[[Any, str | None, str | None, str | None], Any] | None = None,
+        rank: int = 0,
+    ):
         self.ctx = ctx
         self.worker = worker or worker_info()
-        self.kill_hook = kill_hook
+        self.attention = attention or PlanAttention()
+        self.rank = rank
         if ctx.cpu_threads and ctx.device == "cpu":
             import torch
 
             torch.set_num_threads(ctx.cpu_threads)
         self.pipe, self.load_s = _load(ctx)
         self._handle = None
-        self._attention: tuple[str | None, str | None] | None = None  # (backend, pv) installed now
+        self._attention: tuple[str | None, str | None, str | None] | None = None  # (backend, pv, plan) now
+
+    @property
+    def family(self) -> Any:
+        """The loaded model's `ModelFamily`."""
+        return self.ctx.source.model_family
+
+    def generate(
+        self,
+        pj: PlannedJob,
+        *,
+        attempt: int = 1,
+        on_step: Callable[[int, int], None] | None = None,
+        time_limit: float | None = None,
+        decode: bool = True,
+    ) -> Any:
+        """The generation loop: the job's attention set, then its denoising (and, with decode, its
+        VAE decode) -> `runner.JobFrames`. on_step(step, steps) after each denoising step (it may
+        raise to stop the job); time_limit: seconds it may take, enforced mid-step where it can be
+        (see `sagevideo.host.deadline`). Raises what the job raises."""
+        from sagevideo.pipelines import runner  # looked up per call: tests patch runner.run_job
+
+        self._set_attention(pj.backend, pj.job.pv, pj.job.plan)
+        with self._mid_denoise_failpoint(pj, attempt), deadline(time_limit):
+            return runner.run_job(
+                self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens, on_step=on_step, decode=decode,
+                family=self.family,
+            )
 
     def run(
         self,
@@ -211,16 +240,14 @@ class PipelineHost:
         on_step: Callable[[int, int], None] | None = None,
         time_limit: float | None = None,
     ) -> dict[str, Any]:
-        """Generate one job; returns its record (status "done" with "_staged" and, for frames_png,
-        "_staged_frames"; or "failed" with the error; "_device_error" marks errors a fresh worker
-        may not have, "_storage_full" a disk or quota too full to write the video). on_step(step,
-        steps) after each denoising step (it may raise to stop the job). time_limit: seconds the
-        generation may take, enforced mid-step where it can be (see `sagevideo.host.deadline`). Never
-        raises for a job's own failure; KeyboardInterrupt and SystemExit go through."""
+        """Generate one job and stage its outputs; returns its record (status "done" with "_staged"
+        and, for frames_png, "_staged_frames"; or "failed" with the error; "_device_error" marks
+        errors a fresh worker may not have, "_storage_full" a disk or quota too full to write the
+        video). on_step, time_limit: see `generate`. Never raises for a job's own failure;
+        KeyboardInterrupt and SystemExit go through."""
         from sagevideo.attention.records import record_backends
         from sagevideo.outputs.staging import staged_path
         from sagevideo.outputs.video import VideoWriteError, write_frames_png, write_mp4
-        from sagevideo.pipelines import runner  # looked up per call: tests patch runner.run_job
 
         record = base_record(self.ctx, pj)
         record.update(attempts=attempt, worker=self.worker, started=now_iso())
@@ -228,11 +255,7 @@ class PipelineHost:
         self.load_s = 0.0
         with record_backends() as calls:
             try:
-                self._set_attention(pj.backend, pj.job.pv, pj.job.plan)
-                with deadline(time_limit):
-                    result = runner.run_job(
-                        self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens, on_step=on_step
-                    )
+                result = self.generate(pj, attempt=attempt, on_step=on_step, time_limit=time_limit)
                 timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
                 start = time.perf_counter()
                 staged = write_mp4(
@@ -253,8 +276,7 @@ class PipelineHost:
                 if isinstance(err, VideoWriteError) and err.storage_full:
                     record["_storage_full"] = True  # the driver stops the batch: every later write would fail
         record.update(backends=calls.summary(), timings=timings, created=now_iso())
-        if self.kill_hook is not None:
-            self.kill_hook.maybe_exit(pj, attempt)
+        failpoints.check("job-staged", pj.job.prompt, attempt, self.rank)
         return record
 
     def close(self) -> None:
@@ -262,21 +284,39 @@ class PipelineHost:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        self._attention = None
 
     def _set_attention(self, backend: str | None, pv: str | None, plan: str | None = None) -> None:
-        """Install sagevideo attention for (backend, pv, plan), or none for backend None; only on change.
+        """Install attention for (backend, pv, plan) through the attention hook, only on change.
         With a plan, the plan says which attention each layer and step runs; without, `pv` everywhere."""
-        from sagevideo.pipelines.install import install
-
         if self._attention == (backend, pv, plan):
             return
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
-        self._attention = None  # stays None if install raises: the next job tries again
-        if backend is not None:
-            self._handle = install(self.pipe, plan, pv=pv, backend=backend)
+        self._attention = None  # stays None if the hook raises: the next job tries again
+        self._handle = self.attention(self.pipe, backend, pv, plan)
         self._attention = (backend, pv, plan)
+
+    @contextlib.contextmanager
+    def _mid_denoise_failpoint(self, pj: PlannedJob, attempt: int) -> Iterator[None]:
+        """The "mid-denoise" failpoint: exit at the job's second transformer call (its first with
+        one step), when its peers in a sequence-parallel group have exchanged tokens already."""
+        if not failpoints.fires("mid-denoise", pj.job.prompt, attempt, self.rank):
+            yield
+            return
+        calls, at = [0], min(2, pj.job.steps)
+
+        def exit_mid_job(module: Any, args: Any) -> None:
+            calls[0] += 1
+            if calls[0] >= at:
+                failpoints.exit_now()
+
+        handle = self.pipe.transformer.register_forward_pre_hook(exit_mid_job)
+        try:
+            yield
+        finally:
+            handle.remove()
 
 
 def _load(ctx: RunContext) -> tuple[Any, float]:

@@ -1,6 +1,8 @@
 """Process groups from torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
 
-The same code runs under `torchrun` and under Ray actors that set those variables.
+The same code runs under `torchrun` and under Ray actors that set those variables. Code outside
+`sagevideo.parallel` asks here (`rank_and_world`, `leave_group`) instead of calling
+torch.distributed itself.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
     if missing:
         raise RuntimeError(
             f"sequence parallelism needs torchrun-style variables; missing {missing}. Start with "
-            "`torchrun --nproc-per-node N ...` or let `sagevideo generate --gpus-per-job N` set them."
+            "`torchrun --nproc-per-node N -m sagevideo.generation.torchrun ...` or let "
+            "`sagevideo generate --gpus-per-job N` set them."
         )
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -31,3 +34,14 @@ def init_from_env(backend: str | None = None) -> tuple[int, int]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size()
+
+
+def rank_and_world(group=None) -> tuple[int, int]:
+    """(this process's rank, the group's size) in `group` (None: the default process group)."""
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def leave_group() -> None:
+    """Close the default process group if there is one (torch warns at exit otherwise)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

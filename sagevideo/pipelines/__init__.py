@@ -1,13 +1,18 @@
-"""diffusers integration: the built-in tiny model, model loading, sagevideo's CogVideoX attention
-processor and its `install`, and the single-job generation runner.
+"""diffusers integration: model families, model loading, sagevideo's attention processors and
+their `install`, and the single-job generation runner.
 
 Modules, one job each:
-- `tiny`: the built-in "tiny" CogVideoX pipeline (real architecture, fixed-seed weights, offline);
-- `loading`: checks a model before loading (configs only), then loads it from local files;
-- `cogvideox`: `SageCogVideoXAttnProcessor`, CogVideoX attention through `sagevideo.sageattn`;
+- `families`: the registry table of model families (one folder each, below) and what the rest of
+  sagevideo asks of a family: detection, loading, job constraints, attention routes, sequence
+  parallelism;
+- `loading`: checks a model before loading (configs only), then has its family load it from local files;
 - `install`: `install(pipe_or_transformer)` -> handle with `remove()`;
-- `runner`: one job -> checked uint8 frames and timings;
-- `opensora`: Open-Sora 2.0's transformer, official-checkpoint converter and text-to-video pipeline.
+- `runner`: one job -> checked uint8 frames and timings (the family's denoise and decode inside);
+- `tiny`: what every family's built-in tiny model shares (a byte-level tokenizer);
+- `cogvideox`: the CogVideoX family: `family`, the built-in "tiny" model, `SageCogVideoXAttnProcessor`,
+  Ulysses sequence parallelism;
+- `opensora`: the Open-Sora 2.0 family: its transformer, official-checkpoint converter, text-to-video
+  pipeline, attention processors and Ulysses hooks.
 
 The Open-Sora names below load lazily: importing this package imports neither diffusers nor transformers.
 """

@@ -163,6 +163,28 @@ def choose_plan(
     return plan, chosen
 
 
+def probing_router(
+    pipe, *, backend: str | None = None, capture_steps: set[int] | None = None, save_qkv: dict | None = None,
+    on_measure=None,
+) -> ProbingRouter:
+    """The probing router for calibrating `pipe`. backend defaults to "triton" on CUDA and
+    "reference" (the exact emulation) on CPU, never "auto", which could silently measure SDPA.
+    on_measure(layer, step) is called before each measured attention call (a progress display)."""
+    if backend is None:
+        backend = "triton" if pipe.transformer.device.type == "cuda" else "reference"
+    return ProbingRouter(backend, capture_steps, save_qkv, on_measure)
+
+
+def calibration_result(
+    probe: ProbingRouter, pipe, *, threshold: float = 0.999, num_steps: int | None = None
+) -> CalibrationResult:
+    """The per-layer errors a probing router measured, and the plan they choose."""
+    if not probe.errors:
+        raise RuntimeError("calibration captured no attention call: check --capture-steps against --steps")
+    plan, chosen = choose_plan(probe.errors, threshold, type(pipe.transformer).__name__, num_steps)
+    return CalibrationResult(probe.errors, plan, threshold, chosen, probe.score_std)
+
+
 def calibrate_pipeline(
     pipe,
     run,
@@ -174,18 +196,13 @@ def calibrate_pipeline(
     save_qkv: dict | None = None,
     on_measure=None,
 ) -> CalibrationResult:
-    """Run `run(pipe)` (which generates with the pipeline) under the probing router; return the
-    per-layer errors and the chosen plan. backend defaults to "triton" on CUDA and "reference"
-    (the exact emulation) on CPU, never "auto", which could silently measure SDPA. on_measure(layer,
-    step) is called before each measured attention call (a progress display)."""
+    """Run `run(pipe)` (which generates with the pipeline) under the probing router (`probing_router`);
+    return the per-layer errors and the chosen plan. `sagevideo.calibrate` composes the same parts
+    with a `PipelineHost` instead (the one generation path)."""
     from sagevideo.pipelines.install import install_router
 
-    if backend is None:
-        backend = "triton" if pipe.transformer.device.type == "cuda" else "reference"
-    probe = ProbingRouter(backend, capture_steps, save_qkv, on_measure)
+    probe = probing_router(pipe, backend=backend, capture_steps=capture_steps, save_qkv=save_qkv,
+                           on_measure=on_measure)
     with install_router(pipe, probe):
         run(pipe)
-    if not probe.errors:
-        raise RuntimeError("calibration captured no attention call: check --capture-steps against --steps")
-    plan, chosen = choose_plan(probe.errors, threshold, type(pipe.transformer).__name__, num_steps)
-    return CalibrationResult(probe.errors, plan, threshold, chosen, probe.score_std)
+    return calibration_result(probe, pipe, threshold=threshold, num_steps=num_steps)

@@ -1,8 +1,9 @@
-"""Install sagevideo's attention into a diffusers CogVideoX transformer, and undo it.
+"""Install sagevideo's attention into a diffusers video transformer, and undo it.
 
-`install(pipe_or_transformer, plan)` swaps known processors (CogVideoX, the Open-Sora port) for
-sagevideo's through diffusers' own `attn_processors`/`set_attn_processor`, or intercepts SDPA
-inside the forward of dispatcher-based transformers, and returns a handle whose `remove()` puts
+`install(pipe_or_transformer, plan)` swaps known processors (each model family's attention
+routes, `sagevideo.pipelines.families`: CogVideoX, the Open-Sora port) for sagevideo's through
+diffusers' own `attn_processors`/`set_attn_processor`, or intercepts SDPA inside the forward of
+dispatcher-based transformers, and returns a handle whose `remove()` puts
 everything back (outputs are then bit-identical to never having installed). Installing twice is
 an error, not a double wrap. Which attention runs where comes from an `AttentionPlan`.
 """
@@ -19,7 +20,6 @@ import torch
 
 from sagevideo.attention.functional import BACKENDS
 from sagevideo.kernels.plans import PV_MODES
-from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
 from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter
@@ -174,17 +174,11 @@ def denoisers_of(pipe_or_transformer: Any) -> dict[str, Any]:
 
 
 def _processor_routes() -> dict[type, type]:
-    """Upstream processor class -> sagevideo processor class that keeps its behaviour."""
-    from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
+    """Upstream processor class -> sagevideo processor class that keeps its behaviour: every
+    registered model family's routes (`sagevideo.pipelines.families`)."""
+    from sagevideo.pipelines.families import processor_routes
 
-    routes: dict[type, type] = {CogVideoXAttnProcessor2_0: SageCogVideoXAttnProcessor}
-    try:
-        from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor, SageOpenSoraAttnProcessor
-    except ImportError:  # the Open-Sora port is optional in older checkouts
-        pass
-    else:
-        routes[OpenSoraAttnProcessor] = SageOpenSoraAttnProcessor
-    return routes
+    return processor_routes()
 
 
 def default_plan(transformer: Any, pv: str | None = None) -> AttentionPlan:

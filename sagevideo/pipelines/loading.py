@@ -1,9 +1,12 @@
 """Model sources: check a model before loading it, then load it (local files only).
 
 `resolve_model("tiny" | path)` reads only JSON configs, so every problem (missing folder, no
-model_index.json, unsupported pipeline, missing safetensors, a video size the model cannot
-make) is reported before any weights are read. `load_pipeline` then builds the tiny model or
-calls `CogVideoXPipeline.from_pretrained(path, local_files_only=True, use_safetensors=True)`.
+model_index.json, a pipeline no registered family generates, missing safetensors, a video size
+the model cannot make) is reported before any weights are read. Which family a model belongs to
+comes from the registry (`sagevideo.pipelines.families`): its built-in tiny names, or the
+folder's `model_index.json` `_class_name`. `load_pipeline` then has the family load it (the tiny
+model is built, a folder goes through diffusers' `from_pretrained(local_files_only=True,
+use_safetensors=True)`).
 """
 
 from __future__ import annotations
@@ -18,9 +21,6 @@ from typing import Any
 
 from sagevideo.jobs.specs import InputError, JobSpec
 
-SUPPORTED_PIPELINES = ("CogVideoXPipeline",)
-_WEIGHT_COMPONENTS = ("transformer", "vae", "text_encoder")
-
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -28,10 +28,12 @@ class ModelSource:
 
     name: "tiny" or the absolute folder path. fingerprint: 12 hex digits that change when the
     model does (tiny: its configs and seed; a folder: its configs and weight file sizes), so
-    outputs of an older model are not taken as done. spatial/temporal: VAE compression factors;
+    outputs of an older model are not taken as done. family: its `sagevideo.pipelines.families`
+    name, which answers every model-specific question. spatial/temporal: VAE compression factors;
     patch: transformer patch size (height and width must be multiples of spatial*patch).
-    layers: number of transformer blocks (one attention layer each, named as `attention_layers`).
-    vae_channels: channels of the VAE decoder at full resolution (what its memory scales with).
+    text_tokens: the prompt length the pipeline pads to (longer prompts are cut).
+    layers: number of transformer blocks. vae_channels: channels of the VAE decoder at full
+    resolution (what its memory scales with).
     """
 
     name: str
@@ -50,16 +52,24 @@ class ModelSource:
     default_steps: int
     layers: int = 30
     vae_channels: int = 128
+    family: str = "cogvideox"
 
     @property
     def is_tiny(self) -> bool:
         return self.path is None
 
     @property
+    def model_family(self) -> Any:
+        """The `ModelFamily` of this model."""
+        from sagevideo.pipelines import families
+
+        return families.get(self.family)
+
+    @property
     def attention_layers(self) -> list[str]:
         """Names of the transformer's attention layers, as plans and `install` name them, from the
         config alone (CogVideoX: one `attn1` per block)."""
-        return [f"transformer_blocks.{i}.attn1" for i in range(self.layers)]
+        return self.model_family.attention_layers(self)
 
     def resolve(self, job: JobSpec) -> JobSpec:
         """The job with unset size/steps filled from this model's defaults."""
@@ -74,116 +84,55 @@ class ModelSource:
 
     def problems(self, job: JobSpec) -> list[str]:
         """Why this model cannot make a resolved job ('<field>: <problem>; use e.g. ...'), or []."""
-        size = self.spatial * self.patch
-        problems = []
-        for field in ("height", "width"):
-            value = getattr(job, field)
-            if value % size:
-                lower = value // size * size
-                near = f"{lower} or {lower + size}" if lower else f"{size}"
-                problems.append(
-                    f"{field}: {value} px is not a multiple of {size} "
-                    f"(VAE {self.spatial}x times patch {self.patch}); use e.g. {near}"
-                )
-        # Latent frames must be odd as well: CogVideoX's VAE decodes latent frames in pairs and turns
-        # an even count L into temporal·L frames (5 frames -> 2 latent -> 8 decoded), not 1 + temporal·(L-1).
-        step = 2 * self.temporal
-        if (job.frames - 1) % step:
-            near = (job.frames - 1) // step * step + 1
-            latent = (job.frames - 1) // self.temporal + 1
-            why = (
-                f"is not 1 + a multiple of {self.temporal} (the VAE compresses time {self.temporal}x)"
-                if (job.frames - 1) % self.temporal
-                else f"makes {latent} latent frames, and the VAE decodes an even number of latent frames into "
-                f"{self.temporal * latent} frames, not {job.frames}"
-            )
-            problems.append(f"frames: {job.frames} {why}; use 1 + a multiple of {step}, e.g. {near} or {near + step}")
-        return problems
+        return self.model_family.job_problems(self, job)
 
 
 def resolve_model(model: str) -> ModelSource:
-    """Check "tiny" or a local diffusers folder without loading weights."""
-    if model == "tiny":
-        from sagevideo.pipelines import tiny
+    """Check a built-in tiny model's name or a local diffusers folder without loading weights."""
+    from sagevideo.pipelines import families
 
-        cfg, vae = tiny.TRANSFORMER_CONFIG, tiny.VAE_CONFIG
-        return ModelSource(
-            name="tiny",
-            path=None,
-            fingerprint=_fingerprint(
-                [cfg, vae, tiny.T5_CONFIG, tiny.TINY_SEED, tiny.DEFAULT_HEIGHT, tiny.DEFAULT_FRAMES]
-            ),
-            pipeline_class="CogVideoXPipeline",
-            heads=cfg["num_attention_heads"],
-            head_dim=cfg["attention_head_dim"],
-            spatial=2 ** (len(vae["block_out_channels"]) - 1),
-            temporal=vae["temporal_compression_ratio"],
-            patch=cfg["patch_size"],
-            text_tokens=cfg["max_text_seq_length"],
-            default_height=tiny.DEFAULT_HEIGHT,
-            default_width=tiny.DEFAULT_WIDTH,
-            default_frames=tiny.DEFAULT_FRAMES,
-            default_steps=2,
-            layers=cfg["num_layers"],
-            vae_channels=vae["block_out_channels"][0],
-        )
+    family = families.for_tiny(model)
+    if family is not None:
+        return family.tiny_source(model)
+    tiny = [name for f in families.every() for name in f.tiny_models]
     path = Path(model).expanduser()
     if not path.exists():
         raise InputError(
-            f"--model {model}: no such folder; give 'tiny' or a local diffusers folder "
-            "(nothing is downloaded)"
+            f"--model {model}: no such folder; give {' or '.join(repr(t) for t in tiny)} or a local diffusers "
+            "folder (nothing is downloaded)"
         )
     if not path.is_dir():
         raise InputError(f"--model {model}: is a file; give the diffusers folder that holds model_index.json")
-    index = _read_json(
+    index = read_json(
         path / "model_index.json",
         f"--model {model}",
         "give the diffusers folder that holds model_index.json (a save_pretrained output)",
     )
     cls = index.get("_class_name")
-    if cls not in SUPPORTED_PIPELINES:
+    family = families.for_pipeline_class(cls)
+    if family is None or not family.generates:
+        known = f" (the {family.title} family is registered for install and sequence parallelism, not yet for " \
+                "generate)" if family is not None else ""
         raise InputError(
-            f"--model {model}: model_index.json names {cls!r}; sagevideo generate runs "
-            f"{', '.join(SUPPORTED_PIPELINES)}"
+            f"--model {model}: model_index.json names {cls!r}{known}; sagevideo generate runs "
+            f"{', '.join(families.generated_pipeline_classes())}"
         )
-    for component in _WEIGHT_COMPONENTS:
+    for component in family.weight_components:
         folder = path / component
         if not any(folder.glob("*.safetensors")):
             raise InputError(
                 f"--model {model}: {component}/ has no .safetensors weights; sagevideo loads "
                 "safetensors only (re-save with save_pretrained(..., safe_serialization=True))"
             )
-    cfg = _read_json(
-        path / "transformer" / "config.json", f"--model {model}", "the transformer/ folder is incomplete"
-    )
-    vae = _read_json(path / "vae" / "config.json", f"--model {model}", "the vae/ folder is incomplete")
-    spatial = 2 ** (len(vae.get("block_out_channels", (0,) * 4)) - 1)
-    return ModelSource(
-        name=str(path.resolve()),
-        path=path.resolve(),
-        fingerprint=_folder_fingerprint(path),
-        pipeline_class=cls,
-        heads=cfg.get("num_attention_heads", 30),
-        head_dim=cfg.get("attention_head_dim", 64),
-        spatial=spatial,
-        temporal=vae.get("temporal_compression_ratio", 4),
-        patch=cfg.get("patch_size", 2),
-        text_tokens=cfg.get("max_text_seq_length", 226),
-        default_height=cfg.get("sample_height", 60) * spatial,
-        default_width=cfg.get("sample_width", 90) * spatial,
-        default_frames=cfg.get("sample_frames", 49),
-        default_steps=50,
-        layers=cfg.get("num_layers", 30),
-        vae_channels=(vae.get("block_out_channels") or (128,))[0],
-    )
+    return family.folder_source(path.resolve(), index, model)
 
 
-def _fingerprint(parts: list[Any]) -> str:
+def fingerprint(parts: list[Any]) -> str:
     payload = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-def _folder_fingerprint(path: Path) -> str:
+def folder_fingerprint(path: Path) -> str:
     """Configs' contents and weight files' sizes (not mtimes: a copied folder is the same model)."""
     parts = []
     for file in sorted(path.rglob("*")):
@@ -192,10 +141,10 @@ def _folder_fingerprint(path: Path) -> str:
             parts.append([rel, file.read_text(encoding="utf-8", errors="replace")])
         elif file.suffix == ".safetensors":
             parts.append([rel, file.stat().st_size])
-    return _fingerprint(parts)
+    return fingerprint(parts)
 
 
-def _read_json(path: Path, where: str, fix: str) -> dict[str, Any]:
+def read_json(path: Path, where: str, fix: str) -> dict[str, Any]:
     if not path.is_file():
         raise InputError(f"{where}: {path.name} is missing in {path.parent}; {fix}")
     try:
@@ -208,36 +157,15 @@ def _read_json(path: Path, where: str, fix: str) -> dict[str, Any]:
 
 
 def load_pipeline(source: ModelSource, device: str, dtype: Any):
-    """Load the pipeline onto `device` in `dtype` (a torch.dtype), progress bars off."""
-    if source.is_tiny:
-        import torch
-
-        from sagevideo.pipelines.tiny import tiny_pipeline
-
-        pipe = tiny_pipeline()
-        for module in (pipe.transformer, pipe.vae, pipe.text_encoder):
-            # torch's own `to`: diffusers' ModelMixin.to warns about fp32 modules on every dtype
-            # cast, even with none to keep (diffusers 0.42); the tiny models have none.
-            torch.nn.Module.to(module, device=device, dtype=dtype)
-    else:
-        import warnings
-
-        from diffusers import CogVideoXPipeline
-
-        with warnings.catch_warnings(), _no_diffusers_progress_bars():
-            # diffusers 0.42 renamed torch_dtype to dtype (FutureWarning); older ones know only torch_dtype.
-            warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
-            pipe = CogVideoXPipeline.from_pretrained(
-                source.path, local_files_only=True, use_safetensors=True, torch_dtype=dtype
-            )
-        pipe.to(device)
+    """Load the pipeline onto `device` in `dtype` (a torch.dtype) through its family, progress bars off."""
+    pipe = source.model_family.load(source, device, dtype)
     # The batch has its own progress bar over jobs; per-step bars would interleave with it.
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
 @contextlib.contextmanager
-def _no_diffusers_progress_bars() -> Iterator[None]:
+def no_diffusers_progress_bars() -> Iterator[None]:
     """diffusers' "Loading pipeline components" bar is process-wide; off while loading (it would cut
     through the batch's own bar, and Ray forwards every worker's copy), then as it was."""
     from diffusers.utils import logging as diffusers_logging

@@ -1,66 +1,9 @@
-"""The built-in "tiny" model: a CogVideoXPipeline of the real architecture, built offline.
-
-Every part is the diffusers/transformers class a real CogVideoX checkpoint loads into, with a tiny
-config and random weights from a fixed seed, so `sagevideo generate` runs anywhere with no
-download. Attention has 2 heads of head dim 64 (a native head dim of the kernels) and rotary
-embeddings (as in CogVideoX-5B), so the installed processor exercises the same code path.
-
-Default video: 64x64 px, 9 frames -> latents (1, 3, 4, 8, 8) -> 48 video tokens + 226 text tokens.
+"""Parts that every family's built-in tiny model shares (each family's configs live in its own
+folder, e.g. `sagevideo.pipelines.cogvideox.tiny`): a byte-level T5-style tokenizer, so that tiny
+models need no vocabulary file and no download.
 """
 
 from __future__ import annotations
-
-import torch
-
-TINY_SEED = 0
-TEXT_TOKENS = 226  # as CogVideoX: prompts are cut after 225 bytes (+ </s>), with diffusers' warning
-DEFAULT_HEIGHT = 64
-DEFAULT_WIDTH = 64
-DEFAULT_FRAMES = 9
-
-TRANSFORMER_CONFIG = dict(
-    num_attention_heads=2,
-    attention_head_dim=64,
-    in_channels=4,
-    out_channels=4,
-    time_embed_dim=32,
-    text_embed_dim=32,
-    num_layers=2,
-    sample_width=DEFAULT_WIDTH // 8,  # latent size; the VAE compresses 8x spatially
-    sample_height=DEFAULT_HEIGHT // 8,
-    sample_frames=DEFAULT_FRAMES,
-    patch_size=2,
-    temporal_compression_ratio=4,
-    max_text_seq_length=TEXT_TOKENS,
-    use_rotary_positional_embeddings=True,
-)
-
-# As in diffusers' own CogVideoX test config: 4 blocks -> 8x spatial, 4x temporal compression.
-VAE_CONFIG = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=("CogVideoXDownBlock3D",) * 4,
-    up_block_types=("CogVideoXUpBlock3D",) * 4,
-    block_out_channels=(8, 8, 8, 8),
-    latent_channels=4,
-    layers_per_block=1,
-    norm_num_groups=2,
-    temporal_compression_ratio=4,
-)
-
-T5_CONFIG = dict(
-    d_model=32,  # = TRANSFORMER_CONFIG["text_embed_dim"]
-    d_kv=16,
-    d_ff=64,
-    num_layers=2,
-    num_heads=2,
-    relative_attention_num_buckets=8,
-    dropout_rate=0.0,
-    feed_forward_proj="gated-gelu",
-    pad_token_id=0,
-    eos_token_id=1,
-    decoder_start_token_id=0,
-)
 
 _SPECIALS = ("<pad>", "</s>", "<unk>")  # ids 0, 1, 2 as in T5
 
@@ -88,45 +31,3 @@ def tiny_tokenizer():
         eos_token="</s>",
         unk_token="<unk>",
     )  # no model_max_length: diffusers' own truncation warning is the one that names the lost text
-
-
-def tiny_pipeline(seed: int = TINY_SEED):
-    """Build the tiny CogVideoXPipeline (fp32, CPU) with weights drawn from `seed`.
-
-    The global torch RNG is left as it was; each component has its own derived seed so that
-    changing one config does not change the weights of the others.
-    """
-    from diffusers import (
-        AutoencoderKLCogVideoX,
-        CogVideoXDDIMScheduler,
-        CogVideoXPipeline,
-        CogVideoXTransformer3DModel,
-    )
-    from transformers import T5Config, T5EncoderModel
-
-    tokenizer = tiny_tokenizer()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        transformer = CogVideoXTransformer3DModel(**TRANSFORMER_CONFIG)
-        torch.manual_seed(seed + 1)
-        vae = AutoencoderKLCogVideoX(**VAE_CONFIG)
-        torch.manual_seed(seed + 2)
-        text_encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), **T5_CONFIG))
-    # CogVideoX-2B's scheduler settings (v-prediction, zero-SNR, trailing timesteps).
-    scheduler = CogVideoXDDIMScheduler(
-        beta_schedule="scaled_linear",
-        beta_start=0.00085,
-        beta_end=0.012,
-        clip_sample=False,
-        prediction_type="v_prediction",
-        rescale_betas_zero_snr=True,
-        set_alpha_to_one=True,
-        snr_shift_scale=3.0,
-        timestep_spacing="trailing",
-    )
-    pipe = CogVideoXPipeline(
-        tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler
-    )
-    for module in (transformer, vae, text_encoder):
-        module.eval()  # built, not loaded: diffusers/transformers only call eval() in from_pretrained
-    return pipe

@@ -23,7 +23,8 @@ import os
 import socket
 from typing import Any
 
-from sagevideo.host.pipeline_host import KillHook, PlannedJob, RunContext, worker_info
+from sagevideo.host import failpoints
+from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob, RunContext, worker_info
 
 log = logging.getLogger("sagevideo")
 
@@ -84,17 +85,18 @@ class RankWorker:
         self,
         ctx: RunContext,
         marker: str | None,
-        kill_hook: str | None,
+        armed: str | None,
         steps_queue: Any,
         dist_backend: str,
         *places: dict,
     ) -> dict[str, Any]:
         """Join the group and load the pipeline; returns this rank's info with "error": None, or
-        why it cannot run jobs (the driver then stops the whole group). steps_queue: the driver's
-        step-progress queue; rank 0 reports to it."""
+        why it cannot run jobs (the driver then stops the whole group). armed: the driver's
+        failpoints (tests only). steps_queue: the driver's step-progress queue; rank 0 reports to it."""
         from sagevideo.host.sharded import ShardedHost
         from sagevideo.parallel.launch import init_from_env
 
+        failpoints.arm(armed)
         self.steps_queue = steps_queue if self.rank == 0 else None
         try:
             if marker is not None and not (ctx.out / marker).is_file():
@@ -104,12 +106,9 @@ class RankWorker:
                 )
             os.environ.update(torchrun_env(self.rank, list(places)))
             init_from_env(dist_backend)
-            self.host = ShardedHost(
-                ctx, rank=self.rank, world=self.world, worker=self.info, kill_hook=KillHook.parse(kill_hook)
-            )
+            self.host = ShardedHost(ctx, rank=self.rank, world=self.world, worker=self.info)
         except Exception as err:  # reported through the return value; the driver stops the group
-            text = str(err)
-            self.error = text if text.startswith("could not load") else f"{type(err).__name__}: {text}"
+            self.error = str(err) if isinstance(err, ModelLoadError) else f"{type(err).__name__}: {err}"
         return {**self.info, "error": self.error}
 
     def run(self, pj: PlannedJob, attempt: int) -> dict[str, Any]:
@@ -126,7 +125,7 @@ class GroupLauncher:
     start() -> (actors, placement group, ready refs); run(...) -> refs; stop(...))."""
 
     def __init__(self, ranks: int, device: str, setup_args: tuple):
-        """setup_args: (RunContext, marker file name, kill-hook spec, step queue); the process-group backend
+        """setup_args: (RunContext, marker file name, armed failpoints, step queue); the process-group backend
         follows the device (NCCL on CUDA, gloo on CPU)."""
         import ray
 

@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sagevideo.host.pipeline_host import KILL_HOOK_ENV, ModelLoadError, PlannedJob, base_record
+from sagevideo.host import failpoints
+from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob, base_record
 from sagevideo.outputs.manifest import now_iso
 
 log = logging.getLogger("sagevideo")
@@ -64,7 +65,6 @@ def run_jobs(
     Raises ModelLoadError when no worker could load the model, InputError when Ray cannot be joined.
     """
     import dataclasses
-    import os
     import secrets
 
     import ray
@@ -91,7 +91,7 @@ def run_jobs(
         ctx = plan.context()
         if plan.device == "cpu":
             ctx = dataclasses.replace(ctx, cpu_threads=cpu_threads(cluster, size * ranks))
-        args = (ctx, marker.name, os.environ.get(KILL_HOOK_ENV), steps_queue)
+        args = (ctx, marker.name, failpoints.armed(), steps_queue)
         if ranks > 1:
             from sagevideo.scheduling.group import GroupLauncher
 

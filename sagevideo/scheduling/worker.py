@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sagevideo.host.pipeline_host import KillHook, PipelineHost, PlannedJob, RunContext, worker_info
+from sagevideo.host import failpoints
+from sagevideo.host.pipeline_host import ModelLoadError, PipelineHost, PlannedJob, RunContext, worker_info
 
 
 def step_reporter(steps_queue: Any, pj: PlannedJob) -> Callable[[int, int], None] | None:
@@ -35,13 +36,15 @@ def step_reporter(steps_queue: Any, pj: PlannedJob) -> Callable[[int, int], None
 
 class GenerationWorker:
     """Actor body. marker: name of a file the driver put in `ctx.out` (proves the folder is shared).
+    armed: the driver's failpoints (`sagevideo.host.failpoints.armed()`; tests only).
     steps_queue: the driver's `ray.util.queue.Queue` for step progress (None: no reports)."""
 
     def __init__(
-        self, ctx: RunContext, marker: str | None = None, kill_hook: str | None = None, steps_queue: Any = None
+        self, ctx: RunContext, marker: str | None = None, armed: str | None = None, steps_queue: Any = None
     ):
         import ray
 
+        failpoints.arm(armed)
         self.steps_queue = steps_queue
         self.info = worker_info(ray.get_runtime_context().get_node_id())
         self.error: str | None = None
@@ -52,9 +55,9 @@ class GenerationWorker:
                     f"{self.info['host']} does not see the driver's output folder {ctx.out}; with several "
                     "machines, --out must be on storage every node mounts at the same path"
                 )
-            self.host = PipelineHost(ctx, worker=self.info, kill_hook=KillHook.parse(kill_hook))
+            self.host = PipelineHost(ctx, worker=self.info)
         except Exception as err:  # reported by ready(); the driver stops this worker
-            self.error = f"{type(err).__name__}: {err}" if not str(err).startswith("could not load") else str(err)
+            self.error = str(err) if isinstance(err, ModelLoadError) else f"{type(err).__name__}: {err}"
 
     def ready(self) -> dict[str, Any]:
         """Worker info (host, pid, node) and "error": None, or why it cannot run jobs."""

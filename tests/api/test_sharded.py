@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 import sagevideo
 from sagevideo.cli.app import app
-from sagevideo.host.sharded import degree_problems
 from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.pipelines.families import degree_problems
 from sagevideo.pipelines.loading import resolve_model
 
 
@@ -69,7 +69,7 @@ def test_other_models_and_transformers_are_refused():
 
 def test_cogvideox_1_5_counts_padded_latent_frames(tmp_path):
     """CogVideoX 1.5 groups latent frames in pairs (patch_size_t 2) and pads an odd count."""
-    from sagevideo.host.sharded import transformer_config
+    from sagevideo.pipelines.cogvideox.family import transformer_config
 
     folder = tmp_path / "model" / "transformer"
     folder.mkdir(parents=True)

@@ -21,7 +21,7 @@ import numpy as np
 
 MEAN_LEVELS = 1.5
 
-# Three jobs named by output: quantized attention, full attention, and one the kill hook can
+# Three jobs named by output: quantized attention, full attention, and one a failpoint can
 # target by its prompt ("KILL").
 JOBS = (
     "defaults:\n  steps: 2\njobs:\n"

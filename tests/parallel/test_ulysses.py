@@ -41,7 +41,7 @@ def _inputs(config):
 def _model():
     from diffusers import CogVideoXTransformer3DModel
 
-    from sagevideo.pipelines.tiny import TRANSFORMER_CONFIG
+    from sagevideo.pipelines.cogvideox.tiny import TRANSFORMER_CONFIG
 
     torch.manual_seed(0)
     return CogVideoXTransformer3DModel(**TRANSFORMER_CONFIG).eval()

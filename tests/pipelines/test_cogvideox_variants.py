@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import sagevideo
-from sagevideo.pipelines.tiny import TRANSFORMER_CONFIG
+from sagevideo.pipelines.cogvideox.tiny import TRANSFORMER_CONFIG
 
 VARIANTS = {
     "i2v": dict(TRANSFORMER_CONFIG, in_channels=8, use_learned_positional_embeddings=False),

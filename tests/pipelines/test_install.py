@@ -71,7 +71,7 @@ def test_remove_refuses_after_processors_were_replaced(tiny_pipe):
 
 
 def test_fused_projections_are_refused():
-    from sagevideo.pipelines.tiny import tiny_pipeline
+    from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
 
     # A fresh pipeline: unfuse_qkv_projections() leaves the fused to_qkv weights behind (diffusers 0.42).
     pipe = tiny_pipeline()

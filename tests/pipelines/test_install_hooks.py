@@ -18,7 +18,7 @@ import sagevideo
 def _tiny_cogvideox():
     from diffusers import CogVideoXTransformer3DModel
 
-    from sagevideo.pipelines.tiny import TRANSFORMER_CONFIG
+    from sagevideo.pipelines.cogvideox.tiny import TRANSFORMER_CONFIG
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -157,7 +157,7 @@ def _tiny_pipeline(kind: str):
 
         # 2 steps x (cond, uncond) forwards x 4 attention calls
         return tiny_wan22_pipeline(boundary_ratio=None), functools.partial(run_wan22, steps=2), 2 * 2 * 4
-    from sagevideo.pipelines.tiny import tiny_pipeline
+    from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
 
     pipe = tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)

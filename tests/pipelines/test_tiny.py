@@ -17,7 +17,7 @@ def test_tiny_pipeline_is_real_cogvideox_and_offline(tiny_pipe):
 
 
 def test_tiny_weights_are_fixed_and_global_rng_untouched():
-    from sagevideo.pipelines.tiny import tiny_pipeline
+    from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
 
     torch.manual_seed(123)
     expected_next = torch.rand(3)

@@ -16,8 +16,8 @@ ray = pytest.importorskip("ray")
 from ray.exceptions import ActorDiedError  # noqa: E402
 
 from sagevideo.generation.generate import plan_batch  # noqa: E402
-from sagevideo.host.pipeline_host import KillHook, ModelLoadError, PlannedJob  # noqa: E402
-from sagevideo.jobs.specs import InputError, JobSpec  # noqa: E402
+from sagevideo.host.pipeline_host import ModelLoadError  # noqa: E402
+from sagevideo.jobs.specs import InputError  # noqa: E402
 from sagevideo.scheduling import queue  # noqa: E402
 from sagevideo.scheduling.cluster import Cluster, group_pool_size  # noqa: E402
 from sagevideo.scheduling.group import torchrun_env  # noqa: E402
@@ -185,11 +185,3 @@ def test_groups_fit_on_one_node_each():
     size, notes = group_pool_size(5, "cuda", big, 4, jobs=10)
     assert size == 3 and "room for 3 group(s) of 4" in notes[0]
     assert group_pool_size(None, "cpu", big, 4, jobs=10)[0] == 2  # CPU: one group per node
-
-
-def test_kill_hook_rules_can_target_a_rank():
-    hook = KillHook.parse("KILL:2@1,other")
-    pj = PlannedJob(job=JobSpec(prompt="KILL this"), job_id="x", output="x.mp4", label="job 1")
-    assert hook.fires(pj, 2, rank=1) and not hook.fires(pj, 3, rank=1) and not hook.fires(pj, 1, rank=0)
-    other = PlannedJob(job=JobSpec(prompt="the other one"), job_id="y", output="y.mp4", label="job 2")
-    assert hook.fires(other, 1, rank=0) and hook.fires(other, 1, rank=3) and not hook.fires(other, 2)

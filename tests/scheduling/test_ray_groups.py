@@ -19,7 +19,7 @@ pytest.importorskip("ray")
 
 import sagevideo  # noqa: E402
 from sagevideo.cli.app import app  # noqa: E402
-from sagevideo.host.pipeline_host import KILL_HOOK_ENV  # noqa: E402
+from sagevideo.host import failpoints  # noqa: E402
 from tests.parallel.sp_tolerance import JOBS, assert_same_videos  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -37,7 +37,7 @@ def test_two_ranks_match_one_process_and_a_killed_rank_restarts_the_group(tmp_pa
     jobs.write_text(JOBS)
     one = sagevideo.generate(jobs, out=tmp_path / "one", device="cpu", progress=False)  # this process
 
-    monkeypatch.setenv(KILL_HOOK_ENV, "KILL:1@1")  # rank 1, first attempt only
+    monkeypatch.setenv(failpoints.ENV, "mid-denoise=KILL:1@1")  # rank 1, first attempt only
     out = tmp_path / "sp"
     args = ["generate", str(jobs), "--out", str(out), "--device", "cpu", "--gpus-per-job", "2", "--no-progress"]
     result = CliRunner().invoke(app, args)

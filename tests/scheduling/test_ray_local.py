@@ -13,7 +13,7 @@ pytest.importorskip("ray")
 import sagevideo  # noqa: E402
 from sagevideo.cli.app import app  # noqa: E402
 from sagevideo.generation.generate import BatchInterrupted  # noqa: E402
-from sagevideo.host.pipeline_host import KILL_HOOK_ENV  # noqa: E402
+from sagevideo.host import failpoints  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each batch starts worker processes that import torch and diffusers
 
@@ -30,7 +30,7 @@ def test_cli_batch_on_two_workers_with_a_killed_worker(tmp_path, ray_local, monk
     """A worker dies (os._exit) right after staging a video: its job reruns on the other worker
     and is done, every job ends exactly once in the manifest, and no staged or partial file
     survives. (Jobs that kill every worker, load failures, limits: test_queue.py.)"""
-    monkeypatch.setenv(KILL_HOOK_ENV, "KILL ONCE:1")
+    monkeypatch.setenv(failpoints.ENV, "job-staged=KILL ONCE:1")
     shots = tmp_path / "shots.yaml"
     shots.write_text(
         "defaults:\n  steps: 1\njobs:\n"

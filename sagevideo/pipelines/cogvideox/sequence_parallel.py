@@ -22,8 +22,8 @@ import functools
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import (
     SequenceParallelHandle,
     check_degree,
@@ -103,7 +103,7 @@ def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str 
     from sagevideo.pipelines.install import install_router, plan_router
 
     transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    rank, world = rank_and_world(group)
     check_degree(transformer.config.num_attention_heads, world, world)  # heads now; tokens at each forward
     router = plan_router(transformer, plan, pv, backend)
     factory = functools.partial(UlyssesCogVideoXAttnProcessor, group=group)

@@ -6,7 +6,8 @@ Modules, one job each:
 - `attention_processor`: the attention module and its full-precision processor;
 - `attention`: `SageOpenSoraAttnProcessor` (attention through `sagevideo.sageattn`);
 - `transformer`: `OpenSoraTransformer3DModel`; `convert`: official checkpoint -> this model;
-- `packing`: pack/unpack and token positions; `schedule`: sigmas and guidance; `pipeline`: text-to-video.
+- `packing`: pack/unpack and token positions; `schedule`: sigmas and guidance; `pipeline`: text-to-video;
+- `sequence_parallel`: Ulysses hooks; `family`: the family entry of `sagevideo.pipelines.families`.
 
 Names load lazily, so importing this package does not import diffusers or transformers.
 """

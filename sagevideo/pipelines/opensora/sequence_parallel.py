@@ -13,8 +13,7 @@ import functools
 import inspect
 from typing import Any
 
-import torch.distributed as dist
-
+from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
 from sagevideo.pipelines.opensora.attention import SageOpenSoraAttnProcessor
 
@@ -41,7 +40,7 @@ def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str |
     from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor
 
     transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    rank, world = rank_and_world(group)
     check_degree(transformer.config.num_heads, world, world)  # heads now; tokens at each forward
     router = plan_router(transformer, plan, pv, backend)
     state: dict[str, int] = {}

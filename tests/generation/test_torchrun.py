@@ -1,8 +1,7 @@
-"""scripts/sp_generate.py: the same sequence-parallel pieces under plain torchrun, without Ray."""
+"""`python -m sagevideo.generation.torchrun`: the same sequence-parallel pieces under plain torchrun, without Ray."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,32 +10,25 @@ from pathlib import Path
 
 import pytest
 
+from sagevideo.generation import torchrun as launcher
 from tests.parallel.sp_tolerance import JOBS, assert_same_videos
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "sp_generate.py"
 
 
-@pytest.fixture
-def script():
-    spec = importlib.util.spec_from_file_location("sp_generate", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_a_degree_the_jobs_cannot_take_stops_every_rank_before_loading(tmp_path, script, monkeypatch, capsys):
+def test_a_degree_the_jobs_cannot_take_stops_every_rank_before_loading(tmp_path, monkeypatch, capsys):
     import sagevideo.pipelines.loading as loading
 
     monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("model loaded"))
     monkeypatch.setenv("WORLD_SIZE", "2")
     args = ["--out", str(tmp_path / "out"), "-p", "a cat", "--height", "48", "--width", "48", "--device", "cpu"]
     monkeypatch.setenv("RANK", "0")
-    assert script.main(args) == 2
-    error = "sp_generate: error: job 1: --gpus-per-job 2: 253 tokens (226 text + 27 video) are not divisible by 2"
+    assert launcher.main(args) == 2
+    error = ("sagevideo torchrun: error: job 1: --gpus-per-job 2: 253 tokens (226 text + 27 video) are not "
+             "divisible by 2")
     assert error in capsys.readouterr().err
     monkeypatch.setenv("RANK", "1")  # the other ranks stop as well, silently
-    assert script.main(args) == 2 and capsys.readouterr().err == ""
+    assert launcher.main(args) == 2 and capsys.readouterr().err == ""
 
 
 @pytest.mark.slow
@@ -47,8 +39,10 @@ def test_torchrun_two_ranks_match_one_process(tmp_path):
     jobs.write_text(JOBS)
     sagevideo.generate(jobs, out=tmp_path / "one", device="cpu", progress=False)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    args = [str(SCRIPT), str(jobs), "--out", str(tmp_path / "sp"), "--device", "cpu", "--no-progress"]
-    done = subprocess.run([*torchrun, *args], capture_output=True, text=True, timeout=240, env=dict(os.environ))
+    args = ["-m", "sagevideo.generation.torchrun", str(jobs), "--out", str(tmp_path / "sp"), "--device", "cpu",
+            "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([*torchrun, *args], capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "3 done, 0 skipped, 0 failed" in done.stdout and "2 ranks; rank 0 decodes and writes" in done.stderr
     records = [json.loads(line) for line in (tmp_path / "sp" / "manifest.jsonl").read_text().splitlines()]

@@ -1,17 +1,17 @@
-#!/usr/bin/env python
 """One job over several processes under plain torchrun (no Ray): Ulysses sequence parallelism.
 
-    torchrun --nproc-per-node 2 scripts/sp_generate.py --model tiny --prompt "a red panda" --out /tmp/sp
-    torchrun --nproc-per-node 2 scripts/sp_generate.py shots.yaml --model /models/CogVideoX-5b --out renders
+    torchrun --nproc-per-node 2 -m sagevideo.generation.torchrun --model tiny --prompt "a red panda" --out /tmp/sp
+    torchrun --nproc-per-node 2 -m sagevideo.generation.torchrun shots.yaml --model /models/CogVideoX-5b --out renders
 
 The same pieces as `sagevideo generate --gpus-per-job N` on Ray: `plan_batch` (every input
 checked, and the degree WORLD_SIZE checked against every job, before anything loads),
 `init_from_env` (torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), one
-`ShardedHost` per rank (the pipeline loaded once, Ulysses with sagevideo attention). Every rank
-runs every pending job with the same seed; rank 0 alone decodes and writes, through `run_batch`
-(staged outputs committed, manifest.jsonl, resume on re-run, progress, summary). The other ranks
-run the same jobs in the same order and write nothing. A rank that dies takes the run with it
-(torchrun stops the others); re-running resumes. Ray's scheduler restarts groups by itself.
+`ShardedHost` per rank (the pipeline loaded once, the family's Ulysses hooks with sagevideo
+attention). Every rank runs every pending job with the same seed; rank 0 alone decodes and
+writes, through `run_batch` (staged outputs committed, manifest.jsonl, resume on re-run,
+progress, summary). The other ranks run the same jobs in the same order and write nothing. A
+rank that dies takes the run with it (torchrun stops the others); re-running resumes. Ray's
+scheduler restarts groups by itself.
 
 Exit status (rank 0): 0 every job done, 1 a job or the model load failed, 2 bad input, 130
 interrupted. The other ranks exit 0 unless they fail themselves.
@@ -24,14 +24,18 @@ import os
 import sys
 from pathlib import Path
 
+PROG = "sagevideo torchrun"
+COMMAND = "torchrun --nproc-per-node N -m sagevideo.generation.torchrun"
+
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     from sagevideo.generation.generate import BatchInterrupted, pending_jobs, plan_batch, run_batch
-    from sagevideo.host.pipeline_host import KILL_HOOK_ENV, KillHook, ModelLoadError, worker_info
-    from sagevideo.host.sharded import ShardedHost, degree_problems
+    from sagevideo.host.pipeline_host import ModelLoadError, worker_info
+    from sagevideo.host.sharded import ShardedHost
     from sagevideo.jobs.specs import InputError, group_problems
-    from sagevideo.parallel.launch import init_from_env
+    from sagevideo.parallel.launch import init_from_env, leave_group
+    from sagevideo.pipelines.families import degree_problems
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -49,18 +53,16 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError(group_problems(problems))
     except InputError as err:  # every rank finds the same problem, so every rank stops here
         for line in str(err).splitlines():
-            say(f"sp_generate: error: {line}")
+            say(f"{PROG}: error: {line}")
         return 2
     for note in plan.notes:
-        say(f"sp_generate: {note}")
+        say(f"{PROG}: {note}")
 
     rank, world = init_from_env("nccl" if plan.device == "cuda" else "gloo")
-    say(f"sp_generate: {world} ranks; rank 0 decodes and writes to {plan.out}")
+    say(f"{PROG}: {world} ranks; rank 0 decodes and writes to {plan.out}")
     try:
-        host = ShardedHost(
-            plan.context(), rank=rank, world=world, worker={**worker_info(), "rank": rank, "ranks": world},
-            kill_hook=KillHook.parse(os.environ.get(KILL_HOOK_ENV)),
-        )
+        worker = {**worker_info(), "rank": rank, "ranks": world}
+        host = ShardedHost(plan.context(), rank=rank, world=world, worker=worker)
         # Before the first job on every rank: rank 0 commits nothing until all ranks ran that job,
         # so each rank reads the same manifest and gets the same list.
         todo = pending_jobs(plan)
@@ -80,37 +82,29 @@ def main(argv: list[str] | None = None) -> int:
 
         report = run_batch(plan, progress=not args.no_progress, echo=say, execute=here)
     except ModelLoadError as err:
-        print(f"sp_generate: rank {rank}: {err}", file=sys.stderr)
+        print(f"{PROG}: rank {rank}: {err}", file=sys.stderr)
         return 1
     except InputError as err:  # rank 0: --out is in use by another run (torchrun then stops the others)
-        print(f"sp_generate: error: {err}", file=sys.stderr)
+        print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     except BatchInterrupted as stop:
         print(stop.report.summary_line())
         return stop.exit_code
     finally:
-        _leave_group()
+        leave_group()
     print(report.summary_line())
     return 0 if report.ok else 1
 
 
-def _leave_group() -> None:
-    """Close the process group (torch warns at exit otherwise)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="torchrun --nproc-per-node N scripts/sp_generate.py",
-        description="Generate videos with each job split over the torchrun ranks (Ulysses, CogVideoX).",
+        prog=COMMAND,
+        description="Generate videos with each job split over the torchrun ranks (Ulysses sequence parallelism).",
     )
     parser.add_argument("job_file", nargs="?", type=Path, help="YAML/TOML job file or a text file of prompts")
     parser.add_argument("--prompt", "-p", action="append", help="a prompt (repeatable)")
     parser.add_argument("--out", "-o", type=Path, required=True, help="output folder (rank 0 writes there)")
-    parser.add_argument("--model", default="tiny", help="'tiny' or a local diffusers CogVideoX folder")
+    parser.add_argument("--model", default="tiny", help="'tiny' or a local diffusers folder of a model family")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--frames", type=int)
     parser.add_argument("--height", type=int)

@@ -1,0 +1,227 @@
+"""The CogVideoX family (diffusers `CogVideoXPipeline`): what generate, ab, calibrate and
+`--gpus-per-job` need to know of it. Registered in `sagevideo.pipelines.families`.
+
+- models: the built-in "tiny" (`cogvideox.tiny`) and local `CogVideoXPipeline` folders;
+- job constraints: height and width multiples of VAE x patch (16), frames 1 + 8k (the VAE
+  compresses time 4x and decodes latent frames in pairs), prompts padded to the transformer's
+  `max_text_seq_length` (226 tokens);
+- attention: `CogVideoXAttnProcessor2_0` -> `SageCogVideoXAttnProcessor`, one `attn1` per block;
+- sequence parallelism: `sequence_parallel.shard_cogvideox` (the [text; video] sequence cut into
+  equal shards), degrees that divide the heads and text + video tokens.
+Nothing here imports torch or diffusers at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from sagevideo.jobs.specs import JobSpec
+from sagevideo.pipelines.families import ModelFamily, size_problems
+from sagevideo.pipelines.loading import (
+    ModelSource,
+    fingerprint,
+    folder_fingerprint,
+    no_diffusers_progress_bars,
+    read_json,
+)
+
+SEQUENCE_PARALLEL_TRANSFORMERS = ("CogVideoXTransformer3DModel",)
+
+
+def transformer_config(source: ModelSource) -> SimpleNamespace:
+    """What the degree check needs of the transformer's config (heads, patch sizes, class), read
+    from JSON only: tiny's built-in config, or the folder's transformer/config.json."""
+    if source.is_tiny:
+        from sagevideo.pipelines.cogvideox.tiny import TRANSFORMER_CONFIG
+
+        cfg = {"_class_name": "CogVideoXTransformer3DModel", **TRANSFORMER_CONFIG}
+    else:
+        # resolve_model already read this file, so it exists and is a JSON object.
+        cfg = json.loads((source.path / "transformer" / "config.json").read_text(encoding="utf-8"))
+    return SimpleNamespace(
+        class_name=cfg.get("_class_name"),
+        num_attention_heads=source.heads,
+        patch_size=source.patch,
+        patch_size_t=cfg.get("patch_size_t"),
+        max_text_seq_length=cfg.get("max_text_seq_length", 226),  # the prompt length the runner pads to
+    )
+
+
+class CogVideoXFamily(ModelFamily):
+    name = "cogvideox"
+    title = "CogVideoX"
+    pipeline_classes = ("CogVideoXPipeline",)
+    tiny_models = ("tiny",)
+    weight_components = ("transformer", "vae", "text_encoder")
+    generates = True
+    sequence_parallel = True
+
+    # --- detection and loading ---
+
+    def tiny_source(self, name: str) -> ModelSource:
+        from sagevideo.pipelines.cogvideox import tiny
+
+        cfg, vae = tiny.TRANSFORMER_CONFIG, tiny.VAE_CONFIG
+        return ModelSource(
+            name=name,
+            path=None,
+            fingerprint=fingerprint(
+                [cfg, vae, tiny.T5_CONFIG, tiny.TINY_SEED, tiny.DEFAULT_HEIGHT, tiny.DEFAULT_FRAMES]
+            ),
+            pipeline_class="CogVideoXPipeline",
+            heads=cfg["num_attention_heads"],
+            head_dim=cfg["attention_head_dim"],
+            spatial=2 ** (len(vae["block_out_channels"]) - 1),
+            temporal=vae["temporal_compression_ratio"],
+            patch=cfg["patch_size"],
+            text_tokens=cfg["max_text_seq_length"],
+            default_height=tiny.DEFAULT_HEIGHT,
+            default_width=tiny.DEFAULT_WIDTH,
+            default_frames=tiny.DEFAULT_FRAMES,
+            default_steps=2,
+            layers=cfg["num_layers"],
+            vae_channels=vae["block_out_channels"][0],
+            family=self.name,
+        )
+
+    def folder_source(self, path: Path, index: dict[str, Any], model: str) -> ModelSource:
+        where = f"--model {model}"
+        cfg = read_json(path / "transformer" / "config.json", where, "the transformer/ folder is incomplete")
+        vae = read_json(path / "vae" / "config.json", where, "the vae/ folder is incomplete")
+        spatial = 2 ** (len(vae.get("block_out_channels", (0,) * 4)) - 1)
+        return ModelSource(
+            name=str(path),
+            path=path,
+            fingerprint=folder_fingerprint(path),
+            pipeline_class=index["_class_name"],
+            heads=cfg.get("num_attention_heads", 30),
+            head_dim=cfg.get("attention_head_dim", 64),
+            spatial=spatial,
+            temporal=vae.get("temporal_compression_ratio", 4),
+            patch=cfg.get("patch_size", 2),
+            text_tokens=cfg.get("max_text_seq_length", 226),
+            default_height=cfg.get("sample_height", 60) * spatial,
+            default_width=cfg.get("sample_width", 90) * spatial,
+            default_frames=cfg.get("sample_frames", 49),
+            default_steps=50,
+            layers=cfg.get("num_layers", 30),
+            vae_channels=(vae.get("block_out_channels") or (128,))[0],
+            family=self.name,
+        )
+
+    def load(self, source: ModelSource, device: str, dtype: Any) -> Any:
+        import torch
+
+        if source.is_tiny:
+            from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
+
+            pipe = tiny_pipeline()
+            for module in (pipe.transformer, pipe.vae, pipe.text_encoder):
+                # torch's own `to`: diffusers' ModelMixin.to warns about fp32 modules on every dtype
+                # cast, even with none to keep (diffusers 0.42); the tiny models have none.
+                torch.nn.Module.to(module, device=device, dtype=dtype)
+            return pipe
+        from diffusers import CogVideoXPipeline
+
+        with warnings.catch_warnings(), no_diffusers_progress_bars():
+            # diffusers 0.42 renamed torch_dtype to dtype (FutureWarning); older ones know only torch_dtype.
+            warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
+            pipe = CogVideoXPipeline.from_pretrained(
+                source.path, local_files_only=True, use_safetensors=True, torch_dtype=dtype
+            )
+        pipe.to(device)
+        return pipe
+
+    # --- job constraints ---
+
+    def job_problems(self, source: ModelSource, job: JobSpec) -> list[str]:
+        problems = size_problems(source, job)
+        # Latent frames must be odd as well: CogVideoX's VAE decodes latent frames in pairs and turns
+        # an even count L into temporal·L frames (5 frames -> 2 latent -> 8 decoded), not 1 + temporal·(L-1).
+        temporal = source.temporal
+        step = 2 * temporal
+        if (job.frames - 1) % step:
+            near = (job.frames - 1) // step * step + 1
+            latent = (job.frames - 1) // temporal + 1
+            why = (
+                f"is not 1 + a multiple of {temporal} (the VAE compresses time {temporal}x)"
+                if (job.frames - 1) % temporal
+                else f"makes {latent} latent frames, and the VAE decodes an even number of latent frames into "
+                f"{temporal * latent} frames, not {job.frames}"
+            )
+            problems.append(f"frames: {job.frames} {why}; use 1 + a multiple of {step}, e.g. {near} or {near + step}")
+        return problems
+
+    def attention_layers(self, source: ModelSource) -> list[str]:
+        return [f"transformer_blocks.{i}.attn1" for i in range(source.layers)]
+
+    # --- generation ---
+
+    def denoise(self, pipe: Any, job: JobSpec, *, generator: Any, text_tokens: int, callback: Any) -> Any:
+        (latents,) = pipe(
+            prompt=job.prompt,
+            negative_prompt=job.negative_prompt or None,
+            height=job.height,
+            width=job.width,
+            num_frames=job.frames,
+            num_inference_steps=job.steps,
+            guidance_scale=job.guidance,
+            generator=generator,
+            output_type="latent",
+            return_dict=False,
+            callback_on_step_end=callback,
+            callback_on_step_end_tensor_inputs=["latents"],
+            max_sequence_length=text_tokens,
+        )
+        return latents
+
+    def decode(self, pipe: Any, job: JobSpec, latents: Any) -> Any:
+        # CogVideoX 1.5 pads latent frames to a multiple of patch_size_t; the pipeline drops the
+        # padding only when it decodes, so do the same here.
+        patch_t = pipe.transformer.config.patch_size_t
+        latent_frames = (job.frames - 1) // pipe.vae_scale_factor_temporal + 1
+        if patch_t is not None and latent_frames % patch_t:
+            latents = latents[:, patch_t - latent_frames % patch_t :]
+        return pipe.decode_latents(latents)  # (1, 3, F, H, W) in [-1, 1], model dtype
+
+    # --- attention routes ---
+
+    def processor_routes(self) -> dict[type, Any]:
+        from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
+
+        from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
+
+        return {CogVideoXAttnProcessor2_0: SageCogVideoXAttnProcessor}
+
+    # --- sequence parallelism ---
+
+    def shardable(self, source: ModelSource) -> str | None:
+        config = transformer_config(source)
+        if source.pipeline_class in self.pipeline_classes and config.class_name in SEQUENCE_PARALLEL_TRANSFORMERS:
+            return None
+        return f"{source.pipeline_class} with a {config.class_name}"
+
+    def shard(self, pipe_or_transformer: Any, *, group: Any = None, plan: Any = None, pv: str | None = None,
+              backend: str = "auto") -> Any:
+        from sagevideo.pipelines.cogvideox.sequence_parallel import shard_cogvideox
+
+        return shard_cogvideox(pipe_or_transformer, group=group, plan=plan, pv=pv, backend=backend)
+
+    def degree_problem(self, source: ModelSource, job: JobSpec, degree: int) -> str | None:
+        from sagevideo.pipelines.cogvideox.sequence_parallel import check_cogvideox_degree
+
+        # Latent size as the pipeline makes it: the VAE compresses time and space.
+        latent_frames = (job.frames - 1) // source.temporal + 1
+        try:
+            check_cogvideox_degree(transformer_config(source), latent_frames, job.height // source.spatial,
+                                   job.width // source.spatial, degree)
+        except ValueError as err:  # 'Ulysses degree N: <problem>': the option is named by the caller
+            return str(err).split(": ", 1)[-1]
+        return None
+
+
+FAMILY = CogVideoXFamily()
