@@ -217,14 +217,12 @@ def rerun_arm(
     come from the records. Returns {"probe": summarize_probe(...) or None, "reproduced": {...} or
     None, "records": [new records] or None, "plan": ..., "backend": ...}.
     """
-    import copy
-
     import numpy as np
 
     from sagevideo.attention.records import record_backends
     from sagevideo.eval.pairing import video_file
     from sagevideo.eval.videos import read_frames
-    from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, now_iso
+    from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, as_record, now_iso
     from sagevideo.outputs.video import write_mp4
     from sagevideo.pipelines import loading, runner
     from sagevideo.pipelines.install import install_router
@@ -263,8 +261,7 @@ def rerun_arm(
             if write_to is not None:
                 name = video_file(record)
                 write_mp4(result.frames, write_to / name, fps=fps)
-                new = copy.deepcopy(record)
-                new.update(
+                new = as_record(record).replace(
                     backends=calls.summary(),
                     outputs=[name],
                     created=now_iso(),
