@@ -18,16 +18,20 @@ _LAZY = {
     "record_backends": "sagevideo.attention.records",
     "last_backend": "sagevideo.attention.records",
     "generate": "sagevideo.generation.generate",
+    "GenerateConfig": "sagevideo.jobs.config",
+    "calibrate": "sagevideo.experiments.calibrate",
     "install": "sagevideo.pipelines.install",
 }
 
-__all__ = ["__version__", "generate", "install", "last_backend", "record_backends", "sageattn",
-           "scaled_dot_product_attention"]
+__all__ = ["GenerateConfig", "__version__", "calibrate", "generate", "install", "last_backend", "record_backends",
+           "sageattn", "scaled_dot_product_attention"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from sagevideo.attention.functional import sageattn, scaled_dot_product_attention
     from sagevideo.attention.records import last_backend, record_backends
+    from sagevideo.experiments.calibrate import calibrate
     from sagevideo.generation.generate import generate
+    from sagevideo.jobs.config import GenerateConfig
     from sagevideo.pipelines.install import install
 
 

@@ -29,8 +29,7 @@ PREVIEW = {"resolution": "64x64", "frames": 9, "steps": 2}
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     import sagevideo
-    from sagevideo.generation.generate import BatchInterrupted, BatchStopped, ModelLoadError
-    from sagevideo.jobs.specs import InputError
+    from sagevideo.errors import EXIT_FAILED, BatchInterrupted, BatchStopped, InputError, ModelLoadError
 
     shots: Path | list = args.shots
     out = args.out
@@ -48,20 +47,20 @@ def main(argv: list[str] | None = None) -> int:
         )
     except InputError as err:
         print(f"production_render: {args.shots}: error:\n{err}", file=sys.stderr)
-        return 2
+        return err.exit_code
     except ModelLoadError as err:
         print(f"production_render: {err}", file=sys.stderr)
-        return 1
+        return err.exit_code
     except BatchInterrupted as stop:
         print(stop.report.summary_line())
         return stop.exit_code
     except BatchStopped as stop:  # a full disk: what finished is kept
         print(stop.report.summary_line())
-        return 1
+        return stop.exit_code
     print(_table(records, out))
-    failed = [r for r in records if r.get("status") != "done"]
+    failed = [r for r in records if not r.done]
     print(f"production_render: {len(records) - len(failed)}/{len(records)} shots done in {out}")
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else 0
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -80,26 +79,27 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def _preview_jobs(path: Path, model: str, out: Path) -> list[dict]:
     """The shot list with PREVIEW over each shot, checked first as written, for this model (errors
     name lines; InputError lists them all)."""
-    from sagevideo.generation.generate import plan_batch
+    from sagevideo.generation.generate import GenerateConfig, plan_batch
     from sagevideo.jobs.files import read_job_file
     from sagevideo.jobs.specs import merge_fields
 
-    plan_batch(job_file=path, model=model, out=out)
+    plan_batch(GenerateConfig.build(job_file=path, model=model, out=out))
     return [merge_fields(fields, PREVIEW) for fields, _ in read_job_file(path).items]
 
 
-def _table(records: list[dict], out: Path) -> str:
-    """One line per shot: status, output, seconds of denoising + decoding, attempts, where, error."""
+def _table(records: list, out: Path) -> str:
+    """One line per shot (`ManifestRecord`s): status, output, seconds of denoising + decoding,
+    attempts, where, error."""
     lines = [f"{'status':8} {'output':36} {'seconds':>8} {'tries':>5}  where"]
     for r in records:
-        timings = r.get("timings") or {}
+        timings = r.timings or {}
         seconds = sum(timings.get(k) or 0.0 for k in ("denoise_s", "decode_s"))
-        worker = r.get("worker") or {}
-        output = (r.get("outputs") or [r.get("prompt", "")[:30]])[0]
+        worker = r.worker or {}
+        output = (r.outputs or [(r.prompt or "")[:30]])[0]
         where = f"{worker.get('host', '?')}:{worker.get('pid', '?')}"
-        line = f"{r.get('status', '?'):8} {output:36} {seconds:8.1f} {r.get('attempts', 1):5}  {where}"
-        if r.get("error"):
-            line += f"  {r['error']}"
+        line = f"{r.status or '?':8} {output:36} {seconds:8.1f} {r.attempts:5}  {where}"
+        if r.error:
+            line += f"  {r.error}"
         lines.append(line)
     return "\n".join(lines)
 

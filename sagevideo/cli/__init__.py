@@ -1,1 +1,1 @@
-"""The `sagevideo` command line (typer): `app` in `sagevideo.cli.app`."""
+"""The `sagevideo` command line (typer only): `app` in `sagevideo.cli.app`, one module per command group."""

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sagevideo.errors import EvalInputError, MetricModelError, PairingError
 from sagevideo.eval.entries import paired_entry, per_arm_entry, set_entries
-from sagevideo.eval.pairing import Arm, Pair, PairingError, load_arm, pair_arms, setting_notes
+from sagevideo.eval.pairing import Arm, Pair, load_arm, pair_arms, setting_notes
 from sagevideo.eval.stats import Bootstrap, fmt, json_safe
 from sagevideo.eval.weights import (
     CLIP_FOLDER,
@@ -47,22 +48,12 @@ from sagevideo.eval.weights import (
     status_for,
     torch_load_reason,
 )
+from sagevideo.outputs.manifest import ManifestRecord
 
 SCHEMA = "sagevideo.eval.metrics"
 SCHEMA_VERSION = 1
 DIFF_GAIN = 8.0
 
-
-
-class EvalInputError(ValueError):
-    """Bad input to `evaluate` (unknown metric, unusable output folder...), found before loading models."""
-
-
-class MetricModelError(RuntimeError):
-    """A metric's weights are present but could not be loaded (corrupt or of another model).
-
-    `evaluate` itself skips such a metric (in metrics.json: skipped and failed) and computes the
-    others; the commands raise this afterwards, so the exit code says a metric was lost."""
 
 
 @dataclass
@@ -125,7 +116,7 @@ def plan_pairs(
     test_dir: str | Path,
     noise_ref: str | Path | None = None,
     *,
-    records: dict[str, list[dict[str, Any]]] | None = None,
+    records: dict[str, list[ManifestRecord]] | None = None,
 ) -> tuple[list[Pair], dict[str, Arm]]:
     """Load and pair the arms (PairingError on any mismatch); records: per role, instead of manifests."""
     records = records or {}
@@ -277,7 +268,7 @@ class _Runner:
                 255,
             ).astype(np.uint8)
             name = f"{index:03d}-diff.mp4"
-            write_mp4(diff, diff_dir / name, fps=int(pair.ref.record.get("fps") or 8), quality=9)
+            write_mp4(diff, diff_dir / name, fps=int(pair.ref.record.fps or 8), quality=9)
             diff_videos.append(f"videos/{name}")
         results = {
             # compute() of one video is a 0-dim tensor (torchmetrics squeezes single values)
@@ -341,7 +332,7 @@ def arm_settings(arm: Arm) -> dict[str, Any]:
     counts: Counter = Counter()
     fallbacks: Counter = Counter()
     for r in records:
-        backends = r.get("backends") or {}
+        backends = r.backends or {}
         counts.update(backends.get("counts") or {})
         fallbacks.update(backends.get("fallbacks") or {})
     settings: dict[str, Any] = {}
@@ -363,7 +354,7 @@ def arm_settings(arm: Arm) -> dict[str, Any]:
         "fps",
         "sagevideo_version",
     ):
-        values = list(dict.fromkeys(json.dumps(r.get(name), sort_keys=True) for r in records))
+        values = list(dict.fromkeys(json.dumps(getattr(r, name), sort_keys=True) for r in records))
         settings[name] = json.loads(values[0]) if len(values) == 1 else [json.loads(v) for v in values]
     settings["backends_ran"] = dict(counts.most_common())
     settings["fallbacks"] = dict(fallbacks.most_common())
@@ -377,7 +368,7 @@ def evaluate(
     out: str | Path,
     noise_ref: str | Path | None = None,
     options: EvalOptions | None = None,
-    records: dict[str, list[dict[str, Any]]] | None = None,
+    records: dict[str, list[ManifestRecord]] | None = None,
     attention_probe: dict[str, Any] | None = None,
     run_info: dict[str, Any] | None = None,
     notes: Sequence[str] = (),

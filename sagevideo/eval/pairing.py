@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, is_done
+from sagevideo.errors import PairingError
+from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, ManifestRecord, as_record, is_done
 
 # Decoded frames kept from the pairing check for the metric pass, up to this many bytes in all
 # (small runs decode each video once; larger ones decode again when the metrics need them).
@@ -24,10 +25,6 @@ FRAME_CACHE_BYTES = 256 * 2**20
 COMPARED_SETTINGS = ("model_fingerprint", "steps", "guidance", "negative_prompt", "fps", "dtype")
 
 
-class PairingError(ValueError):
-    """Two folders whose videos cannot be paired; the message lists every problem."""
-
-
 @dataclass
 class Video:
     """One finished video of an arm."""
@@ -35,7 +32,7 @@ class Video:
     prompt: str
     seed: int
     path: Path
-    record: dict[str, Any]
+    record: ManifestRecord
     frames: int = 0
     height: int = 0
     width: int = 0
@@ -61,7 +58,7 @@ class Arm:
 
     folder: Path
     videos: dict[tuple[str, int], Video]
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[ManifestRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -87,12 +84,12 @@ def describe(key: tuple[str, int]) -> str:
     return f"{short!r} seed {seed}"
 
 
-def video_file(record: dict[str, Any]) -> str | None:
+def video_file(record: ManifestRecord | Any) -> str | None:
     """The record's video output (its first .mp4), relative to the folder."""
-    return next((o for o in record.get("outputs") or [] if str(o).lower().endswith(".mp4")), None)
+    return as_record(record).video
 
 
-def load_arm(folder: str | Path, role: str, records: list[dict[str, Any]] | None = None) -> Arm:
+def load_arm(folder: str | Path, role: str, records: list[ManifestRecord] | None = None) -> Arm:
     """Finished videos of `folder` (from its manifest, or from `records` when given).
 
     role names the folder in messages ("REF_DIR", "TEST_DIR"...). Raises PairingError for a
@@ -109,21 +106,21 @@ def load_arm(folder: str | Path, role: str, records: list[dict[str, Any]] | None
             )
         latest = Manifest(folder / MANIFEST_NAME).latest()
         records = list(latest.values())
-    done = [r for r in records if is_done(r, folder) and video_file(r)]
+    done = [r for r in map(as_record, records) if is_done(r, folder) and r.video]
     if not done:
         raise PairingError(f"{role} {folder}: the manifest records no finished video with its file present")
     videos: dict[tuple[str, int], Video] = {}
     problems = []
     for record in done:
-        key = (str(record.get("prompt")), int(record.get("seed", 0)))
+        key = (str(record.prompt), int(record.seed or 0))
         if key in videos:
             problems.append(
-                f"{role}: two finished videos for {describe(key)} (job ids {videos[key].record['job_id']} and "
-                f"{record['job_id']}, e.g. different settings); keep one per prompt and seed, or evaluate "
+                f"{role}: two finished videos for {describe(key)} (job ids {videos[key].record.job_id} and "
+                f"{record.job_id}, e.g. different settings); keep one per prompt and seed, or evaluate "
                 "them from separate folders"
             )
             continue
-        videos[key] = Video(key[0], key[1], folder / video_file(record), record)
+        videos[key] = Video(key[0], key[1], folder / record.video, record)
     if problems:
         raise PairingError("\n".join(problems))
     return Arm(folder, videos, done)
@@ -201,7 +198,7 @@ def setting_notes(pairs: list[Pair]) -> list[str]:
     for name in COMPARED_SETTINGS:
         for pair in pairs:
             values = {
-                role: v.record.get(name)
+                role: getattr(v.record, name)
                 for role, v in (("ref", pair.ref), ("test", pair.test), ("noise", pair.noise))
                 if v
             }

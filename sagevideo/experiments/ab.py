@@ -27,7 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sagevideo.jobs.specs import InputError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sagevideo.choices import Backend, Device, PVChoice
+from sagevideo.errors import ABFailed, InputError
+from sagevideo.outputs.manifest import ManifestRecord
 
 log = logging.getLogger("sagevideo")
 
@@ -36,8 +40,42 @@ LABELS = {"ref": "full precision", "test": "quantized", "noise": "full precision
 _ARM_FIELDS = ("attention", "pv", "plan")
 
 
-class ABFailed(RuntimeError):
-    """A job of one arm failed (its manifest has the error); re-running resumes."""
+class ABConfig(BaseModel):
+    """What `sagevideo ab` runs: the job file's prompts in three arms (see the module docstring);
+    the evaluation's options are `sagevideo.eval.evaluate.EvalOptions`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_file: Path = Field(description="Job file (YAML/TOML/text, as for `generate`) without attention, pv or plan.")
+    out: Path = Field(description="Folder for the three arms and the evaluation.")
+    model: str = Field("tiny", description="'tiny' (built in) or a local diffusers folder.")
+    plan: Path | None = Field(None, description="Attention-plan JSON for the quantized arm.")
+    pv: PVChoice | None = Field(
+        None,
+        description="P·V precision of the quantized arm (default: the plan's, else auto: FP8 on sm89+ GPUs, "
+        "else FP16).",
+    )
+    backend: Backend = Field("auto", description="sageattn backend of the quantized arm.")
+    device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
+    attention_probe: bool = Field(
+        False,
+        description="Also measure each layer's attention error (cosine, rel-L1, RMSE vs fp32) by re-running the "
+        "quantized jobs with a probing router.",
+    )
+    noise_floor: bool = Field(True, description="Run full precision twice (the noise floor).")
+    progress: bool = Field(True, description="Show progress bars.")
+
+    @classmethod
+    def build(cls, job_file: Any = None, /, **fields: Any) -> ABConfig:
+        """An ABConfig from one (with `fields` over it) or from the job file and fields; InputError
+        naming each bad option."""
+        from sagevideo.jobs.specs import group_problems, value_problems
+
+        data = {**dict(job_file), **fields} if isinstance(job_file, ABConfig) else {"job_file": job_file, **fields}
+        try:
+            return cls(**data)
+        except ValidationError as err:
+            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
 
 
 def job_file_arm_fields(job_file: Path) -> list[str]:
@@ -82,7 +120,7 @@ def expected_calls(plan: Any, steps: int) -> Counter | None:
     return counts
 
 
-def plan_check(plan: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
+def plan_check(plan: Any, records: list[ManifestRecord]) -> dict[str, Any]:
     """Compare the quantized arm's recorded attention calls with what `plan` implies.
 
     `backends.counts` labels ("reference/fp16", "triton/fp8", "sdpa") are reduced to their
@@ -91,20 +129,21 @@ def plan_check(plan: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
     problems = []
     for r in records:
         ran: Counter = Counter()
-        for label, n in ((r.get("backends") or {}).get("counts") or {}).items():
+        backends = r.backends or {}
+        for label, n in (backends.get("counts") or {}).items():
             ran[label.split("/", 1)[1] if "/" in label else "full"] += n
-        fallbacks = (r.get("backends") or {}).get("fallbacks") or {}
-        expected = expected_calls(plan, int(r.get("steps") or 0))
+        fallbacks = backends.get("fallbacks") or {}
+        expected = expected_calls(plan, int(r.steps or 0))
+        prompt = str(r.prompt)[:40]
         if expected is not None:
             if ran != expected and not fallbacks:
                 problems.append(
-                    f"{r['prompt'][:40]!r}: ran {dict(sorted(ran.items()))}, the plan implies "
-                    f"{dict(sorted(expected.items()))}"
+                    f"{prompt!r}: ran {dict(sorted(ran.items()))}, the plan implies {dict(sorted(expected.items()))}"
                 )
         else:
             modes = {c.mode.pv or "full" for c in [plan.default, *(o.choice for o in plan.overrides)]}
             if not set(ran) <= modes:
-                problems.append(f"{r['prompt'][:40]!r}: ran {sorted(ran)}, the plan has only {sorted(modes)}")
+                problems.append(f"{prompt!r}: ran {sorted(ran)}, the plan has only {sorted(modes)}")
     consistent = not problems
     message = (
         "the quantized arm's recorded attention calls match the plan (per precision)"
@@ -116,22 +155,17 @@ def plan_check(plan: Any, records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ab(
-    job_file: str | Path,
+    config: ABConfig | str | Path | None = None,
+    /,
     *,
-    out: str | Path,
-    model: str = "tiny",
-    plan: str | Path | None = None,
-    pv: str | None = None,
-    backend: str = "auto",
-    device: str = "auto",
-    attention_probe: bool = False,
-    noise_floor: bool = True,
     options: Any = None,
-    progress: bool = True,
     echo: Callable[[str], None] = print,
+    **fields: Any,
 ) -> dict[str, Any]:
     """Run the arms and evaluate them; returns the metrics.json content.
 
+    config: an `ABConfig`, or the job file of one whose other fields are keyword arguments (out,
+    model, plan, pv, backend, device, attention_probe, noise_floor, progress).
     options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
     failed or the quantized arm's attention calls do not match the plan; ModelLoadError (from
@@ -142,7 +176,10 @@ def ab(
     from sagevideo.generation.generate import plan_batch, run_batch
     from sagevideo.pipelines.plans import AttentionPlan, PlanError
 
-    job_file = Path(job_file).expanduser()
+    config = ABConfig.build(config, **fields)
+    out, model, plan, pv, progress = config.out, config.model, config.plan, config.pv, config.progress
+    attention_probe, noise_floor = config.attention_probe, config.noise_floor
+    job_file = config.job_file.expanduser()
     if not job_file.is_file():
         raise InputError(f"JOB_FILE {job_file}: no such file")
     arm_fields = job_file_arm_fields(job_file)
@@ -164,7 +201,7 @@ def ab(
     shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None  # re-runs' and evaluation's steps
     options.labels = dict(LABELS)
 
-    common: dict[str, Any] = {"model": model, "backend": backend, "device": device}
+    common: dict[str, Any] = {"model": model, "backend": config.backend, "device": config.device}
     quantized: dict[str, Any] = {"attention": "sage"}
     if pv is not None:
         quantized["pv"] = pv
@@ -179,17 +216,17 @@ def ab(
     batches = {role: plan_batch(job_file, out=Path(out).expanduser() / ARMS[role], **common, **settings)
                for role, settings in runs}
     out_dir = prepare_out(out)
-    records: dict[str, list[dict[str, Any]]] = {}
+    records: dict[str, list[ManifestRecord]] = {}
     for role, batch in batches.items():
         echo(f"sagevideo ab: {LABELS[role]} arm -> {out_dir / ARMS[role]}")
         for note in batch.notes:
             if note.startswith("plan "):  # e.g. a plan calibrated for another step count
                 echo(f"sagevideo ab: {note}")
         recs = run_batch(batch, progress=progress).records
-        failed = [r for r in recs if r.get("status") != "done"]
+        failed = [r for r in recs if not r.done]
         if failed:
             raise ABFailed(
-                f"{len(failed)} job(s) of the {LABELS[role]} arm failed (first: {failed[0].get('error')}); see "
+                f"{len(failed)} job(s) of the {LABELS[role]} arm failed (first: {failed[0].error}); see "
                 f"{out_dir / ARMS[role] / 'manifest.jsonl'}; re-running the same command resumes"
             )
         records[role] = recs
@@ -232,13 +269,13 @@ def ab(
         "command": "sagevideo ab",
         "job_file": str(job_file),
         "model": model,
-        "model_fingerprint": first.get("model_fingerprint"),
+        "model_fingerprint": first.model_fingerprint,
         "plan": str(plan) if plan is not None else None,
-        "plan_sha256": first.get("plan_sha256"),
-        "pv": first.get("pv"),
-        "backend": first.get("backend"),
-        "device": first.get("device"),
-        "dtype": first.get("dtype"),
+        "plan_sha256": first.plan_sha256,
+        "pv": first.pv,
+        "backend": first.backend,
+        "device": first.device,
+        "dtype": first.dtype,
         "plan_check": check["message"] if check else None,
         "quantized_arm": str(test_dir.relative_to(out_dir)),
         "attention_probe": attention_probe,

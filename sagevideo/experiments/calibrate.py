@@ -2,42 +2,100 @@
 
 The model and its job constraints come from its family (`sagevideo.pipelines.families`, through
 `resolve_model`); the prompts run through the one generation path (`PipelineHost.generate`,
-denoising only) with the probing router as the host's attention hook."""
+denoising only) with the probing router as the host's attention hook.
+`CalibrateConfig` declares every option once (the CLI's `sagevideo calibrate` options are made from
+it, the Python API validates its keyword arguments with it)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from sagevideo.choices import Device, resolve_device
+from sagevideo.errors import InputError
 from sagevideo.jobs.specs import (
     DEFAULT_PROMPTS,
-    InputError,
+    Frames,
+    Guidance,
+    Pixels,
+    Seed,
+    Steps,
     collect_jobs,
     group_problems,
     option_place,
-    option_problems,
+    read_prompts_file,
+    value_problems,
 )
 
 
-def calibrate(
-    prompts: list[str] | None = None,
-    *,
-    out: str | Path,
-    model: str = "tiny",
-    steps: int | None = None,
-    frames: int | None = None,
-    height: int | None = None,
-    width: int | None = None,
-    guidance: float = 6.0,
-    seed: int = 0,
-    capture_steps: list[int] | None = None,
-    threshold: float = 0.999,
-    device: str = "auto",
-    save_qkv: str | Path | None = None,
-    progress: bool = True,
-) -> Any:
-    """Calibrate attention per layer on `prompts` and save the chosen plan to `out` (JSON).
+def _step_list(value: Any) -> Any:
+    """'0,1,-1' (the command line's spelling) -> [0, 1, -1]."""
+    if isinstance(value, str):
+        try:
+            return [int(s) for s in value.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError("give integers like 0,1,-1") from None
+    return value
 
+
+def _cosine(value: Any) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 < value <= 1:
+        raise ValueError("not a cosine in (0, 1]; the default is 0.999")
+    return value
+
+
+class CalibrateConfig(BaseModel):
+    """Every option of a calibration, in the CLI's order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompts_file: Path | None = Field(None, description="Text file with one prompt per line.")
+    out: Path = Field(description="Where to write the plan (JSON).")
+    model: str = Field("tiny", description="'tiny' or a local diffusers folder.")
+    prompts: list[str] | None = Field(None, description="A prompt (repeatable).")
+    steps: Steps | None = Field(None, description="Denoising steps (default: the model's).")
+    capture_steps: Annotated[list[int] | None, BeforeValidator(_step_list)] = Field(
+        None, description="Steps to measure, e.g. '0,1,-1' (default: all)."
+    )
+    threshold: Annotated[float, BeforeValidator(_cosine)] = Field(
+        0.999, description="Worst cosine a quantized mode must reach per layer."
+    )
+    frames: Frames | None = Field(None, description="Frames (default: the model's).")
+    height: Pixels | None = Field(None, description="Height in px (default: the model's).")
+    width: Pixels | None = Field(None, description="Width in px (default: the model's).")
+    guidance: Guidance = Field(6.0, description="Classifier-free guidance scale (<= 1 disables it).")
+    seed: Seed = Field(0, description="Seed of the initial noise.")
+    device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
+    save_qkv: Path | None = Field(
+        None, description="Also save captured Q/K/V (safetensors) for `sagevideo simulate --qkv`."
+    )
+    progress: bool = Field(True, description="Show the progress bar.")
+
+    @classmethod
+    def build(cls, prompts: Any = None, /, **options: Any) -> CalibrateConfig:
+        """A config from one (with `options` over it) or from prompts and keyword options;
+        InputError naming every bad option at once."""
+        if isinstance(prompts, CalibrateConfig):
+            data = {**dict(prompts), **options}
+        else:
+            data = dict(options)
+            if prompts is not None:
+                data["prompts"] = list(prompts)
+        try:
+            return cls(**data)
+        except ValidationError as err:
+            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
+
+
+def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: Any) -> Any:
+    """Calibrate attention per layer on prompts and save the chosen plan to `out` (JSON).
+
+    config: a `CalibrateConfig`, or the prompts of one whose other fields are keyword arguments
+    (see `CalibrateConfig`: out, model, prompts_file, steps, frames, height, width, guidance, seed,
+    capture_steps, threshold, device, save_qkv, progress). Without prompts (nor a prompts file):
+    the built-in pair.
     capture_steps: denoising step indices to measure (negative counts from the end; None: all).
     threshold: worst cosine (vs fp32 attention) a quantized mode must reach in a layer.
     save_qkv: also save the captured Q/K/V (first call per layer and step) for `sagevideo simulate --qkv`.
@@ -48,23 +106,25 @@ def calibrate(
     from sagevideo.outputs.files import writable_file
     from sagevideo.pipelines.loading import resolve_model
 
-    if not 0 < threshold <= 1:
-        raise InputError(f"--threshold {threshold}: not a cosine in (0, 1]; the default is 0.999")
-    options = dict(seed=seed, frames=frames, height=height, width=width, steps=steps, guidance=guidance)
-    _, problems = option_problems(options)
-    if problems:
-        raise InputError(group_problems(problems))
+    config = CalibrateConfig.build(config, **options)
+    given = config.prompts is not None or config.prompts_file is not None
+    prompts = list(config.prompts or [])
+    if config.prompts_file is not None:  # UTF-8 text with at least one prompt, else one line saying so
+        prompts += [text for text, _ in read_prompts_file(config.prompts_file)]
+    options = {k: getattr(config, k) for k in ("seed", "frames", "height", "width", "steps", "guidance")}
     # Both files are written after the whole calibration: a path that cannot take them fails now.
-    out = writable_file(out, "--out", InputError)
+    out = writable_file(config.out, "--out", InputError)
+    save_qkv = config.save_qkv
     if save_qkv is not None:
         save_qkv = writable_file(save_qkv, "--save-qkv", InputError, "qkv.safetensors")
         if save_qkv.resolve() == out.resolve():
             raise InputError(f"--save-qkv {save_qkv}: is the --out file; give the Q/K/V their own file")
-    if prompts is not None and not prompts:
+    if given and not prompts:
         raise InputError("no prompts to calibrate on; give --prompt or a prompts file with one prompt per line")
+    model = config.model
     source = resolve_model(model)
-    given = {k: v for k, v in options.items() if v is not None}
-    parsed, problems = collect_jobs([(p, f"--prompt {p!r}") for p in (prompts or DEFAULT_PROMPTS)], given)
+    defaults = {k: v for k, v in options.items() if v is not None}
+    parsed, problems = collect_jobs([(p, f"--prompt {p!r}") for p in (prompts or DEFAULT_PROMPTS)], defaults)
     if problems:
         raise InputError(group_problems(problems))
     jobs = [source.resolve(job) for job, _, _ in parsed]
@@ -73,28 +133,27 @@ def calibrate(
         problems.append((option_place(field, options[field]) if options.get(field) else f"--model {model}", text))
     if problems:
         raise InputError(group_problems(problems))
+    device = resolve_device(config.device)
     _check_memory(source, jobs, device)
     n_steps = jobs[0].steps
     captured = None
-    if capture_steps is not None:
-        bad = [s for s in capture_steps if not -n_steps <= s < n_steps]
+    if config.capture_steps is not None:
+        bad = [s for s in config.capture_steps if not -n_steps <= s < n_steps]
         if bad:
             raise InputError(
                 f"--capture-steps {bad} are outside the run's {n_steps} steps (0..{n_steps - 1}, or -1 for the last)"
             )
-        captured = {s % n_steps for s in capture_steps}
-    return _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress)
+        captured = {s % n_steps for s in config.capture_steps}
+    return _run(source, jobs, out, captured, config.threshold, device, n_steps, save_qkv, config.progress)
 
 
 def _check_memory(source, jobs, device: str) -> None:
     """Refuse, with the estimate, a calibration whose denoising cannot fit in the device's free memory
     (it decodes nothing: the video stays latent)."""
-    import torch
-
     from sagevideo.generation.budget import available_bytes, format_bytes
     from sagevideo.generation.estimate import OVERHEAD_BYTES, estimate_job
 
-    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    dev = resolve_device(device)
     dtype = "bfloat16" if dev.startswith("cuda") else "float32"
     estimate = estimate_job(source, jobs[0], "reference" if dev == "cpu" else "triton", dtype)
     need, free = estimate.weights + estimate.denoise + OVERHEAD_BYTES, available_bytes(dev)
@@ -111,14 +170,11 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
     attention hook installs the probing router), then choose and save the plan."""
     import sys
 
-    import torch
     from tqdm.auto import tqdm
 
     from sagevideo.host.pipeline_host import PipelineHost, PlannedJob, RouterAttention, RunContext
     from sagevideo.pipelines.calibrate import calibration_result, probing_router
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     bar = tqdm(total=len(jobs) * n_steps, unit="step", desc="calibrate", disable=not progress, file=sys.stderr,
                dynamic_ncols=True)

@@ -249,10 +249,10 @@ def rerun_arm(
                 pj = PlannedJob(job=job, job_id=record["job_id"], output=f"probe-{index}.mp4",
                                 label=f"re-run {index + 1}", backend=backend)
                 done = host.run(pj)
-                if done["status"] != "done":
+                if done.status != "done":
                     what = record["prompt"][:40]
-                    raise ProbeRunError(f"attention probe: re-running {what!r} failed: {done['error']}")
-                staged = Path(tmp) / done["_staged"]
+                    raise ProbeRunError(f"attention probe: re-running {what!r} failed: {done.error}")
+                staged = Path(tmp) / done.handoff.staged
                 probed = read_frames(staged)
                 staged.unlink()
                 arm = read_frames(Path(arm_dir) / video_file(record))

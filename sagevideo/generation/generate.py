@@ -16,12 +16,14 @@ Two steps, so that every input problem is reported before a model is loaded:
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
+from sagevideo.errors import BatchInterrupted, BatchStopped, ModelLoadError
 from sagevideo.generation.plan import BatchPlan, PromptsOrJobs, plan_batch
-from sagevideo.generation.run import BatchInterrupted, BatchReport, BatchStopped, pending_jobs, run_batch
-from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob
+from sagevideo.generation.run import BatchReport, pending_jobs, run_batch
+from sagevideo.host.pipeline_host import PlannedJob
+from sagevideo.jobs.config import GenerateConfig
+from sagevideo.outputs.manifest import ManifestRecord
 
 log = logging.getLogger("sagevideo")
 
@@ -30,6 +32,8 @@ __all__ = [
     "BatchPlan",
     "BatchReport",
     "BatchStopped",
+    "GenerateConfig",
+    "ManifestRecord",
     "ModelLoadError",
     "PlannedJob",
     "generate",
@@ -39,32 +43,28 @@ __all__ = [
 ]
 
 
-def generate(
-    prompts_or_jobs: PromptsOrJobs = None,
-    *,
-    out: str | Path,
-    model: str = "tiny",
-    progress: bool = True,
-    **options: Any,
-) -> list[dict[str, Any]]:
+def generate(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any) -> list[ManifestRecord]:
     """Generate one video per prompt/job into `out`; returns the manifest records, one per job.
 
-    prompts_or_jobs: a job file (a Path, or a one-word string ending in .yaml/.yml/.toml/.txt),
-    a prompt, a dict of `JobSpec` fields, a `JobSpec`, or a list of those; None (and no
-    prompts_file/job_file) generates a built-in batch of two prompts.
-    options: see `plan_batch` (seed, frames, height, width, steps, guidance, negative_prompt,
-    attention, pv, plan, backend, device, dtype, fps, prompts_file, job_file, address, workers,
-    max_attempts, gpus_per_job, job_timeout, frames_png). address/workers > 1 run the batch on Ray (`pip install
+    config: a `GenerateConfig`, or the prompts/jobs of one (a job file as a Path or a one-word
+    string ending in .yaml/.yml/.toml/.txt, a prompt, a dict of `JobSpec` fields, a `JobSpec`, or
+    a list of those; None (and no prompts_file/job_file): a built-in batch of two prompts).
+    options: `GenerateConfig`'s fields (out, model, seed, frames, height, width, steps, guidance,
+    negative_prompt, attention, pv, plan, backend, device, dtype, fps, prompts_file, job_file,
+    address, workers, max_attempts, gpus_per_job, job_timeout, frames_png, progress), over the
+    config's when one is given. address/workers > 1 run the batch on Ray (`pip install
     'sagevideo[ray]'`); so does gpus_per_job > 1, each job then split over that many ranks.
     Jobs that the manifest in `out` already records as done (with their file present) are skipped.
+    Each record is a `ManifestRecord` (attributes, or `record["status"]` as in its JSON line).
     Raises InputError before loading anything when an input is invalid (or when another run
     writes into `out`); Ctrl-C or SIGTERM raises `BatchInterrupted` (a KeyboardInterrupt) after
     stopping the workers; a full disk raises `BatchStopped` after recording the job it hit.
     """
-    plan = plan_batch(prompts_or_jobs, out=out, model=model, **options)
+    config = GenerateConfig.build(config, **options)
+    plan = plan_batch(config)
     for note in plan.notes:
         log.info(note)
-    report = run_batch(plan, progress=progress)
+    report = run_batch(plan, progress=config.progress)
     if report.stopped:
         raise BatchStopped(report)
     return report.records

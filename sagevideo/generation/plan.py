@@ -1,40 +1,36 @@
 """Plan a batch of video jobs without loading a model: every input problem is found here.
 
-`plan_batch(...)` validates prompts or a job file (YAML/TOML/text), settings, model folder,
-attention-plan files and output folder, resolves model defaults, the device, each job's
-attention backend and where the batch runs (this process, or Ray), and gives each job a stable id
-and output name. It returns a `BatchPlan` for `sagevideo.generation.run.run_batch`, or raises
-`InputError` naming each bad field and its fix.
+`plan_batch(config)` takes a `GenerateConfig` (or prompts/jobs and keyword options, which build
+one) and validates prompts or a job file (YAML/TOML/text), settings, model folder, attention-plan
+files and output folder, resolves model defaults, the device, each job's attention backend and
+where the batch runs (this process, or Ray), and gives each job a stable id and output name. It
+returns a `BatchPlan` for `sagevideo.generation.run.run_batch`, or raises `InputError` naming
+each bad field and its fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from sagevideo.choices import resolve_device, resolve_pv
+from sagevideo.errors import InputError
 from sagevideo.host.pipeline_host import PlannedJob, RunContext
+from sagevideo.jobs.config import JOB_DEFAULTS, GenerateConfig
 from sagevideo.jobs.files import Origin
 from sagevideo.jobs.specs import (
     DEFAULT_PROMPTS,
-    InputError,
     JobSpec,
-    RunSettings,
     collect_jobs,
     group_problems,
     job_id,
     option_place,
-    option_problems,
     output_stem,
     read_prompts_file,
-    settings_problems,
     where,
 )
 from sagevideo.outputs.manifest import MANIFEST_NAME
@@ -44,28 +40,25 @@ PromptsOrJobs = (
     str | Path | Mapping[str, Any] | JobSpec | Iterable[str | Mapping[str, Any] | JobSpec] | None
 )
 
-
-# Keyword options that are also job fields: job files override them (job > file defaults > option).
-_JOB_OPTIONS = (
-    "seed", "frames", "height", "width", "steps", "guidance", "negative_prompt", "attention", "pv", "plan", "frames_png"
-)
+__all__ = ["BatchPlan", "GenerateConfig", "PromptsOrJobs", "check_plans", "plan_batch", "resolve_pv"]
 
 
 @dataclass
 class BatchPlan:
     """Everything `run_batch` needs; built by `plan_batch` without loading any model.
 
+    settings: the batch's `GenerateConfig`, with pv resolved ("auto" -> fp8/fp16 for the device).
     backend: the `sageattn` backend of the batch's default attention/pv, or None for "full"
     (each PlannedJob has its own). notes: facts the user should see before the run (e.g. why CPU
     runs the emulation). use_ray: run on Ray workers (`address`: None = a local instance, "auto",
     or HOST:PORT; `workers`: None = one per GPU, or per node on CPU). max_attempts: runs of a job
     whose worker died before it is marked failed. gpus_per_job: ranks that share each job by
     sequence parallelism (> 1: Ray groups of that many ranks; `workers` then counts groups).
-    job_timeout: seconds a job may run (None: no limit); see `plan_batch`.
+    job_timeout: seconds a job may run (None: no limit); see `GenerateConfig.job_timeout`.
     """
 
     out: Path
-    settings: RunSettings
+    settings: GenerateConfig
     source: ModelSource
     device: str
     dtype: str
@@ -90,93 +83,49 @@ class BatchPlan:
         )
 
 
-def plan_batch(
-    prompts_or_jobs: PromptsOrJobs = None,
-    *,
-    out: str | Path,
-    model: str = "tiny",
-    prompts_file: str | Path | None = None,
-    job_file: str | Path | None = None,
-    seed: int = 0,
-    frames: int | None = None,
-    height: int | None = None,
-    width: int | None = None,
-    steps: int | None = None,
-    guidance: float = 6.0,
-    negative_prompt: str = "",
-    attention: str = "sage",
-    pv: str = "auto",
-    plan: str | Path | None = None,
-    backend: str = "auto",
-    device: str = "auto",
-    dtype: str | None = None,
-    fps: int = 8,
-    address: str | None = None,
-    workers: int | None = None,
-    max_attempts: int = 3,
-    gpus_per_job: int = 1,
-    job_timeout: float | None = None,
-    frames_png: bool = False,
-) -> BatchPlan:
+def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any) -> BatchPlan:
     """Validate a batch and resolve everything about it without loading a model.
 
-    frames/height/width/steps left as None take the model's defaults. Precedence of job fields:
-    a job's own value > a job file's `defaults` > these keyword options > the model's defaults.
-    plan: an attention-plan JSON for every job that does not name its own (checked to exist and
-    be a JSON object, recorded in the manifest). gpus_per_job: ranks per job (Ulysses sequence
-    parallelism, for the model families that have it), checked against every job's heads and tokens here.
-    job_timeout: seconds one job may run. On Ray the driver stops a worker whose job runs longer
-    (a hang) and retries the job like a worker death; in this process a timer stops the job at the
-    limit, mid-step, between two torch operations (one operation that runs longer, e.g. a single
-    huge attention call, finishes first; outside the main thread the limit is checked after each
-    step), and the job fails. Jobs whose estimated peak memory exceeds what the device has free
-    are refused with the estimate (`sagevideo.generation.estimate`); large CPU jobs get a note with their
-    measured attention time.
-    frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4).
-    Raises InputError naming each bad field and its fix.
+    config: a `GenerateConfig`, or the prompts/jobs of one whose other options are the keyword
+    arguments (`options` also override a given config's). Every option is a field of
+    `GenerateConfig`, with its default and meaning. frames/height/width/steps left as None take
+    the model's defaults. Precedence of job fields: a job's own value > a job file's `defaults` >
+    these options > the model's defaults. Jobs whose estimated peak memory exceeds what the device
+    has free are refused with the estimate (`sagevideo.generation.estimate`); large CPU jobs get a
+    note with their measured attention time.
+    Raises InputError naming each bad field and its fix (bad options among them, each once).
     """
     from sagevideo.jobs.files import load_job_file, looks_like_job_file
     from sagevideo.pipelines.families import degree_problems
     from sagevideo.pipelines.loading import resolve_model
 
-    try:
-        settings = RunSettings(
-            model=model, attention=attention, pv=pv, backend=backend, device=device, dtype=dtype, fps=fps
-        )
-    except ValidationError as err:
-        raise InputError(group_problems(settings_problems(err))) from None
-    dev, dt = _resolve_device(settings)
-    settings = settings.model_copy(update={"pv": resolve_pv(settings.pv, dev)})
-    if job_file is None and looks_like_job_file(prompts_or_jobs):
-        job_file, prompts_or_jobs = prompts_or_jobs, None
-    options = dict(
-        seed=seed,
-        frames=frames,
-        height=height,
-        width=width,
-        steps=steps,
-        guidance=guidance,
-        negative_prompt=negative_prompt,
-        attention=attention,
-        pv=settings.pv,
-        plan=None if plan is None else str(Path(plan).expanduser().resolve()),
-        frames_png=frames_png,
-    )
+    config = GenerateConfig.build(config, **options)
     # Every problem is collected before anything is refused: a bad option, a bad default of the
     # job file and each job's own problems are listed together, each once.
-    defaults, problems = option_problems(options)
+    problems: list[tuple[str, str]] = [(place, text) for _, place, text in config.problems]
+    bad = {name for name, _, _ in config.problems}
+    try:
+        dev, dt = _resolve_device(config)
+    except InputError as err:
+        raise InputError(group_problems([*problems, ("", str(err))])) from None
+    settings = config.model_copy(update={"pv": resolve_pv(config.pv, dev)})
+    prompts_or_jobs, job_file = settings.prompts_or_jobs, settings.job_file
+    if job_file is None and looks_like_job_file(prompts_or_jobs):
+        job_file, prompts_or_jobs = Path(prompts_or_jobs), None
+    defaults = {k: v for k, v in settings.job_defaults().items() if k not in bad}  # bad ones are said already
     loaded = load_job_file(job_file) if job_file is not None else None
     file_items = loaded.items if loaded is not None else []
     problems += loaded.problems if loaded is not None else []
-    labelled = [*file_items, *_labelled_items(prompts_or_jobs, prompts_file, have_jobs=loaded is not None)]
-    notes = _shadowed_options(job_file, file_items, {**options, "pv": pv})
+    labelled = [*file_items, *_labelled_items(prompts_or_jobs, settings.prompts_file, have_jobs=loaded is not None)]
+    notes = _shadowed_options(job_file, file_items, config)
     parsed, found = collect_jobs(labelled, defaults)
     problems += found
-    try:
-        source = resolve_model(settings.model)
-    except InputError as err:  # the jobs' model-specific checks need the model; the rest is listed
-        problems.append(("", str(err)))
-        source = None
+    source = None
+    if "model" not in bad:  # the jobs' model-specific checks need the model; the rest is listed
+        try:
+            source = resolve_model(settings.model)
+        except InputError as err:
+            problems.append(("", str(err)))
     resolved: list[tuple[JobSpec, Any]] = []
     plan_shas: dict[str, str] = {}
     if source is not None:
@@ -195,6 +144,7 @@ def plan_batch(
         raise InputError(group_problems(problems))
     if not resolved:
         raise InputError("no prompts to generate; give at least one")
+    gpus_per_job = settings.gpus_per_job
     problems = degree_problems(source, resolved, gpus_per_job)  # raises for batch-wide problems
     if problems:
         raise InputError(group_problems(problems))
@@ -208,11 +158,8 @@ def plan_batch(
     default_backend = backends.get((settings.attention, settings.pv if settings.attention == "sage" else None))
     if default_backend is None and settings.attention == "sage":
         default_backend, _ = _resolve_backend(settings, "sage", settings.pv, source, dev, dt)
-    if job_timeout is not None and (
-        isinstance(job_timeout, bool) or not isinstance(job_timeout, (int, float)) or not 0 < job_timeout < math.inf
-    ):
-        raise InputError(f"--job-timeout {job_timeout}: give seconds > 0, e.g. 1800 (leave it out for no limit)")
-    use_ray, execution_notes = _resolve_execution(address, workers, max_attempts, dev, gpus_per_job)
+    address, workers, job_timeout = settings.address, settings.workers, settings.job_timeout
+    use_ray, execution_notes = _resolve_execution(address, workers, dev, gpus_per_job)
     notes += execution_notes
     # On CUDA only for a run in this process: a driver that Ray workers serve must not take a GPU context.
     here = address is None and not (use_ray and dev == "cuda")
@@ -251,7 +198,7 @@ def plan_batch(
     problems = _automatic_name_clashes(planned, labels)
     if problems:
         raise InputError(group_problems(problems))
-    out_dir = _prepare_out_dir(out)  # last: the only check that writes (it may create the folder)
+    out_dir = _prepare_out_dir(settings.out)  # last: the only check that writes (it may create the folder)
     if duplicates:
         notes.append(f"{duplicates} duplicate job(s) (same prompt and settings) will run once")
     return BatchPlan(
@@ -266,7 +213,7 @@ def plan_batch(
         use_ray=use_ray,
         address=address,
         workers=workers,
-        max_attempts=max_attempts,
+        max_attempts=settings.max_attempts,
         gpus_per_job=gpus_per_job,
         job_timeout=None if job_timeout is None else float(job_timeout),
     )
@@ -292,17 +239,17 @@ def _labelled_items(
 
 
 def _shadowed_options(
-    job_file: str | Path | None, file_items: list[tuple[Any, Any]], options: dict[str, Any]
+    job_file: str | Path | None, file_items: list[tuple[Any, Any]], config: GenerateConfig
 ) -> list[str]:
     """Notes for options given here (not at their default) that a job file overrides: job-file
     values win, which is right for per-shot settings but surprising if unsaid."""
     if not file_items:
         return []
-    signature = inspect.signature(plan_batch).parameters
+    values = {**config.job_defaults(), "pv": config.pv}
     notes = []
-    for name in _JOB_OPTIONS:
-        value, default = options[name], signature[name].default
-        if value == default or (name == "plan" and value is None):
+    for name in JOB_DEFAULTS:
+        value = values[name]
+        if value == GenerateConfig.default(name) or (name == "plan" and value is None):
             continue
         keys = ("resolution", name) if name in ("height", "width") else (name,)
         count = sum(1 for item, _ in file_items if isinstance(item, Mapping) and any(k in item for k in keys))
@@ -478,17 +425,13 @@ def _automatic_name_clashes(planned: list[PlannedJob], labels: list[Any]) -> lis
 
 
 def _resolve_execution(
-    address: str | None, workers: int | None, max_attempts: int, device: str, gpus_per_job: int = 1
+    address: str | None, workers: int | None, device: str, gpus_per_job: int = 1
 ) -> tuple[bool, list[str]]:
     """(run on Ray?, notes). Ray when an address is given, more than one worker is asked for,
     jobs span several GPUs (gpus_per_job > 1: one process per rank), or (workers unset) more than
-    one GPU is visible; Ray is then checked to be installed."""
+    one GPU is visible; Ray is then checked to be installed. (Values are checked by GenerateConfig.)"""
     from sagevideo.scheduling import address_problem, ray_installed
 
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise InputError(f"--workers {workers}: give a whole number >= 1 (1 runs in this process)")
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InputError(f"--max-attempts {max_attempts}: give a whole number >= 1 (1: no retry)")
     if address is not None:
         problem = address_problem(address)
         if problem:
@@ -545,35 +488,20 @@ def _prepare_out_dir(out: str | Path) -> Path:
     return path
 
 
-def resolve_pv(pv: str, device: str) -> str:
-    """--pv auto -> "fp8" on CUDA GPUs with FP8 tensor cores (sm89+: the fastest mode, within its
-    accuracy contract), else "fp16" (as `install`'s default plan); fp16/fp8 stay as given."""
-    if pv != "auto":
-        return pv
-    if device != "cuda":
-        return "fp16"
-    import torch
-
-    return "fp8" if torch.cuda.get_device_capability() >= (8, 9) else "fp16"
-
-
-def _resolve_device(settings: RunSettings) -> tuple[str, str]:
+def _resolve_device(settings: GenerateConfig) -> tuple[str, str]:
     """(device, dtype name): auto -> CUDA when torch sees a GPU; dtype bf16 on CUDA, fp32 on CPU."""
-    import torch
+    device = resolve_device(settings.device)
+    if device == "cuda":
+        import torch
 
-    device = settings.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise InputError(
-            f"--device cuda: torch {torch.__version__} sees no CUDA GPU; use --device cpu or auto"
-        )
+        if not torch.cuda.is_available():
+            raise InputError(f"--device cuda: torch {torch.__version__} sees no CUDA GPU; use --device cpu or auto")
     dtype = settings.dtype or ("bfloat16" if device == "cuda" else "float32")
     return device, dtype
 
 
 def _resolve_backend(
-    settings: RunSettings, attention: str, pv: str | None, source: ModelSource, device: str, dtype: str
+    settings: GenerateConfig, attention: str, pv: str | None, source: ModelSource, device: str, dtype: str
 ) -> tuple[str | None, list[str]]:
     """(sageattn backend for the processors or None, notes) for jobs with this attention and pv.
     Explicit choices that cannot run raise."""

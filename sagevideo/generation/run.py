@@ -29,10 +29,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sagevideo.errors import BatchInterrupted, BatchStopped, InputError, Terminated
 from sagevideo.generation.plan import BatchPlan
 from sagevideo.host.deadline import JobTimeoutError
 from sagevideo.host.pipeline_host import PlannedJob
-from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, ManifestWriteError, is_done, now_iso
+from sagevideo.outputs.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    ManifestRecord,
+    ManifestWriteError,
+    is_done,
+    now_iso,
+)
+
+__all__ = ["BatchInterrupted", "BatchReport", "BatchStopped", "Terminated", "pending_jobs", "run_batch"]
 
 log = logging.getLogger("sagevideo")
 
@@ -40,14 +50,14 @@ log = logging.getLogger("sagevideo")
 @dataclass
 class BatchReport:
     """What a run did. records: one per planned job (the new record, or the done one it skipped;
-    {} for jobs an interrupt left unrun). retried: jobs that needed more than one attempt because
+    None for jobs an interrupt left unrun). retried: jobs that needed more than one attempt because
     a worker died. workers: where it ran, e.g. "2 Ray worker(s) on 1 node(s) of a local Ray
     instance" (None: this process). signal: "SIGINT" or "SIGTERM" when one interrupted the run.
     stopped: why the run stopped early on its own (the disk is full). kept: (output name, new
     name) of earlier renders of changed jobs that were renamed, not overwritten."""
 
     plan: BatchPlan
-    records: list[dict[str, Any]]
+    records: list[ManifestRecord | None]
     done: int = 0
     skipped: int = 0
     failed: int = 0
@@ -64,17 +74,17 @@ class BatchReport:
     def ok(self) -> bool:
         return self.failed == 0 and not self.interrupted and not self.stopped
 
-    def add(self, index: int, record: dict[str, Any], echo: Callable[[str], None]) -> None:
+    def add(self, index: int, record: ManifestRecord, echo: Callable[[str], None]) -> None:
         """Count one finished job (its record is final and in the manifest)."""
         self.records[index] = record
-        if record["status"] == "done":
+        if record.done:
             self.done += 1
         else:
             self.failed += 1
-            echo(f"sagevideo: job {record['job_id']} ({self.plan.jobs[index].label}) failed: {record['error']}")
-        if record.get("attempts", 1) > 1:
+            echo(f"sagevideo: job {record.job_id} ({self.plan.jobs[index].label}) failed: {record.error}")
+        if record.attempts > 1:
             self.retried += 1
-        backends = record.get("backends") or {}
+        backends = record.backends or {}
         self.attention.update(backends.get("counts", {}))
         self.fallbacks.update(backends.get("fallbacks", {}))
 
@@ -119,41 +129,12 @@ class BatchReport:
         return line
 
 
-class BatchInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM during `run_batch`: workers are stopped, finished jobs are in the manifest.
-
-    report: what finished before the interrupt (`report.interrupted` is True, `report.signal` says which).
-    """
-
-    def __init__(self, report: BatchReport):
-        super().__init__("interrupted")
-        self.report = report
-
-    @property
-    def exit_code(self) -> int:
-        """What a shell reports for a command the signal stopped: 128 + 2 (SIGINT), 128 + 15 (SIGTERM)."""
-        return 128 + (signal.SIGTERM if self.report.signal == "SIGTERM" else signal.SIGINT)
-
-
-class BatchStopped(RuntimeError):
-    """`generate` ended early on its own: the output storage is full, or the manifest cannot be
-    written. report: what finished (`report.stopped` says why); re-running resumes."""
-
-    def __init__(self, report: BatchReport):
-        super().__init__(report.stopped)
-        self.report = report
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (what SLURM, Kubernetes and `kill` send) during `run_batch`: handled as Ctrl-C is."""
-
-
 def run_batch(
     plan: BatchPlan,
     *,
     progress: bool = True,
     echo: Callable[[str], None] | None = None,
-    execute: Callable[..., Iterator[tuple[int, dict[str, Any]]]] | None = None,
+    execute: Callable[..., Iterator[tuple[int, ManifestRecord]]] | None = None,
 ) -> BatchReport:
     """Run the jobs of `plan` that are not done yet; see the module docstring.
 
@@ -166,7 +147,6 @@ def run_batch(
     stopping the workers; finished jobs are recorded). A full disk ends the run early with
     `report.stopped` set.
     """
-    from sagevideo.jobs.specs import InputError
     from sagevideo.outputs.folders import FolderLock
 
     echo = echo or log.warning
@@ -182,7 +162,7 @@ def run_batch(
             if isinstance(stop, BatchInterrupted):
                 raise
             # Before any job was handed out (taking the lock): nothing to keep.
-            report = BatchReport(plan=plan, records=[{} for _ in plan.jobs], interrupted=True)
+            report = BatchReport(plan=plan, records=[None for _ in plan.jobs], interrupted=True)
             report.signal = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
             raise BatchInterrupted(report) from None
 
@@ -192,7 +172,7 @@ def _run_locked(
     *,
     progress: bool,
     echo: Callable[[str], None],
-    execute: Callable[..., Iterator[tuple[int, dict[str, Any]]]] | None,
+    execute: Callable[..., Iterator[tuple[int, ManifestRecord]]] | None,
 ) -> BatchReport:
     """`run_batch` once the output folder is this run's."""
     from tqdm.auto import tqdm
@@ -210,7 +190,7 @@ def _run_locked(
             report.records.append(previous)
         else:
             todo.append((index, pj))
-            report.records.append({})  # filled in as jobs finish, keeping plan order
+            report.records.append(None)  # filled in as jobs finish, keeping plan order
     if not todo:
         return report
     for _, pj in todo:  # what a killed earlier run may have left (hidden files only)
@@ -341,23 +321,23 @@ class _Committer:
         self,
         plan: BatchPlan,
         manifest: Manifest,
-        records: list[dict[str, Any]],
+        records: list[ManifestRecord],
         report: BatchReport,
         echo: Callable[[str], None],
     ):
         self.plan, self.manifest, self.report, self.echo = plan, manifest, report, echo
         self.owners = _owners(records)
 
-    def finish(self, index: int, record: dict[str, Any]) -> None:
+    def finish(self, index: int, record: ManifestRecord) -> None:
         """Commit and record one finished job and count it; sets `report.stopped` when the batch
         cannot go on (the manifest cannot be written, or the disk is full)."""
         pj = self.plan.jobs[index]
-        storage_full = record.get("_storage_full")
-        staged = [(record.get("_staged_frames"), pj.frames_dir), (record.get("_staged"), pj.output)]
-        record = {k: v for k, v in record.items() if not k.startswith("_")}  # private worker -> driver keys
+        handoff = record.handoff
+        staged = [(handoff and handoff.staged_frames, pj.frames_dir), (handoff and handoff.staged, pj.output)]
+        record = record.replace(handoff=None)  # the worker's word to the driver ends here
         committed: list[tuple[Path, Path]] = []
         try:
-            if record["status"] == "done":
+            if record.done:
                 record = self._into_place(pj, record, staged, committed)
             self.manifest.append(record)
         except ManifestWriteError as err:
@@ -368,14 +348,14 @@ class _Committer:
             self.echo(f"sagevideo: {err}; stopping (job {pj.job_id} is not recorded and runs again on a re-run)")
             return
         self.report.add(index, record, self.echo)
-        if record["status"] == "done":
-            self.owners.update(dict.fromkeys(record["outputs"], record))
-        if storage_full:
-            self.report.stopped = f"{storage_full}; later jobs would fail the same way, so the batch stopped"
+        if record.done:
+            self.owners.update(dict.fromkeys(record.outputs, record))
+        if handoff is not None and handoff.storage_full:
+            self.report.stopped = f"{record.error}; later jobs would fail the same way, so the batch stopped"
 
     def _into_place(
-        self, pj: PlannedJob, record: dict[str, Any], staged: list[tuple[Any, str | None]], committed: list
-    ) -> dict[str, Any]:
+        self, pj: PlannedJob, record: ManifestRecord, staged: list[tuple[Any, str | None]], committed: list
+    ) -> ManifestRecord:
         """Give a done job's staged video (and PNG folder) its final names, after renaming aside any
         other job's output there; the record becomes the manifest line. The folder goes first: the
         mp4's name is the one a re-run trusts. committed: (final, staged) of each rename made."""
@@ -391,15 +371,14 @@ class _Committer:
                 (commit_folder if final_name == pj.frames_dir else commit)(staged_path, final)
                 committed.append((final, staged_path))
         except OSError as err:
-            return {
-                **record,
-                "status": "failed",
-                "error": (
+            return record.replace(
+                status="failed",
+                error=(
                     f"the finished video {pj.output} could not be moved into place ({err.strerror or err}); "
                     "with several machines, --out must be a folder every node shares"
                 ),
-            }
-        return {**record, "outputs": pj.outputs}
+            )
+        return record.replace(outputs=pj.outputs)
 
     def _keep_others(self, pj: PlannedJob) -> None:
         """Rename aside what another job (or no recorded job) left under this job's output names;
@@ -411,16 +390,16 @@ class _Committer:
             if not (out / name).exists():
                 continue  # (or moved aside just now with the rest of its job's outputs)
             owner = self.owners.get(name)
-            if owner is not None and owner["job_id"] == pj.job_id:
+            if owner is not None and owner.job_id == pj.job_id:
                 continue  # this job's own earlier render (e.g. its PNG folder was missing): same inputs
             if owner is None:
                 moved = {name: keep_aside(out / name, "unrecorded").name}
                 what = "a file no manifest record vouches for"
             else:
-                names = [n for n in owner["outputs"] if self.owners.get(n) is owner and (out / n).exists()]
-                moved = {n: keep_aside(out / n, owner["job_id"][:10]).name for n in names}
-                what = f"the render of job {owner['job_id']} ({str(owner.get('prompt'))[:40]!r})"
-                kept_record = {**owner, "outputs": [moved.get(n, n) for n in owner["outputs"]], "created": now_iso()}
+                names = [n for n in owner.outputs if self.owners.get(n) is owner and (out / n).exists()]
+                moved = {n: keep_aside(out / n, owner.job_id[:10]).name for n in names}
+                what = f"the render of job {owner.job_id} ({str(owner.prompt)[:40]!r})"
+                kept_record = owner.replace(outputs=[moved.get(n, n) for n in owner.outputs], created=now_iso())
                 try:
                     self.manifest.append(kept_record)
                 except ManifestWriteError:
@@ -430,33 +409,33 @@ class _Committer:
                     raise
                 for n in moved:
                     del self.owners[n]
-                self.owners.update(dict.fromkeys(kept_record["outputs"], kept_record))
+                self.owners.update(dict.fromkeys(kept_record.outputs, kept_record))
             for old, kept in moved.items():
                 self.report.kept.append((old, kept))
                 self.echo(f"sagevideo: {old} held {what}; {pj.label} now writes {name}, so it is kept as {kept}")
 
 
-def _owners(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def _owners(records: list[ManifestRecord]) -> dict[str, ManifestRecord]:
     """Output name -> the latest done record that names it (a later one wrote over an earlier one)."""
-    owners: dict[str, dict[str, Any]] = {}
+    owners: dict[str, ManifestRecord] = {}
     for r in records:
-        if r.get("status") == "done":
-            for name in r.get("outputs") or []:
+        if r.done:
+            for name in r.outputs:
                 owners[name] = r
     return owners
 
 
-def _previous_records(records: list[dict[str, Any]], plan: BatchPlan) -> list[dict[str, Any] | None]:
+def _previous_records(records: list[ManifestRecord], plan: BatchPlan) -> list[ManifestRecord | None]:
     """Per planned job: its latest record if that says done, names the outputs the plan expects,
     they are present and no later done job wrote them (a changed job with the same output name)."""
-    latest = {r["job_id"]: r for r in records}
+    latest = {r.job_id: r for r in records}
     owners = _owners(records)
     found = []
     for pj in plan.jobs:
         previous = latest.get(pj.job_id)
         ok = (
             is_done(previous, plan.out)
-            and previous["outputs"] == pj.outputs
+            and previous.outputs == pj.outputs
             and all(owners.get(name) is previous for name in pj.outputs)
         )
         found.append(previous if ok else None)

@@ -5,7 +5,7 @@ is the generation loop every runner uses: it sets the attention the job asks for
 host's attention hook, only when it changes between jobs), then denoises (and decodes) with the
 family's calls (`sagevideo.pipelines.runner.run_job`) under the job's time limit. `host.run(job)`
 adds what a batch needs: the mp4 (and PNG frames) written under *staged* names
-(`sagevideo.outputs.staging`) and the job's manifest record, with the private key "_staged".
+(`sagevideo.outputs.staging`) and the job's `ManifestRecord`, its `handoff` naming the staged files.
 Nothing here appends to the manifest or gives a file its final name: the driver does both
 (`sagevideo.generation.run.run_batch`), so there is exactly one writer of the manifest and of
 final names, however many workers run.
@@ -27,16 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sagevideo.errors import ModelLoadError
 from sagevideo.host import failpoints
 from sagevideo.host.deadline import deadline
 from sagevideo.jobs.specs import JobSpec
-from sagevideo.outputs.manifest import now_iso
+from sagevideo.outputs.manifest import Handoff, ManifestRecord, now_iso
 from sagevideo.pipelines.loading import ModelSource
-
-
-class ModelLoadError(RuntimeError):
-    """The model passed its checks but could not be loaded or prepared. Raised by `PipelineHost()`;
-    callers (Ray workers and ranks, the CLI) tell it from other errors by its type."""
 
 
 @dataclass(frozen=True)
@@ -96,44 +92,34 @@ def worker_info(node: str | None = None) -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid(), "node": node}
 
 
-def base_record(ctx: RunContext, pj: PlannedJob) -> dict[str, Any]:
+def base_record(ctx: RunContext, pj: PlannedJob) -> ManifestRecord:
     """A job's manifest record before it runs (fields: see `sagevideo.outputs.manifest`)."""
     import sagevideo
 
     j = pj.job
-    return {
-        "job_id": pj.job_id,
-        "status": None,
-        "error": None,
-        "prompt": j.prompt,
-        "negative_prompt": j.negative_prompt,
-        "seed": j.seed,
-        "frames": j.frames,
-        "height": j.height,
-        "width": j.width,
-        "steps": j.steps,
-        "guidance": j.guidance,
-        "name": j.name,
-        "model": ctx.source.name,
-        "model_fingerprint": ctx.source.fingerprint,
-        "attention": j.attention,
-        "pv": j.pv if pj.backend else None,
-        "backend": pj.backend,
-        "plan": j.plan,
-        "plan_sha256": pj.plan_sha256,
-        "device": ctx.device,
-        "dtype": ctx.dtype,
-        "fps": ctx.fps,
-        "backends": None,
-        "timings": None,
-        "outputs": [],
-        "attempts": 1,
-        "retries": [],
-        "worker": None,
-        "started": None,
-        "created": None,
-        "sagevideo_version": sagevideo.__version__,
-    }
+    return ManifestRecord(
+        job_id=pj.job_id,
+        prompt=j.prompt,
+        negative_prompt=j.negative_prompt,
+        seed=j.seed,
+        frames=j.frames,
+        height=j.height,
+        width=j.width,
+        steps=j.steps,
+        guidance=j.guidance,
+        name=j.name,
+        model=ctx.source.name,
+        model_fingerprint=ctx.source.fingerprint,
+        attention=j.attention,
+        pv=j.pv if pj.backend else None,
+        backend=pj.backend,
+        plan=j.plan,
+        plan_sha256=pj.plan_sha256,
+        device=ctx.device,
+        dtype=ctx.dtype,
+        fps=ctx.fps,
+        sagevideo_version=sagevideo.__version__,
+    )
 
 
 def is_device_error(err: BaseException) -> bool:
@@ -239,18 +225,19 @@ class PipelineHost:
         attempt: int = 1,
         on_step: Callable[[int, int], None] | None = None,
         time_limit: float | None = None,
-    ) -> dict[str, Any]:
-        """Generate one job and stage its outputs; returns its record (status "done" with "_staged"
-        and, for frames_png, "_staged_frames"; or "failed" with the error; "_device_error" marks
-        errors a fresh worker may not have, "_storage_full" a disk or quota too full to write the
-        video). on_step, time_limit: see `generate`. Never raises for a job's own failure;
-        KeyboardInterrupt and SystemExit go through."""
+    ) -> ManifestRecord:
+        """Generate one job and stage its outputs; returns its record (status "done" with
+        `handoff.staged` and, for frames_png, `handoff.staged_frames`; or "failed" with the error;
+        `handoff.device_error` marks errors a fresh worker may not have, `handoff.storage_full` a disk
+        or quota too full to write the video). on_step, time_limit: see `generate`. Never raises for a
+        job's own failure; KeyboardInterrupt and SystemExit go through."""
         from sagevideo.attention.records import record_backends
         from sagevideo.outputs.staging import staged_path
         from sagevideo.outputs.video import VideoWriteError, write_frames_png, write_mp4
 
         record = base_record(self.ctx, pj)
-        record.update(attempts=attempt, worker=self.worker, started=now_iso())
+        record.attempts, record.worker, record.started = attempt, self.worker, now_iso()
+        handoff: dict[str, Any] = {}
         timings = {"load_s": round(self.load_s, 4), "denoise_s": None, "decode_s": None, "write_s": None}
         self.load_s = 0.0
         with record_backends() as calls:
@@ -261,21 +248,21 @@ class PipelineHost:
                 staged = write_mp4(
                     result.frames, staged_path(self.ctx.out / pj.output), fps=self.ctx.fps, name=pj.output
                 )
-                record.update(_staged=staged.name)
+                handoff["staged"] = staged.name
                 if pj.frames_dir:
                     pngs = write_frames_png(
                         result.frames, staged_path(self.ctx.out / pj.frames_dir), name=pj.frames_dir
                     )
-                    record.update(_staged_frames=pngs.name)
+                    handoff["staged_frames"] = pngs.name
                 timings["write_s"] = round(time.perf_counter() - start, 4)
-                record.update(status="done")
+                record.status = "done"
             except Exception as err:  # one failed job must not stop the batch; KeyboardInterrupt does
-                record.update(status="failed", error=f"{type(err).__name__}: {err}")
-                if is_device_error(err):
-                    record["_device_error"] = True
-                if isinstance(err, VideoWriteError) and err.storage_full:
-                    record["_storage_full"] = True  # the driver stops the batch: every later write would fail
-        record.update(backends=calls.summary(), timings=timings, created=now_iso())
+                record.status, record.error = "failed", f"{type(err).__name__}: {err}"
+                handoff["device_error"] = is_device_error(err)
+                # The driver stops the batch on a full disk: every later write would fail.
+                handoff["storage_full"] = isinstance(err, VideoWriteError) and err.storage_full
+        record.backends, record.timings, record.created = calls.summary(), timings, now_iso()
+        record.handoff = Handoff(**handoff)
         failpoints.check("job-staged", pj.job.prompt, attempt, self.rank)
         return record
 

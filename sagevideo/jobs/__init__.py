@@ -1,1 +1,2 @@
-"""What to make: job specs and generation settings (`specs`), job files (`files`)."""
+"""What to make (pydantic, no torch): job specs and problem formatting (`specs`), every option of a batch
+(`config.GenerateConfig`), job files (`files`)."""

@@ -1,4 +1,5 @@
-"""Generation job specs: what one video is (`JobSpec`) and how a batch runs (`RunSettings`).
+"""Generation job specs: what one video is (`JobSpec`), the value types its fields share with
+`sagevideo.jobs.config.GenerateConfig` (how a batch runs), and problem formatting.
 
 Both are pydantic models with `extra="forbid"`, so YAML/TOML job files (`sagevideo.jobs.files`) get
 the same checks and error messages as the CLI and the Python API. Validation problems are raised
@@ -15,9 +16,21 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from sagevideo.choices import PV, Attention
+from sagevideo.errors import InputError
 
 DEFAULT_PROMPTS = (
     "a red panda eating bamboo in a misty forest, cinematic lighting",
@@ -29,8 +42,23 @@ MAX_SEED = 2**63 - 1
 SAFE_OUTPUT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
-class InputError(ValueError):
-    """Bad user input found before any model is loaded; the message is ready to print."""
+
+
+def _not_bool(value: Any) -> Any:
+    # pydantic's lax mode reads true as 1; in a job file `steps: yes` is a mistake, not a 1.
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {str(value).lower()}")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)
+# The value types of job fields, shared by JobSpec and GenerateConfig's job defaults (one declaration).
+Seed = Annotated[int, NotBool, Field(ge=0, le=MAX_SEED)]
+Frames = Annotated[int, NotBool, Field(ge=1, le=1024)]
+Pixels = Annotated[int, NotBool, Field(ge=8, le=8192)]
+Steps = Annotated[int, NotBool, Field(ge=1, le=1000)]
+# AllowInfNan(False): a NaN fails every comparison, so `le` alone would call it "more than 100".
+Guidance = Annotated[float, NotBool, AllowInfNan(False), Field(ge=0.0, le=100.0)]
 
 
 class JobSpec(BaseModel):
@@ -49,15 +77,14 @@ class JobSpec(BaseModel):
 
     prompt: str = Field(description="text prompt")
     negative_prompt: str = ""
-    seed: int = Field(0, ge=0, le=MAX_SEED)
-    frames: int | None = Field(None, ge=1, le=1024)
-    height: int | None = Field(None, ge=8, le=8192)
-    width: int | None = Field(None, ge=8, le=8192)
-    steps: int | None = Field(None, ge=1, le=1000)
-    # allow_inf_nan=False: a NaN fails every comparison, so `le` alone would call it "more than 100".
-    guidance: float = Field(6.0, ge=0.0, le=100.0, allow_inf_nan=False)
-    attention: Literal["sage", "full"] | None = None
-    pv: Literal["fp16", "fp8"] | None = None
+    seed: Seed = 0
+    frames: Frames | None = None
+    height: Pixels | None = None
+    width: Pixels | None = None
+    steps: Steps | None = None
+    guidance: Guidance = 6.0
+    attention: Attention | None = None
+    pv: PV | None = None
     plan: str | None = None
     name: str | None = None
     output: str | None = None
@@ -77,14 +104,6 @@ class JobSpec(BaseModel):
             raise ValueError("resolution: give either resolution or height/width, not both")
         data["width"], data["height"] = parse_resolution(value)
         return data
-
-    @field_validator("seed", "frames", "height", "width", "steps", "guidance", mode="before")
-    @classmethod
-    def _not_bool(cls, value: Any) -> Any:
-        # pydantic's lax mode reads true as 1; in a job file `steps: yes` is a mistake, not a 1.
-        if isinstance(value, bool):
-            raise ValueError(f"expected a number, got {str(value).lower()}")
-        return value
 
     @field_validator("prompt")
     @classmethod
@@ -130,32 +149,14 @@ def parse_resolution(value: Any) -> tuple[int, int]:
     raise ValueError(f"resolution {value!r} is not WIDTHxHEIGHT; {fix}")
 
 
-class RunSettings(BaseModel):
-    """Settings shared by every job of a batch.
-
-    model: "tiny" (built in) or a local diffusers folder. attention: "sage" installs sagevideo's
-    processor, "full" runs the stock full-precision one. pv: "auto" = FP8 on sm89+ GPUs, FP16
-    elsewhere (resolved by `plan_batch`). backend: `sageattn`'s backend; "auto" on
-    a CPU device means "reference" (see `sagevideo.generation.plan`). dtype: None = bf16 on CUDA, fp32 on CPU.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str = "tiny"
-    attention: Literal["sage", "full"] = "sage"
-    pv: Literal["auto", "fp16", "fp8"] = "auto"
-    backend: Literal["auto", "triton", "reference", "sdpa"] = "auto"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None
-    fps: int = Field(8, ge=1, le=240)
-
-
 def known_fields(model: str) -> list[str]:
     """Field names a user may write for a pydantic model of this module (by class name)."""
     if model == "JobSpec":
         return [*JobSpec.model_fields, "resolution"]
-    if model == "RunSettings":
-        return list(RunSettings.model_fields)
+    if model == "GenerateConfig":
+        from sagevideo.jobs.config import GenerateConfig
+
+        return list(GenerateConfig.model_fields)
     return []
 
 
@@ -191,16 +192,20 @@ def option_name(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
+# Options that are on/off flags on the command line (--frames-png/--no-frames-png).
+FLAG_OPTIONS = ("frames_png", "progress", "attention_probe", "noise_floor")
+
+
 def option_place(field: str, value: Any) -> str:
-    """Where a problem of an option's value is: '--steps 0' (a flag for booleans)."""
-    if isinstance(value, bool):
+    """Where a problem of an option's value is: '--steps 0' (the flag for on/off options)."""
+    if isinstance(value, bool) and field in FLAG_OPTIONS:
         return option_name(field) if value else f"--no-{field.replace('_', '-')}"
     return f"{option_name(field)} {value}"
 
 
-def settings_problems(err: ValidationError) -> list[tuple[str, str]]:
-    """(option with its value, what is wrong) per problem of a RunSettings error."""
-    return [(option_place(field, got), msg) for field, msg, got in _parts_with_input(err)]
+def value_problems(err: ValidationError) -> list[tuple[str, str, str]]:
+    """(field, option with its value, what is wrong) per problem of a validation error of options."""
+    return [(field.split(".", 1)[0], option_place(field, got), msg) for field, msg, got in _parts_with_input(err)]
 
 
 def option_problems(options: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:

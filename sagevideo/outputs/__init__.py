@@ -1,1 +1,2 @@
-"""Generation outputs: mp4 files written atomically (`video`) and the JSON-lines manifest (`manifest`)."""
+"""Generation outputs: mp4 files written atomically (`video`), staging, folders, and the JSON-lines
+manifest of typed, versioned `ManifestRecord`s (`manifest`)."""

@@ -1,20 +1,26 @@
-"""The manifest: `manifest.jsonl` in the output folder, one JSON object per job attempt.
+"""The manifest: `manifest.jsonl` in the output folder, one JSON object per job attempt, each a
+`ManifestRecord` (typed, schema versioned); this module alone writes and reads its lines.
 
 Records are appended one line at a time, each in one write and fsynced; a write that fails
 (disk full, quota, file-size limit) is cut back off, so a line is there whole or not at all and
 the append raises `ManifestWriteError`. A line that is not a record (a torn write from a run
-killed mid-write, or valid JSON with a field of the wrong type) is skipped when reading;
-`quarantine()` copies it once into manifest.bad-lines.jsonl and says so, so later runs neither
-crash on it nor warn again. The latest record of a job id decides whether a re-run skips it:
-status "done" and every output present (and no later done job wrote the same file). Only the
-driver process appends, one record per job per run, even when Ray workers run the jobs; plus,
-when a job's render replaces an earlier one of a changed job under the same name, a copy of the
-earlier job's record naming the new place of its kept video (see `batch_run`).
+killed mid-write, valid JSON with a field of the wrong type, or a schema newer than this
+sagevideo reads) is skipped when reading; `quarantine()` copies it once into
+manifest.bad-lines.jsonl and says so, so later runs neither crash on it nor warn again. The
+latest record of a job id decides whether a re-run skips it: status "done" and every output
+present (and no later done job wrote the same file). Only the driver process appends, one record
+per job per run, even when Ray workers run the jobs; plus, when a job's render replaces an
+earlier one of a changed job under the same name, a copy of the earlier job's record naming the
+new place of its kept video (see `sagevideo.generation.run`).
 
-Record fields: job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed, frames,
-height, width, steps, guidance, name, model, model_fingerprint, attention ("sage"/"full"), pv,
-backend (the one the processors were given: --backend auto on CPU becomes "reference"; None for
-"full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), device,
+Schema versions (the "schema" key): 1, lines written before it existed (no "schema" key), with
+the fields below; 2, the same fields plus "schema". Lines of every known version are read and
+upgraded to the current one; a line of a newer version is set aside (a newer sagevideo wrote it).
+
+Record fields: schema, job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed,
+frames, height, width, steps, guidance, name, model, model_fingerprint, attention ("sage"/"full"),
+pv, backend (the one the processors were given: --backend auto on CPU becomes "reference"; None
+for "full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), device,
 dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
 decode_s, write_s), outputs (paths relative to the output folder: the mp4, then the PNG frames
 folder for frames_png jobs), attempts (runs it took: more than 1 when a worker died under it),
@@ -22,36 +28,101 @@ retries (one {attempt, error, worker} per such death), worker ({host, pid, node}
 last attempt; node is the Ray node id, None without Ray; with --gpus-per-job, rank 0 of the
 group, plus rank and ranks), started (UTC ISO time the last attempt began on its worker, after
 any model load; None when no worker returned a record), created (UTC ISO time of the record),
-sagevideo_version.
+sagevideo_version. Unknown keys (another tool's, or a newer version's extras) are kept as they are.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import hashlib
 import json
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator, with_config
+from typing_extensions import TypedDict
 
 MANIFEST_NAME = "manifest.jsonl"
 BAD_LINES_NAME = "manifest.bad-lines.jsonl"
+SCHEMA_VERSION = 2
 
 
-class _RecordTypes(BaseModel):
-    """The types of the record fields that resuming, pairing and reports rely on (others pass as they
-    are): a line that breaks them is set aside instead of crashing a reader."""
+@with_config(ConfigDict(extra="allow"))
+class WorkerInfo(TypedDict, total=False):
+    """Who ran a job: host name, process id, Ray node id (None without Ray); rank/ranks in a group."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    host: str
+    pid: int
+    node: str | None
+    rank: int
+    ranks: int
+
+
+@with_config(ConfigDict(extra="allow"))
+class Retry(TypedDict, total=False):
+    """One attempt a worker's death ended: its number, why, and the worker."""
+
+    attempt: int
+    error: str
+    worker: WorkerInfo | None
+
+
+@with_config(ConfigDict(extra="allow"))
+class Timings(TypedDict, total=False):
+    """Seconds of the job's phases (load_s: the model load, charged to a worker's first job)."""
+
+    load_s: float | None
+    denoise_s: float | None
+    decode_s: float | None
+    write_s: float | None
+
+
+@with_config(ConfigDict(extra="allow"))
+class BackendsSummary(TypedDict, total=False):
+    """What attention ran (`record_backends().summary()`): label -> calls, fallback reason -> calls."""
+
+    counts: dict[str, int]
+    fallbacks: dict[str, int]
+    unrouted: Any
+
+
+class Handoff(BaseModel):
+    """What a worker tells the driver beside the record; never written to the manifest.
+
+    staged/staged_frames: the staged names of the mp4 and the PNG frames folder, for the driver to
+    commit. device_error: a CUDA or out-of-memory error (a fresh worker may not have it).
+    storage_full: the disk or quota was too full to write the video (the batch stops)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    staged: str | None = None
+    staged_frames: str | None = None
+    device_error: bool = False
+    storage_full: bool = False
+
+
+class ManifestRecord(BaseModel):
+    """One manifest line, typed (fields: see the module docstring).
+
+    Built by `sagevideo.host.pipeline_host.base_record` (or `ManifestRecord(job_id=..., ...)`),
+    updated through its typed fields (assignment is validated; `replace(**fields)` for a changed
+    copy), written by `Manifest.append` and read by `Manifest.records`. `to_json()` is its line;
+    `record["status"]`, `record.get("error")` and `dict(record)` read that line's values, and a
+    record equals a mapping with that line's keys and values, for scripts written against the JSON
+    (code in sagevideo reads attributes)."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, populate_by_name=True)
+
+    schema_version: StrictInt = Field(SCHEMA_VERSION, alias="schema")
     job_id: StrictStr
-    status: StrictStr | None = None
+    status: Literal["done", "failed"] | None = None
     error: StrictStr | None = None
-    outputs: list[StrictStr] | None = None
     prompt: StrictStr | None = None
     negative_prompt: StrictStr | None = None
     seed: StrictInt | None = None
@@ -59,12 +130,117 @@ class _RecordTypes(BaseModel):
     height: StrictInt | None = None
     width: StrictInt | None = None
     steps: StrictInt | None = None
+    guidance: float | None = None
+    name: str | None = None
+    model: str | None = None
+    model_fingerprint: str | None = None
+    attention: str | None = None
+    pv: str | None = None
+    backend: str | None = None
+    plan: str | None = None
+    plan_sha256: str | None = None
+    device: str | None = None
+    dtype: str | None = None
     fps: StrictInt | None = None
-    attempts: StrictInt | None = None
-    retries: list | None = None
-    backends: dict | None = None
-    timings: dict | None = None
-    worker: dict | None = None
+    backends: BackendsSummary | None = None
+    timings: Timings | None = None
+    outputs: list[StrictStr] = Field(default_factory=list)
+    attempts: StrictInt = 1
+    retries: list[Retry] = Field(default_factory=list)
+    worker: WorkerInfo | None = None
+    started: str | None = None
+    created: str | None = None
+    sagevideo_version: str | None = None
+    handoff: Handoff | None = Field(None, exclude=True)
+
+    @field_validator("outputs", "retries", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        return [] if value is None else value
+
+    @field_validator("attempts", mode="before")
+    @classmethod
+    def _none_is_one(cls, value: Any) -> Any:
+        return 1 if value is None else value
+
+    @property
+    def done(self) -> bool:
+        return self.status == "done"
+
+    @property
+    def video(self) -> str | None:
+        """The record's video output (its first .mp4), relative to the output folder."""
+        return next((o for o in self.outputs if o.lower().endswith(".mp4")), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest line's object: every field under its JSON key (schema first), extras as they are."""
+        return self.model_dump(by_alias=True)  # python mode: a NaN stays a NaN, which append refuses
+
+    @classmethod
+    def from_json(cls, data: Any) -> ManifestRecord:
+        """A record from a manifest line's object, of any known schema version (upgraded to the
+        current one); ValueError (a ValidationError for a field) when it is not a usable record."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a JSON {type(data).__name__}, not a record")
+        return cls.model_validate(_upgrade(dict(data)))
+
+    def replace(self, **fields: Any) -> ManifestRecord:
+        """A copy with `fields` changed (validated); the handoff goes along unless given."""
+        data = {**self.model_dump(), "handoff": self.handoff, **fields}
+        return type(self).model_validate(data)
+
+    # --- the JSON line's values, read like a dict --------------------------------------------
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "schema":
+            return self.schema_version
+        if key in type(self).model_fields and key not in ("handoff", "schema_version"):
+            return copy.deepcopy(getattr(self, key))  # a copy: the view cannot change the record
+        extra = self.__pydantic_extra__ or {}
+        if key in extra:
+            return copy.deepcopy(extra[key])
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def keys(self) -> list[str]:
+        return list(self.to_json())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __iter__(self) -> Iterator[str]:  # type: ignore[override]  (the line's keys, as a dict's)
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):  # a JSON line read back (json.loads) equals its record
+            return self.to_json() == dict(other)
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]  (mutable, as pydantic models are)
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A line's object in the current schema: v1 (no "schema" key) -> v2 adds the key."""
+    version = data.get("schema", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"field schema: not a schema version (got {version!r})")
+    if version > SCHEMA_VERSION:
+        raise ValueError(f"schema {version}: written by a newer sagevideo (this one reads up to {SCHEMA_VERSION})")
+    # v1 -> v2: the same fields; the version is written from v2 on.
+    return {**data, "schema": SCHEMA_VERSION}
+
+
+def as_record(record: ManifestRecord | Mapping[str, Any]) -> ManifestRecord:
+    """A ManifestRecord from a record or a mapping of its JSON keys (any known schema)."""
+    return record if isinstance(record, ManifestRecord) else ManifestRecord.from_json(record)
 
 
 @dataclass(frozen=True)
@@ -82,14 +258,14 @@ class BadLine:
 
 def record_problem(record: Any) -> str | None:
     """Why a parsed JSON line is not a usable record, or None."""
-    if not isinstance(record, dict):
-        return f"a JSON {type(record).__name__}, not a record"
     try:
-        _RecordTypes.model_validate(record)
+        ManifestRecord.from_json(record)
     except ValidationError as err:
         e = err.errors()[0]
         field = ".".join(str(part) for part in e["loc"]) or "record"
         return f"field {field}: {e['msg']} (got {e.get('input')!r})"[:200]
+    except ValueError as err:
+        return str(err)[:200]
     return None
 
 
@@ -108,7 +284,7 @@ class Manifest:
         self.path = Path(path)
         self.bad_lines: list[BadLine] = []  # found by the last records()
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[ManifestRecord]:
         """Every usable record in file order; the other lines are listed in `bad_lines`."""
         self.bad_lines = []
         if not self.path.exists():
@@ -124,11 +300,10 @@ class Manifest:
                 except ValueError:
                     self.bad_lines.append(BadLine(number, line.rstrip("\n"), "not valid JSON (a torn write?)"))
                     continue
-                problem = record_problem(record)
-                if problem:
-                    self.bad_lines.append(BadLine(number, line.rstrip("\n"), problem))
-                    continue
-                records.append(record)
+                try:
+                    records.append(ManifestRecord.from_json(record))
+                except ValueError:
+                    self.bad_lines.append(BadLine(number, line.rstrip("\n"), record_problem(record) or "not a record"))
         return records
 
     def quarantine(self) -> list[str]:
@@ -158,13 +333,15 @@ class Manifest:
             for bad in new
         ]
 
-    def latest(self) -> dict[str, dict[str, Any]]:
+    def latest(self) -> dict[str, ManifestRecord]:
         """job_id -> its most recent record."""
-        return {record["job_id"]: record for record in self.records()}
+        return {record.job_id: record for record in self.records()}
 
-    def append(self, record: dict[str, Any]) -> None:
-        """Append one record as one line, durably: the whole line or, on ManifestWriteError, none of it."""
-        line = (json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+    def append(self, record: ManifestRecord | Mapping[str, Any]) -> None:
+        """Append one record as one line, durably: the whole line or, on ManifestWriteError, none of it.
+        A mapping is read as a record's JSON object first (ValueError when it is not one)."""
+        data = as_record(record).to_json()
+        line = (json.dumps(data, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
         except OSError as err:
@@ -202,12 +379,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def is_done(record: dict[str, Any] | None, out_dir: Path) -> bool:
+def is_done(record: ManifestRecord | Mapping[str, Any] | None, out_dir: Path) -> bool:
     """True when a record says done and all its outputs (files, and a PNG frames folder) exist in `out_dir`."""
-    if not record or record.get("status") != "done":
+    if record is None or (isinstance(record, Mapping) and not record):
         return False
-    outputs = record.get("outputs") or []
-    return bool(outputs) and all((out_dir / rel).exists() for rel in outputs)
+    if isinstance(record, Mapping):  # a record's JSON object (scripts, tests)
+        status, outputs = record.get("status"), record.get("outputs") or []
+    else:
+        status, outputs = record.status, record.outputs
+    return status == "done" and bool(outputs) and all((out_dir / rel).exists() for rel in outputs)
 
 
 def now_iso() -> str:

@@ -33,7 +33,7 @@ from typing import Any
 
 from sagevideo.host import failpoints
 from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob, base_record
-from sagevideo.outputs.manifest import now_iso
+from sagevideo.outputs.manifest import ManifestRecord, now_iso
 
 log = logging.getLogger("sagevideo")
 WAIT_S = 0.5  # ray.wait slices: Ctrl-C is handled between them
@@ -358,7 +358,14 @@ def _outcome(ref: Any, worker: _Worker, rank: int) -> Any:
 
 
 def _failed_result(out: Any) -> bool:
-    return isinstance(out, dict) and out.get("status") == "failed"
+    return isinstance(out, (dict, ManifestRecord)) and out.get("status") == "failed"
+
+
+def _device_error(out: Any) -> bool:
+    """Rank 0's record says so in its handoff; another rank's {"rank", "status", "error"} by a key."""
+    if isinstance(out, ManifestRecord):
+        return out.handoff is not None and out.handoff.device_error
+    return bool(out.get("_device_error"))
 
 
 def _verdict(worker: _Worker) -> tuple[dict[str, Any] | None, str | None] | None:
@@ -368,7 +375,7 @@ def _verdict(worker: _Worker) -> tuple[dict[str, Any] | None, str | None] | None
     for rank, out in sorted(worker.results.items()):
         if isinstance(out, _Death):
             return None, out.reason
-        if out.get("_device_error"):
+        if _device_error(out):
             return None, f"{worker.who(rank)}: {out.get('error')}" if several else out.get("error")
     if worker.pending:
         if worker.failed_at is None and any(_failed_result(out) for out in worker.results.values()):
@@ -387,7 +394,7 @@ def _finish(plan: Any, queue: deque, pool: _Pool, worker: _Worker, record, died:
     task = worker.task
     worker.task, worker.results, worker.failed_at = None, {}, None
     if died is None:
-        record["retries"] = task.retries
+        record.retries = task.retries
         pool.idle.append(worker)
         yield task.index, record
         return
@@ -444,19 +451,13 @@ def _on_ready(ref: Any, pool: _Pool, echo) -> None:
     pool.idle.append(worker)
 
 
-def _failed(plan: Any, task: _Task, error: str) -> dict[str, Any]:
+def _failed(plan: Any, task: _Task, error: str) -> ManifestRecord:
     """The record of a job that never finished on any worker."""
     record = base_record(plan.context(), task.job)
-    last = task.retries[-1]["worker"] if task.retries else None
-    record.update(
-        status="failed",
-        error=error,
-        attempts=max(task.attempt, len(task.retries)),
-        retries=task.retries,
-        worker=last,
-        backends={"counts": {}, "fallbacks": {}},
-        created=now_iso(),
-    )
+    record.status, record.error = "failed", error
+    record.attempts, record.retries = max(task.attempt, len(task.retries)), task.retries
+    record.worker = task.retries[-1]["worker"] if task.retries else None
+    record.backends, record.created = {"counts": {}, "fallbacks": {}}, now_iso()
     return record
 
 

@@ -13,7 +13,7 @@ from sagevideo.generation.generate import plan_batch
 from sagevideo.jobs.specs import DEFAULT_PROMPTS, InputError, JobSpec
 
 RECORD_FIELDS = set(
-    "job_id status error prompt negative_prompt seed frames height width steps guidance name model "
+    "schema job_id status error prompt negative_prompt seed frames height width steps guidance name model "
     "model_fingerprint attention pv backend plan plan_sha256 device dtype fps backends timings outputs "
     "attempts retries worker started created sagevideo_version".split()
 )

@@ -97,9 +97,12 @@ def test_plan_check_counts_calls_per_precision():
         }
     )
     assert expected_calls(plan, 2) == Counter({"fp8": 3, "full": 1})
-    record = {"prompt": "p", "steps": 2, "backends": {"counts": {"reference/fp8": 3, "sdpa": 1}, "fallbacks": {}}}
+    from sagevideo.outputs.manifest import ManifestRecord
+
+    backends = {"counts": {"reference/fp8": 3, "sdpa": 1}, "fallbacks": {}}
+    record = ManifestRecord(job_id="j", prompt="p", steps=2, backends=backends)
     assert plan_check(plan, [record])["consistent"] is True
-    uniform = dict(record, backends={"counts": {"reference/fp16": 4}, "fallbacks": {}})
+    uniform = record.replace(backends={"counts": {"reference/fp16": 4}, "fallbacks": {}})
     check = plan_check(plan, [uniform])
     assert check["consistent"] is False and "record the plan without applying it" in check["message"]
     assert "ran {'fp16': 4}, the plan implies {'fp8': 3, 'full': 1}" in check["message"]

@@ -156,3 +156,50 @@ def test_append_under_a_file_size_limit_in_a_real_process(tmp_path):
     assert done.returncode == 3, done.stderr
     assert "file-size limit reached (EFBIG" in done.stdout and not done.stderr
     assert path.read_bytes() == before
+
+
+# --- the typed record: versions, the JSON view, the worker's handoff ------------------------------
+
+
+def test_v1_lines_read_and_new_lines_carry_the_schema(tmp_path):
+    from sagevideo.outputs.manifest import SCHEMA_VERSION, ManifestRecord
+
+    path = tmp_path / "manifest.jsonl"
+    v1 = {"job_id": "a", "status": "done", "outputs": ["a.mp4"], "seed": 3, "retries": None, "attempts": None,
+          "made_by": "another tool"}
+    path.write_text(json.dumps(v1) + "\n")  # a line written before the schema key existed
+    m = Manifest(path)
+    (record,) = m.records()
+    assert isinstance(record, ManifestRecord) and record.schema_version == SCHEMA_VERSION == 2
+    assert (record.seed, record.outputs, record.retries, record.attempts) == (3, ["a.mp4"], [], 1)
+    assert record["made_by"] == "another tool"  # unknown keys are kept as they are
+    m.append(record.replace(status="failed", error="boom"))
+    again = json.loads(path.read_text().splitlines()[1])
+    assert again["schema"] == 2 and again["made_by"] == "another tool" and again["error"] == "boom"
+    assert list(again)[:2] == ["schema", "job_id"]
+
+
+def test_a_newer_schema_is_set_aside_not_misread(tmp_path):
+    path = tmp_path / "manifest.jsonl"
+    path.write_text('{"schema": 9, "job_id": "a", "status": "done"}\n{"schema": 2, "job_id": "b"}\n')
+    m = Manifest(path)
+    assert list(m.latest()) == ["b"]
+    (bad,) = m.bad_lines
+    assert bad.reason == "schema 9: written by a newer sagevideo (this one reads up to 2)"
+
+
+def test_record_fields_are_typed_and_its_json_reads_like_a_dict(tmp_path):
+    from pydantic import ValidationError
+
+    from sagevideo.outputs.manifest import Handoff, ManifestRecord
+
+    record = ManifestRecord(job_id="a", prompt="p", worker={"host": "h", "pid": 1, "node": None, "ranks": 2})
+    with pytest.raises(ValidationError):
+        record.attempts = "two"
+    record.status, record.outputs = "done", ["a.mp4"]
+    assert record["worker"] == {"host": "h", "pid": 1, "node": None, "ranks": 2} and record.get("nope", 5) == 5
+    assert set(record) == set(record.to_json()) and "schema" in record and record.video == "a.mp4"
+    record.handoff = Handoff(staged=".a.mp4.staged", device_error=True)
+    Manifest(tmp_path / "m.jsonl").append(record)
+    line = json.loads((tmp_path / "m.jsonl").read_text())
+    assert "handoff" not in line and line == record.replace(handoff=None)  # a record equals its JSON line

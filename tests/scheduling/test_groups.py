@@ -18,6 +18,7 @@ from ray.exceptions import ActorDiedError  # noqa: E402
 from sagevideo.generation.generate import plan_batch  # noqa: E402
 from sagevideo.host.pipeline_host import ModelLoadError  # noqa: E402
 from sagevideo.jobs.specs import InputError  # noqa: E402
+from sagevideo.outputs.manifest import Handoff, ManifestRecord  # noqa: E402
 from sagevideo.scheduling import queue  # noqa: E402
 from sagevideo.scheduling.cluster import Cluster, group_pool_size  # noqa: E402
 from sagevideo.scheduling.group import torchrun_env  # noqa: E402
@@ -29,6 +30,19 @@ HANG = object()  # a rank's run() that never returns (its peer died or failed mi
 class Ref:
     def __init__(self, compute, ready=True):
         self.compute, self.ready, self.order = compute, ready, next(_order)
+
+
+def fake_record(pj, attempt, worker, what):
+    """Rank 0's record: done (its video staged), failed, or failed on the device (as test_queue's)."""
+    record = ManifestRecord(job_id=pj.job_id, prompt=pj.job.prompt, attempts=attempt, worker=worker)
+    if what == "device":
+        record.status, record.error = "failed", "OutOfMemoryError: CUDA out of memory"
+        record.handoff = Handoff(device_error=True)
+    elif what == "fail":
+        record.status, record.error = "failed", "NonFiniteError: NaN"
+    else:
+        record.status, record.handoff = "done", Handoff(staged=f".{pj.output}.staged")
+    return record
 
 
 class FakeRank:
@@ -66,13 +80,15 @@ class FakeGroups:
             if what == "die":
                 raise ActorDiedError()
             worker = {"host": "fake", "pid": 100 * actor.group + actor.rank, "node": "n", "rank": actor.rank}
-            record = {"job_id": pj.job_id, "prompt": pj.job.prompt, "attempts": attempt, "worker": worker}
+            if actor.rank == 0:  # rank 0's host returns the job's record
+                return fake_record(pj, attempt, worker, what)
+            result = {"rank": actor.rank, "status": "done", "error": None}  # the others, as ShardedHost's do
             if what == "device":
-                error = "OutOfMemoryError: CUDA out of memory"
-                return {**record, "status": "failed", "error": error, "_device_error": True}
+                return {**result, "status": "failed", "error": "OutOfMemoryError: CUDA out of memory",
+                        "_device_error": True}
             if what == "fail":
-                return {**record, "status": "failed", "error": "NonFiniteError: NaN"}
-            return {**record, "status": "done", "_staged": f".{pj.output}.staged"}
+                return {**result, "status": "failed", "error": "NonFiniteError: NaN"}
+            return result
 
         return Ref(compute)
 

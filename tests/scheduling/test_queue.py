@@ -18,6 +18,7 @@ from ray.exceptions import ActorDiedError  # noqa: E402
 
 from sagevideo.generation.generate import plan_batch  # noqa: E402
 from sagevideo.host.pipeline_host import ModelLoadError  # noqa: E402
+from sagevideo.outputs.manifest import Handoff, ManifestRecord  # noqa: E402
 from sagevideo.scheduling import queue  # noqa: E402
 
 _order = itertools.count()
@@ -48,6 +49,19 @@ def _raise(err):
     raise err
 
 
+def fake_record(pj, attempt, worker, what):
+    """The record a worker's host returns: done (its video staged), failed, or failed on the device."""
+    record = ManifestRecord(job_id=pj.job_id, prompt=pj.job.prompt, attempts=attempt, worker=worker)
+    if what == "device":
+        record.status, record.error = "failed", "OutOfMemoryError: CUDA out of memory"
+        record.handoff = Handoff(device_error=True)
+    elif what == "fail":
+        record.status, record.error = "failed", "NonFiniteError: NaN"
+    else:
+        record.status, record.handoff = "done", Handoff(staged=f".{pj.output}.staged")
+    return record
+
+
 class FakeActor:
     """Worker number n: ready() says `load_error(n)`; run() does what `script(n, prompt, attempt)` says."""
 
@@ -62,13 +76,7 @@ class FakeActor:
                 return Hung()
             if what == "die":
                 raise ActorDiedError()
-            record = {"job_id": pj.job_id, "prompt": pj.job.prompt, "attempts": attempt, "worker": info}
-            if what == "device":
-                error = "OutOfMemoryError: CUDA out of memory"
-                return {**record, "status": "failed", "error": error, "_device_error": True}
-            if what == "fail":
-                return {**record, "status": "failed", "error": "NonFiniteError: NaN"}
-            return {**record, "status": "done", "_staged": f".{pj.output}.staged"}
+            return fake_record(pj, attempt, info, what)
 
         self.run = Method(run)
 

@@ -1,0 +1,60 @@
+"""The choices users name (attention, backend, P·V precision, Q/K granularity, device, dtype),
+declared once, and the two rules that resolve "auto": the device, and FP8 P·V on sm89+.
+
+Job specs, the generation config, the CLI (typer reads these Literals), the attention op and the
+pipelines all take their values from here. This module imports nothing of sagevideo and torch
+only inside the two rules, so every room can use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+Attention = Literal["sage", "full"]  # sage: sagevideo's quantized attention; full: the stock processor
+Backend = Literal["auto", "triton", "reference", "sdpa"]  # what `sageattn(backend=...)` may be asked for
+PV = Literal["fp16", "fp8"]  # the P·V product's precision
+PVChoice = Literal["auto", "fp16", "fp8"]  # auto: `auto_pv(device)`
+Granularity = Literal["block", "token"]  # Q/K quantization scales per tile or per token
+Device = Literal["auto", "cpu", "cuda"]  # auto: `resolve_device`
+DType = Literal["float32", "bfloat16", "float16"]
+
+ATTENTIONS: tuple[str, ...] = get_args(Attention)
+BACKENDS: tuple[str, ...] = get_args(Backend)
+PVS: tuple[str, ...] = get_args(PV)
+PV_CHOICES: tuple[str, ...] = get_args(PVChoice)
+GRANULARITIES: tuple[str, ...] = get_args(Granularity)
+DEVICES: tuple[str, ...] = get_args(Device)
+DTYPES: tuple[str, ...] = get_args(DType)
+
+FP8_CAPABILITY = (8, 9)  # Ada and newer NVIDIA GPUs have FP8 tensor cores
+
+
+def has_fp8_tensor_cores(device: Any = "cuda") -> bool:
+    """Whether `device` (a torch.device or "cuda"/"cuda:N"/"cpu") is an NVIDIA GPU with FP8 tensor
+    cores (compute capability 8.9 or newer); never True for CPUs or ROCm."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return tuple(torch.cuda.get_device_capability(device)) >= FP8_CAPABILITY
+
+
+def auto_pv(device: Any = "cuda") -> str:
+    """The P·V precision "auto" means on `device`: "fp8" where FP8 tensor cores exist (the fastest
+    mode, within its accuracy contract), "fp16" elsewhere."""
+    return "fp8" if has_fp8_tensor_cores(device) else "fp16"
+
+
+def resolve_pv(pv: str, device: Any) -> str:
+    """pv "auto" -> `auto_pv(device)`; "fp16"/"fp8" stay as given."""
+    return auto_pv(device) if pv == "auto" else pv
+
+
+def resolve_device(device: str) -> str:
+    """device "auto" -> "cuda" when torch sees a GPU, else "cpu"; any other device stays as given."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

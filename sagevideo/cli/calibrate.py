@@ -1,0 +1,50 @@
+"""`sagevideo calibrate`: its options are `CalibrateConfig`'s fields (one declaration each)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from sagevideo.cli.common import add_config_command, handle_errors
+from sagevideo.experiments.calibrate import CalibrateConfig
+
+CLI: dict[str, dict[str, Any]] = {
+    "prompts_file": {"argument": True},
+    "out": {"flags": ("--out", "-o")},
+    "prompts": {"flags": ("--prompt", "-p"), "type": list[str]},
+    "capture_steps": {"type": str},  # '0,1,-1'; CalibrateConfig reads it
+    "progress": {"flags": ("--progress/--no-progress",)},
+}
+API_ONLY = ("guidance",)
+
+DOC = """Measure each attention layer's error per mode on real prompts and write the fastest plan that
+    meets the threshold (full precision where no mode does).
+
+    Exit codes: 0 done, 2 bad input (nothing was loaded)."""
+
+
+def run(values: dict[str, Any]) -> None:
+    from sagevideo.experiments.calibrate import calibrate
+
+    values["prompts"] = values["prompts"] or None
+    with handle_errors("calibrate"):
+        config = CalibrateConfig.build(**values)
+        result = calibrate(config)
+    from sagevideo.pipelines.calibrate import CANDIDATES
+
+    typer.echo(result.table())
+    name, worst = result.worst_layer()
+    overrides = len(result.plan.overrides)
+    typer.echo(
+        f"\nsagevideo calibrate: {len(result.errors)} layers -> {config.out} (default {result.plan.default.label}, "
+        f"{overrides} override{'s' if overrides != 1 else ''}); worst layer {name}: cosine {worst.cos:.5f} "
+        f"with {CANDIDATES[0].label} at step {worst.step}"
+        + (f"; Q/K/V in {config.save_qkv}" if config.save_qkv else "")
+    )
+    if result.peaky_note():
+        typer.echo(f"sagevideo calibrate: {result.peaky_note()}")
+
+
+def register(app: typer.Typer) -> None:
+    add_config_command(app, "calibrate", CalibrateConfig, run, doc=DOC, cli=CLI, skip=API_ONLY)

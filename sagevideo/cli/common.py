@@ -1,0 +1,146 @@
+"""What every command shares: error lines, the one mapping of exceptions to exit codes, and the
+typer options made from a config model's fields (one declaration of each option).
+
+Heavy modules (torch, diffusers, triton, ray) are imported inside the commands only, so
+`sagevideo --help` stays instant; this module imports typer and sagevideo.errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from typing import Annotated, Any, Literal
+
+import annotated_types
+import typer
+
+from sagevideo.errors import EXIT_BAD_INPUT, EXIT_FAILED, InputError, exit_code_for
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "InputError", "add_config_command", "fail", "handle_errors"]
+
+
+def fail(command: str, message: str, code: int) -> typer.Exit:
+    """Print 'sagevideo <command>: error: ...' to stderr (one line per line); return the Exit to raise."""
+    lines = message.splitlines() or [""]
+    for line in lines:
+        typer.echo(f"sagevideo {command}: error: {line}", err=True)
+    return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def handle_errors(command: str, on_interrupt: Callable[[BaseException], None] | None = None) -> Iterator[None]:
+    """Exit with `sagevideo.errors.exit_code_for(err)` for every user-facing exception: its message as
+    error lines (or, for an interrupt, `on_interrupt(err)`), no traceback. Other exceptions are bugs
+    and show as such."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort):
+        raise
+    except BaseException as err:
+        code = exit_code_for(err)
+        if code is None:
+            raise
+        if isinstance(err, KeyboardInterrupt):
+            if on_interrupt is not None:
+                on_interrupt(err)
+            raise typer.Exit(code) from None
+        raise fail(command, str(err), code) from None
+
+
+# --- options from a config model ---------------------------------------------------------------
+
+
+def _strip(annotation: Any) -> Any:
+    """The type typer should parse for a field's annotation: Annotated metadata and None dropped."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                raise TypeError(f"no command-line type for {annotation!r}")
+            annotation = args[0]
+        else:
+            break
+    if typing.get_origin(annotation) is list:  # typer reads list[Enum] but not list[Literal]
+        (item,) = typing.get_args(annotation)
+        if typing.get_origin(item) is Literal:
+            return list[_choices_enum(typing.get_args(item))]
+    return annotation
+
+
+@functools.cache
+def _choices_enum(values: tuple[str, ...]) -> type[enum.Enum]:
+    return enum.Enum("Choice", {v: v for v in values}, type=str)
+
+
+def _plain(value: Any) -> Any:
+    """Enum members (of `_choices_enum`) back to their strings, in lists too."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: tuple[str, ...] = ()) -> list:
+    """One typer parameter per field of the pydantic model `config` (in field order), but `skip`.
+
+    The field's description is the help and its default the default; `cli[field]` may give
+    "flags" (option names, e.g. ("--out", "-o") or ("--frames-png/--no-frames-png",)), "argument"
+    (a positional argument), "type" (what typer parses, when not the field's type), "help" and
+    "default" (the command line's own), "option" (more typer.Option keywords), and "range": True
+    (typer checks the field's ge/le bounds itself and shows them in the help)."""
+    params = []
+    for name, field in config.model_fields.items():
+        if name in skip:
+            continue
+        spec = cli.get(name, {})
+        kind = _strip(spec.get("type") or field.annotation)
+        text = spec.get("help", field.description)
+        if field.is_required():
+            default: Any = ...
+        else:
+            default = spec["default"] if "default" in spec else field.get_default(call_default_factory=True)
+        if spec.get("argument"):
+            info: Any = typer.Argument(help=text, show_default=False)
+        else:
+            more = dict(spec.get("option", {}))
+            if spec.get("range"):
+                for bound in field.metadata:
+                    if isinstance(bound, annotated_types.Ge):
+                        more["min"] = bound.ge
+                    elif isinstance(bound, annotated_types.Le):
+                        more["max"] = bound.le
+            info = typer.Option(*spec.get("flags", ()), help=text, **more)
+        annotation = Annotated[kind | None if default is None else kind, info]
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+    return params
+
+
+def add_config_command(
+    app: typer.Typer,
+    name: str,
+    config: type,
+    run: Callable[[dict[str, Any]], None],
+    *,
+    doc: str,
+    cli: Mapping[str, Mapping[str, Any]] | None = None,
+    skip: tuple[str, ...] = (),
+) -> None:
+    """Register command `name` whose options are `config`'s fields (see `config_parameters`);
+    run(values) gets them by field name. doc: the command's help."""
+
+    def command(**values: Any) -> None:
+        run({name: _plain(value) for name, value in values.items()})
+
+    command.__signature__ = inspect.Signature(config_parameters(config, cli or {}, skip))  # type: ignore[attr-defined]
+    command.__doc__ = doc
+    command.__name__ = command.__qualname__ = name.replace("-", "_")
+    app.command(name)(command)

@@ -1,0 +1,25 @@
+"""`sagevideo env`: versions, devices, and which kernel plan runs where (`env_report`)."""
+
+from __future__ import annotations
+
+import typer
+
+from sagevideo.cli.common import handle_errors
+
+
+def env() -> None:
+    """Print torch/triton/GPU versions and which kernel plan runs on each device, and why."""
+    from sagevideo.cli.env_report import report_lines
+    from sagevideo.errors import InputError
+
+    with handle_errors("env"):
+        try:
+            lines = report_lines()
+        except ValueError as err:  # a misspelt SAGEVIDEO_SM90_KERNEL
+            raise InputError(str(err)) from None
+    for line in lines:
+        typer.echo(line)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(env)

@@ -1,0 +1,62 @@
+"""`sagevideo generate`: its options are `GenerateConfig`'s fields (one declaration each)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from sagevideo.cli.common import add_config_command, handle_errors
+from sagevideo.errors import EXIT_FAILED
+from sagevideo.jobs.config import GenerateConfig
+
+# How the command line spells some fields; every other field is `--<name-with-dashes>`.
+CLI: dict[str, dict[str, Any]] = {
+    "job_file": {"argument": True},
+    "out": {"flags": ("--out", "-o")},
+    "prompts_or_jobs": {
+        "flags": ("--prompt", "-p"),
+        "type": list[str],
+        "help": "A prompt (repeatable). Without prompts: a built-in batch of two.",
+    },
+    "frames_png": {"flags": ("--frames-png/--no-frames-png",)},
+    "progress": {"flags": ("--progress/--no-progress",)},
+}
+API_ONLY = ("prompts_file", "dtype")  # Python-only options: a job file or --prompt give prompts here
+
+DOC = """Generate videos into --out; re-running resumes (finished jobs are skipped, failed ones redone).
+
+    Job-file values win over these options: job > the file's defaults > option.
+
+    Exit codes: 0 all done, 1 a job or the model load failed (or a full disk stopped the batch), 2 bad input
+    or --out in use by another run (nothing loaded), 130 Ctrl-C, 143 SIGTERM (finished videos kept).
+    """
+
+
+def run(values: dict[str, Any]) -> None:
+    from tqdm.auto import tqdm
+
+    from sagevideo.generation.generate import plan_batch, run_batch
+
+    values["prompts_or_jobs"] = values["prompts_or_jobs"] or None  # no --prompt: the job file's, or the built-in
+    with handle_errors("generate", on_interrupt=_summary):
+        config = GenerateConfig.build(**values)
+        batch = plan_batch(config)
+        for note in batch.notes:
+            typer.echo(f"sagevideo: {note}", err=True)
+        report = run_batch(batch, progress=config.progress, echo=lambda line: tqdm.write(line, file=sys.stderr))
+    typer.echo(report.summary_line())
+    if not report.ok:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _summary(stop: BaseException) -> None:
+    """A batch Ctrl-C or SIGTERM stopped (`BatchInterrupted`): what finished, and the resume hint."""
+    report = getattr(stop, "report", None)
+    if report is not None:
+        typer.echo(report.summary_line())
+
+
+def register(app: typer.Typer) -> None:
+    add_config_command(app, "generate", GenerateConfig, run, doc=DOC, cli=CLI, skip=API_ONLY)

@@ -1,0 +1,112 @@
+"""Every exception a user of sagevideo can meet, and the exit code the commands give for it.
+
+    exception               exit  raised when
+    InputError                 2  bad input found before any model loads (a field, an option, a file,
+                                  --out in use by another run, a Ray address nobody answers)
+    EvalInputError             2  bad input to `eval`/`ab` (unknown metric, unusable folder)
+    PairingError               2  two output folders whose videos do not pair by prompt and seed
+    ModelLoadError             1  the model passed its checks but could not be loaded
+    BatchStopped               1  a batch ended early on its own (disk full, manifest unwritable)
+    ABFailed                   1  a job of one `ab` arm failed (its manifest has the error)
+    MetricModelError           1  a metric's weights are present but cannot be loaded
+    BatchInterrupted         130  Ctrl-C (SIGINT) during a batch; 143 for SIGTERM
+    Terminated               143  SIGTERM (as SLURM, Kubernetes and `kill` send it)
+
+Exit code 1 also means "a job failed" (the batch went on; its record says why) and, for
+`check-weights`, "some metric would be skipped". The CLI maps exceptions to codes through
+`exit_code_for` only (`sagevideo.cli.common.handle_errors`).
+
+This module imports nothing of sagevideo, so every room can raise from it.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a command stopped by Ctrl-C
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
+
+
+class SagevideoError(Exception):
+    """Base of sagevideo's user-facing errors; `exit_code` is what the commands exit with."""
+
+    exit_code = EXIT_FAILED
+
+
+class InputError(SagevideoError, ValueError):
+    """Bad user input found before any model is loaded; the message is ready to print
+    (one line per problem, each naming the field or option and the fix)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class EvalInputError(SagevideoError, ValueError):
+    """Bad input to `evaluate` (unknown metric, unusable output folder...), found before loading models."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class PairingError(SagevideoError, ValueError):
+    """Two folders whose videos cannot be paired; the message lists every problem."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class ModelLoadError(SagevideoError, RuntimeError):
+    """The model passed its checks but could not be loaded or prepared."""
+
+
+class MetricModelError(SagevideoError, RuntimeError):
+    """A metric's weights are present but could not be loaded (corrupt or of another model).
+
+    `evaluate` itself skips such a metric (in metrics.json: skipped and failed) and computes the
+    others; the commands raise this afterwards, so the exit code says a metric was lost."""
+
+
+class ABFailed(SagevideoError, RuntimeError):
+    """A job of one arm failed (its manifest has the error); re-running resumes."""
+
+
+class BatchStopped(SagevideoError, RuntimeError):
+    """A batch ended early on its own: the output storage is full, or the manifest cannot be
+    written. report: what finished (a `BatchReport`; `report.stopped` says why); re-running resumes."""
+
+    def __init__(self, report: Any):
+        super().__init__(report.stopped)
+        self.report = report
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what SLURM, Kubernetes and `kill` send) during a batch: handled as Ctrl-C is."""
+
+    exit_code = EXIT_TERMINATED
+
+
+class BatchInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a batch: workers are stopped, finished jobs are in the manifest.
+
+    report: what finished before the interrupt (a `BatchReport`: `report.interrupted` is True,
+    `report.signal` says which signal).
+    """
+
+    def __init__(self, report: Any):
+        super().__init__("interrupted")
+        self.report = report
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell reports for a command the signal stopped: 130 (SIGINT), 143 (SIGTERM)."""
+        return EXIT_TERMINATED if self.report.signal == "SIGTERM" else EXIT_INTERRUPTED
+
+
+def exit_code_for(err: BaseException) -> int | None:
+    """The exit code for a user-facing exception, or None for one that is a bug (let it show)."""
+    if isinstance(err, (SagevideoError, BatchInterrupted, Terminated)):
+        return err.exit_code
+    if isinstance(err, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return None

@@ -1,0 +1,195 @@
+"""`GenerateConfig`: every option of a generation batch, declared once.
+
+Each field is one option: its name (the keyword of `sagevideo.generate` and `plan_batch`; the
+CLI flag is `--<name with dashes>`), type, default, help (the field's description, also the CLI
+help) and validation. The CLI's `sagevideo generate` options are generated from these fields
+(`sagevideo.cli.generate`), the Python API validates its keyword arguments with them, and a job
+file's `defaults:` layer over the fields that are also job fields (`JOB_DEFAULTS`): a job's own
+value > its file's defaults > these options > the model's defaults.
+
+`GenerateConfig(...)` validates as pydantic does (ValidationError). `GenerateConfig.build(...)`,
+which the API and the CLI use, never raises for a bad value: the value is left at its default and
+the problem kept in `config.problems` ((field, option with value, what is wrong)), so that
+`plan_batch` lists it beside every other problem of the batch, each once. Unknown or missing
+keywords raise TypeError, as for any Python call.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+
+from sagevideo.choices import Attention, Backend, Device, DType, PVChoice
+from sagevideo.errors import InputError
+from sagevideo.jobs.specs import Frames, Guidance, JobSpec, NotBool, Pixels, Seed, Steps, group_problems, value_problems
+
+
+def _whole_number(fix: str):
+    """A before-validator: a whole number >= 1 (not a bool, not a string), else `fix`."""
+
+    def check(value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(fix)
+        return value
+
+    return BeforeValidator(check)
+
+
+def _seconds(value: Any) -> Any:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+    ):
+        raise ValueError("give seconds > 0, e.g. 1800 (leave it out for no limit)")
+    return value
+
+
+def _listed(value: Any) -> Any:
+    """Prompts or jobs: one item, or any iterable of items, kept as a list (a generator is read once)."""
+    if value is None or isinstance(value, (str, Path, Mapping, JobSpec)):
+        return value
+    if isinstance(value, Iterable):
+        return list(value)
+    return value
+
+
+class GenerateConfig(BaseModel):
+    """Every option of a batch (see the module docstring); the fields are in the CLI's order.
+
+    plan: an attention-plan JSON for every job that names none (checked to exist and fit the
+    model, recorded in the manifest with its hash). gpus_per_job: ranks per job (Ulysses sequence
+    parallelism, CogVideoX only), checked against every job's heads and video tokens by
+    `plan_batch`. job_timeout: seconds one job may run. On Ray the driver stops a worker whose job
+    runs longer (a hang) and retries the job like a worker death; in this process a timer stops
+    the job at the limit, mid-step, between two torch operations (one operation that runs longer,
+    e.g. a single huge attention call, finishes first; outside the main thread the limit is
+    checked after each step), and the job fails. frames_png: default of the jobs' `frames_png`
+    (PNG frames beside each mp4). dtype: None = bfloat16 on CUDA, float32 on CPU. progress: the
+    progress bar of `generate` (planning ignores it).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    job_file: Path | None = Field(
+        None,
+        description="Job file: .yaml/.yml or .toml (defaults: and jobs: with per-job prompt, negative_prompt, "
+        "seed, frames, resolution, steps, guidance, attention, pv, plan, output, frames_png), or any other file "
+        "as plain text, one prompt per line (blank lines and # comments are skipped).",
+    )
+    out: Path = Field(description="Output folder for the mp4 files and manifest.jsonl.")
+    model: str = Field("tiny", description="'tiny' (built in, no download) or a local diffusers folder.")
+    prompts_or_jobs: Annotated[Any, BeforeValidator(_listed)] = Field(
+        None,
+        description="A job file (a Path, or a one-word string ending in .yaml/.yml/.toml/.txt), a prompt, a dict "
+        "of JobSpec fields, a JobSpec, or a list of those; None (and no prompts_file/job_file): a built-in batch "
+        "of two prompts.",
+    )
+    prompts_file: Path | None = Field(None, description="A text file with one prompt per line.")
+    negative_prompt: str = Field("", description="Negative prompt for every job.")
+    seed: Seed = Field(0, description="Seed of the initial noise (CPU generator: same on every device).")
+    frames: Frames | None = Field(None, description="Frames, 1 + 8k (default: the model's; tiny: 9).")
+    height: Pixels | None = Field(None, description="Height in px, multiple of 16 (default: the model's; tiny: 64).")
+    width: Pixels | None = Field(None, description="Width in px, multiple of 16 (default: the model's; tiny: 64).")
+    steps: Steps | None = Field(None, description="Denoising steps (default: tiny 2, local models 50).")
+    guidance: Guidance = Field(6.0, description="Classifier-free guidance scale (<= 1 disables it).")
+    attention: Attention = Field("sage", description="sage: quantized attention; full: stock full precision.")
+    backend: Backend = Field(
+        "auto", description="sageattn backend; auto = Triton on CUDA, the emulation (reference) on CPU."
+    )
+    pv: PVChoice = Field(
+        "auto",
+        description="Precision of the P·V product; auto = FP8 on GPUs with FP8 tensor cores (sm89+), else FP16.",
+    )
+    plan: Path | None = Field(
+        None, description="Attention-plan JSON for jobs that name none (checked, recorded in the manifest)."
+    )
+    device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
+    dtype: DType | None = Field(None, description="Model dtype (default: bfloat16 on CUDA, float32 on CPU).")
+    fps: Annotated[int, NotBool, Field(ge=1, le=240)] = Field(8, description="Frame rate of the mp4 files.")
+    address: str | None = Field(
+        None,
+        description="Run on Ray: 'auto' (this machine's cluster, else a local instance) or the head's HOST:PORT. "
+        "Without it, Ray is used only for --workers > 1 or several visible GPUs.",
+    )
+    workers: Annotated[int | None, _whole_number("give a whole number >= 1 (1 runs in this process)")] = Field(
+        None, description="Ray workers, each loading the model once (default: one per GPU; 1 = this process)."
+    )
+    gpus_per_job: Annotated[
+        int, _whole_number("give a whole number >= 1 (1: one GPU per job, no splitting)")
+    ] = Field(
+        1,
+        description="Split each job over N GPUs of one node (Ulysses sequence parallelism, CogVideoX; Ray "
+        "groups of N ranks, --workers counts groups). With --device cpu: N CPU processes (gloo).",
+    )
+    max_attempts: Annotated[int, _whole_number("give a whole number >= 1 (1: no retry)")] = Field(
+        3, description="Runs of a job whose worker died (killed, CUDA error, OOM) before it fails."
+    )
+    job_timeout: Annotated[float | None, BeforeValidator(_seconds)] = Field(
+        None,
+        description="Seconds one job may run. On Ray a job still running then has its worker stopped and is "
+        "retried (a hang); in this process it is stopped mid-step (between two torch operations) and fails.",
+    )
+    frames_png: bool = Field(
+        False, description="Also write each job's frames as PNGs into <output>_frames/ (job files: frames_png)."
+    )
+    progress: bool = Field(True, description="Show the progress bar.")
+
+    _problems: list[tuple[str, str, str]] = PrivateAttr(default_factory=list)
+
+    @property
+    def problems(self) -> list[tuple[str, str, str]]:
+        """(field, option with its value, what is wrong) for each value `build` left at its default."""
+        return list(self._problems)
+
+    @classmethod
+    def build(cls, prompts_or_jobs: Any = None, /, **options: Any) -> GenerateConfig:
+        """A config from a GenerateConfig (with `options` over it) or from prompts/jobs and keyword
+        options; bad values are kept in `problems`, not raised (see the module docstring)."""
+        if isinstance(prompts_or_jobs, GenerateConfig):
+            base, data = prompts_or_jobs, {**dict(prompts_or_jobs), **options}
+        else:
+            base, data = None, dict(options)
+            if prompts_or_jobs is not None:
+                data["prompts_or_jobs"] = prompts_or_jobs
+        unknown = [name for name in data if name not in cls.model_fields]
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], list(cls.model_fields), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"unexpected keyword argument {unknown[0]!r}{hint}")
+        if "out" not in data:
+            raise TypeError("missing the keyword argument 'out' (the output folder)")
+        problems = [p for p in base.problems if p[0] not in options] if base is not None else []
+        try:
+            config = cls(**data)
+        except ValidationError as err:
+            found = value_problems(err)
+            bad = {field for field, _, _ in found}
+            if "out" in bad:  # nothing can be planned without the folder
+                raise InputError(group_problems([(place, text) for _, place, text in found])) from None
+            problems += found
+            config = cls(**{k: v for k, v in data.items() if k not in bad})
+        config._problems = problems
+        return config
+
+    def job_defaults(self) -> dict[str, Any]:
+        """The options that are also job fields, as job-field values (a plan path made absolute):
+        the layer under a job file's `defaults:` and each job's own fields."""
+        values = {name: getattr(self, name) for name in JOB_DEFAULTS}
+        if self.plan is not None:
+            values["plan"] = str(Path(self.plan).expanduser().resolve())
+        return values
+
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The declared default of option `name`."""
+        return cls.model_fields[name].default
+
+
+# Options that are also job fields: a job file (and a job's own fields) override them.
+JOB_DEFAULTS: tuple[str, ...] = tuple(
+    name for name in GenerateConfig.model_fields if name in JobSpec.model_fields and name != "prompt"
+)

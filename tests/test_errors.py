@@ -1,0 +1,64 @@
+"""sagevideo.errors: every user-facing exception has its exit code, and the CLI maps them in one place."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import typer
+
+from sagevideo import errors
+
+
+@pytest.mark.parametrize(
+    "err, code",
+    [
+        (errors.InputError("x"), 2),
+        (errors.EvalInputError("x"), 2),
+        (errors.PairingError("x"), 2),
+        (errors.ModelLoadError("x"), 1),
+        (errors.MetricModelError("x"), 1),
+        (errors.ABFailed("x"), 1),
+        (errors.BatchStopped(SimpleNamespace(stopped="disk full")), 1),
+        (errors.BatchInterrupted(SimpleNamespace(signal="SIGINT")), 130),
+        (errors.BatchInterrupted(SimpleNamespace(signal="SIGTERM")), 143),
+        (errors.Terminated(), 143),
+        (KeyboardInterrupt(), 130),
+        (RuntimeError("a bug"), None),
+    ],
+)
+def test_exit_codes(err, code):
+    assert errors.exit_code_for(err) == code
+
+
+def test_old_import_places_still_name_the_same_classes():
+    from sagevideo.eval.evaluate import EvalInputError, MetricModelError
+    from sagevideo.eval.pairing import PairingError
+    from sagevideo.experiments.ab import ABFailed
+    from sagevideo.generation.generate import BatchInterrupted, BatchStopped, ModelLoadError
+    from sagevideo.host.pipeline_host import ModelLoadError as HostModelLoadError
+    from sagevideo.jobs.specs import InputError
+
+    assert InputError is errors.InputError and issubclass(InputError, ValueError)
+    assert ModelLoadError is HostModelLoadError is errors.ModelLoadError
+    assert (BatchInterrupted, BatchStopped, ABFailed) == (errors.BatchInterrupted, errors.BatchStopped, errors.ABFailed)
+    assert (EvalInputError, MetricModelError, PairingError) == (
+        errors.EvalInputError, errors.MetricModelError, errors.PairingError
+    )
+
+
+def test_handle_errors_prints_the_message_and_exits_with_its_code(capsys):
+    from sagevideo.cli.common import handle_errors
+
+    with pytest.raises(typer.Exit) as stop, handle_errors("generate"):
+        raise errors.InputError("--steps 0: give more\njob 2: seed: no")
+    assert stop.value.exit_code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "sagevideo generate: error: --steps 0: give more", "sagevideo generate: error: job 2: seed: no"
+    ]
+    seen = []
+    with pytest.raises(typer.Exit) as stop, handle_errors("generate", on_interrupt=seen.append):
+        raise errors.BatchInterrupted(SimpleNamespace(signal="SIGTERM"))
+    assert stop.value.exit_code == 143 and len(seen) == 1
+    with pytest.raises(ZeroDivisionError), handle_errors("generate"):  # a bug shows as one
+        raise ZeroDivisionError("a bug")
