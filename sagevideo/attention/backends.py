@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sagevideo.choices import BACKENDS
 from sagevideo.kernels import plans
 
 
@@ -37,7 +38,7 @@ class Backend(str, enum.Enum):
 
 
 AUTO = "auto"
-CHOICES = (AUTO, *(backend.value for backend in Backend))  # what `backend=` accepts
+CHOICES = BACKENDS  # what `backend=` accepts: "auto" and each Backend
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 GLUON = "gluon"  # recorded instead of "triton" when the Gluon sm90 kernel computed the call
 

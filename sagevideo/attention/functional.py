@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from sagevideo.attention import records
 from sagevideo.attention.backends import CHOICES as BACKENDS
 from sagevideo.attention.backends import GLUON, AttentionCall, Backend, choose
+from sagevideo.choices import GRANULARITIES, auto_pv
 from sagevideo.kernels import plans
 
 LAYOUTS = ("HND", "NHD")
-GRANULARITIES = ("block", "token")
 BACKWARD_ERROR = (
     "sagevideo attention is forward-only: the quantized backends have no backward. Run inference under "
     "torch.no_grad() / torch.inference_mode(), or use backend='sdpa' (full precision) where gradients are needed"
@@ -85,14 +85,6 @@ def scaled_dot_product_attention(
     if query.dim() == 3:
         return out.squeeze(1)
     return out if lead is None else out.reshape(*lead, *out.shape[1:])
-
-
-def auto_pv(device: torch.device) -> str:
-    """"fp8" on GPUs with FP8 tensor cores (sm89 and newer; the fastest mode, which meets its accuracy
-    contract), "fp16" elsewhere."""
-    if device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (8, 9):
-        return "fp8"
-    return "fp16"
 
 
 def _shape_problem(query, key, value, attn_mask) -> str:

@@ -174,9 +174,6 @@ class _Runner:
                     if key in self.keys:
                         self.keys.remove(key)
                         self.skipped[key] = self.failed[key] = line
-        import torch
-
-        torch.set_grad_enabled(False)
 
     def _load_clip(self) -> None:
         from sagevideo.eval.clip_metrics import CLIPEmbedder, load_clip
@@ -217,6 +214,12 @@ class _Runner:
         self.details["fid"] = self.features.describe()
 
     def run(self, pairs: list[Pair], out: Path, progress: Callable[[str], None] | None) -> dict[str, Any]:
+        import torch
+
+        with torch.inference_mode():  # metric models only infer; grad mode stays as the caller set it
+            return self._run(pairs, out, progress)
+
+    def _run(self, pairs: list[Pair], out: Path, progress: Callable[[str], None] | None) -> dict[str, Any]:
         import numpy as np
         import torch
 
@@ -302,9 +305,9 @@ def versions() -> dict[str, str]:
     """Versions of what computed the numbers."""
     from importlib import metadata
 
-    import sagevideo
+    from sagevideo.version import __version__
 
-    found = {"sagevideo": sagevideo.__version__, "python": platform.python_version(), "platform": platform.platform()}
+    found = {"sagevideo": __version__, "python": platform.python_version(), "platform": platform.platform()}
     for package in (
         "torch",
         "torchmetrics",

@@ -94,7 +94,7 @@ def worker_info(node: str | None = None) -> dict[str, Any]:
 
 def base_record(ctx: RunContext, pj: PlannedJob) -> ManifestRecord:
     """A job's manifest record before it runs (fields: see `sagevideo.outputs.manifest`)."""
-    import sagevideo
+    from sagevideo.version import __version__
 
     j = pj.job
     return ManifestRecord(
@@ -118,7 +118,7 @@ def base_record(ctx: RunContext, pj: PlannedJob) -> ManifestRecord:
         device=ctx.device,
         dtype=ctx.dtype,
         fps=ctx.fps,
-        sagevideo_version=sagevideo.__version__,
+        sagevideo_version=__version__,
     )
 
 

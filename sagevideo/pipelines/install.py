@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from sagevideo.attention.functional import BACKENDS
+from sagevideo.choices import auto_pv
 from sagevideo.kernels.plans import PV_MODES
 from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
 from sagevideo.pipelines.plans import AttentionPlan
@@ -185,11 +186,7 @@ def default_plan(transformer: Any, pv: str | None = None) -> AttentionPlan:
     """Uniform plan: `pv` when given; else FP8 PV on GPUs with FP8 tensor cores (sm89+, the fastest
     mode, which meets its accuracy contract on every tested input), 16-bit PV elsewhere."""
     if pv is None:
-        import torch
-
-        device = next(transformer.parameters()).device
-        fp8 = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
-        pv = "fp8" if fp8 else "fp16"
+        pv = auto_pv(next(transformer.parameters()).device)
     return AttentionPlan.uniform(f"int8-{pv}")
 
 

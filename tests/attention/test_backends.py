@@ -121,3 +121,12 @@ def test_the_attention_package_does_not_import_triton():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             found += [f"{path.name}: {name}" for name in names if name.split(".")[0] == "triton"]
     assert found == []
+
+
+def test_the_backend_choices_are_declared_once():
+    """`choices.Backend` (what every room validates against) names exactly "auto" and the registry's backends."""
+    from sagevideo import choices
+    from sagevideo.attention import backends
+
+    assert set(choices.BACKENDS) == {backends.AUTO, *(b.value for b in backends.Backend)}
+    assert backends.CHOICES is choices.BACKENDS
