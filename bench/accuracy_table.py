@@ -6,8 +6,8 @@ a markdown table: worst / mean cosine over (batch, head) and worst rel-L1, per p
 `--score-std` instead sweeps how peaky attention is (q, k ~ N(0, std): scores q·k/sqrt(D) of that
 standard deviation) and prints the worst cosine of every mode: where INT8 stops being enough.
 
-    python scripts/accuracy_table.py [--shape 2,4,1024,128] [--seed 1] [--granularity block]
-    python scripts/accuracy_table.py --score-std 1,10,30,100,300,1000 --shape 1,4,1024,64
+    python -m bench.accuracy_table [--shape 2,4,1024,128] [--seed 1] [--granularity block]
+    python -m bench.accuracy_table --score-std 1,10,30,100,300,1000 --shape 1,4,1024,64
 """
 
 from __future__ import annotations

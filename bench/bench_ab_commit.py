@@ -7,9 +7,9 @@ a run, so separate runs cannot show a difference of a few percent). The earlier 
 is imported as `sagevideo_base` (its ops registered under that namespace), so both stand side by
 side.
 
-    python3 scripts/bench_ab_commit.py --prepare 0a492ef       # here: writes .bench-base/ (git-ignored)
-    python3 scripts/bench_ab_commit.py --shapes cogvideox-2b,opensora-768px --pv fp8,fp16 --reps 3 \
-        --json ab.json                                           # on the GPU, with .bench-base carried
+    python -m bench.bench_ab_commit --prepare 0a492ef          # here: writes .bench-base/ (git-ignored)
+    python -m bench.bench_ab_commit --shapes cogvideox-2b,opensora-768px --pv fp8,fp16 --reps 3 \
+        --json ab.json [--append-results]                         # on the GPU, with .bench-base carried
 
 Reported per shape and PV mode: median ms of each (reps round-robin medians of do_bench medians),
 head ÷ base speed (above 1: this checkout is faster), both × cuDNN, and which backend each ran.
@@ -26,17 +26,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-BASE_DIR = ".bench-base"
+if not __package__:  # run as a file (python bench/bench_ab_commit.py): `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.results import Run, add_results_option, start_run, variant  # noqa: E402
+
+BASE_DIR = ".bench-base"  # at the repository root; .gitignore lists it
 BASE_PACKAGE = "sagevideo_base"
 
 
 def prepare(commit: str, root: Path) -> Path:
     """Extract `commit`'s sagevideo package into root/.bench-base/sagevideo_base, renamed throughout."""
     target = root / BASE_DIR
-    exclude = root / ".git" / "info" / "exclude"
-    if f"/{BASE_DIR}/" not in exclude.read_text().splitlines():
-        with exclude.open("a") as f:
-            f.write(f"/{BASE_DIR}/\n")
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "-C", str(root), "archive", commit, "sagevideo"], check=True,
                                  capture_output=True).stdout
@@ -57,7 +57,8 @@ def _part_fns(package: str, side: str, q, k, v, pv: str) -> dict:
     import importlib
 
     import torch
-    from bench_attention import direct
+
+    from bench.bench_attention import direct
 
     plans = importlib.import_module(f"{package}.kernels.plans")
     quantize = importlib.import_module(f"{package}.kernels.quantize")
@@ -81,6 +82,24 @@ def _part_fns(package: str, side: str, q, k, v, pv: str) -> dict:
     return {f"{side}-prep": direct(prep), f"{side}-kernel": direct(kernel)}
 
 
+def result_rows(run: Run, rows: list[dict], default_dtype: str = "bf16") -> Run:
+    """The A/B rows as results-file rows, named as the 2026-12-01 run's converted rows are: per timed
+    function `ms` with variant SIDE[pv=PV] (cudnn, head, base; with --parts head-prep, base-kernel, ...),
+    its repetitions and the backend that side ran in extra, an error as `error` = 1. The base side's
+    rows name the base commit; a dtype other than bf16 (the default) is a parameter of the variant."""
+    for row in rows:
+        tag = {} if row["dtype"] == default_dtype else {"dtype": row["dtype"]}
+        for key, ms in row["ms"].items():
+            side = key.split("-")[0]
+            run.add(row["shape"], variant(key, pv=row["pv"], **tag), "ms", ms, reps=row["ms_reps"].get(key),
+                    ran=row["ran"].get(side), commit=row["base_commit"] if side == "base" else "run")
+        for key, error in row["errors"].items():
+            side = key.split("-")[0]
+            run.add(row["shape"], variant(key, pv=row["pv"], **tag), "error", 1, unit="count", error=error,
+                    commit=row["base_commit"] if side == "base" else "run")
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prepare", metavar="COMMIT", help="extract COMMIT as the base (run here, not on the GPU)")
@@ -92,16 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", action="store_true",
                         help="also time the preparation and the attention kernel alone, for each side")
     parser.add_argument("--json", help="write the rows here")
+    add_results_option(parser)
     args = parser.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
     if args.prepare:
         print(f"base {args.prepare} -> {prepare(args.prepare, root)}")
         return 0
     sys.path.insert(0, str(root / BASE_DIR))
-    sys.path.insert(0, str(root / "scripts"))
     sys.path.insert(0, str(root))
     import torch
-    from bench_attention import DTYPES, SHAPES, bench_inputs, bench_interleaved, direct, sdpa_fn
+
+    from bench.bench_attention import DTYPES, SHAPES, bench_inputs, bench_interleaved, direct, sdpa_fn
     try:  # its ops under its own namespace; the layout before the rooms were renamed, or this one
         from sagevideo_base.api import attention as base_attention
         from sagevideo_base.api import backends as base_backends
@@ -139,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.append_results:
+        run = start_run("bench_ab_commit", torch.cuda.get_device_name(), argv)
+        added = result_rows(run, rows).append(args.append_results)
+        print(f"bench_ab_commit: {added} rows appended to {args.append_results}")
     print(f"\nthis checkout (head) vs {commit[:10]} (base), {args.dtype}, median of {args.reps} round-robin runs")
     print(f"{'shape':16} {'pv':5} {'head ms':>9} {'base ms':>9} {'head÷base':>10} {'head×cuDNN':>11} "
           f"{'base×cuDNN':>11}  ran")

@@ -7,7 +7,7 @@ x 64 bf16 = 164 MB) and the attention output (55 MB). This times `all_to_all_sin
 step's communication can be compared with what the link allows. Run with NCCL_DEBUG=INFO to see
 the transport NCCL chose (P2P/NVLink, SHM, ...).
 
-    torchrun --standalone --nproc-per-node 2 scripts/bench_alltoall.py
+    torchrun --standalone --nproc-per-node 2 bench/bench_alltoall.py
 """
 
 from __future__ import annotations

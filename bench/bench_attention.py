@@ -10,9 +10,10 @@ on Hopper). For sagevideo, "call" is the full `sageattn` call as users make it (
 included) and "kernel" the attention kernel alone on pre-quantized inputs. Accuracy: cosine vs
 fp32 SDPA (worst over heads) for every sagevideo mode.
 
-    python scripts/bench_attention.py --json bench.json [--shapes cogvideox-2b,...] [--sweep cogvideox-2b]
-    python scripts/bench_attention.py --shapes cogvideox-2b --sweep cogvideox-2b --sweep-pv fp8 \
+    python -m bench.bench_attention --json bench.json [--shapes cogvideox-2b,...] [--sweep cogvideox-2b]
+    python -m bench.bench_attention --shapes cogvideox-2b --sweep cogvideox-2b --sweep-pv fp8 \
         --sweep-tiles 128x128,64x128 --sweep-launch 4x3,4x2 --sweep-adds on,off
+    python -m bench.bench_attention --append-results          # also add the rows to bench/results.jsonl
 """
 
 from __future__ import annotations
@@ -24,9 +25,14 @@ import itertools
 import json
 import platform
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+if not __package__:  # run as a file (python bench/bench_attention.py): `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.results import Run, add_results_option, start_run, variant  # noqa: E402
 
 SHAPES = {
     "cogvideox-2b": (2, 30, 17776, 64),
@@ -300,10 +306,45 @@ def print_table(rows: list[dict]) -> None:
         print(f"| {dims} | " + " | ".join(cells) + f" | {vs_pypi} | {shares} | {cos} |")
 
 
+def result_rows(run: Run, rows: list[dict]) -> Run:
+    """`bench_shape` rows as results-file rows, named as the older runs' converted rows are:
+    per timed variant `ms` (its repetitions in extra) and `tops` (not for the preparation-only
+    "-quant"), `cos_worst` on sage-PV-call, the profiled preparation as sage-PV-prep `ms` (per-kernel
+    times in extra), sweep variants as sage-PV-kernel[block_m=..,...], a failed variant as `error` = 1.
+    Ratios to cuDNN are not stored (`bench.results.speedup`). fp16 inputs (the default) leave the
+    variant names bare; other dtypes are a parameter: sage-fp8-call[dtype=bf16]."""
+    for r in rows:
+        shape, dtype = r["shape"], r.get("dtype", "float16")
+        tag = {} if dtype == "float16" else {"dtype": {"bfloat16": "bf16"}.get(dtype, dtype)}
+        kernel, reps = r.get("kernel", {}), r.get("ms_reps", {})
+        for key, ms in r["ms"].items():
+            which = next((kernel[pv] for pv in kernel if key == f"sage-{pv}-kernel"), None)
+            run.add(shape, variant(key, **tag), "ms", ms, reps=reps.get(key), kernel=which)
+            if not key.endswith("-quant"):  # attention FLOPs over the preparation's time: not a figure
+                run.add(shape, variant(key, **tag), "tops", r["tops"].get(key), kernel=which)
+        for key, error in r.get("errors", {}).items():
+            run.add(shape, variant(key, **tag), "error", 1, unit="count", error=error)
+        for pv, cos in r.get("cos_worst", {}).items():
+            run.add(shape, variant(f"sage-{pv}-call", **tag), "cos_worst", cos)
+        for pv, kernels in r.get("prep_kernels_ms", {}).items():
+            run.add(shape, variant(f"sage-{pv}-prep", **tag), "ms", round(sum(kernels.values()), 4),
+                    kernels_ms=kernels)
+        for pv, entries in r.get("sweep", {}).items():
+            for entry in entries:
+                params = {k: x for k, x in entry.items() if k not in ("ms", "tops", "prep_ms", "error")}
+                name = variant(f"sage-{pv}-kernel", **params, **tag)
+                run.add(shape, name, "ms", entry.get("ms"), prep_ms=entry.get("prep_ms"))
+                run.add(shape, name, "tops", entry.get("tops"))
+                if "error" in entry:
+                    run.add(shape, name, "error", 1, unit="count", error=entry["error"])
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"comma list of {sorted(SHAPES)}")
     parser.add_argument("--json", help="write all figures to this JSON file")
+    add_results_option(parser)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp16",
                         help="inputs' dtype (models run bf16; cuDNN is 2-4%% faster in bf16 at d128)")
     parser.add_argument("--reps", type=int, default=3,
@@ -359,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"meta": meta, "rows": rows}, fh, indent=2)
+    if args.append_results:
+        added = result_rows(start_run("bench_attention", meta["gpu"], argv), rows).append(args.append_results)
+        print(f"bench_attention: {added} rows appended to {args.append_results}")
     print(f"\n{meta['gpu']} (sm{''.join(map(str, meta['capability']))}), torch {meta['torch']}, "
           f"triton {meta['triton']}, cuDNN {meta['cudnn']}, {meta['date']}")
     print_table(rows)

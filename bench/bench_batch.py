@@ -15,8 +15,8 @@ Numbers (see the legend printed under the table):
   manifest records), without the model load and without each worker's first job (warm-up:
   kernels loaded, CUDA libraries initialised); summed over workers. Ratios are 2 workers over 1.
 
-    PYTHONPATH=$PWD:$PYTHONPATH python3 scripts/bench_batch.py --json batch.json   # 2 GPUs
-    python3 scripts/bench_batch.py --tiny                                          # CPU smoke test
+    python -m bench.bench_batch --json batch.json   # 2 GPUs
+    python -m bench.bench_batch --tiny              # CPU smoke test
 """
 
 from __future__ import annotations

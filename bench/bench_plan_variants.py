@@ -7,7 +7,7 @@ inputs). Every variant and SDPA cuDNN are timed `--reps` times in round-robin or
 is reported, with each variant's worst cosine against fp32 SDPA. `--base` overrides the plan
 itself first, so that a comparison stays reproducible after the plan has changed.
 
-    python3 scripts/bench_plan_variants.py --shapes cogvideox-2b,cogvideox-5b \\
+    python -m bench.bench_plan_variants --shapes cogvideox-2b,cogvideox-5b \\
         --base max_registers=none,num_stages=3 \\
         --variants "r128:max_registers=128;r128s2:max_registers=128,num_stages=2" --reps 5
 """
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import (  # noqa: E402
+if not __package__:  # run as a file (python bench/bench_plan_variants.py): `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.bench_attention import (  # noqa: E402
     SHAPES,
     bench_inputs,
     bench_interleaved,

@@ -5,8 +5,8 @@ per program and K/V-stats program shapes, on the benchmark shapes. Speed knobs: 
 program change nothing in the results; the stats shape changes the fp32 summation order of mean(K),
 so its last bits. Direct launches, as the registered op runs them in eager mode.
 
-    python3 scripts/bench_prep.py --shapes cogvideox-2b,d128-8k --warps auto,4,8 --tiles 1,2,4,8 --json prep.json
-    python3 scripts/bench_prep.py --warps auto --stats 256:64:4,1024:64:4,512:128:8   # tokens/split:chunk:warps
+    python -m bench.bench_prep --shapes cogvideox-2b,d128-8k --warps auto,4,8 --tiles 1,2,4,8 --json prep.json
+    python -m bench.bench_prep --warps auto --stats 256:64:4,1024:64:4,512:128:8   # tokens/split:chunk:warps
 
 "auto" keeps the plan's value. Tiles per program stay capped so that each head gets at least the
 plan's `min_programs_per_head` programs (which binds only on short sequences).
@@ -20,8 +20,12 @@ import functools
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import torch
+
+if not __package__:  # run as a file (python bench/bench_prep.py): `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def prep_variant(base, warps: int | None, kv_tiles: int | None, stats: str, q_tiles: int | None):
@@ -39,9 +43,9 @@ def prep_variant(base, warps: int | None, kv_tiles: int | None, stats: str, q_ti
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench_attention import SHAPES, bench_ms, prep_kernel_times  # this script's folder is on sys.path
     from torch._library.triton import set_wrap_triton_enabled
 
+    from bench.bench_attention import SHAPES, bench_ms, prep_kernel_times
     from sagevideo.kernels import quantize
     from sagevideo.kernels.plans import prep_plan, select_plan
     from sagevideo.kernels.rotation import hadamard_pm1

@@ -8,8 +8,8 @@ the worst cosine (over heads) against fp32 SDPA and the max |diff| against the p
 kernel's output. `--check` runs only small shapes (odd lengths, padded head dims) for correctness,
 quickly.
 
-    python3 scripts/bench_sm90.py --check
-    python3 scripts/bench_sm90.py --json sm90.json [--shapes cogvideox-2b,d128-8k] [--stages 2,3] [--reps 5]
+    python -m bench.bench_sm90 --check
+    python -m bench.bench_sm90 --json sm90.json [--shapes cogvideox-2b,d128-8k] [--stages 2,3] [--reps 5]
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import (  # noqa: E402
+if not __package__:  # run as a file (python bench/bench_sm90.py): `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.bench_attention import (  # noqa: E402
     SHAPES,
     bench_inputs,
     bench_interleaved,

@@ -3,7 +3,7 @@
 
 Measured: one forward of the transformer as the pipeline calls it at each denoising step:
 CogVideoX-5B's config (42 layers, 48 heads x 64, random weights, built by
-scripts/bench_transformer.py), batch 2 (classifier-free guidance), 49 frames 480x720 = 13 latent
+bench/bench_transformer.py), batch 2 (classifier-free guidance), 49 frames 480x720 = 13 latent
 frames of 60x90 = 17,550 video + 226 text tokens, bf16. Per attention mode:
 - 1 GPU: rank 0 runs the unsharded transformer alone (the other ranks wait at a barrier);
 - N GPUs: every rank runs it sharded (`shard_cogvideox`: the [text; video] sequence split in equal
@@ -14,8 +14,8 @@ barrier; a forward's time is the slowest rank's). Modes: "sage" = sagevideo atte
 default plan (FP8 PV on sm90), "sdpa" = full-precision SDPA through the same processors.
 Correctness: max |diff| and cosine of the N-GPU noise prediction against the 1-GPU one.
 
-    torchrun --nproc-per-node 2 scripts/bench_sp.py --json sp.json          # GPU (NCCL)
-    torchrun --nproc-per-node 2 scripts/bench_sp.py --tiny                  # CPU smoke test (gloo)
+    torchrun --nproc-per-node 2 bench/bench_sp.py --json sp.json          # GPU (NCCL)
+    torchrun --nproc-per-node 2 bench/bench_sp.py --tiny                  # CPU smoke test (gloo)
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_transformer import COGVIDEOX_5B, TINY, build  # noqa: E402  (the 5B config and inputs)
+if not __package__:  # run as a file (python bench/bench_sp.py): `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.bench_transformer import COGVIDEOX_5B, TINY, build  # noqa: E402  (the 5B config and inputs)
 
 
 def say(line: str) -> None:

@@ -12,19 +12,26 @@ With `--model opensora`: Open-Sora 2.0's transformer (11.9 B, 19 double + 38 sin
 `768px` (76,032 + 512). `--no-layer-cosine` skips the per-layer accuracy pass (its fp32 reference
 attention takes minutes per forward at 76k tokens); the output cosine is still reported.
 
-    python scripts/bench_transformer.py [--model cogvideox-5b|opensora] [--pv fp8] [--json out.json]  # GPU
-    python scripts/bench_transformer.py --model opensora --resolution 768px --no-layer-cosine        # GPU
-    python scripts/bench_transformer.py --tiny [--model opensora]                                     # CPU smoke test
+    python -m bench.bench_transformer [--model cogvideox-5b|opensora] [--pv fp8] [--json out.json]  # GPU
+    python -m bench.bench_transformer --model opensora --resolution 768px --no-layer-cosine        # GPU
+    python -m bench.bench_transformer --tiny [--model opensora]                                     # CPU smoke test
+    (any of them with --append-results [PATH]: also add the rows to bench/results.jsonl)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+if not __package__:  # run as a file (python bench/bench_transformer.py): `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.results import Run, add_results_option, start_run  # noqa: E402
 
 COGVIDEOX_5B = dict(
     num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16, time_embed_dim=512,
@@ -106,7 +113,26 @@ def timed(fn, repeats: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def main() -> int:
+def result_rows(run: Run, shape: str, result: dict) -> Run:
+    """One forward's result as results-file rows, named as the older runs' converted rows are:
+    sdpa-cudnn and sagevideo-PV (PV of the plan that ran) `ms`, the latter's `speedup`,
+    `output_cos_vs_sdpa` and, with the per-layer pass, `layer_cos_worst_min` (its layer and every
+    layer's value in extra) and `layer_cos_worst_mean`."""
+    plan = result["plan"]
+    sage = f"sagevideo-{plan.split('/')[0].split('-')[1]}"  # "int8-fp8/block" -> sagevideo-fp8
+    run.add(shape, "sdpa-cudnn", "ms", result["sdpa_cudnn_s"] * 1e3, config=result["config"])
+    run.add(shape, sage, "ms", result["sagevideo_s"] * 1e3, plan=plan, backends=result["backends"])
+    run.add(shape, sage, "speedup", result["speedup"])
+    run.add(shape, sage, "output_cos_vs_sdpa", result["output_cos_vs_sdpa"])
+    layers = result["per_layer_worst_cos"]
+    if layers:
+        worst = min(layers, key=layers.get)
+        run.add(shape, sage, "layer_cos_worst_min", layers[worst], layer=worst, per_layer=layers)
+        run.add(shape, sage, "layer_cos_worst_mean", sum(layers.values()) / len(layers))
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
     import sagevideo
     from sagevideo.eval.numerics.errors import error_stats
     from sagevideo.pipelines.install import install_router
@@ -122,7 +148,8 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny config on CPU (smoke test)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json")
-    args = parser.parse_args()
+    add_results_option(parser)
+    args = parser.parse_args(argv)
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float16 if args.tiny else torch.bfloat16
     backend = "reference" if args.tiny else "auto"
@@ -179,6 +206,11 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)
+    if args.append_results:
+        shape = f"opensora-{args.resolution}" if args.model == "opensora" else args.model
+        run = start_run("bench_transformer", result["gpu"], argv)
+        added = result_rows(run, f"{args.model}-tiny" if args.tiny else shape, result).append(args.append_results)
+        print(f"bench_transformer: {added} rows appended to {args.append_results}")
     print(f"forward: SDPA cuDNN {sdpa_s * 1e3:.0f} ms, sagevideo ({plan}) {sage_s * 1e3:.0f} ms -> "
           f"{sdpa_s / sage_s:.2f}x; attention calls {backends}")
     if measuring.worst:

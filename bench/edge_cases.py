@@ -4,7 +4,8 @@ than 2^31 elements, peaky attention. One line per case, for this checkout or for
 prepared by `bench_ab_commit.py --prepare` (`--package sagevideo_base`), so that a fix is shown
 against the code before it with the same script.
 
-    python3 scripts/edge_cases.py [--package sagevideo_base] [--cases large,nan-row,peaky,2^31] [--json F]
+    python -m bench.edge_cases [--package sagevideo_base] [--cases large,nan-row,peaky,2^31] [--json F] \
+        [--append-results [PATH]]
 
 Each >2^31 case runs in its own subprocess: an illegal memory access ends the CUDA context.
 """
@@ -19,6 +20,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if not __package__:  # run as a file (python bench/edge_cases.py): `bench` from the repo root, as with -m
+    sys.path.insert(0, str(ROOT))
+from bench.results import Run, add_results_option, start_run, variant  # noqa: E402
+
 BIG = {"2^31-gluon": ((1, 66, 262144, 128), "fp8"), "2^31-plain-d64": ((1, 132, 262144, 64), "fp8"),
        "2^31-plain-d128-fp16": ((1, 66, 262144, 128), "fp16")}
 
@@ -94,12 +99,28 @@ def run_case(package: str, case: str) -> list[dict]:
     return rows
 
 
+def result_rows(run: Run, rows: list[dict]) -> Run:
+    """The cases as results-file rows, named as the 2026-12-01 runs' converted rows are: shape = the
+    case, variant sagevideo[pv=PV], one row per measured count or cosine (the backend that ran in
+    extra), a failed case as `error` = 1 with its message."""
+    for row in rows:
+        name = variant("sagevideo", **({"pv": row["pv"]} if row.get("pv") else {}))
+        for metric in ("nonfinite", "nonfinite_rows", "sdpa_nonfinite_rows"):
+            run.add(row["case"], name, metric, row.get(metric), unit="count", ran=row.get("ran"))
+        for metric in ("cos_worst", "last_row_cos"):
+            run.add(row["case"], name, metric, row.get(metric), ran=row.get("ran"))
+        if "error" in row:
+            run.add(row["case"], name, "error", 1, unit="count", error=row["error"])
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--package", default="sagevideo", choices=("sagevideo", "sagevideo_base"))
     parser.add_argument("--cases", default="large,nan-row,peaky," + ",".join(BIG))
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a single case, in this process
     parser.add_argument("--json")
+    add_results_option(parser)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(run_case(args.package, args.one)))
@@ -110,11 +131,20 @@ def main(argv: list[str] | None = None) -> int:
                               capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
         rows += json.loads(lines[-1]) if done.returncode == 0 and lines else [
-            {"case": case, "error": (done.stderr.strip().splitlines() or ["?"])[-1][:160]}]
+            {"case": case, **({"pv": BIG[case][1]} if case in BIG else {}),
+             "error": (done.stderr.strip().splitlines() or ["?"])[-1][:160]}]
     for row in rows:
         print(json.dumps(row))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.append_results:
+        import torch
+
+        run = start_run("edge_cases", torch.cuda.get_device_name(), argv)
+        if args.package == "sagevideo_base":  # the code measured is the base commit's
+            run.commit = (ROOT / ".bench-base" / "COMMIT").read_text().strip()
+        added = result_rows(run, rows).append(args.append_results)
+        print(f"edge_cases: {added} rows appended to {args.append_results}")
     return 0
 
 

@@ -6,11 +6,11 @@ go to Ray workers (one per GPU) when --address is given or several GPUs are visi
 the same command resumes: finished shots are skipped, failed or missing ones are rendered again.
 
     # the whole list on the cluster this machine belongs to
-    python scripts/production_render.py scripts/examples/shots.yaml \\
+    python examples/production_render.py examples/shots.yaml \\
         --model /models/CogVideoX-5b --out renders/ep01 --address auto
 
     # a quick look at the list on any machine: built-in tiny model, every shot small and short
-    python scripts/production_render.py scripts/examples/shots.yaml --model tiny --out /tmp/ep01 --preview
+    python examples/production_render.py examples/shots.yaml --model tiny --out /tmp/ep01 --preview
 
 With several machines, --out must be a folder every node mounts at the same path. Exit status:
 0 every shot done, 1 a shot failed, 2 bad input (nothing was loaded), 130 interrupted.
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shots", type=Path, help="YAML (or TOML) shot list; see scripts/examples/shots.yaml")
+    parser.add_argument("shots", type=Path, help="YAML (or TOML) shot list; see examples/shots.yaml")
     parser.add_argument("--model", required=True, help="local diffusers folder, or 'tiny'")
     parser.add_argument("--out", type=Path, required=True, help="output folder (shared storage on a cluster)")
     parser.add_argument("--address", help="Ray cluster: auto or HOST:PORT (default: this machine)")

@@ -6,8 +6,8 @@ for sm_90 (`triton.compile` with an explicit target: no driver needed), for each
 dtype and number of K/V ring stages. Prints, per configuration, the shared memory per CTA and counts
 of wgmma/TMA instructions in the PTX.
 
-    python3 scripts/gluon_compile_check.py                 # d64 and d128, bf16 and fp16, the plan's stages
-    python3 scripts/gluon_compile_check.py --stages 2,3 --ptx out.ptx   # also write the last PTX
+    python3 tools/gluon_compile_check.py                 # d64 and d128, bf16 and fp16, the plan's stages
+    python3 tools/gluon_compile_check.py --stages 2,3 --ptx out.ptx   # also write the last PTX
 """
 
 from __future__ import annotations

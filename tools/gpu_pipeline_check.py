@@ -5,7 +5,7 @@ Checks that the processor reaches the kernels inside a real diffusers pipeline, 
 attention call ran on Triton (recorded backends), and how far the quantized latents are from the
 full-precision ones with the same seed. Prints one line per arm.
 
-    python scripts/gpu_pipeline_check.py
+    python3 tools/gpu_pipeline_check.py
 """
 
 from __future__ import annotations

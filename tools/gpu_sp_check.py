@@ -11,7 +11,7 @@ Three runs of the same small batch on the tiny model, at a size that gives the k
 Videos are saved as raw frames (.npy bytes under the staged .mp4 names), since the GPU image has
 no ffmpeg; the frames of 2 and 3 are compared with 1 and the timings printed.
 
-    python3 scripts/gpu_sp_check.py --out /tmp/spcheck
+    python3 tools/gpu_sp_check.py --out /tmp/spcheck
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def ray_style(jobs: Path, out: Path, device: str) -> None:
         code = (
             "import os, sys; from sagevideo.scheduling.group import torchrun_env; "
             f"os.environ.update(torchrun_env({rank}, {places!r})); "
-            f"sys.path.insert(0, {str(ROOT / 'scripts')!r}); import gpu_sp_check; "
+            f"sys.path.insert(0, {str(ROOT / 'tools')!r}); import gpu_sp_check; "
             f"sys.exit(gpu_sp_check.rank_main([{str(jobs)!r}, '--out', {str(out)!r}, '--device', {device!r}, "
             "'--no-progress']))"
         )

@@ -6,10 +6,10 @@ Hopper without a GPU, disassembles them with the cuobjdump that ships with Trito
 The softmax is issue-bound (docs/sm90-kernel.md), so fewer instructions per key tile is the
 prediction a change can be checked against before any GPU time is spent.
 
-    python3 scripts/sass_loop_mix.py                  # plain and Gluon kernels, d64 and d128 FP8 plans
-    python3 scripts/sass_loop_mix.py --kernels plain --pv fp16
-    python3 scripts/sass_loop_mix.py --kernels plain --sass /tmp/sass   # also write the SASS files
-    python3 scripts/sass_loop_mix.py --kernels plain --dims 64 --tile 64x128 --launch 4x3
+    python3 tools/sass_loop_mix.py                  # plain and Gluon kernels, d64 and d128 FP8 plans
+    python3 tools/sass_loop_mix.py --kernels plain --pv fp16
+    python3 tools/sass_loop_mix.py --kernels plain --sass /tmp/sass   # also write the SASS files
+    python3 tools/sass_loop_mix.py --kernels plain --dims 64 --tile 64x128 --launch 4x3
 
 Run it in a process without TRITON_INTERPRET (the interpreter cannot compile).
 """

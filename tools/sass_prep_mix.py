@@ -5,8 +5,8 @@ The quantization programs are as much issue- as memory-bound on the H200 (docs/b
 "a division-free preparation"): instructions per element, registers (programs per SM) and whether
 loads are in flight together are the predictions a change can be checked against before any GPU time.
 
-    python3 scripts/sass_prep_mix.py                 # d64 and d128, the sm90 FP8 plans, rotation on
-    python3 scripts/sass_prep_mix.py --pv fp16 --no-rotate --sass /tmp/sass
+    python3 tools/sass_prep_mix.py                 # d64 and d128, the sm90 FP8 plans, rotation on
+    python3 tools/sass_prep_mix.py --pv fp16 --no-rotate --sass /tmp/sass
 
 Run it in a process without TRITON_INTERPRET (the interpreter cannot compile).
 """

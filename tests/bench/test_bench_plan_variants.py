@@ -1,12 +1,8 @@
-"""scripts/bench_plan_variants.py's variant syntax (the GPU part runs on the H200 only)."""
-
-import sys
-from pathlib import Path
+"""bench/bench_plan_variants.py's variant syntax (the GPU part runs on the H200 only)."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import bench_plan_variants  # noqa: E402
+from bench import bench_plan_variants
 
 
 def test_variants_parse_into_plan_field_overrides():

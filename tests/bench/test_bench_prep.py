@@ -1,12 +1,7 @@
-"""scripts/bench_prep.py's sweep variants: PrepPlans derived from the plan's (no module state)."""
+"""bench/bench_prep.py's sweep variants: PrepPlans derived from the plan's (no module state)."""
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import bench_prep  # noqa: E402
-
-from sagevideo.kernels import plans  # noqa: E402
+from bench import bench_prep
+from sagevideo.kernels import plans
 
 
 def test_variants_replace_the_plans_fields_and_auto_keeps_them():

@@ -1,12 +1,8 @@
-"""scripts/bench_sm90.py's ring-stage list (the GPU part runs on the H200 only)."""
-
-import sys
-from pathlib import Path
+"""bench/bench_sm90.py's ring-stage list (the GPU part runs on the H200 only)."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import bench_sm90  # noqa: E402
+from bench import bench_sm90
 
 
 def test_stages_become_labelled_gluon_variants():

@@ -1,6 +1,6 @@
-"""CPU smoke test of scripts/bench_sp.py in --tiny mode: it runs end to end (with the profiler
+"""CPU smoke test of bench/bench_sp.py in --tiny mode: it runs end to end (with the profiler
 breakdown), prints its table and writes its JSON. The numbers mean nothing on CPU.
-(scripts/bench_batch.py is only `sagevideo.generate` on Ray twice, which tests/scheduling covers.)"""
+(bench/bench_batch.py is only `sagevideo.generate` on Ray twice, which tests/scheduling covers.)"""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def run(args: list[str], tmp_path: Path) -> str:
 def test_bench_sp_tiny(tmp_path):
     out = tmp_path / "sp.json"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    args = ["scripts/bench_sp.py", "--tiny", "--repeats", "2", "--warmup", "1", "--profile", "--json", str(out)]
+    args = ["bench/bench_sp.py", "--tiny", "--repeats", "2", "--warmup", "1", "--profile", "--json", str(out)]
     stdout = run([*torchrun, *args], tmp_path)
     report = json.loads(out.read_text())
     assert "speedup" in stdout and "kernel time by category" in stdout and report["world"] == 2

@@ -1,4 +1,4 @@
-"""scripts/production_render.py and its example shot list."""
+"""examples/production_render.py and its example shot list."""
 
 import importlib.util
 import json
@@ -8,13 +8,13 @@ import pytest
 
 from sagevideo.generation.generate import plan_batch
 
-ROOT = Path(__file__).resolve().parents[1]
-SHOTS = ROOT / "scripts" / "examples" / "shots.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "examples" / "shots.yaml"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("production_render", ROOT / "scripts" / "production_render.py")
+    spec = importlib.util.spec_from_file_location("production_render", ROOT / "examples" / "production_render.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,4 +1,4 @@
-"""scripts/sass_prep_mix.py on CPU: the preparation kernels compile for sm_90 and quantize without
+"""tools/sass_prep_mix.py on CPU: the preparation kernels compile for sm_90 and quantize without
 a division per element (an IEEE division is ~11 instructions with a slow-path check, FCHK).
 
 Opt-in (`pytest -m sass`): it asserts facts of the machine code, which a Triton upgrade may move.
@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.sass
 
-SCRIPT = Path(__file__).parents[2] / "scripts" / "sass_prep_mix.py"
+SCRIPT = Path(__file__).parents[2] / "tools" / "sass_prep_mix.py"
 
 
 def test_quantization_programs_divide_per_group_not_per_element(tmp_path):
