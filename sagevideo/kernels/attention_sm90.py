@@ -23,7 +23,7 @@ the video transformers run is implemented: FP8 PV, per-block K scales, no causal
 no LSE; the dispatch (`op.gluon_runs`) sends anything else to the plain-Triton kernel (`supports`).
 
 Gluon cannot run under TRITON_INTERPRET; `compile_for_sm90` compiles this kernel for sm90 on a
-CPU-only machine (tests, `scripts/gluon_compile_check.py`); the `gpu` tests check it against the
+CPU-only machine (tests, `tools/gluon_compile_check.py`); the `gpu` tests check it against the
 plain-Triton kernel.
 """
 

@@ -176,7 +176,7 @@ _GLUON_STAGES = {64: 2, 128: 2}
 _GLUON_FASTER = {("fp8", 128)}
 
 # (block_d, FP8 V) -> (stats_min_tokens, stats_chunk, stats_warps). H200 sweep of
-# `scripts/bench_prep.py --stats` (docs/benchmarks.md, "a division-free preparation"): 64-row chunks
+# `bench/bench_prep.py --stats` (docs/benchmarks.md, "a division-free preparation"): 64-row chunks
 # of 256-token splits when both K and V are read at d128, else 32-row chunks of 512 tokens.
 _STATS_SHAPE = {
     (64, False): (512, 32, 4),
@@ -208,7 +208,7 @@ def gluon_stages(block_d: int) -> int:
 
 def quant_warps(rows: int, block_d: int, kind: str) -> int:
     """Warps of a quantization program over a `rows` x `block_d` tile (`kind` "kv" or "q"); speed only.
-    H200 sweep `scripts/bench_prep.py --warps 2,4,8` (docs/benchmarks.md, "a division-free
+    H200 sweep `bench/bench_prep.py --warps 2,4,8` (docs/benchmarks.md, "a division-free
     preparation"): 4 for 64-row Q tiles and 64x64 K/V tiles, 8 elsewhere (equal or better)."""
     small = rows * block_d <= 4096 if kind == "kv" else rows <= 64
     return 4 if small else 8

@@ -1,15 +1,32 @@
-"""bench/results.py and bench/results.jsonl: every row valid, docs/benchmarks.md's figures in it."""
+"""bench/results.py and bench/results.jsonl: every row valid, docs/benchmarks.md's figures in it; how a
+benchmark run adds its rows."""
 
+import argparse
+import datetime
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench.results import (
+    COMMIT_ENV,
+    DEFAULT,
+    Result,
+    add_results_option,
+    append,
+    current_commit,
+    load,
+    one,
+    select,
+    speedup,
+    start_run,
+    validate,
+    variant,
+)
+from bench.results import main as results_main
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from bench.results import DEFAULT, Result, append, load, one, select, speedup, validate  # noqa: E402
 
 BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
 
@@ -145,3 +162,69 @@ def test_append_then_load_round_trips_and_refuses_bad_rows(tmp_path):
         select([good], benchmark="bench_attention")
     with pytest.raises(LookupError, match="0 rows"):
         one([good], metric="tops")
+
+
+def test_append_refuses_a_row_already_in_the_file_or_twice_in_the_batch(tmp_path):
+    path = tmp_path / "results.jsonl"
+    row = Result(bench="bench_attention", shape="cogvideox-2b", variant="sage-fp8-call", metric="ms", value=8.4,
+                 gpu="NVIDIA H200", date="2026-12-02", source="run 1")
+    append([row], path)
+    with pytest.raises(ValueError, match="already in"):
+        append([Result(**{**row.__dict__, "value": 8.5})], path)  # the same number measured "again"
+    with pytest.raises(ValueError, match="twice"):
+        append([Result(**{**row.__dict__, "source": "run 2"})] * 2, path)
+    assert append([Result(**{**row.__dict__, "source": "run 2"})], path) == 1  # another run: a new row
+    assert len(load(path)) == 2
+
+
+def test_a_run_names_its_rows_and_skips_what_was_not_measured(monkeypatch):
+    monkeypatch.setenv(COMMIT_ENV, "0a492ef56ab2f775f935c97b2765fe30dfffa578")
+    now = datetime.datetime(2026, 12, 2, 9, 30, tzinfo=datetime.timezone.utc)
+    run = start_run("bench_attention", "NVIDIA H200", ["--shapes", "cogvideox-2b"], now=now)
+    assert run.source == "2026-12-02T09:30:00Z python -m bench.bench_attention --shapes cogvideox-2b"
+    assert (run.date, run.commit) == ("2026-12-02", "0a492ef56ab2f775f935c97b2765fe30dfffa578")
+    run.add("cogvideox-2b", variant("sage-kernel", pv="fp8", block_m=64, max_registers=None, by_add=True), "ms",
+            8.0, reps=[8.0, 8.1], kernel=None)
+    run.add("cogvideox-2b", "sdpa-flash", "ms", None)  # not measured: no row
+    run.add("cogvideox-2b", "sage-fp8-call", "cos_worst", float("nan"))
+    run.add("cogvideox-2b", "base", "ms", 9.0, commit="abc1234")
+    run.add("case", "sagevideo", "finite", True)
+    ms, nan, base, finite = run.rows
+    assert ms.variant == "sage-kernel[pv=fp8,block_m=64,max_registers=auto,by_add=on]"
+    assert ms.extra == {"reps": [8.0, 8.1]} and ms.commit == run.commit and ms.gpu == "NVIDIA H200"
+    assert (nan.metric, nan.value, nan.unit) == ("cos_worst_is_nan", 1.0, "bool")
+    assert base.commit == "abc1234"
+    assert (finite.value, finite.unit) == (1.0, "bool")
+    for row in run.rows:
+        validate(row.to_dict())
+
+
+def test_the_commit_comes_from_git_or_from_BENCH_COMMIT(monkeypatch, tmp_path):
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
+    commit, _ = current_commit()
+    assert commit is not None and len(commit) == 40  # this checkout
+    assert current_commit(tmp_path) == (None, False)  # no git there: unknown, the row says null
+    run = start_run("edge_cases", "cpu", [], root=tmp_path)
+    assert run.commit is None and not run.source.endswith("(uncommitted changes)")
+    monkeypatch.setenv(COMMIT_ENV, "HEAD")
+    with pytest.raises(ValueError, match="BENCH_COMMIT='HEAD'"):
+        current_commit()
+
+
+def test_the_append_results_option_defaults_to_the_results_file():
+    parser = argparse.ArgumentParser()
+    add_results_option(parser)
+    assert parser.parse_args([]).append_results is None
+    assert parser.parse_args(["--append-results"]).append_results == DEFAULT
+    assert parser.parse_args(["--append-results", "x.jsonl"]).append_results == Path("x.jsonl")
+
+
+def test_add_moves_a_gpu_runs_rows_into_the_results_file(tmp_path, capsys):
+    run_file, results = tmp_path / "run.jsonl", tmp_path / "results.jsonl"
+    rows = [Result(bench="bench_attention", shape="cogvideox-2b", variant=v, metric="ms", value=1.0,
+                   gpu="NVIDIA H200", date="2026-12-02", source="run") for v in ("a", "b")]
+    append(rows, run_file)
+    assert results_main(["add", str(run_file), "--to", str(results)]) == 0
+    assert load(results) == rows and "2 rows added" in capsys.readouterr().out
+    assert results_main(["add", str(run_file), "--to", str(results)]) == 2  # already there: refused
+    assert "already in" in capsys.readouterr().err and len(load(results)) == 2

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""One transformer forward at real size (random weights, bf16): SDPA cuDNN vs sagevideo.
+
+Builds CogVideoX-5B's transformer config (42 layers, 48 heads of 64) directly on the GPU with
+random weights, feeds 49 frames at 480x720 (17,550 video + 226 text tokens) with batch 2 (CFG),
+and times one forward with stock attention under SDPA's cuDNN backend and with sagevideo
+installed (its default plan, or --pv). A separate, untimed pass measures each layer's worst
+cosine (over heads and batch) of sagevideo attention against fp32 SDPA on the same inputs.
+
+With `--model opensora`: Open-Sora 2.0's transformer (11.9 B, 19 double + 38 single blocks,
+24 heads × 128), 129 frames 16:9, batch 1: `--resolution 256px` (8,316 video + 512 text tokens) or
+`768px` (76,032 + 512). `--no-layer-cosine` skips the per-layer accuracy pass (its fp32 reference
+attention takes minutes per forward at 76k tokens); the output cosine is still reported.
+
+    python -m bench.bench_transformer [--model cogvideox-5b|opensora] [--pv fp8] [--json out.json]  # GPU
+    python -m bench.bench_transformer --model opensora --resolution 768px --no-layer-cosine        # GPU
+    python -m bench.bench_transformer --tiny [--model opensora]                                     # CPU smoke test
+    (any of them with --append-results [PATH]: also add the rows to bench/results.jsonl)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+if not __package__:  # run as a file (python bench/bench_transformer.py): `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.results import Run, add_results_option, start_run  # noqa: E402
+
+COGVIDEOX_5B = dict(
+    num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16, time_embed_dim=512,
+    text_embed_dim=4096, num_layers=42, sample_width=90, sample_height=60, sample_frames=49, patch_size=2,
+    temporal_compression_ratio=4, max_text_seq_length=226, activation_fn="gelu-approximate",
+    timestep_activation_fn="silu", norm_elementwise_affine=True, norm_eps=1e-5, spatial_interpolation_scale=1.875,
+    temporal_interpolation_scale=1.0, use_rotary_positional_embeddings=True,
+)
+TINY = dict(COGVIDEOX_5B, num_attention_heads=2, num_layers=2, text_embed_dim=32, time_embed_dim=8,
+            sample_width=8, sample_height=8, sample_frames=9, max_text_seq_length=8)
+
+
+OPENSORA_TINY = dict(hidden_size=64, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=(8, 12, 12),
+                     context_in_dim=32, vec_in_dim=16)
+
+
+# 129 frames 16:9: latent (frames, H/8, W/8) of OPENSORA.md's table; tokens = frames·(H/16)·(W/16)
+OPENSORA_LATENTS = {"256px": (33, 24, 42), "768px": (33, 72, 128)}
+
+
+def build_opensora(tiny: bool, device: str, dtype: torch.dtype, resolution: str = "256px"):
+    """Open-Sora 2.0 transformer; 16:9 129 frames: 256px latent (33, 24, 42) -> 8316 video tokens,
+    768px (33, 72, 128) -> 76032."""
+    from sagevideo.pipelines.opensora import OpenSoraTransformer3DModel
+    from sagevideo.pipelines.opensora.packing import latent_ids, text_ids
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = OpenSoraTransformer3DModel(**(OPENSORA_TINY if tiny else {}))
+    torch.nn.Module.to(model, dtype=dtype).eval()
+    cfg = model.config
+    frames, h, w, n_txt = (3, 8, 8, 8) if tiny else (*OPENSORA_LATENTS[resolution], 512)
+    gen = torch.Generator(device).manual_seed(1)
+    ids = latent_ids(1, frames, h, w, dtype=dtype, device=device)
+    inputs = dict(
+        img=torch.randn(1, ids.shape[1], cfg.in_channels, device=device, dtype=dtype, generator=gen),
+        img_ids=ids,
+        txt=torch.randn(1, n_txt, cfg.context_in_dim, device=device, dtype=dtype, generator=gen),
+        txt_ids=text_ids(1, n_txt, dtype=dtype, device=device),
+        timesteps=torch.tensor([0.5], device=device, dtype=dtype),
+        y_vec=torch.randn(1, cfg.vec_in_dim, device=device, dtype=dtype, generator=gen),
+        cond=torch.zeros(1, ids.shape[1], cfg.cond_in_channels, device=device, dtype=dtype),
+    )
+    return model, inputs
+
+
+def build(cfg: dict, device: str, dtype: torch.dtype):
+    from diffusers import CogVideoXTransformer3DModel
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = CogVideoXTransformer3DModel(**cfg)
+    torch.nn.Module.to(model, dtype=dtype).eval()
+    frames = (cfg["sample_frames"] - 1) // cfg["temporal_compression_ratio"] + 1
+    h, w, p = cfg["sample_height"], cfg["sample_width"], cfg["patch_size"]
+    gen = torch.Generator(device).manual_seed(1)
+    hidden = torch.randn(2, frames, cfg["in_channels"], h, w, device=device, dtype=dtype, generator=gen)
+    text = torch.randn(2, cfg["max_text_seq_length"], cfg["text_embed_dim"], device=device, dtype=dtype, generator=gen)
+    cos, sin = get_3d_rotary_pos_embed(
+        cfg["attention_head_dim"], ((0, 0), (h // p, w // p)), (h // p, w // p), frames, device=torch.device(device)
+    )
+    inputs = dict(hidden_states=hidden, encoder_hidden_states=text, timestep=torch.tensor([500, 500], device=device),
+                  image_rotary_emb=(cos, sin), return_dict=False)
+    return model, inputs
+
+
+def timed(fn, repeats: int) -> float:
+    fn()  # warm-up (compilation, autotuning)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def result_rows(run: Run, shape: str, result: dict) -> Run:
+    """One forward's result as results-file rows, named as the older runs' converted rows are:
+    sdpa-cudnn and sagevideo-PV (PV of the plan that ran) `ms`, the latter's `speedup`,
+    `output_cos_vs_sdpa` and, with the per-layer pass, `layer_cos_worst_min` (its layer and every
+    layer's value in extra) and `layer_cos_worst_mean`."""
+    plan = result["plan"]
+    sage = f"sagevideo-{plan.split('/')[0].split('-')[1]}"  # "int8-fp8/block" -> sagevideo-fp8
+    run.add(shape, "sdpa-cudnn", "ms", result["sdpa_cudnn_s"] * 1e3, config=result["config"])
+    run.add(shape, sage, "ms", result["sagevideo_s"] * 1e3, plan=plan, backends=result["backends"])
+    run.add(shape, sage, "speedup", result["speedup"])
+    run.add(shape, sage, "output_cos_vs_sdpa", result["output_cos_vs_sdpa"])
+    layers = result["per_layer_worst_cos"]
+    if layers:
+        worst = min(layers, key=layers.get)
+        run.add(shape, sage, "layer_cos_worst_min", layers[worst], layer=worst, per_layer=layers)
+        run.add(shape, sage, "layer_cos_worst_mean", sum(layers.values()) / len(layers))
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sagevideo
+    from sagevideo.eval.numerics.errors import error_stats
+    from sagevideo.pipelines.install import install_router
+    from sagevideo.pipelines.routing import AttentionRouter
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pv", choices=["fp16", "fp8"], help="uniform PV mode (default: sagevideo's default plan)")
+    parser.add_argument("--model", choices=["cogvideox-5b", "opensora"], default="cogvideox-5b")
+    parser.add_argument("--resolution", choices=sorted(OPENSORA_LATENTS), default="256px",
+                        help="Open-Sora: 129 frames 16:9 at this resolution")
+    parser.add_argument("--no-layer-cosine", action="store_true",
+                        help="skip the per-layer accuracy pass against fp32 SDPA (slow at 76k tokens)")
+    parser.add_argument("--tiny", action="store_true", help="tiny config on CPU (smoke test)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json")
+    add_results_option(parser)
+    args = parser.parse_args(argv)
+    device = "cpu" if args.tiny else "cuda"
+    dtype = torch.float16 if args.tiny else torch.bfloat16
+    backend = "reference" if args.tiny else "auto"
+    if args.model == "opensora":
+        model, inputs = build_opensora(args.tiny, device, dtype, args.resolution)
+        description = f"Open-Sora 2.0 transformer (random weights), 129 frames {args.resolution} 16:9, batch 1, bf16"
+    else:
+        model, inputs = build(TINY if args.tiny else COGVIDEOX_5B, device, dtype)
+        description = "CogVideoX-5B (random weights), 2x49 frames 480x720, bf16"
+
+    def forward():
+        with torch.no_grad():
+            out = model(**inputs)
+            return out[0] if isinstance(out, tuple) else out
+
+    if args.tiny:
+        sdpa_s = timed(forward, args.repeats)
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            sdpa_s = timed(forward, args.repeats)
+        ref_out = forward()
+    if args.tiny:
+        ref_out = forward()
+    with sagevideo.install(model, pv=args.pv, backend=backend) as handle, sagevideo.record_backends() as log:
+        plan = handle.plan.default.label
+        sage_s = timed(forward, args.repeats)
+        sage_out = forward()
+    backends = log.counts
+
+    class Measuring(AttentionRouter):
+        """sagevideo attention, compared per call with fp32 SDPA on the same inputs."""
+
+        worst: dict[str, float] = {}
+
+        def __call__(self, layer, q, k, v, **kw):
+            out = super().__call__(layer, q, k, v, **kw)
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=kw.get("attn_mask"))
+            self.worst[layer] = min(self.worst.get(layer, 1.0), error_stats(ref, out).cos_worst)
+            return out
+
+    measuring = Measuring(handle.plan, backend)
+    if not args.no_layer_cosine:
+        with install_router(model, measuring):
+            forward()
+    out_cos = F.cosine_similarity(ref_out.float().flatten(), sage_out.float().flatten(), dim=0).item()
+    result = {
+        "config": "tiny" if args.tiny else description,
+        "sdpa_cudnn_s": sdpa_s, "sagevideo_s": sage_s, "speedup": sdpa_s / sage_s, "plan": plan,
+        "backends": backends, "per_layer_worst_cos": measuring.worst, "output_cos_vs_sdpa": out_cos,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    }
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    if args.append_results:
+        shape = f"opensora-{args.resolution}" if args.model == "opensora" else args.model
+        run = start_run("bench_transformer", result["gpu"], argv)
+        added = result_rows(run, f"{args.model}-tiny" if args.tiny else shape, result).append(args.append_results)
+        print(f"bench_transformer: {added} rows appended to {args.append_results}")
+    print(f"forward: SDPA cuDNN {sdpa_s * 1e3:.0f} ms, sagevideo ({plan}) {sage_s * 1e3:.0f} ms -> "
+          f"{sdpa_s / sage_s:.2f}x; attention calls {backends}")
+    if measuring.worst:
+        worst_layer = min(measuring.worst, key=measuring.worst.get)
+        print(f"per-layer worst cosine vs fp32 SDPA: min {measuring.worst[worst_layer]:.5f} ({worst_layer}), "
+              f"mean {sum(measuring.worst.values()) / len(measuring.worst):.5f}")
+    print(f"transformer output cosine vs stock SDPA: {out_cos:.5f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""bench/bench_transformer.py: the rows it adds to the results file, from a recorded forward and from a
+tiny run on CPU."""
+
+import pytest
+
+from bench import bench_transformer
+from bench.results import load, one, select, start_run
+
+FORWARD = {"config": "CogVideoX-5B (random weights), 2x49 frames 480x720, bf16", "sdpa_cudnn_s": 1.796,
+           "sagevideo_s": 1.565, "speedup": 1.796 / 1.565, "plan": "int8-fp8/block",
+           "backends": {"triton/fp8": 210}, "per_layer_worst_cos": {"blocks.0": 0.99999, "blocks.1": 0.99997},
+           "output_cos_vs_sdpa": 0.99999, "gpu": "NVIDIA H200"}
+
+
+def test_a_forward_becomes_the_rows_the_older_forwards_have():
+    run = bench_transformer.result_rows(start_run("bench_transformer", "NVIDIA H200", []), "cogvideox-5b", FORWARD)
+    rows = run.rows
+    assert round(one(rows, variant="sdpa-cudnn", metric="ms").value) == 1796
+    sage = one(rows, variant="sagevideo-fp8", metric="ms")
+    assert round(sage.value) == 1565 and sage.extra == {"plan": "int8-fp8/block", "backends": {"triton/fp8": 210}}
+    worst = one(rows, metric="layer_cos_worst_min")
+    assert worst.value == 0.99997 and worst.extra["layer"] == "blocks.1"
+    assert one(rows, metric="layer_cos_worst_mean").value == pytest.approx(0.99998)
+    no_layers = bench_transformer.result_rows(start_run("bench_transformer", "NVIDIA H200", []), "opensora-768px",
+                                              {**FORWARD, "per_layer_worst_cos": {}})
+    assert select(no_layers.rows, metric="layer_cos_worst_min") == []  # --no-layer-cosine
+
+
+@pytest.mark.slow
+def test_tiny_run_on_cpu_appends_its_rows(tmp_path, capsys):
+    path = tmp_path / "results.jsonl"
+    assert bench_transformer.main(["--tiny", "--repeats", "1", "--append-results", str(path)]) == 0
+    assert "6 rows appended" in capsys.readouterr().out
+    rows = load(path)
+    assert {(r.bench, r.shape, r.gpu) for r in rows} == {("bench_transformer", "cogvideox-5b-tiny", "cpu")}
+    assert one(rows, variant="sagevideo-fp16", metric="ms").extra["backends"] == {"reference/fp16": 6}

@@ -1,0 +1,29 @@
+"""tools/sass_prep_mix.py on CPU: the preparation kernels compile for sm_90 and quantize without
+a division per element (an IEEE division is ~11 instructions with a slow-path check, FCHK).
+
+Opt-in (`pytest -m sass`): it asserts facts of the machine code, which a Triton upgrade may move.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sass
+
+SCRIPT = Path(__file__).parents[2] / "tools" / "sass_prep_mix.py"
+
+
+def test_quantization_programs_divide_per_group_not_per_element(tmp_path):
+    # A fresh process without TRITON_INTERPRET (the root conftest sets it; compiling needs it unset).
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dims", "64", "--sass", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len([line for line in done.stdout.splitlines() if "registers" in line]) == 3
+    for kernel in ("quantize_q", "quantize_kv"):
+        sass = (tmp_path / f"{kernel}-d64-fp8.sass").read_text()
+        # 32+ elements per thread in each program; divisions only for the group scales
+        assert 0 < sass.count("FCHK") <= 8, f"{kernel}: {sass.count('FCHK')} division checks"
