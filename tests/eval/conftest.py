@@ -1,4 +1,4 @@
-"""Fixtures for the A/B evaluation tests (helpers in evalkit.py): synthetic arms, tiny local models,
+"""Fixtures for the A/B evaluation tests (helpers in tests/helpers/evalkit.py): synthetic arms, tiny local models,
 and evaluations shared by several test modules. Nothing is downloaded."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from evalkit import arm_videos, make_arm, run_eval, single_thread, tiny_clip
+from tests.helpers.evalkit import arm_videos, make_arm, run_eval, single_thread, tiny_clip
 
 
 @pytest.fixture()

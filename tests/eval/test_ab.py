@@ -17,7 +17,7 @@ LAYERS = ["transformer_blocks.0.attn1", "transformer_blocks.1.attn1"]
 
 @pytest.fixture(scope="module")
 def ab_run(tmp_path_factory):
-    from evalkit import single_thread
+    from tests.helpers.evalkit import single_thread
 
     root = tmp_path_factory.mktemp("ab")
     jobs = root / "jobs.txt"
@@ -111,7 +111,7 @@ def test_plan_check_counts_calls_per_precision():
 def test_ab_with_a_plan_evaluates_an_arm_that_ran_the_plan(tmp_path):
     """`generate` installs the plan: the evaluated quantized arm is the one it wrote, and it ran the
     plan's attention per layer and step (the plan check passes, the probe reproduces it exactly)."""
-    from evalkit import single_thread
+    from tests.helpers.evalkit import single_thread
 
     plan = tmp_path / "plan.json"
     plan.write_text(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from evalkit import base_video, make_arm
+from tests.helpers.evalkit import base_video, make_arm
 from typer.testing import CliRunner
 
 from sagevideo.cli.app import app

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from evalkit import FAST, PROMPTS, base_video, make_arm, run_eval
+from tests.helpers.evalkit import FAST, PROMPTS, base_video, make_arm, run_eval
 
 from sagevideo.eval.evaluate import EvalOptions, evaluate
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from evalkit import base_video, make_arm
+from tests.helpers.evalkit import base_video, make_arm
 
 from sagevideo.eval.evaluate import plan_pairs
 from sagevideo.eval.pairing import PairingError

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from wan_helpers import WAN_ATTENTION_CALLS, run_wan22, tiny_wan22_pipeline
+from tests.helpers.wan import WAN_ATTENTION_CALLS, run_wan22, tiny_wan22_pipeline
 
 import sagevideo
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Override, PlanError
@@ -90,7 +90,7 @@ def test_installing_twice_is_refused_on_either_transformer(wan22):
 
 def test_a_pipeline_with_a_denoiser_sagevideo_does_not_cover_is_refused():
     from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
-    from wan_helpers import tiny_wan
+    from tests.helpers.wan import tiny_wan
 
     class ControlledPipeline(DiffusionPipeline):  # as diffusers' ControlNet pipelines hold theirs
         def __init__(self, transformer, controlnet, scheduler):

@@ -10,7 +10,7 @@ import functools
 
 import pytest
 import torch
-from wan_helpers import WAN_ATTENTION_CALLS, run_wan, tiny_wan
+from tests.helpers.wan import WAN_ATTENTION_CALLS, run_wan, tiny_wan
 
 import sagevideo
 
@@ -153,7 +153,7 @@ def test_remove_restores_the_forward_a_hook_wrapped(monkeypatch):
 def _tiny_pipeline(kind: str):
     """(pipeline, run(pipe) -> latents, attention calls per call) with one denoiser."""
     if kind == "wan":
-        from wan_helpers import run_wan22, tiny_wan22_pipeline
+        from tests.helpers.wan import run_wan22, tiny_wan22_pipeline
 
         # 2 steps x (cond, uncond) forwards x 4 attention calls
         return tiny_wan22_pipeline(boundary_ratio=None), functools.partial(run_wan22, steps=2), 2 * 2 * 4

@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from wan_helpers import WAN_ATTENTION_CALLS, run_wan, tiny_wan
+from tests.helpers.wan import WAN_ATTENTION_CALLS, run_wan, tiny_wan
 
 import sagevideo
 

@@ -1,6 +1,6 @@
 """`--gpus-per-job 2 --device cpu` on a local Ray instance (2 CPUs): one group of 2 gloo ranks.
 
-Tolerance against one process with the same seed (`sp_tolerance.assert_same_videos`): with
+Tolerance against one process with the same seed (`tests/helpers/sp_tolerance.py`): with
 attention "full" the video is byte-identical; with sagevideo's quantized attention the decoded
 frames agree to a mean of 1.5 levels of 255 (see there why not bit for bit).
 One batch covers both the comparison and a rank killed mid-job, so that the test starts only two
@@ -20,7 +20,7 @@ pytest.importorskip("ray")
 import sagevideo  # noqa: E402
 from sagevideo.cli.app import app  # noqa: E402
 from sagevideo.host import failpoints  # noqa: E402
-from tests.parallel.sp_tolerance import JOBS, assert_same_videos  # noqa: E402
+from tests.helpers.sp_tolerance import JOBS, assert_same_videos  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from opensora_helpers import TINY, official_key_table, official_tiny_checkpoint, reference_forward, tiny_inputs
+from tests.helpers.opensora import TINY, official_key_table, official_tiny_checkpoint, reference_forward, tiny_inputs
 from safetensors.torch import save_file
 
 from sagevideo.pipelines.opensora import OpenSoraTransformer3DModel, convert_official_state_dict

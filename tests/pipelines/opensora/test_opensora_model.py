@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from opensora_helpers import (
+from tests.helpers.opensora import (
     TINY,
     ref_double_block,
     ref_rope_angles,

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from opensora_helpers import tiny_opensora_pipeline
+from tests.helpers.opensora import tiny_opensora_pipeline
 
 from sagevideo.pipelines.opensora.packing import pack_latents, unpack_latents
 from sagevideo.pipelines.opensora.pipeline import add_prompt_suffixes

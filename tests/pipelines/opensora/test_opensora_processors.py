@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from opensora_helpers import TINY, cosine, tiny_inputs
+from tests.helpers.opensora import TINY, cosine, tiny_inputs
 
 from sagevideo.attention.records import record_backends
 from sagevideo.pipelines.opensora import OpenSoraAttnProcessor, OpenSoraTransformer3DModel, SageOpenSoraAttnProcessor

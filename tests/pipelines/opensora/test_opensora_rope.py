@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from opensora_helpers import TINY, cosine, interleaved_rope, ref_rope, ref_rope_angles, reference_forward, tiny_inputs
+from tests.helpers.opensora import TINY, cosine, interleaved_rope, ref_rope, ref_rope_angles, reference_forward, tiny_inputs
 
 from sagevideo.pipelines.opensora.rope import apply_rope, rope_tables
 
