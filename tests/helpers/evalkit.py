@@ -2,8 +2,8 @@
 
 Nothing here downloads: the CLIP model is a tiny random one saved to a folder (and loaded back
 through the real local-path code), the LPIPS backbone is a random AlexNet `features` state dict
-under torchvision's file name, and FID/KID use a tiny fixed feature extractor. A module of its own,
-not conftest.py: several test folders have a conftest, so `from conftest import` is ambiguous.
+under torchvision's file name, and FID/KID use a tiny fixed feature extractor. The fixtures built
+from these (arms, weights_dir, identical, by_noise, one_thread) are in tests/conftest.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ differ by ~1e-6 (tests/parallel/test_ulysses.py bounds the transformer at 1e-5).
   --device cpu), and H.264 spreads such a change over its block. The decoded frames must then
   agree to a mean of MEAN_LEVELS levels of 255 (measured: 0.5 on the tiny model), not bit for
   bit. (On 2 GPUs with the Triton kernels the raw frames were bit-identical: docs/scheduling.md.)
-A shared module, not a conftest: two test folders use it.
+A helper module, not a conftest: tests/scheduling and tests/generation use it.
 """
 
 from __future__ import annotations

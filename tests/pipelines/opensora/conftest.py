@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tests.helpers.opensora import TINY, official_tiny_checkpoint
 
 
