@@ -3,6 +3,11 @@
 Hub and torch caches point at empty temporary folders (set before any test imports diffusers,
 whose hub constants are read at import), HF_HUB_OFFLINE=1 makes hub lookups fail at once, and
 an autouse fixture refuses socket connections to anything but loopback.
+
+Fixtures several folders share live here: the tiny CogVideoX pipeline, `no_model_load`, and the
+evaluation fixtures (synthetic arms, tiny local metric models; helpers in tests/helpers/evalkit.py)
+that tests/eval, tests/experiments and tests/cli use. Folder conftests add what only their folder
+needs (Ray in tests/scheduling, the Open-Sora checkpoint in tests/pipelines/opensora).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +63,84 @@ def tiny_pipe():
     pipe = tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if anything tries to load a model (checks that must come before loading)."""
+    import sagevideo.pipelines.loading as loading
+
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("a model was loaded"))
+
+
+# ---- evaluation: synthetic arms, tiny local metric models (nothing downloaded) ------------------
+
+
+@pytest.fixture()
+def one_thread():
+    """Used by the evaluation test modules (pytestmark), not by the other tests of their folders."""
+    from tests.helpers.evalkit import single_thread
+
+    with single_thread():
+        yield
+
+
+@pytest.fixture(scope="session")
+def arms(tmp_path_factory) -> dict[str, Path]:
+    """ref, an identical copy, and noisy test arms at increasing noise levels (sigma 3, 10, 30)."""
+    from tests.helpers.evalkit import arm_videos, make_arm
+
+    root = tmp_path_factory.mktemp("arms")
+    out = {"ref": make_arm(root / "ref", arm_videos())}
+    out["same"] = make_arm(root / "same", arm_videos(), attention="full")
+    for sigma in (3, 10, 30):
+        out[f"noise{sigma}"] = make_arm(
+            root / f"noise{sigma}",
+            arm_videos(sigma),
+            attention="sage",
+            pv="fp16",
+            backend="reference",
+            backends={"counts": {"reference/fp16": 4}, "fallbacks": {}},
+        )
+    return out
+
+
+@pytest.fixture(scope="session")
+def weights_dir(tmp_path_factory) -> Path:
+    """A weights folder with a tiny CLIP and a random AlexNet backbone (no Inception file)."""
+    import torch
+
+    from sagevideo.eval.lpips import backbone_features
+    from sagevideo.eval.weights import CLIP_FOLDER, LPIPS_FILES
+    from tests.helpers.evalkit import tiny_clip
+
+    root = tmp_path_factory.mktemp("weights")
+    tiny_clip(root / CLIP_FOLDER)
+    torch.manual_seed(1)
+    features = backbone_features("alex")
+    (root / "lpips").mkdir()
+    torch.save({f"features.{k}": v for k, v in features.state_dict().items()}, root / "lpips" / LPIPS_FILES["alex"])
+    return root
+
+
+@pytest.fixture(scope="session")
+def identical(arms, weights_dir, tmp_path_factory):
+    """The reference against an identical copy, with the copy as the noise floor too (all metrics)."""
+    from tests.helpers.evalkit import run_eval, single_thread
+
+    out = tmp_path_factory.mktemp("identical")
+    with single_thread():
+        return run_eval(arms["ref"], arms["same"], out, weights_dir, noise=arms["same"]) | {"_out": out}
+
+
+@pytest.fixture(scope="session")
+def by_noise(arms, weights_dir, tmp_path_factory):
+    """Evaluations of the noisy arms (sigma 3, 10, 30) against the reference; noise floor = the copy."""
+    from tests.helpers.evalkit import run_eval, single_thread
+
+    results = {}
+    with single_thread():
+        for s in (3, 10, 30):
+            out = tmp_path_factory.mktemp(f"n{s}")
+            results[s] = run_eval(arms["ref"], arms[f"noise{s}"], out, weights_dir, noise=arms["same"]) | {"_out": out}
+    return results

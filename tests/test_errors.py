@@ -1,11 +1,11 @@
-"""sagevideo.errors: every user-facing exception has its exit code, and the CLI maps them in one place."""
+"""sagevideo.errors: every user-facing exception has its exit code; the old import places name the same
+classes. (The CLI's mapping, `cli.common.handle_errors`: tests/cli/test_common.py.)"""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
-import typer
 
 from sagevideo import errors
 
@@ -45,20 +45,3 @@ def test_old_import_places_still_name_the_same_classes():
     assert (EvalInputError, MetricModelError, PairingError) == (
         errors.EvalInputError, errors.MetricModelError, errors.PairingError
     )
-
-
-def test_handle_errors_prints_the_message_and_exits_with_its_code(capsys):
-    from sagevideo.cli.common import handle_errors
-
-    with pytest.raises(typer.Exit) as stop, handle_errors("generate"):
-        raise errors.InputError("--steps 0: give more\njob 2: seed: no")
-    assert stop.value.exit_code == 2
-    assert capsys.readouterr().err.splitlines() == [
-        "sagevideo generate: error: --steps 0: give more", "sagevideo generate: error: job 2: seed: no"
-    ]
-    seen = []
-    with pytest.raises(typer.Exit) as stop, handle_errors("generate", on_interrupt=seen.append):
-        raise errors.BatchInterrupted(SimpleNamespace(signal="SIGTERM"))
-    assert stop.value.exit_code == 143 and len(seen) == 1
-    with pytest.raises(ZeroDivisionError), handle_errors("generate"):  # a bug shows as one
-        raise ZeroDivisionError("a bug")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sagevideo.generation import torchrun as launcher
-from tests.parallel.sp_tolerance import JOBS, assert_same_videos
+from tests.helpers.sp_tolerance import JOBS, assert_same_videos
 
 ROOT = Path(__file__).resolve().parents[2]
 

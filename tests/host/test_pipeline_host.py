@@ -1,10 +1,11 @@
 """The one generation path: a PipelineHost composed with an attention hook, generating with or
-without decoding, and its failpoints."""
+without decoding, its failpoints, and the CPU threads a run context sets."""
 
 from __future__ import annotations
 
 import pytest
 
+from sagevideo.generation.generate import plan_batch
 from sagevideo.host import failpoints
 from sagevideo.host.pipeline_host import PipelineHost, PlannedJob, RouterAttention, RunContext
 from sagevideo.jobs.specs import JobSpec
@@ -81,3 +82,24 @@ def test_the_mid_denoise_failpoint_stops_the_job_at_its_second_transformer_call(
         host.rank = 0
         failpoints.disarm()
     assert dict(host.pipe.transformer._forward_pre_hooks) == hooks  # the failpoint's hook is gone again
+
+
+def test_cpu_threads_of_the_run_context_reach_torch(tmp_path, monkeypatch):
+    import dataclasses
+
+    import torch
+
+    import sagevideo.pipelines.loading as loading
+    from sagevideo.host.pipeline_host import PipelineHost
+
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: object())
+    ctx = plan_batch(["a cat"], out=tmp_path).context()
+    before = torch.get_num_threads()
+    try:
+        PipelineHost(dataclasses.replace(ctx, cpu_threads=1))
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(before)
+        PipelineHost(ctx)  # no setting: a process that has the machine to itself keeps torch's default
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)

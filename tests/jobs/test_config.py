@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import typer
 
+import sagevideo
 from sagevideo.cli import generate as generate_cli
 from sagevideo.cli.app import app
 from sagevideo.jobs.config import JOB_DEFAULTS, GenerateConfig
-from sagevideo.jobs.specs import JobSpec
+from sagevideo.jobs.specs import InputError, JobSpec
 
 
 def command_params(name):
@@ -81,15 +82,7 @@ def test_every_bad_option_is_listed_once_beside_the_jobs_problems(tmp_path):
     ]
 
 
-def test_choices_rules(monkeypatch):
-    import torch
-
-    from sagevideo.choices import auto_pv, has_fp8_tensor_cores, resolve_device
-
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(torch.version, "hip", None)
-    assert has_fp8_tensor_cores("cuda") and auto_pv("cuda:0") == "fp8" and auto_pv("cpu") == "fp16"
-    monkeypatch.setattr(torch.version, "hip", "6.2")
-    assert auto_pv("cuda") == "fp16"  # the sm89 rule is NVIDIA's
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert resolve_device("auto") == "cpu" and resolve_device("cuda") == "cuda"
+@pytest.mark.parametrize("bad", [0, -5, float("inf"), "10", True])
+def test_bad_job_timeout_is_refused(tmp_path, no_model_load, bad):
+    with pytest.raises(InputError, match=r"--job-timeout .*: give seconds > 0"):
+        sagevideo.generate("a cat", out=tmp_path, job_timeout=bad, progress=False)

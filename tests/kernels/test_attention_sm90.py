@@ -24,6 +24,7 @@ print(json.dumps({"ptx": kernel.asm["ptx"], "shared": kernel.metadata.shared}))
 """
 
 
+@pytest.mark.slow  # a fresh process compiles the Gluon kernel
 @pytest.mark.parametrize("head_d, out_dtype", [(64, "bf16"), (128, "fp16")])
 def test_compiles_for_sm90_on_any_machine(head_d, out_dtype):
     # A fresh process without TRITON_INTERPRET: under the CPU interpreter (root conftest) jit

@@ -10,6 +10,7 @@ import pytest
 
 from sagevideo.jobs.specs import InputError, JobSpec
 from sagevideo.pipelines import families
+from sagevideo.pipelines.families import degree_problems
 from sagevideo.pipelines.loading import resolve_model
 
 
@@ -83,3 +84,12 @@ def test_opensora_job_constraints_and_degree_rule():
     with pytest.raises(InputError, match="sequence parallelism splits CogVideoX transformers only; opensora is a "
                        "OpenSoraPipeline"):
         families.degree_problems(source, [(fine, "job 1")], 2)
+
+
+def test_other_models_and_transformers_are_refused():
+    tiny = resolve_model("tiny")
+    job = [(tiny.resolve(JobSpec(prompt="a cat")), "job 1")]
+    assert degree_problems(tiny, job, 1) == [] and degree_problems(tiny, job, 2) == []
+    with pytest.raises(InputError, match="sequence parallelism splits CogVideoX transformers only; tiny is a "
+                       "OpenSoraPipeline"):
+        degree_problems(dataclasses.replace(tiny, pipeline_class="OpenSoraPipeline"), job, 2)

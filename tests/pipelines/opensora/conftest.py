@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from opensora_helpers import TINY, official_tiny_checkpoint
+
+from tests.helpers.opensora import TINY, official_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

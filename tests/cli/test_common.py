@@ -1,0 +1,64 @@
+"""The CLI's shared layer (`cli/common.py`): every command builds one config object, its options are the
+config's fields (or checked against them); `handle_errors` prints messages and maps exit codes."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import typer
+
+from sagevideo import errors
+from sagevideo.cli.app import app
+
+
+def command_params(name):
+    return {p.name: p for p in typer.main.get_command(app).commands[name].params}
+
+
+@pytest.mark.parametrize(
+    "command, config, api_only",
+    [
+        ("calibrate", "sagevideo.experiments.calibrate:CalibrateConfig", ("guidance",)),
+        ("simulate", "sagevideo.eval.numerics.config:SimulateConfig", ()),
+        ("ab", "sagevideo.experiments.ab:ABConfig", ()),
+    ],
+)
+def test_options_match_the_config(command, config, api_only):
+    import importlib
+
+    module, name = config.split(":")
+    model = getattr(importlib.import_module(module), name)
+    params = command_params(command)
+    cli_spelling = {"shape": "1,8,1024,128"}  # simulate reads B,H,N,D from a string
+    for field_name, field in model.model_fields.items():
+        if field_name in api_only:
+            assert field_name not in params
+            continue
+        param = params[field_name]
+        assert param.help == field.description, field_name
+        if field.is_required():
+            assert param.required, field_name
+        else:
+            expected = cli_spelling.get(field_name, field.default)
+            if param.multiple:  # a repeatable option: typer's None or () for the config's None
+                assert expected is None and not param.default, field_name
+            else:
+                assert param.default == expected, field_name
+
+
+def test_handle_errors_prints_the_message_and_exits_with_its_code(capsys):
+    from sagevideo.cli.common import handle_errors
+
+    with pytest.raises(typer.Exit) as stop, handle_errors("generate"):
+        raise errors.InputError("--steps 0: give more\njob 2: seed: no")
+    assert stop.value.exit_code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "sagevideo generate: error: --steps 0: give more", "sagevideo generate: error: job 2: seed: no"
+    ]
+    seen = []
+    with pytest.raises(typer.Exit) as stop, handle_errors("generate", on_interrupt=seen.append):
+        raise errors.BatchInterrupted(SimpleNamespace(signal="SIGTERM"))
+    assert stop.value.exit_code == 143 and len(seen) == 1
+    with pytest.raises(ZeroDivisionError), handle_errors("generate"):  # a bug shows as one
+        raise ZeroDivisionError("a bug")

@@ -1,0 +1,201 @@
+"""`sagevideo generate` through typer's CliRunner: exit codes, messages, summary line."""
+
+import json
+import textwrap
+
+import imageio.v2 as imageio
+import pytest
+from typer.testing import CliRunner
+
+from sagevideo.cli.app import app
+
+runner = CliRunner()
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def invoke(*args):
+    return runner.invoke(app, ["generate", *map(str, args)])
+
+
+def test_generate_writes_videos_and_prints_summary(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# two prompts\na red panda\n\nwaves at sunset\n")
+    out = tmp_path / "out"
+    result = invoke(prompts, "--out", out, "--prompt", "a third one", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "quantization emulation (reference/fp16)" in result.stderr
+    assert result.stdout.strip() == (
+        f"sagevideo: 3 done, 0 skipped, 0 failed → {out} (manifest.jsonl); attention: reference/fp16 x12"
+    )
+    records = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in records] == ["a red panda", "waves at sunset", "a third one"]
+    assert len(list(out.glob("*.mp4"))) == 3
+
+    again = invoke(prompts, "--out", out, "--prompt", "a third one", "--no-progress")
+    assert again.exit_code == 0 and "0 done, 3 skipped, 0 failed" in again.stdout
+
+
+def test_options_reach_the_jobs(tmp_path):
+    out = tmp_path / "out"
+    result = invoke(
+        "--out",
+        out,
+        "-p",
+        "x",
+        "--seed",
+        5,
+        "--frames",
+        17,
+        "--height",
+        32,
+        "--width",
+        48,
+        "--steps",
+        1,
+        "--guidance",
+        1.0,
+        "--pv",
+        "fp8",
+        "--fps",
+        4,
+        "--no-progress",
+    )
+    assert result.exit_code == 0, result.output
+    (r,) = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert (
+        r["seed"],
+        r["frames"],
+        r["height"],
+        r["width"],
+        r["steps"],
+        r["guidance"],
+        r["pv"],
+        r["fps"],
+    ) == (5, 17, 32, 48, 1, 1.0, "fp8", 4)
+    assert r["backends"]["counts"] == {"reference/fp8": 2}  # no CFG at guidance 1: one pass per step
+    with imageio.get_reader(out / r["outputs"][0]) as reader:  # the file has what the record says
+        assert sum(1 for _ in reader) == 17
+
+
+def test_failed_job_gives_exit_code_1(tmp_path, monkeypatch):
+    import sagevideo.pipelines.runner as runner_module
+
+    real = runner_module.run_job
+    monkeypatch.setattr(
+        runner_module,
+        "run_job",
+        lambda pipe, job, **kw: (
+            (_ for _ in ()).throw(RuntimeError("boom")) if job.prompt == "bad" else real(pipe, job, **kw)
+        ),
+    )
+    result = invoke("--out", tmp_path, "-p", "bad", "-p", "good", "--no-progress")
+    assert result.exit_code == 1
+    assert "failed: RuntimeError: boom" in result.stderr
+    assert "1 done, 0 skipped, 1 failed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["missing.txt"], "prompts file missing.txt does not exist"),
+        (["--model", "/no/such/folder"], "--model /no/such/folder: no such folder"),
+        (["--frames", "8"], "--frames 8: 8 is not 1 + a multiple of 4"),  # the option, not "job 1: frames:"
+        (["--backend", "triton", "--device", "cpu"], "--backend triton cannot run"),
+        (["--job-timeout", "0"], "--job-timeout 0.0: give seconds > 0"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(tmp_path, monkeypatch, args, message):
+    import sagevideo.pipelines.loading as loading
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("model loaded"))
+    result = invoke(*args, "--out", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sagevideo generate: error: ") and message in lines[0]
+
+
+def test_out_is_a_file(tmp_path):
+    blocker = tmp_path / "f"
+    blocker.write_text("x")
+    result = invoke("--out", blocker / "sub")
+    assert result.exit_code == 2 and "cannot write there" in result.stderr
+
+
+def test_help_and_missing_out():
+    assert "--out" in runner.invoke(app, ["generate", "--help"]).stdout
+    result = invoke()
+    assert result.exit_code == 2 and "--out" in result.output
+
+
+def test_model_that_cannot_load_exits_1(tmp_path, monkeypatch):
+    import sagevideo.pipelines.loading as loading
+
+    def broken(*args, **kwargs):
+        raise OSError("header too large")  # e.g. a corrupt safetensors file
+
+    monkeypatch.setattr(loading, "load_pipeline", broken)
+    result = invoke("--out", tmp_path, "--no-progress")
+    assert result.exit_code == 1
+    assert "error: could not load model tiny: OSError: header too large" in result.stderr
+    assert not (tmp_path / "manifest.jsonl").exists()
+
+
+def test_a_mistyped_manifest_line_is_said_once_and_the_batch_resumes(tmp_path):
+    out = tmp_path / "out"
+    first = invoke("--out", out, "-p", "a fox", "--no-progress")
+    assert first.exit_code == 0, first.output
+    manifest = out / "manifest.jsonl"
+    with manifest.open("a") as f:  # valid JSON, wrong types: a hand edit or another tool's line
+        f.write('{"job_id": "0123", "status": "done", "outputs": 5}\n{"job_id": "b", "sta')
+    again = invoke("--out", out, "-p", "a fox", "--no-progress")
+    assert again.exit_code == 0, again.output
+    assert "0 done, 1 skipped" in again.stdout
+    said = [line for line in again.stderr.splitlines() if "not a usable record" in line]
+    assert len(said) == 2 and said[0].startswith("sagevideo: manifest.jsonl line 2 is not a usable record (field "
+                                                 "outputs: Input should be a valid list (got 5))")
+    assert "Traceback" not in again.output and "Warning" not in again.output
+    third = invoke("--out", out, "-p", "a fox", "--no-progress")
+    assert third.exit_code == 0 and "not a usable record" not in third.stderr
+
+
+def test_cli_refuses_a_bad_file_with_exit_2(tmp_path, monkeypatch):
+    import sagevideo.pipelines.loading as loading
+
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("model loaded"))
+    path = write(tmp_path, "s.yaml", "jobs:\n  - prompt: a\n    atention: full\n")
+    result = CliRunner().invoke(app, ["generate", str(path), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"sagevideo generate: error: {path} line 3 (job 1): atention: unknown field; remove it or check "
+        "its spelling (did you mean 'attention'?)"
+    )
+
+
+def test_cli_option_error_names_the_option(tmp_path, no_model_load):
+    result = CliRunner().invoke(app, ["generate", "-p", "x", "--steps", "0", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "sagevideo generate: error: --steps 0: Input should be greater than or equal to 1"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--gpus-per-job", "4"], "--gpus-per-job 4: the 2 attention heads of tiny are not divisible by 4 "
+         "(each rank attends over whole heads); use one of [1, 2]"),
+        (["--gpus-per-job", "2", "--height", "48", "--width", "48"], "job 1, job 2: --gpus-per-job 2: 253 tokens "
+         "(226 text + 27 video) are not divisible by 2; change frames/size or the degree (frames 9, 48x48 px)"),
+        (["--gpus-per-job", "0"], "--gpus-per-job 0: give a whole number >= 1"),
+    ],
+)
+def test_cli_refuses_a_degree_before_loading(tmp_path, no_model_load, extra, message):
+    args = ["generate", "--out", str(tmp_path), "--device", "cpu", "-p", "a cat", "-p", "a dog", *extra]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert f"sagevideo generate: error: {message}" in result.stderr
+    assert not (tmp_path / "manifest.jsonl").exists()

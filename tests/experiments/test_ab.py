@@ -1,0 +1,163 @@
+"""`sagevideo ab` end to end on the tiny CogVideoX: three arms, the attention probe, the plan check."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from sagevideo.cli.app import app
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LAYERS = ["transformer_blocks.0.attn1", "transformer_blocks.1.attn1"]
+
+
+@pytest.fixture(scope="module")
+def ab_run(tmp_path_factory):
+    from tests.helpers.evalkit import single_thread
+
+    root = tmp_path_factory.mktemp("ab")
+    jobs = root / "jobs.txt"
+    jobs.write_text("a red fox running through snow\na lighthouse at dusk\n")
+    with single_thread():
+        result = CliRunner().invoke(
+            app,
+            [
+                "ab",
+                str(jobs),
+                "--model",
+                "tiny",
+                "--out",
+                str(root / "out"),
+                "--attention-probe",
+                "--no-progress",
+                "--metrics",
+                "psnr,ssim",
+                "--resamples",
+                "200",
+                "--weights",
+                str(root / "no-weights"),
+            ],
+        )
+    return root / "out", result
+
+
+@pytest.mark.slow  # renders three arms, then evaluates them
+def test_ab_runs_three_arms_and_evaluates(ab_run):
+    out, result = ab_run
+    assert result.exit_code == 0, result.output
+    for arm in ("quantized", "full", "full-repeat"):
+        records = [json.loads(line) for line in (out / arm / "manifest.jsonl").read_text().splitlines()]
+        assert [r["status"] for r in records] == ["done", "done"]
+        assert {r["attention"] for r in records} == {"sage" if arm == "quantized" else "full"}
+    data = json.loads((out / "metrics.json").read_text())
+    assert data["arms"]["test"]["label"] == "quantized" and data["arms"]["ref"]["label"] == "full precision"
+    assert data["arms"]["test"]["settings"]["backends_ran"] == {"reference/fp16": 8}  # 2 videos x 2 steps x 2 layers
+    assert data["run"]["model"] == "tiny" and data["run"]["attention_probe"] is True
+    psnr = data["metrics"]["psnr"]
+    # full precision is deterministic on CPU: the noise floor is exact, the quantized arm is not
+    assert psnr["noise_floor"]["mean"] == "inf" and 20 < psnr["difference"]["mean"] < 80
+    assert psnr["verdict"]["within_noise_floor"] is False and psnr["verdict"]["direction"] == "worse"
+    assert "PSNR: beyond the noise floor (worse)" in result.output
+    pairs = data["pairs"]
+    assert [p["videos"]["test"].split("/")[0] for p in pairs] == ["quantized", "quantized"]
+    assert all((out / p["videos"]["ref"]).is_file() and (out / p["diff_video"]).is_file() for p in pairs)
+
+
+@pytest.mark.slow  # shares that run
+def test_attention_probe_per_layer_and_step(ab_run):
+    out, _ = ab_run
+    probe = json.loads((out / "metrics.json").read_text())["attention_probe"]
+    assert [layer["layer"] for layer in probe["layers"]] == LAYERS
+    for layer in probe["layers"]:
+        assert layer["steps"] == [0, 1] and layer["calls"] == 4  # 2 prompts x 2 steps
+        assert 0.99 < layer["cos_worst"] < 1.0 and layer["cos_worst"] <= layer["cos_mean"]
+        assert layer["rel_l1_worst"] > 0 and layer["rmse_worst"] >= layer["rmse_mean"] > 0
+        assert layer["floor_cos_worst"] == pytest.approx(1.0, abs=1e-12)  # fp32 SDPA vs fp32 SDPA
+        assert layer["modes"] == ["int8-fp16/block"]
+    s = probe["summary"]
+    assert s["calls"] == 8 and s["cos_worst"] == min(layer["cos_worst"] for layer in probe["layers"])
+    assert s["worst_at"]["cos"]["layer"] in LAYERS and s["worst_at"]["cos"]["step"] in (0, 1)
+    assert probe["reproduced"]["all_identical"] is True
+    assert probe["peaky_layers"] == [] and all(0 < layer["score_std"] < 10 for layer in probe["layers"])
+    figures = [f["file"] for f in json.loads((out / "metrics.json").read_text())["figures"]]
+    assert "figures/attention_cosine_per_layer.png" in figures and all((out / f).is_file() for f in figures)
+
+
+def test_plan_check_counts_calls_per_precision():
+    from sagevideo.experiments.ab import expected_calls, plan_check
+    from sagevideo.pipelines.plans import AttentionPlan
+
+    plan = AttentionPlan.model_validate(
+        {
+            "layers": LAYERS,
+            "default": {"mode": "int8-fp8"},
+            "overrides": [{"layers": [LAYERS[0]], "steps": [0, 1], "mode": "full"}],
+        }
+    )
+    assert expected_calls(plan, 2) == Counter({"fp8": 3, "full": 1})
+    from sagevideo.outputs.manifest import ManifestRecord
+
+    backends = {"counts": {"reference/fp8": 3, "sdpa": 1}, "fallbacks": {}}
+    record = ManifestRecord(job_id="j", prompt="p", steps=2, backends=backends)
+    assert plan_check(plan, [record])["consistent"] is True
+    uniform = record.replace(backends={"counts": {"reference/fp16": 4}, "fallbacks": {}})
+    check = plan_check(plan, [uniform])
+    assert check["consistent"] is False and "record the plan without applying it" in check["message"]
+    assert "ran {'fp16': 4}, the plan implies {'fp8': 3, 'full': 1}" in check["message"]
+
+
+@pytest.mark.slow  # renders and evaluates arms
+def test_ab_with_a_plan_evaluates_an_arm_that_ran_the_plan(tmp_path):
+    """`generate` installs the plan: the evaluated quantized arm is the one it wrote, and it ran the
+    plan's attention per layer and step (the plan check passes, the probe reproduces it exactly)."""
+    from tests.helpers.evalkit import single_thread
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "layers": LAYERS,
+                "default": {"mode": "int8-fp8"},
+                "overrides": [{"layers": [LAYERS[0]], "steps": [0, 1], "mode": "full"}],
+            }
+        )
+    )
+    jobs = tmp_path / "jobs.txt"
+    jobs.write_text("a red fox running through snow\na lighthouse at dusk\n")
+    with single_thread():
+        result = CliRunner().invoke(
+            app,
+            [
+                "ab",
+                str(jobs),
+                "--out",
+                str(tmp_path / "out"),
+                "--plan",
+                str(plan),
+                "--attention-probe",
+                "--no-noise-floor",
+                "--no-progress",
+                "--metrics",
+                "psnr",
+                "--weights",
+                str(tmp_path / "w"),
+            ],
+        )
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    test = data["arms"]["test"]
+    assert test["settings"]["backends_ran"] == {"reference/fp8": 6, "sdpa": 2}  # 2 videos x (3 fp8 + 1 full)
+    assert test["settings"]["plan"].endswith("plan.json")
+    assert data["run"]["quantized_arm"] == "quantized"
+    assert data["run"]["plan_check"].startswith("the quantized arm's recorded attention calls match the plan")
+    assert not (tmp_path / "out" / "quantized-plan").exists()
+    probe = {layer["layer"]: layer for layer in data["attention_probe"]["layers"]}
+    assert probe[LAYERS[0]]["modes"] == ["full", "int8-fp8/block"] and probe[LAYERS[1]]["modes"] == ["int8-fp8/block"]
+    assert probe[LAYERS[0]]["cos_worst_by_step"][0] == pytest.approx(1.0, abs=1e-12)  # full precision at step 0
+    assert probe[LAYERS[0]]["cos_worst_by_step"][1] < 1.0
+    assert data["attention_probe"]["reproduced"]["all_identical"] is True
+    assert "no noise-floor run" in " ".join(data["notes"])

@@ -1,0 +1,26 @@
+"""The attention probe names layers whose scores are too peaky for INT8."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_probe_names_layers_too_peaky_for_int8():
+    """q, k x30 (score std ~900): every quantized mode falls to cosine ~0.97 while SDPA stays exact;
+    the probe must name such a layer, with its score std, and say to keep it in full precision."""
+    import torch
+
+    from sagevideo.experiments.probe import ProbeRouter, summarize_probe
+    from sagevideo.pipelines.plans import AttentionPlan
+
+    router = ProbeRouter(AttentionPlan.uniform("int8-fp16"), "reference")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 256, 64, generator=gen) for _ in range(3))
+    router("blocks.0.attn", q * 30, k * 30, v)
+    router("blocks.1.attn", q, k, v)
+    summary = summarize_probe(router.recorder, ["a prompt"])
+    assert [p["layer"] for p in summary["peaky_layers"]] == ["blocks.0.attn"]
+    assert summary["peaky_layers"][0]["score_std"] > 500 and summary["peaky_layers"][0]["cos_worst"] < 0.99
+    assert "full precision" in summary["peaky_advice"]

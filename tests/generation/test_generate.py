@@ -1,0 +1,52 @@
+"""`sagevideo.generate` (plan, then run) end to end on the tiny model: the files and records a default batch makes."""
+
+import json
+import os
+import re
+import socket
+
+import imageio.v2 as imageio
+
+import sagevideo
+from sagevideo.jobs.specs import DEFAULT_PROMPTS
+
+RECORD_FIELDS = set(
+    "schema job_id status error prompt negative_prompt seed frames height width steps guidance name model "
+    "model_fingerprint attention pv backend plan plan_sha256 device dtype fps backends timings outputs "
+    "attempts retries worker started created sagevideo_version".split()
+)
+
+
+def count_frames(path):
+    with imageio.get_reader(path) as reader:  # iterate: list(reader) raises MemoryError
+        shapes = [frame.shape for frame in reader]
+    return len(shapes), shapes[0]
+
+
+def manifest_lines(out):
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+def test_default_batch_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    records = sagevideo.generate(out=out, progress=False)
+    assert [r["prompt"] for r in records] == list(DEFAULT_PROMPTS)
+    assert manifest_lines(out) == records
+    for r in records:
+        assert set(r) == RECORD_FIELDS
+        assert r["status"] == "done" and r["error"] is None
+        assert (r["frames"], r["height"], r["width"], r["steps"], r["model"]) == (9, 64, 64, 2, "tiny")
+        # CPU + backend auto runs the emulation of the quantized kernels, not the SDPA fallback
+        assert (r["attention"], r["backend"], r["pv"], r["device"]) == ("sage", "reference", "fp16", "cpu")
+        assert r["backends"] == {"counts": {"reference/fp16": 4}, "fallbacks": {}}  # 2 layers x 2 steps
+        assert all(isinstance(r["timings"][k], float) for k in ("load_s", "denoise_s", "decode_s", "write_s"))
+        assert r["sagevideo_version"] == sagevideo.__version__
+        assert (r["attempts"], r["retries"], r["plan"], r["plan_sha256"]) == (1, [], None, None)
+        assert r["started"] <= r["created"] and r["started"].endswith("+00:00")
+        assert r["worker"] == {"host": socket.gethostname(), "pid": os.getpid(), "node": None}
+        (name,) = r["outputs"]
+        assert re.fullmatch(r"[a-z0-9-]+-[0-9a-f]{10}\.mp4", name) and name.endswith(
+            r["job_id"][:10] + ".mp4"
+        )
+        assert count_frames(out / name) == (9, (64, 64, 3))
+    assert sorted(os.listdir(out)) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])

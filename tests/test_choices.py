@@ -1,0 +1,17 @@
+"""`sagevideo.choices`: FP8 P·V where the GPU has FP8 tensor cores (NVIDIA sm89+), device "auto"."""
+
+from __future__ import annotations
+
+
+def test_choices_rules(monkeypatch):
+    import torch
+
+    from sagevideo.choices import auto_pv, has_fp8_tensor_cores, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert has_fp8_tensor_cores("cuda") and auto_pv("cuda:0") == "fp8" and auto_pv("cpu") == "fp16"
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert auto_pv("cuda") == "fp16"  # the sm89 rule is NVIDIA's
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu" and resolve_device("cuda") == "cuda"
