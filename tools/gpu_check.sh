@@ -18,6 +18,6 @@ fi
 python3 -c "import torch; print(\"tf32 matmul:\", torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$out/gpu.txt"
 tests=()  # the kernel and attention-op tests, wherever the test tree has them
-for t in tests/kernels tests/attention tests/api/test_attention.py; do [ -e "$t" ] && tests+=("$t"); done
+for t in tests/kernels tests/attention; do [ -e "$t" ] && tests+=("$t"); done
 python3 -m pytest -q -p no:cacheprovider "${tests[@]}" -rs 2>&1 | tee "$out/pytest.txt" | tail -25
 python3 -m bench.bench_attention --json "$out/bench.json" "$@" 2>&1 | tee "$out/bench.txt" | tail -20
