@@ -507,7 +507,8 @@ def _resolve_backend(
     Explicit choices that cannot run raise."""
     import torch
 
-    from sagevideo.kernels import plans
+    from sagevideo.attention import backends as attention_backends
+    from sagevideo.attention.backends import AttentionCall, Backend
 
     if attention == "full":
         stock = source.model_family.title
@@ -521,17 +522,17 @@ def _resolve_backend(
             "the Triton kernels need a CUDA GPU"
         ]
     if backend in ("auto", "triton"):
+        # The attention room's registry decides, from the device, dtype and head dim alone: the
+        # driver neither launches nor compiles a kernel (the workers choose each call's plan).
+        call = AttentionCall(torch.device(device), getattr(torch, dtype), source.head_dim, pv=pv)
         try:
-            choice = plans.select_plan(torch.device(device), source.head_dim, pv)
+            problem = attention_backends.problem(Backend.TRITON, call)
         except ValueError as err:  # a misspelt SAGEVIDEO_SM90_KERNEL
             raise InputError(str(err)) from None
-        problem = choice.reason if choice.plan is None else ""  # with a plan, a reason is only a note
-        if not problem and dtype not in ("float16", "bfloat16"):
-            problem = f"dtype {dtype}: the Triton kernels take float16 or bfloat16"
         if problem and backend == "triton":
             raise InputError(f"--backend triton cannot run: {problem}; use --backend auto or reference")
         if problem:
             return "auto", [f"attention: the Triton kernels cannot run ({problem}); auto falls back to SDPA"]
-        note = f"; {choice.reason}" if choice.reason else ""
-        return backend, [f"attention: Triton kernels ({choice.plan.describe()}{note})"]
+        return backend, [f"attention: Triton kernels (head dim {source.head_dim}, {pv.upper()} P·V on {device}; "
+                         "`sagevideo env` shows each plan)"]
     return backend, [f"attention: sageattn backend {backend}/{pv}"]

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from sagevideo.attention.functional import BACKENDS
+from sagevideo.choices import PVS as PV_MODES
 from sagevideo.choices import auto_pv
-from sagevideo.kernels.plans import PV_MODES
 from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from sagevideo.attention.functional import BACKENDS, sageattn, scaled_dot_product_attention
-from sagevideo.kernels.plans import PV_MODES
+from sagevideo.choices import PVS as PV_MODES
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode
 
 
