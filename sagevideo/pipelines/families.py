@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "cogvideox": "sagevideo.pipelines.cogvideox.family",
     "opensora": "sagevideo.pipelines.opensora.family",
+    "hunyuanvideo": "sagevideo.pipelines.hunyuanvideo.family",
 }
 
 
@@ -48,7 +49,8 @@ class ModelFamily:
     pipeline_classes: `model_index.json` `_class_name`s it loads; tiny_models: built-in model
     names it serves ("tiny"); weight_components: folders of a model folder that must hold
     safetensors. generates: whether generate/ab/calibrate run it; sequence_parallel: whether
-    `--gpus-per-job` can split it.
+    `--gpus-per-job` can split it. fps: the frame rate its videos are made for (the mp4's, unless
+    --fps says otherwise).
     """
 
     name: str = ""
@@ -58,6 +60,7 @@ class ModelFamily:
     weight_components: tuple[str, ...] = ("transformer", "vae", "text_encoder")
     generates: bool = True
     sequence_parallel: bool = False
+    fps: int = 8
 
     # --- detection and loading (configs only, then weights) ---
 

@@ -12,7 +12,7 @@ from sagevideo.jobs.specs import DEFAULT_PROMPTS
 
 RECORD_FIELDS = set(
     "schema job_id status error prompt negative_prompt seed frames height width steps guidance name model "
-    "model_fingerprint attention pv backend plan plan_sha256 device dtype fps backends timings outputs "
+    "model_fingerprint family attention pv backend plan plan_sha256 device dtype fps backends timings outputs "
     "attempts retries worker started created sagevideo_version".split()
 )
 
@@ -36,6 +36,7 @@ def test_default_batch_end_to_end(tmp_path):
         assert set(r) == RECORD_FIELDS
         assert r["status"] == "done" and r["error"] is None
         assert (r["frames"], r["height"], r["width"], r["steps"], r["model"]) == (9, 64, 64, 2, "tiny")
+        assert (r["family"], r["fps"]) == ("cogvideox", 8)
         # CPU + backend auto runs the emulation of the quantized kernels, not the SDPA fallback
         assert (r["attention"], r["backend"], r["pv"], r["device"]) == ("sage", "reference", "fp16", "cpu")
         assert r["backends"] == {"counts": {"reference/fp16": 4}, "fallbacks": {}}  # 2 layers x 2 steps
