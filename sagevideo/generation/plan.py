@@ -146,6 +146,8 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
         raise InputError(group_problems(problems))
     if not resolved:
         raise InputError("no prompts to generate; give at least one")
+    if settings.fps is None:  # the frame rate the model's videos are made for
+        settings = settings.model_copy(update={"fps": source.default_fps})
     gpus_per_job = settings.gpus_per_job
     problems = degree_problems(source, resolved, gpus_per_job)  # raises for batch-wide problems
     if problems:

@@ -78,6 +78,11 @@ class ModelFamily:
         """The `ModelSource` of a checked local folder (model_index.json read as `index`)."""
         raise NotImplementedError(f"sagevideo does not load {self.title} folders yet")
 
+    def unconverted_hint(self, path: Path) -> str | None:
+        """For a folder without model_index.json: how to make it loadable when it holds this family's
+        model in another layout (e.g. an official download to convert), else None."""
+        return None
+
     def load(self, source: ModelSource, device: str, dtype: Any) -> Any:
         """The pipeline on `device` in `dtype` (local files only)."""
         raise NotImplementedError(f"sagevideo does not load {self.title} pipelines yet")
