@@ -193,7 +193,8 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
     tensors: dict | None = {} if save_qkv is not None else None
     try:
         # Nothing is written: the video stays latent (out only names where the host would stage files).
-        host = PipelineHost(RunContext(out=out.parent, source=source, device=device, dtype=dtype, fps=source.default_fps))
+        context = RunContext(out=out.parent, source=source, device=device, dtype=dtype, fps=source.default_fps)
+        host = PipelineHost(context)
         probe = probing_router(host.pipe, capture_steps=captured, save_qkv=tensors,
                                on_measure=measured if progress else None)
         host.attention = RouterAttention(probe)
