@@ -41,6 +41,7 @@ from sagevideo.pipelines.loading import (
 
 TRANSFORMER_CLASS = "HunyuanVideoTransformer3DModel"
 TEXT_TOKENS = 256  # HunyuanVideoPipeline's max_sequence_length
+FPS = 24  # the frame rate HunyuanVideo was trained and released at (129 frames: about 5 s)
 # HunyuanVideoPipeline.__call__'s defaults: 720p, 129 frames (about 5 s at 24 fps), 50 steps.
 DEFAULTS = dict(height=720, width=1280, frames=129, steps=50)
 # Folders a model folder must have besides the weight folders (what the pipeline loads from configs).
@@ -84,7 +85,6 @@ class HunyuanVideoFamily(ModelFamily):
     weight_components = ("transformer", "vae", "text_encoder", "text_encoder_2")
     generates = True
     sequence_parallel = True
-    fps = 24
 
     # --- detection and loading ---
 
@@ -111,6 +111,7 @@ class HunyuanVideoFamily(ModelFamily):
             layers=cfg["num_layers"] + cfg["num_single_layers"],
             vae_channels=vae["block_out_channels"][0],
             family=self.name,
+            default_fps=FPS,
         )
 
     def folder_source(self, path: Path, index: dict[str, Any], model: str) -> ModelSource:
@@ -147,6 +148,7 @@ class HunyuanVideoFamily(ModelFamily):
             layers=cfg.get("num_layers", 20) + cfg.get("num_single_layers", 40),
             vae_channels=(vae.get("block_out_channels") or (128,))[0],
             family=self.name,
+            default_fps=FPS,
         )
 
     def load(self, source: ModelSource, device: str, dtype: Any) -> Any:
@@ -209,7 +211,8 @@ class HunyuanVideoFamily(ModelFamily):
 
     # --- generation ---
 
-    def denoise(self, pipe: Any, job: JobSpec, *, generator: Any, text_tokens: int, callback: Any) -> Any:
+    def denoise(self, pipe: Any, job: JobSpec, *, generator: Any, text_tokens: int, callback: Any,
+                image: Any = None) -> Any:
         from sagevideo.pipelines.hunyuanvideo.prompts import prompt_template
 
         (latents,) = pipe(

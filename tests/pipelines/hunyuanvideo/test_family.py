@@ -21,7 +21,7 @@ def test_tiny_source_and_defaults(no_model_load):
     src = resolve_model(TINY)
     assert (src.family, src.pipeline_class, src.is_tiny) == ("hunyuanvideo", "HunyuanVideoPipeline", True)
     assert (src.heads, src.head_dim, src.spatial, src.temporal, src.patch, src.text_tokens) == (2, 64, 8, 4, 2, 256)
-    assert src.model_family.fps == 24 and src.layers == 4  # dual + single-stream blocks: the long calls
+    assert src.default_fps == 24 and src.layers == 4  # dual + single-stream blocks: the long calls
     job = src.resolve(JobSpec(prompt="x"))
     assert (job.height, job.width, job.frames, job.steps) == (64, 64, 9, 2)
     assert src.problems(job) == []
@@ -64,7 +64,7 @@ def test_generate_refuses_before_loading(tmp_path, no_model_load):
     with pytest.raises(InputError) as err:
         plan_batch(["x" * 300, "fine"], model=TINY, out=tmp_path / "out", frames=10, device="cpu")
     text = str(err.value)
-    assert "frames: 10 is not 1 + a multiple of 4" in text and "prompt: 301 tokens" in text
+    assert "--frames 10: 10 is not 1 + a multiple of 4" in text and "prompt: 301 tokens" in text
     plan = plan_batch("a cat", model=TINY, out=tmp_path / "out", device="cpu")
     assert plan.settings.fps == 24 and plan.context().fps == 24  # HunyuanVideo's frame rate, unless --fps
     assert plan_batch("a cat", model=TINY, out=tmp_path / "out", device="cpu", fps=12).settings.fps == 12
