@@ -141,9 +141,10 @@ def sageattn(
 
     attn_mask: a boolean key-padding mask (True = attend) broadcastable as (B, 1, 1, Nk) runs in
     the kernels, also when it comes broadcast over heads or queries (a stride-0 view such as
-    `key_mask[:, None, None].expand(B, H, Nq, Nk)`: `broadcast_dims_dropped`); any other mask runs on
-    SDPA under backend="auto" and raises for "triton" or "reference". backend="auto" uses Triton when it can, else SDPA with a one-time warning; the
-    backend that ran is readable through `sagevideo.last_backend()`.
+    `key_mask[:, None, None].expand(B, H, Nq, Nk)`: `broadcast_dims_dropped`); any other mask runs
+    on SDPA under backend="auto" and raises for "triton" or "reference". backend="auto" uses
+    Triton when it can, else SDPA with a one-time warning; the backend that ran is readable
+    through `sagevideo.last_backend()`.
     """
     _check_options(tensor_layout, qk_granularity, pv, backend)
     _check_tensors(q, k, v, tensor_layout, enable_gqa)
