@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from sagevideo.jobs.specs import InputError, JobSpec
 from sagevideo.pipelines.families import degree_problems
 from sagevideo.pipelines.loading import load_pipeline, resolve_model
+from tests.helpers.sp_tolerance import MEAN_LEVELS, frames
 
 TINY = "tiny-hunyuanvideo"
 
@@ -139,3 +142,157 @@ def test_folders_missing_parts_are_named(saved, tmp_path, no_model_load):
     config.write_text(json.dumps({**json.loads(config.read_text()), "image_condition_type": "token_replace"}))
     with pytest.raises(InputError, match=r"image_condition_type 'token_replace' \(image to video\)"):
         resolve_model(str(folder))
+
+
+# ---- generation through the family, against diffusers' own pipeline -------------------------
+
+
+def _diffusers_video(pipe, job):
+    """Reference: diffusers' HunyuanVideoPipeline call with its own processors (fp32 SDPA), the
+    job's settings and the same CPU-seeded noise, frames as the runner writes them (uint8)."""
+    from sagevideo.pipelines.hunyuanvideo.prompts import prompt_template
+
+    frames = pipe(
+        prompt=job.prompt, height=job.height, width=job.width, num_frames=job.frames, num_inference_steps=job.steps,
+        guidance_scale=job.guidance, generator=torch.Generator("cpu").manual_seed(job.seed), output_type="np",
+        prompt_template=prompt_template(pipe.tokenizer), max_sequence_length=256,
+    ).frames[0]
+    return np.round(frames * 255).astype(np.uint8)
+
+
+def test_installed_attention_equals_diffusers_on_sdpa_and_routes_every_call(hunyuan_pipe):
+    """install covers the one denoiser (the transformer) and routes all of its attention calls:
+    with the "sdpa" backend the video is diffusers' own exactly; quantized (reference), the 4 block
+    calls run in the kernels with the text key-padding mask, the 2 token-refiner calls (their mask
+    masks queries too) on SDPA, recorded as fallbacks with that reason, and the video stays close."""
+    import sagevideo
+    from sagevideo.pipelines import runner
+
+    src = resolve_model(TINY)
+    job = src.resolve(JobSpec(prompt="a red panda eating bamboo", steps=1, seed=3))
+    want = _diffusers_video(hunyuan_pipe, job)
+    with sagevideo.install(hunyuan_pipe, backend="sdpa"), sagevideo.record_backends() as log:
+        got = runner.run_job(hunyuan_pipe, job, text_tokens=src.text_tokens).frames
+    assert got.shape == (9, 64, 64, 3) and np.array_equal(got, want)
+    assert log.summary() == {"counts": {"sdpa": 6}, "fallbacks": {}}
+    with sagevideo.install(hunyuan_pipe, backend="reference"), sagevideo.record_backends() as log:
+        quantized = runner.run_job(hunyuan_pipe, job, text_tokens=src.text_tokens).frames
+    assert log.counts == {"reference/fp16": 4, "sdpa": 2}
+    (reason,) = log.fallback_reasons
+    assert reason.startswith("attn_mask of shape (1, 2, 256, 256) is not a key-padding mask")
+    diff = np.abs(quantized.astype(int) - want.astype(int))
+    assert diff.mean() < 0.1 and diff.max() <= 2  # measured: mean 0.006, max 1 level of 255
+
+
+# ---- generate, calibrate and ab with the family ------------------------------------------------
+
+JOBS = (
+    "defaults:\n  steps: 2\njobs:\n"
+    "  - prompt: a red panda eating bamboo in the rain\n    output: sage\n"
+    "  - prompt: a paper boat on a stream\n    output: full\n    attention: full\n"
+)
+REFINER_REASON = ("attn_mask of shape (1, 2, 256, 256) is not a key-padding mask (B, 1, 1, Nk); only those run "
+                  "in the kernels")
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """JOBS made on CPU in this process through `sagevideo.generate(..., model=...)`."""
+    import sagevideo
+
+    root = tmp_path_factory.mktemp("generate")
+    (root / "jobs.yaml").write_text(JOBS)
+    records = sagevideo.generate(root / "jobs.yaml", model=TINY, out=root / "one", device="cpu", progress=False)
+    return root, records
+
+
+def test_generate_records_family_fps_and_what_ran_then_the_cli_resumes(generated):
+    import imageio.v2 as imageio
+    from typer.testing import CliRunner
+
+    from sagevideo.cli.app import app
+
+    root, records = generated
+    by_name = {Path(r.outputs[0]).stem: r for r in records}
+    assert {r.status for r in records} == {"done"}
+    assert {(r.family, r.model, r.fps, r.frames, r.steps) for r in records} == {("hunyuanvideo", TINY, 24, 9, 2)}
+    sage, full = by_name["sage"], by_name["full"]
+    # 2 steps x (4 blocks in the kernels, with the text key-padding mask; 2 refiner layers on SDPA)
+    assert (sage.attention, sage.backend) == ("sage", "reference")
+    assert sage.backends == {"counts": {"reference/fp16": 8, "sdpa": 4}, "fallbacks": {REFINER_REASON: 4}}
+    assert (full.attention, full.backend, full.backends) == ("full", None, {"counts": {}, "fallbacks": {}})
+    assert imageio.get_reader(root / "one" / "sage.mp4").get_meta_data()["fps"] == 24
+    args = ["generate", str(root / "jobs.yaml"), "--model", TINY, "--out", str(root / "one"), "--device", "cpu",
+            "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "0 done, 2 skipped, 0 failed" in result.stdout
+
+
+def test_calibrate_names_the_family_s_layers_and_keeps_the_refiner_in_full_precision(tmp_path):
+    """The refiner's mask is not one the kernels take: no quantized mode is measured there, so the
+    plan keeps it in full precision; the blocks get a quantized mode."""
+    from sagevideo.experiments.calibrate import calibrate
+    from sagevideo.pipelines.plans import Mode
+
+    result = calibrate(["a red panda"], model=TINY, out=tmp_path / "plan.json", steps=1, device="cpu",
+                       progress=False)
+    names = resolve_model(TINY).attention_layers
+    assert list(result.errors) == names and json.loads((tmp_path / "plan.json").read_text())["layers"] == names
+    refiner, blocks = names[:2], names[2:]
+    assert all(result.chosen[n].mode is Mode.full for n in refiner)
+    assert all(result.chosen[n].mode is not Mode.full for n in blocks)
+    assert all(0.999 < w.cos <= 1 for n in blocks for w in result.errors[n].values())
+
+
+def test_ab_with_the_attention_probe(tmp_path):
+    from sagevideo.eval.evaluate import EvalOptions
+    from sagevideo.experiments.ab import ab
+    from tests.helpers.evalkit import single_thread
+
+    jobs = tmp_path / "jobs.txt"
+    jobs.write_text("a red fox running through snow\n")
+    options = EvalOptions(metrics=["psnr"], weights=tmp_path / "no-weights")
+    with single_thread():
+        data = ab(jobs, model=TINY, out=tmp_path / "out", device="cpu", attention_probe=True, progress=False,
+                  options=options, echo=lambda line: None)
+    settings = data["arms"]["test"]["settings"]
+    assert settings["backends_ran"] == {"reference/fp16": 8, "sdpa": 4} and settings["fps"] == 24
+    assert settings["fallbacks"] == {REFINER_REASON: 4}
+    probe = data["attention_probe"]
+    assert [layer["layer"] for layer in probe["layers"]] == resolve_model(TINY).attention_layers
+    blocks = [layer for layer in probe["layers"] if not layer["layer"].startswith("context_embedder.")]
+    assert len(blocks) == 4 and all(0.999 < layer["cos_worst"] < 1.0 for layer in blocks)
+    assert probe["summary"]["worst_at"]["cos"]["layer"] in {layer["layer"] for layer in blocks}
+
+
+@pytest.mark.slow  # a local Ray instance; two batches (one worker, then a group of 2 gloo ranks)
+def test_on_ray_and_over_two_ranks_the_videos_are_one_process_s(generated, ray_local):
+    """`--address auto` (the running local instance) and `--gpus-per-job 2 --device cpu` (Ulysses over
+    2 gloo processes) make the videos this process made: within tests/helpers/sp_tolerance.py's
+    bound (full attention byte-identical, quantized frames within a mean of 1.5 levels of 255;
+    measured here: byte-identical too)."""
+    from typer.testing import CliRunner
+
+    from sagevideo.cli.app import app
+
+    root, records = generated
+    for out, extra, where in (("ray", ["--address", "auto"], "1 Ray worker(s)"),
+                              ("sp", ["--gpus-per-job", "2"], "1 Ray group(s) of 2 ranks")):
+        args = ["generate", str(root / "jobs.yaml"), "--model", TINY, "--out", str(root / out), "--device", "cpu",
+                "--no-progress", *extra]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        assert "2 done, 0 skipped, 0 failed" in result.stdout and where in result.stdout
+        lines = [json.loads(line) for line in (root / out / "manifest.jsonl").read_text().splitlines()]
+        assert {(r["family"], r["fps"]) for r in lines} == {("hunyuanvideo", 24)}
+        for name in ("sage", "full"):
+            a, b = frames(root / out / f"{name}.mp4"), frames(root / "one" / f"{name}.mp4")
+            assert a.shape == b.shape == (9, 64, 64, 3), name
+            if name == "full":
+                assert (root / out / "full.mp4").read_bytes() == (root / "one" / "full.mp4").read_bytes()
+            assert np.abs(a - b).mean() <= MEAN_LEVELS, (out, name)
+    sharded = {r["name"] or Path(r["outputs"][0]).stem: r for r in lines}
+    assert all(r["worker"]["ranks"] == 2 for r in sharded.values())
+    # rank 0 records every call, as one process does: the quantized job's calls are the same
+    assert sharded["sage"]["backends"] == next(r.backends for r in records if r.outputs == ["sage.mp4"])
