@@ -17,6 +17,19 @@ video tokens:
 - a hook on `proj_out` gathers the video tokens, so every rank returns the full prediction.
 Norms, MLPs and modulation are per token. Every rank must run the same inputs (same seed).
 Degree: divides the heads and the video tokens (the text, mask included, is replicated).
+
+Why the text is replicated, not sharded with the video (as CogVideoX's is): it is 256 tokens
+against ~119k video tokens at 720p x 129 frames (0.2%), so computing its per-token layers on every
+rank costs little, while sharding it would (a) need an exchange of its own in the token refiner,
+whose attention is over the text alone, (b) put the text, mostly padding that the mask removes
+from every key set, on the last rank(s), whose shards would then carry less real work, and (c)
+make the degree divide video + 256 tokens instead of the video tokens that real sizes give
+(118,800 split in 2, 3, 4, 5, 6 or 8). Attention over the text is not duplicated: each rank
+attends with its own heads only, text queries included.
+
+diffusers 0.42.1 has no context-parallel plan (`_cp_plan`) for `HunyuanVideoTransformer3DModel`
+(it has them for Wan, Flux, LTX, QwenImage and a few others): hence sagevideo's own Ulysses, the
+exchange CogVideoX and Open-Sora use (`sagevideo.parallel.ulysses`).
 """
 
 from __future__ import annotations
