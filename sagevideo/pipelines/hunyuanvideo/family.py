@@ -3,7 +3,8 @@ calibrate and `--gpus-per-job` need to know of it. Registered in `sagevideo.pipe
 
 - models: the built-in "tiny-hunyuanvideo" (`hunyuanvideo.tiny`) and local `HunyuanVideoPipeline`
   folders (transformer, vae, text_encoder (Llama), text_encoder_2 (CLIP) with safetensors;
-  tokenizer, tokenizer_2 and scheduler configs);
+  tokenizer, tokenizer_2 and scheduler configs); Tencent's original release is refused with how
+  to convert it (`unconverted_hint`);
 - job constraints: height and width multiples of VAE x patch (16), frames 1 + 4k (the VAE
   compresses time 4x after the first frame), prompts of at most 256 Llama tokens after the
   template (longer ones would be cut without a word: refused before loading), no negative prompt
@@ -44,6 +45,9 @@ TEXT_TOKENS = 256  # HunyuanVideoPipeline's max_sequence_length
 FPS = 24  # the frame rate HunyuanVideo was trained and released at (129 frames: about 5 s)
 # HunyuanVideoPipeline.__call__'s defaults: 720p, 129 frames (about 5 s at 24 fps), 50 steps.
 DEFAULTS = dict(height=720, width=1280, frames=129, steps=50)
+# Tencent's original release layout (not loadable: `unconverted_hint` says how to convert it).
+ORIGINAL_FOLDER = "hunyuan-video-t2v-720p"
+ORIGINAL_TRANSFORMER = "transformers/mp_rank_00_model_states.pt"
 # Folders a model folder must have besides the weight folders (what the pipeline loads from configs).
 CONFIG_FOLDERS = ("tokenizer", "tokenizer_2", "scheduler")
 
@@ -74,7 +78,15 @@ def llama_tokenizer(source: ModelSource) -> Any:
     """The pipeline's Llama tokenizer (no weights): tiny's, or the folder's tokenizer/."""
     from sagevideo.pipelines.hunyuanvideo import prompts
 
-    return prompts.tiny_tokenizer() if source.is_tiny else prompts.folder_tokenizer(str(source.path))
+    if source.is_tiny:
+        return prompts.tiny_tokenizer()
+    try:
+        return prompts.folder_tokenizer(str(source.path))
+    except Exception as err:  # transformers raises OSError, ValueError, JSON errors... for a broken folder
+        raise InputError(
+            f"--model {source.path}: tokenizer/ cannot be read as a tokenizer ({type(err).__name__}: {err}); "
+            "it must hold HunyuanVideo's Llama tokenizer (a save_pretrained output)"
+        ) from None
 
 
 class HunyuanVideoFamily(ModelFamily):
@@ -149,6 +161,19 @@ class HunyuanVideoFamily(ModelFamily):
             vae_channels=(vae.get("block_out_channels") or (128,))[0],
             family=self.name,
             default_fps=FPS,
+        )
+
+    def unconverted_hint(self, path: Path) -> str | None:
+        """Tencent's original release (tencent/HunyuanVideo: hunyuan-video-t2v-720p/transformers/
+        mp_rank_00_model_states.pt, a .pt VAE) is not a diffusers folder."""
+        original = [path / ORIGINAL_TRANSFORMER, path / ORIGINAL_FOLDER / ORIGINAL_TRANSFORMER]
+        if not any(p.is_file() for p in original):
+            return None
+        return (
+            "this is Tencent's original HunyuanVideo release, not a diffusers folder (no model_index.json); "
+            "use the diffusers-format hunyuanvideo-community/HunyuanVideo, or convert this one with diffusers' "
+            "scripts/convert_hunyuan_video_to_diffusers.py and save the HunyuanVideoPipeline with "
+            "save_pretrained(..., safe_serialization=True)"
         )
 
     def load(self, source: ModelSource, device: str, dtype: Any) -> Any:

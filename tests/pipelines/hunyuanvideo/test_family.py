@@ -138,10 +138,27 @@ def test_folders_missing_parts_are_named(saved, tmp_path, no_model_load):
         resolve_model(str(folder))
     shutil.rmtree(folder)
     shutil.copytree(saved, folder)
+    (folder / "tokenizer" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(InputError, match=r"tokenizer/ cannot be read as a tokenizer"):
+        src = resolve_model(str(folder))
+        src.problems(src.resolve(JobSpec(prompt="a cat")))
+    shutil.rmtree(folder)
+    shutil.copytree(saved, folder)
     config = folder / "transformer" / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "image_condition_type": "token_replace"}))
     with pytest.raises(InputError, match=r"image_condition_type 'token_replace' \(image to video\)"):
         resolve_model(str(folder))
+
+
+def test_tencent_s_original_release_is_named_with_how_to_convert_it(tmp_path, no_model_load):
+    release = tmp_path / "HunyuanVideo"
+    (release / "hunyuan-video-t2v-720p" / "transformers").mkdir(parents=True)
+    (release / "hunyuan-video-t2v-720p" / "transformers" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    with pytest.raises(InputError, match=r"Tencent's original HunyuanVideo release, not a diffusers folder .*"
+                                         r"convert_hunyuan_video_to_diffusers\.py"):
+        resolve_model(str(release))
+    with pytest.raises(InputError, match=r"model_index\.json is missing"):  # any other folder: the usual message
+        resolve_model(str(tmp_path))
 
 
 # ---- generation through the family, against diffusers' own pipeline -------------------------
