@@ -72,6 +72,9 @@ def test_generate_refuses_before_loading(tmp_path, no_model_load):
     assert plan.settings.fps == 24 and plan.context().fps == 24  # HunyuanVideo's frame rate, unless --fps
     assert plan_batch("a cat", model=TINY, out=tmp_path / "out", device="cpu", fps=12).settings.fps == 12
     assert plan_batch("a cat", out=tmp_path / "out", device="cpu").settings.fps == 8  # CogVideoX's
+    with pytest.raises(InputError, match=r"--gpus-per-job 2: 27 video tokens \(the text is not split\) are not "
+                                         r"divisible by 2"):
+        plan_batch("a cat", model=TINY, out=tmp_path / "out", device="cpu", height=48, width=48, gpus_per_job=2)
 
 
 def test_degree_rule_heads_and_video_tokens(no_model_load):
