@@ -71,6 +71,7 @@ class BatchPlan:
     max_attempts: int = 3
     gpus_per_job: int = 1
     job_timeout: float | None = None
+    fps: int = 8
 
     @property
     def manifest_path(self) -> Path:
@@ -79,7 +80,7 @@ class BatchPlan:
     def context(self) -> RunContext:
         """What each worker needs (no jobs)."""
         return RunContext(
-            out=self.out, source=self.source, device=self.device, dtype=self.dtype, fps=self.settings.fps
+            out=self.out, source=self.source, device=self.device, dtype=self.dtype, fps=self.fps
         )
 
 
@@ -167,6 +168,7 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
     if problems:
         raise InputError(group_problems(problems))
     notes += estimate_notes
+    fps = settings.fps or source.default_fps  # the mp4s' rate: --fps, else the model's
     planned, labels, seen, duplicates = [], [], set(), 0
     for j, label in resolved:
         key = (j.attention, j.pv)
@@ -175,7 +177,7 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
             "model_fingerprint": source.fingerprint,
             "backend": backends[key],
             "dtype": dt,
-            "fps": settings.fps,
+            "fps": fps,
             "plan_sha256": plan_shas.get(j.plan),
         }
         # The plan file's content, not its path, decides the output: moving the file keeps the id.
@@ -216,6 +218,7 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
         max_attempts=settings.max_attempts,
         gpus_per_job=gpus_per_job,
         job_timeout=None if job_timeout is None else float(job_timeout),
+        fps=fps,
     )
 
 

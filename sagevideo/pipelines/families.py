@@ -15,9 +15,9 @@ asked of the family:
 - attention routes: upstream processor class -> sagevideo processor class (`install`);
 - sequence parallelism: `shard` (Ulysses hooks) and `degree_problem` (heads and tokens).
 
-A family that is registered but does not `generate` (Open-Sora, until issue 20) still gives its
-attention routes and sequence-parallel hooks to `install` and `shard`, and its folders are
-refused by `generate` with a message that says so. Family modules import neither torch nor
+A family that is registered but does not `generate` still gives its attention routes and
+sequence-parallel hooks to `install` and `shard`, and its folders are refused by `generate` with a
+message that says so. Family modules import neither torch nor
 diffusers at import time: detection runs on the driver, before anything loads.
 """
 
@@ -67,6 +67,11 @@ class ModelFamily:
     def folder_source(self, path: Path, index: dict[str, Any], model: str) -> ModelSource:
         """The `ModelSource` of a checked local folder (model_index.json read as `index`)."""
         raise NotImplementedError(f"sagevideo does not load {self.title} folders yet")
+
+    def unconverted_hint(self, path: Path) -> str | None:
+        """For a folder without model_index.json: how to make it loadable when it holds this family's
+        model in another layout (e.g. an official download to convert), else None."""
+        return None
 
     def load(self, source: ModelSource, device: str, dtype: Any) -> Any:
         """The pipeline on `device` in `dtype` (local files only)."""

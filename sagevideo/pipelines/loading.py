@@ -33,7 +33,8 @@ class ModelSource:
     patch: transformer patch size (height and width must be multiples of spatial*patch).
     text_tokens: the prompt length the pipeline pads to (longer prompts are cut).
     layers: number of transformer blocks. vae_channels: channels of the VAE decoder at full
-    resolution (what its memory scales with).
+    resolution (what its memory scales with). default_fps: the mp4 frame rate when --fps is not
+    given (the rate the model was made for).
     """
 
     name: str
@@ -53,6 +54,7 @@ class ModelSource:
     layers: int = 30
     vae_channels: int = 128
     family: str = "cogvideox"
+    default_fps: int = 8
 
     @property
     def is_tiny(self) -> bool:
@@ -103,6 +105,11 @@ def resolve_model(model: str) -> ModelSource:
         )
     if not path.is_dir():
         raise InputError(f"--model {model}: is a file; give the diffusers folder that holds model_index.json")
+    if not (path / "model_index.json").exists():
+        for family in families.every():
+            hint = family.unconverted_hint(path)
+            if hint:
+                raise InputError(f"--model {model}: {hint}")
     index = read_json(
         path / "model_index.json",
         f"--model {model}",

@@ -12,7 +12,7 @@ from sagevideo.jobs.specs import DEFAULT_PROMPTS
 
 RECORD_FIELDS = set(
     "schema job_id status error prompt negative_prompt seed frames height width steps guidance name model "
-    "model_fingerprint attention pv backend plan plan_sha256 device dtype fps backends timings outputs "
+    "model_fingerprint family attention pv backend plan plan_sha256 device dtype fps backends timings outputs "
     "attempts retries worker started created sagevideo_version".split()
 )
 

@@ -12,25 +12,32 @@
 - Guidance: each step runs the transformer on [prompt + cond, negative + cond, negative + zero
   cond] and combines u2 + g_img * (u - u2) + g_txt * (c - u), with the official configs'
   oscillation of both scales by default (`schedule.oscillated_scale`: 1.0 on odd steps from step 10).
+- Per step, diffusers' `callback_on_step_end(pipeline, step, timestep, tensors)` with the tensors
+  named in `callback_on_step_end_tensor_inputs` ("latents"); the latents it returns go on.
+- Decoding (`decode_latents`): the official configs' spatial tiling (256 px tiles, a quarter
+  overlap: diffusers' `enable_tiling()` defaults are the same) and no temporal tiling
+  (`configure_vae`; diffusers decodes frame-wise by default, the official sampler does not).
 
 What this pipeline does NOT reproduce:
 - the official time scaling of g_img (`scale_temporal_osci`). In text-to-video the condition is
   zero in both negative branches, so u == u2 and g_img has no effect at all.
 - whether the suffixes are also appended to the negative prompt (here: no) and the official
   default negative prompt (here: "").
-- image-to-video (a non-zero cond), the aspect-ratio table (height and width are given here, as
-  multiples of 16) and the t2i2v mode with FLUX.1-dev.
+- image-to-video (a non-zero cond) and the t2i2v mode with FLUX.1-dev. The aspect-ratio table is
+  `aspect.py` (here height and width are given, as multiples of 16; the product checks the table).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from diffusers import AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers.utils import BaseOutput
 from diffusers.utils.torch_utils import randn_tensor
@@ -80,6 +87,7 @@ class OpenSoraPipeline(DiffusionPipeline):
     """
 
     model_cpu_offload_seq = "text_encoder->text_encoder_2->transformer->vae"
+    _callback_tensor_inputs = ["latents"]
 
     def __init__(
         self,
@@ -99,6 +107,7 @@ class OpenSoraPipeline(DiffusionPipeline):
         self.vae_scale_factor_spatial = vae.config.spatial_compression_ratio
         self.vae_scale_factor_temporal = vae.config.temporal_compression_ratio
         self.video_processor = VideoProcessor(vae_scale_factor=self.vae_scale_factor_spatial)
+        configure_vae(vae)
 
     @torch.no_grad()
     def encode_prompt(
@@ -148,6 +157,8 @@ class OpenSoraPipeline(DiffusionPipeline):
         max_sequence_length: int = T5_MAX_LENGTH,
         output_type: str = "np",
         return_dict: bool = True,
+        callback_on_step_end: Callable[..., dict] | PipelineCallback | MultiPipelineCallbacks | None = None,
+        callback_on_step_end_tensor_inputs: list[str] | None = None,
     ) -> OpenSoraPipelineOutput | tuple:
         """Generate videos (default: 256px 16:9, 129 frames, 50 steps, g_txt 7.5, g_img 3.0, both oscillating).
 
@@ -158,8 +169,21 @@ class OpenSoraPipeline(DiffusionPipeline):
         default): that scale is 1.0 on odd steps from step 10 on (`schedule.oscillated_scale`).
         fps, motion_score: the prompt suffixes (`add_prompt_suffixes`); None leaves that one out.
         latents: optional initial noise (B, 16, T_lat, H/8, W/8), B = len(prompts) * num_videos_per_prompt.
+        callback_on_step_end: diffusers' per-step callback, called as (pipeline, step index, timestep,
+        {name: tensor}) after each Euler step with the tensors named in
+        callback_on_step_end_tensor_inputs (default ["latents"]; the only one there is); a "latents"
+        entry in the dict it returns replaces the latents.
         """
         self._check_scheduler()
+        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
+            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        tensor_inputs = list(callback_on_step_end_tensor_inputs or ["latents"])
+        unknown = [name for name in tensor_inputs if name not in self._callback_tensor_inputs]
+        if unknown:
+            raise ValueError(
+                f"callback_on_step_end_tensor_inputs {unknown} are not tensors of this pipeline; "
+                f"use some of {self._callback_tensor_inputs}"
+            )
         patch = self.transformer.config.patch_size
         multiple = self.vae_scale_factor_spatial * patch
         if height % multiple or width % multiple:
@@ -217,16 +241,35 @@ class OpenSoraPipeline(DiffusionPipeline):
                 velocity = combine_guidance(c, u, u2, g_txt, g_img)
                 velocity = unpack_latents(velocity, t_lat, h_lat, w_lat, patch)
                 latents = self.scheduler.step(velocity, t, latents, return_dict=False)[0]
+                if callback_on_step_end is not None:
+                    local = {"latents": latents}
+                    outputs = callback_on_step_end(self, i, t, {name: local[name] for name in tensor_inputs})
+                    latents = outputs.pop("latents", latents)
                 progress.update()
 
         if output_type == "latent":
             video = latents
         else:
-            z = latents.to(self.vae.dtype) / self.vae.config.scaling_factor + LATENT_SHIFT
-            video = self.video_processor.postprocess_video(self.vae.decode(z, return_dict=False)[0],
-                                                           output_type=output_type)
+            video = self.video_processor.postprocess_video(self.decode_latents(latents), output_type=output_type)
         self.maybe_free_model_hooks()
         return OpenSoraPipelineOutput(frames=video) if return_dict else (video,)
+
+
+    @torch.no_grad()
+    def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents (B, 16, T_lat, H/8, W/8) -> video (B, 3, 1 + 4 (T_lat - 1), H, W) in [-1, 1], the VAE's dtype
+        (not clamped: NaN/Inf stay visible). z = latents / scaling_factor + shift, as the official decode."""
+        z = latents.to(self.vae.dtype) / self.vae.config.scaling_factor + LATENT_SHIFT
+        return self.vae.decode(z, return_dict=False)[0]
+
+
+def configure_vae(vae: Any) -> None:
+    """Decode as the official 256px/768px configs do: spatial tiling on (256 px tiles, stride 192: the
+    official tile size and overlap factor 0.25), temporal tiling off (diffusers' frame-wise decoding
+    and encoding are on by default)."""
+    vae.enable_tiling()
+    vae.use_framewise_decoding = False
+    vae.use_framewise_encoding = False
 
 
 def _scale(scale: Scale, step: int, sigma: float) -> float:
