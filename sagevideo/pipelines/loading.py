@@ -33,8 +33,8 @@ class ModelSource:
     patch: transformer patch size (height and width must be multiples of spatial*patch).
     text_tokens: the prompt length the pipeline pads to (longer prompts are cut).
     layers: number of transformer blocks. vae_channels: channels of the VAE decoder at full
-    resolution (what its memory scales with). default_fps: the mp4 frame rate when --fps is not
-    given (the rate the model was made for).
+    resolution (what its memory scales with). default_fps: the mp4 frame rate when the batch
+    names none (the rate the model was trained at).
     """
 
     name: str
