@@ -93,5 +93,5 @@ def test_other_models_and_transformers_are_refused():
     job = [(tiny.resolve(JobSpec(prompt="a cat")), "job 1")]
     assert degree_problems(tiny, job, 1) == [] and degree_problems(tiny, job, 2) == []
     with pytest.raises(InputError, match="sequence parallelism splits CogVideoX, Open-Sora 2.0 transformers only; "
-                       "tiny is a CogVideoXImageToVideoPipeline"):
-        degree_problems(dataclasses.replace(tiny, pipeline_class="CogVideoXImageToVideoPipeline"), job, 2)
+                       "tiny is a CogVideoXVideoToVideoPipeline with a CogVideoXTransformer3DModel"):
+        degree_problems(dataclasses.replace(tiny, pipeline_class="CogVideoXVideoToVideoPipeline"), job, 2)

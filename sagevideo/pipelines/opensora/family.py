@@ -2,20 +2,24 @@
 
 - models: the built-in "tiny-opensora" (`opensora.tiny`) and local Open-Sora folders
   (`opensora.folder`: the diffusers-style layout `sagevideo convert-opensora` writes from the
-  official download, and `OpenSoraPipeline.save_pretrained` writes too);
+  official download, and `OpenSoraPipeline.save_pretrained` writes too); an official download
+  given as --model is refused with the conversion command (`unconverted_hint`);
 - job constraints, from configs only: height and width multiples of 16 (VAE 8x times patch 2)
   and, for the released architecture (24 heads of 128, 19 + 38 blocks), a size of the official
   aspect table at 256px or 768px (`opensora.aspect`); frames 1 + 4k (the VAE compresses time 4x
   after the first frame; default 129); the prompt and the negative prompt within the 512 T5
   tokens the model reads, the official suffix " 24 FPS. 4 motion score." included; mp4s at the
   official 24 fps unless --fps says otherwise;
+- input images: optional (`image_input` "optional"): a job with an `image:` starts from it as
+  its first frame (the official i2v_head), one without is text-to-video. Any image size: it is
+  resized to cover the video and center-cropped, as the official sampler does (no aspect refusal);
 - attention: `OpenSoraAttnProcessor` -> `SageOpenSoraAttnProcessor`, one `attn` per block; plans
   name layers `transformer_blocks.{i}.attn` (official `double_blocks.{i}`) and
   `single_transformer_blocks.{j}.attn` (official `single_blocks.{j}`);
 - generation: the pipeline's three-branch guidance loop with diffusers' per-step callback, and its
   VAE decode (the official spatial tiling);
-- sequence parallelism: `sequence_parallel.shard_opensora` (text replicated, image tokens split),
-  degrees that divide the heads and the image tokens.
+- sequence parallelism: `sequence_parallel.shard_opensora` (text replicated on every rank, image
+  tokens split), degrees that divide the heads and the image tokens.
 Nothing here imports torch or diffusers at import time.
 """
 
@@ -140,6 +144,7 @@ class OpenSoraFamily(ModelFamily):
         )
 
     def unconverted_hint(self, path: Path) -> str | None:
+        """The convert-opensora command for an official download (Open_Sora_v2.safetensors inside)."""
         from sagevideo.pipelines.opensora.folder import looks_official
 
         return looks_official(path)
@@ -182,11 +187,18 @@ class OpenSoraFamily(ModelFamily):
             tokens = prompt_tokens(source, text)
             if tokens > source.text_tokens:
                 suffix = " with the official suffix ' 24 FPS. 4 motion score.'" if field == "prompt" else ""
+                cut = ", suffix included" if suffix else ""
                 problems.append(
-                    f"{field}: {tokens} T5 tokens{suffix}, but {self.title} reads {source.text_tokens} (the rest would "
-                    f"be cut{', suffix included' if suffix else ''}); shorten it by {tokens - source.text_tokens} tokens"
+                    f"{field}: {tokens} T5 tokens{suffix}, but {self.title} reads {source.text_tokens} (the rest "
+                    f"would be cut{cut}); shorten it by {tokens - source.text_tokens} tokens"
                 )
         return problems
+
+    def image_input(self, source: ModelSource) -> str | None:
+        return "optional"  # one model: text-to-video, or image-to-video from a first frame
+
+    def image_problems(self, source: ModelSource, job: JobSpec, image: Any) -> list[str]:
+        return []  # any size: resized to cover the video and center-cropped (`prepare_image`)
 
     def attention_layers(self, source: ModelSource) -> list[str]:
         cfg = transformer_config(source)
@@ -196,9 +208,19 @@ class OpenSoraFamily(ModelFamily):
 
     # --- generation ---
 
-    def denoise(self, pipe: Any, job: JobSpec, *, generator: Any, text_tokens: int, callback: Any) -> Any:
+    def prepare_image(self, image: Any, job: JobSpec) -> Any:
+        """The decoded image as a PIL image of the job's size: resized (bicubic) to cover it and
+        center-cropped, the official sampler's "resize_crop" of reference images."""
+        from sagevideo.jobs.images import as_pil
+        from sagevideo.pipelines.opensora.pipeline import resize_crop_to_fill
+
+        return resize_crop_to_fill(as_pil(image), job.height, job.width)
+
+    def denoise(self, pipe: Any, job: JobSpec, *, generator: Any, text_tokens: int, callback: Any,
+                image: Any = None) -> Any:
         (latents,) = pipe(
             prompt=job.prompt,
+            image=image,  # None: text-to-video
             negative_prompt=job.negative_prompt or None,
             height=job.height,
             width=job.width,
@@ -235,12 +257,15 @@ class OpenSoraFamily(ModelFamily):
         return shard_opensora(pipe_or_transformer, group=group, plan=plan, pv=pv, backend=backend)
 
     def degree_problem(self, source: ModelSource, job: JobSpec, degree: int) -> str | None:
-        # Text is replicated on every rank; the packed image tokens are split (`shard_opensora`).
+        # The text tokens are on every rank; the packed image tokens are split (`shard_opensora`).
         latent_frames = (job.frames - 1) // source.temporal + 1
         size = source.spatial * source.patch
-        image = latent_frames * (job.height // size) * (job.width // size)
+        rows, cols = job.height // size, job.width // size
+        image = latent_frames * rows * cols
         if image % degree:
-            return f"{image} image tokens are not divisible by {degree}; change frames/size or the degree"
+            return (f"{image} image tokens ({latent_frames} latent frames x {rows}x{cols}) are not divisible by "
+                    f"{degree} (each rank takes an equal share of them; the {source.text_tokens} text tokens are "
+                    "on every rank); change frames/size or the degree")
         return None
 
 

@@ -9,7 +9,7 @@
     tokenizer_2/            its tokenizer files           CLIP tokenizer
     scheduler/              scheduler_config.json         FlowMatchEulerDiscreteScheduler (shift 1)
 
-`sagevideo convert-opensora OFFICIAL_DIR --out FOLDER` writes it from the official download
+`sagevideo convert-opensora OFFICIAL_DIR FOLDER` writes it from the official download
 (`official.convert_official_folder`); `OpenSoraPipeline.save_pretrained(FOLDER)` writes the same
 layout (the built-in tiny model's round trip). `check_folder` reads configs only and names every
 missing or wrong part at once; `load_folder` loads each component with local files only and
@@ -24,7 +24,7 @@ from typing import Any
 
 from sagevideo.errors import InputError
 
-CONVERT_HINT = "write it with `sagevideo convert-opensora OFFICIAL_DIR --out FOLDER` (see docs/opensora.md)"
+CONVERT_HINT = "write one with `sagevideo convert-opensora OFFICIAL_DIR FOLDER` (see docs/opensora.md)"
 
 # component -> (what it is, the class its config must name or None, the file that must be there)
 COMPONENTS: dict[str, tuple[str, str | None, str]] = {
@@ -80,7 +80,7 @@ def looks_official(path: Path) -> str | None:
 
     if (path / OFFICIAL_TRANSFORMER).is_file():
         return (f"{path} is the official Open-Sora 2.0 download ({OFFICIAL_TRANSFORMER}); convert it once with "
-                f"`sagevideo convert-opensora {path} --out FOLDER` and give --model FOLDER")
+                f"`sagevideo convert-opensora {path} FOLDER` and give --model FOLDER")
     return None
 
 

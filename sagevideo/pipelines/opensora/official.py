@@ -31,7 +31,9 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sagevideo.errors import InputError
 
@@ -40,6 +42,48 @@ OFFICIAL_VAE = "hunyuan_vae.safetensors"
 OFFICIAL_T5 = Path("google") / "t5-v1_1-xxl"
 OFFICIAL_CLIP = Path("openai") / "clip-vit-large-patch14"
 DTYPES = ("bfloat16", "float32", "float16")
+DType = Literal["bfloat16", "float32", "float16"]
+
+
+class ConvertOpenSoraConfig(BaseModel):
+    """Every option of `sagevideo convert-opensora SRC DST` (`convert_opensora`), in the CLI's order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Path = Field(description="SRC: the official Open-Sora 2.0 download (hpcai-tech/Open-Sora-v2: "
+                         f"{OFFICIAL_TRANSFORMER}, {OFFICIAL_VAE}, {OFFICIAL_T5.as_posix()}/, "
+                         f"{OFFICIAL_CLIP.as_posix()}/).")
+    out: Path = Field(description="DST: the diffusers-style folder to write (new or empty); give it as --model.")
+    transformer: Path | None = Field(None, description=f"The MMDiT safetensors (default: SRC/{OFFICIAL_TRANSFORMER}).")
+    vae: Path | None = Field(None, description=f"The HunyuanVideo VAE safetensors (default: SRC/{OFFICIAL_VAE}).")
+    t5: Path | None = Field(None, description=f"The T5-v1.1-XXL folder (default: SRC/{OFFICIAL_T5.as_posix()}).")
+    clip: Path | None = Field(None, description=f"The CLIP ViT-L/14 folder (default: SRC/{OFFICIAL_CLIP.as_posix()}).")
+    dtype: DType = Field("bfloat16", description="What the weights are stored in (the release is bfloat16).")
+    max_shard_size: str = Field("10GB", description="Largest safetensors shard, e.g. 10GB or 500MB.")
+
+    @classmethod
+    def build(cls, **options: Any) -> ConvertOpenSoraConfig:
+        """A config from keyword options; InputError naming every bad option at once."""
+        from sagevideo.jobs.specs import group_problems, value_problems
+
+        try:
+            return cls(**options)
+        except ValidationError as err:
+            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
+
+
+def convert_opensora(config: ConvertOpenSoraConfig | None = None, /, log: Callable[[str], None] = lambda line: None,
+                     **options: Any) -> Path:
+    """Convert the official download `config.source` into the folder `config.out` (see
+    `convert_official_folder`); options: `ConvertOpenSoraConfig`'s fields, instead of or over a config."""
+    if config is None:
+        config = ConvertOpenSoraConfig.build(**options)
+    elif options:
+        config = ConvertOpenSoraConfig.build(**{**dict(config), **options})
+    return convert_official_folder(
+        config.source, config.out, transformer=config.transformer, vae=config.vae, t5=config.t5, clip=config.clip,
+        dtype=config.dtype, max_shard_size=config.max_shard_size, log=log,
+    )
 
 
 @dataclass(frozen=True)
@@ -107,8 +151,8 @@ def convert_official_folder(
     dtype: what the weights are stored in ("bfloat16", the released checkpoint's and the GPU
     runs' dtype; "float32"; "float16"). transformer_config / vae_config: the models' configs
     (default: the released ones; the tests convert tiny synthetic checkpoints). log: one line per
-    component. Raises InputError for missing parts or an `out` that exists and is not empty, and
-    `convert.CheckpointMismatchError` / InputError naming the keys of a checkpoint that does not fit.
+    component. Raises InputError for missing parts, an `out` that exists and is not empty, or a
+    checkpoint that does not fit (naming its missing, unexpected and mis-shaped keys).
     """
     import torch
 
@@ -117,7 +161,7 @@ def convert_official_folder(
     layout = find_official(root, transformer=transformer, vae=vae, t5=t5, clip=clip)
     target = Path(out).expanduser()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise InputError(f"--out {out}: exists and is not an empty folder; give a new folder")
+        raise InputError(f"{out}: exists and is not an empty folder; give a new (or empty) folder to write")
     partial = target.with_name(target.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)  # a conversion that was interrupted: start again
@@ -150,12 +194,15 @@ def convert_official_folder(
 def _convert_transformer(file: Path, out: Path, dtype, config, max_shard_size) -> tuple[str, str]:
     import torch
 
-    from sagevideo.pipelines.opensora.convert import load_official_checkpoint
+    from sagevideo.pipelines.opensora.convert import CheckpointMismatchError, load_official_checkpoint
     from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
 
     with torch.device("meta"):  # the released config: no 48 GB fp32 random init
         model = OpenSoraTransformer3DModel(**(dict(config) if config else {}))
-    load_official_checkpoint(model, file)  # CheckpointMismatchError names the keys
+    try:
+        load_official_checkpoint(model, file)
+    except CheckpointMismatchError as err:  # names the missing, unexpected and mis-shaped keys
+        raise InputError(f"{err}; is it the official {OFFICIAL_TRANSFORMER}?") from None
     model.to(dtype).save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
     del model
     return (OpenSoraTransformer3DModel.__module__, OpenSoraTransformer3DModel.__name__)
