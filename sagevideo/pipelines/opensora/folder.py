@@ -18,7 +18,9 @@ safetensors only. Torch, diffusers and transformers are imported inside the func
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,21 +91,20 @@ def load_folder(path: Path, device: str, dtype: Any):
     import warnings
 
     from diffusers import AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler
-    from transformers import AutoTokenizer, CLIPTextModel, T5EncoderModel
+    from transformers import AutoTokenizer
 
     from sagevideo.pipelines.loading import no_diffusers_progress_bars
     from sagevideo.pipelines.opensora.pipeline import OpenSoraPipeline
     from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
 
     local = dict(local_files_only=True, use_safetensors=True)
-    text_dtype = {transformers_dtype_keyword(): dtype}
-    with warnings.catch_warnings(), no_diffusers_progress_bars():
+    with warnings.catch_warnings(), no_diffusers_progress_bars(), quiet_transformers():
         # diffusers 0.42 renamed torch_dtype to dtype (FutureWarning); older ones know only torch_dtype.
         warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
         transformer = OpenSoraTransformer3DModel.from_pretrained(path / "transformer", torch_dtype=dtype, **local)
         vae = AutoencoderKLHunyuanVideo.from_pretrained(path / "vae", torch_dtype=dtype, **local)
-        text_encoder = T5EncoderModel.from_pretrained(path / "text_encoder", **text_dtype, **local)
-        text_encoder_2 = CLIPTextModel.from_pretrained(path / "text_encoder_2", **text_dtype, **local)
+        text_encoder = load_text_encoder("T5EncoderModel", path / "text_encoder", dtype)
+        text_encoder_2 = load_text_encoder("CLIPTextModel", path / "text_encoder_2", dtype)
         tokenizer = AutoTokenizer.from_pretrained(path / "tokenizer", local_files_only=True)
         tokenizer_2 = AutoTokenizer.from_pretrained(path / "tokenizer_2", local_files_only=True)
         scheduler = FlowMatchEulerDiscreteScheduler.from_pretrained(path / "scheduler", local_files_only=True)
@@ -113,6 +114,40 @@ def load_folder(path: Path, device: str, dtype: Any):
     )
     pipe.to(device)
     return pipe
+
+
+def load_text_encoder(class_name: str, folder: Path, dtype: Any) -> Any:
+    """A transformers text encoder (`T5EncoderModel`, `CLIPTextModel`) from a local folder, strictly:
+    InputError naming the weights it lacks or has in another shape (transformers would leave them
+    random with a warning). Weights it does not use (a T5 decoder, CLIP's vision tower) are fine."""
+    import transformers
+
+    cls = getattr(transformers, class_name)
+    model, info = cls.from_pretrained(folder, local_files_only=True, use_safetensors=True, output_loading_info=True,
+                                      **{transformers_dtype_keyword(): dtype})
+    bad = [f"{len(keys)} {label}: {', '.join(map(str, list(keys)[:5]))}{', ...' if len(keys) > 5 else ''}"
+           for label, keys in (("missing", info.get("missing_keys") or []),
+                               ("wrong shape", info.get("mismatched_keys") or [])) if keys]
+    if bad:
+        raise InputError(f"{folder}: not a complete {class_name} ({'; '.join(bad)})")
+    return model.eval()
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' progress bars and load reports off while loading or saving (each Ray worker
+    would print them); `load_text_encoder` checks what the reports would say. Restored after."""
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def transformers_dtype_keyword() -> str:

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sagevideo.errors import InputError
+from sagevideo.pipelines.opensora.folder import quiet_transformers
 
 OFFICIAL_TRANSFORMER = "Open_Sora_v2.safetensors"
 OFFICIAL_VAE = "hunyuan_vae.safetensors"
@@ -166,7 +167,25 @@ def convert_official_folder(
     if partial.exists():
         shutil.rmtree(partial)  # a conversion that was interrupted: start again
     partial.mkdir(parents=True)
-    torch_dtype = getattr(torch, dtype)
+    try:
+        with quiet_transformers():
+            _write_components(layout, partial, getattr(torch, dtype), transformer_config, vae_config,
+                              max_shard_size, log)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # nothing half-written stays behind
+        raise
+    if target.exists():
+        target.rmdir()  # empty (checked above)
+    partial.rename(target)
+    log(f"wrote {target}")
+    return target
+
+
+def _write_components(layout: OfficialLayout, partial: Path, torch_dtype, transformer_config, vae_config,
+                      max_shard_size: str, log: Callable[[str], None]) -> None:
+    """Every component into `partial`, then model_index.json (last: a folder with it is complete)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
     classes = {}
     log(f"transformer: {layout.transformer}")
     classes["transformer"] = _convert_transformer(layout.transformer, partial / "transformer", torch_dtype,
@@ -179,16 +198,9 @@ def convert_official_folder(
     log(f"text_encoder_2, tokenizer_2: {layout.clip}")
     classes["text_encoder_2"], classes["tokenizer_2"] = _convert_text(
         layout.clip, partial, "text_encoder_2", "tokenizer_2", "CLIPTextModel", torch_dtype, max_shard_size)
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
     FlowMatchEulerDiscreteScheduler().save_pretrained(partial / "scheduler")
     classes["scheduler"] = ("diffusers", "FlowMatchEulerDiscreteScheduler")
     _write_model_index(partial, classes)
-    if target.exists():
-        target.rmdir()  # empty (checked above)
-    partial.rename(target)
-    log(f"wrote {target}")
-    return target
 
 
 def _convert_transformer(file: Path, out: Path, dtype, config, max_shard_size) -> tuple[str, str]:
@@ -203,12 +215,15 @@ def _convert_transformer(file: Path, out: Path, dtype, config, max_shard_size) -
         load_official_checkpoint(model, file)
     except CheckpointMismatchError as err:  # names the missing, unexpected and mis-shaped keys
         raise InputError(f"{err}; is it the official {OFFICIAL_TRANSFORMER}?") from None
-    model.to(dtype).save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
+    # torch's own `to`: diffusers' ModelMixin.to warns about fp32 modules on every cast (there are none)
+    torch.nn.Module.to(model, dtype)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size=max_shard_size)
     del model
     return (OpenSoraTransformer3DModel.__module__, OpenSoraTransformer3DModel.__name__)
 
 
 def _convert_vae(file: Path, out: Path, dtype, config) -> tuple[str, str]:
+    import torch
     from diffusers import AutoencoderKLHunyuanVideo
     from safetensors.torch import load_file
 
@@ -226,21 +241,20 @@ def _convert_vae(file: Path, out: Path, dtype, config) -> tuple[str, str]:
         raise InputError(f"{file} does not match diffusers' AutoencoderKLHunyuanVideo ({found}); "
                          "is it the official hunyuan_vae.safetensors?")
     vae.load_state_dict(state, strict=True)
-    vae.to(dtype).save_pretrained(out, safe_serialization=True)
+    torch.nn.Module.to(vae, dtype)
+    vae.save_pretrained(out, safe_serialization=True)
     return ("diffusers", "AutoencoderKLHunyuanVideo")
 
 
 def _convert_text(folder: Path, out: Path, model_dir: str, tokenizer_dir: str, cls_name: str, dtype,
                   max_shard_size) -> tuple[tuple[str, str], tuple[str, str]]:
     """A transformers T5/CLIP folder -> its text encoder (only) and tokenizer."""
-    import transformers
     from transformers import AutoTokenizer
 
-    from sagevideo.pipelines.opensora.folder import transformers_dtype_keyword
+    from sagevideo.pipelines.opensora.folder import load_text_encoder
 
-    cls = getattr(transformers, cls_name)
     try:
-        model = cls.from_pretrained(folder, local_files_only=True, **{transformers_dtype_keyword(): dtype})
+        model = load_text_encoder(cls_name, folder, dtype)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError) as err:
         raise InputError(f"{folder}: cannot be read as a {cls_name} with its tokenizer ({err})") from None
