@@ -60,34 +60,6 @@ def test_a_registered_family_that_does_not_generate_is_refused_by_name(tmp_path,
         resolve_model(str(tmp_path))
 
 
-def opensora_source(**fields):
-    """An Open-Sora 2.0 source at the released config, built by hand (no folder)."""
-    base = dict(name="opensora", path=None, fingerprint="0" * 12, pipeline_class="OpenSoraPipeline", heads=24,
-                head_dim=128, spatial=8, temporal=4, patch=2, text_tokens=512, default_height=192,
-                default_width=336, default_frames=129, default_steps=50, layers=57, family="opensora")
-    return dataclasses.replace(resolve_model("tiny"), **{**base, **fields})
-
-
-def test_opensora_job_constraints_and_degree_rule():
-    source = opensora_source()
-    fine = JobSpec(prompt="x", frames=129, height=192, width=336)  # the official 256px 16:9
-    assert source.problems(fine) == []
-    bad = source.problems(JobSpec(prompt="x", frames=11, height=250, width=448))
-    assert bad == [
-        "height: 250 px is not a multiple of 16 (VAE 8x times patch 2); use e.g. 240 or 256",
-        "frames: 11 is not 1 + a multiple of 4 (the VAE compresses time 4x after the first frame); use e.g. 9 or 13",
-    ]
-    family = families.get("opensora")
-    # 33 latent frames x 12 x 21 tokens = 8316 image tokens (text is replicated, not split)
-    assert family.degree_problem(source, fine, 4) is None
-    assert family.degree_problem(source, fine, 8) == (
-        "8316 image tokens are not divisible by 8; change frames/size or the degree"
-    )
-    assert families.degree_problems(source, [(fine, "job 1")], 4) == []
-    with pytest.raises(InputError, match="the 24 attention heads of opensora are not divisible by 5"):
-        families.degree_problems(source, [(fine, "job 1")], 5)
-
-
 def test_other_models_and_transformers_are_refused():
     tiny = resolve_model("tiny")
     job = [(tiny.resolve(JobSpec(prompt="a cat")), "job 1")]

@@ -82,7 +82,8 @@ class OpenSoraFamily(ModelFamily):
     title = "Open-Sora 2.0"
     pipeline_classes = ("OpenSoraPipeline",)
     tiny_models = (TINY,)
-    weight_components = ("transformer", "vae", "text_encoder", "text_encoder_2")
+    # `folder.check_folder` checks every part (weights included) and names all that is wrong at once.
+    weight_components = ()
     generates = True
     sequence_parallel = True
 
@@ -167,7 +168,7 @@ class OpenSoraFamily(ModelFamily):
 
     def job_problems(self, source: ModelSource, job: JobSpec) -> list[str]:
         from sagevideo.pipelines.opensora.aspect import size_problem
-        from sagevideo.pipelines.opensora.pipeline import add_prompt_suffixes
+        from sagevideo.pipelines.opensora.prompts import add_prompt_suffixes
 
         problems = size_problems(source, job)
         if not problems and is_released(source):

@@ -37,7 +37,6 @@ multiples of 16; the product checks them against the table).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +51,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from diffusers.video_processor import VideoProcessor
 
 from sagevideo.pipelines.opensora.packing import latent_ids, pack_condition, pack_latents, text_ids, unpack_latents
+from sagevideo.pipelines.opensora.prompts import add_prompt_suffixes
 from sagevideo.pipelines.opensora.schedule import (
     combine_guidance,
     opensora_sigmas,
@@ -75,24 +75,6 @@ class OpenSoraPipelineOutput(BaseOutput):
     a tensor (B, F, 3, H, W) ("pt"), or the latents (B, 16, T_lat, H/8, W/8) ("latent")."""
 
     frames: torch.Tensor | np.ndarray | list
-
-
-_ENDS_WITH_FPS = re.compile(r"\d+ FPS\.$")
-
-
-def add_prompt_suffixes(prompt: str, fps: int | None, motion_score: int | None) -> str:
-    """The official sampler's prompt text. With `fps`: stripped, ended with a period, then
-    " {fps} FPS." unless it already ends in "N FPS."; with `motion_score`: " {motion_score} motion score.".
-    "a cat playing piano" -> "a cat playing piano. 24 FPS. 4 motion score."."""
-    if fps is not None:
-        prompt = prompt.strip()
-        if not prompt.endswith("."):
-            prompt += "."
-        if not _ENDS_WITH_FPS.search(prompt):
-            prompt = f"{prompt} {fps} FPS."
-    if motion_score is not None:
-        prompt = f"{prompt} {motion_score} motion score."
-    return prompt
 
 
 class OpenSoraPipeline(DiffusionPipeline):
