@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from sagevideo.attention import records
 from sagevideo.attention.backends import CHOICES as BACKENDS
-from sagevideo.attention.backends import GLUON, AttentionCall, Backend, choose
+from sagevideo.attention.backends import GLUON, KEY_PADDING_MASK, AttentionCall, Backend, choose
 from sagevideo.choices import GRANULARITIES, auto_pv
 from sagevideo.kernels import plans
 
@@ -140,9 +140,11 @@ def sageattn(
     operands) or FP8 e4m3 P and per-channel-scaled V with two-level accumulation ("fp8").
 
     attn_mask: a boolean key-padding mask (True = attend) broadcastable as (B, 1, 1, Nk) runs in
-    the kernels; any other mask runs on SDPA under backend="auto" and raises for "triton" or
-    "reference". backend="auto" uses Triton when it can, else SDPA with a one-time warning; the
-    backend that ran is readable through `sagevideo.last_backend()`.
+    the kernels, also when it comes broadcast over heads or queries (a stride-0 view such as
+    `key_mask[:, None, None].expand(B, H, Nq, Nk)`: `broadcast_dims_dropped`); any other mask runs
+    on SDPA under backend="auto" and raises for "triton" or "reference". backend="auto" uses
+    Triton when it can, else SDPA with a one-time warning; the backend that ran is readable
+    through `sagevideo.last_backend()`.
     """
     _check_options(tensor_layout, qk_granularity, pv, backend)
     _check_tensors(q, k, v, tensor_layout, enable_gqa)
@@ -152,6 +154,7 @@ def sageattn(
     n_k = k.shape[2]
     scale = _check_scale(sm_scale, head_dim)
     _check_mask(attn_mask, batch, heads, n_q, n_k)
+    attn_mask = broadcast_dims_dropped(attn_mask)
     if is_causal and attn_mask is not None:
         raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
 
@@ -312,6 +315,29 @@ def _check_mask(attn_mask: torch.Tensor | None, batch: int, heads: int, n_q: int
                 f"sageattn: attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                 f"(B, H, Nq, Nk) = {target}"
             )
+
+
+def broadcast_dims_dropped(attn_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """attn_mask with every leading (batch, head, query) dim that is only broadcast, stride 0 over
+    more than one entry (what `expand` makes), narrowed to size 1: the same mask under SDPA's
+    broadcasting, as a view. A key-padding mask expanded to (B, H, Nq, Nk) so becomes the
+    (B, 1, 1, Nk) the kernels take; a materialized mask (a copy per query) is left as it is."""
+    if attn_mask is None:
+        return None
+    for dim in range(attn_mask.dim() - 1):
+        if attn_mask.shape[dim] > 1 and attn_mask.stride(dim) == 0:
+            attn_mask = attn_mask.narrow(dim, 0, 1)
+    return attn_mask
+
+
+def key_padding_problem(attn_mask: torch.Tensor | None, n_k: int) -> str:
+    """Why the kernels cannot take `attn_mask` over n_k keys (not a boolean key-padding mask, also
+    after `broadcast_dims_dropped`), or '' when they can (or there is no mask)."""
+    if attn_mask is None:
+        return ""
+    mask = broadcast_dims_dropped(attn_mask)
+    call = AttentionCall(mask.device, torch.float16, 64, mask_dtype=mask.dtype, mask_shape=tuple(mask.shape), n_k=n_k)
+    return KEY_PADDING_MASK.check(call)
 
 
 def _as_key_mask(attn_mask: torch.Tensor, n_k: int) -> torch.Tensor:

@@ -5,9 +5,10 @@ them (one all-to-all for q, k and v) so each rank holds all N tokens of H/P head
 runs locally (any kernel: sagevideo's quantized attention sees exactly the inputs it would see on
 one GPU, per head); a second all-to-all returns the output to sequence shards. No approximation.
 The buffers are token-major, so the received q/k/v are strided views (no copy) and the kernels'
-output goes back as it is (`ulysses_exchange`). Tokens replicated on every rank (Open-Sora's text;
-CogVideoX shards its text with the video) skip the exchange: they are sliced to the rank's heads
-and their output is reassembled with `gather_heads`.
+output goes back as it is (`ulysses_exchange`). Tokens replicated on every rank (Open-Sora's text
+in front of the video, HunyuanVideo's after it: `text_last`; CogVideoX shards its text with the
+video) skip the exchange: they are sliced to the rank's heads and their output is reassembled
+with `gather_heads`.
 """
 
 from __future__ import annotations
@@ -100,28 +101,33 @@ def send_slot(send: torch.Tensor, i: int) -> torch.Tensor:
 
 
 def ulysses_attention(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, text_len: int,
-                      group=None, chunks: int | None = None) -> torch.Tensor:
-    """Attention over [replicated text; sharded video] tokens, (B, H, T + n, D) per rank.
+                      group=None, chunks: int | None = None, text_last: bool = False) -> torch.Tensor:
+    """Attention over [replicated text; sharded video] tokens, (B, H, T + n, D) per rank; with
+    text_last, over [sharded video; replicated text] (B, H, n + T, D), attention's own order too.
 
     Copies the video q/k/v into a `send_buffer` (once each) and runs `ulysses_exchange`;
     callers that can produce q/k/v in place fill the buffer themselves.
     """
-    send = send_buffer(query, query.shape[2] - text_len, group, chunks)
+    n = query.shape[2] - text_len
+    video, text_part = (slice(0, n), slice(n, None)) if text_last else (slice(text_len, None), slice(0, text_len))
+    send = send_buffer(query, n, group, chunks)
     for i, t in enumerate((query, key, value)):
         slot = send_slot(send, i)
-        slot.copy_(t[:, :, text_len:].unflatten(1, slot.shape[1:4]))
-    text = tuple(t[:, :, :text_len] for t in (query, key, value)) if text_len else None
-    return ulysses_exchange(attend, send, text, group)
+        slot.copy_(t[:, :, video].unflatten(1, slot.shape[1:4]))
+    text = tuple(t[:, :, text_part] for t in (query, key, value)) if text_len else None
+    return ulysses_exchange(attend, send, text, group, text_last=text_last)
 
 
 def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] | None = None,
-                     group=None) -> torch.Tensor:
+                     group=None, text_last: bool = False) -> torch.Tensor:
     """Exchange, attention and return exchange for a filled `send_buffer` -> (B, H, T + n, D).
 
     send holds this rank's n sharded tokens; text: None or replicated (B, H, T, D) q/k/v, sliced
     to this rank's heads. Video q/k/v are exchanged to all tokens × H/P heads; `attend(q, k, v)`
     runs on (B, hc, T + P·n, D) for each chunk of this rank's H/P heads; the output goes back
-    to (B, H, T + n, D). Data movement only (bit-exact: attention is per head).
+    to (B, H, T + n, D). Data movement only (bit-exact: attention is per head). text_last: the
+    text comes after the video, in what `attend` sees ([all video; text]) and in the output
+    ((B, H, n + T, D)).
 
     No copies on the attention side: the buffer is token-major, so the received q/k/v are
     strided (B, hc, S, D) views of it (unit stride on D, what the kernels take), and the kernels'
@@ -135,13 +141,21 @@ def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] 
     hp = chunks * hc
     h = world * hp
     text_len = 0 if text is None else text[0].shape[2]
-    # recv[c]: [replicated text; rank 0's shard; rank 1's shard; ...] of my chunk-c heads, token-major.
+    # Where the text and the video are: in what attend sees (all P·n video tokens) and in the result (n).
+    if text_last:
+        seen_text, seen_video = slice(world * n, None), slice(0, world * n)
+        own_text, own_video = slice(n, None), slice(0, n)
+    else:
+        seen_text, seen_video = slice(0, text_len), slice(text_len, None)
+        own_text, own_video = slice(0, text_len), slice(text_len, None)
+    # recv[c]: [replicated text; rank 0's shard; rank 1's shard; ...] of my chunk-c heads, token-major
+    # (text_last: [rank 0's shard; ...; text]).
     recv = send.new_empty(chunks, text_len + world * n, 3, b, hc, d)
-    exchanges = [dist.all_to_all_single(recv[c, text_len:], send[c], group=group, async_op=True)
+    exchanges = [dist.all_to_all_single(recv[c, seen_video], send[c], group=group, async_op=True)
                  for c in range(chunks)]
     for i, t in enumerate([local_heads(t, group) for t in text] if text_len else []):
         for c in range(chunks):
-            recv[c, :text_len, i].copy_(t[:, c * hc : (c + 1) * hc].permute(2, 0, 1, 3))
+            recv[c, seen_text, i].copy_(t[:, c * hc : (c + 1) * hc].permute(2, 0, 1, 3))
     # (B, H, T + n, D) view of (B, T + n, H, D) memory: the caller's transpose(1, 2).reshape to
     # (B, T + n, H·D) before the output projection is then a view, not another copy.
     result = send.new_empty(b, text_len + n, h, d).transpose(1, 2)
@@ -150,18 +164,18 @@ def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] 
     for c, work in enumerate(exchanges):
         work.wait()
         out = attend(*(recv[c, :, i].permute(1, 2, 0, 3) for i in range(3)))
-        text_out[:, c * hc : (c + 1) * hc] = out[:, :, :text_len]
+        text_out[:, c * hc : (c + 1) * hc] = out[:, :, seen_text]
         # send_o[p·n : (p+1)·n]: my chunk-c heads' output for rank p's tokens -> rank p. A view when
         # the output is token-major (the kernels'), else one copy (SDPA, the reference).
-        send_o = out[:, :, text_len:].permute(2, 0, 1, 3).contiguous()
+        send_o = out[:, :, seen_video].permute(2, 0, 1, 3).contiguous()
         recv_o = torch.empty_like(send_o)
         returns.append((dist.all_to_all_single(recv_o, send_o, group=group, async_op=True), send_o, recv_o))
-    video = result[:, :, text_len:].unflatten(1, (world, hp))
+    video = result[:, :, own_video].unflatten(1, (world, hp))
     for c, (work, _, recv_o) in enumerate(returns):
         work.wait()  # recv_o[p·n : (p+1)·n]: my tokens' output of chunk c of head group p
         video[:, :, c * hc : (c + 1) * hc].copy_(recv_o.unflatten(0, (world, n)).permute(2, 0, 3, 1, 4))
     if text_len:
-        result[:, :, :text_len] = gather_heads(text_out, group)
+        result[:, :, own_text] = gather_heads(text_out, group)
     return result
 
 

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "cogvideox": "sagevideo.pipelines.cogvideox.family",
     "opensora": "sagevideo.pipelines.opensora.family",
+    "hunyuanvideo": "sagevideo.pipelines.hunyuanvideo.family",
 }
 
 

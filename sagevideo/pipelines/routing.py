@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from sagevideo.attention.functional import BACKENDS, sageattn, scaled_dot_product_attention
+from sagevideo.attention.functional import BACKENDS, key_padding_problem, sageattn, scaled_dot_product_attention
 from sagevideo.choices import PVS as PV_MODES
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode
 
@@ -60,7 +60,11 @@ class AttentionRouter:
     """Runs attention for `layer` as the plan says at the clock's current step.
 
     backend: the `sageattn` backend for quantized modes ("auto", "triton", "reference");
-    "full" entries always run SDPA (recorded as requested, not as a fallback).
+    "full" entries always run SDPA (recorded as requested, not as a fallback). A call whose mask
+    the kernels cannot take (the model's own, e.g. HunyuanVideo's token refiner masks queries as
+    well as keys) runs SDPA recorded as a fallback with its reason under every backend: an explicit
+    backend names the kernel for the calls the kernels can compute; the model's mask does not make
+    the run fail.
     """
 
     def __init__(self, plan: AttentionPlan, backend: str = "auto"):
@@ -93,9 +97,12 @@ class AttentionRouter:
                                                     backend="sdpa")
             return sageattn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, backend="sdpa",
                             enable_gqa=enable_gqa)
+        backend = self.backend
+        if backend in ("triton", "reference") and not dropout_p and key_padding_problem(attn_mask, k.shape[-2]):
+            backend = "auto"  # SDPA, recorded with the mask's reason (the kernels' first unmet constraint)
         return scaled_dot_product_attention(
             q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
-            pv=choice.mode.pv, qk_granularity=choice.granularity.value, backend=self.backend,
+            pv=choice.mode.pv, qk_granularity=choice.granularity.value, backend=backend,
         )
 
 

@@ -116,6 +116,32 @@ def test_general_mask_falls_back_to_sdpa_never_dropped():
         sageattn(q, k, v, attn_mask=float_mask, backend="triton")
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_a_key_mask_expanded_over_heads_and_queries_runs_in_the_kernels(backend):
+    """A (B, Nk) key mask broadcast to (B, H, Nq, Nk) with `expand` (stride 0 over heads and
+    queries) is the same key-padding mask: the kernels take it (no SDPA fallback), with the result
+    of its (B, 1, 1, Nk) form, equal to SDPA with the expanded mask. A materialized copy of it is
+    a general mask: SDPA under auto, an error for an explicit backend."""
+    from sagevideo.attention.functional import broadcast_dims_dropped, key_padding_problem
+
+    q, k, v = _qkv((2, 2, 64, 64), seed=3)
+    keep = torch.ones(2, 64, dtype=torch.bool, device=DEVICE)
+    keep[1, 40:] = False
+    expanded = keep[:, None, None].expand(2, 2, 64, 64)
+    assert broadcast_dims_dropped(expanded).shape == (2, 1, 1, 64) and key_padding_problem(expanded, 64) == ""
+    with record_backends() as log:
+        out = sageattn(q, k, v, attn_mask=expanded, backend=backend)
+    assert log.fallback_reasons == {} and last_backend().ran in (backend, "gluon")
+    assert torch.equal(out, sageattn(q, k, v, attn_mask=keep[:, None, None], backend=backend))
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=expanded)
+    assert error_stats(want, out).cos_worst > 0.999
+
+    materialized = expanded.contiguous()
+    assert "(2, 2, 64, 64) is not a key-padding mask" in key_padding_problem(materialized, 64)
+    with pytest.raises(ValueError, match="not a key-padding mask"):
+        sageattn(q, k, v, attn_mask=materialized, backend=backend)
+
+
 def test_sdpa_backend_is_plain_sdpa():
     q, k, v = _qkv()
     out = sageattn(q, k, v, backend="sdpa", is_causal=True)

@@ -140,6 +140,17 @@ def _attention_worker(rank, world, port, out_dir):
             out = ulysses_attention(attend, *shard, text, chunks=chunks)
             without_copy = all(ptr in sent for ptr in outputs)
             torch.save((out, calls, without_copy), os.path.join(out_dir, f"chunks{chunks}-{layout}-rank{rank}.pt"))
+        # text_last: [own video; text] per rank (HunyuanVideo's order), attention over [all video; text].
+        video_first = [torch.cat([t[:, :, text + rank * n : text + (rank + 1) * n], t[:, :, :text]], dim=2)
+                       for t in (q, k, v)]
+        seen = []
+
+        def attend_video_first(*qkv, seen=seen):
+            seen.append(qkv[0].clone())
+            return torch.nn.functional.scaled_dot_product_attention(*qkv)
+
+        out = ulysses_attention(attend_video_first, *video_first, text, chunks=chunks, text_last=True)
+        torch.save((out, seen), os.path.join(out_dir, f"chunks{chunks}-text-last-rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
@@ -153,7 +164,8 @@ def test_ulysses_attention_in_head_chunks_equals_full_attention(tmp_path):
     """The pipelined exchange (heads in chunks, async all-to-alls) is pure data movement: each
     rank gets exactly full attention on its tokens, for any chunk count; attend runs once per chunk
     on strided views of the receive buffer. An output laid out like the kernels' (empty_like(q):
-    token-major) is sent back as it is; a (B, hc, S, D)-contiguous one is copied once."""
+    token-major) is sent back as it is; a (B, hc, S, D)-contiguous one is copied once. With the
+    text after the video (`text_last`, HunyuanVideo's order) attend sees [all video; text]."""
     mp.spawn(_attention_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     q, k, v = _full_qkv()
     full = torch.nn.functional.scaled_dot_product_attention(q, k, v)
@@ -165,6 +177,17 @@ def test_ulysses_attention_in_head_chunks_equals_full_attention(tmp_path):
                 assert calls == heads_per_call
                 assert torch.equal(out, want), (chunks, layout, rank)
                 assert without_copy == (layout == "kernels"), (chunks, layout, rank)
+    # text after the video (text_last): attend sees [all video; text] in that order, each rank gets
+    # [its video; text] of full attention over that sequence.
+    video_first = [torch.cat([t[:, :, 5:], t[:, :, :5]], dim=2) for t in (q, k, v)]
+    full = torch.nn.functional.scaled_dot_product_attention(*video_first)
+    for chunks, heads_per_call in ((1, 4), (2, 2), (4, 1)):
+        for rank in range(2):
+            out, seen = torch.load(tmp_path / f"chunks{chunks}-text-last-rank{rank}.pt")
+            first_heads = video_first[0][:, rank * 4 : rank * 4 + heads_per_call]  # rank r holds heads 4r..4r+3
+            assert torch.equal(seen[0], first_heads)
+            want = torch.cat([full[:, :, rank * 12 : (rank + 1) * 12], full[:, :, 24:]], dim=2)
+            assert torch.equal(out, want), (chunks, rank)
 
 
 def test_degree_errors_are_clear():

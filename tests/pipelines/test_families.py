@@ -15,7 +15,7 @@ from sagevideo.pipelines.loading import resolve_model
 
 
 def test_every_registered_family_is_a_folder_with_its_family_module():
-    assert [f.name for f in families.every()] == list(families.REGISTRY) == ["cogvideox", "opensora"]
+    assert [f.name for f in families.every()] == list(families.REGISTRY) == ["cogvideox", "opensora", "hunyuanvideo"]
     for family in families.every():
         assert isinstance(family, families.ModelFamily) and family.pipeline_classes
         assert families.REGISTRY[family.name] == f"sagevideo.pipelines.{family.name}.family"
@@ -24,8 +24,10 @@ def test_every_registered_family_is_a_folder_with_its_family_module():
     assert families.for_pipeline_class("StableDiffusionPipeline") is None
     assert families.for_tiny("tiny") is families.get("cogvideox")
     assert families.for_tiny("tiny-opensora") is families.get("opensora")
-    assert families.generated_pipeline_classes() == [
-        "CogVideoXPipeline", "CogVideoXImageToVideoPipeline", "OpenSoraPipeline"]
+    assert families.for_pipeline_class("HunyuanVideoPipeline") is families.get("hunyuanvideo")
+    assert families.for_tiny("tiny-hunyuanvideo") is families.get("hunyuanvideo")
+    assert families.generated_pipeline_classes() == ["CogVideoXPipeline", "CogVideoXImageToVideoPipeline",
+                                                     "OpenSoraPipeline", "HunyuanVideoPipeline"]
     with pytest.raises(KeyError, match="no model family 'wan'"):
         families.get("wan")
 
@@ -64,6 +66,6 @@ def test_other_models_and_transformers_are_refused():
     tiny = resolve_model("tiny")
     job = [(tiny.resolve(JobSpec(prompt="a cat")), "job 1")]
     assert degree_problems(tiny, job, 1) == [] and degree_problems(tiny, job, 2) == []
-    with pytest.raises(InputError, match="sequence parallelism splits CogVideoX, Open-Sora 2.0 transformers only; "
-                       "tiny is a CogVideoXVideoToVideoPipeline with a CogVideoXTransformer3DModel"):
+    with pytest.raises(InputError, match="sequence parallelism splits CogVideoX, Open-Sora 2.0, HunyuanVideo "
+                       "transformers only; tiny is a CogVideoXVideoToVideoPipeline with a CogVideoXTransformer3DModel"):
         degree_problems(dataclasses.replace(tiny, pipeline_class="CogVideoXVideoToVideoPipeline"), job, 2)

@@ -82,6 +82,8 @@ class OpenSoraFamily(ModelFamily):
     title = "Open-Sora 2.0"
     pipeline_classes = ("OpenSoraPipeline",)
     tiny_models = (TINY,)
+    # Its jobs may start from an image (`image_input` says "optional", not the default "required").
+    image_pipeline_classes = ("OpenSoraPipeline",)
     # `folder.check_folder` checks every part (weights included) and names all that is wrong at once.
     weight_components = ()
     generates = True

@@ -1,0 +1,86 @@
+"""HunyuanVideo under Ulysses sequence parallelism: the tiny transformer over 2 CPU processes
+(gloo) equals one process, with the text mask padding most of the text; the degree rule.
+
+Tolerance (as tests/parallel/test_ulysses.py): the sharded forward differs from one process only
+by fp32 summation order in the linear layers (Ulysses moves data exactly, and each head's
+attention sees [all video; text] in the one-process order with the full mask): max |diff| < 1e-5,
+with SDPA and with the quantized reference inside.
+"""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+BACKENDS = ("sdpa", "reference")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model():
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    from sagevideo.pipelines.hunyuanvideo.tiny import TRANSFORMER_CONFIG
+
+    torch.manual_seed(0)
+    return HunyuanVideoTransformer3DModel(**TRANSFORMER_CONFIG).eval()
+
+
+def _inputs(valid_text: int = 11):
+    """Latents of 3 x 8 x 8 (48 video tokens) and 32 text tokens of which `valid_text` are real."""
+    gen = torch.Generator().manual_seed(1)
+    mask = torch.zeros(1, 32)
+    mask[:, :valid_text] = 1
+    return dict(
+        hidden_states=torch.randn(1, 4, 3, 8, 8, generator=gen),
+        timestep=torch.tensor([500.0]),
+        encoder_hidden_states=torch.randn(1, 32, 32, generator=gen),
+        encoder_attention_mask=mask,
+        pooled_projections=torch.randn(1, 32, generator=gen),
+        guidance=torch.tensor([6000.0]),
+        return_dict=False,
+    )
+
+
+def _worker(rank, world, port, out_dir):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from sagevideo.attention.records import record_backends
+    from sagevideo.parallel.launch import init_from_env
+    from sagevideo.pipelines.hunyuanvideo.sequence_parallel import shard_hunyuanvideo
+
+    init_from_env("gloo")
+    model = _model()
+    for backend in BACKENDS:
+        with torch.no_grad(), shard_hunyuanvideo(model, backend=backend), record_backends() as log:
+            out = model(**_inputs())[0]
+            again = model(**_inputs(valid_text=32))[0]  # a new mask: not the cached one of the last forward
+        torch.save((out, again, log.counts, log.fallback_reasons), os.path.join(out_dir, f"{backend}-rank{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes (gloo)
+def test_two_ranks_equal_one_process(tmp_path):
+    import sagevideo
+
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    model = _model()
+    for backend in BACKENDS:
+        with torch.no_grad(), sagevideo.install(model, backend=backend), sagevideo.record_backends() as log:
+            single = model(**_inputs())[0]
+            single_again = model(**_inputs(valid_text=32))[0]
+        for rank in range(2):
+            out, again, counts, fallbacks = torch.load(tmp_path / f"{backend}-rank{rank}.pt")
+            assert out.shape == single.shape == (1, 4, 3, 8, 8)
+            assert (out - single).abs().max() < 1e-5, (backend, rank)
+            assert (again - single_again).abs().max() < 1e-5, (backend, rank)
+            # every rank makes the same calls as one process: 4 blocks in-kernel, the 2 refiner layers on SDPA
+            assert counts == log.counts and fallbacks == log.fallback_reasons, (backend, rank)
+    assert log.counts == {"reference/fp16": 8, "sdpa": 4}
+    (reason,) = log.fallback_reasons
+    assert "(1, 2, 32, 32) is not a key-padding mask" in reason

@@ -1,0 +1,46 @@
+"""`AttentionRouter`: a model's own mask that the kernels cannot take runs SDPA, recorded with its reason."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sagevideo.attention.records import record_backends
+from sagevideo.pipelines.plans import AttentionPlan
+from sagevideo.pipelines.routing import AttentionRouter
+
+
+def _refiner_mask(valid: torch.Tensor) -> torch.Tensor:
+    """HunyuanVideo's token-refiner mask (diffusers' HunyuanVideoIndividualTokenRefiner): a valid
+    query attends the valid keys, a padded query key 0 only, (B, 1, N, N) bool."""
+    n = valid.shape[1]
+    keys = valid.view(-1, 1, 1, n).repeat(1, 1, n, 1)
+    mask = keys & keys.transpose(2, 3)
+    mask[:, :, :, 0] = True
+    return mask
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_a_query_masking_mask_runs_sdpa_recorded_as_a_fallback_under_an_explicit_backend(backend):
+    """The mask masks queries as well as keys: not a key-padding mask. The router computes it with
+    SDPA (equal to SDPA with that mask) and records it as a fallback with the reason, instead of
+    failing the model under the backend the run names for its other calls."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 32, 64, generator=gen) for _ in range(3))
+    valid = torch.arange(32)[None] < torch.tensor([[20], [32]])
+    mask = _refiner_mask(valid)
+    router = AttentionRouter(AttentionPlan.uniform("int8-fp16"), backend)
+    with record_backends() as log:
+        out = router("context_embedder.token_refiner.refiner_blocks.0.attn", q, k, v, attn_mask=mask)
+    assert torch.equal(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    assert log.counts == {"sdpa": 1}
+    (reason,) = log.fallback_reasons
+    assert reason.startswith("attn_mask of shape (2, 1, 32, 32) is not a key-padding mask")
+
+
+def test_a_key_padding_mask_still_runs_in_the_kernels():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 32, 64, generator=gen) for _ in range(3))
+    keep = torch.arange(32)[None, None, None] < 24
+    with record_backends() as log:
+        AttentionRouter(AttentionPlan.uniform("int8-fp16"), "reference")("layer", q, k, v, attn_mask=keep)
+    assert log.counts == {"reference/fp16": 1} and log.fallback_reasons == {}
