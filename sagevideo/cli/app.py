@@ -3,16 +3,16 @@
 One module per command group, each building one config object and mapping errors to exit codes
 through `sagevideo.errors` (`cli.common.handle_errors`): generate (`GenerateConfig`), calibrate
 (`CalibrateConfig`), simulate (`SimulateConfig`), eval/ab/check-weights (`EvalOptions`, `ABConfig`),
-env. Exit codes: 0 success, 1 a job or the model load failed, 2 bad input (reported before any
-model loads), 130/143 interrupted. Heavy modules (torch, diffusers, triton, ray) are imported
-inside the commands so `--help` stays instant.
+env, convert-opensora (`ConvertOpenSoraConfig`). Exit codes: 0 success, 1 a job or the model load
+failed, 2 bad input (reported before any model loads), 130/143 interrupted. Heavy modules (torch,
+diffusers, triton, ray) are imported inside the commands so `--help` stays instant.
 """
 
 from __future__ import annotations
 
 import typer
 
-from sagevideo.cli import calibrate, env, evaluate, generate, simulate
+from sagevideo.cli import calibrate, convert_opensora, env, evaluate, generate, simulate
 
 app = typer.Typer(
     name="sagevideo",
@@ -28,5 +28,5 @@ def main() -> None:
     """Fast long-sequence video diffusion with SageAttention-style quantized attention."""
 
 
-for group in (generate, env, simulate, calibrate, evaluate):
+for group in (generate, env, simulate, calibrate, evaluate, convert_opensora):
     group.register(app)

@@ -261,3 +261,42 @@ def tiny_opensora_pipeline(seed: int = 0):
         module.eval()
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+# ---- a stand-in for the official download -------------------------------------------------------
+
+
+def write_official_download(root, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Lay out a tiny stand-in for hpcai-tech/Open-Sora-v2 under `root`, as the official configs read it:
+    Open_Sora_v2.safetensors (the tiny-opensora transformer config under the OFFICIAL key names, from
+    `official_tiny_checkpoint`), hunyuan_vae.safetensors (a random HunyuanVideo VAE of tiny-opensora's
+    config), google/t5-v1_1-xxl/ (a whole T5ForConditionalGeneration, decoder included, as released)
+    and openai/clip-vit-large-patch14/ (a whole CLIPModel, vision tower included), each with the
+    byte-level tokenizer. Returns the official transformer state dict."""
+    from pathlib import Path
+
+    from diffusers import AutoencoderKLHunyuanVideo
+    from safetensors.torch import save_file
+    from transformers import CLIPConfig, CLIPModel, T5Config, T5ForConditionalGeneration
+
+    from sagevideo.pipelines.opensora import tiny
+    from sagevideo.pipelines.tiny import tiny_tokenizer
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    official = official_tiny_checkpoint(tiny.TRANSFORMER_CONFIG, seed)
+    save_file(official, str(root / "Open_Sora_v2.safetensors"))
+    tokenizer = tiny_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vae = AutoencoderKLHunyuanVideo(**tiny.VAE_CONFIG)
+        t5 = T5ForConditionalGeneration(T5Config(vocab_size=len(tokenizer), **tiny.T5_CONFIG))
+        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      image_size=32, patch_size=16)
+        clip = CLIPModel(CLIPConfig(text_config=dict(vocab_size=len(tokenizer), **tiny.CLIP_CONFIG),
+                                    vision_config=vision, projection_dim=16))
+    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(root / "hunyuan_vae.safetensors"))
+    for model, folder in ((t5, root / "google" / "t5-v1_1-xxl"), (clip, root / "openai" / "clip-vit-large-patch14")):
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+    return official

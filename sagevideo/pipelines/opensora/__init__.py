@@ -1,4 +1,4 @@
-"""Open-Sora 2.0 in diffusers form: transformer, checkpoint converter, text-to-video pipeline.
+"""Open-Sora 2.0 in diffusers form: transformer, checkpoint converter, text- and image-to-video pipeline.
 
 Modules, one job each:
 - `rope`: 3D rotate-half RoPE tables and rotation; `embeddings`: timestep and MLP embedders;
@@ -6,7 +6,10 @@ Modules, one job each:
 - `attention_processor`: the attention module and its full-precision processor;
 - `attention`: `SageOpenSoraAttnProcessor` (attention through `sagevideo.sageattn`);
 - `transformer`: `OpenSoraTransformer3DModel`; `convert`: official checkpoint -> this model;
-- `packing`: pack/unpack and token positions; `schedule`: sigmas and guidance; `pipeline`: text-to-video;
+- `packing`: pack/unpack and token positions; `schedule`: sigmas and guidance; `prompts`: the
+  official prompt suffixes; `pipeline`: text-to-video and image-to-video from a first frame;
+- `aspect`: the official aspect table; `tiny`: the built-in "tiny-opensora"; `folder`: the model
+  folder layout, its check and loader; `official`: the official download -> that folder;
 - `sequence_parallel`: Ulysses hooks; `family`: the family entry of `sagevideo.pipelines.families`.
 
 Names load lazily, so importing this package does not import diffusers or transformers.

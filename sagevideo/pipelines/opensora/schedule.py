@@ -43,13 +43,24 @@ def oscillated_scale(scale: float, step: int, from_step: int = OSCILLATION_FROM_
     return scale if step < from_step or step % 2 == 0 else 1.0
 
 
+def temporal_image_scale(scale: float, step: int, num_steps: int, latent_frames: int) -> torch.Tensor:
+    """The official `scale_temporal_osci` of g_img for image-to-video: (latent_frames,) fp32 scales
+    rising linearly from 1.0 at latent frame 0 to a bound that falls linearly over the steps,
+    linspace(scale, 1, num_steps + 1)[step]. Only for scale > 1 (a scale <= 1, e.g. oscillated to
+    1.0, stays the plain number)."""
+    bound = torch.linspace(scale, 1.0, num_steps + 1, dtype=torch.float32)[step]
+    return torch.linspace(1.0, float(bound), latent_frames, dtype=torch.float32)
+
+
 def combine_guidance(
-    cond: torch.Tensor, uncond: torch.Tensor, uncond_no_image: torch.Tensor, text_scale: float, image_scale: float
+    cond: torch.Tensor, uncond: torch.Tensor, uncond_no_image: torch.Tensor, text_scale: float,
+    image_scale: float | torch.Tensor,
 ) -> torch.Tensor:
     """u2 + g_img * (u - u2) + g_txt * (c - u).
 
     cond (c): prompt with the image condition; uncond (u): negative prompt with the condition;
     uncond_no_image (u2): negative prompt with a zero condition. For text-to-video the condition
-    is zero in both, so u == u2 and this is plain CFG u + g_txt * (c - u).
+    is zero in both, so u == u2 and this is plain CFG u + g_txt * (c - u). image_scale: a number, or
+    per-token scales (B or 1, L, 1) (`temporal_image_scale` spread over each frame's tokens).
     """
     return uncond_no_image + image_scale * (uncond - uncond_no_image) + text_scale * (cond - uncond)

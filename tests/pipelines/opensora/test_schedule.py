@@ -33,3 +33,15 @@ def test_guidance_oscillation_of_the_official_configs():
     scales = [oscillated_scale(7.5, i) for i in range(50)]
     assert [i for i, g in enumerate(scales) if g == 1.0] == list(range(11, 50, 2))
     assert all(g == 7.5 for i, g in enumerate(scales) if i < 10 or i % 2 == 0)
+
+
+def test_temporal_image_scale_of_the_official_i2v_sampler():
+    """scale_temporal_osci: g_img rises over the latent frames from 1 to a bound that falls from g_img
+    to 1 over the steps (values of the official linspace(g_img, 1, steps + 1)[i], linspace(1, bound, T))."""
+    from sagevideo.pipelines.opensora.schedule import temporal_image_scale
+
+    assert torch.equal(temporal_image_scale(3.0, 0, 50, 5), torch.tensor([1.0, 1.5, 2.0, 2.5, 3.0]))
+    bound = 3.0 - 2.0 * 10 / 50  # step 10 of 50
+    torch.testing.assert_close(temporal_image_scale(3.0, 10, 50, 33)[-1], torch.tensor(bound))
+    assert torch.equal(temporal_image_scale(3.0, 50, 50, 33), torch.ones(33))
+    assert temporal_image_scale(3.0, 0, 50, 1).tolist() == [1.0]  # one latent frame: the image's own

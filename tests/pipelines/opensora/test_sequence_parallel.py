@@ -1,0 +1,116 @@
+"""Open-Sora 2.0 under Ulysses sequence parallelism through the product: `sagevideo generate
+--model tiny-opensora` on a local Ray instance, one worker per job (`--address auto`) and one
+group of 2 gloo ranks per job (`--gpus-per-job 2 --device cpu`), against this process.
+
+Tolerance (`tests/helpers/sp_tolerance.py`, the CogVideoX test's): with attention "full" the mp4
+is byte-identical; with sagevideo's quantized attention the decoded frames agree to a mean of
+MEAN_LEVELS (1.5) levels of 255 (a ~1e-6 change in Q or K from the sharded linear layers can flip
+one INT8 rounding). The transformer alone (2 ranks vs 1, 1e-5) is tests/parallel/test_ulysses.py.
+The image-to-video job runs full attention, so its byte-identical mp4 checks the sharded condition
+(`cond` is split with the image tokens) exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+import sagevideo
+from sagevideo.cli.app import app
+from sagevideo.host import failpoints
+from tests.helpers.sp_tolerance import MEAN_LEVELS, frames
+
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """One private local Ray instance (2 CPUs, no auth token, no usage report, sessions in a temporary folder)."""
+    saved = {name: os.environ.get(name) for name in (*RAY_ENV, "RAY_TMPDIR")}
+    tmp = tempfile.mkdtemp(prefix="svray-")  # short: Ray puts unix sockets there
+    os.environ.update(RAY_ENV, RAY_TMPDIR=tmp)
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", object_store_memory=80 * 2**20)
+    yield ray
+    ray.shutdown()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def allowed_hosts():
+    """Ray's nodes listen on this machine's own address (it rewrites 127.0.0.1 to it)."""
+    import ray.util
+
+    found = {"127.0.0.1", "::1", "localhost", ray.util.get_node_ip_address()}
+    try:
+        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return found
+
+
+def manifest(out):
+    """The records of a batch folder by their video's file name."""
+    lines = (out / "manifest.jsonl").read_text().splitlines()
+    return {r["outputs"][0]: r for r in map(json.loads, lines)}
+
+
+@pytest.mark.slow  # three batches: this process, Ray workers, Ray groups of 2 ranks (each imports torch)
+def test_ray_workers_and_two_ranks_make_the_one_process_videos(tmp_path, ray_local, monkeypatch):
+    still = tmp_path / "still.png"
+    Image.fromarray((np.random.default_rng(0).random((64, 112, 3)) * 255).astype(np.uint8)).save(still)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(
+        "defaults:\n  steps: 2\njobs:\n"
+        "  - prompt: a cat on a red sofa\n    output: sage\n"
+        "  - prompt: a dog in the snow\n    output: full\n    attention: full\n"
+        f"  - prompt: KILL a fox at dusk\n    output: i2v\n    image: {still}\n    attention: full\n"
+    )
+    one = {r["outputs"][0]: r for r in sagevideo.generate(jobs, model="tiny-opensora", out=tmp_path / "one",
+                                                          device="cpu", progress=False)}
+    names = ["full.mp4", "i2v.mp4", "sage.mp4"]
+    assert sorted(one) == names
+
+    base = ["generate", str(jobs), "--model", "tiny-opensora", "--device", "cpu", "--no-progress"]
+    result = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "ray"), "--address", "auto"])
+    assert result.exit_code == 0, result.output
+    assert "3 done, 0 skipped, 0 failed" in result.stdout and "node(s) of the Ray cluster at " in result.stdout
+    on_ray = manifest(tmp_path / "ray")
+    for name in names:  # one process per job, as here
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+        assert on_ray[name]["job_id"] == one[name]["job_id"] and on_ray[name]["family"] == "opensora"
+
+    monkeypatch.setenv(failpoints.ENV, "mid-denoise=KILL:1@1")  # rank 1 dies in the i2v job's first attempt
+    result = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "sp"), "--gpus-per-job", "2"])
+    assert result.exit_code == 0, result.output
+    assert "3 done, 0 skipped, 0 failed" in result.stdout and "Ray group(s) of 2 ranks" in result.stdout
+    assert "1 job(s) retried after a worker died" in result.stdout
+    sharded = manifest(tmp_path / "sp")
+    for name in ("full.mp4", "i2v.mp4"):
+        assert (tmp_path / "sp" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name
+    a, b = frames(tmp_path / "sp" / "sage.mp4"), frames(tmp_path / "one" / "sage.mp4")
+    assert a.shape == b.shape == (9, 64, 112, 3) and np.abs(a - b).mean() <= MEAN_LEVELS
+    for name, record in sharded.items():
+        assert record["status"] == "done" and record["family"] == "opensora" and record["fps"] == 24
+        assert record["worker"]["ranks"] == 2 and record["job_id"] == one[name]["job_id"]
+        # every attention call of a job (2 layers x 2 steps) counted by rank 0, as one process counts them;
+        # with attention "full" one process installs nothing, while Ulysses runs SDPA in its own processors
+        want = {"sdpa": 4} if record["attention"] == "full" else one[name]["backends"]["counts"]
+        assert record["backends"]["counts"] == want, name
+    killed = sharded["i2v.mp4"]
+    assert killed["attempts"] == 2 and "rank 1 of group" in killed["retries"][0]["error"]
+    assert killed["image_sha256"] == one["i2v.mp4"]["image_sha256"]
