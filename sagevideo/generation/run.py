@@ -151,11 +151,11 @@ def run_batch(
 
     echo = echo or log.warning
     lock = FolderLock(plan.out, InputError)
-    with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt() as terminated:
         try:
             lock.acquire(note=echo)
             try:
-                return _run_locked(plan, progress=progress, echo=echo, execute=execute)
+                return _run_locked(plan, progress=progress, echo=echo, execute=execute, terminated=terminated)
             finally:
                 lock.release()
         except KeyboardInterrupt as stop:
@@ -163,7 +163,7 @@ def run_batch(
                 raise
             # Before any job was handed out (taking the lock): nothing to keep.
             report = BatchReport(plan=plan, records=[None for _ in plan.jobs], interrupted=True)
-            report.signal = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
+            report.signal = "SIGTERM" if isinstance(stop, Terminated) or terminated else "SIGINT"
             raise BatchInterrupted(report) from None
 
 
@@ -173,8 +173,11 @@ def _run_locked(
     progress: bool,
     echo: Callable[[str], None],
     execute: Callable[..., Iterator[tuple[int, ManifestRecord]]] | None,
+    terminated: list[int] | None = None,
 ) -> BatchReport:
-    """`run_batch` once the output folder is this run's."""
+    """`run_batch` once the output folder is this run's. terminated: non-empty once SIGTERM came
+    (a library between the handler and here may re-raise the interrupt as a plain KeyboardInterrupt)."""
+    terminated = terminated if terminated is not None else []
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -219,14 +222,14 @@ def _run_locked(
     try:
         with logging_redirect_tqdm(loggers=libraries, tqdm_class=tqdm):
             for index, record in results:
-                with _signals_deferred():  # a video's rename and its manifest line go together
+                with _signals_deferred(terminated):  # a video's rename and its manifest line go together
                     committer.finish(index, record)
                 bar.update(1)
                 if report.stopped:
                     break
     except KeyboardInterrupt as stop:
         report.interrupted = True
-        report.signal = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
+        report.signal = "SIGTERM" if isinstance(stop, Terminated) or terminated else "SIGINT"
         raise BatchInterrupted(report) from None
     finally:
         results.close()  # stops workers (Ray) or removes installed attention (here)
@@ -271,25 +274,30 @@ def _step_watch(pj: PlannedJob, status: Callable[[str], None], limit_s: float | 
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def _sigterm_as_interrupt() -> Iterator[list[int]]:
     """For the whole run, SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread, so
-    it stops the batch the way Ctrl-C does: workers stopped, summary, resume hint."""
+    it stops the batch the way Ctrl-C does: workers stopped, summary, resume hint. Yields the list
+    the signal is also noted in: inside Ray's blocking calls (`ray.wait`, `ray.get`) an exception
+    raised by a signal handler comes out as a plain KeyboardInterrupt (its C++ core reports the
+    handler's error as "interrupted"), and the exit status must still say SIGTERM (143)."""
+    terminated: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers live in the main thread only
+        yield terminated  # signal handlers live in the main thread only
         return
 
     def stop(signum: int, frame: Any) -> None:
+        terminated.append(signum)
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        yield
+        yield terminated
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def _signals_deferred(terminated: list[int]) -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM for the few milliseconds of a commit, then raise them: an interrupt
     then never leaves a video under its final name without its manifest record, or a record uncounted."""
     if threading.current_thread() is not threading.main_thread():
@@ -306,6 +314,7 @@ def _signals_deferred() -> Iterator[None]:
             default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
             signal.signal(signum, handler if handler is not None else default)
         if signal.SIGTERM in caught:
+            terminated.append(signal.SIGTERM)
             raise Terminated()
         if caught:
             raise KeyboardInterrupt

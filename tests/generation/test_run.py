@@ -311,3 +311,22 @@ def test_sigterm_stops_like_ctrl_c_with_summary_and_exit_143(tmp_path):
     assert stdout.strip().endswith("re-run the same command to resume")
     assert 1 <= len(records) < 8 and {r["status"] for r in records} == {"done"}
     assert sorted(os.listdir(out)) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])
+
+
+def test_sigterm_that_a_library_re_raises_as_a_plain_keyboard_interrupt_still_says_sigterm(tmp_path):
+    """Inside Ray's blocking calls the `Terminated` our SIGTERM handler raises comes out as a plain
+    KeyboardInterrupt; the report (and so the exit status, 143) must still say SIGTERM."""
+    from sagevideo.generation.run import BatchInterrupted, Terminated
+
+    def execute(plan, todo, status):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises Terminated here
+            time.sleep(5)
+        except Terminated:
+            raise KeyboardInterrupt from None  # what Ray's C++ core makes of it
+        yield from ()
+
+    plan = plan_batch(["a fox"], out=tmp_path / "out", steps=1, attention="full", progress=False)
+    with pytest.raises(BatchInterrupted) as err:
+        run_batch(plan, progress=False, execute=execute)
+    assert err.value.report.signal == "SIGTERM"
