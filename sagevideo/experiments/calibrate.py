@@ -65,7 +65,9 @@ class CalibrateConfig(BaseModel):
     frames: Frames | None = Field(None, description="Frames (default: the model's).")
     height: Pixels | None = Field(None, description="Height in px (default: the model's).")
     width: Pixels | None = Field(None, description="Width in px (default: the model's).")
-    guidance: Guidance = Field(6.0, description="Classifier-free guidance scale (<= 1 disables it).")
+    guidance: Guidance | None = Field(
+        None, description="Classifier-free guidance scale (<= 1 disables it; default: the model's)."
+    )
     seed: Seed = Field(0, description="Seed of the initial noise.")
     image: Path | None = Field(None, description="Input image of every prompt (image-to-video models).")
     device: Device = Field("auto", description="auto = CUDA when available, else CPU.")

@@ -110,7 +110,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--height", type=int)
     parser.add_argument("--width", type=int)
     parser.add_argument("--steps", type=int)
-    parser.add_argument("--guidance", type=float, default=6.0)
+    parser.add_argument("--guidance", type=float, help="guidance scale (default: the model's)")
     parser.add_argument("--attention", choices=("sage", "full"), default="sage")
     parser.add_argument("--pv", choices=("auto", "fp16", "fp8"), default="auto",
                         help="as `sagevideo generate --pv`: auto = FP8 on sm89+ GPUs, else FP16")

@@ -96,7 +96,9 @@ class GenerateConfig(BaseModel):
     height: Pixels | None = Field(None, description="Height in px, multiple of 16 (default: the model's; tiny: 64).")
     width: Pixels | None = Field(None, description="Width in px, multiple of 16 (default: the model's; tiny: 64).")
     steps: Steps | None = Field(None, description="Denoising steps (default: tiny 2, local models 50).")
-    guidance: Guidance = Field(6.0, description="Classifier-free guidance scale (<= 1 disables it).")
+    guidance: Guidance | None = Field(
+        None, description="Classifier-free guidance scale (<= 1 disables it; default: the model's, CogVideoX 6)."
+    )
     attention: Attention = Field("sage", description="sage: quantized attention; full: stock full precision.")
     backend: Backend = Field(
         "auto", description="sageattn backend; auto = Triton on CUDA, the emulation (reference) on CPU."

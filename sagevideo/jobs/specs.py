@@ -85,7 +85,7 @@ class JobSpec(BaseModel):
     height: Pixels | None = None
     width: Pixels | None = None
     steps: Steps | None = None
-    guidance: Guidance = 6.0
+    guidance: Guidance | None = None
     attention: Attention | None = None
     pv: PV | None = None
     plan: str | None = None

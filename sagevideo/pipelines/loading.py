@@ -34,7 +34,8 @@ class ModelSource:
     text_tokens: the prompt length the pipeline pads to (longer prompts are cut).
     layers: number of transformer blocks. vae_channels: channels of the VAE decoder at full
     resolution (what its memory scales with). default_fps: the mp4 frame rate when the batch
-    names none (the rate the model was trained at).
+    names none (the rate the model was trained at). default_guidance: the guidance scale of jobs
+    that give none (the model's published sampling setting).
     """
 
     name: str
@@ -55,6 +56,7 @@ class ModelSource:
     vae_channels: int = 128
     family: str = "cogvideox"
     default_fps: int = 8
+    default_guidance: float = 6.0
 
     @property
     def is_tiny(self) -> bool:
@@ -74,13 +76,14 @@ class ModelSource:
         return self.model_family.attention_layers(self)
 
     def resolve(self, job: JobSpec) -> JobSpec:
-        """The job with unset size/steps filled from this model's defaults."""
+        """The job with unset size/steps/guidance filled from this model's defaults."""
         return job.model_copy(
             update={
                 "height": job.height or self.default_height,
                 "width": job.width or self.default_width,
                 "frames": job.frames or self.default_frames,
                 "steps": job.steps or self.default_steps,
+                "guidance": self.default_guidance if job.guidance is None else job.guidance,
             }
         )
 

@@ -89,3 +89,12 @@ def test_local_folder_round_trip(tmp_path, tiny_pipe, capfd):
     (tmp_path / "tiny" / "vae" / "diffusion_pytorch_model.safetensors").unlink()
     with pytest.raises(InputError, match="vae/ has no .safetensors"):
         resolve_model(str(tmp_path / "tiny"))
+
+
+def test_a_job_without_guidance_takes_the_models_published_scale():
+    from sagevideo.jobs.specs import JobSpec
+
+    job = JobSpec(prompt="a fox")
+    assert resolve_model("tiny").resolve(job).guidance == 6.0  # CogVideoX's
+    assert resolve_model("tiny-opensora").resolve(job).guidance == 7.5  # Open-Sora 2.0's official text guidance
+    assert resolve_model("tiny-opensora").resolve(job.model_copy(update={"guidance": 1.0})).guidance == 1.0

@@ -37,6 +37,7 @@ from sagevideo.pipelines.loading import ModelSource, fingerprint, folder_fingerp
 TINY = "tiny-opensora"
 T5_TOKENS = 512  # the official sampler pads (and cuts) prompts to 512 T5 tokens
 DEFAULT_FPS = 24  # the official configs' fps_save, and the " 24 FPS." of every prompt
+DEFAULT_GUIDANCE = 7.5  # the official sampling configs' text guidance
 MOTION_SCORE = 4  # the official configs' motion_score: " 4 motion score."
 DEFAULT_FRAMES = 129
 DEFAULT_STEPS = 50
@@ -115,6 +116,7 @@ class OpenSoraFamily(ModelFamily):
             vae_channels=vae["block_out_channels"][0],
             family=self.name,
             default_fps=DEFAULT_FPS,
+            default_guidance=DEFAULT_GUIDANCE,
         )
 
     def folder_source(self, path: Path, index: dict[str, Any], model: str) -> ModelSource:
@@ -144,6 +146,7 @@ class OpenSoraFamily(ModelFamily):
             vae_channels=(vae.get("block_out_channels") or (128,))[0],
             family=self.name,
             default_fps=DEFAULT_FPS,
+            default_guidance=DEFAULT_GUIDANCE,
         )
 
     def unconverted_hint(self, path: Path) -> str | None:
