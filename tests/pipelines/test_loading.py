@@ -92,8 +92,6 @@ def test_local_folder_round_trip(tmp_path, tiny_pipe, capfd):
 
 
 def test_a_job_without_guidance_takes_the_models_published_scale():
-    from sagevideo.jobs.specs import JobSpec
-
     job = JobSpec(prompt="a fox")
     assert resolve_model("tiny").resolve(job).guidance == 6.0  # CogVideoX's
     assert resolve_model("tiny-opensora").resolve(job).guidance == 7.5  # Open-Sora 2.0's official text guidance
