@@ -142,6 +142,8 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
         notes += plan_notes
     if problems:
         raise InputError(group_problems(problems))
+    if settings.fps is None:  # the model's own frame rate (its family's)
+        settings = settings.model_copy(update={"fps": source.default_fps})
     if not resolved:
         raise InputError("no prompts to generate; give at least one")
     gpus_per_job = settings.gpus_per_job

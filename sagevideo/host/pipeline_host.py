@@ -110,6 +110,7 @@ def base_record(ctx: RunContext, pj: PlannedJob) -> ManifestRecord:
         name=j.name,
         model=ctx.source.name,
         model_fingerprint=ctx.source.fingerprint,
+        family=ctx.source.family,
         attention=j.attention,
         pv=j.pv if pj.backend else None,
         backend=pj.backend,

@@ -109,7 +109,9 @@ class GenerateConfig(BaseModel):
     )
     device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
     dtype: DType | None = Field(None, description="Model dtype (default: bfloat16 on CUDA, float32 on CPU).")
-    fps: Annotated[int, NotBool, Field(ge=1, le=240)] = Field(8, description="Frame rate of the mp4 files.")
+    fps: Annotated[int, NotBool, Field(ge=1, le=240)] | None = Field(
+        None, description="Frame rate of the mp4 files (default: the model's; CogVideoX 8, Wan 16)."
+    )
     address: str | None = Field(
         None,
         description="Run on Ray: 'auto' (this machine's cluster, else a local instance) or the head's HOST:PORT. "

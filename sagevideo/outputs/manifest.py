@@ -18,7 +18,8 @@ the fields below; 2, the same fields plus "schema". Lines of every known version
 upgraded to the current one; a line of a newer version is set aside (a newer sagevideo wrote it).
 
 Record fields: schema, job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed,
-frames, height, width, steps, guidance, name, model, model_fingerprint, attention ("sage"/"full"),
+frames, height, width, steps, guidance, name, model, model_fingerprint, family (the model's family:
+"cogvideox", "wan", ...; absent in lines written before it was recorded), attention ("sage"/"full"),
 pv, backend (the one the processors were given: --backend auto on CPU becomes "reference"; None
 for "full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), device,
 dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
@@ -134,6 +135,7 @@ class ManifestRecord(BaseModel):
     name: str | None = None
     model: str | None = None
     model_fingerprint: str | None = None
+    family: str | None = None
     attention: str | None = None
     pv: str | None = None
     backend: str | None = None

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "cogvideox": "sagevideo.pipelines.cogvideox.family",
     "opensora": "sagevideo.pipelines.opensora.family",
+    "wan": "sagevideo.pipelines.wan.family",
 }
 
 

@@ -143,7 +143,9 @@ def _pipeline_modules(pipe: Any) -> dict[str, Any] | None:
     config = getattr(pipe, "config", None)
     if not hasattr(pipe, "register_modules") or config is None:
         return None
-    modules = {name: getattr(pipe, name, None) for name in config.keys() if not name.startswith("_")}
+    # vars(), not getattr: a config value such as WanPipeline's boundary_ratio is no module, and
+    # reading it as an attribute raises diffusers' deprecation warning.
+    modules = {name: vars(pipe).get(name) for name in config.keys() if not name.startswith("_")}
     return {name: module for name, module in modules.items() if isinstance(module, torch.nn.Module)}
 
 

@@ -33,7 +33,8 @@ class ModelSource:
     patch: transformer patch size (height and width must be multiples of spatial*patch).
     text_tokens: the prompt length the pipeline pads to (longer prompts are cut).
     layers: number of transformer blocks. vae_channels: channels of the VAE decoder at full
-    resolution (what its memory scales with).
+    resolution (what its memory scales with). default_fps: the frame rate of its mp4s when the
+    batch names none (the rate the model was trained at: Wan 16).
     """
 
     name: str
@@ -53,6 +54,7 @@ class ModelSource:
     layers: int = 30
     vae_channels: int = 128
     family: str = "cogvideox"
+    default_fps: int = 8
 
     @property
     def is_tiny(self) -> bool:
