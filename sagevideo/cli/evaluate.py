@@ -100,6 +100,10 @@ def ab_command(
     out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the three arms and the evaluation.")] = ...,
     model: Annotated[str, typer.Option(help="'tiny' (built in) or a local diffusers folder.")] = "tiny",
     plan: Annotated[Path | None, typer.Option(help="Attention-plan JSON for the quantized arm.")] = None,
+    image: Annotated[
+        Path | None,
+        typer.Option(help="Input image (image-to-video models) for the jobs that name none; the same in every arm."),
+    ] = None,
     pv: Annotated[
         PVChoice | None,
         typer.Option(
@@ -136,7 +140,7 @@ def ab_command(
 
     with handle_errors("ab", on_interrupt=interrupted):
         config = ABConfig.build(
-            job_file, out=out, model=model, plan=plan, pv=pv, backend=backend, device=device,
+            job_file, out=out, model=model, plan=plan, image=image, pv=pv, backend=backend, device=device,
             attention_probe=attention_probe, noise_floor=noise_floor, progress=progress,
         )
         options = _eval_options(metrics, weights, device, lpips_net, resamples, set_resamples, diff_gain)

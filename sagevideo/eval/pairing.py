@@ -1,8 +1,9 @@
-"""Pair the videos of two output folders through their manifests, by (prompt, seed).
+"""Pair the videos of two output folders through their manifests, by (prompt, seed, input image).
 
 An arm is a `sagevideo generate` output folder: `manifest.jsonl` plus videos. Its finished
 videos are the latest record of each job id with status "done" and its files present. Two arms
-pair when every (prompt, seed) appears exactly once in each, with the same frame count and
+pair when every (prompt, seed, input image) appears exactly once in each (the image by its
+content's SHA-256; None for text-to-video jobs), with the same frame count and
 size (read from the video files themselves). Anything else is refused with every problem listed
 (`PairingError`), before any model is loaded.
 """
@@ -37,6 +38,7 @@ class Video:
     height: int = 0
     width: int = 0
     cached: Any = None  # decoded frames kept by the pairing check (see FRAME_CACHE_BYTES)
+    image: str | None = None  # the input image's SHA-256 (image-to-video jobs)
 
     def take_frames(self, read: Any) -> Any:
         """The decoded frames (cached ones once, then released), else `read(path)`."""
@@ -44,8 +46,8 @@ class Video:
         return frames if frames is not None else read(self.path)
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (self.prompt, self.seed)
+    def key(self) -> tuple[str, int, str | None]:
+        return (self.prompt, self.seed, self.image)
 
     @property
     def label(self) -> str:
@@ -54,10 +56,10 @@ class Video:
 
 @dataclass
 class Arm:
-    """A folder of finished videos, keyed by (prompt, seed)."""
+    """A folder of finished videos, keyed by (prompt, seed, image SHA-256 or None)."""
 
     folder: Path
-    videos: dict[tuple[str, int], Video]
+    videos: dict[tuple[str, int, str | None], Video]
     records: list[ManifestRecord] = field(default_factory=list)
 
 
@@ -78,10 +80,11 @@ class Pair:
         return self.ref.seed
 
 
-def describe(key: tuple[str, int]) -> str:
-    prompt, seed = key
+def describe(key: tuple) -> str:
+    prompt, seed, *image = key
     short = prompt if len(prompt) <= 60 else prompt[:57] + "..."
-    return f"{short!r} seed {seed}"
+    shown = f" image {image[0][:12]}" if image and image[0] else ""
+    return f"{short!r} seed {seed}{shown}"
 
 
 def video_file(record: ManifestRecord | Any) -> str | None:
@@ -93,7 +96,7 @@ def load_arm(folder: str | Path, role: str, records: list[ManifestRecord] | None
     """Finished videos of `folder` (from its manifest, or from `records` when given).
 
     role names the folder in messages ("REF_DIR", "TEST_DIR"...). Raises PairingError for a
-    missing folder or manifest, no finished video, or two finished videos of one (prompt, seed).
+    missing folder or manifest, no finished video, or two finished videos of one (prompt, seed, image).
     """
     folder = Path(folder).expanduser()
     if not folder.is_dir():
@@ -109,10 +112,10 @@ def load_arm(folder: str | Path, role: str, records: list[ManifestRecord] | None
     done = [r for r in map(as_record, records) if is_done(r, folder) and r.video]
     if not done:
         raise PairingError(f"{role} {folder}: the manifest records no finished video with its file present")
-    videos: dict[tuple[str, int], Video] = {}
+    videos: dict[tuple[str, int, str | None], Video] = {}
     problems = []
     for record in done:
-        key = (str(record.prompt), int(record.seed or 0))
+        key = (str(record.prompt), int(record.seed or 0), record.image_sha256)
         if key in videos:
             problems.append(
                 f"{role}: two finished videos for {describe(key)} (job ids {videos[key].record.job_id} and "
@@ -120,7 +123,7 @@ def load_arm(folder: str | Path, role: str, records: list[ManifestRecord] | None
                 "them from separate folders"
             )
             continue
-        videos[key] = Video(key[0], key[1], folder / record.video, record)
+        videos[key] = Video(key[0], key[1], folder / record.video, record, image=key[2])
     if problems:
         raise PairingError("\n".join(problems))
     return Arm(folder, videos, done)
@@ -162,7 +165,7 @@ def pair_arms(
         extra = [k for k in other.videos if k not in ref.videos]
         if missing:
             problems.append(
-                f"{role}: {len(missing)} video(s) of {roles[0]} have no partner (same prompt and seed): "
+                f"{role}: {len(missing)} video(s) of {roles[0]} have no partner (same prompt, seed and image): "
                 + "; ".join(describe(k) for k in missing[:5])
                 + (" ..." if len(missing) > 5 else "")
             )

@@ -10,8 +10,10 @@ from a CPU generator seeded by the job's seed, so the arms start from the same l
 then `sagevideo.eval.evaluate.evaluate(out/full, out/quantized, noise_ref=out/full-repeat)`
 writes out/metrics.json and out/report.html. Re-running resumes: finished videos are kept.
 
-The job file decides prompts, seeds, sizes, steps; it must not set attention, pv or plan (ab sets
-them per arm). With a plan, the quantized arm's recorded attention calls are compared with what
+The job file decides prompts, seeds, sizes, steps and, for image-to-video models, the input
+images (each job's `image:`, or `image` for all): every arm plans the same files, the videos pair
+by (prompt, seed, image content) and metrics.json lists the images. It must not set attention,
+pv or plan (ab sets them per arm). With a plan, the quantized arm's recorded attention calls are compared with what
 the plan implies (`plan_check`): `generate` installs each job's plan, so a mismatch means the arm
 did not run the plan, and ab stops (`ABFailed`) rather than evaluate it as if it had. With
 `attention_probe` the quantized jobs are re-run with a probing router
@@ -50,6 +52,9 @@ class ABConfig(BaseModel):
     out: Path = Field(description="Folder for the three arms and the evaluation.")
     model: str = Field("tiny", description="'tiny' (built in) or a local diffusers folder.")
     plan: Path | None = Field(None, description="Attention-plan JSON for the quantized arm.")
+    image: Path | None = Field(
+        None, description="Input image (image-to-video models) for the jobs that name none; the same in every arm."
+    )
     pv: PVChoice | None = Field(
         None,
         description="P·V precision of the quantized arm (default: the plan's, else auto: FP8 on sm89+ GPUs, "
@@ -165,7 +170,7 @@ def ab(
     """Run the arms and evaluate them; returns the metrics.json content.
 
     config: an `ABConfig`, or the job file of one whose other fields are keyword arguments (out,
-    model, plan, pv, backend, device, attention_probe, noise_floor, progress).
+    model, plan, image, pv, backend, device, attention_probe, noise_floor, progress).
     options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
     failed or the quantized arm's attention calls do not match the plan; ModelLoadError (from
@@ -202,6 +207,8 @@ def ab(
     options.labels = dict(LABELS)
 
     common: dict[str, Any] = {"model": model, "backend": config.backend, "device": config.device}
+    if config.image is not None:  # every arm plans the same files, so every arm starts from the same images
+        common["image"] = config.image
     quantized: dict[str, Any] = {"attention": "sage"}
     if pv is not None:
         quantized["pv"] = pv
@@ -277,6 +284,7 @@ def ab(
         "device": first.device,
         "dtype": first.dtype,
         "plan_check": check["message"] if check else None,
+        "images": {r.image_sha256: r.image for r in records["test"] if r.image_sha256} or None,
         "quantized_arm": str(test_dir.relative_to(out_dir)),
         "attention_probe": attention_probe,
     }

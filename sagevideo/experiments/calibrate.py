@@ -67,6 +67,7 @@ class CalibrateConfig(BaseModel):
     width: Pixels | None = Field(None, description="Width in px (default: the model's).")
     guidance: Guidance = Field(6.0, description="Classifier-free guidance scale (<= 1 disables it).")
     seed: Seed = Field(0, description="Seed of the initial noise.")
+    image: Path | None = Field(None, description="Input image of every prompt (image-to-video models).")
     device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
     save_qkv: Path | None = Field(
         None, description="Also save captured Q/K/V (safetensors) for `sagevideo simulate --qkv`."
@@ -94,8 +95,8 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
 
     config: a `CalibrateConfig`, or the prompts of one whose other fields are keyword arguments
     (see `CalibrateConfig`: out, model, prompts_file, steps, frames, height, width, guidance, seed,
-    capture_steps, threshold, device, save_qkv, progress). Without prompts (nor a prompts file):
-    the built-in pair.
+    image (image-to-video models: every prompt starts from it), capture_steps, threshold, device,
+    save_qkv, progress). Without prompts (nor a prompts file): the built-in pair.
     capture_steps: denoising step indices to measure (negative counts from the end; None: all).
     threshold: worst cosine (vs fp32 attention) a quantized mode must reach in a layer.
     save_qkv: also save the captured Q/K/V (first call per layer and step) for `sagevideo simulate --qkv`.
@@ -103,6 +104,7 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
     Returns a `CalibrationResult` (errors per layer and mode, the plan, the choices).
     Raises InputError before loading anything when an input is invalid.
     """
+    from sagevideo.generation.plan import check_images
     from sagevideo.outputs.files import writable_file
     from sagevideo.pipelines.loading import resolve_model
 
@@ -112,6 +114,8 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
     if config.prompts_file is not None:  # UTF-8 text with at least one prompt, else one line saying so
         prompts += [text for text, _ in read_prompts_file(config.prompts_file)]
     options = {k: getattr(config, k) for k in ("seed", "frames", "height", "width", "steps", "guidance")}
+    if config.image is not None:
+        options["image"] = str(Path(config.image).expanduser().resolve())
     # Both files are written after the whole calibration: a path that cannot take them fails now.
     out = writable_file(config.out, "--out", InputError)
     save_qkv = config.save_qkv
@@ -131,6 +135,8 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
     for problem in source.problems(jobs[0]):  # sizes and frames come from the options (or the model)
         field, text = problem.split(": ", 1)
         problems.append((option_place(field, options[field]) if options.get(field) else f"--model {model}", text))
+    image_shas, found, _ = check_images(source, [(jobs[0], f"--model {model}", {})], options)
+    problems += found  # every prompt has the same image: the first job says it for all
     if problems:
         raise InputError(group_problems(problems))
     device = resolve_device(config.device)
@@ -144,7 +150,8 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
                 f"--capture-steps {bad} are outside the run's {n_steps} steps (0..{n_steps - 1}, or -1 for the last)"
             )
         captured = {s % n_steps for s in config.capture_steps}
-    return _run(source, jobs, out, captured, config.threshold, device, n_steps, save_qkv, config.progress)
+    return _run(source, jobs, out, captured, config.threshold, device, n_steps, save_qkv, config.progress,
+                image_shas)
 
 
 def _check_memory(source, jobs, device: str) -> None:
@@ -165,7 +172,7 @@ def _check_memory(source, jobs, device: str) -> None:
         )
 
 
-def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress):
+def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress, image_shas=None):
     """Generate every prompt's latents through the one generation path (a `PipelineHost` whose
     attention hook installs the probing router), then choose and save the plan."""
     import sys
@@ -186,7 +193,8 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
     tensors: dict | None = {} if save_qkv is not None else None
     try:
         # Nothing is written: the video stays latent (out only names where the host would stage files).
-        host = PipelineHost(RunContext(out=out.parent, source=source, device=device, dtype=dtype, fps=8))
+        context = RunContext(out=out.parent, source=source, device=device, dtype=dtype, fps=source.default_fps)
+        host = PipelineHost(context)
         probe = probing_router(host.pipe, capture_steps=captured, save_qkv=tensors,
                                on_measure=measured if progress else None)
         host.attention = RouterAttention(probe)
@@ -194,7 +202,8 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
             for number, job in enumerate(jobs, start=1):
                 bar.set_postfix_str(f"prompt {number}/{len(jobs)}", refresh=True)
                 pj = PlannedJob(job=job, job_id=f"calibrate-{number}", output=f"calibrate-{number}.mp4",
-                                label=f"prompt {number}", backend=probe.backend)
+                                label=f"prompt {number}", backend=probe.backend,
+                                image_sha256=(image_shas or {}).get(job.image))
                 host.generate(pj, on_step=lambda step, steps: bar.update(1), decode=False)
         finally:
             host.close()

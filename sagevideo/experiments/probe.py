@@ -247,7 +247,7 @@ def rerun_arm(
                     progress(f"re-run {index + 1}/{len(records)}: {record['prompt'][:40]}")
                 job = JobSpec(**{k: record.get(k) for k in _JOB_FIELDS if record.get(k) is not None})
                 pj = PlannedJob(job=job, job_id=record["job_id"], output=f"probe-{index}.mp4",
-                                label=f"re-run {index + 1}", backend=backend)
+                                label=f"re-run {index + 1}", backend=backend, image_sha256=record.get("image_sha256"))
                 done = host.run(pj)
                 if done.status != "done":
                     what = record["prompt"][:40]
@@ -285,4 +285,4 @@ def rerun_arm(
 
 
 # Manifest-record fields that say what a job made (the rest say how and where it ran).
-_JOB_FIELDS = ("prompt", "negative_prompt", "seed", "frames", "height", "width", "steps", "guidance")
+_JOB_FIELDS = ("prompt", "negative_prompt", "seed", "frames", "height", "width", "steps", "guidance", "image")

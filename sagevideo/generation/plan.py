@@ -40,7 +40,7 @@ PromptsOrJobs = (
     str | Path | Mapping[str, Any] | JobSpec | Iterable[str | Mapping[str, Any] | JobSpec] | None
 )
 
-__all__ = ["BatchPlan", "GenerateConfig", "PromptsOrJobs", "check_plans", "plan_batch", "resolve_pv"]
+__all__ = ["BatchPlan", "GenerateConfig", "PromptsOrJobs", "check_images", "check_plans", "plan_batch", "resolve_pv"]
 
 
 @dataclass
@@ -128,6 +128,7 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
             problems.append(("", str(err)))
     resolved: list[tuple[JobSpec, Any]] = []
     plan_shas: dict[str, str] = {}
+    image_shas: dict[str, str] = {}
     if source is not None:
         with_items = [(_resolve_job(source, j), label, item) for j, label, item in parsed]
         resolved = [(j, label) for j, label, _ in with_items]
@@ -138,14 +139,15 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
             for problem in source.problems(j):
                 problems.append(_problem_at(label, item, problem.split(":", 1)[0], problem, defaults))
         plan_shas, plan_problems, plan_notes = check_plans(source, with_items, defaults)
-        problems += plan_problems + _duplicate_outputs(resolved)
-        notes += plan_notes
+        image_shas, image_problems, image_notes = check_images(source, with_items, defaults)
+        problems += plan_problems + image_problems + _duplicate_outputs(resolved)
+        notes += plan_notes + image_notes
     if problems:
         raise InputError(group_problems(problems))
-    if settings.fps is None:  # the model's own frame rate (its family's)
-        settings = settings.model_copy(update={"fps": source.default_fps})
     if not resolved:
         raise InputError("no prompts to generate; give at least one")
+    if settings.fps is None:  # the frame rate the model's videos are made for
+        settings = settings.model_copy(update={"fps": source.default_fps})
     gpus_per_job = settings.gpus_per_job
     problems = degree_problems(source, resolved, gpus_per_job)  # raises for batch-wide problems
     if problems:
@@ -180,8 +182,10 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
             "fps": settings.fps,
             "plan_sha256": plan_shas.get(j.plan),
         }
-        # The plan file's content, not its path, decides the output: moving the file keeps the id.
-        jid = job_id(j.model_copy(update={"plan": None}), id_settings)
+        if j.image is not None:  # only then: the ids of jobs without an image stay what they were
+            id_settings["image_sha256"] = image_shas[j.image]
+        # The plan's and the image's content, not their paths, decide the output: moving a file keeps the id.
+        jid = job_id(j.model_copy(update={"plan": None, "image": None}), id_settings)
         if jid in seen:
             duplicates += 1
             continue
@@ -194,6 +198,7 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
                 label=str(label),
                 backend=backends[key],
                 plan_sha256=plan_shas.get(j.plan),
+                image_sha256=image_shas.get(j.image) if j.image is not None else None,
             )
         )
         labels.append(label)
@@ -251,7 +256,7 @@ def _shadowed_options(
     notes = []
     for name in JOB_DEFAULTS:
         value = values[name]
-        if value == GenerateConfig.default(name) or (name == "plan" and value is None):
+        if value == GenerateConfig.default(name) or (name in ("plan", "image") and value is None):
             continue
         keys = ("resolution", name) if name in ("height", "width") else (name,)
         count = sum(1 for item, _ in file_items if isinstance(item, Mapping) and any(k in item for k in keys))
@@ -276,7 +281,7 @@ def _problem_at(label: Any, item: Any, field: str, problem: str, options: Mappin
     if value is None or _item_sets(label, item, field):
         return where(label, field), problem
     text = problem.removeprefix(f"{field}: ")
-    if field == "plan" and text.startswith(str(value)):  # '--plan p.json: does not exist': the path once
+    if field in ("plan", "image") and text.startswith(str(value)):  # '--plan p.json: does not exist': the path once
         text = text.removeprefix(str(value)).lstrip(": ")
     return option_place(field, value), text
 
@@ -347,6 +352,57 @@ def check_plans(
                 "its layer choices were measured at that step count and its step ranges count steps from 0 either way; "
                 f"re-run `sagevideo calibrate --steps {other[0]}` to measure at the jobs' count"
             )
+    return shas, problems, notes
+
+
+def check_images(
+    source: ModelSource, jobs: list[tuple[JobSpec, Any, Any]], options: Mapping[str, Any] | None = None
+) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
+    """({image path: SHA-256 of the file}, problems, notes) for the input images of the jobs (job,
+    label, item), before anything loads: first whether the model takes an image at all (a
+    text-to-video model given one, an image-to-video model given none:
+    `sagevideo.pipelines.families.image_use_problem`), then each image read once (it exists and
+    PIL or imageio decodes it: `sagevideo.jobs.images.inspect_image`) and checked against every
+    job that uses it (the family's `image_problems`: by default, an aspect ratio the resize would
+    stretch is refused). A note says which images are resized to which job sizes."""
+    from sagevideo.jobs.images import ImageError, ImageInfo, inspect_image
+    from sagevideo.pipelines.families import image_use_problem
+
+    options = options or {}
+    family = source.model_family
+    read: dict[str, ImageInfo | str] = {}  # path -> image, or why it cannot be used
+    problems: list[tuple[str, str]] = []
+    reported: set[tuple[str, str]] = set()
+    resized: dict[tuple[str, str, str], int] = {}
+
+    def add(label: Any, item: Any, problem: str) -> None:
+        place, text = _problem_at(label, item, "image", problem, options)
+        if (place, text) not in reported:  # an image that does not fit is said once per place
+            reported.add((place, text))
+            problems.append((place, text))
+
+    for j, label, item in jobs:
+        use = image_use_problem(source, j)
+        if use is not None:
+            add(label, item, use)
+            continue
+        if j.image is None:
+            continue
+        if j.image not in read:
+            try:
+                read[j.image] = inspect_image(j.image)
+            except ImageError as err:
+                read[j.image] = str(err)
+        image = read[j.image]
+        found = [f"image: {image}"] if isinstance(image, str) else family.image_problems(source, j, image)
+        for problem in found:
+            add(label, item, problem)
+        if not found and (image.width, image.height) != (j.width, j.height):
+            key = (Path(image.path).name, image.size, f"{j.width}x{j.height}")
+            resized[key] = resized.get(key, 0) + 1
+    notes = [f"image {name} ({size}) is resized to {target} for {count} job(s)"
+             for (name, size, target), count in resized.items()]
+    shas = {path: image.sha256 for path, image in read.items() if not isinstance(image, str)}
     return shas, problems, notes
 
 

@@ -117,7 +117,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("auto", "triton", "reference", "sdpa"), default="auto")
     parser.add_argument("--plan", type=Path, help="attention-plan JSON for jobs that name none")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--fps", type=int, default=None)
+    parser.add_argument("--fps", type=int, help="frame rate of the mp4 files (default: the model's)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 

@@ -3,8 +3,10 @@
 `PipelineHost(context)` loads the model once (through its family). `host.generate(planned_job)`
 is the generation loop every runner uses: it sets the attention the job asks for (through the
 host's attention hook, only when it changes between jobs), then denoises (and decodes) with the
-family's calls (`sagevideo.pipelines.runner.run_job`) under the job's time limit. `host.run(job)`
-adds what a batch needs: the mp4 (and PNG frames) written under *staged* names
+family's calls (`sagevideo.pipelines.runner.run_job`) under the job's time limit. A job's input
+image is read here, where the job runs, from its path (shared storage, as attention plans are),
+and refused when its content is not the planned one (`sagevideo.jobs.images.read_image`).
+`host.run(job)` adds what a batch needs: the mp4 (and PNG frames) written under *staged* names
 (`sagevideo.outputs.staging`) and the job's `ManifestRecord`, its `handoff` naming the staged files.
 Nothing here appends to the manifest or gives a file its final name: the driver does both
 (`sagevideo.generation.run.run_batch`), so there is exactly one writer of the manifest and of
@@ -41,6 +43,8 @@ class PlannedJob:
 
     backend: the `sageattn` backend its processors use, or None for attention="full".
     plan_sha256: first 16 hex digits of the attention-plan file's SHA-256 (None without a plan).
+    image_sha256: SHA-256 (64 hex digits) of the input image `job.image` as planned (None without
+    one); the host reads the file at that path and refuses other content.
     """
 
     job: JobSpec
@@ -49,6 +53,7 @@ class PlannedJob:
     label: str
     backend: str | None = None
     plan_sha256: str | None = None
+    image_sha256: str | None = None
 
     @property
     def frames_dir(self) -> str | None:
@@ -116,6 +121,8 @@ def base_record(ctx: RunContext, pj: PlannedJob) -> ManifestRecord:
         backend=pj.backend,
         plan=j.plan,
         plan_sha256=pj.plan_sha256,
+        image=j.image,
+        image_sha256=pj.image_sha256,
         device=ctx.device,
         dtype=ctx.dtype,
         fps=ctx.fps,
@@ -212,11 +219,16 @@ class PipelineHost:
         (see `sagevideo.host.deadline`). Raises what the job raises."""
         from sagevideo.pipelines import runner  # looked up per call: tests patch runner.run_job
 
+        image = None
+        if pj.job.image is not None:  # read here, where the job runs; content checked against the plan's
+            from sagevideo.jobs.images import read_image
+
+            image = read_image(pj.job.image, pj.image_sha256)
         self._set_attention(pj.backend, pj.job.pv, pj.job.plan)
         with self._mid_denoise_failpoint(pj, attempt), deadline(time_limit):
             return runner.run_job(
                 self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens, on_step=on_step, decode=decode,
-                family=self.family,
+                family=self.family, image=image,
             )
 
     def run(

@@ -61,15 +61,16 @@ class GenerateConfig(BaseModel):
     """Every option of a batch (see the module docstring); the fields are in the CLI's order.
 
     plan: an attention-plan JSON for every job that names none (checked to exist and fit the
-    model, recorded in the manifest with its hash). gpus_per_job: ranks per job (Ulysses sequence
-    parallelism, CogVideoX only), checked against every job's heads and video tokens by
-    `plan_batch`. job_timeout: seconds one job may run. On Ray the driver stops a worker whose job
-    runs longer (a hang) and retries the job like a worker death; in this process a timer stops
-    the job at the limit, mid-step, between two torch operations (one operation that runs longer,
-    e.g. a single huge attention call, finishes first; outside the main thread the limit is
-    checked after each step), and the job fails. frames_png: default of the jobs' `frames_png`
-    (PNG frames beside each mp4). dtype: None = bfloat16 on CUDA, float32 on CPU. progress: the
-    progress bar of `generate` (planning ignores it).
+    model, recorded in the manifest with its hash). image: the input image of every job that
+    names none, for image-to-video models (`sagevideo.jobs.images`; checked before loading).
+    gpus_per_job: ranks per job (Ulysses sequence parallelism, CogVideoX only), checked against
+    every job's heads and video tokens by `plan_batch`. job_timeout: seconds one job may run. On
+    Ray the driver stops a worker whose job runs longer (a hang) and retries the job like a worker
+    death; in this process a timer stops the job at the limit, mid-step, between two torch
+    operations (one operation that runs longer, e.g. a single huge attention call, finishes first;
+    outside the main thread the limit is checked after each step), and the job fails.
+    frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4). dtype: None =
+    bfloat16 on CUDA, float32 on CPU. progress: the progress bar of `generate` (planning ignores it).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -77,7 +78,7 @@ class GenerateConfig(BaseModel):
     job_file: Path | None = Field(
         None,
         description="Job file: .yaml/.yml or .toml (defaults: and jobs: with per-job prompt, negative_prompt, "
-        "seed, frames, resolution, steps, guidance, attention, pv, plan, output, frames_png), or any other file "
+        "seed, frames, resolution, steps, guidance, attention, pv, plan, image, output, frames_png), or any other file "
         "as plain text, one prompt per line (blank lines and # comments are skipped).",
     )
     out: Path = Field(description="Output folder for the mp4 files and manifest.jsonl.")
@@ -107,10 +108,16 @@ class GenerateConfig(BaseModel):
     plan: Path | None = Field(
         None, description="Attention-plan JSON for jobs that name none (checked, recorded in the manifest)."
     )
+    image: Path | None = Field(
+        None,
+        description="Input image of image-to-video models (e.g. --model tiny-cogvideox-i2v) for jobs that name "
+        "none: resized to the job's resolution when the aspect ratios match, else refused; recorded in the "
+        "manifest with its SHA-256.",
+    )
     device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
     dtype: DType | None = Field(None, description="Model dtype (default: bfloat16 on CUDA, float32 on CPU).")
     fps: Annotated[int, NotBool, Field(ge=1, le=240)] | None = Field(
-        None, description="Frame rate of the mp4 files (default: the model's; CogVideoX 8, Wan 16)."
+        None, description="Frame rate of the mp4 files (default: the model's, the rate it was trained at)."
     )
     address: str | None = Field(
         None,
@@ -181,8 +188,9 @@ class GenerateConfig(BaseModel):
         """The options that are also job fields, as job-field values (a plan path made absolute):
         the layer under a job file's `defaults:` and each job's own fields."""
         values = {name: getattr(self, name) for name in JOB_DEFAULTS}
-        if self.plan is not None:
-            values["plan"] = str(Path(self.plan).expanduser().resolve())
+        for name in ("plan", "image"):
+            if values[name] is not None:
+                values[name] = str(Path(values[name]).expanduser().resolve())
         return values
 
     @classmethod

@@ -9,11 +9,14 @@ YAML (TOML is the same with a `[defaults]` table and `[[jobs]]` tables):
       - prompt: a red panda eating bamboo, cinematic lighting
         output: shot-010      # -> shot-010.mp4 (a plain file name; refused, not rewritten, if unsafe)
         seed: 3
+      - prompt: the camera pulls back from the lighthouse
+        image: stills/lighthouse.png  # image-to-video models: the first frame to start from
       - a bare string is a job with just a prompt
 
 Job fields are `sagevideo.jobs.specs.JobSpec`'s: prompt, negative_prompt, seed, frames, resolution (or
-height/width), steps, guidance, attention (sage/full), pv (fp16/fp8), plan, name, output. A YAML
-file may also be a bare list of jobs. Relative `plan` paths are relative to the job file's folder.
+height/width), steps, guidance, attention (sage/full), pv (fp16/fp8), plan, image, name, output. A
+YAML file may also be a bare list of jobs. Relative `plan` and `image` paths are relative to the job
+file's folder.
 Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped.
 
 Every problem in the file is reported at once, before anything is loaded, as
@@ -46,6 +49,8 @@ TOP_LEVEL = ("defaults", "jobs")
 # In `defaults`, these would give every job the same prompt or the same output file.
 PER_JOB_ONLY = ("prompt", "output")
 _SIZE_FIELDS = ("height", "width")
+# File paths a job may give: relative ones are relative to the job file.
+PATH_FIELDS = ("plan", "image")
 
 
 @dataclass(frozen=True)
@@ -188,7 +193,7 @@ def _jobs(path: Path, data: Any, lines: dict[tuple, int]) -> tuple[list[tuple[An
         if bad_keys:
             problems.append((origin.at(), f"{bad_keys[0]!r} is not a field name; quote it or remove it"))
             continue
-        items.append((merge_fields(defaults, _resolve_plan(path, job)), origin))
+        items.append((merge_fields(defaults, _resolve_paths(path, job)), origin))
     return items, problems
 
 
@@ -222,14 +227,16 @@ def _defaults(path: Path, defaults: Any, lines: dict[tuple, int]) -> tuple[dict[
             bad.update(_SIZE_FIELDS)  # "resolution or height/width, not both": neither is trusted
         problems.append((_place(name, lines.get(("defaults", key), lines.get(("defaults",))), "defaults"), line))
     usable = {k: v for k, v in usable.items() if k not in bad}
-    return _resolve_plan(path, usable), problems
+    return _resolve_paths(path, usable), problems
 
 
-def _resolve_plan(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
-    """A relative plan path is relative to the job file, not to wherever the command runs."""
-    plan = fields.get("plan")
-    if isinstance(plan, str) and plan.strip() and not Path(plan).expanduser().is_absolute():
-        return {**fields, "plan": str((path.parent / plan).resolve())}
+def _resolve_paths(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Relative plan and image paths are relative to the job file, not to wherever the command runs."""
+    fields = dict(fields)
+    for name in PATH_FIELDS:
+        value = fields.get(name)
+        if isinstance(value, str) and value.strip() and not Path(value).expanduser().is_absolute():
+            fields[name] = str((path.parent / value).resolve())
     return fields
 
 

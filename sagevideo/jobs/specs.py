@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping
@@ -67,8 +68,10 @@ class JobSpec(BaseModel):
     height/width/frames/steps left as None take the model's defaults (tiny: 64x64 px, 9 frames,
     2 steps); `resolution="WIDTHxHEIGHT"` (or [width, height]) is another way to give both.
     attention/pv left as None take the batch's setting. plan: path of an attention-plan JSON
-    (recorded in the manifest). name: optional name, sanitized and suffixed with the job id's
-    start; output: exact output file stem (`<output>.mp4`), a plain file name that is refused,
+    (recorded in the manifest). image: path of the input image of an image-to-video model
+    (`sagevideo.jobs.images`: known by its content's SHA-256, which is part of the job's id and
+    recorded in the manifest with the path). name: optional name, sanitized and suffixed with
+    the job id's start; output: exact output file stem (`<output>.mp4`), a plain file name that is refused,
     not rewritten, when unsafe. frames_png: also write every frame as a PNG into
     `<output stem>_frames/` (frame_00000.png, ...), committed together with the mp4.
     """
@@ -86,6 +89,7 @@ class JobSpec(BaseModel):
     attention: Attention | None = None
     pv: PV | None = None
     plan: str | None = None
+    image: str | None = None
     name: str | None = None
     output: str | None = None
     frames_png: bool = False
@@ -118,6 +122,18 @@ class JobSpec(BaseModel):
     def _plan_not_blank(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("plan is empty; give the path of an attention-plan JSON or leave it out")
+        return value
+
+    @field_validator("image", mode="before")
+    @classmethod
+    def _image_path(cls, value: Any) -> Any:
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    @field_validator("image")
+    @classmethod
+    def _image_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("image is empty; give the path of an image file or leave it out")
         return value
 
     @field_validator("output")
@@ -383,8 +399,13 @@ def read_prompts_file(path: str | Path) -> list[tuple[str, str]]:
 def job_id(job: JobSpec, settings: Mapping[str, Any]) -> str:
     """Stable 16-hex-digit id of a job under the settings that change its output.
 
-    frames_png counts only when on, so ids of jobs written before the field existed still match."""
-    fields = job.model_dump(exclude={"frames_png"} if not job.frames_png else set())
+    frames_png counts only when on and image only when set, so ids of jobs written before these
+    fields existed still match. (The planner hashes an image's content, not its path: it passes
+    the job with image None and the image's SHA-256 among the settings.)"""
+    exclude = {"frames_png"} if not job.frames_png else set()
+    if job.image is None:
+        exclude.add("image")
+    fields = job.model_dump(exclude=exclude)
     payload = json.dumps({"job": fields, "settings": dict(settings)}, sort_keys=True, ensure_ascii=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

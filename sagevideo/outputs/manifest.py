@@ -18,10 +18,14 @@ the fields below; 2, the same fields plus "schema". Lines of every known version
 upgraded to the current one; a line of a newer version is set aside (a newer sagevideo wrote it).
 
 Record fields: schema, job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed,
-frames, height, width, steps, guidance, name, model, model_fingerprint, family (the model's family:
-"cogvideox", "wan", ...; absent in lines written before it was recorded), attention ("sage"/"full"),
+frames, height, width, steps, guidance, name, model, model_fingerprint, family (the model's family in
+`sagevideo.pipelines.families`: "cogvideox", "wan", ...; None on lines written before it was recorded),
+attention ("sage"/"full"),
 pv, backend (the one the processors were given: --backend auto on CPU becomes "reference"; None
-for "full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), device,
+for "full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), image (the
+input image's absolute path, image-to-video jobs; None otherwise), image_sha256 (its full SHA-256,
+64 hex digits, as `sha256sum` prints it: what the job was made from; lines written before the
+field existed have neither, which reads as None), device,
 dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
 decode_s, write_s), outputs (paths relative to the output folder: the mp4, then the PNG frames
 folder for frames_png jobs), attempts (runs it took: more than 1 when a worker died under it),
@@ -141,6 +145,8 @@ class ManifestRecord(BaseModel):
     backend: str | None = None
     plan: str | None = None
     plan_sha256: str | None = None
+    image: str | None = None
+    image_sha256: str | None = None
     device: str | None = None
     dtype: str | None = None
     fps: StrictInt | None = None

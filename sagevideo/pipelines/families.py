@@ -1,7 +1,8 @@
 """Model families: what sagevideo knows of each kind of video model, in one registry table.
 
 A family is one folder of `sagevideo.pipelines` (`cogvideox/`, `opensora/`, ...) whose `family`
-module defines `FAMILY`, a `ModelFamily`. Adding a family means adding that folder and one line
+module defines `FAMILY`, a `ModelFamily` (one family serves its text- and image-to-video
+pipelines alike: `image_input` tells them apart per model). Adding a family means adding that folder and one line
 to `REGISTRY`; everything model-specific that generate, ab, calibrate and `--gpus-per-job` need is
 asked of the family:
 
@@ -10,6 +11,10 @@ asked of the family:
   serves, a `ModelSource` from configs alone (`tiny_source`, `folder_source`), `load`;
 - job constraints: `job_problems` (frames rule, resolution multiple), `attention_layers` (the
   names plans use), the prompt length it pads to (`ModelSource.text_tokens`);
+- input images: `image_input(source)` ("required": image-to-video, "optional", None: text only), checked
+  for every job before loading (`image_use_problem`, then the family's `image_problems` hook on
+  the read image); where the job runs, `prepare_image` turns the decoded image into what
+  `denoise` receives as `image=` (only families that take images are given one);
 - generation: `denoise` (the pipeline call that returns latents) and `decode` (latents -> video),
   which `sagevideo.pipelines.runner.run_job` wraps with its checks and timings;
 - attention routes: upstream processor class -> sagevideo processor class (`install`);
@@ -24,7 +29,9 @@ diffusers at import time: detection runs on the driver, before anything loads.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
+from fractions import Fraction
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from sagevideo.jobs.specs import InputError, JobSpec, where
 
 if TYPE_CHECKING:
+    from sagevideo.jobs.images import ImageInfo
     from sagevideo.pipelines.loading import ModelSource
 
 # name -> module that defines FAMILY. One line per family.
@@ -49,7 +57,8 @@ class ModelFamily:
     pipeline_classes: `model_index.json` `_class_name`s it loads; tiny_models: built-in model
     names it serves ("tiny"); weight_components: folders of a model folder that must hold
     safetensors. generates: whether generate/ab/calibrate run it; sequence_parallel: whether
-    `--gpus-per-job` can split it.
+    `--gpus-per-job` can split it. image_pipeline_classes: those of pipeline_classes that start
+    from an input image (see `image_input`).
     """
 
     name: str = ""
@@ -59,6 +68,7 @@ class ModelFamily:
     weight_components: tuple[str, ...] = ("transformer", "vae", "text_encoder")
     generates: bool = True
     sequence_parallel: bool = False
+    image_pipeline_classes: tuple[str, ...] = ()
 
     # --- detection and loading (configs only, then weights) ---
 
@@ -68,6 +78,11 @@ class ModelFamily:
     def folder_source(self, path: Path, index: dict[str, Any], model: str) -> ModelSource:
         """The `ModelSource` of a checked local folder (model_index.json read as `index`)."""
         raise NotImplementedError(f"sagevideo does not load {self.title} folders yet")
+
+    def unconverted_hint(self, path: Path) -> str | None:
+        """For a folder without model_index.json: how to make it loadable when it holds this family's
+        model in another layout (e.g. an official download to convert), else None."""
+        return None
 
     def load(self, source: ModelSource, device: str, dtype: Any) -> Any:
         """The pipeline on `device` in `dtype` (local files only)."""
@@ -83,12 +98,38 @@ class ModelFamily:
         """Names of the transformer's attention layers, as plans and `install` name them (configs only)."""
         return []
 
+    def image_input(self, source: ModelSource) -> str | None:
+        """Whether this model's jobs give an input image: "required" (image-to-video), "optional"
+        (a model that makes video from text or from a first frame), or None (text only: refused).
+        Default: "required" for `image_pipeline_classes`, else None."""
+        return "required" if source.pipeline_class in self.image_pipeline_classes else None
+
+    def image_problems(self, source: ModelSource, job: JobSpec, image: ImageInfo) -> list[str]:
+        """Why this model cannot start a resolved job from its input image (read and decoded
+        already; asked only of families that take images), as 'image: <problem>; <fix>', or [].
+        Default: the aspect rule of `image_fit_problems` (the image is resized to the job's size)."""
+        return image_fit_problems(source, job, image)
+
     # --- generation ---
 
+    def prepare_image(self, image: Any, job: JobSpec) -> Any:
+        """A job's decoded input image ((H, W, 3) uint8 RGB, `sagevideo.jobs.images.read_image`) ->
+        what `denoise` receives: by default a PIL RGB image at the job's width x height (Lanczos)."""
+        from PIL import Image
+
+        from sagevideo.jobs.images import as_pil
+
+        picture = as_pil(image)
+        if picture.size != (job.width, job.height):
+            picture = picture.resize((job.width, job.height), Image.Resampling.LANCZOS)
+        return picture
+
     def denoise(self, pipe: Any, job: JobSpec, *, generator: Any, text_tokens: int,
-                callback: Callable[[Any, int, Any, dict], dict]) -> Any:
+                callback: Callable[[Any, int, Any, dict], dict], image: Any = None) -> Any:
         """Run the pipeline's denoising loop for a resolved job; returns the latents. callback:
-        diffusers' `callback_on_step_end(pipeline, step, timestep, tensors)` with "latents"."""
+        diffusers' `callback_on_step_end(pipeline, step, timestep, tensors)` with "latents".
+        image: the job's input image as `prepare_image` made it, passed only to families that take
+        images (a text-to-video family's `denoise` need not accept it)."""
         raise NotImplementedError(f"sagevideo does not generate with {self.title} yet")
 
     def decode(self, pipe: Any, job: JobSpec, latents: Any) -> Any:
@@ -186,6 +227,49 @@ def size_problems(source: ModelSource, job: JobSpec) -> list[str]:
                 f"(VAE {source.spatial}x times patch {source.patch}); use e.g. {near}"
             )
     return problems
+
+
+# How far an input image's aspect ratio may be from the job's before the resize would visibly
+# stretch it (2%: e.g. 1920x1080 made into 848x480).
+ASPECT_TOLERANCE = 0.02
+
+
+def image_tiny_models() -> list[str]:
+    """Built-in tiny models that take an input image (for messages)."""
+    return [name for f in every() if f.generates for name in f.tiny_models if f.image_input(f.tiny_source(name))]
+
+
+def image_use_problem(source: ModelSource, job: JobSpec) -> str | None:
+    """'image: ...' when a job gives an image to a model that takes none, or none to one that
+    requires it (the family's `image_input`, before any image is read), else None."""
+    takes = source.model_family.image_input(source)
+    if job.image is not None and takes is None:
+        models = [*image_tiny_models(), *(f"a {c} folder" for f in every() if f.generates
+                                          for c in f.image_pipeline_classes)]
+        use = f", or use an image-to-video model ({', '.join(models)})" if models else ""
+        return (f"image: {source.name} is a text-to-video model ({source.pipeline_class}) and takes no image; "
+                f"leave image out{use}")
+    if job.image is None and takes == "required":
+        return (f"image: missing; {source.name} is an image-to-video model ({source.pipeline_class}): every job "
+                "needs an image to start from (image: in the job file, or --image)")
+    return None
+
+
+def image_fit_problems(source: ModelSource, job: JobSpec, image: ImageInfo) -> list[str]:
+    """An image whose aspect ratio differs from the job's by more than ASPECT_TOLERANCE, which
+    the resize to the job's size would stretch, with a resolution of the image's shape near the
+    job's; any other size is resized (up or down) where the job runs."""
+    ratio, want = image.width / image.height, job.width / job.height
+    if abs(math.log(ratio / want)) <= math.log1p(ASPECT_TOLERANCE):
+        return []
+    size = source.spatial * source.patch
+    width = max(size, round(job.height * ratio / size) * size)
+    shape = Fraction(job.width, job.height)
+    return [
+        f"image: {Path(image.path).name} is {image.size} (aspect {ratio:.3g}) but the job makes "
+        f"{job.width}x{job.height} (aspect {want:.3g}), so resizing would stretch it; crop the image to "
+        f"{shape.numerator}:{shape.denominator}, or set resolution to one of its shape, e.g. {width}x{job.height}"
+    ]
 
 
 def degree_problems(source: ModelSource, jobs: list[tuple[JobSpec, Any]], degree: int) -> list[tuple[str, str]]:

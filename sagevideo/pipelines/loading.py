@@ -33,8 +33,8 @@ class ModelSource:
     patch: transformer patch size (height and width must be multiples of spatial*patch).
     text_tokens: the prompt length the pipeline pads to (longer prompts are cut).
     layers: number of transformer blocks. vae_channels: channels of the VAE decoder at full
-    resolution (what its memory scales with). default_fps: the frame rate of its mp4s when the
-    batch names none (the rate the model was trained at: Wan 16).
+    resolution (what its memory scales with). default_fps: the mp4 frame rate when the batch
+    names none (the rate the model was trained at).
     """
 
     name: str
@@ -105,6 +105,11 @@ def resolve_model(model: str) -> ModelSource:
         )
     if not path.is_dir():
         raise InputError(f"--model {model}: is a file; give the diffusers folder that holds model_index.json")
+    if not (path / "model_index.json").exists():
+        for family in families.every():
+            hint = family.unconverted_hint(path)
+            if hint:
+                raise InputError(f"--model {model}: {hint}")
     index = read_json(
         path / "model_index.json",
         f"--model {model}",

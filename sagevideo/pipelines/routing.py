@@ -9,6 +9,7 @@ only step-less plan entries apply.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -29,10 +30,14 @@ class StepClock:
         """Wrap `scheduler.set_timesteps` (step := 0) and `scheduler.step` (step += 1 after)."""
         set_timesteps, step = scheduler.set_timesteps, scheduler.step
 
+        # wraps: pipelines inspect set_timesteps' signature (diffusers' retrieve_timesteps asks whether it
+        # takes `sigmas` or `timesteps`; HunyuanVideo passes sigmas): the wrappers keep the scheduler's.
+        @functools.wraps(set_timesteps)
         def set_timesteps_and_reset(*args, **kwargs):
             self.step = 0
             return set_timesteps(*args, **kwargs)
 
+        @functools.wraps(step)
         def step_and_advance(*args, **kwargs):
             try:
                 return step(*args, **kwargs)

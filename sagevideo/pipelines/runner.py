@@ -41,6 +41,7 @@ def run_job(
     on_step: Callable[[int, int], None] | None = None,
     decode: bool = True,
     family: Any = None,
+    image: Any = None,
 ) -> JobFrames:
     """Generate one video. `job` must have height/width/frames/steps resolved (ModelSource.resolve).
 
@@ -48,6 +49,9 @@ def run_job(
     known to be finite; an exception it raises stops the job. decode=False stops after denoising
     (frames None): calibration, and the ranks of a sequence-parallel group other than 0.
     family: the pipeline's `ModelFamily` (default: found from the pipeline's class).
+    image: the job's decoded input image ((H, W, 3) uint8, as `sagevideo.jobs.images.read_image`
+    returns it; default: read from `job.image`, when the job has one), given to the family's
+    `denoise` as `image=` after its `prepare_image`; jobs without an image pass no `image=`.
 
     The initial noise comes from a CPU generator seeded with job.seed, so a seed gives the same
     noise on every device (paired A/B runs rely on it).
@@ -69,8 +73,15 @@ def run_job(
             on_step(step + 1, job.steps)
         return tensors
 
+    extra: dict[str, Any] = {}
+    if image is None and job.image is not None:
+        from sagevideo.jobs.images import read_image
+
+        image = read_image(job.image)
+    if image is not None:
+        extra["image"] = family.prepare_image(image, job)
     start = _now(device)
-    latents = family.denoise(pipe, job, generator=generator, text_tokens=text_tokens, callback=check_step)
+    latents = family.denoise(pipe, job, generator=generator, text_tokens=text_tokens, callback=check_step, **extra)
     denoised = _now(device)
     if not decode:
         return JobFrames(frames=None, denoise_s=denoised - start, decode_s=0.0)

@@ -43,7 +43,7 @@ def test_every_mismatch_is_listed(ref, tmp_path):
     text = str(err.value)
     assert "'fox' seed 0: 9 frames, REF_DIR has 5" in text
     assert "'lighthouse' seed 0: 48x48 px, REF_DIR has 32x32" in text
-    assert "1 video(s) of REF_DIR have no partner (same prompt and seed): 'beach' seed 1" in text
+    assert "1 video(s) of REF_DIR have no partner (same prompt, seed and image): 'beach' seed 1" in text
     assert "1 video(s) are not in REF_DIR: 'beach' seed 2" in text
     assert "same prompts and seeds" in text
 

@@ -11,9 +11,9 @@ import sagevideo
 from sagevideo.jobs.specs import DEFAULT_PROMPTS
 
 RECORD_FIELDS = set(
-    "schema job_id status error prompt negative_prompt seed frames height width steps guidance name model "
-    "model_fingerprint attention pv backend plan plan_sha256 device dtype fps backends timings outputs "
-    "attempts retries worker started created sagevideo_version".split()
+    "schema job_id status error prompt negative_prompt seed frames height width steps guidance name model family "
+    "model_fingerprint attention pv backend plan plan_sha256 image image_sha256 device dtype fps backends timings "
+    "outputs attempts retries worker started created sagevideo_version".split()
 )
 
 
@@ -50,3 +50,11 @@ def test_default_batch_end_to_end(tmp_path):
         )
         assert count_frames(out / name) == (9, (64, 64, 3))
     assert sorted(os.listdir(out)) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])
+
+
+def test_the_mp4_rate_is_the_models_unless_fps_is_given(tmp_path):
+    from sagevideo.generation.plan import plan_batch
+
+    source_fps = plan_batch(["a fox"], out=tmp_path / "a").settings.fps
+    assert source_fps == 8  # CogVideoX's tiny model: CogVideoX is trained at 8 fps
+    assert plan_batch(["a fox"], out=tmp_path / "b", fps=24).settings.fps == 24

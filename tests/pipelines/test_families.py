@@ -23,7 +23,7 @@ def test_every_registered_family_is_a_folder_with_its_family_module():
     assert families.for_pipeline_class("OpenSoraPipeline") is families.get("opensora")
     assert families.for_pipeline_class("StableDiffusionPipeline") is None
     assert families.for_tiny("tiny") is families.get("cogvideox")
-    assert families.generated_pipeline_classes() == ["CogVideoXPipeline"]
+    assert families.generated_pipeline_classes() == ["CogVideoXPipeline", "CogVideoXImageToVideoPipeline"]
     with pytest.raises(KeyError, match="no model family 'wan'"):
         families.get("wan")
 

@@ -1,10 +1,17 @@
 """The CogVideoX family (diffusers `CogVideoXPipeline`): what generate, ab, calibrate and
-`--gpus-per-job` need to know of it. Registered in `sagevideo.pipelines.families`.
+`--gpus-per-job` need to know of it. Registered in `sagevideo.pipelines.families`. Its
+image-to-video pipeline (`CogVideoXImageToVideoPipeline`: CogVideoX-5B-I2V, CogVideoX1.5-5B-I2V) is
+the same family with an input image per job: the transformer is the same class (only its input
+channels, the image latents concatenated to the noisy ones, and its `ofs` embedding differ), so
+folders, constraints, attention routes and sequence parallelism are shared. Its jobs must give an
+`image:`, checked before loading; where the job runs the image reaches `denoise` as a PIL image at
+the job's size (`ModelFamily.prepare_image`), which the pipeline encodes as the first frame.
 
 - models: the built-in "tiny" (`cogvideox.tiny`) and local `CogVideoXPipeline` folders;
 - job constraints: height and width multiples of VAE x patch (16), frames 1 + 8k (the VAE
   compresses time 4x and decodes latent frames in pairs), prompts padded to the transformer's
-  `max_text_seq_length` (226 tokens);
+  `max_text_seq_length` (226 tokens); a transformer with learned positional embeddings
+  (CogVideoX-5B-I2V) makes its sample size only (720x480);
 - attention: `CogVideoXAttnProcessor2_0` -> `SageCogVideoXAttnProcessor`, one `attn1` per block;
 - sequence parallelism: `sequence_parallel.shard_cogvideox` (the [text; video] sequence cut into
   equal shards), degrees that divide the heads and text + video tokens.
@@ -36,9 +43,9 @@ def transformer_config(source: ModelSource) -> SimpleNamespace:
     """What the degree check needs of the transformer's config (heads, patch sizes, class), read
     from JSON only: tiny's built-in config, or the folder's transformer/config.json."""
     if source.is_tiny:
-        from sagevideo.pipelines.cogvideox.tiny import TRANSFORMER_CONFIG
+        from sagevideo.pipelines.cogvideox.tiny import MODELS
 
-        cfg = {"_class_name": "CogVideoXTransformer3DModel", **TRANSFORMER_CONFIG}
+        cfg = {"_class_name": "CogVideoXTransformer3DModel", **MODELS[source.name][1]}
     else:
         # resolve_model already read this file, so it exists and is a JSON object.
         cfg = json.loads((source.path / "transformer" / "config.json").read_text(encoding="utf-8"))
@@ -48,14 +55,18 @@ def transformer_config(source: ModelSource) -> SimpleNamespace:
         patch_size=source.patch,
         patch_size_t=cfg.get("patch_size_t"),
         max_text_seq_length=cfg.get("max_text_seq_length", 226),  # the prompt length the runner pads to
+        learned_positions=bool(cfg.get("use_learned_positional_embeddings", False)),
+        sample_height=cfg.get("sample_height", 60),
+        sample_width=cfg.get("sample_width", 90),
     )
 
 
 class CogVideoXFamily(ModelFamily):
     name = "cogvideox"
     title = "CogVideoX"
-    pipeline_classes = ("CogVideoXPipeline",)
-    tiny_models = ("tiny",)
+    pipeline_classes = ("CogVideoXPipeline", "CogVideoXImageToVideoPipeline")
+    image_pipeline_classes = ("CogVideoXImageToVideoPipeline",)
+    tiny_models = ("tiny", "tiny-cogvideox-i2v")
     weight_components = ("transformer", "vae", "text_encoder")
     generates = True
     sequence_parallel = True
@@ -65,14 +76,15 @@ class CogVideoXFamily(ModelFamily):
     def tiny_source(self, name: str) -> ModelSource:
         from sagevideo.pipelines.cogvideox import tiny
 
-        cfg, vae = tiny.TRANSFORMER_CONFIG, tiny.VAE_CONFIG
+        pipeline_class, cfg = tiny.MODELS[name]
+        vae = tiny.VAE_CONFIG
         return ModelSource(
             name=name,
             path=None,
             fingerprint=fingerprint(
                 [cfg, vae, tiny.T5_CONFIG, tiny.TINY_SEED, tiny.DEFAULT_HEIGHT, tiny.DEFAULT_FRAMES]
             ),
-            pipeline_class="CogVideoXPipeline",
+            pipeline_class=pipeline_class,
             heads=cfg["num_attention_heads"],
             head_dim=cfg["attention_head_dim"],
             spatial=2 ** (len(vae["block_out_channels"]) - 1),
@@ -119,18 +131,19 @@ class CogVideoXFamily(ModelFamily):
         if source.is_tiny:
             from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
 
-            pipe = tiny_pipeline()
+            pipe = tiny_pipeline(name=source.name)
             for module in (pipe.transformer, pipe.vae, pipe.text_encoder):
                 # torch's own `to`: diffusers' ModelMixin.to warns about fp32 modules on every dtype
                 # cast, even with none to keep (diffusers 0.42); the tiny models have none.
                 torch.nn.Module.to(module, device=device, dtype=dtype)
             return pipe
-        from diffusers import CogVideoXPipeline
+        import diffusers
 
+        pipeline_class = getattr(diffusers, source.pipeline_class)  # one of this family's pipeline_classes
         with warnings.catch_warnings(), no_diffusers_progress_bars():
             # diffusers 0.42 renamed torch_dtype to dtype (FutureWarning); older ones know only torch_dtype.
             warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
-            pipe = CogVideoXPipeline.from_pretrained(
+            pipe = pipeline_class.from_pretrained(
                 source.path, local_files_only=True, use_safetensors=True, torch_dtype=dtype
             )
         pipe.to(device)
@@ -154,6 +167,16 @@ class CogVideoXFamily(ModelFamily):
                 f"{temporal * latent} frames, not {job.frames}"
             )
             problems.append(f"frames: {job.frames} {why}; use 1 + a multiple of {step}, e.g. {near} or {near + step}")
+        config = transformer_config(source)
+        if config.learned_positions:  # diffusers refuses any other size once the weights are loaded
+            size = {"width": config.sample_width * source.spatial, "height": config.sample_height * source.spatial}
+            for field, value in size.items():
+                if getattr(job, field) != value:
+                    problems.append(
+                        f"{field}: {getattr(job, field)} px cannot be made by {source.name}: its transformer has "
+                        f"learned positional embeddings for {size['width']}x{size['height']} only (as "
+                        f"CogVideoX-5B-I2V); use resolution {size['width']}x{size['height']}"
+                    )
         return problems
 
     def attention_layers(self, source: ModelSource) -> list[str]:
@@ -161,8 +184,11 @@ class CogVideoXFamily(ModelFamily):
 
     # --- generation ---
 
-    def denoise(self, pipe: Any, job: JobSpec, *, generator: Any, text_tokens: int, callback: Any) -> Any:
+    def denoise(self, pipe: Any, job: JobSpec, *, generator: Any, text_tokens: int, callback: Any,
+                image: Any = None) -> Any:
+        extra = {} if image is None else {"image": image}  # the image-to-video pipeline's first frame
         (latents,) = pipe(
+            **extra,
             prompt=job.prompt,
             negative_prompt=job.negative_prompt or None,
             height=job.height,

@@ -1,4 +1,5 @@
-"""The built-in "tiny" CogVideoX model: a CogVideoXPipeline of the real architecture, built offline.
+"""The built-in tiny CogVideoX models, of the real architecture, built offline: "tiny" (a
+CogVideoXPipeline) and "tiny-cogvideox-i2v" (a CogVideoXImageToVideoPipeline).
 
 Every part is the diffusers/transformers class a real CogVideoX checkpoint loads into, with a tiny
 config and random weights from a fixed seed, so `sagevideo generate` runs anywhere with no
@@ -6,6 +7,12 @@ download. Attention has 2 heads of head dim 64 (a native head dim of the kernels
 embeddings (as in CogVideoX-5B), so the installed processor exercises the same code path.
 
 Default video: 64x64 px, 9 frames -> latents (1, 3, 4, 8, 8) -> 48 video tokens + 226 text tokens.
+
+The image-to-video transformer is the text-to-video one with what CogVideoX1.5-5B-I2V adds (as in
+diffusers' own i2v test config, in_channels doubled): the pipeline encodes the image with the VAE
+and concatenates its latents to the noisy latents on the channel axis, and an `ofs` embedding
+(ofs_embed_dim = time_embed_dim) joins the time embedding. Its VAE and text encoder are the
+text-to-video model's, with the same weights.
 """
 
 from __future__ import annotations
@@ -32,6 +39,18 @@ TRANSFORMER_CONFIG = dict(
     max_text_seq_length=TEXT_TOKENS,
     use_rotary_positional_embeddings=True,
 )
+
+I2V_NAME = "tiny-cogvideox-i2v"
+I2V_TRANSFORMER_CONFIG = dict(
+    TRANSFORMER_CONFIG,
+    in_channels=2 * TRANSFORMER_CONFIG["in_channels"],  # [noisy latents; image latents]
+    ofs_embed_dim=TRANSFORMER_CONFIG["time_embed_dim"],
+)
+# Built-in name -> (pipeline class, transformer config).
+MODELS = {
+    "tiny": ("CogVideoXPipeline", TRANSFORMER_CONFIG),
+    I2V_NAME: ("CogVideoXImageToVideoPipeline", I2V_TRANSFORMER_CONFIG),
+}
 
 # As in diffusers' own CogVideoX test config: 4 blocks -> 8x spatial, 4x temporal compression.
 VAE_CONFIG = dict(
@@ -61,27 +80,25 @@ T5_CONFIG = dict(
 )
 
 
-def tiny_pipeline(seed: int = TINY_SEED):
-    """Build the tiny CogVideoXPipeline (fp32, CPU) with weights drawn from `seed`.
+def tiny_pipeline(seed: int = TINY_SEED, name: str = "tiny"):
+    """Build the tiny CogVideoX pipeline `name` ("tiny" or "tiny-cogvideox-i2v"; fp32, CPU) with
+    weights drawn from `seed`.
 
     The global torch RNG is left as it was; each component has its own derived seed so that
     changing one config does not change the weights of the others.
     """
+    import diffusers
     import torch
-    from diffusers import (
-        AutoencoderKLCogVideoX,
-        CogVideoXDDIMScheduler,
-        CogVideoXPipeline,
-        CogVideoXTransformer3DModel,
-    )
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXTransformer3DModel
     from transformers import T5Config, T5EncoderModel
 
     from sagevideo.pipelines.tiny import tiny_tokenizer
 
+    pipeline_class, transformer_config = MODELS[name]
     tokenizer = tiny_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        transformer = CogVideoXTransformer3DModel(**TRANSFORMER_CONFIG)
+        transformer = CogVideoXTransformer3DModel(**transformer_config)
         torch.manual_seed(seed + 1)
         vae = AutoencoderKLCogVideoX(**VAE_CONFIG)
         torch.manual_seed(seed + 2)
@@ -98,7 +115,7 @@ def tiny_pipeline(seed: int = TINY_SEED):
         snr_shift_scale=3.0,
         timestep_spacing="trailing",
     )
-    pipe = CogVideoXPipeline(
+    pipe = getattr(diffusers, pipeline_class)(
         tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler
     )
     for module in (transformer, vae, text_encoder):
