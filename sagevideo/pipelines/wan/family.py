@@ -390,9 +390,12 @@ def encode_prompts(pipe: Any, job: JobSpec, text_tokens: int) -> dict[str, Any]:
     `encode_prompt` makes them from `prompt=` (the negative prompt "" when none is given, none
     without guidance), through WanPipeline's `_get_t5_prompt_embeds`: the same code line for line,
     except that diffusers 0.42's image-to-video copy calls ftfy even where ftfy is not installed
-    (a NameError), where WanPipeline's calls it only where it is."""
+    (a NameError), where WanPipeline's calls it only where it is. Under no_grad, as inside the
+    pipeline's call (embeddings that require grad would steer SDPA to other kernels)."""
+    import torch
     from diffusers import WanPipeline
 
+    @torch.no_grad()
     def embed(text: str) -> Any:
         return WanPipeline._get_t5_prompt_embeds(pipe, prompt=text, max_sequence_length=text_tokens,
                                                  device=pipe._execution_device)

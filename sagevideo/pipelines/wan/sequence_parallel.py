@@ -10,8 +10,11 @@ split the same way, with the same plan and step clock as one process:
 - self-attention (`attn1`): q/k/v of the shard go through the all-to-all to the whole video ×
   H/P heads, the installed plan's attention (sagevideo kernels) runs per head group, outputs go
   back: each head's attention (quantization groups included) sees the inputs of one process;
-- cross-attention (`attn2`): the text is replicated on every rank, so each rank attends its own
-  queries to all text keys locally (no exchange; per query token, exactly one process's result);
+- cross-attention (`attn2`): the text (and Wan 2.1 I2V's image tokens) is replicated on every
+  rank, so each rank attends its own queries to all its keys locally (per query token, one
+  process's result), except where sagevideo scales Q per block of tokens: a block of the full
+  query sequence is not a block of a shard, so those queries go through the all-to-all too
+  (`UlyssesWanRouter`) and each head is quantized in one process's groups;
 - a hook on `proj_out` gathers the video tokens, so every rank returns the full prediction.
 Norms, FFNs and modulation are per token, so they run on the shards unchanged. Every rank must run
 the same inputs (same seed). This is the split diffusers' own `_cp_plan` for Wan describes; see
@@ -24,14 +27,27 @@ import functools
 from typing import Any
 
 from sagevideo.parallel.launch import rank_and_world
-from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
+from sagevideo.parallel.ulysses import (
+    SequenceParallelHandle,
+    check_degree,
+    gather_seq,
+    ulysses_attention,
+    ulysses_query_attention,
+)
+from sagevideo.pipelines.plans import Granularity, Mode
 from sagevideo.pipelines.routing import AttentionRouter
 
 
 class UlyssesWanRouter(AttentionRouter):
-    """An `AttentionRouter` whose calls for the layers in `exchanged` (self-attention over the
-    sharded video tokens) run over the whole sequence per head group (Ulysses); other layers
-    (cross-attention to the replicated text) attend locally."""
+    """An `AttentionRouter` for one rank's shard of the video tokens.
+
+    Layers in `exchanged` (self-attention over the sharded video) run over the whole sequence per
+    head group (`ulysses_attention`). The others (cross-attention to the text, and to Wan 2.1 I2V's
+    image tokens, which every rank holds whole) attend locally when that is exact, i.e. in full
+    precision or with per-token Q scales; with per-block Q scales, whose blocks span the whole query
+    sequence on one process, their queries are exchanged too (`ulysses_query_attention`), so that
+    every head is quantized in the same groups as on one process.
+    """
 
     def __init__(self, plan: Any, backend: str = "auto", *, group: Any = None, exchanged: frozenset[str] = frozenset()):
         super().__init__(plan, backend)
@@ -41,10 +57,17 @@ class UlyssesWanRouter(AttentionRouter):
     def __call__(self, layer, q, k, v, *, attn_mask=None, **kwargs):
         local = super().__call__
         if layer not in self.exchanged:
+            if attn_mask is None and self.quantizes_query_blocks(layer):
+                return ulysses_query_attention(functools.partial(local, layer, **kwargs), q, k, v, self.group)
             return local(layer, q, k, v, attn_mask=attn_mask, **kwargs)
         if attn_mask is not None:
             raise NotImplementedError("Ulysses sequence parallelism takes no self-attention mask (Wan uses none)")
         return ulysses_attention(functools.partial(local, layer, **kwargs), q, k, v, 0, self.group)
+
+    def quantizes_query_blocks(self, layer: str) -> bool:
+        """Whether `layer`'s attention at the current step scales Q per block of tokens."""
+        choice = self.choice(layer)
+        return choice.mode is not Mode.full and choice.granularity is Granularity.block
 
 
 def self_attention_layers(pipe_or_transformer: Any) -> frozenset[str]:
