@@ -15,7 +15,7 @@ from sagevideo.pipelines.loading import resolve_model
 
 
 def test_every_registered_family_is_a_folder_with_its_family_module():
-    assert [f.name for f in families.every()] == list(families.REGISTRY) == ["cogvideox", "opensora"]
+    assert [f.name for f in families.every()] == list(families.REGISTRY) == ["cogvideox", "opensora", "wan"]
     for family in families.every():
         assert isinstance(family, families.ModelFamily) and family.pipeline_classes
         assert families.REGISTRY[family.name] == f"sagevideo.pipelines.{family.name}.family"
@@ -23,9 +23,11 @@ def test_every_registered_family_is_a_folder_with_its_family_module():
     assert families.for_pipeline_class("OpenSoraPipeline") is families.get("opensora")
     assert families.for_pipeline_class("StableDiffusionPipeline") is None
     assert families.for_tiny("tiny") is families.get("cogvideox")
-    assert families.generated_pipeline_classes() == ["CogVideoXPipeline", "CogVideoXImageToVideoPipeline"]
-    with pytest.raises(KeyError, match="no model family 'wan'"):
-        families.get("wan")
+    assert families.for_pipeline_class("WanPipeline") is families.get("wan")
+    assert families.generated_pipeline_classes() == ["CogVideoXPipeline", "CogVideoXImageToVideoPipeline",
+                                                     "WanPipeline", "WanImageToVideoPipeline"]
+    with pytest.raises(KeyError, match="no model family 'stablediffusion'"):
+        families.get("stablediffusion")
 
 
 def test_the_tiny_model_and_loaded_pipelines_know_their_family(tiny_pipe):
@@ -81,7 +83,7 @@ def test_opensora_job_constraints_and_degree_rule():
         "14784 image tokens are not divisible by 5; change frames/size or the degree"
     )
     # generate cannot run it yet, so --gpus-per-job refuses it before any per-job check
-    with pytest.raises(InputError, match="sequence parallelism splits CogVideoX transformers only; opensora is a "
+    with pytest.raises(InputError, match="sequence parallelism splits CogVideoX, Wan transformers only; opensora is a "
                        "OpenSoraPipeline"):
         families.degree_problems(source, [(fine, "job 1")], 2)
 
@@ -90,6 +92,6 @@ def test_other_models_and_transformers_are_refused():
     tiny = resolve_model("tiny")
     job = [(tiny.resolve(JobSpec(prompt="a cat")), "job 1")]
     assert degree_problems(tiny, job, 1) == [] and degree_problems(tiny, job, 2) == []
-    with pytest.raises(InputError, match="sequence parallelism splits CogVideoX transformers only; tiny is a "
+    with pytest.raises(InputError, match="sequence parallelism splits CogVideoX, Wan transformers only; tiny is a "
                        "OpenSoraPipeline"):
         degree_problems(dataclasses.replace(tiny, pipeline_class="OpenSoraPipeline"), job, 2)

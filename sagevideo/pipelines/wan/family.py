@@ -53,6 +53,8 @@ FPS, TI2V_FPS = 16, 24  # the frame rates Wan 2.1 / 2.2 A14B and Wan 2.2 TI2V-5B
 DEFAULT_SIZE = (480, 832, 81)  # height, width, frames: the pipelines' defaults (Wan 2.1 480p)
 TI2V_DEFAULT_SIZE = (704, 1280, 121)  # TI2V-5B's release setting (720p, 5 s at 24 fps)
 ROPE_MAX_SEQ_LEN = 1024  # WanTransformer3DModel's default rotary table length
+# Files of the official (non-diffusers) Wan releases, which `from_pretrained` cannot read.
+ORIGINAL_CHECKPOINT_FILES = ("Wan2.1_VAE.pth", "Wan2.2_VAE.pth", "models_t5_umt5-xxl-enc-bf16.pth")
 
 
 def pipeline_index(source: ModelSource) -> dict[str, Any]:
@@ -216,6 +218,14 @@ class WanFamily(ModelFamily):
             family=self.name,
             default_fps=TI2V_FPS if ti2v else FPS,
         )
+
+    def unconverted_hint(self, path: Path) -> str | None:
+        found = [name for name in ORIGINAL_CHECKPOINT_FILES if (path / name).exists()]
+        if not found:
+            return None
+        return (f"{path} holds an original Wan checkpoint ({', '.join(found)}), not a diffusers folder; use its "
+                "diffusers version (the Wan-AI/*-Diffusers repositories, e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers) or "
+                "convert it with diffusers' scripts/convert_wan_to_diffusers.py")
 
     def load(self, source: ModelSource, device: str, dtype: Any) -> Any:
         import torch

@@ -220,6 +220,17 @@ def test_folder_problems_name_what_is_missing(saved22, tmp_path, no_model_load):
         assert str(err.value) == f"--model {folder}: " + message.format(folder=folder.resolve()), number
 
 
+def test_an_original_wan_checkpoint_is_named_with_where_to_get_the_diffusers_one(tmp_path, no_model_load):
+    (tmp_path / "Wan2.1_VAE.pth").write_bytes(b"")
+    (tmp_path / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    with pytest.raises(InputError) as err:
+        resolve_model(str(tmp_path))
+    assert str(err.value) == (
+        f"--model {tmp_path}: {tmp_path} holds an original Wan checkpoint (Wan2.1_VAE.pth), not a diffusers folder; "
+        "use its diffusers version (the Wan-AI/*-Diffusers repositories, e.g. Wan-AI/Wan2.1-T2V-1.3B-Diffusers) or "
+        "convert it with diffusers' scripts/convert_wan_to_diffusers.py")
+
+
 def test_a_rotary_table_shorter_than_the_video_is_refused(saved22, tmp_path, no_model_load):
     folder = broken(saved22, tmp_path, lambda f, i: None)
     for part in ("transformer", "transformer_2"):
@@ -290,3 +301,4 @@ def test_ab_probes_every_layer_of_both_denoisers_at_the_steps_each_runs(tmp_path
         assert layer["steps"] == ([1] if name.startswith("transformer_2.") else [0]) and layer["calls"] == 2, name
         assert 0.99 < layer["cos_worst"] < 1.0
     assert data["arms"]["test"]["settings"]["backends_ran"] == {"reference/fp16": 2 * CALLS_PER_STEP}
+

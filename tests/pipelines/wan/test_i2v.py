@@ -17,7 +17,7 @@ import sagevideo
 from sagevideo.cli.app import app
 from sagevideo.eval.videos import read_frames
 from sagevideo.jobs.images import read_image
-from sagevideo.jobs.specs import JobSpec
+from sagevideo.jobs.specs import InputError, JobSpec
 from sagevideo.pipelines import families
 from sagevideo.pipelines.loading import load_pipeline, resolve_model
 from sagevideo.pipelines.runner import run_job
@@ -149,3 +149,20 @@ def test_a_wan22_a14b_i2v_folder_runs_both_denoisers_from_an_image(tmp_path, sti
                                  model=str(folder), progress=False)
     # step 0 on transformer, step 1 on transformer_2: every call of both routed
     assert records[0].status == "done" and records[0].backends["counts"] == {"reference/fp16": 16}
+
+
+def test_a_wan21_i2v_folder_without_its_image_encoder_is_refused_by_name(saved_i2v, tmp_path, no_model_load):
+    import shutil
+
+    folder = tmp_path / "i2v"
+    shutil.copytree(saved_i2v, folder)
+    (folder / "image_encoder" / "model.safetensors").unlink()
+    with pytest.raises(InputError, match=r"image_encoder/ has no \.safetensors weights; sagevideo loads safetensors"):
+        resolve_model(str(folder))
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "image_encoder": [None, None]}))
+    with pytest.raises(InputError) as err:
+        resolve_model(str(folder))
+    assert str(err.value) == (
+        f"--model {folder}: model_index.json names no image_encoder, which a Wan 2.1 image-to-video transformer "
+        "(image_dim set) needs; copy the whole diffusers folder")
