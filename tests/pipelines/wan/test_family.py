@@ -273,7 +273,7 @@ def test_denoise_and_decode_make_what_wan_pipeline_makes(wan_pipes):
 # --- calibrate and ab -----------------------------------------------------------------------------
 
 
-def test_calibrate_names_the_layers_of_both_denoisers(tmp_path):
+def test_calibrate_names_the_layers_of_both_denoisers_and_its_plan_runs(tmp_path):
     from sagevideo.experiments.calibrate import calibrate
 
     result = calibrate(["a cat"], out=tmp_path / "plan.json", model="tiny-wan22", progress=False,
@@ -283,6 +283,12 @@ def test_calibrate_names_the_layers_of_both_denoisers(tmp_path):
     assert list(result.errors) == plan["layers"]  # every layer measured, named as the plan names it
     for layer, errors in result.errors.items():
         assert all(0.99 < worst.cos <= 1.0 and worst.calls for worst in errors.values()), layer
+    # the plan drives a batch; the record names it and what ran
+    (record,) = sagevideo.generate([{"prompt": "a cat", **SMALL}], out=tmp_path / "out", model="tiny-wan22",
+                                   plan=tmp_path / "plan.json", progress=False)
+    assert record.plan == str(tmp_path / "plan.json") and len(record.plan_sha256) == 16
+    chosen = {f"reference/{choice.mode.pv}" if choice.mode.pv else "sdpa" for choice in result.chosen.values()}
+    assert set(record.backends["counts"]) == chosen and sum(record.backends["counts"].values()) == 2 * CALLS_PER_STEP
 
 
 @pytest.mark.slow  # two arms and the probe's re-run (~10 s on two shared cores)
