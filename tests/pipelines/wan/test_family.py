@@ -291,7 +291,6 @@ def test_calibrate_names_the_layers_of_both_denoisers_and_its_plan_runs(tmp_path
     assert set(record.backends["counts"]) == chosen and sum(record.backends["counts"].values()) == 2 * CALLS_PER_STEP
 
 
-@pytest.mark.slow  # two arms and the probe's re-run (~10 s on two shared cores)
 def test_ab_probes_every_layer_of_both_denoisers_at_the_steps_each_runs(tmp_path):
     from sagevideo.eval.evaluate import EvalOptions
     from sagevideo.experiments.ab import ab
