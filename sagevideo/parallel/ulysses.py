@@ -179,6 +179,32 @@ def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] 
     return result
 
 
+def ulysses_query_attention(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            group=None) -> torch.Tensor:
+    """Attention of sharded queries to keys/values every rank holds whole (cross-attention to
+    replicated text): query (B, H, n, D) of this rank's n tokens, key/value (B, H, M, D) -> (B, H, n, D).
+
+    The queries are exchanged to all P·n tokens × H/P heads (one all-to-all), keys/values sliced to
+    those heads, `attend(q, k, v)` runs on (B, H/P, P·n, D) queries, and the output goes back (a
+    second all-to-all). Local attention of the n queries gives the same result in exact arithmetic;
+    this is for attention whose numerics depend on the query sequence as a whole (sagevideo's
+    per-block INT8 scales of Q: a block of the full sequence is not a block of a shard), so that
+    each head sees exactly one process's inputs. Data movement only.
+    """
+    world = dist.get_world_size(group)
+    b, h, n, d = query.shape
+    hp = h // world
+    # send[p]: my n tokens of head group p, token-major; recv[p]: rank p's n tokens of my heads.
+    send = query.unflatten(1, (world, hp)).permute(1, 3, 0, 2, 4).contiguous()  # (P, n, B, hp, D)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    out = attend(recv.flatten(0, 1).permute(1, 2, 0, 3), local_heads(key, group), local_heads(value, group))
+    send_o = out.permute(2, 0, 1, 3).contiguous()  # (P·n, B, hp, D): rank p's tokens at [p·n, (p+1)·n)
+    recv_o = torch.empty_like(send_o)
+    dist.all_to_all_single(recv_o, send_o, group=group)  # recv_o[p·n : (p+1)·n]: my tokens, head group p
+    return recv_o.unflatten(0, (world, n)).permute(2, 0, 3, 1, 4).reshape(b, h, n, d)
+
+
 class SequenceParallelHandle:
     """Installed sequence parallelism on one transformer; `remove()` undoes hooks and processors."""
 

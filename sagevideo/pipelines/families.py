@@ -47,6 +47,7 @@ REGISTRY: dict[str, str] = {
     "cogvideox": "sagevideo.pipelines.cogvideox.family",
     "opensora": "sagevideo.pipelines.opensora.family",
     "hunyuanvideo": "sagevideo.pipelines.hunyuanvideo.family",
+    "wan": "sagevideo.pipelines.wan.family",
 }
 
 

@@ -15,7 +15,9 @@ from sagevideo.pipelines.loading import resolve_model
 
 
 def test_every_registered_family_is_a_folder_with_its_family_module():
-    assert [f.name for f in families.every()] == list(families.REGISTRY) == ["cogvideox", "opensora", "hunyuanvideo"]
+    assert [f.name for f in families.every()] == list(families.REGISTRY) == [
+        "cogvideox", "opensora", "hunyuanvideo", "wan"
+    ]
     for family in families.every():
         assert isinstance(family, families.ModelFamily) and family.pipeline_classes
         assert families.REGISTRY[family.name] == f"sagevideo.pipelines.{family.name}.family"
@@ -26,10 +28,12 @@ def test_every_registered_family_is_a_folder_with_its_family_module():
     assert families.for_tiny("tiny-opensora") is families.get("opensora")
     assert families.for_pipeline_class("HunyuanVideoPipeline") is families.get("hunyuanvideo")
     assert families.for_tiny("tiny-hunyuanvideo") is families.get("hunyuanvideo")
+    assert families.for_pipeline_class("WanPipeline") is families.get("wan")
     assert families.generated_pipeline_classes() == ["CogVideoXPipeline", "CogVideoXImageToVideoPipeline",
-                                                     "OpenSoraPipeline", "HunyuanVideoPipeline"]
-    with pytest.raises(KeyError, match="no model family 'wan'"):
-        families.get("wan")
+                                                     "OpenSoraPipeline", "HunyuanVideoPipeline",
+                                                     "WanPipeline", "WanImageToVideoPipeline"]
+    with pytest.raises(KeyError, match="no model family 'stablediffusion'"):
+        families.get("stablediffusion")
 
 
 def test_the_tiny_model_and_loaded_pipelines_know_their_family(tiny_pipe):

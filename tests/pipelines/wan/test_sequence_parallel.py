@@ -1,0 +1,179 @@
+"""Wan under Ulysses sequence parallelism (`pipelines/wan/sequence_parallel.py`): 2 CPU processes (gloo)
+against one process, for the transformer of each Wan layout and for a Wan 2.2 pipeline's two
+denoisers, then `sagevideo generate --gpus-per-job 2 --device cpu` on a local Ray instance.
+
+Tolerance: the all-to-all moves activations exactly and each head's attention, quantization groups
+included, sees the inputs of one process (cross-attention queries are exchanged too when Q is
+scaled per block). With SDPA inside, max |diff| < 1e-5 (as tests/parallel/test_ulysses.py;
+measured: 0, bit-equal). With sagevideo's quantization emulation, < 1e-4: the emulation's fp32
+products over the 512 text keys differ by ~1e-8 between one call of 2 heads and 2 calls of 1 head
+(BLAS blocking), which can flip one INT8 rounding in the next block (measured: max 4.2e-5, in 60
+of 3072 values of the text-to-video transformer; 5e-7 for the others). Videos:
+`tests/helpers/sp_tolerance.py` (attention "full" byte-identical mp4s; quantized attention within
+a mean of 1.5 levels of 255).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+BACKENDS = ("sdpa", "reference")
+LAYOUTS = ("t2v", "ti2v", "i2v")  # Wan 2.1 text-to-video, TI2V-5B per-token timesteps, Wan 2.1 I2V image tokens
+TOLERANCE = {"sdpa": 1e-5, "reference": 1e-4}  # see the module docstring
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _transformer(layout: str):
+    """The tiny Wan transformer of `layout` (fp32, eval) and its inputs: 3 latent frames of 8 x 8
+    (48 video tokens), 512 text tokens (Wan's context: the I2V processor splits image tokens off by it)."""
+    from diffusers import WanTransformer3DModel
+
+    from sagevideo.pipelines.wan.tiny import I2V_TRANSFORMER_CONFIG, TRANSFORMER_CONFIG
+
+    config = I2V_TRANSFORMER_CONFIG if layout == "i2v" else TRANSFORMER_CONFIG
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = WanTransformer3DModel(**config).eval()
+    gen = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(1, config["in_channels"], 3, 8, 8, generator=gen),
+                  timestep=torch.tensor([700.0]), encoder_hidden_states=torch.randn(1, 512, 32, generator=gen),
+                  return_dict=False)
+    if layout == "ti2v":  # the first latent frame is the image's: timestep 0 there (WanPipeline's expand_timesteps)
+        inputs["timestep"] = torch.cat([torch.zeros(16), torch.full((32,), 700.0)])[None]
+    if layout == "i2v":
+        inputs["encoder_hidden_states_image"] = torch.randn(1, 17, 32, generator=gen)
+    return model, inputs
+
+
+def _worker(rank, world, port, out_dir):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import sagevideo
+    from sagevideo.parallel.launch import init_from_env
+    from sagevideo.pipelines.plans import AttentionPlan
+    from sagevideo.pipelines.wan.sequence_parallel import shard_wan
+    from tests.helpers.wan import run_wan22, tiny_wan22_pipeline
+
+    init_from_env("gloo")
+    results = {}
+    for layout in LAYOUTS:
+        model, inputs = _transformer(layout)
+        for backend in BACKENDS:
+            with torch.no_grad(), shard_wan(model, backend=backend), sagevideo.record_backends() as log:
+                results[layout, backend] = model(**inputs)[0], log.summary()
+    pipe = tiny_wan22_pipeline(boundary_ratio=0.5)
+    with shard_wan(pipe, backend="reference"), sagevideo.record_backends() as log:
+        results["wan22"] = run_wan22(pipe, steps=2), log.summary()
+    # all-to-alls per forward: self-attention always; cross-attention only with per-block Q scales
+    exchange, calls = torch.distributed.all_to_all_single, []
+    torch.distributed.all_to_all_single = lambda *a, **k: calls.append(1) or exchange(*a, **k)
+    model, inputs = _transformer("t2v")
+    for granularity in ("block", "token"):
+        calls.clear()
+        with torch.no_grad(), shard_wan(model, plan=AttentionPlan.uniform("int8-fp16", granularity),
+                                        backend="reference"):
+            out = model(**inputs)[0]
+        results["t2v", granularity] = out, len(calls)
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow  # two processes (gloo)
+def test_two_ranks_equal_one_process(tmp_path):
+    import sagevideo
+    from sagevideo.pipelines.plans import AttentionPlan
+    from tests.helpers.wan import run_wan22, tiny_wan22_pipeline
+
+    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    for layout in LAYOUTS:
+        model, inputs = _transformer(layout)
+        for backend in BACKENDS:
+            with torch.no_grad(), sagevideo.install(model, backend=backend), sagevideo.record_backends() as log:
+                single = model(**inputs)[0]
+            for rank, results in enumerate(ranks):
+                sharded, summary = results[layout, backend]
+                assert sharded.shape == single.shape, (layout, backend, rank)
+                assert (sharded - single).abs().max() < TOLERANCE[backend], (layout, backend, rank)
+                # each rank routes every one of its attention calls, as one process does
+                assert summary == log.summary(), (layout, backend, rank)
+    model, inputs = _transformer("t2v")
+    for granularity, exchanges in (("block", 2 * 2 + 2 * 2), ("token", 2 * 2)):  # 2 blocks x (in, out)
+        with torch.no_grad(), sagevideo.install(model, AttentionPlan.uniform("int8-fp16", granularity),
+                                                backend="reference"):
+            single = model(**inputs)[0]
+        for results in ranks:
+            sharded, calls = results["t2v", granularity]
+            assert calls == exchanges and (sharded - single).abs().max() < TOLERANCE["reference"], granularity
+    pipe = tiny_wan22_pipeline(boundary_ratio=0.5)  # 2 steps: one on each denoiser
+    with sagevideo.install(pipe, backend="reference"), sagevideo.record_backends() as log:
+        single = run_wan22(pipe, steps=2)
+    assert log.summary()["counts"] == {"reference/fp16": 2 * 2 * 4}
+    for results in ranks:
+        sharded, summary = results["wan22"]
+        assert (sharded - single).abs().max() < TOLERANCE["reference"] and summary == log.summary()
+
+
+def test_only_self_attention_is_exchanged(wan_pipes):
+    """attn1 (over the sharded video tokens) goes through the all-to-all; attn2 attends the
+    replicated text (and image) tokens with the rank's own queries, locally."""
+    from sagevideo.pipelines.wan.sequence_parallel import self_attention_layers
+
+    assert self_attention_layers(wan_pipes["tiny-wan22"]) == {
+        f"{prefix}blocks.{i}.attn1" for prefix in ("", "transformer_2.") for i in range(2)}
+    assert self_attention_layers(wan_pipes["tiny-wan-i2v"].transformer) == {"blocks.0.attn1", "blocks.1.attn1"}
+
+
+# --- `sagevideo generate --gpus-per-job 2 --device cpu` on Ray -----------------------------------
+
+ray = pytest.importorskip("ray")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from sagevideo.cli.app import app  # noqa: E402
+from tests.helpers.sp_tolerance import JOBS, assert_same_videos  # noqa: E402
+from tests.scheduling.conftest import own_addresses  # noqa: E402  (its import keeps Ray private and quiet)
+
+
+@pytest.fixture
+def allowed_hosts() -> set[str]:
+    return own_addresses()  # Ray rewrites 127.0.0.1 to this machine's address
+
+
+@pytest.mark.slow  # a local Ray instance and a group of 2 gloo ranks
+def test_generate_on_ray_with_two_ranks_per_job_matches_one_process(tmp_path, monkeypatch):
+    """tiny-wan22 (both denoisers split), `--address auto` with no cluster here: a local Ray
+    instance; then the same command again resumes (nothing runs twice)."""
+    import json
+
+    import sagevideo
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(JOBS)
+    one = sagevideo.generate(jobs, out=tmp_path / "one", model="tiny-wan22", device="cpu", progress=False)
+    args = ["generate", str(jobs), "--model", "tiny-wan22", "--out", str(tmp_path / "sp"), "--device", "cpu",
+            "--gpus-per-job", "2", "--address", "auto", "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "3 done, 0 skipped, 0 failed" in result.stdout and "Ray group(s) of 2 ranks" in result.stdout
+    assert "a local Ray instance" in result.stdout
+    assert_same_videos(tmp_path / "sp", tmp_path / "one")
+    records = [json.loads(line) for line in (tmp_path / "sp" / "manifest.jsonl").read_text().splitlines()]
+    by_id = {r.job_id: r for r in one}
+    for r in records:
+        assert r["family"] == "wan" and r["worker"]["ranks"] == 2 and r["status"] == "done"
+        # rank 0 counts every call (2 steps x 2 forwards x 4 layers); "full" runs SDPA inside Ulysses
+        expected = {"sdpa": 16} if r["attention"] == "full" else by_id[r["job_id"]].backends["counts"]
+        assert r["backends"]["counts"] == expected, r["prompt"]
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "0 done, 3 skipped, 0 failed" in again.stdout, again.output
