@@ -3,13 +3,15 @@
 # long settings (default plan vs SDPA cuDNN-first, per-layer worst cosine vs fp32), then one tiny
 # generation per built-in model with --backend triton, its manifest's backends printed last.
 # Usage (repo root, on the GPU machine): BENCH_COMMIT=<sha> bash tools/gpu_families.sh OUT [forwards|tiny|all]
-# (DEVICE=cpu BACKEND=reference bash tools/gpu_families.sh /tmp/f tiny: the same generations on CPU)
+# (NO_SITE=1 DEVICE=cpu BACKEND=reference bash tools/gpu_families.sh /tmp/f tiny: the same generations on CPU)
 set -uo pipefail
 out=${1:?OUT folder}; what=${2:-all}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 RAY_AUTH_MODE=disabled
-if [ -f .site.tar.xz ] && [ ! -d /tmp/site ]; then tar xJf .site.tar.xz -C /tmp; fi
-[ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site
+if [ -z "${NO_SITE:-}" ]; then  # the GPU image's missing packages (tools/gpu_site.sh); NO_SITE=1 here
+  if [ -f .site.tar.xz ] && [ ! -d /tmp/site ]; then tar xJf .site.tar.xz -C /tmp; fi
+  [ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 if [ "$what" != tiny ]; then
   for spec in "cogvideox-5b 3" "opensora --resolution 768px 2"; do
     set -- $spec; model=$1; repeats=${!#}; extra=("${@:2:$#-2}")
@@ -25,14 +27,14 @@ from pathlib import Path
 from PIL import Image
 Image.new("RGB", (64, 64), (200, 120, 40)).save(Path(sys.argv[1]) / "first.png")
 PY
-  models=$(python3 -c "from sagevideo.pipelines import families; print(' '.join(n for f in families.every() if f.generates for n in f.tiny_models))")
+  models=${MODELS:-$(python3 -c "from sagevideo.pipelines import families; print(' '.join(n for f in families.every() if f.generates for n in f.tiny_models))")}
   for model in $models; do
     image=$(python3 -c "
 from sagevideo.pipelines.loading import resolve_model
 s = resolve_model('$model'); print(s.model_family.image_input(s) or '')")
     args=(--model "$model" --out "$out/gen-$model" --device "${DEVICE:-cuda}" --backend "${BACKEND:-triton}" --no-progress)
     [ "$image" = required ] && args+=(--image "$out/first.png")
-    python3 -m sagevideo generate "a lighthouse at dusk, waves" "${args[@]}" > "$out/gen-$model.txt" 2>&1
+    python3 -m sagevideo generate --prompt "a lighthouse at dusk, waves" "${args[@]}" > "$out/gen-$model.txt" 2>&1
     echo "generate $model rc=$? image=${image:-none}: $(tail -1 "$out/gen-$model.txt")"
     python3 -c "
 import json; r = [json.loads(l) for l in open('$out/gen-$model/manifest.jsonl')][-1]
