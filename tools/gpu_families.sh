@@ -21,23 +21,24 @@ if [ "$what" != tiny ]; then
   done
 fi
 if [ "$what" != forwards ]; then
-  python3 - "$out" <<'PY'
-import sys
-from pathlib import Path
+  rm -rf /tmp/sagevideo-gen
+  python3 - <<'PY'
 from PIL import Image
-Image.new("RGB", (64, 64), (200, 120, 40)).save(Path(sys.argv[1]) / "first.png")
+Image.new("RGB", (64, 64), (200, 120, 40)).save("/tmp/first.png")
 PY
   models=${MODELS:-$(python3 -c "from sagevideo.pipelines import families; print(' '.join(n for f in families.every() if f.generates for n in f.tiny_models))")}
   for model in $models; do
     image=$(python3 -c "
 from sagevideo.pipelines.loading import resolve_model
 s = resolve_model('$model'); print(s.model_family.image_input(s) or '')")
-    args=(--model "$model" --out "$out/gen-$model" --device "${DEVICE:-cuda}" --backend "${BACKEND:-triton}" --no-progress)
-    [ "$image" = required ] && args+=(--image "$out/first.png")
-    python3 -m sagevideo generate --prompt "a lighthouse at dusk, waves" "${args[@]}" > "$out/gen-$model.txt" 2>&1
-    echo "generate $model rc=$? image=${image:-none}: $(tail -1 "$out/gen-$model.txt")"
+    gen=/tmp/sagevideo-gen/$model  # the videos stay on the machine: a call brings back few files
+    args=(--model "$model" --out "$gen" --device "${DEVICE:-cuda}" --backend "${BACKEND:-triton}" --no-progress)
+    [ "$image" = required ] && args+=(--image /tmp/first.png)
+    python3 -m sagevideo generate --prompt "a lighthouse at dusk, waves" "${args[@]}" >> "$out/tiny.txt" 2>&1
+    echo "generate $model rc=$? image=${image:-none}: $(tail -1 "$out/tiny.txt")"
+    tail -1 "$gen/manifest.jsonl" >> "$out/tiny-manifests.jsonl"
     python3 -c "
-import json; r = [json.loads(l) for l in open('$out/gen-$model/manifest.jsonl')][-1]
+import json; r = json.loads(open('$gen/manifest.jsonl').read().splitlines()[-1])
 print('   ', r['family'], r['status'], r['backend'], r['backends'])" 2>&1 | tail -1
   done
 fi

@@ -240,14 +240,19 @@ def image_tiny_models() -> list[str]:
     return [name for f in every() if f.generates for name in f.tiny_models if f.image_input(f.tiny_source(name))]
 
 
+def image_models_text() -> str:
+    """The models that take an input image, for messages: 'tiny-a, tiny-b, or a P or Q folder'."""
+    classes = [c for f in every() if f.generates for c in f.image_pipeline_classes]
+    folders = ", ".join(classes[:-1]) + (f" or {classes[-1]}" if len(classes) > 1 else "".join(classes))
+    return ", ".join(image_tiny_models()) + (f", or a {folders} folder" if classes else "")
+
+
 def image_use_problem(source: ModelSource, job: JobSpec) -> str | None:
     """'image: ...' when a job gives an image to a model that takes none, or none to one that
     requires it (the family's `image_input`, before any image is read), else None."""
     takes = source.model_family.image_input(source)
     if job.image is not None and takes is None:
-        models = [*image_tiny_models(), *(f"a {c} folder" for f in every() if f.generates
-                                          for c in f.image_pipeline_classes)]
-        use = f", or use an image-to-video model ({', '.join(models)})" if models else ""
+        use = f", or use a model that takes one ({image_models_text()})" if image_tiny_models() else ""
         return (f"image: {source.name} is a text-to-video model ({source.pipeline_class}) and takes no image; "
                 f"leave image out{use}")
     if job.image is None and takes == "required":

@@ -70,6 +70,13 @@ def test_other_models_and_transformers_are_refused():
     tiny = resolve_model("tiny")
     job = [(tiny.resolve(JobSpec(prompt="a cat")), "job 1")]
     assert degree_problems(tiny, job, 1) == [] and degree_problems(tiny, job, 2) == []
-    with pytest.raises(InputError, match="sequence parallelism splits CogVideoX, Open-Sora 2.0, HunyuanVideo "
+    with pytest.raises(InputError, match="sequence parallelism splits CogVideoX, Open-Sora 2.0, HunyuanVideo, Wan "
                        "transformers only; tiny is a CogVideoXVideoToVideoPipeline with a CogVideoXTransformer3DModel"):
         degree_problems(dataclasses.replace(tiny, pipeline_class="CogVideoXVideoToVideoPipeline"), job, 2)
+
+
+def test_the_models_that_take_an_image_are_listed_from_the_registry():
+    assert families.image_models_text() == (
+        "tiny-cogvideox-i2v, tiny-opensora, tiny-wan-i2v, tiny-wan22-ti2v, or a CogVideoXImageToVideoPipeline, "
+        "OpenSoraPipeline or WanImageToVideoPipeline folder"
+    )

@@ -167,8 +167,8 @@ def test_every_image_problem_is_a_clear_line_with_exit_2_before_loading(tmp_path
     assert t2v.exit_code == 2
     assert t2v.stderr.strip() == (
         f"sagevideo generate: error: --image {stills / 'noise.png'}: tiny is a text-to-video model "
-        "(CogVideoXPipeline) and takes no image; leave image out, or use an image-to-video model "
-        "(tiny-cogvideox-i2v, tiny-opensora, a CogVideoXImageToVideoPipeline folder, a OpenSoraPipeline folder)"
+        "(CogVideoXPipeline) and takes no image; leave image out, or use a model that takes one "
+        f"({families.image_models_text()})"
     )
     with pytest.raises(InputError, match=r"job 1: image: missing; tiny-cogvideox-i2v is an image-to-video model"):
         sagevideo.generate("a cat", out=tmp_path / "out", model=I2V)
