@@ -63,7 +63,7 @@ class GenerateConfig(BaseModel):
     plan: an attention-plan JSON for every job that names none (checked to exist and fit the
     model, recorded in the manifest with its hash). image: the input image of every job that
     names none, for image-to-video models (`sagevideo.jobs.images`; checked before loading).
-    gpus_per_job: ranks per job (Ulysses sequence parallelism, CogVideoX only), checked against
+    gpus_per_job: ranks per job (Ulysses sequence parallelism, every family), checked against
     every job's heads and video tokens by `plan_batch`. job_timeout: seconds one job may run. On
     Ray the driver stops a worker whose job runs longer (a hang) and retries the job like a worker
     death; in this process a timer stops the job at the limit, mid-step, between two torch
