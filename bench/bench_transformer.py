@@ -317,7 +317,8 @@ def recipe_rows(run: Run, shape: str, results: dict) -> Run:
 def recipe_table(results: dict) -> list[str]:
     """The side-by-side table, one line per recipe."""
     def number(value, fmt):
-        return "-" if value is None else format(value, fmt)
+        width = int(fmt.split(".")[0])
+        return f"{'-':>{width}s}" if value is None else format(value, fmt)
 
     lines = [f"{'recipe':18s} {'ms':>9s} {'x eager cuDNN':>14s} {'x compile cuDNN':>16s} {'cos vs eager':>13s} "
              f"{'first call s':>13s}  backends"]
