@@ -27,6 +27,18 @@ masked refiner calls of HunyuanVideo).
     python -m bench.bench_transformer --model wan-14b | --model hunyuanvideo                       # GPU
     python -m bench.bench_transformer --tiny [--model opensora]                                     # CPU smoke test
     (any of them with --append-results [PATH]: also add the rows to bench/results.jsonl)
+
+With `--recipes eager-cudnn,eager-sage,compile-cudnn,compile-sage,fp8-compile-sage` (the default
+list with `--recipes default`): each recipe on a freshly built model of the same seed (compile and
+fp8 change the model), measured side by side in one run through sagevideo's own recipe
+(`sagevideo.pipelines.recipe.apply_recipe`: fp8 = torchao float8 rowwise linears on the blocks,
+compile = regional, each block `.compile()`d): ms, × eager cuDNN, × compile cuDNN, output cosine
+vs eager cuDNN, the first call's time (compile included; the Inductor cache folder is the
+product's persistent one unless TORCHINDUCTOR_CACHE_DIR is set, so a second run shows a warm
+start) and the attention backends that ran. A name is `[fp8-](eager|compile)-(cudnn|sage)`.
+
+    python -m bench.bench_transformer --recipes default [--model wan-14b | --model opensora --resolution 768px]
+    python -m bench.bench_transformer --tiny --recipes default          # CPU smoke test (compile backend eager)
 """
 
 from __future__ import annotations
@@ -212,6 +224,121 @@ def result_rows(run: Run, shape: str, result: dict) -> Run:
     return run
 
 
+DEFAULT_RECIPES = "eager-cudnn,eager-sage,compile-cudnn,compile-sage,fp8-compile-sage"
+
+
+def parse_recipe_name(name: str) -> dict:
+    """'fp8-compile-sage' -> {"linear": "fp8", "compile": "regional", "attention": "sage"}."""
+    parts = name.split("-")
+    linear = "fp8" if parts[0] == "fp8" else "bf16"
+    parts = parts[1:] if linear == "fp8" else parts
+    if len(parts) != 2 or parts[0] not in ("eager", "compile") or parts[1] not in ("cudnn", "sage"):
+        raise SystemExit(f"--recipes: {name!r} is not [fp8-](eager|compile)-(cudnn|sage)")
+    return {"linear": linear, "compile": "regional" if parts[0] == "compile" else "none", "attention": parts[1]}
+
+
+def run_recipes(names: list[str], build_model, *, tiny: bool, repeats: int, compile_backend: str) -> dict:
+    """Each recipe on a fresh model (same seed): {name: {ms, first_call_s, backends, output_cos_vs_eager_cudnn,
+    x_eager_cudnn, x_compile_cudnn, recipe}}. build_model() -> (model, inputs)."""
+    import gc
+
+    import sagevideo
+    from sagevideo.jobs.recipe import Recipe
+    from sagevideo.pipelines.recipe import apply_recipe, fp8_linear_problem
+
+    results, reference = {}, None
+    for name in names:
+        spec = parse_recipe_name(name)
+        problem = fp8_linear_problem("cpu" if tiny else "cuda", "bfloat16") if spec["linear"] == "fp8" else None
+        if problem:  # said in the table and the JSON, never measured as something else
+            results[name] = {"skipped": problem}
+            continue
+        torch._dynamo.reset()
+        model, inputs = build_model()
+
+        def forward(model=model, inputs=inputs):
+            with torch.no_grad():
+                out = model(**inputs)
+                return out[0] if isinstance(out, tuple) else out
+
+        handle = sagevideo.install(model, backend="reference" if tiny else "auto") if spec["attention"] == "sage" \
+            else None
+        recipe = Recipe(compile=spec["compile"], linear=spec["linear"], compile_backend=compile_backend)
+        applied = apply_recipe(model, recipe)
+        with _sdpa_order(tiny), sagevideo.record_backends() as log:
+            start = time.perf_counter()
+            out = forward()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            first_call_s = time.perf_counter() - start
+            seconds = timed(forward, repeats)
+        out = out.float().cpu()
+        if reference is None and name == "eager-cudnn":
+            reference = out
+        results[name] = {
+            "ms": seconds * 1e3, "first_call_s": first_call_s, "backends": dict(log.counts),
+            "recipe": recipe.label(), "fp8_layers": len(applied.fp8_layers), "compiled_blocks": applied.compiled_blocks,
+            "output_cos_vs_eager_cudnn": None if reference is None else
+            F.cosine_similarity(reference.flatten(), out.flatten(), dim=0).item(),
+        }
+        if handle is not None:
+            handle.remove()
+        del model, inputs, out
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    for base, key in (("eager-cudnn", "x_eager_cudnn"), ("compile-cudnn", "x_compile_cudnn")):
+        if "ms" in results.get(base, {}):
+            for entry in results.values():
+                if "ms" in entry:
+                    entry[key] = results[base]["ms"] / entry["ms"]
+    return results
+
+
+def _sdpa_order(tiny: bool):
+    """cuDNN first (flash, then efficient, for calls cuDNN refuses) on the GPU; nothing on CPU."""
+    import contextlib
+
+    if tiny:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    return sdpa_kernel(order, set_priority=True)
+
+
+def recipe_rows(run: Run, shape: str, results: dict) -> Run:
+    """The recipes' results as results-file rows: variant recipe-NAME, metrics ms, x_eager_cudnn,
+    x_compile_cudnn, output_cos_vs_eager_cudnn, first_call_s (backends and the recipe in extra)."""
+    for name, r in results.items():
+        if "skipped" in r:
+            continue
+        variant = f"recipe-{name}"
+        run.add(shape, variant, "ms", r["ms"], backends=r["backends"], recipe=r["recipe"])
+        for metric in ("x_eager_cudnn", "x_compile_cudnn", "output_cos_vs_eager_cudnn"):
+            run.add(shape, variant, metric, r.get(metric))
+        run.add(shape, variant, "first_call_s", r["first_call_s"], unit="s")
+    return run
+
+
+def recipe_table(results: dict) -> list[str]:
+    """The side-by-side table, one line per recipe."""
+    def number(value, fmt):
+        width = int(fmt.split(".")[0])
+        return f"{'-':>{width}s}" if value is None else format(value, fmt)
+
+    lines = [f"{'recipe':18s} {'ms':>9s} {'x eager cuDNN':>14s} {'x compile cuDNN':>16s} {'cos vs eager':>13s} "
+             f"{'first call s':>13s}  backends"]
+    for name, r in results.items():
+        if "skipped" in r:
+            lines.append(f"{name:18s} not run: {r['skipped']}")
+            continue
+        lines.append(f"{name:18s} {r['ms']:9.1f} {number(r.get('x_eager_cudnn'), '14.2f')} "
+                     f"{number(r.get('x_compile_cudnn'), '16.2f')} {number(r['output_cos_vs_eager_cudnn'], '13.5f')} "
+                     f"{r['first_call_s']:13.1f}  {r['backends'] or 'none (stock SDPA)'}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     import sagevideo
     from sagevideo.eval.numerics.errors import error_stats
@@ -233,11 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny config on CPU (smoke test)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json")
+    parser.add_argument("--recipes", help=f"comma-separated recipes side by side ('default': {DEFAULT_RECIPES})")
+    parser.add_argument("--compile-backend", choices=["inductor", "aot_eager", "eager"],
+                        help="torch.compile backend of the compile recipes (default: inductor; eager with --tiny)")
     add_results_option(parser)
     args = parser.parse_args(argv)
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float16 if args.tiny else torch.bfloat16
     backend = "reference" if args.tiny else "auto"
+    if args.recipes:
+        return recipes_main(args, argv, device, dtype)
     if args.model == "opensora":
         model, inputs = build_opensora(args.tiny, device, dtype, args.resolution)
         description = f"Open-Sora 2.0 transformer (random weights), 129 frames {args.resolution} 16:9, batch 1, bf16"
@@ -316,6 +448,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"per-layer worst cosine vs fp32 SDPA: min {measuring.worst[worst_layer]:.5f} ({worst_layer}), "
               f"mean {sum(measuring.worst.values()) / len(measuring.worst):.5f}")
     print(f"transformer output cosine vs stock SDPA: {out_cos:.5f}")
+    return 0
+
+
+def recipes_main(args, argv, device: str, dtype) -> int:
+    """`--recipes`: every recipe on the chosen model, the table last, JSON with --json."""
+    builders = {
+        "opensora": lambda: build_opensora(args.tiny, device, dtype, args.resolution),
+        "wan-14b": lambda: build_wan(args.tiny, device, dtype),
+        "hunyuanvideo": lambda: build_hunyuan(args.tiny, device, dtype, args.text_tokens),
+    }
+    build_model = builders.get(args.model, lambda: build(TINY if args.tiny else COGVIDEOX_5B, device, dtype))
+    names = (DEFAULT_RECIPES if args.recipes == "default" else args.recipes).split(",")
+    compile_backend = args.compile_backend or ("eager" if args.tiny else "inductor")
+    results = run_recipes([n.strip() for n in names], build_model, tiny=args.tiny, repeats=args.repeats,
+                          compile_backend=compile_backend)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    shapes = {"opensora": f"opensora-{args.resolution}", "wan-14b": "wan-14b-720p-81f",
+              "hunyuanvideo": "hunyuanvideo-720p-129f"}
+    shape = f"{args.model}-tiny" if args.tiny else shapes.get(args.model, args.model)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"model": args.model, "shape": shape, "gpu": gpu, "compile_backend": compile_backend,
+                       "recipes": results}, fh, indent=2)
+    if args.append_results:
+        added = recipe_rows(start_run("bench_transformer", gpu, argv), shape, results).append(args.append_results)
+        print(f"bench_transformer: {added} rows appended to {args.append_results}")
+    print(f"{shape} on {gpu}, compile backend {compile_backend}:")
+    for line in recipe_table(results):
+        print(line)
     return 0
 
 

@@ -19,11 +19,13 @@ _LAZY = {
     "last_backend": "sagevideo.attention.records",
     "generate": "sagevideo.generation.generate",
     "GenerateConfig": "sagevideo.jobs.config",
+    "Recipe": "sagevideo.jobs.recipe",
     "calibrate": "sagevideo.experiments.calibrate",
     "install": "sagevideo.pipelines.install",
 }
 
-__all__ = ["GenerateConfig", "__version__", "calibrate", "generate", "install", "last_backend", "record_backends",
+__all__ = ["GenerateConfig", "Recipe", "__version__", "calibrate", "generate", "install", "last_backend",
+           "record_backends",
            "sageattn", "scaled_dot_product_attention"]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from sagevideo.experiments.calibrate import calibrate
     from sagevideo.generation.generate import generate
     from sagevideo.jobs.config import GenerateConfig
+    from sagevideo.jobs.recipe import Recipe
     from sagevideo.pipelines.install import install
 
 

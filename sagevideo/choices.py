@@ -1,4 +1,5 @@
-"""The choices users name (attention, backend, P·V precision, Q/K granularity, device, dtype),
+"""The choices users name (attention, backend, P·V precision, Q/K granularity, device, dtype,
+the recipe's compile/linear/cache),
 declared once, and the two rules that resolve "auto": the device, and FP8 P·V on sm89+.
 
 Job specs, the generation config, the CLI (typer reads these Literals), the attention op and the
@@ -17,6 +18,12 @@ PVChoice = Literal["auto", "fp16", "fp8"]  # auto: `auto_pv(device)`
 Granularity = Literal["block", "token"]  # Q/K quantization scales per tile or per token
 Device = Literal["auto", "cpu", "cuda"]  # auto: `resolve_device`
 DType = Literal["float32", "bfloat16", "float16"]
+# The speed recipe around attention (`sagevideo.jobs.recipe.Recipe`): regional torch.compile,
+# the transformer blocks' linears in FP8 (torchao), and diffusers' step-caching hooks.
+Compile = Literal["none", "regional"]  # regional: each transformer block compiled on its own
+CompileBackend = Literal["inductor", "aot_eager", "eager"]  # torch.compile backends (eager: Dynamo only)
+Linear = Literal["bf16", "fp8"]  # fp8: torchao float8 dynamic activation + weight, rowwise scales
+Cache = Literal["none", "first-block", "taylorseer", "pyramid-broadcast"]  # diffusers.hooks cache configs
 
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -25,6 +32,10 @@ PV_CHOICES: tuple[str, ...] = get_args(PVChoice)
 GRANULARITIES: tuple[str, ...] = get_args(Granularity)
 DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(DType)
+COMPILES: tuple[str, ...] = get_args(Compile)
+COMPILE_BACKENDS: tuple[str, ...] = get_args(CompileBackend)
+LINEARS: tuple[str, ...] = get_args(Linear)
+CACHES: tuple[str, ...] = get_args(Cache)
 
 FP8_CAPABILITY = (8, 9)  # Ada and newer NVIDIA GPUs have FP8 tensor cores
 

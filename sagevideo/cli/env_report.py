@@ -118,4 +118,21 @@ def report_lines() -> list[str]:
               "warp-specialized Gluon kernel where it measured faster (FP8 PV, head dim 128; calls without "
               "causal/mask/LSE), 'triton' the plain-Triton kernel everywhere, 'gluon' the Gluon kernel "
               "wherever it runs (FP8 PV)."]
+    lines += ["", *recipe_lines()]
     return lines
+
+
+def recipe_lines() -> list[str]:
+    """What this machine can run of the speed recipe (--compile, --linear, --cache)."""
+    from sagevideo.pipelines.recipe import capabilities
+
+    can = capabilities()
+    return [
+        f"speed recipe on {can['device']} (--compile, --linear, --cache; checked again for each batch):",
+        f"  {'torchao':15s} {can['torchao'] or 'not installed (pip install torchao, for --linear fp8)'}",
+        f"  {'--linear fp8':15s} {can['fp8_linears']}",
+        f"  {'--compile':15s} regional with Inductor: {can['inductor']} (--compile-backend eager always traces)",
+        f"  {'--cache':15s} diffusers hooks here: {', '.join(can['diffusers_caches']) or 'none'}",
+        f"  {'compile cache':15s} {can['compile_cache']} ($SAGEVIDEO_COMPILE_CACHE overrides; "
+        "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, when set, win)",
+    ]

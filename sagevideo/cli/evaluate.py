@@ -10,8 +10,9 @@ from typing import Annotated, Literal
 
 import typer
 
-from sagevideo.choices import Backend, Device, PVChoice
+from sagevideo.choices import Backend, Cache, Compile, CompileBackend, Device, Linear, PVChoice
 from sagevideo.cli.common import EXIT_FAILED, fail, handle_errors
+from sagevideo.jobs.recipe import Recipe
 
 LpipsNet = Literal["alex", "vgg"]
 
@@ -93,6 +94,11 @@ def eval_command(
     _fail_for_lost_metrics("eval", result)
 
 
+def _recipe_help(name: str) -> str:
+    """The help of a recipe option (applied to ab's quantized arm), as `Recipe` declares it."""
+    return Recipe.model_fields[name].description
+
+
 def ab_command(
     job_file: Annotated[
         Path, typer.Argument(help="Job file (YAML/TOML/text, as for `generate`) without attention, pv or plan.")
@@ -125,6 +131,12 @@ def ab_command(
     resamples: _ResamplesOption = 1000,
     set_resamples: _SetResamplesOption = 50,
     diff_gain: _GainOption = 8.0,
+    compile: Annotated[Compile, typer.Option(help=_recipe_help("compile"))] = "none",
+    compile_backend: Annotated[CompileBackend, typer.Option(help=_recipe_help("compile_backend"))] = "inductor",
+    linear: Annotated[Linear, typer.Option(help=_recipe_help("linear"))] = "bf16",
+    linear_keep: Annotated[list[str], typer.Option(help=_recipe_help("linear_keep"))] = [],  # noqa: B006
+    cache: Annotated[Cache, typer.Option(help=_recipe_help("cache"))] = "none",
+    cache_threshold: Annotated[float | None, typer.Option(help=_recipe_help("cache_threshold"))] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """A/B test: run JOB_FILE quantized and at full precision (twice: the noise floor), then evaluate.
@@ -142,6 +154,8 @@ def ab_command(
         config = ABConfig.build(
             job_file, out=out, model=model, plan=plan, image=image, pv=pv, backend=backend, device=device,
             attention_probe=attention_probe, noise_floor=noise_floor, progress=progress,
+            compile=compile, compile_backend=compile_backend, linear=linear, linear_keep=linear_keep,
+            cache=cache, cache_threshold=cache_threshold,
         )
         options = _eval_options(metrics, weights, device, lpips_net, resamples, set_resamples, diff_gain)
         result = ab(config, options=options, echo=lambda line: typer.echo(line, err=True))

@@ -33,6 +33,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sagevideo.choices import Backend, Device, PVChoice
 from sagevideo.errors import ABFailed, InputError
+from sagevideo.jobs.recipe import (
+    CacheOption,
+    CacheThresholdOption,
+    CompileBackendOption,
+    CompileOption,
+    LinearKeepOption,
+    LinearOption,
+    recipe_of,
+)
 from sagevideo.outputs.manifest import ManifestRecord
 
 log = logging.getLogger("sagevideo")
@@ -68,6 +77,12 @@ class ABConfig(BaseModel):
         "quantized jobs with a probing router.",
     )
     noise_floor: bool = Field(True, description="Run full precision twice (the noise floor).")
+    compile: CompileOption = "none"
+    compile_backend: CompileBackendOption = "inductor"
+    linear: LinearOption = "bf16"
+    linear_keep: LinearKeepOption = []  # noqa: RUF012 (pydantic copies defaults)
+    cache: CacheOption = "none"
+    cache_threshold: CacheThresholdOption = None
     progress: bool = Field(True, description="Show progress bars.")
 
     @classmethod
@@ -170,7 +185,9 @@ def ab(
     """Run the arms and evaluate them; returns the metrics.json content.
 
     config: an `ABConfig`, or the job file of one whose other fields are keyword arguments (out,
-    model, plan, image, pv, backend, device, attention_probe, noise_floor, progress).
+    model, plan, image, pv, backend, device, attention_probe, noise_floor, progress; compile,
+    compile_backend, linear, linear_keep, cache, cache_threshold: the quantized arm's `Recipe`,
+    so the report says what quantized attention with that recipe costs against full precision).
     options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
     failed or the quantized arm's attention calls do not match the plan; ModelLoadError (from
@@ -209,7 +226,8 @@ def ab(
     common: dict[str, Any] = {"model": model, "backend": config.backend, "device": config.device}
     if config.image is not None:  # every arm plans the same files, so every arm starts from the same images
         common["image"] = config.image
-    quantized: dict[str, Any] = {"attention": "sage"}
+    recipe = recipe_of(config)  # the quantized arm's speed recipe; the full-precision arms run plain
+    quantized: dict[str, Any] = {"attention": "sage", **recipe.model_dump()}
     if pv is not None:
         quantized["pv"] = pv
     if plan is not None:
@@ -287,6 +305,7 @@ def ab(
         "images": {r.image_sha256: r.image for r in records["test"] if r.image_sha256} or None,
         "quantized_arm": str(test_dir.relative_to(out_dir)),
         "attention_probe": attention_probe,
+        "recipe": recipe.label(),
     }
     return evaluate(
         out_dir / ARMS["ref"],

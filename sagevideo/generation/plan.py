@@ -22,6 +22,7 @@ from sagevideo.errors import InputError
 from sagevideo.host.pipeline_host import PlannedJob, RunContext
 from sagevideo.jobs.config import JOB_DEFAULTS, GenerateConfig
 from sagevideo.jobs.files import Origin
+from sagevideo.jobs.recipe import RECIPE_FIELDS
 from sagevideo.jobs.specs import (
     DEFAULT_PROMPTS,
     JobSpec,
@@ -79,7 +80,8 @@ class BatchPlan:
     def context(self) -> RunContext:
         """What each worker needs (no jobs)."""
         return RunContext(
-            out=self.out, source=self.source, device=self.device, dtype=self.dtype, fps=self.settings.fps
+            out=self.out, source=self.source, device=self.device, dtype=self.dtype, fps=self.settings.fps,
+            recipe=self.settings.recipe,
         )
 
 
@@ -98,6 +100,7 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
     from sagevideo.jobs.files import load_job_file, looks_like_job_file
     from sagevideo.pipelines.families import degree_problems
     from sagevideo.pipelines.loading import resolve_model
+    from sagevideo.pipelines.recipe import recipe_problems
 
     config = GenerateConfig.build(config, **options)
     # Every problem is collected before anything is refused: a bad option, a bad default of the
@@ -141,6 +144,8 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
         plan_shas, plan_problems, plan_notes = check_plans(source, with_items, defaults)
         image_shas, image_problems, image_notes = check_images(source, with_items, defaults)
         problems += plan_problems + image_problems + _duplicate_outputs(resolved)
+        if not bad & set(RECIPE_FIELDS):  # what this machine and model cannot run of the recipe
+            problems += recipe_problems(settings.recipe, source, dev, dt, settings.gpus_per_job)
         notes += plan_notes + image_notes
     if problems:
         raise InputError(group_problems(problems))
@@ -184,6 +189,8 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
         }
         if j.image is not None:  # only then: the ids of jobs without an image stay what they were
             id_settings["image_sha256"] = image_shas[j.image]
+        if not settings.recipe.is_plain:  # fp8 linears and caches change the video; plain recipes keep their ids
+            id_settings["recipe"] = settings.recipe.settings()
         # The plan's and the image's content, not their paths, decide the output: moving a file keeps the id.
         jid = job_id(j.model_copy(update={"plan": None, "image": None}), id_settings)
         if jid in seen:

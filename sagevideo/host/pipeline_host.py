@@ -32,6 +32,7 @@ from typing import Any
 from sagevideo.errors import ModelLoadError
 from sagevideo.host import failpoints
 from sagevideo.host.deadline import deadline
+from sagevideo.jobs.recipe import Recipe
 from sagevideo.jobs.specs import JobSpec
 from sagevideo.outputs.manifest import Handoff, ManifestRecord, now_iso
 from sagevideo.pipelines.loading import ModelSource
@@ -90,6 +91,7 @@ class RunContext:
     dtype: str
     fps: int
     cpu_threads: int | None = None
+    recipe: Recipe | None = None
 
 
 def worker_info(node: str | None = None) -> dict[str, Any]:
@@ -196,6 +198,7 @@ class PipelineHost:
 
             torch.set_num_threads(ctx.cpu_threads)
         self.pipe, self.load_s = _load(ctx)
+        self.recipe: Any = None  # the AppliedRecipe, once applied (after the first attention install)
         self._handle = None
         self._attention: tuple[str | None, str | None, str | None] | None = None  # (backend, pv, plan) now
 
@@ -225,6 +228,7 @@ class PipelineHost:
 
             image = read_image(pj.job.image, pj.image_sha256)
         self._set_attention(pj.backend, pj.job.pv, pj.job.plan)
+        self._apply_recipe()
         with self._mid_denoise_failpoint(pj, attempt), deadline(time_limit):
             return runner.run_job(
                 self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens, on_step=on_step, decode=decode,
@@ -275,6 +279,8 @@ class PipelineHost:
                 # The driver stops the batch on a full disk: every later write would fail.
                 handoff["storage_full"] = isinstance(err, VideoWriteError) and err.storage_full
         record.backends, record.timings, record.created = calls.summary(), timings, now_iso()
+        if self.recipe is not None:
+            record.recipe = self.recipe.record()
         record.handoff = Handoff(**handoff)
         failpoints.check("job-staged", pj.job.prompt, attempt, self.rank)
         return record
@@ -297,6 +303,18 @@ class PipelineHost:
         self._attention = None  # stays None if the hook raises: the next job tries again
         self._handle = self.attention(self.pipe, backend, pv, plan)
         self._attention = (backend, pv, plan)
+
+    def _apply_recipe(self) -> None:
+        """The batch's recipe on the pipeline, once, after its attention is installed (install, then
+        fp8 linears, cache hooks, compile: `sagevideo.pipelines.recipe.apply_recipe`); its per-job
+        counters reset before every job."""
+        recipe = self.ctx.recipe
+        if self.recipe is None and recipe is not None and not recipe.is_plain:
+            from sagevideo.pipelines.recipe import apply_recipe
+
+            self.recipe = apply_recipe(self.pipe, recipe)
+        if self.recipe is not None:
+            self.recipe.start_job(self.pipe.transformer)
 
     @contextlib.contextmanager
     def _mid_denoise_failpoint(self, pj: PlannedJob, attempt: int) -> Iterator[None]:

@@ -26,6 +26,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 
 from sagevideo.choices import Attention, Backend, Device, DType, PVChoice
 from sagevideo.errors import InputError
+from sagevideo.jobs.recipe import (
+    CacheOption,
+    CacheThresholdOption,
+    CompileBackendOption,
+    CompileOption,
+    LinearKeepOption,
+    LinearOption,
+    Recipe,
+    expand_recipe,
+    recipe_of,
+)
 from sagevideo.jobs.specs import Frames, Guidance, JobSpec, NotBool, Pixels, Seed, Steps, group_problems, value_problems
 
 
@@ -69,6 +80,9 @@ class GenerateConfig(BaseModel):
     death; in this process a timer stops the job at the limit, mid-step, between two torch
     operations (one operation that runs longer, e.g. a single huge attention call, finishes first;
     outside the main thread the limit is checked after each step), and the job fails.
+    compile, compile_backend, linear, linear_keep, cache, cache_threshold: the batch's `Recipe`
+    (`sagevideo.jobs.recipe`; `recipe=` in `build` gives them as one object), applied once per
+    loaded pipeline and checked against the machine by `plan_batch`.
     frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4). dtype: None =
     bfloat16 on CUDA, float32 on CPU. progress: the progress bar of `generate` (planning ignores it).
     """
@@ -118,6 +132,12 @@ class GenerateConfig(BaseModel):
     )
     device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
     dtype: DType | None = Field(None, description="Model dtype (default: bfloat16 on CUDA, float32 on CPU).")
+    compile: CompileOption = "none"
+    compile_backend: CompileBackendOption = "inductor"
+    linear: LinearOption = "bf16"
+    linear_keep: LinearKeepOption = []  # noqa: RUF012 (pydantic copies defaults)
+    cache: CacheOption = "none"
+    cache_threshold: CacheThresholdOption = None
     fps: Annotated[int, NotBool, Field(ge=1, le=240)] | None = Field(
         None, description="Frame rate of the mp4 files (default: the model's, the rate it was trained at)."
     )
@@ -153,13 +173,20 @@ class GenerateConfig(BaseModel):
 
     @property
     def problems(self) -> list[tuple[str, str, str]]:
-        """(field, option with its value, what is wrong) for each value `build` left at its default."""
-        return list(self._problems)
+        """(field, option with its value, what is wrong) for each value `build` left at its default,
+        and settings of the recipe that contradict each other."""
+        return [*self._problems, *self.recipe.problems()]
+
+    @property
+    def recipe(self) -> Recipe:
+        """The batch's speed recipe (compile, linear, cache: `sagevideo.jobs.recipe`)."""
+        return recipe_of(self)
 
     @classmethod
     def build(cls, prompts_or_jobs: Any = None, /, **options: Any) -> GenerateConfig:
         """A config from a GenerateConfig (with `options` over it) or from prompts/jobs and keyword
         options; bad values are kept in `problems`, not raised (see the module docstring)."""
+        options = expand_recipe(options)  # recipe=Recipe(...) -> its flat fields
         if isinstance(prompts_or_jobs, GenerateConfig):
             base, data = prompts_or_jobs, {**dict(prompts_or_jobs), **options}
         else:
@@ -173,7 +200,7 @@ class GenerateConfig(BaseModel):
             raise TypeError(f"unexpected keyword argument {unknown[0]!r}{hint}")
         if "out" not in data:
             raise TypeError("missing the keyword argument 'out' (the output folder)")
-        problems = [p for p in base.problems if p[0] not in options] if base is not None else []
+        problems = [p for p in base._problems if p[0] not in options] if base is not None else []
         try:
             config = cls(**data)
         except ValidationError as err:

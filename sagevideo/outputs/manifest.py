@@ -33,7 +33,12 @@ retries (one {attempt, error, worker} per such death), worker ({host, pid, node}
 last attempt; node is the Ray node id, None without Ray; with --gpus-per-job, rank 0 of the
 group, plus rank and ranks), started (UTC ISO time the last attempt began on its worker, after
 any model load; None when no worker returned a record), created (UTC ISO time of the record),
-sagevideo_version. Unknown keys (another tool's, or a newer version's extras) are kept as they are.
+sagevideo_version, recipe (the batch's speed recipe, `sagevideo.jobs.recipe.Recipe.settings()` plus
+what was applied: fp8_layers (count), kept_layers, compiled_blocks, cache_forwards and
+cache_skipped (the job's transformer forwards the step cache decided on and skipped; None where
+diffusers does not expose it); None for a plain recipe and on lines written before it existed,
+which read as they are: an optional field, no schema change). Unknown keys (another tool's, or a
+newer version's extras) are kept as they are.
 """
 
 from __future__ import annotations
@@ -159,6 +164,7 @@ class ManifestRecord(BaseModel):
     started: str | None = None
     created: str | None = None
     sagevideo_version: str | None = None
+    recipe: dict[str, Any] | None = None
     handoff: Handoff | None = Field(None, exclude=True)
 
     @field_validator("outputs", "retries", mode="before")

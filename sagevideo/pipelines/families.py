@@ -58,7 +58,8 @@ class ModelFamily:
     pipeline_classes: `model_index.json` `_class_name`s it loads; tiny_models: built-in model
     names it serves ("tiny"); weight_components: folders of a model folder that must hold
     safetensors. generates: whether generate/ab/calibrate run it; sequence_parallel: whether
-    `--gpus-per-job` can split it. image_pipeline_classes: those of pipeline_classes that start
+    `--gpus-per-job` can split it. step_caches: the `--cache` values its transformer takes.
+    image_pipeline_classes: those of pipeline_classes that start
     from an input image (see `image_input`).
     """
 
@@ -70,6 +71,9 @@ class ModelFamily:
     generates: bool = True
     sequence_parallel: bool = False
     image_pipeline_classes: tuple[str, ...] = ()
+    # diffusers step caches (`Recipe.cache`) its transformer takes: a diffusers CacheMixin whose
+    # blocks diffusers' TransformerBlockRegistry knows
+    step_caches: tuple[str, ...] = ("first-block", "taylorseer", "pyramid-broadcast")
 
     # --- detection and loading (configs only, then weights) ---
 

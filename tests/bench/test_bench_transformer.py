@@ -34,3 +34,21 @@ def test_tiny_run_on_cpu_appends_its_rows(tmp_path, capsys):
     rows = load(path)
     assert {(r.bench, r.shape, r.gpu) for r in rows} == {("bench_transformer", "cogvideox-5b-tiny", "cpu")}
     assert one(rows, variant="sagevideo-fp16", metric="ms").extra["backends"] == {"reference/fp16": 6}
+
+
+def test_recipes_run_side_by_side_on_cpu_and_become_rows(tmp_path, capsys):
+    path = tmp_path / "results.jsonl"
+    argv = ["--tiny", "--recipes", "eager-cudnn,eager-sage,fp8-compile-sage,compile-sage", "--repeats", "1",
+            "--append-results", str(path)]
+    assert bench_transformer.main(argv) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[-1].startswith("compile-sage") and "reference/fp16" in table[-1]  # the table last
+    assert table[-2].startswith("fp8-compile-sage") and "not run: float8 linears need a CUDA GPU" in table[-2]
+    rows = load(path)
+    assert one(rows, variant="recipe-eager-cudnn", metric="x_eager_cudnn").value == 1.0
+    compiled = one(rows, variant="recipe-compile-sage", metric="ms")
+    assert compiled.extra["backends"] == {"reference/fp16": 6} and compiled.extra["recipe"] == "regional/eager"
+    assert one(rows, variant="recipe-compile-sage", metric="output_cos_vs_eager_cudnn").value > 0.999
+    assert select(rows, metric="x_compile_cudnn") == []  # no compile-cudnn recipe in this run
+    with pytest.raises(SystemExit, match="not \\[fp8-\\]"):
+        bench_transformer.parse_recipe_name("fast-sage")

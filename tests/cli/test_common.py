@@ -41,8 +41,8 @@ def test_options_match_the_config(command, config, api_only):
             assert param.required, field_name
         else:
             expected = cli_spelling.get(field_name, field.default)
-            if param.multiple:  # a repeatable option: typer's None or () for the config's None
-                assert expected is None and not param.default, field_name
+            if param.multiple:  # a repeatable option: typer's None or () for the config's None or []
+                assert expected in (None, []) and not param.default, field_name
             else:
                 assert param.default == expected, field_name
 

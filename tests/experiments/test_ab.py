@@ -161,3 +161,29 @@ def test_ab_with_a_plan_evaluates_an_arm_that_ran_the_plan(tmp_path):
     assert probe[LAYERS[0]]["cos_worst_by_step"][1] < 1.0
     assert data["attention_probe"]["reproduced"]["all_identical"] is True
     assert "no noise-floor run" in " ".join(data["notes"])
+
+
+@pytest.mark.slow  # renders three arms, then evaluates them
+def test_ab_runs_the_quantized_arm_with_a_recipe_and_reports_it(tmp_path):
+    """--cache/--compile reach the quantized arm only: its records carry the recipe (and the skipped
+    steps), the full-precision arms run plain, metrics.json says which recipe was compared."""
+    from sagevideo.outputs.manifest import Manifest
+    from tests.helpers.evalkit import single_thread
+
+    jobs = tmp_path / "jobs.txt"
+    jobs.write_text("a red fox running through snow\n")
+    out = tmp_path / "out"
+    with single_thread():
+        result = CliRunner().invoke(app, [
+            "ab", str(jobs), "--out", str(out), "--no-progress", "--metrics", "psnr", "--resamples", "100",
+            "--weights", str(tmp_path / "no-weights"), "--cache", "first-block", "--cache-threshold", "5",
+            "--compile", "regional", "--compile-backend", "eager",
+        ])
+    assert result.exit_code == 0, result.output
+    (quantized,) = Manifest(out / "quantized" / "manifest.jsonl").records()
+    assert quantized.recipe["cache"] == "first-block" and quantized.recipe["cache_skipped"] == 1  # 2 steps
+    assert quantized.recipe["compiled_blocks"] == 2
+    for arm in ("full", "full-repeat"):
+        assert all(r.recipe is None for r in Manifest(out / arm / "manifest.jsonl").records())
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert json.dumps(metrics).count("regional/eager+first-block@5") >= 1

@@ -13,7 +13,7 @@ from sagevideo.jobs.specs import DEFAULT_PROMPTS
 RECORD_FIELDS = set(
     "schema job_id status error prompt negative_prompt seed frames height width steps guidance name model family "
     "model_fingerprint attention pv backend plan plan_sha256 image image_sha256 device dtype fps backends timings "
-    "outputs attempts retries worker started created sagevideo_version".split()
+    "outputs attempts retries worker started created sagevideo_version recipe".split()
 )
 
 
@@ -58,3 +58,18 @@ def test_the_mp4_rate_is_the_models_unless_fps_is_given(tmp_path):
     source_fps = plan_batch(["a fox"], out=tmp_path / "a").settings.fps
     assert source_fps == 8  # CogVideoX's tiny model: CogVideoX is trained at 8 fps
     assert plan_batch(["a fox"], out=tmp_path / "b", fps=24).settings.fps == 24
+
+
+def test_a_recipe_runs_through_generate_and_is_recorded_in_the_manifest(tmp_path):
+    out = tmp_path / "out"
+    recipe = sagevideo.Recipe(cache="first-block", cache_threshold=5.0, compile="regional", compile_backend="eager")
+    (record,) = sagevideo.generate("a red panda", out=out, steps=3, recipe=recipe, progress=False)
+    assert record["status"] == "done", record["error"]
+    assert manifest_lines(out) == [record]
+    got = record["recipe"]
+    assert (got["cache"], got["cache_threshold"], got["compile"], got["compiled_blocks"]) == (
+        "first-block", 5.0, "regional", 2)
+    assert (got["cache_forwards"], got["cache_skipped"]) == (3, 2)  # the steps after the first reuse the cache
+    assert record["backends"]["counts"] == {"reference/fp16": 2 * 3 - 2}  # 2 layers, skipped steps run only block 0
+    plain = sagevideo.generate("a red panda", out=tmp_path / "plain", steps=3, progress=False)[0]
+    assert plain["recipe"] is None and plain["job_id"] != record["job_id"]  # a cache changes the video: its own id

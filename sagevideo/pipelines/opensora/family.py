@@ -89,6 +89,7 @@ class OpenSoraFamily(ModelFamily):
     weight_components = ()
     generates = True
     sequence_parallel = True
+    step_caches = ()  # its transformer is sagevideo's, not a diffusers CacheMixin with registered blocks
 
     # --- detection and loading ---
 

@@ -1,0 +1,174 @@
+"""`Recipe`: how the transformer runs around its attention (pydantic, no torch).
+
+A batch's recipe is applied once per loaded pipeline, after its attention is installed, in the
+order that composes (`sagevideo.pipelines.recipe.apply_recipe`): FP8 linears, then step-cache
+hooks, then regional compile. The fields are also flat options of `GenerateConfig` (`--compile`,
+`--linear`, `--linear-keep`, `--cache`, `--cache-threshold`, `--compile-backend`); the
+`sagevideo.generate(..., recipe=Recipe(...))` keyword expands into them.
+
+- compile: "none", or "regional": each transformer block `torch.compile`d on its own (diffusers'
+  `compile_repeated_blocks` where the model declares `_repeated_blocks`), compiled code kept in
+  a persistent cache folder (`sagevideo.pipelines.recipe.compile_cache_dir`).
+- compile_backend: torch.compile's backend ("inductor"; "eager"/"aot_eager" trace without
+  generating code, for machines without a C++ compiler and for tests).
+- linear: "bf16" (as loaded), or "fp8": torchao's float8 dynamic activation + weight
+  quantization with rowwise scales on the transformer blocks' nn.Linear layers (CUDA sm89+, bf16).
+- linear_keep: layer-name patterns (fnmatch, matched against names inside the transformer such
+  as "transformer_blocks.0.*") kept in bf16 with linear="fp8", e.g. the first and last block.
+- cache: "none", or one of diffusers' step-caching hooks: "first-block" (FirstBlockCache: the
+  rest of the blocks are skipped while the first block's residual changes less than
+  cache_threshold), "taylorseer" (TaylorSeerCache: blocks' outputs predicted between full steps),
+  "pyramid-broadcast" (PyramidAttentionBroadcast: attention outputs reused across steps).
+- cache_threshold: first-block's relative-change threshold (default 0.05, diffusers' default);
+  only first-block takes one.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sagevideo.choices import Cache, Compile, CompileBackend, Linear
+
+DEFAULT_CACHE_THRESHOLD = 0.05  # diffusers' FirstBlockCacheConfig default
+THRESHOLD_CACHES = ("first-block",)  # caches that take cache_threshold
+
+
+# Each setting declared once, as a type with its help, for `Recipe` and the configs of
+# generate/ab/calibrate, whose flat options they are (`recipe_of(config)` gathers them).
+CompileOption = Annotated[
+    Compile, Field(description="regional: torch.compile each transformer block on its own (none: eager).")
+]
+CompileBackendOption = Annotated[
+    CompileBackend,
+    Field(description="torch.compile backend of --compile regional (eager, aot_eager: no code generation)."),
+]
+LinearOption = Annotated[
+    Linear,
+    Field(description="fp8: the transformer blocks' linears in torchao float8, rowwise (CUDA sm89+, bfloat16)."),
+]
+LinearKeepOption = Annotated[
+    list[str],
+    Field(description="With --linear fp8: layer names kept in bf16 (repeatable; fnmatch patterns on names inside "
+          "the transformer, e.g. 'transformer_blocks.0.*')."),
+]
+CacheOption = Annotated[
+    Cache, Field(description="Step caching through diffusers' hooks: first-block, taylorseer, pyramid-broadcast.")
+]
+CacheThresholdOption = Annotated[
+    float | None,
+    Field(gt=0, lt=10, description="Threshold of --cache first-block: relative change of the first block's "
+          "residual below which the other blocks are skipped (default 0.05)."),
+]
+
+
+class Recipe(BaseModel):
+    """The speed settings of a batch (see the module docstring); frozen, picklable (it travels to
+    Ray workers and sequence-parallel ranks inside the `RunContext`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    compile: CompileOption = "none"
+    compile_backend: CompileBackendOption = "inductor"
+    linear: LinearOption = "bf16"
+    linear_keep: LinearKeepOption = []  # noqa: RUF012 (pydantic copies defaults)
+    cache: CacheOption = "none"
+    cache_threshold: CacheThresholdOption = None
+
+    @field_validator("linear_keep", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else list(value or ())
+
+    @property
+    def is_plain(self) -> bool:
+        """Whether the recipe changes nothing (eager, bf16 linears, no cache)."""
+        return self.compile == "none" and self.linear == "bf16" and self.cache == "none"
+
+    @property
+    def threshold(self) -> float | None:
+        """The cache threshold that applies (first-block's default when unset), None for other caches."""
+        if self.cache not in THRESHOLD_CACHES:
+            return None
+        return DEFAULT_CACHE_THRESHOLD if self.cache_threshold is None else self.cache_threshold
+
+    def problems(self) -> list[tuple[str, str, str]]:
+        """(field, option with its value, what is wrong) for settings that contradict each other
+        (what the machine can run is checked by `sagevideo.pipelines.recipe.recipe_problems`)."""
+        found = []
+        if self.cache_threshold is not None and self.cache not in THRESHOLD_CACHES:
+            found.append(("cache_threshold", f"--cache-threshold {self.cache_threshold}",
+                          f"only --cache first-block takes a threshold (--cache is {self.cache}); leave it out"))
+        if self.linear_keep and self.linear != "fp8":
+            found.append(("linear_keep", f"--linear-keep {self.linear_keep[0]}",
+                          "keeps layers in bf16 only with --linear fp8; leave it out or add --linear fp8"))
+        return found
+
+    def settings(self) -> dict[str, Any]:
+        """What the manifest records (`ManifestRecord.recipe`): every setting, threshold resolved."""
+        data = self.model_dump()
+        data["linear_keep"] = list(self.linear_keep)
+        data["cache_threshold"] = self.threshold
+        return data
+
+    def label(self) -> str:
+        """A short name for reports: e.g. 'regional+fp8+first-block@0.05', or 'eager'."""
+        parts = []
+        if self.compile != "none":
+            backend = "" if self.compile_backend == "inductor" else f"/{self.compile_backend}"
+            parts.append(self.compile + backend)
+        if self.linear != "bf16":
+            parts.append(self.linear)
+        if self.cache != "none":
+            parts.append(self.cache + (f"@{self.threshold:g}" if self.threshold is not None else ""))
+        return "+".join(parts) or "eager"
+
+
+RECIPE_FIELDS: tuple[str, ...] = tuple(Recipe.model_fields)
+
+
+def recipe_of(config: Any) -> Recipe:
+    """The `Recipe` of a config with the recipe's fields as flat options (GenerateConfig, ...)."""
+    return Recipe(**{name: getattr(config, name) for name in RECIPE_FIELDS})
+
+
+def expand_recipe(options: dict[str, Any]) -> dict[str, Any]:
+    """Keyword options with a `recipe=` (a Recipe, a mapping of its fields, or 'NAME=VALUE,...'
+    text) replaced by its flat fields; a flat field given beside it wins. TypeError for another type."""
+    if "recipe" not in options:
+        return options
+    options = dict(options)
+    recipe = options.pop("recipe")
+    if recipe is None:
+        return options
+    if isinstance(recipe, str):
+        recipe = parse_recipe(recipe)
+    elif not isinstance(recipe, Recipe):
+        if not hasattr(recipe, "keys"):
+            kind = type(recipe).__name__
+            raise TypeError(f"recipe: give a sagevideo.Recipe, a dict of its fields or its text, not {kind}")
+        recipe = Recipe(**recipe)
+    return {**{name: getattr(recipe, name) for name in RECIPE_FIELDS}, **options}
+
+
+def parse_recipe(text: str) -> Recipe:
+    """A recipe from 'compile=regional,linear=fp8,cache=first-block,cache_threshold=0.1' (dashes or
+    underscores in names; 'linear_keep=a;b' for several patterns; empty text: the plain recipe).
+    Raises ValueError naming the bad part."""
+    data: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in RECIPE_FIELDS:
+            raise ValueError(f"{part!r}: give NAME=VALUE with NAME one of {', '.join(RECIPE_FIELDS)}")
+        value = value.strip()
+        data[name] = [v for v in value.split(";") if v] if name == "linear_keep" else value
+    try:
+        return Recipe(**data)
+    except Exception as err:  # a pydantic ValidationError: say it in one line
+        errors = getattr(err, "errors", None)
+        if callable(errors):
+            first = errors()[0]
+            raise ValueError(f"{first['loc'][0]}: {first['msg']}") from None
+        raise

@@ -1,0 +1,330 @@
+"""The speed recipe on a loaded pipeline: FP8 linears (torchao), step caching (diffusers' hooks)
+and regional torch.compile, applied in the order that composes, after the attention is installed.
+
+- `recipe_problems(recipe, source, device, dtype, gpus_per_job)`: why this machine or model cannot
+  run a `Recipe`, before anything loads (`plan_batch` lists them with the batch's other problems).
+- `apply_recipe(pipe, recipe)` -> `AppliedRecipe`: 1. linear "fp8": torchao's
+  `quantize_(block, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))` on the
+  transformer blocks' nn.Linear layers (but `linear_keep` and layers whose dims are not multiples
+  of 16, which float8 GEMMs cannot take); 2. cache: `transformer.enable_cache(<diffusers config>)`;
+  3. compile "regional": diffusers' `compile_repeated_blocks` where the model declares
+  `_repeated_blocks`, else each block of the transformer's block lists `.compile()`d (the same thing,
+  found by diffusers' block names). Compiled code goes to a persistent folder (`use_compile_cache`).
+- `capabilities(device)`: what this machine can run (for `sagevideo env`).
+
+Attention installed later (a job with another plan) still runs: the compiled blocks re-trace
+for the new processors (Dynamo guards on them).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sagevideo.choices import FP8_CAPABILITY, has_fp8_tensor_cores
+from sagevideo.jobs.recipe import Recipe
+
+COMPILE_CACHE_ENV = "SAGEVIDEO_COMPILE_CACHE"  # overrides the folder below
+DEFAULT_COMPILE_CACHE = Path("~/.cache/sagevideo/compile")
+FP8_MULTIPLE = 16  # float8 GEMMs (torch._scaled_mm) need in/out features divisible by 16
+
+
+def compile_cache_dir() -> Path:
+    """The persistent compile-cache folder: $SAGEVIDEO_COMPILE_CACHE, else ~/.cache/sagevideo/compile."""
+    return Path(os.environ.get(COMPILE_CACHE_ENV) or DEFAULT_COMPILE_CACHE).expanduser()
+
+
+def use_compile_cache() -> dict[str, str]:
+    """Point torch's own caches at `compile_cache_dir()` (unless the user set them): Inductor's
+    (TORCHINDUCTOR_CACHE_DIR: FX-graph cache, kernels, autotuning) and Triton's (TRITON_CACHE_DIR),
+    with Inductor's FX-graph cache on, so a compile is paid once per machine, not per process.
+    Returns {variable: folder} as used."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    root = compile_cache_dir()
+    # torch writes its default into the variable on first use; that is not a user's choice.
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", os.path.abspath(default_cache_dir())):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+    inductor_config.fx_graph_cache = True
+    return {name: os.environ[name] for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+
+
+# --- what the machine and the model can run (no model loaded) -----------------------------------
+
+
+def torchao_problem() -> str | None:
+    """Why torchao's float8 linears cannot be used here (not installed, too old), or None."""
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not installed (pip install torchao)"
+    try:
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow  # noqa: F401
+    except ImportError as err:
+        return f"this torchao has no Float8DynamicActivationFloat8WeightConfig/PerRow ({err}); upgrade torchao"
+    return None
+
+
+def fp8_linear_problem(device: str, dtype: str) -> str | None:
+    """Why float8 rowwise linears cannot run on `device` in `dtype`, or None."""
+    import torch
+
+    sm = "sm" + "".join(map(str, FP8_CAPABILITY))
+    if device != "cuda" or not torch.cuda.is_available():
+        return f"float8 linears need a CUDA GPU with FP8 tensor cores ({sm}+), not {device}"
+    if not has_fp8_tensor_cores(device):
+        major, minor = torch.cuda.get_device_capability()
+        return f"float8 linears need FP8 tensor cores ({sm}+); this GPU is sm{major}{minor}"
+    if dtype != "bfloat16":
+        return f"float8 rowwise linears run on bfloat16 models, not {dtype}; use --dtype bfloat16"
+    return torchao_problem()
+
+
+def inductor_problem(device: str) -> str | None:
+    """Why torch.compile's Inductor backend cannot generate code for `device`, or None."""
+    if device == "cuda":
+        return None if importlib.util.find_spec("triton") is not None else "Inductor needs Triton on CUDA"
+    cxx = os.environ.get("CXX") or next((c for c in ("g++", "clang++", "c++") if shutil.which(c)), None)
+    if cxx is None or shutil.which(cxx) is None:
+        return "Inductor on CPU needs a C++ compiler (g++ or clang++; $CXX) and none was found"
+    return None
+
+
+def recipe_problems(
+    recipe: Recipe, source: Any, device: str, dtype: str, gpus_per_job: int = 1
+) -> list[tuple[str, str]]:
+    """(option with its value, why it cannot run) for each setting of `recipe` that this machine,
+    the model's family or the batch cannot run; [] when it can. Nothing is loaded."""
+    problems = []
+    if recipe.compile != "none" and recipe.compile_backend == "inductor":
+        problem = inductor_problem(device)
+        if problem:
+            problems.append((f"--compile {recipe.compile}", f"{problem}; or use --compile-backend eager"))
+    if recipe.linear == "fp8":
+        problem = fp8_linear_problem(device, dtype)
+        if problem:
+            problems.append(("--linear fp8", f"{problem}; or use --linear bf16"))
+    if recipe.cache != "none":
+        family = source.model_family
+        caches = getattr(family, "step_caches", ())
+        if recipe.cache not in caches:
+            which = ", ".join(caches) or "none"
+            problems.append((f"--cache {recipe.cache}",
+                             f"the {family.title} transformer does not take this diffusers cache (it takes: {which})"))
+        elif gpus_per_job > 1:
+            problems.append((f"--cache {recipe.cache}", (
+                f"step caching with --gpus-per-job {gpus_per_job} would let each rank decide on its own shard "
+                "whether to skip blocks (and the ranks disagree); use --gpus-per-job 1 or --cache none")))
+    return problems
+
+
+def capabilities(device: str | None = None) -> dict[str, Any]:
+    """What this machine can run of the recipe: torchao, float8 linears, Inductor, the caches
+    diffusers ships, and the compile-cache folder. device None: CUDA when torch sees one, else CPU."""
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torchao_version = None
+    if importlib.util.find_spec("torchao") is not None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            torchao_version = version("torchao")
+        except PackageNotFoundError:
+            torchao_version = "unknown"
+    return {
+        "device": device,
+        "torch": torch.__version__,
+        "torchao": torchao_version,
+        "fp8_linears": fp8_linear_problem(device, "bfloat16") or "yes",
+        "inductor": inductor_problem(device) or "yes",
+        "diffusers_caches": [name for name, (cls, _) in CACHE_CONFIGS.items() if _diffusers_has(cls)],
+        "compile_cache": str(compile_cache_dir()),
+    }
+
+
+# name -> (diffusers.hooks config class, what the manifest says of its skipped forwards)
+CACHE_CONFIGS: dict[str, tuple[str, str]] = {
+    "first-block": ("FirstBlockCacheConfig", "counted"),
+    "taylorseer": ("TaylorSeerCacheConfig", "not exposed by diffusers"),
+    "pyramid-broadcast": ("PyramidAttentionBroadcastConfig", "not exposed by diffusers"),
+}
+
+
+def _diffusers_has(name: str) -> bool:
+    import diffusers.hooks
+
+    return hasattr(diffusers.hooks, name)
+
+
+# --- applying it ---------------------------------------------------------------------------------
+
+
+@dataclass
+class AppliedRecipe:
+    """What `apply_recipe` did to a pipeline (recorded per job in the manifest's `recipe`).
+
+    fp8_layers / kept_layers: linear names (inside the transformer) made float8 / kept in bf16
+    (linear_keep, or dims not multiples of 16). compiled_blocks: blocks compiled; compile_via:
+    "compile_repeated_blocks" or "blocks". cache_forwards / cache_skipped: transformer forwards the
+    cache decided on and those whose remaining blocks it skipped, since `start_job` (None where
+    diffusers does not expose the decision). apply_s: seconds the recipe took to apply (the first
+    compiled call pays the compile itself, inside the first job's denoise time)."""
+
+    recipe: Recipe
+    fp8_layers: list[str] = field(default_factory=list)
+    kept_layers: list[str] = field(default_factory=list)
+    compiled_blocks: int = 0
+    compile_via: str | None = None
+    compile_cache: dict[str, str] = field(default_factory=dict)
+    cache_forwards: int | None = None
+    cache_skipped: int | None = None
+    apply_s: float = 0.0
+
+    def start_job(self, transformer: Any) -> None:
+        """Counters to zero and the cache's state reset (a new video starts from no cached residual)."""
+        if self.cache_forwards is not None:
+            self.cache_forwards = self.cache_skipped = 0
+        if self.recipe.cache != "none" and hasattr(transformer, "_reset_stateful_cache"):
+            transformer._reset_stateful_cache()
+
+    def record(self) -> dict[str, Any]:
+        """The manifest's `recipe` object: the settings and what was applied."""
+        data = self.recipe.settings()
+        data.update(
+            fp8_layers=len(self.fp8_layers) if self.recipe.linear == "fp8" else None,
+            kept_layers=self.kept_layers if self.recipe.linear == "fp8" else None,
+            compiled_blocks=self.compiled_blocks if self.recipe.compile != "none" else None,
+            cache_forwards=self.cache_forwards,
+            cache_skipped=self.cache_skipped,
+        )
+        if self.recipe.cache != "none" and self.cache_forwards is None:
+            data["cache_skipped_note"] = CACHE_CONFIGS[self.recipe.cache][1]
+        return data
+
+
+def transformer_blocks(transformer: Any) -> list[tuple[str, Any]]:
+    """(name, block) of the transformer's repeated blocks: its children that are ModuleLists named
+    as diffusers names block lists ("transformer_blocks", "single_transformer_blocks", "blocks", ...)."""
+    import torch
+    from diffusers.hooks._common import _ALL_TRANSFORMER_BLOCK_IDENTIFIERS
+
+    blocks = []
+    for name, child in transformer.named_children():
+        if name in _ALL_TRANSFORMER_BLOCK_IDENTIFIERS and isinstance(child, torch.nn.ModuleList):
+            blocks += [(f"{name}.{i}", block) for i, block in enumerate(child)]
+    return blocks
+
+
+def apply_recipe(pipe_or_transformer: Any, recipe: Recipe) -> AppliedRecipe:
+    """Apply `recipe` to a loaded pipeline (or its transformer), after its attention is installed:
+    float8 linears, then the cache hooks, then regional compile. Raises ValueError when a setting
+    cannot apply to this model (a linear_keep pattern that names no layer, a cache on a model
+    without enough blocks)."""
+    transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
+    applied = AppliedRecipe(recipe)
+    start = time.perf_counter()
+    blocks = transformer_blocks(transformer)
+    if recipe.linear == "fp8":
+        _fp8_linears(transformer, blocks, recipe.linear_keep, applied)
+    if recipe.cache != "none":
+        _enable_cache(pipe_or_transformer, transformer, blocks, recipe, applied)
+    if recipe.compile == "regional":
+        applied.compile_cache = use_compile_cache()
+        _compile_blocks(transformer, blocks, recipe.compile_backend, applied)
+    applied.apply_s = time.perf_counter() - start
+    return applied
+
+
+def _fp8_linears(transformer: Any, blocks: list[tuple[str, Any]], keep: list[str], applied: AppliedRecipe) -> None:
+    import torch
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    linears = [(f"{bname}.{name}", m) for bname, block in blocks for name, m in block.named_modules()
+               if isinstance(m, torch.nn.Linear)]
+    unmatched = [p for p in keep if not any(fnmatch.fnmatchcase(name, p) for name, _ in linears)]
+    if unmatched:
+        shown = ", ".join(n for n, _ in linears[:3])
+        raise ValueError(f"--linear-keep {unmatched[0]}: names no linear of the transformer's blocks (e.g. {shown})")
+    chosen = set()
+    for name, module in linears:
+        if any(fnmatch.fnmatchcase(name, p) for p in keep) or module.in_features % FP8_MULTIPLE \
+                or module.out_features % FP8_MULTIPLE:
+            applied.kept_layers.append(name)
+        else:
+            chosen.add(id(module))
+            applied.fp8_layers.append(name)
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    for _, block in blocks:
+        quantize_(block, config, filter_fn=lambda module, fqn: id(module) in chosen)
+
+
+def _cache_config(pipe: Any, recipe: Recipe) -> Any:
+    import diffusers.hooks as hooks
+
+    if recipe.cache == "first-block":
+        return hooks.FirstBlockCacheConfig(threshold=recipe.threshold)
+    if recipe.cache == "taylorseer":
+        return hooks.TaylorSeerCacheConfig()
+    if recipe.cache == "pyramid-broadcast":
+        if not hasattr(type(pipe), "current_timestep"):
+            raise ValueError("--cache pyramid-broadcast needs the pipeline's current timestep; this pipeline has none")
+        return hooks.PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=2, current_timestep_callback=lambda: pipe.current_timestep
+        )
+    raise ValueError(f"--cache {recipe.cache}: unknown cache")
+
+
+def _enable_cache(pipe: Any, transformer: Any, blocks: list[tuple[str, Any]], recipe: Recipe,
+                  applied: AppliedRecipe) -> None:
+    if not hasattr(transformer, "enable_cache"):
+        raise ValueError(f"--cache {recipe.cache}: {type(transformer).__name__} has no diffusers cache support")
+    if recipe.cache == "first-block" and len(blocks) < 2:
+        raise ValueError(f"--cache first-block needs at least 2 transformer blocks (a first and a last); "
+                         f"this model has {len(blocks)}")
+    transformer.enable_cache(_cache_config(pipe, recipe))
+    if recipe.cache == "first-block":
+        _count_first_block_decisions(blocks[0][1], applied)
+
+
+def _count_first_block_decisions(head_block: Any, applied: AppliedRecipe) -> None:
+    """Count FirstBlockCache's decisions where diffusers makes them: its head-block hook's
+    `_should_compute_remaining_blocks` (run outside compiled graphs: it is compiler-disabled)."""
+    import torch
+    from diffusers.hooks import HookRegistry
+    from diffusers.hooks.first_block_cache import _FBC_LEADER_BLOCK_HOOK
+
+    hook = HookRegistry.check_if_exists_or_initialize(head_block).get_hook(_FBC_LEADER_BLOCK_HOOK)
+    if hook is None:
+        raise ValueError("--cache first-block: diffusers registered no first-block hook on the first block")
+    decide = hook._should_compute_remaining_blocks
+    applied.cache_forwards = applied.cache_skipped = 0
+
+    @torch.compiler.disable
+    def counted(residual: Any) -> bool:
+        compute = decide(residual)
+        applied.cache_forwards += 1
+        applied.cache_skipped += 0 if compute else 1
+        return compute
+
+    hook._should_compute_remaining_blocks = counted
+
+
+def _compile_blocks(transformer: Any, blocks: list[tuple[str, Any]], backend: str, applied: AppliedRecipe) -> None:
+    if getattr(transformer, "_repeated_blocks", None):
+        transformer.compile_repeated_blocks(backend=backend)
+        applied.compile_via = "compile_repeated_blocks"
+        names = set(transformer._repeated_blocks)
+        applied.compiled_blocks = sum(1 for m in transformer.modules() if type(m).__name__ in names)
+        return
+    if not blocks:
+        raise ValueError(f"--compile regional: {type(transformer).__name__} has no transformer block lists to compile")
+    for _, block in blocks:
+        block.compile(backend=backend)
+    applied.compile_via, applied.compiled_blocks = "blocks", len(blocks)

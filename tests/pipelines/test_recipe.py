@@ -1,0 +1,97 @@
+"""The recipe on a tiny pipeline: refused before loading where it cannot run, diffusers' cache
+hooks registered and their skipped forwards counted, regional compile equal to eager and
+composed with install (every attention call still recorded)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sagevideo.attention.records import record_backends
+from sagevideo.errors import InputError
+from sagevideo.generation.plan import plan_batch
+from sagevideo.jobs.recipe import Recipe
+from sagevideo.pipelines.install import install
+from sagevideo.pipelines.loading import resolve_model
+from sagevideo.pipelines.recipe import apply_recipe, recipe_problems, transformer_blocks
+
+
+def fresh_pipe():
+    """A tiny CogVideoX pipeline of its own (the recipe changes the model for good)."""
+    from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
+
+    torch.manual_seed(0)
+    pipe = tiny_pipeline()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def forward(transformer):
+    """One transformer forward on fixed random inputs (tiny config: (1, 3, 4, 8, 8) latents)."""
+    config = transformer.config
+    g = torch.Generator().manual_seed(1)
+    latents = torch.randn(1, 3, config.in_channels, 8, 8, generator=g)
+    text = torch.randn(1, config.max_text_seq_length, config.text_embed_dim, generator=g)
+    with torch.no_grad():
+        return transformer(hidden_states=latents, encoder_hidden_states=text, timestep=torch.tensor([500]),
+                           return_dict=False)[0]
+
+
+def test_fp8_linears_are_refused_on_cpu_before_loading(tmp_path, no_model_load):
+    with pytest.raises(InputError, match=r"--linear fp8: float8 linears need a CUDA GPU .*not cpu"):
+        plan_batch("a cat", out=tmp_path, device="cpu", linear="fp8")
+
+
+def test_unknown_cache_and_family_without_cache_support_are_refused(tmp_path, no_model_load):
+    with pytest.raises(InputError, match="--cache bogus"):
+        plan_batch("a cat", out=tmp_path, device="cpu", cache="bogus")
+    with pytest.raises(InputError, match="Open-Sora 2.0 transformer does not take this diffusers cache"):
+        plan_batch("a cat", out=tmp_path, device="cpu", model="tiny-opensora", cache="first-block")
+
+
+def test_cache_with_sequence_parallel_ranks_is_refused():
+    problems = recipe_problems(Recipe(cache="first-block"), resolve_model("tiny"), "cpu", "float32", gpus_per_job=2)
+    assert problems and "each rank decide on its own shard" in problems[0][1]
+    assert recipe_problems(Recipe(compile="regional", compile_backend="eager"), resolve_model("tiny"), "cpu",
+                           "float32") == []
+
+
+def test_first_block_cache_registers_diffusers_hooks_and_counts_skipped_forwards():
+    pipe = fresh_pipe()
+    applied = apply_recipe(pipe, Recipe(cache="first-block", cache_threshold=5.0))  # a high threshold skips
+    assert pipe.transformer.is_cache_enabled
+    from sagevideo.pipelines.runner import run_job
+
+    source = resolve_model("tiny")
+    from sagevideo.jobs.specs import JobSpec
+
+    job = source.resolve(JobSpec(prompt="a cat", steps=4))
+    applied.start_job(pipe.transformer)
+    run_job(pipe, job, text_tokens=source.text_tokens, family=source.model_family, decode=False)
+    record = applied.record()
+    assert record["cache_forwards"] == 4  # one decision per denoising step (CFG batched)
+    assert record["cache_skipped"] == 3  # every step after the first reuses the cached residual
+    applied.start_job(pipe.transformer)
+    assert applied.record()["cache_skipped"] == 0
+
+
+def test_regional_compile_equals_eager_and_keeps_every_attention_record():
+    pipe = fresh_pipe()
+    handle = install(pipe, None, pv="fp16", backend="reference")
+    with record_backends() as eager_calls:
+        eager = forward(pipe.transformer)
+    applied = apply_recipe(pipe, Recipe(compile="regional", compile_backend="eager"))
+    assert applied.compiled_blocks == len(transformer_blocks(pipe.transformer)) == 2
+    assert applied.compile_via == "blocks"  # CogVideoX declares no _repeated_blocks in diffusers 0.42
+    with record_backends() as compiled_calls:
+        compiled = forward(pipe.transformer)
+    handle.remove()
+    torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    assert compiled_calls.summary()["counts"] == eager_calls.summary()["counts"] != {}
+    assert all(block._compiled_call_impl is not None for _, block in transformer_blocks(pipe.transformer))
+
+
+def test_a_keep_pattern_that_names_no_layer_is_an_error(monkeypatch):
+    pytest.importorskip("torchao")
+    with pytest.raises(ValueError, match="--linear-keep nothing.*names no linear"):
+        apply_recipe(fresh_pipe(), Recipe(linear="fp8", linear_keep=["nothing.*"]))
