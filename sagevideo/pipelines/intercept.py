@@ -40,9 +40,6 @@ from sagevideo.pipelines.routing import AttentionRouter, LayerRoute
 # (without a context-parallel config): the only ones the interception can reach.
 SDPA_DISPATCHER_BACKENDS = frozenset({"native", "_native_cudnn", "_native_efficient", "_native_flash", "_native_math"})
 
-_EVENTS = ("layers", "seen", "routed")
-
-
 @dataclass
 class _ForwardTally:
     """What one transformer forward did: attention layers entered, SDPA calls seen inside them,
@@ -64,11 +61,16 @@ def _tallies() -> list[_ForwardTally]:
 
 
 def _count(event: str) -> None:
-    """Add one `event` ("layers", "seen", "routed") to the innermost running forward's tally."""
+    """Note one `event` in the innermost running forward's tally: "layers" (an attention layer
+    ran), "seen" (an SDPA call the router did not take), "routed" (one it computed; seen too)."""
     tallies = _tallies()
     if tallies:
         tally = tallies[-1]
-        setattr(tally, event, getattr(tally, event) + 1)
+        if event == "layers":
+            tally.layers += 1
+        else:
+            tally.seen += 1
+            tally.routed += event == "routed"
 
 
 @torch.library.custom_op("sagevideo::note_attention", mutates_args=())
@@ -106,10 +108,9 @@ class _SDPAToRouter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            _note("seen")
             routed = _route(self.router, self.route, *args, **kwargs)
+            _note("routed" if routed is not None else "seen")
             if routed is not None:
-                _note("routed")
                 return routed
         elif torch.compiler.is_compiling() and args and isinstance(args[0], torch.Tensor):
             # Dynamo cannot inline Tensor methods written in Python (`super().unflatten()` in
@@ -128,11 +129,11 @@ class _LayerHooks:
         self.mode = mode
 
     def enter(self, module, args) -> None:
-        _note("layers")
         self.mode.__enter__()
 
     def leave(self, module, args, output) -> None:
         self.mode.__exit__(None, None, None)
+        _note("layers")
 
 
 def _route(router, route, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
