@@ -110,20 +110,20 @@ def _(requested: str, ran: str, pv: str, reason: str) -> None:
     return None
 
 
-def _register_effect() -> None:
-    """Mark the op as a side effect, so that AOT autograd and Inductor keep it (an op with no
-    outputs is otherwise dead code) and order it; the API moved between torch releases."""
+def register_effect(name: str) -> None:
+    """Mark the op `sagevideo::<name>` as a side effect, so that AOT autograd and Inductor keep it
+    (an op with no outputs is otherwise dead code) and order it; the API moved between torch releases."""
     try:
         from torch.library import EffectType, _register_effectful_op
 
-        _register_effectful_op("sagevideo::record_backend", EffectType.ORDERED)
+        _register_effectful_op(f"sagevideo::{name}", EffectType.ORDERED)
     except ImportError:
         from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
 
-        _register_effectful_op(torch.ops.sagevideo.record_backend.default, _EffectType.ORDERED)
+        _register_effectful_op(getattr(torch.ops.sagevideo, name).default, _EffectType.ORDERED)
 
 
-_register_effect()
+register_effect("record_backend")
 
 
 def report_from_graph(requested: str, ran: str, pv: str | None, reason: str) -> None:

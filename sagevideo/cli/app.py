@@ -3,7 +3,8 @@
 One module per command group, each building one config object and mapping errors to exit codes
 through `sagevideo.errors` (`cli.common.handle_errors`): generate (`GenerateConfig`), calibrate
 (`CalibrateConfig`), simulate (`SimulateConfig`), eval/ab/check-weights (`EvalOptions`, `ABConfig`),
-env, convert-opensora (`ConvertOpenSoraConfig`). Exit codes: 0 success, 1 a job or the model load
+env, convert-opensora (`ConvertOpenSoraConfig`),
+profile (`ProfileConfig`). Exit codes: 0 success, 1 a job or the model load
 failed, 2 bad input (reported before any model loads), 130/143 interrupted. Heavy modules (torch,
 diffusers, triton, ray) are imported inside the commands so `--help` stays instant.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import typer
 
-from sagevideo.cli import calibrate, convert_opensora, env, evaluate, generate, simulate
+from sagevideo.cli import calibrate, convert_opensora, env, evaluate, generate, profile, simulate
 
 app = typer.Typer(
     name="sagevideo",
@@ -28,5 +29,5 @@ def main() -> None:
     """Fast long-sequence video diffusion with SageAttention-style quantized attention."""
 
 
-for group in (generate, env, simulate, calibrate, evaluate, convert_opensora):
+for group in (generate, env, simulate, calibrate, evaluate, convert_opensora, profile):
     group.register(app)

@@ -2,16 +2,20 @@
 LTX, Flux-like): their processors end in `F.scaled_dot_product_attention` (the dispatcher's
 "native" backend), which sagevideo cannot reach by swapping processors without copying each.
 
-While (and only while) the transformer's forward runs, a `TorchFunctionMode` routes those SDPA
-calls to the plan's attention; forward hooks on each attention module say which layer is
-calling. Nothing global is reassigned: the text encoder, the VAE and any code outside the
-transformer keep plain SDPA.
+While (and only while) an attention layer of the transformer runs, a `TorchFunctionMode` of that
+layer routes its SDPA calls to the plan's attention: one mode per layer, made at install time and
+bound to the layer's `LayerRoute`, entered by a forward pre-hook on the attention module and left
+by its forward hook. Nothing global is reassigned: the text encoder, the VAE and any code outside
+the attention layers keep plain SDPA. `transformer.forward` itself is never replaced: what others
+wrap it with (diffusers' `HookRegistry`: caches, group offloading; accelerate's offload hooks),
+before or after install, keeps running, and `remove()` takes away sagevideo's own hooks and nothing else.
 
-The mode is entered by a forward pre-hook on the transformer and left by its forward hook
-(`always_call`, so an exception leaves it too). `transformer.forward` itself is never replaced:
-what others wrap it with (diffusers' `HookRegistry`: caches, group offloading; accelerate's
-offload hooks), before or after install, keeps running, and `remove()` takes away sagevideo's
-own hooks and nothing else.
+It compiles cleanly (regional compile of each transformer block, or the whole transformer): the
+graph reads no layer name, no step and no counter, only the route's choice (layers with equal
+choices share one graph); the per-forward tallies are kept by an effectful op
+(`sagevideo::note_attention`) that counts each time the compiled code runs, as the backend
+records are; Tensor methods written in Python (`Tensor.unflatten`, which Dynamo cannot trace
+through a mode) are traced as the method calls they are.
 
 A forward whose attention layers ran but routed no call at all (e.g. diffusers' "flex" backend
 set on the processors, which never calls SDPA) is reported: a warning once per installed handle,
@@ -20,22 +24,21 @@ and a note in every active `record_backends()` log.
 
 from __future__ import annotations
 
-import functools
+import threading
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
-from sagevideo.attention.records import report_unrouted
-from sagevideo.pipelines.routing import AttentionRouter
+from sagevideo.attention.records import register_effect, report_unrouted
+from sagevideo.pipelines.routing import AttentionRouter, LayerRoute
 
 # diffusers attention-dispatcher backends whose functions call F.scaled_dot_product_attention
 # (without a context-parallel config): the only ones the interception can reach.
 SDPA_DISPATCHER_BACKENDS = frozenset({"native", "_native_cudnn", "_native_efficient", "_native_flash", "_native_math"})
-
 
 @dataclass
 class _ForwardTally:
@@ -47,32 +50,98 @@ class _ForwardTally:
     routed: int = 0
 
 
-class _SDPAToRouter(TorchFunctionMode):
-    """Sends F.scaled_dot_product_attention calls to the router under the current layer name."""
+_forwards = threading.local()  # .tallies: the running forwards' tallies of this thread, innermost last
 
-    def __init__(self, router: AttentionRouter, layer_of_call: list[str], tally: _ForwardTally):
+
+def _tallies() -> list[_ForwardTally]:
+    tallies = getattr(_forwards, "tallies", None)
+    if tallies is None:
+        tallies = _forwards.tallies = []
+    return tallies
+
+
+def _count(event: str) -> None:
+    """Note one `event` in the innermost running forward's tally: "layers" (an attention layer
+    ran), "seen" (an SDPA call the router did not take), "routed" (one it computed; seen too)."""
+    tallies = _tallies()
+    if tallies:
+        tally = tallies[-1]
+        if event == "layers":
+            tally.layers += 1
+        else:
+            tally.seen += 1
+            tally.routed += event == "routed"
+
+
+@torch.library.custom_op("sagevideo::note_attention", mutates_args=())
+def _note_attention_op(event: str) -> None:
+    _count(event)
+
+
+@_note_attention_op.register_fake
+def _(event: str) -> None:
+    return None
+
+
+register_effect("note_attention")
+
+
+def _note(event: str) -> None:
+    """`_count(event)`, also each time a compiled graph runs: inside a graph being traced, the
+    effectful op that counts at run time (a Python counter would be read once, while tracing)."""
+    if torch.compiler.is_compiling():
+        torch.ops.sagevideo.note_attention(event)
+    else:
+        _count(event)
+
+
+class _SDPAToRouter(TorchFunctionMode):
+    """One attention layer's interception: sends its F.scaled_dot_product_attention calls to the
+    router with the layer's route; everything else runs as it would."""
+
+    def __init__(self, router: AttentionRouter, route: LayerRoute, owner: object):
         super().__init__()
         self.router = router
-        self.layer_of_call = layer_of_call
-        self.tally = tally
+        self.route = route
+        self.owner = owner  # the SDPAInterception: what its forward hook may pop after an exception
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and self.layer_of_call:
-            self.tally.seen += 1
-            routed = _route(self.router, self.layer_of_call[-1], *args, **kwargs)
+        if func is F.scaled_dot_product_attention:
+            routed = _route(self.router, self.route, *args, **kwargs)
+            _note("routed" if routed is not None else "seen")
             if routed is not None:
-                self.tally.routed += 1
                 return routed
+        elif torch.compiler.is_compiling() and args and isinstance(args[0], torch.Tensor):
+            # Dynamo cannot inline Tensor methods written in Python (`super().unflatten()` in
+            # Tensor.unflatten); as the bound method (the mode is off inside this call) it traces them.
+            name = getattr(func, "__name__", "")
+            if getattr(torch.Tensor, name, None) is func:
+                return getattr(args[0], name)(*args[1:], **kwargs)
         return func(*args, **kwargs)
 
 
-def _route(router, layer, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+class _LayerHooks:
+    """The pre-hook and hook that enter and leave one layer's mode (no `always_call`: its id
+    would be a per-layer guard; the transformer's hook leaves modes an exception left entered)."""
+
+    def __init__(self, mode: _SDPAToRouter):
+        self.mode = mode
+
+    def enter(self, module, args) -> None:
+        self.mode.__enter__()
+
+    def leave(self, module, args, output) -> None:
+        self.mode.__exit__(None, None, None)
+        _note("layers")
+
+
+def _route(router, route, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
            enable_gqa=False):
     """The router's output for one intercepted SDPA call, with every SDPA argument (grouped-query
     heads run in the kernels; dropout runs SDPA, recorded as a fallback)."""
-    return router(layer, query, key, value, attn_mask=attn_mask, is_causal=is_causal, sm_scale=scale,
-                  dropout_p=dropout_p, enable_gqa=enable_gqa)
+    return router.attend(route, query, key, value, attn_mask=attn_mask, is_causal=is_causal, sm_scale=scale,
+                         dropout_p=dropout_p, enable_gqa=enable_gqa)
 
 
 def _active_dispatcher_backend() -> str | None:
@@ -181,40 +250,41 @@ class SDPAInterception:
         self.router = router
         self.label = label
         self.unrouted = unrouted if unrouted is not None else UnroutedForwards()
-        self.layer_of_call: list[str] = []
         self._modules = list(layers.values())
         self._processors = [getattr(m, "processor", None) for m in self._modules]  # at install
-        self._active: list[tuple[_SDPAToRouter, _ForwardTally]] = []  # one per running forward (re-entrant)
+        self._active: list[_ForwardTally] = []  # one per running forward of this transformer (re-entrant)
         self._handles = []
         for name, module in layers.items():
-            self._handles.append(module.register_forward_pre_hook(functools.partial(self._enter, name)))
-            self._handles.append(module.register_forward_hook(self._leave, always_call=True))
+            hooks = _LayerHooks(_SDPAToRouter(router, router.route(name), self))
+            self._handles.append(module.register_forward_pre_hook(hooks.enter))
+            self._handles.append(module.register_forward_hook(hooks.leave))
         self._handles.append(transformer.register_forward_pre_hook(self._enter_forward))
         self._handles.append(transformer.register_forward_hook(self._leave_forward, always_call=True))
 
-    def _enter(self, name: str, module, args) -> None:
-        self.layer_of_call.append(name)
-        if self._active:
-            self._active[-1][1].layers += 1
-
-    def _leave(self, module, args, output) -> None:
-        if self.layer_of_call:
-            self.layer_of_call.pop()
-
     def _enter_forward(self, module, args) -> None:
         tally = _ForwardTally()
-        mode = _SDPAToRouter(self.router, self.layer_of_call, tally)
-        mode.__enter__()
-        self._active.append((mode, tally))
+        _tallies().append(tally)
+        self._active.append(tally)
 
     def _leave_forward(self, module, args, output) -> None:
-        if not self._active:  # an earlier pre-hook raised before ours entered the mode
+        self._leave_modes_left_entered()
+        if not self._active:  # an earlier pre-hook raised before ours ran
             return
-        mode, tally = self._active.pop()
-        mode.__exit__(None, None, None)
+        tally = self._active.pop()
+        tallies = _tallies()
+        if tally in tallies:
+            tallies.remove(tally)
         if output is not None:  # None: the forward raised; its error says what happened
             replaced = not tally.routed and self._processors_replaced()
             self.unrouted.check(self.label, tally, self._modules, replaced)
+
+    def _leave_modes_left_entered(self) -> None:
+        """Leave this interception's layer modes that an exception inside a layer left on the stack."""
+        while True:
+            stack = _get_current_function_mode_stack()
+            if not stack or getattr(stack[-1], "owner", None) is not self:
+                return
+            stack[-1].__exit__(None, None, None)
 
     def _processors_replaced(self) -> bool:
         """Whether some attention module runs another processor than at install."""

@@ -5,6 +5,11 @@ transformer. `StepClock` counts denoising steps from the pipeline's scheduler (r
 `set_timesteps`, advanced after each `step`), outside the transformer, so step-dependent plans
 work the same when the transformer is `torch.compile`d. Without a pipeline the step is None and
 only step-less plan entries apply.
+
+Under `torch.compile` nothing a graph reads may change per layer or per step, or Dynamo recompiles
+for each: `router.route(layer)` gives each layer a `LayerRoute` whose choice the clock re-resolves
+outside the compiled code whenever the step changes, so a graph depends only on the choice
+(recompiled when a layer's choice really changes), never on the layer name or the step number.
 """
 
 from __future__ import annotations
@@ -20,11 +25,25 @@ from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode
 
 
 class StepClock:
-    """Denoising step index of the running pipeline call (None when not tracked)."""
+    """Denoising step index of the running pipeline call (None when not tracked); `on_change`
+    callbacks run after every change (outside any compiled graph: the scheduler calls them)."""
 
     def __init__(self) -> None:
-        self.step: int | None = None
+        self._step: int | None = None
         self._restore: list[tuple[Any, str]] = []
+        self.on_change: list[Any] = []
+
+    @property
+    def step(self) -> int | None:
+        return self._step
+
+    @step.setter
+    def step(self, value: int | None) -> None:
+        changed = value != self._step
+        self._step = value
+        if changed:
+            for callback in self.on_change:
+                callback()
 
     def attach(self, scheduler: Any) -> None:
         """Wrap `scheduler.set_timesteps` (step := 0) and `scheduler.step` (step += 1 after)."""
@@ -56,6 +75,25 @@ class StepClock:
         self.step = None
 
 
+class LayerRoute:
+    """One attention layer as compiled code sees it: its name (for reports and routers that need
+    it) and the plan's choice for it at the current step, kept up to date by its router's clock.
+
+    Compiled graphs read only `mode` and `granularity` (enum members: layers with equal choices
+    share one graph) and `name` never."""
+
+    def __init__(self, name: str, choice: Choice):
+        self.name = name
+        self.mode: Mode = choice.mode
+        self.granularity = choice.granularity
+
+    def set(self, choice: Choice) -> None:
+        self.mode, self.granularity = choice.mode, choice.granularity
+
+    def __repr__(self) -> str:
+        return f"LayerRoute({self.name!r}, {self.mode.value}/{self.granularity.value})"
+
+
 class AttentionRouter:
     """Runs attention for `layer` as the plan says at the clock's current step.
 
@@ -71,9 +109,31 @@ class AttentionRouter:
         self.plan = plan
         self.backend = backend
         self.clock = StepClock()
+        self._routes: dict[str, LayerRoute] = {}
+        self.clock.on_change.append(self._resolve_routes)
 
     def choice(self, layer: str) -> Choice:
         return self.plan.choice_for(layer, self.clock.step)
+
+    def route(self, layer: str) -> LayerRoute:
+        """The `LayerRoute` of `layer` (one per layer and router), resolved at the current step."""
+        route = self._routes.get(layer)
+        if route is None:
+            route = self._routes[layer] = LayerRoute(layer, self.choice(layer))
+        return route
+
+    def _resolve_routes(self) -> None:
+        for route in self._routes.values():
+            route.set(self.choice(route.name))
+
+    def attend(
+        self, route: LayerRoute, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs
+    ) -> torch.Tensor | None:
+        """`self(route.name, q, k, v, **kwargs)`, reading the choice from the route (what compiled
+        code calls). Routers that override `__call__` (probing, sequence parallel) get their own."""
+        if type(self).__call__ is not AttentionRouter.__call__:
+            return self(route.name, q, k, v, **kwargs)
+        return self._attend_with(route.mode, route.granularity.value, q, k, v, **kwargs)
 
     def __call__(
         self,
@@ -91,7 +151,12 @@ class AttentionRouter:
         """q/k/v (B, H, N, D) -> (B, H, Nq, D), with the plan's setting for `layer`; SDPA's
         semantics for every argument (what the kernels cannot compute runs SDPA, recorded)."""
         choice = self.choice(layer)
-        if choice.mode is Mode.full:
+        return self._attend_with(choice.mode, choice.granularity.value, q, k, v, attn_mask=attn_mask,
+                                 is_causal=is_causal, sm_scale=sm_scale, dropout_p=dropout_p, enable_gqa=enable_gqa)
+
+    def _attend_with(self, mode: Mode, granularity: str, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None,
+                dropout_p=0.0, enable_gqa=False) -> torch.Tensor:
+        if mode is Mode.full:
             if dropout_p:
                 return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
                                                     backend="sdpa")
@@ -102,7 +167,7 @@ class AttentionRouter:
             backend = "auto"  # SDPA, recorded with the mask's reason (the kernels' first unmet constraint)
         return scaled_dot_product_attention(
             q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
-            pv=choice.mode.pv, qk_granularity=choice.granularity.value, backend=backend,
+            pv=mode.pv, qk_granularity=granularity, backend=backend,
         )
 
 
@@ -111,7 +176,9 @@ class RoutedProcessor:
 
     pv: "fp16" or "fp8"; backend: a `sageattn` backend ("auto", "triton", "reference", "sdpa").
     name: the layer name (processor key without ".processor"), used by plans and reports.
-    router: the `AttentionRouter` of an installed plan; without one, a uniform plan of `pv`.
+    router: the `AttentionRouter` of an installed plan (or any callable router(name, q, k, v, **kw));
+    without one, a uniform plan of `pv`. `route`: this layer's `LayerRoute` of an `AttentionRouter`
+    (what `call_router` passes it: compiles cleanly), else None.
     """
 
     def __init__(
@@ -125,6 +192,13 @@ class RoutedProcessor:
         self.backend = backend
         self.name = name
         self.router = router or AttentionRouter(AttentionPlan.uniform(f"int8-{pv}"), backend)
+        self.route = self.router.route(name) if isinstance(self.router, AttentionRouter) else None
+
+    def call_router(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+        """This layer's attention through the router: (B, H, N, D) q/k/v -> (B, H, Nq, D)."""
+        if self.route is None:
+            return self.router(self.name, q, k, v, **kwargs)
+        return self.router.attend(self.route, q, k, v, **kwargs)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, pv={self.pv!r}, backend={self.backend!r})"

@@ -28,7 +28,7 @@ class SageCogVideoXAttnProcessor(RoutedProcessor):
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         """(B, H, N, D) q/k/v -> (B, H, N, D): the installed plan's attention for this layer."""
-        return self.router(self.name, query, key, value, attn_mask=mask)
+        return self.call_router(query, key, value, attn_mask=mask)
 
     def attend_projected(
         self,

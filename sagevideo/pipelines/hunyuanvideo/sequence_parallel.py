@@ -77,6 +77,9 @@ class UlyssesRouter(AttentionRouter):
     def choice(self, layer: str):
         return self.inner.choice(layer)
 
+    def route(self, layer: str):
+        return self.inner.route(layer)
+
     def __call__(self, layer, q, k, v, *, attn_mask=None, **kwargs):
         if not layer.startswith(SHARDED_PREFIXES) or "n" not in self.state:
             return self.inner(layer, q, k, v, attn_mask=attn_mask, **kwargs)

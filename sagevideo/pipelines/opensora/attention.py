@@ -30,7 +30,7 @@ class SageOpenSoraAttnProcessor(RoutedProcessor):
     """
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.router(self.name, q, k, v)
+        return self.call_router(q, k, v)
 
     def __call__(
         self,

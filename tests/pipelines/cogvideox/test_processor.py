@@ -101,3 +101,12 @@ def test_rejects_unknown_options():
         SageCogVideoXAttnProcessor(pv="int4")
     with pytest.raises(ValueError, match="backend='cuda'"):
         SageCogVideoXAttnProcessor(backend="cuda")
+
+
+@pytest.mark.slow  # torch.compile of the tiny transformer
+@pytest.mark.parametrize("compile_backend", ["eager", "aot_eager", "inductor"])
+def test_regional_compile_with_sagevideo_processors_is_clean(compile_backend):
+    """Each block compiled: no graph beyond the stock model's, no break, outputs as eager, every call recorded."""
+    from tests.helpers.regional_compile import check_regional_compile
+
+    check_regional_compile("tiny-cogvideox", compile_backend, exact=compile_backend == "eager")

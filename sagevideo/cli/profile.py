@@ -1,0 +1,51 @@
+"""`sagevideo profile`: one denoising step under torch.profiler (`ProfileConfig`'s fields as options)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sagevideo.cli.common import handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile)
+
+
+def profile(
+    model: str = typer.Option("tiny-cogvideox", help="transformer config: cogvideox-5b, wan-14b, hunyuanvideo, "
+                              "opensora-768px (real size, random weights) or tiny-cogvideox|wan|hunyuanvideo|opensora"),
+    frames: int = typer.Option(None, help="video frames (4k + 1); default: the model's"),
+    resolution: str = typer.Option(None, help="HEIGHTxWIDTH in pixels, e.g. 480x720; default: the model's"),
+    steps: int = typer.Option(1, help="denoising steps measured (after one warm-up step)"),
+    device: str = typer.Option("auto", help="cuda, cpu, or auto"),
+    json_out: Path = typer.Option(None, "--json", help="write the report as JSON here"),
+    plot: Path = typer.Option(None, help="write a PNG of the split and the bounds here"),
+) -> None:
+    """Share of one denoising step in attention, linears and the rest, with each lever's Amdahl bound.
+
+    Exit codes: 0 done, 2 bad input (checked before building the model)."""
+    from pydantic import ValidationError
+
+    from sagevideo.errors import InputError
+
+    with handle_errors("profile"):
+        height = width = None
+        if resolution is not None:
+            try:
+                height, width = (int(x) for x in resolution.lower().split("x"))
+            except ValueError:
+                raise InputError(f"--resolution {resolution!r}: use HEIGHTxWIDTH, e.g. 480x720") from None
+        from sagevideo.experiments.profile import ProfileConfig, run_profile
+        from sagevideo.pipelines.forwards import CONFIGS, latent_shape
+
+        try:
+            config = ProfileConfig(model=model, frames=frames, height=height, width=width, steps=steps,
+                                   device=device, json_out=json_out, plot=plot)
+            _, f0, h0, w0 = CONFIGS[config.model]
+            latent_shape(frames or f0, height or h0, width or w0)
+        except (ValidationError, ValueError) as err:
+            raise InputError(f"sagevideo profile: {err}") from None
+        report = run_profile(config)
+    typer.echo(report.table())

@@ -1,0 +1,46 @@
+"""`experiments/profile`: the time split of one denoising step and the Amdahl bounds of each lever."""
+
+import math
+
+import pytest
+
+from sagevideo.experiments.profile import (
+    ProfileConfig,
+    amdahl,
+    category_of,
+    report_from_seconds,
+    run_profile,
+)
+
+
+def test_bounds_follow_from_a_synthetic_profile():
+    report = report_from_seconds({"attention": 0.6, "linear": 0.3, "rest": 0.1}, model="m", device="cpu", steps=1,
+                                 forwards_per_step=1, tokens=1)
+    assert math.isclose(sum(report.shares.values()), 1.0)
+    assert report.shares["attention"] == pytest.approx(0.6)
+    assert report.bounds["attention"]["3x"] == pytest.approx(1 / (0.4 + 0.2))  # 1.667
+    assert report.bounds["attention"]["inf"] == pytest.approx(1 / 0.4)
+    assert report.bounds["linear"]["2x"] == pytest.approx(1 / (0.7 + 0.15))
+    assert amdahl(1.0, math.inf) == math.inf
+
+
+def test_ops_count_under_their_outermost_classified_caller():
+    assert category_of(["aten::scaled_dot_product_attention", "aten::mm"]) == "attention"
+    assert category_of(["aten::linear", "aten::addmm"]) == "linear"
+    assert category_of(["sagevideo::record_backend"]) == "rest"
+    assert category_of(["aten::add"]) == "rest"
+
+
+def test_a_tiny_step_on_the_cpu(tmp_path):
+    report = run_profile(ProfileConfig(model="tiny-wan", json_out=tmp_path / "p.json", plot=tmp_path / "p.png"))
+    assert math.isclose(sum(report.shares.values()), 1.0)
+    assert report.shares["attention"] > 0 and report.shares["linear"] > 0
+    assert report.forwards_per_step == 2  # Wan runs each guidance branch as its own forward
+    for lever in ("attention", "linear"):
+        assert report.bounds[lever]["inf"] == pytest.approx(1 / (1 - report.shares[lever]))
+    assert (tmp_path / "p.json").stat().st_size > 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_unknown_model_is_refused():
+    with pytest.raises(ValueError, match="unknown model config"):
+        ProfileConfig(model="cogvideox-9b")
