@@ -6,7 +6,7 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 BENCH_COMMI
 [ -d /tmp/site ] || tar xJf .site.tar.xz -C /tmp
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .tao/*.whl 2>&1 | tail -1
 python3 -c "import torchao; print('torchao', torchao.__version__)" 2>&1 | tail -1
-timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/pipelines/test_intercept.py 2>&1 | tail -2
-timeout 330 python3 -m bench.bench_transformer --recipes default --json $OUT/recipes-cogvideox.json --append-results $OUT/results.jsonl > $OUT/recipes-cogvideox.txt 2>&1; echo "recipes rc=$?"
-timeout 60 python3 -m sagevideo profile --model cogvideox-5b --json $OUT/profile-cogvideox-5b.json > $OUT/profile.txt 2>&1; echo "profile rc=$?"; tail -8 $OUT/profile.txt
+timeout 290 python3 -m bench.bench_transformer --recipes default --json $OUT/recipes-cogvideox.json --append-results $OUT/results.jsonl > $OUT/recipes-cogvideox.txt 2>&1; echo "recipes rc=$?"
+timeout 45 python3 -m sagevideo profile --model cogvideox-5b --json $OUT/profile-cogvideox-5b.json > $OUT/profile.txt 2>&1; echo "profile rc=$?"; tail -8 $OUT/profile.txt
+timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/pipelines/test_intercept.py 2>&1 | tail -2
 tail -9 $OUT/recipes-cogvideox.txt
