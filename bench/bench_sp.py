@@ -181,7 +181,7 @@ def main() -> int:
             row.update(
                 ms_1=statistics.median(row["times_1"]) * 1e3, ms_n=statistics.median(times) * 1e3,
                 max_abs_diff=(out.float() - ref).abs().max().item(),
-                cosine=F.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0).item(),
+                cosine=F.cosine_similarity(out.double().flatten(), ref.double().flatten(), dim=0).item(),
             )
             row["speedup"] = row["ms_1"] / row["ms_n"]
             say(f"{mode}: {world} GPUs {row['ms_n']:.0f} ms -> {row['speedup']:.2f}x; cos {row['cosine']:.6f}")
@@ -190,7 +190,7 @@ def main() -> int:
     if rank == 0:
         if {"sage", "sdpa"} <= set(one_outputs):  # context: quantized vs full precision, 1 GPU
             a, b = one_outputs["sage"].float().flatten(), one_outputs["sdpa"].float().flatten()
-            results["sage_vs_sdpa_cosine_1gpu"] = F.cosine_similarity(a, b, dim=0).item()
+            results["sage_vs_sdpa_cosine_1gpu"] = F.cosine_similarity(a.double(), b.double(), dim=0).item()
         report = {
             "what": "one transformer forward (= one denoising step with CFG), median seconds -> ms",
             "config": "tiny (CPU, gloo)" if args.tiny else

@@ -37,7 +37,7 @@ def main() -> int:
     for pv in ("fp16", "fp8"):
         with install(pipe, pv=pv, backend="triton"), record_backends() as log:
             quant = run(pipe)
-        cos = torch.nn.functional.cosine_similarity(full.flatten(), quant.flatten(), dim=0).item()
+        cos = torch.nn.functional.cosine_similarity(full.double().flatten(), quant.double().flatten(), dim=0).item()
         finite = torch.isfinite(quant).all().item()
         ok = ok and finite and set(log.counts) == {f"triton/{pv}"}
         print(f"sage pv={pv}: backends {log.counts}, latent cosine vs full {cos:.5f}, finite={finite}")

@@ -110,9 +110,15 @@ def category_of(names: list[str]) -> str:
 
 def split_events(events, use_device: bool) -> dict[str, float]:
     """Per-category seconds of profiler `events` (FunctionEvents): each op's self time under the
-    category of its outermost classified caller."""
+    category of its outermost classified caller. Only the ops' (CPU-side) events count: on a GPU
+    an op's self device time already holds its kernels' time, and the kernel events the profiler
+    also lists (no CPU parent) would count it a second time, as "rest"."""
+    from torch.autograd import DeviceType
+
     seconds = dict.fromkeys(CATEGORIES, 0.0)
     for event in events:
+        if getattr(event, "device_type", DeviceType.CPU) != DeviceType.CPU:
+            continue
         chain, parent = [], event
         while parent is not None:
             chain.append(parent.name)

@@ -52,3 +52,11 @@ def test_recipes_run_side_by_side_on_cpu_and_become_rows(tmp_path, capsys):
     assert select(rows, metric="x_compile_cudnn") == []  # no compile-cudnn recipe in this run
     with pytest.raises(SystemExit, match="not \\[fp8-\\]"):
         bench_transformer.parse_recipe_name("fast-sage")
+
+
+def test_the_output_cosine_of_equal_outputs_is_one_at_real_size():
+    import torch
+
+    out = torch.randn(2 * 13 * 16 * 60 * 90, generator=torch.Generator().manual_seed(0))  # CogVideoX-5B's output
+    assert abs(bench_transformer.output_cosine(out, out.clone()) - 1.0) < 1e-12  # fp32 accumulation: 1.00007
+    assert bench_transformer.output_cosine(out, -out) == pytest.approx(-1.0, abs=1e-12)

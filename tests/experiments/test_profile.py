@@ -8,6 +8,7 @@ from sagevideo.experiments.profile import (
     ProfileConfig,
     amdahl,
     category_of,
+    split_events,
     report_from_seconds,
     run_profile,
 )
@@ -44,3 +45,21 @@ def test_a_tiny_step_on_the_cpu(tmp_path):
 def test_unknown_model_is_refused():
     with pytest.raises(ValueError, match="unknown model config"):
         ProfileConfig(model="cogvideox-9b")
+
+
+def test_kernel_events_are_not_counted_twice():
+    """On a GPU the profiler lists each op (CPU side, with its kernels' time as self device time)
+    and each kernel again as a device event without a CPU parent; only the op counts."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name, device_us, device_type=DeviceType.CPU, parent=None):
+        return SimpleNamespace(name=name, self_device_time_total=device_us, self_cpu_time_total=0.0,
+                               cpu_parent=parent, device_type=device_type)
+
+    sdpa = event("aten::scaled_dot_product_attention", 0.0)
+    events = [sdpa, event("aten::_cudnn_attention", 800.0, parent=sdpa), event("aten::mm", 700.0),
+              event("aten::add", 200.0), event("cudnn_attention_kernel", 800.0, DeviceType.CUDA),
+              event("sm90_gemm_kernel", 700.0, DeviceType.CUDA), event("elementwise_kernel", 200.0, DeviceType.CUDA)]
+    assert split_events(events, use_device=True) == pytest.approx({"attention": 8e-4, "linear": 7e-4, "rest": 2e-4})
