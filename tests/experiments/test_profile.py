@@ -8,9 +8,9 @@ from sagevideo.experiments.profile import (
     ProfileConfig,
     amdahl,
     category_of,
-    split_events,
     report_from_seconds,
     run_profile,
+    split_events,
 )
 
 
