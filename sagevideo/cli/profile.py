@@ -45,7 +45,15 @@ def profile(
                                    device=device, json_out=json_out, plot=plot)
             _, f0, h0, w0 = CONFIGS[config.model]
             latent_shape(frames or f0, height or h0, width or w0)
-        except (ValidationError, ValueError) as err:
-            raise InputError(f"sagevideo profile: {err}") from None
+        except ValidationError as err:
+            from sagevideo.jobs.specs import problem_parts
+
+            lines = [f"--{field.replace('_', '-')}: {msg}" for field, msg, _ in problem_parts(err)]
+            raise InputError("; ".join(lines)) from None
+        except ValueError as err:  # a latent shape the model cannot take
+            raise InputError(str(err)) from None
         report = run_profile(config)
     typer.echo(report.table())
+    shares = ", ".join(f"{part} {share:.0%}" for part, share in report.shares.items())
+    written = [str(path) for path in (json_out, plot) if path is not None]
+    typer.echo(f"sagevideo profile: {model}: {shares} of a step" + (f" -> {', '.join(written)}" if written else ""))

@@ -20,3 +20,12 @@ def test_bad_sizes_exit_2_before_building():
     assert runner.invoke(app, ["profile", "--resolution", "480by720"]).exit_code == 2
     result = runner.invoke(app, ["profile", "--frames", "50"])
     assert result.exit_code == 2 and "4k + 1" in result.output
+
+
+def test_a_bad_model_config_is_one_line_naming_the_option():
+    result = CliRunner().invoke(app, ["profile", "--model", "tiny"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "sagevideo profile: error: --model: unknown model config 'tiny'; use one of cogvideox-5b, hunyuanvideo, "
+        "opensora-768px, tiny-cogvideox, tiny-hunyuanvideo, tiny-opensora, tiny-wan, wan-14b"
+    ]
