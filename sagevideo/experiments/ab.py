@@ -19,6 +19,9 @@ did not run the plan, and ab stops (`ABFailed`) rather than evaluate it as if it
 `attention_probe` the quantized jobs are re-run with a probing router
 (`sagevideo.experiments.probe.rerun_arm`, through the same generation path), which also checks
 that the arm is reproduced exactly.
+
+With `arms` (`--arm NAME=SETTINGS`, repeatable) the quantized arm is replaced by recipe arms,
+each evaluated against full precision: `sagevideo.experiments.ab_arms` (docs/recipe.md).
 """
 
 from __future__ import annotations
