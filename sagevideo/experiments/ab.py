@@ -190,7 +190,8 @@ def ab(
     """Run the arms and evaluate them; returns the metrics.json content.
 
     config: an `ABConfig`, or the job file of one whose other fields are keyword arguments (out,
-    model, plan, image, pv, backend, device, attention_probe, noise_floor, progress; compile,
+    model, plan, image, pv, backend, device, attention_probe, noise_floor, progress, arms (recipe
+    arms, see `_ab_arms`: then the result is the arms summary, schema "sagevideo.ab.arms"); compile,
     compile_backend, linear, linear_keep, cache, cache_threshold: the quantized arm's `Recipe`,
     so the report says what quantized attention with that recipe costs against full precision).
     options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
