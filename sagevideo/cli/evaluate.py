@@ -12,6 +12,7 @@ import typer
 
 from sagevideo.choices import Backend, Cache, Compile, CompileBackend, Device, Linear, PVChoice
 from sagevideo.cli.common import EXIT_FAILED, fail, handle_errors
+from sagevideo.experiments.ab_arms import ARMS_HELP
 from sagevideo.jobs.recipe import Recipe
 
 LpipsNet = Literal["alex", "vgg"]
@@ -137,6 +138,7 @@ def ab_command(
     linear_keep: Annotated[list[str], typer.Option(help=_recipe_help("linear_keep"))] = [],  # noqa: B006
     cache: Annotated[Cache, typer.Option(help=_recipe_help("cache"))] = "none",
     cache_threshold: Annotated[float | None, typer.Option(help=_recipe_help("cache_threshold"))] = None,
+    arms: Annotated[list[str], typer.Option("--arm", help=ARMS_HELP)] = [],  # noqa: B006
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """A/B test: run JOB_FILE quantized and at full precision (twice: the noise floor), then evaluate.
@@ -155,7 +157,7 @@ def ab_command(
             job_file, out=out, model=model, plan=plan, image=image, pv=pv, backend=backend, device=device,
             attention_probe=attention_probe, noise_floor=noise_floor, progress=progress,
             compile=compile, compile_backend=compile_backend, linear=linear, linear_keep=linear_keep,
-            cache=cache, cache_threshold=cache_threshold,
+            cache=cache, cache_threshold=cache_threshold, arms=arms,
         )
         options = _eval_options(metrics, weights, device, lpips_net, resamples, set_resamples, diff_gain)
         result = ab(config, options=options, echo=lambda line: typer.echo(line, err=True))

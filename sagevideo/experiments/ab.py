@@ -19,6 +19,9 @@ did not run the plan, and ab stops (`ABFailed`) rather than evaluate it as if it
 `attention_probe` the quantized jobs are re-run with a probing router
 (`sagevideo.experiments.probe.rerun_arm`, through the same generation path), which also checks
 that the arm is reproduced exactly.
+
+With `arms` (`--arm NAME=SETTINGS`, repeatable) the quantized arm is replaced by recipe arms,
+each evaluated against full precision: `sagevideo.experiments.ab_arms` (docs/recipe.md).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sagevideo.choices import Backend, Device, PVChoice
 from sagevideo.errors import ABFailed, InputError
+from sagevideo.experiments.ab_arms import ARMS_HELP
 from sagevideo.jobs.recipe import (
     CacheOption,
     CacheThresholdOption,
@@ -83,6 +87,7 @@ class ABConfig(BaseModel):
     linear_keep: LinearKeepOption = []  # noqa: RUF012 (pydantic copies defaults)
     cache: CacheOption = "none"
     cache_threshold: CacheThresholdOption = None
+    arms: list[str] = Field([], description=ARMS_HELP)
     progress: bool = Field(True, description="Show progress bars.")
 
     @classmethod
@@ -185,7 +190,8 @@ def ab(
     """Run the arms and evaluate them; returns the metrics.json content.
 
     config: an `ABConfig`, or the job file of one whose other fields are keyword arguments (out,
-    model, plan, image, pv, backend, device, attention_probe, noise_floor, progress; compile,
+    model, plan, image, pv, backend, device, attention_probe, noise_floor, progress, arms (recipe
+    arms, see `_ab_arms`: then the result is the arms summary, schema "sagevideo.ab.arms"); compile,
     compile_backend, linear, linear_keep, cache, cache_threshold: the quantized arm's `Recipe`,
     so the report says what quantized attention with that recipe costs against full precision).
     options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
@@ -199,6 +205,8 @@ def ab(
     from sagevideo.pipelines.plans import AttentionPlan, PlanError
 
     config = ABConfig.build(config, **fields)
+    if config.arms:
+        return _ab_arms(config, options=options, echo=echo)
     out, model, plan, pv, progress = config.out, config.model, config.plan, config.pv, config.progress
     attention_probe, noise_floor = config.attention_probe, config.noise_floor
     job_file = config.job_file.expanduser()
@@ -320,3 +328,126 @@ def ab(
         echo=echo,
         progress=shown,
     )
+
+
+def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> dict[str, Any]:
+    """`ab` with `--arm`s: full precision (twice), then each recipe arm, each evaluated against it
+    (`sagevideo.experiments.ab_arms`); returns the summary written to out/metrics.json."""
+    import json
+
+    from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out, versions
+    from sagevideo.eval.stats import json_safe
+    from sagevideo.experiments.ab_arms import (
+        ARMS_SCHEMA,
+        ARMS_SCHEMA_VERSION,
+        arm_summary,
+        denoise_seconds,
+        parse_arms,
+        render_arms,
+    )
+    from sagevideo.generation.generate import plan_batch, run_batch
+
+    flat = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", *RECIPE_OPTION_NAMES)
+            if getattr(config, name) != ABConfig.model_fields[name].default]
+    if config.attention_probe:
+        flat.append("--attention-probe")
+    if flat:
+        raise InputError(f"{', '.join(flat)}: with --arm each arm gives its own settings (e.g. "
+                         "--arm sage-fp8=attention=sage,linear=fp8); leave these out")
+    arms = parse_arms(list(config.arms))
+    job_file = config.job_file.expanduser()
+    if not job_file.is_file():
+        raise InputError(f"JOB_FILE {job_file}: no such file")
+    arm_fields = job_file_arm_fields(job_file)
+    if arm_fields:
+        raise InputError(f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and "
+                         "plan per arm; remove them from the job file")
+    options = options or EvalOptions()
+    check_metrics(options.metrics)
+    progress = config.progress
+    shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None
+    common: dict[str, Any] = {"model": config.model, "backend": config.backend, "device": config.device}
+    if config.image is not None:
+        common["image"] = config.image
+    out = Path(config.out).expanduser()
+    if out.exists():
+        prepare_out(out)
+    runs: list[tuple[str, str, Path, dict[str, Any]]] = [  # (key, label, folder, settings); arms first
+        *((f"arm:{a.name}", f"{a.name} ({a.label()})", out / "arms" / a.name, a.generate_settings()) for a in arms),
+        ("ref", LABELS["ref"], out / ARMS["ref"], {"attention": "full"}),
+    ]
+    if config.noise_floor:
+        runs.append(("noise", LABELS["noise"], out / ARMS["noise"], {"attention": "full"}))
+    # Every arm is planned (settings, recipe on this machine: fp8 on CPU...) before anything runs.
+    problems, batches = [], {}
+    made = [p for p in (out, out / "arms", *(folder for _, _, folder, _ in runs)) if not p.exists()]
+    for key, label, folder, settings in runs:
+        try:
+            batches[key] = plan_batch(job_file, out=folder, **common, **settings)
+        except InputError as err:
+            problems.append(f"arm {label}: {err}" if key.startswith("arm:") else str(err))
+    if problems:
+        for folder in reversed(made):  # the folders planning made, left empty: a refused run leaves nothing
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise InputError("; ".join(problems))
+    out_dir = prepare_out(out)
+    records: dict[str, list[ManifestRecord]] = {}
+    for key, label, folder, _ in runs:
+        echo(f"sagevideo ab: {label} arm -> {folder}")
+        recs = run_batch(batches[key], progress=progress).records
+        failed = [r for r in recs if not r.done]
+        if failed:
+            raise ABFailed(f"{len(failed)} job(s) of the {label} arm failed (first: {failed[0].error}); see "
+                           f"{folder / 'manifest.jsonl'}; re-running the same command resumes")
+        records[key] = recs
+    notes = [] if config.noise_floor else [
+        "no noise-floor run (--no-noise-floor): verdicts cannot say whether a difference is noise"]
+    first = records["ref"][0]
+    run_info = {"command": "sagevideo ab", "job_file": str(job_file), "model": config.model,
+                "model_fingerprint": first.model_fingerprint, "backend": config.backend, "device": first.device,
+                "dtype": first.dtype, "arms": [a.name for a in arms]}
+    summaries = []
+    for arm in arms:
+        echo(f"sagevideo ab: evaluating {arm.name} against full precision")
+        eval_dir = out_dir / "evals" / arm.name
+        arm_options = copy_options(options, test_label=f"{arm.name} ({arm.label()})")
+        arm_records = {"ref": records["ref"], "test": records[f"arm:{arm.name}"]}
+        if config.noise_floor:
+            arm_records["noise"] = records["noise"]
+        result = evaluate(
+            out_dir / ARMS["ref"], out_dir / "arms" / arm.name, out=eval_dir,
+            noise_ref=out_dir / ARMS["noise"] if config.noise_floor else None, options=arm_options,
+            records=arm_records, run_info={**run_info, "arm": arm.name, "arm_settings": arm.text,
+                                           "recipe": arm.recipe.label()},
+            notes=notes, echo=echo, progress=shown,
+        )
+        summaries.append(arm_summary(arm, records[f"arm:{arm.name}"], records["ref"], result, eval_dir, out_dir))
+    summary: dict[str, Any] = {
+        "schema": ARMS_SCHEMA,
+        "schema_version": ARMS_SCHEMA_VERSION,
+        "run": run_info,
+        "reference": {"folder": ARMS["ref"], "noise_floor": ARMS["noise"] if config.noise_floor else None,
+                      "denoise_s": denoise_seconds(records["ref"])},
+        "n_pairs": len(records["ref"]),
+        "arms": summaries,
+        "verdicts": [line for s in summaries for line in s["verdicts"]],
+        "failed": {f"{s['name']}: {k}": v for s in summaries for k, v in s["failed"].items()},
+        "notes": notes,
+        "versions": versions(),
+    }
+    (out_dir / "metrics.json").write_text(
+        json.dumps(json_safe(summary), indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8"
+    )
+    (out_dir / "report.html").write_text(render_arms(summary), encoding="utf-8")
+    return summary
+
+
+RECIPE_OPTION_NAMES = ("compile", "compile_backend", "linear", "linear_keep", "cache", "cache_threshold")
+
+
+def copy_options(options: Any, *, test_label: str) -> Any:
+    """A copy of EvalOptions with the arms' labels (the test arm named as given)."""
+    import dataclasses
+
+    return dataclasses.replace(options, labels={**LABELS, "test": test_label})
