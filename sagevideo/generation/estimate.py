@@ -58,10 +58,10 @@ class JobEstimate:
 
 
 def latent_tokens(source: ModelSource, job: JobSpec) -> int:
-    """Video tokens plus text tokens in one attention call of a resolved job."""
-    size = source.spatial * source.patch
-    latent_frames = (job.frames - 1) // source.temporal + 1
-    return latent_frames * (job.height // size) * (job.width // size) + source.text_tokens
+    """Tokens of the longest attention call of a resolved job, as its family counts them (joint
+    text included where the model attends over [text; video], as CogVideoX does; Wan's text is
+    only in cross-attention)."""
+    return source.model_family.attention_tokens(source, job)
 
 
 def decode_activations(frames: int) -> float:
@@ -74,7 +74,7 @@ def estimate_job(source: ModelSource, job: JobSpec, backend: str | None, dtype: 
     from sagevideo.kernels.plans import tiles
 
     width = DTYPE_BYTES[dtype]
-    batch = 2 if job.guidance > 1 else 1  # classifier-free guidance runs both halves in one batch
+    batch = source.model_family.forward_batch(source, job)  # e.g. CFG's two halves in one call
     tokens = latent_tokens(source, job)
     inner = source.heads * source.head_dim
     denoise = batch * tokens * inner * width * _ACTIVATIONS_PER_CHANNEL
@@ -112,7 +112,7 @@ def _stored_elements(folder: str) -> int:
 
 def attention_seconds(source: ModelSource, job: JobSpec, backend: str | None, device: str, dtype: str) -> float:
     """Seconds of attention for the whole job: one measured call at 1,024 tokens scaled by N²."""
-    batch = 2 if job.guidance > 1 else 1
+    batch = source.model_family.forward_batch(source, job)
     per_call = _probe_call(backend, device, dtype, batch, source.heads, source.head_dim, job.pv or "fp16")
     scale = (latent_tokens(source, job) / _PROBE_TOKENS) ** 2
     return per_call * scale * source.layers * job.steps

@@ -99,6 +99,18 @@ class ModelFamily:
         """Why this model cannot make a resolved job ('<field>: <problem>; use e.g. ...'), or []."""
         return []
 
+    def attention_tokens(self, source: ModelSource, job: JobSpec) -> int:
+        """Tokens of the longest attention call of a resolved job (what memory and time scale
+        with). Default: video patches plus the text the transformer attends to jointly."""
+        size = source.spatial * source.patch
+        latent_frames = (job.frames - 1) // source.temporal + 1
+        return latent_frames * (job.height // size) * (job.width // size) + source.text_tokens
+
+    def forward_batch(self, source: ModelSource, job: JobSpec) -> int:
+        """Batch of one transformer forward of a resolved job. Default: 2 under classifier-free
+        guidance (both halves in one call, as CogVideoXPipeline does), else 1."""
+        return 2 if job.guidance > 1 else 1
+
     def attention_layers(self, source: ModelSource) -> list[str]:
         """Names of the transformer's attention layers, as plans and `install` name them (configs only)."""
         return []

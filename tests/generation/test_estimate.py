@@ -57,3 +57,21 @@ def test_a_long_job_gets_its_measured_attention_time(tmp_path, no_model_load, fr
     assert note.endswith("; it will run past --job-timeout 600 s")
     small = plan_batch("a fox", out=tmp_path / "out")  # the tiny default size: nothing measured, no note
     assert not [n for n in small.notes if "attention alone" in n]
+
+
+def test_each_family_counts_its_own_attention_tokens_and_forward_batch():
+    """Wan's text is only in cross-attention and each guidance branch is its own forward; Open-Sora
+    batches three branches; HunyuanVideo is guidance-distilled; CogVideoX batches CFG's two halves."""
+    job = JobSpec(prompt="x", guidance=6.0)
+    wan, opensora, hunyuan, cogvideox = (resolve_model(m) for m in ("tiny-wan", "tiny-opensora", "tiny-hunyuanvideo",
+                                                                     "tiny"))
+    w = wan.resolve(job)
+    size = wan.spatial * wan.patch
+    assert latent_tokens(wan, w) == ((w.frames - 1) // wan.temporal + 1) * (w.height // size) * (w.width // size)
+    batches = [s.model_family.forward_batch(s, s.resolve(job)) for s in (wan, opensora, hunyuan, cogvideox)]
+    assert batches == [1, 3, 1, 2]
+    assert cogvideox.model_family.forward_batch(cogvideox, cogvideox.resolve(JobSpec(prompt="x", guidance=1.0))) == 1
+    # the activations scale with the batch: Open-Sora's three branches hold 3x one branch's
+    o = opensora.resolve(job)
+    assert estimate_job(opensora, o, "sdpa", "float32").denoise == (
+        3 * latent_tokens(opensora, o) * opensora.heads * opensora.head_dim * 4 * 16)

@@ -201,6 +201,9 @@ class HunyuanVideoFamily(ModelFamily):
 
     # --- job constraints ---
 
+    def forward_batch(self, source: ModelSource, job: JobSpec) -> int:
+        return 1  # guidance-distilled: the scale is an embedding, one conditional forward per step
+
     def job_problems(self, source: ModelSource, job: JobSpec) -> list[str]:
         problems = size_problems(source, job)
         temporal = source.temporal

@@ -172,6 +172,9 @@ class OpenSoraFamily(ModelFamily):
 
     # --- job constraints ---
 
+    def forward_batch(self, source: ModelSource, job: JobSpec) -> int:
+        return 3  # the pipeline always runs conditional, text-unconditional and image-unconditional as one call
+
     def job_problems(self, source: ModelSource, job: JobSpec) -> list[str]:
         from sagevideo.pipelines.opensora.aspect import size_problem
         from sagevideo.pipelines.opensora.prompts import add_prompt_suffixes

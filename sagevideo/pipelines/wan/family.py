@@ -107,6 +107,9 @@ def video_tokens(source: ModelSource, job: JobSpec) -> int:
 
 
 class WanFamily(ModelFamily):
+    """Wan 2.1 / 2.2 (see the module docstring). Memory estimate: self-attention over the video
+    tokens only (the text is in cross-attention), one guidance branch per forward."""
+
     name = "wan"
     title = "Wan"
     pipeline_classes = (TEXT_TO_VIDEO, IMAGE_TO_VIDEO)
@@ -268,6 +271,12 @@ class WanFamily(ModelFamily):
         return pipe
 
     # --- job constraints ---
+
+    def attention_tokens(self, source: ModelSource, job: JobSpec) -> int:
+        return video_tokens(source, job)  # self-attention; the 512 text tokens are keys of attn2 only
+
+    def forward_batch(self, source: ModelSource, job: JobSpec) -> int:
+        return 1  # WanPipeline runs the conditional and unconditional branches as two forwards
 
     def job_problems(self, source: ModelSource, job: JobSpec) -> list[str]:
         problems = size_problems(source, job)
