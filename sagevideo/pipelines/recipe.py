@@ -170,8 +170,9 @@ def _diffusers_has(name: str) -> bool:
 class AppliedRecipe:
     """What `apply_recipe` did to a pipeline (recorded per job in the manifest's `recipe`).
 
-    fp8_layers / kept_layers: linear names (inside the transformer) made float8 / kept in bf16
-    (linear_keep, or dims not multiples of 16). compiled_blocks: blocks compiled; compile_via:
+    fp8_layers / kept_layers: linear names (inside the denoisers) made float8 / kept in bf16
+    (linear_keep, or dims not multiples of 16). compiled_blocks: blocks compiled, over every
+    denoiser; compile_via:
     "compile_repeated_blocks" or "blocks". cache_forwards / cache_skipped: transformer forwards the
     cache decided on and those whose remaining blocks it skipped, since `start_job` (None where
     diffusers does not expose the decision). apply_s: seconds the recipe took to apply (the first
@@ -186,13 +187,18 @@ class AppliedRecipe:
     cache_forwards: int | None = None
     cache_skipped: int | None = None
     apply_s: float = 0.0
+    denoisers: list[Any] = field(default_factory=list, repr=False)
 
-    def start_job(self, transformer: Any) -> None:
-        """Counters to zero and the cache's state reset (a new video starts from no cached residual)."""
+    def start_job(self, transformer: Any = None) -> None:
+        """Counters to zero and every denoiser's cache state reset (a new video starts from no
+        cached residual). transformer: also reset this one (the applied denoisers always are)."""
         if self.cache_forwards is not None:
             self.cache_forwards = self.cache_skipped = 0
-        if self.recipe.cache != "none" and hasattr(transformer, "_reset_stateful_cache"):
-            transformer._reset_stateful_cache()
+        if self.recipe.cache == "none":
+            return
+        for module in [*self.denoisers, *([transformer] if transformer is not None else [])]:
+            if hasattr(module, "_reset_stateful_cache"):
+                module._reset_stateful_cache()
 
     def record(self) -> dict[str, Any]:
         """The manifest's `recipe` object: the settings and what was applied."""
@@ -223,29 +229,38 @@ def transformer_blocks(transformer: Any) -> list[tuple[str, Any]]:
 
 
 def apply_recipe(pipe_or_transformer: Any, recipe: Recipe) -> AppliedRecipe:
-    """Apply `recipe` to a loaded pipeline (or its transformer), after its attention is installed:
-    float8 linears, then the cache hooks, then regional compile. Raises ValueError when a setting
-    cannot apply to this model (a linear_keep pattern that names no layer, a cache on a model
-    without enough blocks)."""
-    transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
+    """Apply `recipe` to every denoiser of a loaded pipeline (or to a transformer), after its
+    attention is installed: float8 linears, then the cache hooks, then regional compile. Every
+    denoiser `install` covers gets it (Wan 2.2's `transformer_2` as well as `transformer`); layer
+    names of a second denoiser start with its component ("transformer_2.blocks.0...."). Raises
+    ValueError when a setting cannot apply to this model (a linear_keep pattern that names no
+    layer of any denoiser, a cache on a model without enough blocks)."""
+    from sagevideo.pipelines.install import denoisers_of
+
     applied = AppliedRecipe(recipe)
     start = time.perf_counter()
-    blocks = transformer_blocks(transformer)
+    denoisers = [("" if component == "transformer" else f"{component}.", transformer, transformer_blocks(transformer))
+                 for component, transformer in denoisers_of(pipe_or_transformer).items()]
+    applied.denoisers = [transformer for _, transformer, _ in denoisers]
     if recipe.linear == "fp8":
-        _fp8_linears(transformer, blocks, recipe.linear_keep, applied)
-    if recipe.cache != "none":
-        _enable_cache(pipe_or_transformer, transformer, blocks, recipe, applied)
-    if recipe.compile == "regional":
-        applied.compile_cache = use_compile_cache()
-        _compile_blocks(transformer, blocks, recipe.compile_backend, applied)
+        _fp8_linears(denoisers, recipe.linear_keep, applied)
+    for _, transformer, blocks in denoisers:
+        if recipe.cache != "none":
+            _enable_cache(pipe_or_transformer, transformer, blocks, recipe, applied)
+        if recipe.compile == "regional":
+            applied.compile_cache = use_compile_cache()
+            _compile_blocks(transformer, blocks, recipe.compile_backend, applied)
     applied.apply_s = time.perf_counter() - start
     return applied
 
 
-def _fp8_linears(transformer: Any, blocks: list[tuple[str, Any]], keep: list[str], applied: AppliedRecipe) -> None:
+def _fp8_linears(denoisers: list[tuple[str, Any, list[tuple[str, Any]]]], keep: list[str],
+                 applied: AppliedRecipe) -> None:
+    """denoisers: (name prefix, transformer, its blocks) of each denoiser."""
     import torch
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
+    blocks = [(f"{prefix}{bname}", block) for prefix, _, found in denoisers for bname, block in found]
     linears = [(f"{bname}.{name}", m) for bname, block in blocks for name, m in block.named_modules()
                if isinstance(m, torch.nn.Linear)]
     unmatched = [p for p in keep if not any(fnmatch.fnmatchcase(name, p) for name, _ in linears)]
@@ -321,10 +336,11 @@ def _compile_blocks(transformer: Any, blocks: list[tuple[str, Any]], backend: st
         transformer.compile_repeated_blocks(backend=backend)
         applied.compile_via = "compile_repeated_blocks"
         names = set(transformer._repeated_blocks)
-        applied.compiled_blocks = sum(1 for m in transformer.modules() if type(m).__name__ in names)
+        applied.compiled_blocks += sum(1 for m in transformer.modules() if type(m).__name__ in names)
         return
     if not blocks:
         raise ValueError(f"--compile regional: {type(transformer).__name__} has no transformer block lists to compile")
     for _, block in blocks:
         block.compile(backend=backend)
-    applied.compile_via, applied.compiled_blocks = "blocks", len(blocks)
+    applied.compile_via = "blocks"
+    applied.compiled_blocks += len(blocks)

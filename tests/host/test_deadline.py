@@ -17,8 +17,13 @@ def test_job_timeout_stops_a_job_in_this_process_mid_step(tmp_path, monkeypatch)
         return real(pipe, job, **kwargs)
 
     monkeypatch.setattr(runner, "run_job", one_endless_step)
-    start = time.monotonic()
     first, second = sagevideo.generate(["a cat", "a dog"], out=tmp_path, job_timeout=0.2, progress=False)
-    assert time.monotonic() - start < 4  # both stopped at the limit, not after the step
+    # Both stopped at the limit, not after the 5 s step. Each job's own span is measured: the run's
+    # whole time also holds planning and the model's load (imports), which vary with the machine.
+    from datetime import datetime
+
+    for record in (first, second):
+        span = datetime.fromisoformat(record["created"]) - datetime.fromisoformat(record["started"])
+        assert span.total_seconds() < 2.5, record
     assert first["status"] == second["status"] == "failed"
     assert first["error"] == "JobTimeoutError: ran past --job-timeout 0.2 s (stopped mid-job after 0 s)"

@@ -95,3 +95,25 @@ def test_a_keep_pattern_that_names_no_layer_is_an_error(monkeypatch):
     pytest.importorskip("torchao")
     with pytest.raises(ValueError, match="--linear-keep nothing.*names no linear"):
         apply_recipe(fresh_pipe(), Recipe(linear="fp8", linear_keep=["nothing.*"]))
+
+
+def test_every_denoiser_gets_the_recipe_and_is_reset_per_job():
+    """Wan 2.2's two denoisers: both compiled, both cached; before, only `transformer` was, and the
+    record claimed the recipe for the whole pipeline."""
+    from sagevideo.jobs.specs import JobSpec
+    from sagevideo.pipelines.runner import run_job
+
+    source = resolve_model("tiny-wan22")
+    pipe = source.model_family.load(source, "cpu", torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    blocks = [len(transformer_blocks(t)) for t in (pipe.transformer, pipe.transformer_2)]
+    applied = apply_recipe(pipe, Recipe(compile="regional", compile_backend="eager", cache="first-block",
+                                        cache_threshold=5.0))
+    assert pipe.transformer.is_cache_enabled and pipe.transformer_2.is_cache_enabled
+    assert applied.compiled_blocks == sum(blocks) and all(b >= 2 for b in blocks)
+    compiled = [block for t in (pipe.transformer, pipe.transformer_2) for _, block in transformer_blocks(t)]
+    assert all(block._compiled_call_impl is not None for block in compiled)
+    job = source.resolve(JobSpec(prompt="a cat", steps=4))  # boundary 0.875: the steps split over both denoisers
+    applied.start_job()
+    run_job(pipe, job, text_tokens=source.text_tokens, family=source.model_family, decode=False)
+    assert applied.record()["cache_forwards"] == 8  # two guidance branches a step, each its own forward
