@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,6 +173,16 @@ def load_pipeline(source: ModelSource, device: str, dtype: Any):
     # The batch has its own progress bar over jobs; per-step bars would interleave with it.
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+@contextlib.contextmanager
+def quiet_from_pretrained() -> Iterator[None]:
+    """Around a folder's `from_pretrained` calls: diffusers' progress bar off (`no_diffusers_progress_bars`)
+    and the FutureWarning diffusers 0.42 gives for `torch_dtype` ignored (it renamed the keyword
+    `dtype`; older diffusers know only `torch_dtype`, so the loaders keep passing it)."""
+    with warnings.catch_warnings(), no_diffusers_progress_bars():
+        warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
+        yield
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ Nothing here imports torch or diffusers at import time.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -32,7 +31,7 @@ from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
     folder_fingerprint,
-    no_diffusers_progress_bars,
+    quiet_from_pretrained,
     read_json,
 )
 
@@ -140,9 +139,7 @@ class CogVideoXFamily(ModelFamily):
         import diffusers
 
         pipeline_class = getattr(diffusers, source.pipeline_class)  # one of this family's pipeline_classes
-        with warnings.catch_warnings(), no_diffusers_progress_bars():
-            # diffusers 0.42 renamed torch_dtype to dtype (FutureWarning); older ones know only torch_dtype.
-            warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
+        with quiet_from_pretrained():
             pipe = pipeline_class.from_pretrained(
                 source.path, local_files_only=True, use_safetensors=True, torch_dtype=dtype
             )

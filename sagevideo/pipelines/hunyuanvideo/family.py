@@ -25,7 +25,6 @@ Nothing here imports torch or diffusers at import time.
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -36,7 +35,7 @@ from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
     folder_fingerprint,
-    no_diffusers_progress_bars,
+    quiet_from_pretrained,
     read_json,
 )
 
@@ -188,8 +187,7 @@ class HunyuanVideoFamily(ModelFamily):
             return pipe
         from diffusers import HunyuanVideoPipeline
 
-        with warnings.catch_warnings(), no_diffusers_progress_bars():
-            warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
+        with quiet_from_pretrained():
             pipe = HunyuanVideoPipeline.from_pretrained(
                 source.path, local_files_only=True, use_safetensors=True, torch_dtype=dtype
             )

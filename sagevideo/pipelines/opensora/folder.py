@@ -88,19 +88,16 @@ def looks_official(path: Path) -> str | None:
 
 def load_folder(path: Path, device: str, dtype: Any):
     """The `OpenSoraPipeline` of a checked folder on `device` in `dtype` (local safetensors only)."""
-    import warnings
 
     from diffusers import AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler
     from transformers import AutoTokenizer
 
-    from sagevideo.pipelines.loading import no_diffusers_progress_bars
+    from sagevideo.pipelines.loading import quiet_from_pretrained
     from sagevideo.pipelines.opensora.pipeline import OpenSoraPipeline
     from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
 
     local = dict(local_files_only=True, use_safetensors=True)
-    with warnings.catch_warnings(), no_diffusers_progress_bars(), quiet_transformers():
-        # diffusers 0.42 renamed torch_dtype to dtype (FutureWarning); older ones know only torch_dtype.
-        warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
+    with quiet_from_pretrained(), quiet_transformers():
         transformer = OpenSoraTransformer3DModel.from_pretrained(path / "transformer", torch_dtype=dtype, **local)
         vae = AutoencoderKLHunyuanVideo.from_pretrained(path / "vae", torch_dtype=dtype, **local)
         text_encoder = load_text_encoder("T5EncoderModel", path / "text_encoder", dtype)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import html
 import re
-import warnings
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
     folder_fingerprint,
-    no_diffusers_progress_bars,
+    quiet_from_pretrained,
     read_json,
 )
 
@@ -254,9 +253,7 @@ class WanFamily(ModelFamily):
 
         index = pipeline_index(source)
         common = dict(local_files_only=True, use_safetensors=True)
-        with warnings.catch_warnings(), no_diffusers_progress_bars():
-            # diffusers 0.42 renamed torch_dtype to dtype (FutureWarning); older ones know only torch_dtype.
-            warnings.filterwarnings("ignore", message=".*torch_dtype.*deprecated", category=FutureWarning)
+        with quiet_from_pretrained():
             # The VAE and the CLIP image encoder in float32, as Wan's own diffusers examples load them
             # (the VAE decoder is sensitive in bf16); the transformers and the text encoder in `dtype`.
             parts = {"vae": diffusers.AutoencoderKLWan.from_pretrained(
