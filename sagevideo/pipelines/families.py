@@ -102,9 +102,8 @@ class ModelFamily:
     def attention_tokens(self, source: ModelSource, job: JobSpec) -> int:
         """Tokens of the longest attention call of a resolved job (what memory and time scale
         with). Default: video patches plus the text the transformer attends to jointly."""
-        size = source.spatial * source.patch
-        latent_frames = (job.frames - 1) // source.temporal + 1
-        return latent_frames * (job.height // size) * (job.width // size) + source.text_tokens
+        frames, rows, columns = patch_grid(source, job)
+        return frames * rows * columns + source.text_tokens
 
     def forward_batch(self, source: ModelSource, job: JobSpec) -> int:
         """Batch of one transformer forward of a resolved job. Default: 2 under classifier-free
@@ -227,6 +226,26 @@ def processor_routes() -> dict[type, Any]:
     for family in every():
         routes.update(family.processor_routes())
     return routes
+
+
+def patch_grid(source: ModelSource, job: JobSpec) -> tuple[int, int, int]:
+    """(latent frames, rows, columns) of transformer patches for a resolved job: the VAE compresses
+    time after the first frame and space by `spatial`, the transformer patches space by `patch`."""
+    size = source.spatial * source.patch
+    return (job.frames - 1) // source.temporal + 1, job.height // size, job.width // size
+
+
+def ulysses_degree_problem(check: Callable[..., None], config: Any, source: ModelSource, job: JobSpec,
+                           degree: int) -> str | None:
+    """A sequence-parallel module's degree check `check(config, latent_frames, latent_height,
+    latent_width, degree)` (it raises ValueError 'Ulysses degree N: <problem>') on a resolved job's
+    latent size, as `ModelFamily.degree_problem` answers: the problem (the caller names the option), or None."""
+    try:
+        check(config, (job.frames - 1) // source.temporal + 1, job.height // source.spatial,
+              job.width // source.spatial, degree)
+    except ValueError as err:
+        return str(err).split(": ", 1)[-1]
+    return None
 
 
 def size_problems(source: ModelSource, job: JobSpec) -> list[str]:

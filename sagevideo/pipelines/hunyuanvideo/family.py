@@ -30,7 +30,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sagevideo.jobs.specs import InputError, JobSpec
-from sagevideo.pipelines.families import ModelFamily, size_problems
+from sagevideo.pipelines.families import ModelFamily, size_problems, ulysses_degree_problem
 from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
@@ -280,13 +280,7 @@ class HunyuanVideoFamily(ModelFamily):
     def degree_problem(self, source: ModelSource, job: JobSpec, degree: int) -> str | None:
         from sagevideo.pipelines.hunyuanvideo.sequence_parallel import check_hunyuanvideo_degree
 
-        latent_frames = (job.frames - 1) // source.temporal + 1
-        try:
-            check_hunyuanvideo_degree(transformer_config(source), latent_frames, job.height // source.spatial,
-                                      job.width // source.spatial, degree)
-        except ValueError as err:  # 'Ulysses degree N: <problem>': the option is named by the caller
-            return str(err).split(": ", 1)[-1]
-        return None
+        return ulysses_degree_problem(check_hunyuanvideo_degree, transformer_config(source), source, job, degree)
 
 
 FAMILY = HunyuanVideoFamily()

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sagevideo.jobs.specs import JobSpec
-from sagevideo.pipelines.families import ModelFamily, size_problems
+from sagevideo.pipelines.families import ModelFamily, patch_grid, size_problems
 from sagevideo.pipelines.loading import ModelSource, fingerprint, folder_fingerprint
 
 TINY = "tiny-opensora"
@@ -268,9 +268,7 @@ class OpenSoraFamily(ModelFamily):
 
     def degree_problem(self, source: ModelSource, job: JobSpec, degree: int) -> str | None:
         # The text tokens are on every rank; the packed image tokens are split (`shard_opensora`).
-        latent_frames = (job.frames - 1) // source.temporal + 1
-        size = source.spatial * source.patch
-        rows, cols = job.height // size, job.width // size
+        latent_frames, rows, cols = patch_grid(source, job)
         image = latent_frames * rows * cols
         if image % degree:
             return (f"{image} image tokens ({latent_frames} latent frames x {rows}x{cols}) are not divisible by "

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sagevideo.jobs.specs import InputError, JobSpec
-from sagevideo.pipelines.families import ModelFamily, size_problems
+from sagevideo.pipelines.families import ModelFamily, patch_grid, size_problems
 from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
@@ -93,15 +93,9 @@ def _listed(entry: Any) -> bool:
     return isinstance(entry, (list, tuple)) and len(entry) == 2 and all(isinstance(e, str) for e in entry)
 
 
-def latent_grid(source: ModelSource, job: JobSpec) -> tuple[int, int, int]:
-    """(frames, rows, columns) of transformer patches for a resolved job."""
-    size = source.spatial * source.patch
-    return (job.frames - 1) // source.temporal + 1, job.height // size, job.width // size
-
-
 def video_tokens(source: ModelSource, job: JobSpec) -> int:
     """Video tokens of one transformer call for a resolved job (latent frames x patches)."""
-    frames, rows, columns = latent_grid(source, job)
+    frames, rows, columns = patch_grid(source, job)
     return frames * rows * columns
 
 
@@ -285,7 +279,7 @@ class WanFamily(ModelFamily):
                 f"after the first frame); use e.g. {near} or {near + temporal}"
             )
         rope = min(cfg.get("rope_max_seq_len", ROPE_MAX_SEQ_LEN) for cfg in denoiser_configs(source).values())
-        for field, count in zip(("frames", "height", "width"), latent_grid(source, job), strict=True):
+        for field, count in zip(("frames", "height", "width"), patch_grid(source, job), strict=True):
             if count > rope:
                 problems.append(f"{field}: {getattr(job, field)} makes {count} transformer patches along it, more "
                                 f"than its rotary table's {rope} (rope_max_seq_len); make it smaller")
