@@ -11,28 +11,16 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import socket
 import tempfile
 
 import pytest
+
+from tests.helpers.ray_local import OBJECT_STORE_BYTES, own_addresses
 
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="svray-")  # short: Ray puts unix sockets there
 atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], ignore_errors=True)  # session logs, sockets
-OBJECT_STORE_BYTES = 80 * 2**20  # jobs return file names; Ray's default would take 30% of RAM
-
-
-def own_addresses() -> set[str]:
-    """Loopback and the addresses of this machine (where Ray's nodes listen)."""
-    import ray.util
-
-    found = {"127.0.0.1", "::1", "localhost", ray.util.get_node_ip_address()}
-    try:
-        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
-    except OSError:
-        pass
-    return found
 
 
 @pytest.fixture

@@ -13,10 +13,6 @@ The image-to-video job runs full attention, so its byte-identical mp4 checks the
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import tempfile
 
 import numpy as np
 import pytest
@@ -26,41 +22,20 @@ from typer.testing import CliRunner
 import sagevideo
 from sagevideo.cli.app import app
 from sagevideo.host import failpoints
+from tests.helpers.ray_local import own_addresses, private_local_ray
 from tests.helpers.sp_tolerance import MEAN_LEVELS, frames
-
-RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 @pytest.fixture(scope="module")
 def ray_local():
-    """One private local Ray instance (2 CPUs, no auth token, no usage report, sessions in a temporary folder)."""
-    saved = {name: os.environ.get(name) for name in (*RAY_ENV, "RAY_TMPDIR")}
-    tmp = tempfile.mkdtemp(prefix="svray-")  # short: Ray puts unix sockets there
-    os.environ.update(RAY_ENV, RAY_TMPDIR=tmp)
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", object_store_memory=80 * 2**20)
-    yield ray
-    ray.shutdown()
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    shutil.rmtree(tmp, ignore_errors=True)
+    """One private local Ray instance (2 CPUs) for the module."""
+    with private_local_ray() as ray:
+        yield ray
 
 
 @pytest.fixture
 def allowed_hosts():
-    """Ray's nodes listen on this machine's own address (it rewrites 127.0.0.1 to it)."""
-    import ray.util
-
-    found = {"127.0.0.1", "::1", "localhost", ray.util.get_node_ip_address()}
-    try:
-        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
-    except OSError:
-        pass
-    return found
+    return own_addresses()  # Ray's nodes listen on this machine's own address (it rewrites 127.0.0.1 to it)
 
 
 def manifest(out):
