@@ -51,8 +51,6 @@ VAE = dict(
     layers_per_block=1, norm_num_groups=32, temporal_compression_ratio=4, scaling_factor=1.15258426,
     use_quant_conv=False, use_post_quant_conv=False,
 )
-T5 = dict(d_model=4096, d_kv=64, d_ff=1024, num_layers=2, num_heads=8, relative_attention_num_buckets=32,
-          dropout_rate=0.0, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
 
 
 def say(line: str) -> None:
@@ -61,26 +59,12 @@ def say(line: str) -> None:
 
 def write_model(folder: Path, args: argparse.Namespace) -> None:
     """Random-weight CogVideoX folder (safetensors) for `sagevideo generate --model folder`."""
-    import torch
-    from diffusers import AutoencoderKLCogVideoX, CogVideoXPipeline, CogVideoXTransformer3DModel
-    from transformers import T5Config, T5EncoderModel
+    from bench.random_models import write_cogvideox_folder
 
-    from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
-    from sagevideo.pipelines.tiny import tiny_tokenizer
-
-    tokenizer = tiny_tokenizer()  # byte-level, built in memory: saves and loads with no download
     cfg = dict(COGVIDEOX_2B, num_layers=args.layers, sample_frames=args.frames,
                sample_height=args.height // 8, sample_width=args.width // 8)
-    torch.manual_seed(0)
-    with torch.device(args.device):  # random init of 1.7 B weights is much faster on a GPU
-        transformer = CogVideoXTransformer3DModel(**cfg)
-        vae = AutoencoderKLCogVideoX(**VAE, sample_height=args.height, sample_width=args.width)
-        text_encoder = T5EncoderModel(T5Config(vocab_size=len(tokenizer), **T5))
-    for module in (transformer, vae, text_encoder):  # bf16 on disk: half the bytes to write and load
-        torch.nn.Module.to(module, dtype=torch.bfloat16)  # diffusers' own .to warns for every model
-    pipe = CogVideoXPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
-                             scheduler=tiny_pipeline().scheduler)  # CogVideoX-2B's scheduler settings
-    pipe.to("cpu").save_pretrained(folder, safe_serialization=True)  # (warm_triton empties the GPU cache)
+    vae = dict(VAE, sample_height=args.height, sample_width=args.width)
+    write_cogvideox_folder(folder, cfg, vae, device=args.device)  # (warm_triton empties the GPU cache)
 
 
 def warm_triton(args: argparse.Namespace) -> None:

@@ -255,12 +255,15 @@ class PipelineHost:
         record = base_record(self.ctx, pj)
         record.attempts, record.worker, record.started = attempt, self.worker, now_iso()
         handoff: dict[str, Any] = {}
-        timings = {"load_s": round(self.load_s, 4), "denoise_s": None, "decode_s": None, "write_s": None}
+        timings = {"load_s": round(self.load_s, 4), "denoise_s": None, "first_step_s": None, "decode_s": None,
+                   "write_s": None}
         self.load_s = 0.0
         with record_backends() as calls:
             try:
                 result = self.generate(pj, attempt=attempt, on_step=on_step, time_limit=time_limit)
                 timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
+                if result.first_step_s is not None:
+                    timings["first_step_s"] = round(result.first_step_s, 4)
                 start = time.perf_counter()
                 staged = write_mp4(
                     result.frames, staged_path(self.ctx.out / pj.output), fps=self.ctx.fps, name=pj.output

@@ -27,7 +27,8 @@ input image's absolute path, image-to-video jobs; None otherwise), image_sha256 
 64 hex digits, as `sha256sum` prints it: what the job was made from; lines written before the
 field existed have neither, which reads as None), device,
 dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
-decode_s, write_s), outputs (paths relative to the output folder: the mp4, then the PNG frames
+first_step_s (inside denoise_s: step 1 with text encoding, compilation and warm-up), decode_s,
+write_s), outputs (paths relative to the output folder: the mp4, then the PNG frames
 folder for frames_png jobs), attempts (runs it took: more than 1 when a worker died under it),
 retries (one {attempt, error, worker} per such death), worker ({host, pid, node}: who ran the
 last attempt; node is the Ray node id, None without Ray; with --gpus-per-job, rank 0 of the
@@ -85,10 +86,12 @@ class Retry(TypedDict, total=False):
 
 @with_config(ConfigDict(extra="allow"))
 class Timings(TypedDict, total=False):
-    """Seconds of the job's phases (load_s: the model load, charged to a worker's first job)."""
+    """Seconds of the job's phases (load_s: the model load, charged to a worker's first job;
+    first_step_s: denoising start to the end of step 1, inside denoise_s: compilation and warm-up)."""
 
     load_s: float | None
     denoise_s: float | None
+    first_step_s: float | None
     decode_s: float | None
     write_s: float | None
 

@@ -26,11 +26,14 @@ class NonFiniteError(RuntimeError):
 
 @dataclass
 class JobFrames:
-    """frames: (F, H, W, 3) uint8 RGB (None when the job was not decoded); timings in seconds."""
+    """frames: (F, H, W, 3) uint8 RGB (None when the job was not decoded); timings in seconds.
+    first_step_s: from the start of denoising (text encoding included) to the end of the first
+    step: what compilation and warm-up cost a job, beside the steady steps (None: no step ran)."""
 
     frames: np.ndarray | None
     denoise_s: float
     decode_s: float
+    first_step_s: float | None = None
 
 
 def run_job(
@@ -62,6 +65,7 @@ def run_job(
         family = of_pipeline(pipe)
     device = pipe.transformer.device
     generator = torch.Generator("cpu").manual_seed(job.seed)
+    first_step_end: list[float] = []
 
     def check_step(pipeline, step: int, timestep, tensors: dict) -> dict:
         if not torch.isfinite(tensors["latents"]).all():
@@ -69,6 +73,8 @@ def run_job(
                 f"NaN/Inf in the latents after denoising step {step + 1}/{job.steps} "
                 f"(timestep {int(timestep)})"
             )
+        if not first_step_end:  # the finiteness check above waited for the device
+            first_step_end.append(time.perf_counter())
         if on_step is not None:
             on_step(step + 1, job.steps)
         return tensors
@@ -83,8 +89,9 @@ def run_job(
     start = _now(device)
     latents = family.denoise(pipe, job, generator=generator, text_tokens=text_tokens, callback=check_step, **extra)
     denoised = _now(device)
+    first_step_s = first_step_end[0] - start if first_step_end else None
     if not decode:
-        return JobFrames(frames=None, denoise_s=denoised - start, decode_s=0.0)
+        return JobFrames(frames=None, denoise_s=denoised - start, decode_s=0.0, first_step_s=first_step_s)
     with torch.no_grad():
         video = family.decode(pipe, job, latents)  # (1, 3, F, H, W) in [-1, 1], model dtype
     if not torch.isfinite(video).all():
@@ -93,7 +100,8 @@ def run_job(
     frames = family.postprocess(pipe, video)  # (F, H, W, 3) in [0, 1]
     frames = np.round(frames * 255).astype(np.uint8)
     decoded = _now(device)
-    return JobFrames(frames=frames, denoise_s=denoised - start, decode_s=decoded - denoised)
+    return JobFrames(frames=frames, denoise_s=denoised - start, decode_s=decoded - denoised,
+                     first_step_s=first_step_s)
 
 
 def _now(device: torch.device) -> float:

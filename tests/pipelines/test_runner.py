@@ -18,6 +18,7 @@ def test_frames_shape_dtype_and_determinism(tiny_pipe):
     assert a.frames.shape == (9, 64, 64, 3) and a.frames.dtype == "uint8"
     assert (a.frames == b.frames).all()
     assert a.denoise_s > 0 and a.decode_s > 0
+    assert 0 < a.first_step_s < a.denoise_s  # step 1 of the job's several steps
     c = run_job(tiny_pipe, _job(seed=1), text_tokens=32)
     assert (a.frames != c.frames).any()
 

@@ -1,0 +1,290 @@
+#!/usr/bin/env python
+"""One whole video: stock diffusers against sagevideo's recipe, through the product (issue 21).
+
+Writes a random-weight CogVideoX-5B folder (`bench.random_models`: the released transformer and
+VAE configs, CogVideoX-5B's scheduler settings, a 2-layer T5 of width 4096), then makes one video
+of --frames frames at --height x --width, --steps steps, CFG (guidance 6: batch 2 per forward),
+decode included, in arms run one after another in this process:
+
+- stock: `CogVideoXPipeline.from_pretrained(folder)` as diffusers ships it, eager, SDPA with
+  cuDNN first (the best 16-bit attention on Hopper; flash, efficient, math after it);
+- sage: `sagevideo.generate(..., recipe=--recipe)` on the same folder: quantized attention plus
+  the recipe (default regional compile + FP8 linears), timings from the manifest record;
+- sage-cache: the same with `cache=first-block` (--cache-threshold): speed-up and steps skipped;
+- second-worker: `sagevideo generate` in a new process with the sage recipe and 2 steps, after the
+  sage arm filled the compile cache: a worker start with a warm cache, to the first step;
+- stock-compiled: stock with each transformer block `torch.compile`d (what a user who already
+  compiles runs).
+
+Video seconds are the pipeline call (text encoding, denoising, VAE decode and post-processing;
+for sage, the record's denoise_s + decode_s); mp4 writing is not counted. first_step_s is from
+the call's start to the end of step 1 (compilation lands there). steady_step_s =
+(denoise - first step) / (steps - 1). The JSON is rewritten after each arm, so a run cut short
+keeps what it measured.
+
+    python -m bench.bench_video --json video.json [--arms sage,stock,second-worker,sage-cache]
+    python -m bench.bench_video --tiny              # CPU smoke test (built-in tiny model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if not __package__:  # run as a file: `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.results import add_results_option, start_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "a red panda climbing a tree in the rain, cinematic lighting"
+ARMS = ("sage", "stock", "second-worker", "sage-cache", "stock-compiled")
+DEFAULT_ARMS = "sage,stock,second-worker,sage-cache"
+DEFAULT_RECIPE = "compile=regional,linear=fp8"
+TINY_RECIPE = "compile=regional,compile_backend=eager"
+GUIDANCE = 6.0
+# CogVideoX-5B's released VAE and scheduler settings (diffusers' defaults otherwise).
+VAE_5B = dict(scaling_factor=0.7)
+SCHEDULER_5B = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False,
+                    prediction_type="v_prediction", rescale_betas_zero_snr=True, set_alpha_to_one=True,
+                    snr_shift_scale=1.0, steps_offset=0, timestep_spacing="trailing")
+
+
+def say(line: str) -> None:
+    print(f"bench_video: {line}", file=sys.stderr, flush=True)
+
+
+def write_model(folder: Path, args: argparse.Namespace) -> None:
+    """The model folder both sides load: CogVideoX-5B at the job's size, or the built-in tiny model."""
+    if args.tiny:
+        from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
+
+        tiny_pipeline().save_pretrained(folder, safe_serialization=True)
+        return
+    from diffusers import CogVideoXDPMScheduler
+
+    from bench.bench_transformer import COGVIDEOX_5B
+    from bench.random_models import write_cogvideox_folder
+
+    cfg = dict(COGVIDEOX_5B, sample_frames=args.frames, sample_height=args.height // 8, sample_width=args.width // 8)
+    vae = dict(VAE_5B, sample_height=args.height, sample_width=args.width)
+    write_cogvideox_folder(folder, cfg, vae, device=args.device, scheduler=CogVideoXDPMScheduler(**SCHEDULER_5B))
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False) -> dict:
+    """diffusers' pipeline as shipped (SDPA cuDNN first on CUDA); with compiled, each block compiled."""
+    import torch
+    from diffusers import CogVideoXPipeline
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    start = time.perf_counter()
+    pipe = CogVideoXPipeline.from_pretrained(folder, dtype=args.dtype).to(args.device)
+    pipe.set_progress_bar_config(disable=True)
+    if compiled:
+        for block in pipe.transformer.transformer_blocks:
+            block.compile(backend=args.compile_backend)
+    load_s = time.perf_counter() - start
+    first_step: list[float] = []
+
+    def on_step(_pipe, step, _timestep, tensors):
+        if not first_step:
+            _sync()
+            first_step.append(time.perf_counter())
+        return tensors
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with sdpa_kernel(order, set_priority=True), torch.no_grad():
+        _sync()
+        start = time.perf_counter()
+        frames = pipe(PROMPT, num_frames=args.frames, height=args.height, width=args.width,
+                      num_inference_steps=args.steps, guidance_scale=GUIDANCE,
+                      generator=torch.Generator("cpu").manual_seed(0), output_type="np",
+                      callback_on_step_end=on_step).frames
+        _sync()
+        video_s = time.perf_counter() - start
+    finite = bool(torch.isfinite(torch.as_tensor(frames)).all())
+    first_step_s = first_step[0] - start
+    del pipe
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return {"load_s": load_s, "video_s": video_s, "first_step_s": first_step_s,
+            "steady_step_s": _steady(video_s, first_step_s, args.steps), "frames_finite": finite,
+            "attention": "SDPA (cuDNN first)" if args.device == "cuda" else "SDPA"}
+
+
+def _steady(denoise_s: float, first_step_s: float, steps: int) -> float | None:
+    return (denoise_s - first_step_s) / (steps - 1) if steps > 1 else None
+
+
+def sage_arm(folder: Path, out: Path, args: argparse.Namespace, recipe: str) -> dict:
+    """One video through `sagevideo.generate` with `recipe`; the manifest record's timings."""
+    import sagevideo
+
+    start = time.perf_counter()
+    (record,) = sagevideo.generate([{"prompt": PROMPT, "seed": 0}], model=str(folder), out=out, frames=args.frames,
+                                   height=args.height, width=args.width, steps=args.steps, guidance=GUIDANCE,
+                                   device=args.device, recipe=recipe, progress=False)
+    wall = time.perf_counter() - start
+    if record["status"] != "done":
+        raise SystemExit(f"bench_video: the sagevideo arm failed: {record['error']}")
+    t = record["timings"]
+    video_s = t["denoise_s"] + t["decode_s"]
+    return {"load_s": t["load_s"], "video_s": video_s, "first_step_s": t["first_step_s"],
+            "steady_step_s": _steady(t["denoise_s"], t["first_step_s"], args.steps), "wall_s": wall,
+            "backends": record["backends"], "recipe": record.get("recipe"), "timings": t}
+
+
+def second_worker_arm(folder: Path, out: Path, args: argparse.Namespace, recipe: str) -> dict:
+    """`sagevideo generate` in a fresh process (same compile cache), 2 steps: start-up to step 1."""
+    from sagevideo.jobs.recipe import parse_recipe
+
+    flags: list[str] = []
+    for name, value in parse_recipe(recipe).model_dump(exclude_defaults=True).items():
+        for item in value if isinstance(value, list) else [value]:
+            flags += [f"--{name.replace('_', '-')}", str(item)]
+    command = [sys.executable, "-m", "sagevideo", "generate", "--prompt", PROMPT, "--model", str(folder),
+               "--out", str(out), "--frames", str(args.frames), "--height", str(args.height), "--width",
+               str(args.width), "--steps", "2", "--guidance", str(GUIDANCE), "--device", args.device,
+               "--no-progress", *flags]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"bench_video: second worker failed ({done.returncode}): {done.stderr[-2000:]}")
+    (record,) = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines() if line.strip()]
+    t = record["timings"]
+    after_first = t["denoise_s"] - t["first_step_s"] + t["decode_s"] + (t["write_s"] or 0.0)
+    return {"wall_s": wall, "load_s": t["load_s"], "first_step_s": t["first_step_s"],
+            # process start -> end of step 1: the wall less what came after step 1 (its second
+            # step, decode, mp4 write; the exit is inside, so this is an upper bound)
+            "to_first_step_s": wall - after_first, "timings": t, "backends": record["backends"],
+            "recipe": record.get("recipe")}
+
+
+def ratios(arms: dict) -> dict:
+    """Stock / sage ratios of what both arms measured."""
+    found = {}
+    stock = arms.get("stock")
+    for name in ("sage", "sage-cache", "stock-compiled"):
+        arm = arms.get(name)
+        if stock is None or arm is None:
+            continue
+        found[f"{name}_x_stock_video"] = stock["video_s"] / arm["video_s"]
+        if stock.get("steady_step_s") and arm.get("steady_step_s"):
+            found[f"{name}_x_stock_steady_step"] = stock["steady_step_s"] / arm["steady_step_s"]
+    if "stock-compiled" in arms and "sage" in arms:
+        found["sage_x_stock_compiled_video"] = arms["stock-compiled"]["video_s"] / arms["sage"]["video_s"]
+    return found
+
+
+def table(report: dict) -> list[str]:
+    lines = [f"{'arm':15s} {'video s':>8s} {'first step s':>13s} {'steady step s':>14s} {'load s':>7s}  notes"]
+    for name, arm in report["arms"].items():
+        if name == "second-worker":
+            lines.append(f"{name:15s} {'':>8s} {arm['first_step_s']:13.1f} {'':>14s} {arm['load_s']:7.1f}  "
+                         f"process start to step 1 <= {arm['to_first_step_s']:.1f} s (warm compile cache)")
+            continue
+        steady = f"{arm['steady_step_s']:.3f}" if arm.get("steady_step_s") else "-"
+        counts = (arm.get("backends") or {}).get("counts", {})
+        note = arm.get("attention") or ", ".join(f"{k} x{v}" for k, v in counts.items())
+        recipe = arm.get("recipe") or {}
+        if recipe.get("cache") not in (None, "none"):
+            note += f"; cache skipped {recipe.get('cache_skipped')} of {recipe.get('cache_forwards')} forwards"
+        lines.append(f"{name:15s} {arm['video_s']:8.1f} {arm['first_step_s']:13.1f} {steady:>14s} "
+                     f"{arm['load_s']:7.1f}  {note}")
+    lines += [f"{k}: {v:.2f}x" for k, v in report["ratios"].items()]
+    return lines
+
+
+def result_rows(run, shape: str, report: dict):
+    """Rows per arm: video_s, first_step_s, steady_step_s (and the ratios to stock)."""
+    for name, arm in report["arms"].items():
+        extra = {k: arm[k] for k in ("backends", "recipe", "attention") if arm.get(k)}
+        for metric in ("video_s", "first_step_s", "steady_step_s", "to_first_step_s", "load_s"):
+            if arm.get(metric) is not None:
+                run.add(shape, name, metric, arm[metric], unit="s", **extra)
+    for key, value in report["ratios"].items():
+        arm, _, metric = key.partition("_x_")
+        run.add(shape, arm, f"x_{metric}", value)
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="built-in tiny model on CPU (smoke test)")
+    parser.add_argument("--arms", default=DEFAULT_ARMS, help=f"comma-separated, in order, of {', '.join(ARMS)}")
+    parser.add_argument("--recipe", help=f"sage arm's recipe (default {DEFAULT_RECIPE}; --tiny: {TINY_RECIPE})")
+    parser.add_argument("--cache-threshold", type=float, default=0.05, help="sage-cache arm's first-block threshold")
+    parser.add_argument("--frames", type=int, default=49)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--width", type=int, default=720)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--model", type=Path, help="use this model folder (default: write one under --work)")
+    parser.add_argument("--work", type=Path, help="folder for the model and outputs (default: a new temp dir)")
+    parser.add_argument("--json", type=Path)
+    add_results_option(parser)
+    args = parser.parse_args(argv)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"--arms: {unknown[0]!r} is not one of {', '.join(ARMS)}")
+    if args.tiny:
+        args.frames, args.height, args.width, args.steps = 9, 64, 64, min(args.steps, 3)
+
+    import torch
+
+    args.device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    args.compile_backend = "inductor" if args.device == "cuda" else "eager"
+    recipe = args.recipe or (TINY_RECIPE if args.tiny else DEFAULT_RECIPE)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_video_"))
+    folder = args.model or work / "model"
+    if not (folder / "model_index.json").is_file():
+        start = time.perf_counter()
+        write_model(folder, args)
+        say(f"model written to {folder} in {time.perf_counter() - start:.0f} s")
+    gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    size = f"{args.frames}f-{args.height}x{args.width}-{args.steps}steps"
+    shape = "cogvideox-tiny" if args.tiny else f"cogvideox-5b-{size}"
+    report: dict = {"model": "tiny" if args.tiny else "CogVideoX-5B config, random weights", "shape": shape,
+                    "gpu": gpu, "recipe": recipe, "cache_threshold": args.cache_threshold, "arms": {}, "ratios": {}}
+    for name in arms:
+        say(f"{name} ...")
+        if name in ("stock", "stock-compiled"):
+            result = stock_arm(folder, args, compiled=name == "stock-compiled")
+        elif name == "sage":
+            result = sage_arm(folder, work / "out-sage", args, recipe)
+        elif name == "sage-cache":
+            cached = f"{recipe},cache=first-block,cache_threshold={args.cache_threshold}"
+            result = sage_arm(folder, work / "out-sage-cache", args, cached)
+        else:
+            result = second_worker_arm(folder, work / "out-second-worker", args, recipe)
+        report["arms"][name] = result
+        report["ratios"] = ratios(report["arms"])
+        say(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in result.items() if isinstance(v, float)))
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2, default=str))
+    if args.append_results:
+        added = result_rows(start_run("bench_video", gpu, argv), shape, report).append(args.append_results)
+        print(f"bench_video: {added} rows appended to {args.append_results}")
+    print(f"{shape} on {gpu}; sage recipe {recipe}:")
+    for line in table(report):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

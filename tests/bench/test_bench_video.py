@@ -1,0 +1,41 @@
+"""bench/bench_video.py: a whole video per arm through the product, on the built-in tiny model (CPU)."""
+
+import json
+
+import pytest
+
+from bench import bench_video
+from bench.results import load, select
+
+
+def test_ratios_are_stock_over_each_arm():
+    arms = {"stock": {"video_s": 90.0, "steady_step_s": 1.8}, "sage": {"video_s": 45.0, "steady_step_s": 0.9},
+            "sage-cache": {"video_s": 30.0, "steady_step_s": None}}
+    found = bench_video.ratios(arms)
+    assert found == {"sage_x_stock_video": 2.0, "sage_x_stock_steady_step": 2.0, "sage-cache_x_stock_video": 3.0}
+
+
+def test_unknown_arm_is_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_video.main(["--tiny", "--arms", "sage,fastest"])
+    assert exc.value.code == 2 and "'fastest' is not one of" in capsys.readouterr().err
+
+
+def test_tiny_video_per_arm_on_cpu(tmp_path, capsys):
+    out = tmp_path / "video.json"
+    results = tmp_path / "results.jsonl"
+    code = bench_video.main(["--tiny", "--steps", "2", "--arms", "sage,stock", "--work", str(tmp_path / "w"),
+                             "--json", str(out), "--append-results", str(results)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    sage, stock = report["arms"]["sage"], report["arms"]["stock"]
+    # the sage arm went through sagevideo.generate: its record says which attention ran and the recipe applied
+    assert sage["backends"]["counts"] == {"reference/fp16": 4} and sage["backends"]["fallbacks"] == {}
+    assert sage["recipe"]["compile"] == "regional" and sage["recipe"]["compiled_blocks"] == 2
+    assert 0 < sage["first_step_s"] < sage["video_s"] and stock["frames_finite"]
+    assert report["ratios"]["sage_x_stock_video"] == pytest.approx(stock["video_s"] / sage["video_s"])
+    rows = load(results)
+    assert {r.variant for r in select(rows, metric="video_s")} == {"sage", "stock"}
+    assert select(rows, variant="sage", metric="x_stock_video")[0].value == pytest.approx(
+        report["ratios"]["sage_x_stock_video"])
+    assert "sage_x_stock_video" in capsys.readouterr().out
