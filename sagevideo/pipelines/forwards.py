@@ -7,6 +7,10 @@ size, batched as the family's pipeline batches guidance: CogVideoX one forward o
 Open-Sora one of batch 3 (text + image guidance), Wan two forwards of batch 1 (each guidance
 branch its own call), HunyuanVideo one of batch 1 (guidance-distilled).
 
+`attention_calls(name, ...)`: the attention calls one step makes (shapes and counts), found by
+running the step on the meta device (no memory, no compute), so a config's real shapes are read
+from the model itself rather than re-derived per family.
+
 Random weights because what a step's time is spent on depends on the shapes, not on the values:
 profiling and benchmarks run without a 30 GB checkpoint. The configs are the published ones
 (diffusers' defaults for Wan 2.1 14B and HunyuanVideo 13B, CogVideoX-5B's config.json, the
@@ -99,6 +103,48 @@ def build_step(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     step.name = name
     torch.nn.Module.to(step.model, dtype=dtype).eval()
     return step
+
+
+@dataclass(frozen=True)
+class AttentionCallShape:
+    """One distinct attention call of a step: q (batch, heads, n_q, head_dim), k/v (batch, heads,
+    n_k, head_dim); masked: it came with an attn_mask; calls: how often the step makes it."""
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    head_dim: int
+    masked: bool
+    calls: int
+
+
+def attention_calls(name: str, *, frames: int | None = None, height: int | None = None,
+                    width: int | None = None) -> list[AttentionCallShape]:
+    """The distinct SDPA calls of one denoising step of config `name` at the given size, most
+    calls first. Built and run on the meta device: seconds even at real size. Raises ValueError as
+    `build_step` does."""
+    from torch.overrides import TorchFunctionMode
+
+    seen: dict[tuple, int] = {}
+
+    class _Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                # diffusers' dispatcher passes query/key by keyword, the CogVideoX processors by position
+                q = args[0] if args else kwargs["query"]
+                k = args[1] if len(args) > 1 else kwargs["key"]
+                mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+                key = (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], mask is not None)
+                seen[key] = seen.get(key, 0) + 1
+            return func(*args, **kwargs)
+
+    step = build_step(name, "meta", torch.bfloat16, frames=frames, height=height, width=width)
+    with _Recorder():
+        step.run()
+    calls = [AttentionCallShape(*key, calls=count) for key, count in seen.items()]
+    return sorted(calls, key=lambda call: -call.calls)
 
 
 def _randn(*shape, device, dtype) -> torch.Tensor:
