@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from sagevideo.choices import PV, Device, DType, has_fp8_tensor_cores
 from sagevideo.errors import InputError
 from sagevideo.experiments.bench_timing import (
+    BenchOptions,
     BenchReport,
     cosine_worst,
     interleaved,
@@ -79,10 +80,9 @@ def tops(flops: float, ms: float | None) -> float | None:
     return None if not ms else flops / (ms * 1e-3) / 1e12
 
 
-class BenchAttentionConfig(BaseModel):
+class BenchAttentionConfig(BenchOptions):
     """What to time: shapes (text) and/or a model config's attention calls, on which device."""
 
-    model_config = ConfigDict(extra="forbid")
     shapes: list[str] = Field([], description="attention shape BxHxNxD (or BxHxNqxNkxD), e.g. 2x48x17776x64; "
                               "repeatable")
     model: str | None = Field(None, description="time the attention calls of one denoising step of this "
@@ -108,27 +108,15 @@ class BenchAttentionConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str | None) -> str | None:
-        from sagevideo.pipelines.forwards import CONFIGS
+        from sagevideo.pipelines.forwards import known_config
 
-        if value is not None and value not in CONFIGS:
-            raise ValueError(f"unknown model config {value!r}; use one of {', '.join(sorted(CONFIGS))}")
-        return value
+        return None if value is None else known_config(value)
 
     @model_validator(mode="after")
     def _something_to_time(self) -> BenchAttentionConfig:
         if not self.shapes and self.model is None:
             raise ValueError("nothing to time: give --shape BxHxNxD (repeatable) or --model NAME")
         return self
-
-    @classmethod
-    def build(cls, **options: Any) -> BenchAttentionConfig:
-        """InputError naming every bad option at once."""
-        from sagevideo.jobs.specs import group_problems, value_problems
-
-        try:
-            return cls(**options)
-        except ValidationError as err:
-            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
 
 
 @dataclass

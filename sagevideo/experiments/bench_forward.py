@@ -23,12 +23,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from sagevideo.choices import CompileBackend, Device, DType
 from sagevideo.errors import InputError
 from sagevideo.experiments.bench_attention import SageBackend
 from sagevideo.experiments.bench_timing import (
+    BenchOptions,
     BenchReport,
     machine,
     median_seconds,
@@ -54,10 +55,9 @@ def parse_recipe_name(name: str) -> dict[str, str]:
     return {"linear": linear, "compile": "regional" if parts[0] == "compile" else "none", "attention": parts[1]}
 
 
-class BenchForwardConfig(BaseModel):
+class BenchForwardConfig(BenchOptions):
     """Which transformer config, which recipes, where."""
 
-    model_config = ConfigDict(extra="forbid")
     model: str = Field("tiny-cogvideox", description="transformer config: cogvideox-5b, wan-14b, hunyuanvideo, "
                        "opensora-768px (real size, random weights) or tiny-cogvideox|wan|hunyuanvideo|opensora")
     recipes: list[str] = Field(["default"], description="comma list of [fp8-](eager|compile)-(cudnn|sage), or "
@@ -74,11 +74,9 @@ class BenchForwardConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        from sagevideo.pipelines.forwards import CONFIGS
+        from sagevideo.pipelines.forwards import known_config
 
-        if value not in CONFIGS:
-            raise ValueError(f"unknown model config {value!r}; use one of {', '.join(sorted(CONFIGS))}")
-        return value
+        return known_config(value)
 
     @field_validator("recipes", mode="before")
     @classmethod
@@ -97,16 +95,6 @@ class BenchForwardConfig(BaseModel):
             if name != "default":
                 parse_recipe_name(name)
         return names
-
-    @classmethod
-    def build(cls, **options: Any) -> BenchForwardConfig:
-        """InputError naming every bad option at once."""
-        from sagevideo.jobs.specs import group_problems, value_problems
-
-        try:
-            return cls(**options)
-        except ValidationError as err:
-            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
 
 
 class ForwardBenchPlan(BaseModel):

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing_extensions import Self
 
 from sagevideo.choices import resolve_device
 from sagevideo.errors import InputError
@@ -135,6 +136,22 @@ def machine(device: str) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "python": platform.python_version(),
     }
+
+
+class BenchOptions(BaseModel):
+    """A bench command's options; `build` turns every bad one into one InputError."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def build(cls, **options: Any) -> Self:
+        """InputError naming every bad option at once."""
+        from sagevideo.jobs.specs import group_problems, value_problems
+
+        try:
+            return cls(**options)
+        except ValidationError as err:
+            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
 
 
 class BenchReport(BaseModel):

@@ -74,6 +74,13 @@ def _first(out) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
 
 
+def known_config(name: str) -> str:
+    """`name` when it is one of CONFIGS; else ValueError listing them."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown model config {name!r}; use one of {', '.join(sorted(CONFIGS))}")
+    return name
+
+
 def latent_shape(frames: int, height: int, width: int) -> tuple[int, int, int]:
     """(latent frames, latent height, latent width) of a video: (F - 1) / 4 + 1, H / 8, W / 8."""
     for what, value, multiple in (("height", height, 16), ("width", width, 16)):
@@ -90,8 +97,7 @@ def build_step(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     """The transformer of config `name` (see CONFIGS) with random weights from `seed`, on `device` in
     `dtype`, and the forwards of one denoising step at frames x height x width (the config's
     defaults where None). Raises ValueError for an unknown name or a size the VAE cannot take."""
-    if name not in CONFIGS:
-        raise ValueError(f"unknown transformer config {name!r}; use one of {sorted(CONFIGS)}")
+    known_config(name)
     family, f0, h0, w0 = CONFIGS[name]
     latent = latent_shape(frames or f0, height or h0, width or w0)
     tiny = name.startswith("tiny-")
