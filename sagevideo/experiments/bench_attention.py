@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator
 
 from sagevideo.choices import PV, Device, DType, has_fp8_tensor_cores
 from sagevideo.errors import InputError
@@ -71,7 +71,7 @@ def parse_shape(text: str) -> AttentionShape:
     except ValueError:
         dims = []
     if len(dims) not in (4, 5) or min(dims) < 1:
-        raise ValueError(f"{text!r} is not BxHxNxD or BxHxNqxNkxD with positive sizes, e.g. 2x48x17776x64")
+        raise ValueError(f"{text!r}: not BxHxNxD or BxHxNqxNkxD with positive sizes, e.g. 2x48x17776x64")
     b, h, *tokens, d = dims
     return AttentionShape(b, h, tokens[0], tokens[-1], d)
 
@@ -98,25 +98,12 @@ class BenchAttentionConfig(BenchOptions):
     budget_ms: float = Field(100.0, gt=0, description="time spent per arm and round (calls timed one by one)")
     json_out: Path | None = Field(None, description="write the report as JSON here")
 
-    @field_validator("shapes")
-    @classmethod
-    def _shapes_parse(cls, values: list[str]) -> list[str]:
-        for text in values:
-            parse_shape(text)
-        return values
-
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str | None) -> str | None:
         from sagevideo.pipelines.forwards import known_config
 
         return None if value is None else known_config(value)
-
-    @model_validator(mode="after")
-    def _something_to_time(self) -> BenchAttentionConfig:
-        if not self.shapes and self.model is None:
-            raise ValueError("nothing to time: give --shape BxHxNxD (repeatable) or --model NAME")
-        return self
 
 
 @dataclass
@@ -132,13 +119,23 @@ class AttentionBenchPlan:
 
 
 def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
-    """Check `config` on this machine; raises InputError (a bad device, a sageattn backend or P·V
-    mode that cannot run a shape) before any tensor is made."""
+    """Check `config` on this machine; raises InputError (a shape that does not parse, a bad device,
+    a sageattn backend or P·V mode that cannot run a shape) before any tensor is made."""
     import torch
 
     from sagevideo.attention.backends import AttentionCall, problem
     from sagevideo.outputs.files import writable_file
 
+    if not config.shapes and config.model is None:
+        raise InputError("nothing to time: give --shape BxHxNxD (repeatable) or --model NAME")
+    bad = []
+    for text in config.shapes:
+        try:
+            parse_shape(text)
+        except ValueError as err:
+            bad.append(f"--shape {err}")
+    if bad:
+        raise InputError("\n".join(bad))
     if config.json_out is not None:
         writable_file(config.json_out, "--json", InputError, "bench.json")
     device, dtype = resolve_device_dtype(config.device, config.dtype)

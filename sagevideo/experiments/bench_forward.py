@@ -86,16 +86,6 @@ class BenchForwardConfig(BenchOptions):
             return [name.strip() for item in values for name in str(item).split(",") if name.strip()]
         return value
 
-    @field_validator("recipes")
-    @classmethod
-    def _known_recipes(cls, names: list[str]) -> list[str]:
-        if not names:
-            raise ValueError("no recipe named; e.g. default or eager-cudnn,compile-sage")
-        for name in names:
-            if name != "default":
-                parse_recipe_name(name)
-        return names
-
 
 class ForwardBenchPlan(BaseModel):
     """A config resolved against this machine: every check done, nothing built yet."""
@@ -109,8 +99,11 @@ class ForwardBenchPlan(BaseModel):
 
 
 def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
-    """Check `config` on this machine; raises InputError (no GPU, a recipe this machine cannot run)
-    before any model is built. "default" drops the recipes that cannot run here, saying why."""
+    """Check `config` on this machine; raises InputError (a recipe name that does not parse, no GPU,
+    a recipe this machine cannot run) before any model is built. "default" drops the recipes that
+    cannot run here, saying why."""
+    if not config.recipes:
+        raise InputError("--recipes: none named; e.g. default or eager-cudnn,compile-sage")
     from sagevideo.outputs.files import writable_file
     from sagevideo.pipelines.recipe import fp8_linear_problem, inductor_problem
 
@@ -122,7 +115,11 @@ def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
     names, left_out, problems = [], {}, []
     for entry in config.recipes:
         for name in (DEFAULT_RECIPES if entry == "default" else (entry,)):
-            spec = parse_recipe_name(name)
+            try:
+                spec = parse_recipe_name(name)
+            except ValueError as err:
+                problems.append(f"--recipes {name}: {err}")
+                continue
             why = [fp8_linear_problem(device, dtype) if spec["linear"] == "fp8" else None]
             if spec["compile"] == "regional" and compile_backend == "inductor" and inductor_problem(device):
                 why.append(f"{inductor_problem(device)}; or use --compile-backend eager")
