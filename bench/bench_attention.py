@@ -28,11 +28,18 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 if not __package__:  # run as a file (python bench/bench_attention.py): `bench` from the repo root, as with -m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.results import Run, add_results_option, start_run, variant  # noqa: E402
+from sagevideo.experiments.bench_attention import (  # noqa: E402
+    AttentionShape,
+    attention_inputs,
+    reference_fp32,
+    sdpa_call,
+)
+from sagevideo.experiments.bench_attention import tops as attention_tops  # noqa: E402
+from sagevideo.experiments.bench_timing import cosine_worst, interleaved, median  # noqa: E402
 
 SHAPES = {
     "cogvideox-2b": (2, 30, 17776, 64),
@@ -51,9 +58,14 @@ DEFAULT_SHAPES = "cogvideox-2b,cogvideox-5b,d128-8k,d128-32k"
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")
 
 
-def tops(shape: tuple[int, int, int, int], ms: float) -> float:
+def square(shape: tuple[int, int, int, int]) -> AttentionShape:
+    """(B, H, N, D) as self-attention's shape."""
     b, h, n, d = shape
-    return 4 * b * h * n * n * d / (ms * 1e-3) / 1e12
+    return AttentionShape(b, h, n, n, d)
+
+
+def tops(shape: tuple[int, int, int, int], ms: float) -> float:
+    return attention_tops(square(shape).flops, ms)
 
 
 def bench_ms(fn) -> float:
@@ -63,12 +75,8 @@ def bench_ms(fn) -> float:
 
 
 def bench_inputs(shape: tuple[int, int, int, int], dtype: torch.dtype = torch.float16):
-    """q, k, v (B, H, N, D) in `dtype` on the GPU, seed 0, channel 7 of K offset by +8 (never zeros;
-    K smoothing matters)."""
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
-    k[..., 7] += 8.0
-    return q, k, v
+    """q, k, v (B, H, N, D) in `dtype` on the GPU (`sagevideo.experiments.bench_attention.attention_inputs`)."""
+    return attention_inputs(square(shape), "cuda", dtype)
 
 
 def direct(fn):
@@ -84,55 +92,10 @@ def direct(fn):
 
 
 def bench_interleaved(fns: dict, reps: int) -> tuple[dict, dict, dict]:
-    """Time every fn `reps` times, round-robin. Returns (median ms per name, all ms per name, error
-    per name that failed; a failing fn is dropped after its first error)."""
-    runs: dict = {name: [] for name in fns}
-    errors: dict = {}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            if name in errors:
-                continue
-            try:
-                runs[name].append(bench_ms(fn))
-            except RuntimeError as exc:  # e.g. an SDPA backend unavailable for this shape
-                errors[name] = str(exc).splitlines()[0]
-    medians = {name: sorted(ms)[len(ms) // 2] for name, ms in runs.items() if ms}
-    return medians, {name: ms for name, ms in runs.items() if ms}, errors
-
-
-def sdpa_fn(backend: str, q, k, v):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    chosen = {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    }[backend]
-
-    def run():
-        with sdpa_kernel([chosen]):
-            return F.scaled_dot_product_attention(q, k, v)
-
-    return run
-
-
-def cosine_worst(ref: torch.Tensor, out: torch.Tensor) -> float:
-    r = ref.float().flatten(2)
-    o = out.float().flatten(2)
-    return F.cosine_similarity(r, o, dim=-1).min().item()
-
-
-def reference_fp32(q, k, v) -> torch.Tensor:
-    """fp32 SDPA, one head at a time to bound memory."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    out = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-        for h in range(q.shape[1]):
-            out[:, h : h + 1] = F.scaled_dot_product_attention(
-                q[:, h : h + 1].float(), k[:, h : h + 1].float(), v[:, h : h + 1].float()
-            )
-    return out
+    """Time every fn `reps` times, round-robin, with `bench_ms`. Returns (median ms per name, all ms
+    per name, error per name that failed; a failing fn is dropped after its first error)."""
+    runs, errors = interleaved(fns, reps, lambda fn: bench_ms(fn))
+    return {name: median(ms) for name, ms in runs.items()}, runs, errors
 
 
 def bench_shape(name: str, shape, sweep: SweepSpace | None, reps: int = 3, dtype: torch.dtype = torch.float16) -> dict:
@@ -149,7 +112,7 @@ def bench_shape(name: str, shape, sweep: SweepSpace | None, reps: int = 3, dtype
     q, k, v = bench_inputs(shape, dtype)
     row: dict = {"shape": name, "B": b, "H": h, "N": n, "D": d, "dtype": str(dtype).removeprefix("torch."),
                  "tops": {}, "ms": {}, "cos_worst": {}}
-    timed: dict = {f"sdpa-{backend}": sdpa_fn(backend, q, k, v) for backend in SDPA_BACKENDS}
+    timed: dict = {f"sdpa-{backend}": sdpa_call(backend, q, k, v) for backend in SDPA_BACKENDS}
     try:
         from sageattention import sageattn as pypi_sageattn  # PyPI sageattention 1.0.x, if installed
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -55,6 +54,12 @@ import torch.nn.functional as F
 if not __package__:  # run as a file (python bench/bench_transformer.py): `bench` from the repo root, as with -m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.results import Run, add_results_option, start_run  # noqa: E402
+from sagevideo.experiments.bench_forward import DEFAULT_RECIPES as PACKAGE_DEFAULT_RECIPES  # noqa: E402
+from sagevideo.experiments.bench_forward import RecipeResult, sdpa_cudnn_first  # noqa: E402
+from sagevideo.experiments.bench_forward import parse_recipe_name as package_parse_recipe_name  # noqa: E402
+from sagevideo.experiments.bench_forward import recipe_table as package_recipe_table  # noqa: E402
+from sagevideo.experiments.bench_forward import run_recipes as package_run_recipes  # noqa: E402
+from sagevideo.experiments.bench_timing import median_seconds, output_cosine  # noqa: E402
 
 COGVIDEOX_5B = dict(
     num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16, time_embed_dim=512,
@@ -154,12 +159,6 @@ def build_hunyuan(tiny: bool, device: str, dtype: torch.dtype, text_tokens: int 
     return model, inputs
 
 
-def output_cosine(reference: torch.Tensor, out: torch.Tensor) -> float:
-    """Cosine of two whole outputs, accumulated in fp64: in fp32 a sum over millions of elements is
-    off by ~1e-4 (two equal CogVideoX-5B outputs, 2.2 M values, give 1.00007 on the CPU)."""
-    return F.cosine_similarity(reference.double().flatten(), out.double().flatten(), dim=0).item()
-
-
 def sampled_reference(q, k, v, attn_mask, rows: int | None):
     """fp32 SDPA of `rows` evenly spaced query rows (all when rows is None or there are fewer) over
     every key, and the index of those rows. q, k, v: (B, H, N, D); attn_mask broadcastable as
@@ -197,20 +196,6 @@ def build(cfg: dict, device: str, dtype: torch.dtype):
     return model, inputs
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up (compilation, autotuning)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
 def result_rows(run: Run, shape: str, result: dict) -> Run:
     """One forward's result as results-file rows, named as the older runs' converted rows are:
     sdpa-cudnn and sagevideo-PV (PV of the plan that ran) `ms`, the latter's `speedup`,
@@ -230,97 +215,42 @@ def result_rows(run: Run, shape: str, result: dict) -> Run:
     return run
 
 
-DEFAULT_RECIPES = "eager-cudnn,eager-sage,compile-cudnn,compile-sage,fp8-compile-sage"
+DEFAULT_RECIPES = ",".join(PACKAGE_DEFAULT_RECIPES)
 
 
 def parse_recipe_name(name: str) -> dict:
-    """'fp8-compile-sage' -> {"linear": "fp8", "compile": "regional", "attention": "sage"}."""
-    parts = name.split("-")
-    linear = "fp8" if parts[0] == "fp8" else "bf16"
-    parts = parts[1:] if linear == "fp8" else parts
-    if len(parts) != 2 or parts[0] not in ("eager", "compile") or parts[1] not in ("cudnn", "sage"):
-        raise SystemExit(f"--recipes: {name!r} is not [fp8-](eager|compile)-(cudnn|sage)")
-    return {"linear": linear, "compile": "regional" if parts[0] == "compile" else "none", "attention": parts[1]}
+    """'fp8-compile-sage' -> {"linear": "fp8", "compile": "regional", "attention": "sage"}; a bad name exits."""
+    try:
+        return package_parse_recipe_name(name)
+    except ValueError as err:
+        raise SystemExit(f"--recipes: {err}") from None
 
 
 def run_recipes(names: list[str], build_model, *, tiny: bool, repeats: int, compile_backend: str) -> dict:
-    """Each recipe on a fresh model (same seed): {name: {ms, first_call_s, backends, output_cos_vs_eager_cudnn,
-    x_eager_cudnn, x_compile_cudnn, recipe}}. build_model() -> (model, inputs)."""
-    import gc
+    """`sagevideo.experiments.bench_forward.run_recipes` on this script's models: {name: {ms,
+    first_call_s, backends, output_cos_vs_eager_cudnn, x_eager_cudnn, x_compile_cudnn, recipe, ...}}.
+    build_model() -> (model, inputs)."""
+    from sagevideo.pipelines.forwards import StepForwards
 
-    import sagevideo
-    from sagevideo.jobs.recipe import Recipe
-    from sagevideo.pipelines.recipe import apply_recipe, fp8_linear_problem
-
-    results, reference = {}, None
     for name in names:
-        spec = parse_recipe_name(name)
-        problem = fp8_linear_problem("cpu" if tiny else "cuda", "bfloat16") if spec["linear"] == "fp8" else None
-        if problem:  # said in the table and the JSON, never measured as something else
-            results[name] = {"skipped": problem}
-            continue
-        torch._dynamo.reset()
+        parse_recipe_name(name)
+    device, dtype = ("cpu", "float16") if tiny else ("cuda", "bfloat16")
+
+    def build():
         model, inputs = build_model()
+        return StepForwards("", model, [inputs])
 
-        def forward(model=model, inputs=inputs):
-            with torch.no_grad():
-                out = model(**inputs)
-                return out[0] if isinstance(out, tuple) else out
-
-        handle = sagevideo.install(model, backend="reference" if tiny else "auto") if spec["attention"] == "sage" \
-            else None
-        recipe = Recipe(compile=spec["compile"], linear=spec["linear"], compile_backend=compile_backend)
-        applied = apply_recipe(model, recipe)
-        with _sdpa_order(tiny), sagevideo.record_backends() as log:
-            start = time.perf_counter()
-            out = forward()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            first_call_s = time.perf_counter() - start
-            seconds = timed(forward, repeats)
-        out = out.float().cpu()
-        if reference is None and name == "eager-cudnn":
-            reference = out
-        results[name] = {
-            "ms": seconds * 1e3, "first_call_s": first_call_s, "backends": dict(log.counts),
-            "recipe": recipe.label(), "fp8_layers": len(applied.fp8_layers), "compiled_blocks": applied.compiled_blocks,
-            "output_cos_vs_eager_cudnn": None if reference is None else
-            output_cosine(reference, out),
-        }
-        entry = results[name]  # as each recipe finishes: a run cut short still says what it measured
-        print(f"{name}: {entry['ms']:.0f} ms, first call {first_call_s:.1f} s, cos vs eager cuDNN "
-              f"{entry['output_cos_vs_eager_cudnn']}, {entry['backends'] or 'stock SDPA'}", flush=True)
-        if handle is not None:
-            handle.remove()
-        del model, inputs, out
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    for base, key in (("eager-cudnn", "x_eager_cudnn"), ("compile-cudnn", "x_compile_cudnn")):
-        if "ms" in results.get(base, {}):
-            for entry in results.values():
-                if "ms" in entry:
-                    entry[key] = results[base]["ms"] / entry["ms"]
-    return results
-
-
-def _sdpa_order(tiny: bool):
-    """cuDNN first (flash, then efficient, for calls cuDNN refuses) on the GPU; nothing on CPU."""
-    import contextlib
-
-    if tiny:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
-    return sdpa_kernel(order, set_priority=True)
+    results = package_run_recipes(names, build, device=device, dtype=dtype, repeats=repeats,
+                                  compile_backend=compile_backend, backend="reference" if tiny else "auto",
+                                  progress=lambda line: print(line, flush=True))
+    return {r.name: r.model_dump() for r in results}
 
 
 def recipe_rows(run: Run, shape: str, results: dict) -> Run:
     """The recipes' results as results-file rows: variant recipe-NAME, metrics ms, x_eager_cudnn,
     x_compile_cudnn, output_cos_vs_eager_cudnn, first_call_s (backends and the recipe in extra)."""
     for name, r in results.items():
-        if "skipped" in r:
+        if r.get("skipped"):
             continue
         variant = f"recipe-{name}"
         run.add(shape, variant, "ms", r["ms"], backends=r["backends"], recipe=r["recipe"])
@@ -331,21 +261,8 @@ def recipe_rows(run: Run, shape: str, results: dict) -> Run:
 
 
 def recipe_table(results: dict) -> list[str]:
-    """The side-by-side table, one line per recipe."""
-    def number(value, fmt):
-        width = int(fmt.split(".")[0])
-        return f"{'-':>{width}s}" if value is None else format(value, fmt)
-
-    lines = [f"{'recipe':18s} {'ms':>9s} {'x eager cuDNN':>14s} {'x compile cuDNN':>16s} {'cos vs eager':>13s} "
-             f"{'first call s':>13s}  backends"]
-    for name, r in results.items():
-        if "skipped" in r:
-            lines.append(f"{name:18s} not run: {r['skipped']}")
-            continue
-        lines.append(f"{name:18s} {r['ms']:9.1f} {number(r.get('x_eager_cudnn'), '14.2f')} "
-                     f"{number(r.get('x_compile_cudnn'), '16.2f')} {number(r['output_cos_vs_eager_cudnn'], '13.5f')} "
-                     f"{r['first_call_s']:13.1f}  {r['backends'] or 'none (stock SDPA)'}")
-    return lines
+    """The side-by-side table, one line per recipe (`run_recipes`'s dicts)."""
+    return package_recipe_table([RecipeResult(**r) for r in results.values()])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,21 +315,12 @@ def main(argv: list[str] | None = None) -> int:
             out = model(**inputs)
             return out[0] if isinstance(out, tuple) else out
 
-    if args.tiny:
-        sdpa_s = timed(forward, args.repeats)
-    else:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        # cuDNN first; flash, then efficient, only for calls cuDNN refuses (masked refiner calls)
-        order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
-        with sdpa_kernel(order, set_priority=True):
-            sdpa_s = timed(forward, args.repeats)
-            ref_out = forward()
-    if args.tiny:
+    with sdpa_cudnn_first(device):  # flash, then efficient, only for calls cuDNN refuses (masked refiner calls)
+        sdpa_s = median_seconds(forward, args.repeats, device)
         ref_out = forward()
     with sagevideo.install(model, pv=args.pv, backend=backend) as handle, sagevideo.record_backends() as log:
         plan = handle.plan.default.label
-        sage_s = timed(forward, args.repeats)
+        sage_s = median_seconds(forward, args.repeats, device)
         sage_out = forward()
     backends = log.counts
 

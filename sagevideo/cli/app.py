@@ -4,7 +4,8 @@ One module per command group, each building one config object and mapping errors
 through `sagevideo.errors` (`cli.common.handle_errors`): generate (`GenerateConfig`), calibrate
 (`CalibrateConfig`), simulate (`SimulateConfig`), eval/ab/check-weights (`EvalOptions`, `ABConfig`),
 env, convert-opensora (`ConvertOpenSoraConfig`),
-profile (`ProfileConfig`). Exit codes: 0 success, 1 a job or the model load
+profile (`ProfileConfig`), bench attention/forward (`BenchAttentionConfig`, `BenchForwardConfig`).
+Exit codes: 0 success, 1 a job or the model load
 failed, 2 bad input (reported before any model loads), 130/143 interrupted. Heavy modules (torch,
 diffusers, triton, ray) are imported inside the commands so `--help` stays instant.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import typer
 
-from sagevideo.cli import calibrate, convert_opensora, env, evaluate, generate, profile, simulate
+from sagevideo.cli import bench, calibrate, convert_opensora, env, evaluate, generate, profile, simulate
 
 app = typer.Typer(
     name="sagevideo",
@@ -29,5 +30,5 @@ def main() -> None:
     """Fast long-sequence video diffusion with SageAttention-style quantized attention."""
 
 
-for group in (generate, env, simulate, calibrate, evaluate, convert_opensora, profile):
+for group in (generate, env, simulate, calibrate, evaluate, convert_opensora, profile, bench):
     group.register(app)

@@ -45,11 +45,9 @@ class ProfileConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _known(cls, value: str) -> str:
-        from sagevideo.pipelines.forwards import CONFIGS
+        from sagevideo.pipelines.forwards import known_config
 
-        if value not in CONFIGS:
-            raise ValueError(f"unknown model config {value!r}; use one of {', '.join(sorted(CONFIGS))}")
-        return value
+        return known_config(value)
 
 
 class ProfileReport(BaseModel):

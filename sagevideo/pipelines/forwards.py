@@ -7,6 +7,10 @@ size, batched as the family's pipeline batches guidance: CogVideoX one forward o
 Open-Sora one of batch 3 (text + image guidance), Wan two forwards of batch 1 (each guidance
 branch its own call), HunyuanVideo one of batch 1 (guidance-distilled).
 
+`attention_calls(name, ...)`: the attention calls one step makes (shapes and counts), found by
+running the step on the meta device (no memory, no compute), so a config's real shapes are read
+from the model itself rather than re-derived per family.
+
 Random weights because what a step's time is spent on depends on the shapes, not on the values:
 profiling and benchmarks run without a 30 GB checkpoint. The configs are the published ones
 (diffusers' defaults for Wan 2.1 14B and HunyuanVideo 13B, CogVideoX-5B's config.json, the
@@ -70,6 +74,13 @@ def _first(out) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
 
 
+def known_config(name: str) -> str:
+    """`name` when it is one of CONFIGS; else ValueError listing them."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown model config {name!r}; use one of {', '.join(sorted(CONFIGS))}")
+    return name
+
+
 def latent_shape(frames: int, height: int, width: int) -> tuple[int, int, int]:
     """(latent frames, latent height, latent width) of a video: (F - 1) / 4 + 1, H / 8, W / 8."""
     for what, value, multiple in (("height", height, 16), ("width", width, 16)):
@@ -86,8 +97,7 @@ def build_step(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     """The transformer of config `name` (see CONFIGS) with random weights from `seed`, on `device` in
     `dtype`, and the forwards of one denoising step at frames x height x width (the config's
     defaults where None). Raises ValueError for an unknown name or a size the VAE cannot take."""
-    if name not in CONFIGS:
-        raise ValueError(f"unknown transformer config {name!r}; use one of {sorted(CONFIGS)}")
+    known_config(name)
     family, f0, h0, w0 = CONFIGS[name]
     latent = latent_shape(frames or f0, height or h0, width or w0)
     tiny = name.startswith("tiny-")
@@ -99,6 +109,48 @@ def build_step(name: str, device: str | torch.device = "cpu", dtype: torch.dtype
     step.name = name
     torch.nn.Module.to(step.model, dtype=dtype).eval()
     return step
+
+
+@dataclass(frozen=True)
+class AttentionCallShape:
+    """One distinct attention call of a step: q (batch, heads, n_q, head_dim), k/v (batch, heads,
+    n_k, head_dim); masked: it came with an attn_mask; calls: how often the step makes it."""
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    head_dim: int
+    masked: bool
+    calls: int
+
+
+def attention_calls(name: str, *, frames: int | None = None, height: int | None = None,
+                    width: int | None = None) -> list[AttentionCallShape]:
+    """The distinct SDPA calls of one denoising step of config `name` at the given size, most
+    calls first. Built and run on the meta device: seconds even at real size. Raises ValueError as
+    `build_step` does."""
+    from torch.overrides import TorchFunctionMode
+
+    seen: dict[tuple, int] = {}
+
+    class _Recorder(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.nn.functional.scaled_dot_product_attention:
+                # diffusers' dispatcher passes query/key by keyword, the CogVideoX processors by position
+                q = args[0] if args else kwargs["query"]
+                k = args[1] if len(args) > 1 else kwargs["key"]
+                mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+                key = (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], mask is not None)
+                seen[key] = seen.get(key, 0) + 1
+            return func(*args, **kwargs)
+
+    step = build_step(name, "meta", torch.bfloat16, frames=frames, height=height, width=width)
+    with _Recorder():
+        step.run()
+    calls = [AttentionCallShape(*key, calls=count) for key, count in seen.items()]
+    return sorted(calls, key=lambda call: -call.calls)
 
 
 def _randn(*shape, device, dtype) -> torch.Tensor:

@@ -1,0 +1,362 @@
+"""`sagevideo bench attention`: attention calls at given shapes, SDPA's backends and sagevideo's
+`sageattn` side by side in one run.
+
+Arms: SDPA pinned to one backend each (cuDNN, flash, efficient, math on a GPU; math on the CPU)
+and `sageattn` per P·V mode, as users call it (quantization included; the backend that ran is
+read from `sagevideo.last_backend()`). Each arm is timed in round-robin rounds (`bench_timing`),
+the median reported, with TOPS = 4·B·H·Nq·Nk·D / time and ratios (> 1: faster) against the best
+SDPA arm and against cuDNN. Accuracy: every arm's output against fp32 SDPA, worst cosine over
+(batch, head). Inputs: random, seed 0, channel 7 of K offset by +8 (real K has such channels;
+without one, K smoothing would be untested).
+
+Shapes come as text ("2x48x17776x64": B x H x N x D, or B x H x Nq x Nk x D) or from a model
+config (`pipelines.forwards.attention_calls`: the calls one denoising step really makes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from sagevideo.choices import PV, Device, DType, has_fp8_tensor_cores
+from sagevideo.errors import InputError
+from sagevideo.experiments.bench_timing import (
+    BenchOptions,
+    BenchReport,
+    cosine_worst,
+    interleaved,
+    machine,
+    median,
+    median_ms,
+    now,
+    resolve_device_dtype,
+)
+
+SCHEMA = "sagevideo.bench.attention"
+SDPABackendName = Literal["cudnn", "flash", "efficient", "math"]
+SDPA_ON = {"cuda": ("cudnn", "flash", "efficient", "math"), "cpu": ("math",)}
+SageBackend = Literal["auto", "triton", "reference"]
+MATH_SCORES_LIMIT = 4 << 30  # bytes of fp32 scores past which SDPA's math backend is not run on a GPU
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """q (batch, heads, n_q, head_dim), k/v (batch, heads, n_k, head_dim)."""
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    head_dim: int
+
+    @property
+    def label(self) -> str:
+        tokens = [self.n_q] if self.n_q == self.n_k else [self.n_q, self.n_k]
+        return "x".join(map(str, (self.batch, self.heads, *tokens, self.head_dim)))
+
+    @property
+    def flops(self) -> float:
+        """Non-causal attention's multiply-adds x 2: Q·Kᵀ and P·V."""
+        return 4.0 * self.batch * self.heads * self.n_q * self.n_k * self.head_dim
+
+
+def parse_shape(text: str) -> AttentionShape:
+    """"2x48x17776x64" (B x H x N x D) or "1x40x75600x512x128" (B x H x Nq x Nk x D)."""
+    try:
+        dims = [int(part) for part in text.lower().split("x")]
+    except ValueError:
+        dims = []
+    if len(dims) not in (4, 5) or min(dims) < 1:
+        raise ValueError(f"{text!r}: not BxHxNxD or BxHxNqxNkxD with positive sizes, e.g. 2x48x17776x64")
+    b, h, *tokens, d = dims
+    return AttentionShape(b, h, tokens[0], tokens[-1], d)
+
+
+def tops(flops: float, ms: float | None) -> float | None:
+    return None if not ms else flops / (ms * 1e-3) / 1e12
+
+
+class BenchAttentionConfig(BenchOptions):
+    """What to time: shapes (text) and/or a model config's attention calls, on which device."""
+
+    shapes: list[str] = Field([], description="attention shape BxHxNxD (or BxHxNqxNkxD), e.g. 2x48x17776x64; "
+                              "repeatable")
+    model: str | None = Field(None, description="time the attention calls of one denoising step of this "
+                              "transformer config (cogvideox-5b, wan-14b, ...; tiny-* on the CPU)")
+    pv: list[PV] | None = Field(None, description="sageattn P·V modes (repeatable; default fp16, and fp8 on "
+                                "GPUs with FP8 tensor cores)")
+    backend: SageBackend = Field("auto", description="sageattn backend (auto: triton on a GPU, reference on the CPU)")
+    sdpa: list[SDPABackendName] | None = Field(None, description="SDPA backends to time (repeatable; default: "
+                                               "cudnn, flash, efficient, math on a GPU, math on the CPU)")
+    device: Device = Field("auto", description="cuda, cpu, or auto")
+    dtype: DType | None = Field(None, description="inputs' dtype (default bfloat16 on a GPU, float32 on the CPU)")
+    reps: int = Field(3, ge=1, description="round-robin rounds per arm (median reported)")
+    budget_ms: float = Field(100.0, gt=0, description="time spent per arm and round (calls timed one by one)")
+    json_out: Path | None = Field(None, description="write the report as JSON here")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str | None) -> str | None:
+        from sagevideo.pipelines.forwards import known_config
+
+        return None if value is None else known_config(value)
+
+
+@dataclass
+class AttentionBenchPlan:
+    """A config resolved against this machine: every check done, nothing run yet."""
+
+    device: str
+    dtype: str
+    backend: str
+    pv: list[str]
+    sdpa: list[str]
+    shapes: list[tuple[AttentionShape, int | None, bool]]  # (shape, calls per step, masked in the model)
+
+
+def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
+    """Check `config` on this machine; raises InputError (a shape that does not parse, a bad device,
+    a sageattn backend or P·V mode that cannot run a shape) before any tensor is made."""
+    import torch
+
+    from sagevideo.attention.backends import AttentionCall, problem
+    from sagevideo.outputs.files import writable_file
+
+    if not config.shapes and config.model is None:
+        raise InputError("nothing to time: give --shape BxHxNxD (repeatable) or --model NAME")
+    bad = []
+    for text in config.shapes:
+        try:
+            parse_shape(text)
+        except ValueError as err:
+            bad.append(f"--shape {err}")
+    if bad:
+        raise InputError("\n".join(bad))
+    if config.json_out is not None:
+        writable_file(config.json_out, "--json", InputError, "bench.json")
+    device, dtype = resolve_device_dtype(config.device, config.dtype)
+    backend = config.backend if config.backend != "auto" or device == "cuda" else "reference"
+    pv = list(config.pv or (["fp16", "fp8"] if has_fp8_tensor_cores(device) else ["fp16"]))
+    sdpa = list(config.sdpa or SDPA_ON[device])
+    if device == "cpu" and set(sdpa) - set(SDPA_ON["cpu"]):
+        raise InputError(f"--sdpa {', '.join(sorted(set(sdpa) - {'math'}))}: on the CPU only SDPA's math backend "
+                         "is timed")
+    shapes: list[tuple[AttentionShape, int | None, bool]] = [(parse_shape(t), None, False) for t in config.shapes]
+    if config.model is not None:
+        from sagevideo.pipelines.forwards import attention_calls
+
+        for call in attention_calls(config.model):
+            shape = AttentionShape(call.batch, call.heads, call.n_q, call.n_k, call.head_dim)
+            shapes.append((shape, call.calls, call.masked))
+    if backend != "auto":  # "auto" never refuses: a fallback is run and recorded as what ran
+        for shape, _, _ in shapes:
+            for mode in pv:
+                call = AttentionCall(torch.device(device), getattr(torch, dtype), shape.head_dim, pv=mode,
+                                     n_k=shape.n_k)
+                reason = problem(backend, call)
+                if reason:
+                    raise InputError(f"--backend {backend} --pv {mode} at {shape.label} ({dtype}): {reason}")
+    return AttentionBenchPlan(device, dtype, backend, pv, sdpa, shapes)
+
+
+class ArmResult(BaseModel):
+    """One arm at one shape. ran: the SDPA backend it was pinned to, or the sageattn backend label
+    that ran ("triton/fp8", "reference/fp16", "sdpa" after a fallback); ms: median of reps_ms;
+    x_best_sdpa / x_cudnn: that arm's median ms / this one's (> 1: faster); note: an error, a
+    fallback's reason, or why the arm was not run."""
+
+    name: str
+    ran: str | None = None
+    ms: float | None = None
+    reps_ms: list[float] = []
+    tops: float | None = None
+    x_best_sdpa: float | None = None
+    x_cudnn: float | None = None
+    cos_worst: float | None = None
+    note: str = ""
+
+
+class ShapeResult(BaseModel):
+    """Every arm at one shape; calls: how often one denoising step makes this call (model shapes);
+    masked: the model calls it with a mask (timed without one)."""
+
+    label: str
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    head_dim: int
+    calls: int | None = None
+    masked: bool = False
+    best_sdpa: str | None = None
+    arms: list[ArmResult]
+
+    def arm(self, name: str) -> ArmResult:
+        return next(a for a in self.arms if a.name == name)
+
+
+class AttentionBenchReport(BenchReport):
+    schema_: str = Field(SCHEMA, alias="schema")
+    model: str | None = None
+    backend: str
+    reps: int
+    shapes: list[ShapeResult]
+
+    def table(self) -> str:
+        """One line per arm, shapes one after another."""
+        head = (f"{'shape':22s} {'arm':16s} {'ms':>10s} {'TOPS':>7s} {'x best SDPA':>12s} {'x cuDNN':>8s} "
+                f"{'cos worst':>10s}  ran")
+        lines = [f"attention on {self.machine['device_name']} ({self.device}, {self.dtype}), median of {self.reps} "
+                 "round-robin rounds; x: that time / this one (> 1: faster)", head]
+        for shape in self.shapes:
+            label = shape.label + (f" x{shape.calls}" if shape.calls else "")
+            for arm in shape.arms:
+                lines.append(f"{label:22s} {arm.name:16s} {_num(arm.ms, '10.3f')} {_num(arm.tops, '7.2f')} "
+                             f"{_num(arm.x_best_sdpa, '12.2f')} {_num(arm.x_cudnn, '8.2f')} "
+                             f"{_num(arm.cos_worst, '10.5f')}  {arm.ran or '-'}"
+                             + (f"  ({arm.note})" if arm.note else ""))
+                label = ""
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """Per shape: the fastest sageattn arm against the best SDPA arm."""
+        parts = []
+        for shape in self.shapes:
+            sage = [a for a in shape.arms if a.name.startswith("sagevideo-") and a.ms]
+            if not sage or shape.best_sdpa is None:
+                parts.append(f"{shape.label}: no sagevideo/SDPA pair measured")
+                continue
+            best = min(sage, key=lambda a: a.ms or 0.0)
+            parts.append(f"{shape.label}: {best.name} ({best.ran}) {best.x_best_sdpa:.2f}x {shape.best_sdpa}")
+        return "; ".join(parts)
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return f"{'-':>{int(fmt.split('.')[0])}s}" if value is None else format(value, fmt)
+
+
+# --- the arms ------------------------------------------------------------------------------------
+
+
+def attention_inputs(shape: AttentionShape, device: str, dtype: Any, seed: int = 0) -> tuple[Any, Any, Any]:
+    """q (B, H, Nq, D), k and v (B, H, Nk, D) in `dtype` on `device`, standard normal from `seed`,
+    channel 7 of K offset by +8 (never all zeros; K smoothing matters)."""
+    import torch
+
+    gen = torch.Generator(device).manual_seed(seed)
+    b, h, d = shape.batch, shape.heads, shape.head_dim
+    q = torch.randn(b, h, shape.n_q, d, device=device, dtype=dtype, generator=gen)
+    k, v = (torch.randn(b, h, shape.n_k, d, device=device, dtype=dtype, generator=gen) for _ in range(2))
+    k[..., 7 % d] += 8.0
+    return q, k, v
+
+
+def sdpa_call(backend: str, q: Any, k: Any, v: Any) -> Callable[[], Any]:
+    """SDPA on q, k, v (B, H, N, D) pinned to one backend: "cudnn", "flash", "efficient", "math"."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+              "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
+
+    def run():
+        with sdpa_kernel([chosen]):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return run
+
+
+def reference_fp32(q: Any, k: Any, v: Any) -> Any:
+    """fp32 SDPA of q, k, v (B, H, N, D), one head at a time to bound memory: (B, H, Nq, D) fp32."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        for h in range(q.shape[1]):
+            out[:, h : h + 1] = F.scaled_dot_product_attention(
+                q[:, h : h + 1].float(), k[:, h : h + 1].float(), v[:, h : h + 1].float()
+            )
+    return out
+
+
+def bench_shape(shape: AttentionShape, plan: AttentionBenchPlan, reps: int, budget_ms: float,
+                measure: Callable[[Callable[[], Any]], float] | None = None) -> ShapeResult:
+    """Every arm of `plan` at `shape`, timed round-robin (`measure(fn)` -> ms: `median_ms` by default)."""
+    import torch
+
+    from sagevideo import last_backend, sageattn
+
+    q, k, v = attention_inputs(shape, plan.device, getattr(torch, plan.dtype))
+    reference = reference_fp32(q, k, v)
+    arms: dict[str, Callable[[], Any]] = {}
+    results: dict[str, ArmResult] = {}
+    for backend in plan.sdpa:
+        name = f"sdpa-{backend}"
+        scores = 4 * shape.batch * shape.heads * shape.n_q * shape.n_k
+        if backend == "math" and plan.device == "cuda" and scores > MATH_SCORES_LIMIT:
+            results[name] = ArmResult(name=name, ran=backend, note=f"not run: its fp32 scores would take "
+                                      f"{scores / 2**30:.0f} GiB")
+            continue
+        arms[name], results[name] = sdpa_call(backend, q, k, v), ArmResult(name=name, ran=backend)
+    for pv in plan.pv:
+        name = f"sagevideo-{pv}"
+
+        def call(pv=pv):
+            return sageattn(q, k, v, pv=pv, backend=plan.backend)
+
+        arms[name] = call
+        results[name] = ArmResult(name=name)
+    for name, fn in list(arms.items()):  # one untimed call each: the accuracy, and what sageattn ran
+        try:
+            out = fn()
+        except RuntimeError as exc:
+            results[name].note = (str(exc).splitlines() or [type(exc).__name__])[0]
+            del arms[name]
+            continue
+        if name.startswith("sagevideo-"):
+            choice = last_backend()
+            results[name].ran, results[name].note = choice.label, choice.reason
+        results[name].cos_worst = cosine_worst(reference, out)
+        del out
+    del reference
+    runs, errors = interleaved(arms, reps, measure or (lambda fn: median_ms(fn, plan.device, budget_ms)))
+    for name, result in results.items():
+        if name in runs:
+            result.reps_ms, result.ms = runs[name], median(runs[name])
+            result.tops = tops(shape.flops, result.ms)
+        elif name in errors:
+            result.note = errors[name]
+    sdpa = {name: r.ms for name, r in results.items() if name.startswith("sdpa-") and r.ms}
+    best = min(sdpa, key=sdpa.get) if sdpa else None
+    cudnn = results.get("sdpa-cudnn")
+    for result in results.values():
+        if result.ms:
+            result.x_best_sdpa = sdpa[best] / result.ms if best else None
+            result.x_cudnn = cudnn.ms / result.ms if cudnn and cudnn.ms else None
+    return ShapeResult(label=shape.label, batch=shape.batch, heads=shape.heads, n_q=shape.n_q, n_k=shape.n_k,
+                       head_dim=shape.head_dim, best_sdpa=best, arms=list(results.values()))
+
+
+def run_bench_attention(config: BenchAttentionConfig, progress: Callable[[str], None] | None = None,
+                        plan: AttentionBenchPlan | None = None) -> AttentionBenchReport:
+    """Resolve `config` (unless `plan` is given), time every shape, write the JSON if asked."""
+    plan = plan or resolve(config)
+    rows = []
+    for i, (shape, calls, masked) in enumerate(plan.shapes, 1):
+        if progress:
+            progress(f"[{i}/{len(plan.shapes)}] {shape.label}: {len(plan.sdpa) + len(plan.pv)} arms x "
+                     f"{config.reps} rounds")
+        row = bench_shape(shape, plan, config.reps, config.budget_ms)
+        row.calls, row.masked = calls, masked
+        rows.append(row)
+    report = AttentionBenchReport(date=now(), device=plan.device, dtype=plan.dtype, machine=machine(plan.device),
+                                  model=config.model, backend=plan.backend, reps=config.reps, shapes=rows)
+    if config.json_out is not None:
+        report.write_json(config.json_out)
+    return report

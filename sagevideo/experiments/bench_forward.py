@@ -1,0 +1,296 @@
+"""`sagevideo bench forward`: whole transformer forwards per speed recipe, side by side in one run.
+
+A recipe's name is `[fp8-](eager|compile)-(cudnn|sage)`: fp8 = torchao float8 rowwise linears on
+the blocks, compile = regional (each block `torch.compile`d), sage = sagevideo's attention
+installed (its default plan), cudnn = stock attention under SDPA with cuDNN first (flash, then
+efficient, for calls cuDNN refuses; on the CPU, torch's own choice). Each recipe runs on a freshly
+built model of the same seed (compile and fp8 change the model), through sagevideo's own recipe
+(`pipelines.recipe.apply_recipe`). Per recipe: the first call's seconds (compile included; the
+Inductor cache is the product's persistent one, so a second run shows a warm start), the median
+ms of one denoising step's forwards, × eager cuDNN and × compile cuDNN (their ms / this one's),
+the output's cosine against eager cuDNN (fp64) and the attention backends that ran.
+
+The model is one of `pipelines.forwards.CONFIGS` at real size with random weights (the time
+depends on the shapes, not the values), or a tiny one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+from sagevideo.choices import CompileBackend, Device, DType
+from sagevideo.errors import InputError
+from sagevideo.experiments.bench_attention import SageBackend
+from sagevideo.experiments.bench_timing import (
+    BenchOptions,
+    BenchReport,
+    machine,
+    median_seconds,
+    now,
+    output_cosine,
+    resolve_device_dtype,
+    synchronizer,
+)
+
+SCHEMA = "sagevideo.bench.forward"
+DEFAULT_RECIPES = ("eager-cudnn", "eager-sage", "compile-cudnn", "compile-sage", "fp8-compile-sage")
+BASELINES = {"x_eager_cudnn": "eager-cudnn", "x_compile_cudnn": "compile-cudnn"}
+
+
+def parse_recipe_name(name: str) -> dict[str, str]:
+    """'fp8-compile-sage' -> {"linear": "fp8", "compile": "regional", "attention": "sage"}; raises
+    ValueError for a name that is not [fp8-](eager|compile)-(cudnn|sage)."""
+    parts = name.split("-")
+    linear = "fp8" if parts[0] == "fp8" else "bf16"
+    parts = parts[1:] if linear == "fp8" else parts
+    if len(parts) != 2 or parts[0] not in ("eager", "compile") or parts[1] not in ("cudnn", "sage"):
+        raise ValueError(f"{name!r} is not [fp8-](eager|compile)-(cudnn|sage), e.g. compile-sage")
+    return {"linear": linear, "compile": "regional" if parts[0] == "compile" else "none", "attention": parts[1]}
+
+
+class BenchForwardConfig(BenchOptions):
+    """Which transformer config, which recipes, where."""
+
+    model: str = Field("tiny-cogvideox", description="transformer config: cogvideox-5b, wan-14b, hunyuanvideo, "
+                       "opensora-768px (real size, random weights) or tiny-cogvideox|wan|hunyuanvideo|opensora")
+    recipes: list[str] = Field(["default"], description="comma list of [fp8-](eager|compile)-(cudnn|sage), or "
+                               f"default: {','.join(DEFAULT_RECIPES)} (fp8 left out where it cannot run)")
+    repeats: int = Field(3, ge=1, description="timed calls per recipe after the first (median reported)")
+    compile_backend: CompileBackend | None = Field(None, description="torch.compile backend of the compile "
+                                                   "recipes (default inductor on a GPU, eager on the CPU)")
+    backend: SageBackend = Field("auto", description="sageattn backend of the sage recipes (auto: triton on a "
+                                 "GPU, reference on the CPU)")
+    device: Device = Field("auto", description="cuda, cpu, or auto")
+    dtype: DType | None = Field(None, description="model dtype (default bfloat16 on a GPU, float32 on the CPU)")
+    json_out: Path | None = Field(None, description="write the report as JSON here")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        from sagevideo.pipelines.forwards import known_config
+
+        return known_config(value)
+
+    @field_validator("recipes", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        values = [value] if isinstance(value, str) else value
+        if isinstance(values, list):
+            return [name.strip() for item in values for name in str(item).split(",") if name.strip()]
+        return value
+
+
+class ForwardBenchPlan(BaseModel):
+    """A config resolved against this machine: every check done, nothing built yet."""
+
+    device: str
+    dtype: str
+    recipes: list[str]
+    compile_backend: str
+    backend: str
+    left_out: dict[str, str] = {}  # default recipes this machine cannot run: name -> why
+
+
+def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
+    """Check `config` on this machine; raises InputError (a recipe name that does not parse, no GPU,
+    a recipe this machine cannot run) before any model is built. "default" drops the recipes that
+    cannot run here, saying why."""
+    if not config.recipes:
+        raise InputError("--recipes: none named; e.g. default or eager-cudnn,compile-sage")
+    from sagevideo.outputs.files import writable_file
+    from sagevideo.pipelines.recipe import fp8_linear_problem, inductor_problem
+
+    if config.json_out is not None:
+        writable_file(config.json_out, "--json", InputError, "bench.json")
+    device, dtype = resolve_device_dtype(config.device, config.dtype)
+    compile_backend = config.compile_backend or ("inductor" if device == "cuda" else "eager")
+    backend = config.backend if config.backend != "auto" or device == "cuda" else "reference"
+    names, left_out, problems = [], {}, []
+    for entry in config.recipes:
+        for name in (DEFAULT_RECIPES if entry == "default" else (entry,)):
+            try:
+                spec = parse_recipe_name(name)
+            except ValueError as err:
+                problems.append(f"--recipes {name}: {err}")
+                continue
+            why = [fp8_linear_problem(device, dtype) if spec["linear"] == "fp8" else None]
+            if spec["compile"] == "regional" and compile_backend == "inductor" and inductor_problem(device):
+                why.append(f"{inductor_problem(device)}; or use --compile-backend eager")
+            reason = "; ".join(w for w in why if w)
+            if reason and entry == "default":
+                left_out[name] = reason
+            elif reason:
+                problems.append(f"--recipes {name}: {reason}")
+            elif name not in names:
+                names.append(name)
+    if problems:
+        raise InputError("\n".join(problems))
+    if not names:
+        raise InputError("--recipes: none of them can run here: " + "; ".join(f"{n}: {w}" for n, w in left_out.items()))
+    return ForwardBenchPlan(device=device, dtype=dtype, recipes=names, compile_backend=compile_backend,
+                            backend=backend, left_out=left_out)
+
+
+class RecipeResult(BaseModel):
+    """One recipe's figures (see the module docstring); skipped: why it was not run."""
+
+    name: str
+    recipe: str | None = None
+    ms: float | None = None
+    first_call_s: float | None = None
+    x_eager_cudnn: float | None = None
+    x_compile_cudnn: float | None = None
+    output_cos_vs_eager_cudnn: float | None = None
+    backends: dict[str, int] = {}
+    fp8_layers: int = 0
+    compiled_blocks: int = 0
+    skipped: str | None = None
+
+
+class ForwardBenchReport(BenchReport):
+    schema_: str = Field(SCHEMA, alias="schema")
+    model: str
+    tokens: int
+    forwards_per_step: int
+    compile_backend: str
+    repeats: int
+    recipes: list[RecipeResult]
+
+    def table(self) -> str:
+        return "\n".join([f"{self.model} ({self.tokens} video tokens, {self.forwards_per_step} forward(s) a step) on "
+                          f"{self.machine['device_name']} ({self.device}, {self.dtype}), compile backend "
+                          f"{self.compile_backend}", *recipe_table(self.recipes)])
+
+    def summary(self) -> str:
+        """The fastest recipe against eager cuDNN (or the first recipe when eager cuDNN was not run)."""
+        ran = [r for r in self.recipes if r.ms]
+        if not ran:
+            return "no recipe ran"
+        best = min(ran, key=lambda r: r.ms or 0.0)
+        if best.x_eager_cudnn is None:
+            return f"fastest {best.name} {best.ms:.1f} ms"
+        return f"fastest {best.name} {best.ms:.1f} ms, {best.x_eager_cudnn:.2f}x eager cuDNN"
+
+
+def recipe_table(results: list[RecipeResult]) -> list[str]:
+    """The side-by-side table, one line per recipe."""
+    def number(value: float | None, fmt: str) -> str:
+        width = int(fmt.split(".")[0])
+        return f"{'-':>{width}s}" if value is None else format(value, fmt)
+
+    lines = [f"{'recipe':18s} {'ms':>9s} {'x eager cuDNN':>14s} {'x compile cuDNN':>16s} {'cos vs eager':>13s} "
+             f"{'first call s':>13s}  backends"]
+    for r in results:
+        if r.skipped:
+            lines.append(f"{r.name:18s} not run: {r.skipped}")
+            continue
+        lines.append(f"{r.name:18s} {number(r.ms, '9.1f')} {number(r.x_eager_cudnn, '14.2f')} "
+                     f"{number(r.x_compile_cudnn, '16.2f')} {number(r.output_cos_vs_eager_cudnn, '13.5f')} "
+                     f"{number(r.first_call_s, '13.1f')}  {r.backends or 'none (stock SDPA)'}")
+    return lines
+
+
+@contextlib.contextmanager
+def sdpa_cudnn_first(device: str) -> Iterator[None]:
+    """SDPA with cuDNN first (flash, then efficient, for calls cuDNN refuses) on a GPU; torch's own
+    choice on the CPU (it has no cuDNN)."""
+    if device != "cuda":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    with sdpa_kernel(order, set_priority=True):
+        yield
+
+
+def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtype: str, repeats: int,
+                compile_backend: str, backend: str,
+                progress: Callable[[str], None] | None = None) -> list[RecipeResult]:
+    """Each recipe on a fresh `build()` (a `pipelines.forwards.StepForwards`: model and forwards),
+    in order; a recipe this machine cannot run (fp8 without FP8 tensor cores) is returned skipped."""
+    import torch
+
+    import sagevideo
+    from sagevideo.jobs.recipe import Recipe
+    from sagevideo.pipelines.recipe import apply_recipe, fp8_linear_problem
+
+    results, outputs = [], {}
+    sync = synchronizer(device)
+    for name in names:
+        spec = parse_recipe_name(name)
+        problem = fp8_linear_problem(device, dtype) if spec["linear"] == "fp8" else None
+        if problem:  # said in the table and the JSON, never measured as something else
+            results.append(RecipeResult(name=name, skipped=problem))
+            continue
+        torch._dynamo.reset()  # a fresh model each recipe: nothing compiled for the last one may be reused
+        step = build()
+        handle = sagevideo.install(step.model, backend=backend) if spec["attention"] == "sage" else None
+        recipe = Recipe(compile=spec["compile"], linear=spec["linear"], compile_backend=compile_backend)
+        applied = apply_recipe(step.model, recipe)
+        with sdpa_cudnn_first(device), sagevideo.record_backends() as log:
+            start = time.perf_counter()
+            out = step.run()
+            sync()
+            first_call_s = time.perf_counter() - start
+            seconds = median_seconds(step.run, repeats, device)
+        outputs[name] = torch.cat([o.float().flatten().cpu() for o in out])
+        result = RecipeResult(name=name, recipe=recipe.label(), ms=seconds * 1e3, first_call_s=first_call_s,
+                              backends=dict(log.counts), fp8_layers=len(applied.fp8_layers),
+                              compiled_blocks=applied.compiled_blocks)
+        if "eager-cudnn" in outputs:
+            result.output_cos_vs_eager_cudnn = output_cosine(outputs["eager-cudnn"], outputs[name])
+        results.append(result)
+        if progress:  # as each recipe finishes: a run cut short still said what it measured
+            progress(f"{name}: {result.ms:.1f} ms, first call {first_call_s:.1f} s, "
+                     f"{result.backends or 'stock SDPA'}")
+        if handle is not None:
+            handle.remove()
+        del step, out
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    by_name = {r.name: r for r in results}
+    if "eager-cudnn" in outputs:  # recipes run before eager cuDNN get their cosine now
+        for r in results:
+            if r.name in outputs and r.output_cos_vs_eager_cudnn is None:
+                r.output_cos_vs_eager_cudnn = output_cosine(outputs["eager-cudnn"], outputs[r.name])
+    for field, base in BASELINES.items():
+        if base in by_name and by_name[base].ms:
+            for r in results:
+                if r.ms:
+                    setattr(r, field, by_name[base].ms / r.ms)
+    return results
+
+
+def run_bench_forward(config: BenchForwardConfig, progress: Callable[[str], None] | None = None,
+                      plan: ForwardBenchPlan | None = None) -> ForwardBenchReport:
+    """Resolve `config` (unless `plan` is given), run every recipe, write the JSON if asked."""
+    import torch
+
+    from sagevideo.pipelines.forwards import build_step
+
+    plan = plan or resolve(config)
+    shape: dict[str, int] = {}
+
+    def build():
+        step = build_step(config.model, plan.device, getattr(torch, plan.dtype))
+        shape.update(tokens=step.tokens, forwards_per_step=len(step.forwards))
+        return step
+
+    results = run_recipes(plan.recipes, build, device=plan.device, dtype=plan.dtype, repeats=config.repeats,
+                          compile_backend=plan.compile_backend, backend=plan.backend, progress=progress)
+    results += [RecipeResult(name=name, skipped=why) for name, why in plan.left_out.items()]
+    report = ForwardBenchReport(date=now(), device=plan.device, dtype=plan.dtype, machine=machine(plan.device),
+                                model=config.model, compile_backend=plan.compile_backend, repeats=config.repeats,
+                                recipes=results, **shape)
+    if config.json_out is not None:
+        report.write_json(config.json_out)
+    return report

@@ -1,0 +1,68 @@
+"""`sagevideo bench attention|forward` on the command line: small real runs on the CPU and the
+bad input refused (exit 2) before any work."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from sagevideo.cli.app import app
+
+
+def test_bench_attention_prints_the_table_and_a_summary_and_writes_json(tmp_path):
+    path = tmp_path / "a.json"
+    result = CliRunner().invoke(app, ["bench", "attention", "--shape", "1x2x32x32", "--reps", "2",
+                                      "--budget-ms", "1", "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "[1/1] 1x2x32x32" in result.stderr  # progress
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("sagevideo bench attention: 1x2x32x32: sagevideo-fp16 (reference/fp16)")
+    assert last.endswith(f"x sdpa-math -> {path}")
+    arms = {a["name"]: a for a in json.loads(path.read_text())["shapes"][0]["arms"]}
+    assert set(arms) == {"sdpa-math", "sagevideo-fp16"} and len(arms["sdpa-math"]["reps_ms"]) == 2
+
+
+def test_bench_forward_runs_the_recipes_side_by_side():
+    result = CliRunner().invoke(app, ["bench", "forward", "--model", "tiny-opensora", "--recipes",
+                                      "eager-cudnn,eager-sage", "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    assert "eager-sage: " in result.stderr  # each recipe as it finishes
+    lines = result.stdout.strip().splitlines()
+    assert lines[-3].startswith("eager-cudnn") and lines[-2].startswith("eager-sage") and "reference/fp16" in lines[-2]
+    assert lines[-1].startswith("sagevideo bench forward: tiny-opensora: fastest ")
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Bad input must be refused before anything is timed or built."""
+    from sagevideo.experiments import bench_attention, bench_forward
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started on bad input")
+
+    monkeypatch.setattr(bench_attention, "run_bench_attention", refuse)
+    monkeypatch.setattr(bench_forward, "run_bench_forward", refuse)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["attention", "--shape", "2x48x17776"], "--shape '2x48x17776': not BxHxNxD or BxHxNqxNkxD"),
+    (["attention"], "nothing to time: give --shape BxHxNxD (repeatable) or --model NAME"),
+    (["attention", "--model", "cogvideox"], "--model cogvideox: unknown model config 'cogvideox'"),
+    (["forward", "--model", "tiny"], "--model tiny: unknown model config 'tiny'"),
+    (["forward", "--recipes", "eager-sage,quick-sage"], "--recipes quick-sage: 'quick-sage' is not"),
+])
+def test_bad_input_exits_2_with_one_clear_line(no_work, args, message):
+    result = CliRunner().invoke(app, ["bench", *args])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"sagevideo bench {args[0]}: error: {message}")
+
+
+def test_fp8_linears_on_the_cpu_exit_2(no_work):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU's refusal")
+    result = CliRunner().invoke(app, ["bench", "forward", "--recipes", "fp8-compile-sage"])
+    assert result.exit_code == 2
+    assert "sagevideo bench forward: error: --recipes fp8-compile-sage: float8 linears need a CUDA GPU" in result.stderr

@@ -1,0 +1,90 @@
+"""`experiments/bench_attention` on the CPU: real small runs (SDPA's math backend and sageattn's
+reference backend), the JSON they write, and the checks made before any tensor."""
+
+import json
+
+import pytest
+import torch
+
+from sagevideo.errors import InputError
+from sagevideo.experiments.bench_attention import (
+    AttentionBenchPlan,
+    AttentionShape,
+    BenchAttentionConfig,
+    bench_shape,
+    parse_shape,
+    resolve,
+    run_bench_attention,
+)
+
+
+def test_shapes_parse_from_text():
+    assert parse_shape("2x48x17776x64") == AttentionShape(2, 48, 17776, 17776, 64)
+    cross = parse_shape("1X40x75600x512x128")
+    assert cross == AttentionShape(1, 40, 75600, 512, 128) and cross.label == "1x40x75600x512x128"
+    assert cross.flops == 4 * 40 * 75600 * 512 * 128
+    for bad in ("2x48x64", "2x48x0x64", "2x48xNx64", ""):
+        with pytest.raises(ValueError, match="not BxHxNxD"):
+            parse_shape(bad)
+
+
+def test_a_small_run_times_every_arm_and_writes_the_report(tmp_path):
+    path = tmp_path / "bench.json"
+    config = BenchAttentionConfig(shapes=["1x2x64x32", "1x2x64x16x32"], budget_ms=2, json_out=path)
+    lines = []
+    report = run_bench_attention(config, progress=lines.append)
+    assert len(lines) == 2 and lines[0].startswith("[1/2] 1x2x64x32")
+    data = json.loads(path.read_text())
+    assert data["schema"] == "sagevideo.bench.attention" and data["version"] == 1
+    assert (data["device"], data["dtype"], data["backend"]) == ("cpu", "float32", "reference")
+    assert [s["label"] for s in data["shapes"]] == ["1x2x64x32", "1x2x64x16x32"]
+    for shape in report.shapes:
+        sdpa, sage = shape.arm("sdpa-math"), shape.arm("sagevideo-fp16")
+        assert shape.best_sdpa == "sdpa-math" and sdpa.ran == "math"
+        assert sage.ran == "reference/fp16" and sage.note == ""  # what sageattn says it ran
+        for arm in (sdpa, sage):
+            assert len(arm.reps_ms) == 3 and arm.ms == sorted(arm.reps_ms)[1]
+            assert arm.tops == pytest.approx(4 * 2 * 64 * shape.n_k * 32 / (arm.ms * 1e-3) / 1e12)
+            assert arm.x_best_sdpa == pytest.approx(sdpa.ms / arm.ms) and arm.x_cudnn is None  # no cuDNN on a CPU
+        assert sdpa.cos_worst == pytest.approx(1.0, abs=1e-6)  # exact arm
+        assert 0.999 < sage.cos_worst < 1.0  # INT8 Q/K: close, not exact
+    assert "sagevideo-fp16 (reference/fp16)" in report.summary()
+    assert "sdpa-math" in report.table()
+
+
+def test_an_arm_that_cannot_run_says_why_and_takes_no_ratio():
+    """cuDNN on the CPU: SDPA refuses it; the arm keeps its error and the others go on."""
+    plan = AttentionBenchPlan(device="cpu", dtype="float32", backend="reference", pv=["fp16"],
+                              sdpa=["cudnn", "math"], shapes=[])
+    row = bench_shape(AttentionShape(1, 1, 16, 16, 32), plan, reps=2, budget_ms=1,
+                      measure=lambda fn: (fn(), 1.0)[1])  # a fake clock: every arm 1 ms
+    cudnn = row.arm("sdpa-cudnn")
+    assert cudnn.ms is None and cudnn.x_best_sdpa is None and cudnn.note
+    assert row.best_sdpa == "sdpa-math" and row.arm("sagevideo-fp16").x_best_sdpa == 1.0
+
+
+def test_a_models_attention_calls_are_its_shapes():
+    plan = resolve(BenchAttentionConfig(model="tiny-wan"))
+    assert [(s.label, calls) for s, calls, _ in plan.shapes] == [("1x2x48x64", 4), ("1x2x48x8x64", 4)]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({}, "nothing to time"),
+    ({"shapes": ["2x48x64"]}, "--shape '2x48x64': not BxHxNxD"),
+    ({"shapes": ["1x2x8x32"], "backend": "triton"}, "--backend triton --pv fp16 at 1x2x8x32 (float32)"),
+    ({"shapes": ["1x2x8x32"], "sdpa": ["flash"]}, "--sdpa flash: on the CPU only SDPA's math backend"),
+])
+def test_bad_input_is_refused_before_any_tensor(options, message):
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resolve(BenchAttentionConfig(**options))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_without_a_gpu_is_refused():
+    with pytest.raises(InputError, match="--device cuda: torch sees no CUDA GPU"):
+        resolve(BenchAttentionConfig(shapes=["1x2x8x32"], device="cuda"))
+
+
+def test_unknown_model_names_the_option():
+    with pytest.raises(InputError, match="--model cogvideox: unknown model config 'cogvideox'"):
+        BenchAttentionConfig.build(model="cogvideox")

@@ -1,0 +1,69 @@
+"""`experiments/bench_forward` on the CPU: recipes side by side on a tiny transformer, the JSON,
+and the recipes refused (or left out of "default") before any model is built."""
+
+import json
+
+import pytest
+import torch
+
+from sagevideo.errors import InputError
+from sagevideo.experiments.bench_forward import (
+    DEFAULT_RECIPES,
+    BenchForwardConfig,
+    parse_recipe_name,
+    resolve,
+    run_bench_forward,
+)
+
+
+def test_recipe_names():
+    assert parse_recipe_name("fp8-compile-sage") == {"linear": "fp8", "compile": "regional", "attention": "sage"}
+    assert parse_recipe_name("eager-cudnn") == {"linear": "bf16", "compile": "none", "attention": "cudnn"}
+    with pytest.raises(ValueError, match="not \\[fp8-\\]"):
+        parse_recipe_name("fast-sage")
+
+
+def test_recipes_run_side_by_side_with_ratios_from_their_times(tmp_path):
+    path = tmp_path / "bench.json"
+    # eager cuDNN not first: the recipes before it get their cosine once it has run
+    config = BenchForwardConfig(model="tiny-cogvideox", recipes=["eager-sage,eager-cudnn", "compile-cudnn"],
+                                repeats=1, json_out=path)
+    lines = []
+    report = run_bench_forward(config, progress=lines.append)
+    assert [line.split(":")[0] for line in lines] == ["eager-sage", "eager-cudnn", "compile-cudnn"]
+    data = json.loads(path.read_text())
+    assert data["schema"] == "sagevideo.bench.forward" and data["version"] == 1
+    assert (data["device"], data["compile_backend"], data["forwards_per_step"]) == ("cpu", "eager", 1)
+    got = {r["name"]: r for r in data["recipes"]}
+    eager, compiled, sage = got["eager-cudnn"], got["compile-cudnn"], got["eager-sage"]
+    for r in got.values():
+        assert r["x_eager_cudnn"] == pytest.approx(eager["ms"] / r["ms"])
+        assert r["x_compile_cudnn"] == pytest.approx(compiled["ms"] / r["ms"])
+        assert r["first_call_s"] > 0
+    assert eager["x_eager_cudnn"] == 1.0 and eager["output_cos_vs_eager_cudnn"] == pytest.approx(1.0, abs=1e-12)
+    assert compiled["output_cos_vs_eager_cudnn"] == pytest.approx(1.0, abs=1e-6)  # same model, eager backend
+    assert compiled["compiled_blocks"] == 2 and compiled["recipe"] == "regional/eager"
+    # two layers x (the first call, the warm-up, one timed call); stock SDPA records nothing
+    assert sage["backends"] == {"reference/fp16": 2 * 3} and eager["backends"] == {}
+    assert 0.99 < sage["output_cos_vs_eager_cudnn"] < 1.0 + 1e-9
+    assert report.summary().startswith("fastest ")
+    assert report.table().splitlines()[-1].startswith("compile-cudnn")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's refusals")
+def test_default_leaves_out_what_the_cpu_cannot_run_and_a_named_one_is_refused():
+    plan = resolve(BenchForwardConfig(recipes=["default"]))
+    assert plan.recipes == [n for n in DEFAULT_RECIPES if not n.startswith("fp8-")]
+    assert "float8 linears need a CUDA GPU" in plan.left_out["fp8-compile-sage"]
+    assert (plan.compile_backend, plan.backend, plan.dtype) == ("eager", "reference", "float32")
+    with pytest.raises(InputError, match="--recipes fp8-eager-sage: float8 linears need a CUDA GPU"):
+        resolve(BenchForwardConfig(recipes=["fp8-eager-sage"]))
+
+
+@pytest.mark.parametrize(("recipes", "message"), [
+    (["eager-sage,bogus"], "--recipes bogus: 'bogus' is not"),
+    ([","], "--recipes: none named"),
+])
+def test_bad_recipe_names_are_refused(recipes, message):
+    with pytest.raises(InputError, match=message):
+        resolve(BenchForwardConfig(recipes=recipes))
