@@ -32,20 +32,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from sagevideo.choices import Backend, Device, PVChoice
 from sagevideo.errors import ABFailed, InputError
 from sagevideo.experiments.ab_arms import ARMS_HELP
-from sagevideo.jobs.recipe import (
-    CacheOption,
-    CacheThresholdOption,
-    CompileBackendOption,
-    CompileOption,
-    LinearKeepOption,
-    LinearOption,
-    recipe_of,
-)
+from sagevideo.jobs.recipe import RECIPE_FIELDS, RecipeOptions
 from sagevideo.outputs.manifest import ManifestRecord
 
 log = logging.getLogger("sagevideo")
@@ -55,9 +47,10 @@ LABELS = {"ref": "full precision", "test": "quantized", "noise": "full precision
 _ARM_FIELDS = ("attention", "pv", "plan")
 
 
-class ABConfig(BaseModel):
+class ABConfig(RecipeOptions):
     """What `sagevideo ab` runs: the job file's prompts in three arms (see the module docstring);
-    the evaluation's options are `sagevideo.eval.evaluate.EvalOptions`."""
+    the recipe options (`RecipeOptions`) are the quantized arm's; the evaluation's options are
+    `sagevideo.eval.evaluate.EvalOptions`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -81,12 +74,6 @@ class ABConfig(BaseModel):
         "quantized jobs with a probing router.",
     )
     noise_floor: bool = Field(True, description="Run full precision twice (the noise floor).")
-    compile: CompileOption = "none"
-    compile_backend: CompileBackendOption = "inductor"
-    linear: LinearOption = "bf16"
-    linear_keep: LinearKeepOption = []  # noqa: RUF012 (pydantic copies defaults)
-    cache: CacheOption = "none"
-    cache_threshold: CacheThresholdOption = None
     arms: list[str] = Field([], description=ARMS_HELP)
     progress: bool = Field(True, description="Show progress bars.")
 
@@ -234,7 +221,7 @@ def ab(
     common: dict[str, Any] = {"model": model, "backend": config.backend, "device": config.device}
     if config.image is not None:  # every arm plans the same files, so every arm starts from the same images
         common["image"] = config.image
-    recipe = recipe_of(config)  # the quantized arm's speed recipe; the full-precision arms run plain
+    recipe = config.recipe  # the quantized arm's speed recipe; the full-precision arms run plain
     quantized: dict[str, Any] = {"attention": "sage", **recipe.model_dump()}
     if pv is not None:
         quantized["pv"] = pv
@@ -347,7 +334,7 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     )
     from sagevideo.generation.generate import plan_batch, run_batch
 
-    flat = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", *RECIPE_OPTION_NAMES)
+    flat = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", *RECIPE_FIELDS)
             if getattr(config, name) != ABConfig.model_fields[name].default]
     if config.attention_probe:
         flat.append("--attention-probe")
@@ -442,8 +429,6 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     (out_dir / "report.html").write_text(render_arms(summary), encoding="utf-8")
     return summary
 
-
-RECIPE_OPTION_NAMES = ("compile", "compile_backend", "linear", "linear_keep", "cache", "cache_threshold")
 
 
 def copy_options(options: Any, *, test_label: str) -> Any:
