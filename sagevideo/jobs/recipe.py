@@ -27,6 +27,7 @@ the configs of generate, ab and calibrate inherit (flat options `--compile`, `--
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -149,6 +150,21 @@ def recipe_of(config: Any) -> Recipe:
     if isinstance(config, Recipe):
         return config
     return Recipe(**{name: getattr(config, name) for name in RECIPE_FIELDS})
+
+
+def layer_recipe(given: Recipe, file_settings: Mapping[str, Any]) -> tuple[Recipe, list[str]]:
+    """(the recipe, conflicting fields) of options `given` (command line, API) under a job file's
+    `recipe:` settings: a file's setting applies where the option is at its default (or equal);
+    a field both set to different values is a conflict, left as `given` has it (the caller says
+    where each came from: neither wins silently)."""
+    update, conflicts = {}, []
+    for name, value in file_settings.items():
+        mine = getattr(given, name)
+        if mine == value or mine == RecipeOptions.model_fields[name].default:
+            update[name] = value
+        else:
+            conflicts.append(name)
+    return Recipe(**{**given.model_dump(), **update}), conflicts
 
 
 def expand_recipe(options: dict[str, Any]) -> dict[str, Any]:
