@@ -83,7 +83,8 @@ class GenerateConfig(RecipeOptions):
 
     job_file: Path | None = Field(
         None,
-        description="Job file: .yaml/.yml or .toml (defaults: and jobs: with per-job prompt, negative_prompt, "
+        description="Job file: .yaml/.yml or .toml (recipe: the batch's speed recipe; defaults: and jobs: with "
+        "per-job prompt, negative_prompt, "
         "seed, frames, resolution, steps, guidance, attention, pv, plan, image, output, frames_png), or any other file "
         "as plain text, one prompt per line (blank lines and # comments are skipped).",
     )
