@@ -21,6 +21,10 @@ API_ONLY = ("guidance",)
 DOC = """Measure each attention layer's error per mode on real prompts and write the fastest plan that
     meets the threshold (full precision where no mode does).
 
+    The speed recipe: --linear fp8 (--linear-keep) is applied before measuring (FP8 linears change
+    what attention sees); --compile is accepted and not applied (noted in the plan); --cache is
+    refused (it skips the forwards whose attention is measured). The plan's "recipe" records it.
+
     Exit codes: 0 done, 2 bad input (nothing was loaded)."""
 
 
@@ -42,6 +46,10 @@ def run(values: dict[str, Any]) -> None:
         f"with {CANDIDATES[0].label} at step {worst.step}"
         + (f"; Q/K/V in {config.save_qkv}" if config.save_qkv else "")
     )
+    recipe = result.plan.recipe
+    if recipe is not None:
+        note = f"; {recipe['note']}" if "note" in recipe else ""
+        typer.echo(f"sagevideo calibrate: measured with --linear {recipe['linear']} (the plan's recipe){note}")
     if result.peaky_note():
         typer.echo(f"sagevideo calibrate: {result.peaky_note()}")
 

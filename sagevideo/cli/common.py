@@ -96,9 +96,11 @@ def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: 
     "flags" (option names, e.g. ("--out", "-o") or ("--frames-png/--no-frames-png",)), "argument"
     (a positional argument), "type" (what typer parses, when not the field's type), "help" and
     "default" (the command line's own), "option" (more typer.Option keywords), and "range": True
-    (typer checks the field's ge/le bounds itself and shows them in the help)."""
+    (typer checks the field's ge/le bounds itself and shows them in the help). Fields inherited
+    from a shared group (`sagevideo.jobs.recipe.RecipeOptions`) come after the config's own, in
+    the group's help panel (its `cli_panel`)."""
     params = []
-    for name, field in config.model_fields.items():
+    for name, field in _cli_order(config):
         if name in skip:
             continue
         spec = cli.get(name, {})
@@ -118,10 +120,29 @@ def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: 
                         more["min"] = bound.ge
                     elif isinstance(bound, annotated_types.Le):
                         more["max"] = bound.le
+            panel = _panel_of(config, name)
+            if panel:
+                more.setdefault("rich_help_panel", panel)
             info = typer.Option(*spec.get("flags", ()), help=text, **more)
         annotation = Annotated[kind | None if default is None else kind, info]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return params
+
+
+def _cli_order(config: type) -> list[tuple[str, Any]]:
+    """(name, field) of `config`: its own fields in their order, then those it inherits (a shared
+    group such as `RecipeOptions`, which pydantic would list first)."""
+    own = inspect.get_annotations(config)
+    fields = list(config.model_fields.items())
+    return [item for item in fields if item[0] in own] + [item for item in fields if item[0] not in own]
+
+
+def _panel_of(config: type, name: str) -> str | None:
+    """The help panel of a field: the `cli_panel` of the class that declares it (a shared group's)."""
+    for base in config.__mro__:
+        if name in inspect.get_annotations(base):
+            return vars(base).get("cli_panel")
+    return None
 
 
 def add_config_command(

@@ -5,15 +5,16 @@ fields by the tests) with the shared evaluation options."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 
-from sagevideo.choices import Backend, Cache, Compile, CompileBackend, Device, Linear, PVChoice
-from sagevideo.cli.common import EXIT_FAILED, fail, handle_errors
+from sagevideo.choices import Backend, Device, PVChoice
+from sagevideo.cli.common import EXIT_FAILED, config_parameters, fail, handle_errors
 from sagevideo.experiments.ab_arms import ARMS_HELP
-from sagevideo.jobs.recipe import Recipe
 
 LpipsNet = Literal["alex", "vgg"]
 
@@ -95,11 +96,6 @@ def eval_command(
     _fail_for_lost_metrics("eval", result)
 
 
-def _recipe_help(name: str) -> str:
-    """The help of a recipe option (applied to ab's quantized arm), as `Recipe` declares it."""
-    return Recipe.model_fields[name].description
-
-
 def ab_command(
     job_file: Annotated[
         Path, typer.Argument(help="Job file (YAML/TOML/text, as for `generate`) without attention, pv or plan.")
@@ -132,14 +128,9 @@ def ab_command(
     resamples: _ResamplesOption = 1000,
     set_resamples: _SetResamplesOption = 50,
     diff_gain: _GainOption = 8.0,
-    compile: Annotated[Compile, typer.Option(help=_recipe_help("compile"))] = "none",
-    compile_backend: Annotated[CompileBackend, typer.Option(help=_recipe_help("compile_backend"))] = "inductor",
-    linear: Annotated[Linear, typer.Option(help=_recipe_help("linear"))] = "bf16",
-    linear_keep: Annotated[list[str], typer.Option(help=_recipe_help("linear_keep"))] = [],  # noqa: B006
-    cache: Annotated[Cache, typer.Option(help=_recipe_help("cache"))] = "none",
-    cache_threshold: Annotated[float | None, typer.Option(help=_recipe_help("cache_threshold"))] = None,
     arms: Annotated[list[str], typer.Option("--arm", help=ARMS_HELP)] = [],  # noqa: B006
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
+    **recipe: Any,
 ) -> None:
     """A/B test: run JOB_FILE quantized and at full precision (twice: the noise floor), then evaluate.
 
@@ -155,9 +146,7 @@ def ab_command(
     with handle_errors("ab", on_interrupt=interrupted):
         config = ABConfig.build(
             job_file, out=out, model=model, plan=plan, image=image, pv=pv, backend=backend, device=device,
-            attention_probe=attention_probe, noise_floor=noise_floor, progress=progress,
-            compile=compile, compile_backend=compile_backend, linear=linear, linear_keep=linear_keep,
-            cache=cache, cache_threshold=cache_threshold, arms=arms,
+            attention_probe=attention_probe, noise_floor=noise_floor, progress=progress, arms=arms, **recipe,
         )
         options = _eval_options(metrics, weights, device, lpips_net, resamples, set_resamples, diff_gain)
         result = ab(config, options=options, echo=lambda line: typer.echo(line, err=True))
@@ -187,7 +176,18 @@ def check_weights(
         raise typer.Exit(EXIT_FAILED)
 
 
+def _with_recipe_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command`'s parameters with its **recipe replaced by the recipe options, made from
+    `RecipeOptions`' fields (one declaration, as generate and calibrate make theirs)."""
+    from sagevideo.jobs.recipe import RecipeOptions
+
+    params = inspect.signature(command, eval_str=True).parameters.values()  # typer reads no strings from __signature__
+    params = [p for p in params if p.kind != inspect.Parameter.VAR_KEYWORD]
+    command.__signature__ = inspect.Signature([*params, *config_parameters(RecipeOptions, {})])  # type: ignore[attr-defined]
+    return command
+
+
 def register(app: typer.Typer) -> None:
     app.command("eval")(eval_command)
-    app.command("ab")(ab_command)
+    app.command("ab")(_with_recipe_options(ab_command))
     app.command("check-weights")(check_weights)

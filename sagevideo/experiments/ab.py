@@ -13,15 +13,17 @@ writes out/metrics.json and out/report.html. Re-running resumes: finished videos
 The job file decides prompts, seeds, sizes, steps and, for image-to-video models, the input
 images (each job's `image:`, or `image` for all): every arm plans the same files, the videos pair
 by (prompt, seed, image content) and metrics.json lists the images. It must not set attention,
-pv or plan (ab sets them per arm). With a plan, the quantized arm's recorded attention calls are compared with what
-the plan implies (`plan_check`): `generate` installs each job's plan, so a mismatch means the arm
-did not run the plan, and ab stops (`ABFailed`) rather than evaluate it as if it had. With
-`attention_probe` the quantized jobs are re-run with a probing router
-(`sagevideo.experiments.probe.rerun_arm`, through the same generation path), which also checks
-that the arm is reproduced exactly.
+pv or plan (ab sets them per arm); its `recipe:` section, if any, is the quantized arm's recipe
+(layered under the recipe options as `generate` does; the full-precision arms run plain).
+With a plan, the quantized arm's recorded attention calls are compared with what the plan implies
+(`plan_check`): `generate` installs each job's plan, so a mismatch means the arm did not run the
+plan, and ab stops (`ABFailed`) rather than evaluate it as if it had. With `attention_probe` the
+quantized jobs are re-run with a probing router (`sagevideo.experiments.probe.rerun_arm`, through
+the same generation path), which also checks that the arm is reproduced exactly.
 
 With `arms` (`--arm NAME=SETTINGS`, repeatable) the quantized arm is replaced by recipe arms,
-each evaluated against full precision: `sagevideo.experiments.ab_arms` (docs/recipe.md).
+each evaluated against full precision: `sagevideo.experiments.ab_arms` (docs/recipe.md); a job
+file with a `recipe:` section is then refused (each arm gives its own recipe).
 """
 
 from __future__ import annotations
@@ -32,20 +34,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from sagevideo.choices import Backend, Device, PVChoice
 from sagevideo.errors import ABFailed, InputError
 from sagevideo.experiments.ab_arms import ARMS_HELP
-from sagevideo.jobs.recipe import (
-    CacheOption,
-    CacheThresholdOption,
-    CompileBackendOption,
-    CompileOption,
-    LinearKeepOption,
-    LinearOption,
-    recipe_of,
-)
+from sagevideo.jobs.recipe import RECIPE_FIELDS, RecipeOptions
 from sagevideo.outputs.manifest import ManifestRecord
 
 log = logging.getLogger("sagevideo")
@@ -55,9 +49,10 @@ LABELS = {"ref": "full precision", "test": "quantized", "noise": "full precision
 _ARM_FIELDS = ("attention", "pv", "plan")
 
 
-class ABConfig(BaseModel):
+class ABConfig(RecipeOptions):
     """What `sagevideo ab` runs: the job file's prompts in three arms (see the module docstring);
-    the evaluation's options are `sagevideo.eval.evaluate.EvalOptions`."""
+    the recipe options (`RecipeOptions`) are the quantized arm's; the evaluation's options are
+    `sagevideo.eval.evaluate.EvalOptions`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -81,12 +76,6 @@ class ABConfig(BaseModel):
         "quantized jobs with a probing router.",
     )
     noise_floor: bool = Field(True, description="Run full precision twice (the noise floor).")
-    compile: CompileOption = "none"
-    compile_backend: CompileBackendOption = "inductor"
-    linear: LinearOption = "bf16"
-    linear_keep: LinearKeepOption = []  # noqa: RUF012 (pydantic copies defaults)
-    cache: CacheOption = "none"
-    cache_threshold: CacheThresholdOption = None
     arms: list[str] = Field([], description=ARMS_HELP)
     progress: bool = Field(True, description="Show progress bars.")
 
@@ -193,7 +182,9 @@ def ab(
     model, plan, image, pv, backend, device, attention_probe, noise_floor, progress, arms (recipe
     arms, see `_ab_arms`: then the result is the arms summary, schema "sagevideo.ab.arms"); compile,
     compile_backend, linear, linear_keep, cache, cache_threshold: the quantized arm's `Recipe`,
-    so the report says what quantized attention with that recipe costs against full precision).
+    so the report says what quantized attention with that recipe costs against full precision;
+    a job file's `recipe:` section is the quantized arm's too, where these are left at their
+    defaults (with `arms` it is refused: each arm gives its own).
     options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
     failed or the quantized arm's attention calls do not match the plan; ModelLoadError (from
@@ -234,8 +225,7 @@ def ab(
     common: dict[str, Any] = {"model": model, "backend": config.backend, "device": config.device}
     if config.image is not None:  # every arm plans the same files, so every arm starts from the same images
         common["image"] = config.image
-    recipe = recipe_of(config)  # the quantized arm's speed recipe; the full-precision arms run plain
-    quantized: dict[str, Any] = {"attention": "sage", **recipe.model_dump()}
+    quantized: dict[str, Any] = {"attention": "sage", **config.recipe.model_dump()}  # the quantized arm's recipe
     if pv is not None:
         quantized["pv"] = pv
     if plan is not None:
@@ -246,8 +236,11 @@ def ab(
     # Every arm is planned (and so checked) before anything runs or any folder is made for it.
     if Path(out).expanduser().exists():
         prepare_out(out)  # an --out that is a file is said as such, not as a bad arm folder
-    batches = {role: plan_batch(job_file, out=Path(out).expanduser() / ARMS[role], **common, **settings)
+    # The job file's recipe: section is the quantized arm's (under the options); the full-precision arms run plain.
+    batches = {role: plan_batch(job_file, out=Path(out).expanduser() / ARMS[role], use_file_recipe=role == "test",
+                                **common, **settings)
                for role, settings in runs}
+    recipe = batches["test"].settings.recipe
     out_dir = prepare_out(out)
     records: dict[str, list[ManifestRecord]] = {}
     for role, batch in batches.items():
@@ -346,8 +339,9 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
         render_arms,
     )
     from sagevideo.generation.generate import plan_batch, run_batch
+    from sagevideo.jobs.files import load_job_file
 
-    flat = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", *RECIPE_OPTION_NAMES)
+    flat = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", *RECIPE_FIELDS)
             if getattr(config, name) != ABConfig.model_fields[name].default]
     if config.attention_probe:
         flat.append("--attention-probe")
@@ -362,6 +356,10 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     if arm_fields:
         raise InputError(f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and "
                          "plan per arm; remove them from the job file")
+    file_recipe = load_job_file(job_file).recipe
+    if file_recipe is not None:  # merged into every arm, it would make arms differ from what their names say
+        raise InputError(f"{file_recipe.at()}: with --arm each arm gives its own recipe; remove the job file's "
+                         "recipe: section, or run without --arm to give it to the quantized arm")
     options = options or EvalOptions()
     check_metrics(options.metrics)
     progress = config.progress
@@ -442,8 +440,6 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     (out_dir / "report.html").write_text(render_arms(summary), encoding="utf-8")
     return summary
 
-
-RECIPE_OPTION_NAMES = ("compile", "compile_backend", "linear", "linear_keep", "cache", "cache_threshold")
 
 
 def copy_options(options: Any, *, test_label: str) -> Any:

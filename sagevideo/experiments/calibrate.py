@@ -4,17 +4,24 @@ The model and its job constraints come from its family (`sagevideo.pipelines.fam
 `resolve_model`); the prompts run through the one generation path (`PipelineHost.generate`,
 denoising only) with the probing router as the host's attention hook.
 `CalibrateConfig` declares every option once (the CLI's `sagevideo calibrate` options are made from
-it, the Python API validates its keyword arguments with it)."""
+it, the Python API validates its keyword arguments with it).
+
+The recipe options say under which recipe attention is measured: `--linear fp8` (and
+`--linear-keep`) are applied before capture, since FP8 linears change the Q/K/V that attention
+sees; `--compile` is accepted and not applied (compiling does not change what attention sees, and
+the probe measures in Python), a note in the plan says so; `--cache` is refused (a step cache
+skips the forwards whose attention is measured). The plan's `recipe` records the settings."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
 from sagevideo.choices import Device, resolve_device
 from sagevideo.errors import InputError
+from sagevideo.jobs.recipe import RecipeOptions
 from sagevideo.jobs.specs import (
     DEFAULT_PROMPTS,
     Frames,
@@ -46,8 +53,9 @@ def _cosine(value: Any) -> Any:
     return value
 
 
-class CalibrateConfig(BaseModel):
-    """Every option of a calibration, in the CLI's order."""
+class CalibrateConfig(RecipeOptions):
+    """Every option of a calibration, in the CLI's order; the recipe options (`RecipeOptions`) say
+    under which recipe attention is measured (see `calibrate`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -102,6 +110,9 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
     capture_steps: denoising step indices to measure (negative counts from the end; None: all).
     threshold: worst cosine (vs fp32 attention) a quantized mode must reach in a layer.
     save_qkv: also save the captured Q/K/V (first call per layer and step) for `sagevideo simulate --qkv`.
+    compile, compile_backend, linear, linear_keep, cache, cache_threshold: the recipe to measure
+    under (see the module docstring: linear applies, compile is noted and not applied, cache is
+    refused); recorded in the plan's `recipe`.
     progress: a progress bar on stderr (denoising steps of every prompt, and the layer measured).
     Returns a `CalibrationResult` (errors per layer and mode, the plan, the choices).
     Raises InputError before loading anything when an input is invalid.
@@ -139,9 +150,11 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
         problems.append((option_place(field, options[field]) if options.get(field) else f"--model {model}", text))
     image_shas, found, _ = check_images(source, [(jobs[0], f"--model {model}", {})], options)
     problems += found  # every prompt has the same image: the first job says it for all
+    device = resolve_device(config.device)
+    measured, found = _measured_recipe(config.recipe, source, device)
+    problems += found
     if problems:
         raise InputError(group_problems(problems))
-    device = resolve_device(config.device)
     _check_memory(source, jobs, device)
     n_steps = jobs[0].steps
     captured = None
@@ -153,7 +166,37 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
             )
         captured = {s % n_steps for s in config.capture_steps}
     return _run(source, jobs, out, captured, config.threshold, device, n_steps, save_qkv, config.progress,
-                image_shas)
+                image_shas, measured, recipe_record(config.recipe, measured))
+
+
+def _measured_recipe(given: Any, source: Any, device: str) -> tuple[Any, list[tuple[str, str]]]:
+    """(the `Recipe` attention is measured under, problems): the FP8 linears of `given` (checked on
+    this machine, as `generate` checks them); compile is not applied; a cache is refused."""
+    from sagevideo.jobs.recipe import Recipe
+    from sagevideo.pipelines.recipe import recipe_problems
+
+    problems = [(option, text) for _, option, text in given.problems()]
+    if given.cache != "none":
+        problems.append((f"--cache {given.cache}", (
+            "calibration measures each layer's attention in every forward, and a step cache skips the forwards "
+            "whose attention it would measure; calibrate without --cache (the plan serves cached runs too)")))
+    measured = Recipe(linear=given.linear, linear_keep=given.linear_keep)
+    dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    problems += recipe_problems(measured, source, device, dtype)
+    return measured, problems
+
+
+def recipe_record(given: Any, measured: Any) -> dict[str, Any] | None:
+    """The plan's `recipe`: the settings attention was measured under and what of `given` was not
+    applied; None for the plain recipe (plans calibrated without recipe options stay as they were)."""
+    if given.is_plain:
+        return None
+    record = measured.settings()
+    if given.compile != "none":
+        backend = "" if given.compile_backend == "inductor" else f" --compile-backend {given.compile_backend}"
+        record["note"] = (f"--compile {given.compile}{backend} was not applied: compiling does not change what "
+                          "attention sees (measured eagerly); the plan serves compiled runs too")
+    return record
 
 
 def _check_memory(source, jobs, device: str) -> None:
@@ -174,9 +217,11 @@ def _check_memory(source, jobs, device: str) -> None:
         )
 
 
-def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress, image_shas=None):
+def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress, image_shas=None,
+         recipe=None, plan_recipe=None):
     """Generate every prompt's latents through the one generation path (a `PipelineHost` whose
-    attention hook installs the probing router), then choose and save the plan."""
+    attention hook installs the probing router; `recipe`'s FP8 linears applied after it, before the
+    first step), then choose and save the plan (its `recipe`: `plan_recipe`)."""
     import sys
 
     from tqdm.auto import tqdm
@@ -195,7 +240,8 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
     tensors: dict | None = {} if save_qkv is not None else None
     try:
         # Nothing is written: the video stays latent (out only names where the host would stage files).
-        context = RunContext(out=out.parent, source=source, device=device, dtype=dtype, fps=source.default_fps)
+        context = RunContext(out=out.parent, source=source, device=device, dtype=dtype, fps=source.default_fps,
+                             recipe=recipe)
         host = PipelineHost(context)
         probe = probing_router(host.pipe, capture_steps=captured, save_qkv=tensors,
                                on_measure=measured if progress else None)
@@ -212,6 +258,8 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
         result = calibration_result(probe, host.pipe, threshold=threshold, num_steps=n_steps)
     finally:
         bar.close()
+    if plan_recipe is not None:
+        result.plan = result.plan.model_copy(update={"recipe": plan_recipe})
     result.plan.save(out)
     if save_qkv is not None:
         from safetensors.torch import save_file

@@ -85,7 +85,9 @@ class BatchPlan:
         )
 
 
-def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any) -> BatchPlan:
+def plan_batch(
+    config: GenerateConfig | PromptsOrJobs = None, /, *, use_file_recipe: bool = True, **options: Any
+) -> BatchPlan:
     """Validate a batch and resolve everything about it without loading a model.
 
     config: a `GenerateConfig`, or the prompts/jobs of one whose other options are the keyword
@@ -95,6 +97,11 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
     these options > the model's defaults. Jobs whose estimated peak memory exceeds what the device
     has free are refused with the estimate (`sagevideo.generation.estimate`); large CPU jobs get a
     note with their measured attention time.
+    A job file's `recipe:` section gives the recipe options the config leaves at their defaults
+    (`sagevideo.jobs.recipe.layer_recipe`; a different value in both is an error naming both
+    places); the resolved recipe is what is checked, recorded and part of the job ids.
+    use_file_recipe: False plans without that section (`sagevideo ab`'s full-precision arms run
+    plain; its values are still checked).
     Raises InputError naming each bad field and its fix (bad options among them, each once).
     """
     from sagevideo.jobs.files import load_job_file, looks_like_job_file
@@ -103,22 +110,25 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
     from sagevideo.pipelines.recipe import recipe_problems
 
     config = GenerateConfig.build(config, **options)
+    prompts_or_jobs, job_file = config.prompts_or_jobs, config.job_file
+    if job_file is None and looks_like_job_file(prompts_or_jobs):
+        job_file, prompts_or_jobs = Path(prompts_or_jobs), None
+    loaded = load_job_file(job_file) if job_file is not None else None
     # Every problem is collected before anything is refused: a bad option, a bad default of the
     # job file and each job's own problems are listed together, each once.
-    problems: list[tuple[str, str]] = [(place, text) for _, place, text in config.problems]
-    bad = {name for name, _, _ in config.problems}
+    problems: list[tuple[str, str]] = [(place, text) for _, place, text in config.bad_values]
+    bad = {name for name, _, _ in config.bad_values}
+    problems += loaded.problems if loaded is not None else []
+    recipe = _BatchRecipe.of(config, loaded.recipe if loaded is not None and use_file_recipe else None, bad)
+    config = config.model_copy(update=recipe.recipe.model_dump())
+    problems += recipe.problems
     try:
         dev, dt = _resolve_device(config)
     except InputError as err:
         raise InputError(group_problems([*problems, ("", str(err))])) from None
     settings = config.model_copy(update={"pv": resolve_pv(config.pv, dev)})
-    prompts_or_jobs, job_file = settings.prompts_or_jobs, settings.job_file
-    if job_file is None and looks_like_job_file(prompts_or_jobs):
-        job_file, prompts_or_jobs = Path(prompts_or_jobs), None
     defaults = {k: v for k, v in settings.job_defaults().items() if k not in bad}  # bad ones are said already
-    loaded = load_job_file(job_file) if job_file is not None else None
     file_items = loaded.items if loaded is not None else []
-    problems += loaded.problems if loaded is not None else []
     labelled = [*file_items, *_labelled_items(prompts_or_jobs, settings.prompts_file, have_jobs=loaded is not None)]
     notes = _shadowed_options(job_file, file_items, config)
     parsed, found = collect_jobs(labelled, defaults)
@@ -144,8 +154,10 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
         plan_shas, plan_problems, plan_notes = check_plans(source, with_items, defaults)
         image_shas, image_problems, image_notes = check_images(source, with_items, defaults)
         problems += plan_problems + image_problems + _duplicate_outputs(resolved)
-        if not bad & set(RECIPE_FIELDS):  # what this machine and model cannot run of the recipe
-            problems += recipe_problems(settings.recipe, source, dev, dt, settings.gpus_per_job)
+        if recipe.checkable:  # what this machine and model cannot run of the recipe
+            found = recipe_problems(settings.recipe, source, dev, dt, settings.gpus_per_job)
+            problems += [recipe.place(option.split()[0].removeprefix("--").replace("-", "_"), option, text)
+                         for option, text in found]
         notes += plan_notes + image_notes
     if problems:
         raise InputError(group_problems(problems))
@@ -231,6 +243,46 @@ def plan_batch(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any)
         gpus_per_job=gpus_per_job,
         job_timeout=None if job_timeout is None else float(job_timeout),
     )
+
+
+@dataclass
+class _BatchRecipe:
+    """The batch's recipe: the options' under a job file's `recipe:` section (`layer_recipe`),
+    with its problems placed where each setting came from. checkable: no setting is bad or in
+    conflict, so the recipe is checked against the machine (a bad one would only add noise)."""
+
+    recipe: Any
+    file: Any = None  # the job file's FileRecipe, or None
+    from_file: set[str] = field(default_factory=set)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    checkable: bool = True
+
+    @classmethod
+    def of(cls, config: GenerateConfig, file_recipe: Any, bad: set[str]) -> _BatchRecipe:
+        from sagevideo.jobs.recipe import layer_recipe
+
+        given = config.recipe
+        made = cls(given, file_recipe)
+        conflicts: list[str] = []
+        if file_recipe is not None:
+            made.recipe, conflicts = layer_recipe(given, file_recipe.fields)
+            made.from_file = {name for name in file_recipe.fields if name not in conflicts}
+            for name in conflicts:
+                option = option_place(name, getattr(given, name))
+                made.problems.append((file_recipe.at(name), (
+                    f"{name}: the job file's recipe sets {file_recipe.fields[name]!r} and {option} is given too; "
+                    "set it in one place (the file's recipe applies where the option is left out)")))
+        unusable = (bad | set(conflicts) | set(file_recipe.bad if file_recipe is not None else ())) & set(RECIPE_FIELDS)
+        contradictions = made.recipe.problems() if not unusable else []
+        made.problems += [made.place(name, option, text) for name, option, text in contradictions]
+        made.checkable = not unusable and not contradictions
+        return made
+
+    def place(self, name: str, option: str, text: str) -> tuple[str, str]:
+        """(where, problem) of a setting: at its line in the job file when the file gave it, else the option."""
+        if name in self.from_file:
+            return self.file.at(name), f"{name}: {text}"
+        return option, text
 
 
 def _labelled_items(

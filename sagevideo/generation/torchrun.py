@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from sagevideo.jobs.specs import InputError, group_problems
     from sagevideo.parallel.launch import init_from_env, leave_group
     from sagevideo.pipelines.families import degree_problems
+    from sagevideo.pipelines.recipe import recipe_problems
 
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             fps=args.fps, workers=1,
         )
         problems = degree_problems(plan.source, [(pj.job, pj.label) for pj in plan.jobs], world)
+        # A job file's recipe: is the batch's here too; planned for one rank, it is checked for WORLD_SIZE
+        # (a step cache would let each rank decide on its own shard).
+        problems += recipe_problems(plan.settings.recipe, plan.source, plan.device, plan.dtype, world)
         if problems:
             raise InputError(group_problems(problems))
     except InputError as err:  # every rank finds the same problem, so every rank stops here

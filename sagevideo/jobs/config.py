@@ -22,21 +22,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
 
 from sagevideo.choices import Attention, Backend, Device, DType, PVChoice
 from sagevideo.errors import InputError
-from sagevideo.jobs.recipe import (
-    CacheOption,
-    CacheThresholdOption,
-    CompileBackendOption,
-    CompileOption,
-    LinearKeepOption,
-    LinearOption,
-    Recipe,
-    expand_recipe,
-    recipe_of,
-)
+from sagevideo.jobs.recipe import RecipeOptions, expand_recipe
 from sagevideo.jobs.specs import Frames, Guidance, JobSpec, NotBool, Pixels, Seed, Steps, group_problems, value_problems
 
 
@@ -68,8 +58,9 @@ def _listed(value: Any) -> Any:
     return value
 
 
-class GenerateConfig(BaseModel):
-    """Every option of a batch (see the module docstring); the fields are in the CLI's order.
+class GenerateConfig(RecipeOptions):
+    """Every option of a batch (see the module docstring); the fields are in the CLI's order, the
+    recipe's (inherited from `RecipeOptions`) in their own help panel.
 
     plan: an attention-plan JSON for every job that names none (checked to exist and fit the
     model, recorded in the manifest with its hash). image: the input image of every job that
@@ -80,9 +71,10 @@ class GenerateConfig(BaseModel):
     death; in this process a timer stops the job at the limit, mid-step, between two torch
     operations (one operation that runs longer, e.g. a single huge attention call, finishes first;
     outside the main thread the limit is checked after each step), and the job fails.
-    compile, compile_backend, linear, linear_keep, cache, cache_threshold: the batch's `Recipe`
-    (`sagevideo.jobs.recipe`; `recipe=` in `build` gives them as one object), applied once per
-    loaded pipeline and checked against the machine by `plan_batch`.
+    compile, compile_backend, linear, linear_keep, cache, cache_threshold (`RecipeOptions`): the
+    batch's `Recipe` (`sagevideo.jobs.recipe`; `recipe=` in `build` gives them as one object, a job
+    file's `recipe:` section where they are left at their defaults), applied once per loaded
+    pipeline and checked against the machine by `plan_batch`.
     frames_png: default of the jobs' `frames_png` (PNG frames beside each mp4). dtype: None =
     bfloat16 on CUDA, float32 on CPU. progress: the progress bar of `generate` (planning ignores it).
     """
@@ -91,7 +83,8 @@ class GenerateConfig(BaseModel):
 
     job_file: Path | None = Field(
         None,
-        description="Job file: .yaml/.yml or .toml (defaults: and jobs: with per-job prompt, negative_prompt, "
+        description="Job file: .yaml/.yml or .toml (recipe: the batch's speed recipe; defaults: and jobs: with "
+        "per-job prompt, negative_prompt, "
         "seed, frames, resolution, steps, guidance, attention, pv, plan, image, output, frames_png), or any other file "
         "as plain text, one prompt per line (blank lines and # comments are skipped).",
     )
@@ -132,12 +125,6 @@ class GenerateConfig(BaseModel):
     )
     device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
     dtype: DType | None = Field(None, description="Model dtype (default: bfloat16 on CUDA, float32 on CPU).")
-    compile: CompileOption = "none"
-    compile_backend: CompileBackendOption = "inductor"
-    linear: LinearOption = "bf16"
-    linear_keep: LinearKeepOption = []  # noqa: RUF012 (pydantic copies defaults)
-    cache: CacheOption = "none"
-    cache_threshold: CacheThresholdOption = None
     fps: Annotated[int, NotBool, Field(ge=1, le=240)] | None = Field(
         None, description="Frame rate of the mp4 files (default: the model's, the rate it was trained at)."
     )
@@ -178,9 +165,9 @@ class GenerateConfig(BaseModel):
         return [*self._problems, *self.recipe.problems()]
 
     @property
-    def recipe(self) -> Recipe:
-        """The batch's speed recipe (compile, linear, cache: `sagevideo.jobs.recipe`)."""
-        return recipe_of(self)
+    def bad_values(self) -> list[tuple[str, str, str]]:
+        """`problems` without the recipe's contradictions: the values `build` left at their defaults."""
+        return list(self._problems)
 
     @classmethod
     def build(cls, prompts_or_jobs: Any = None, /, **options: Any) -> GenerateConfig:

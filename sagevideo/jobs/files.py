@@ -1,7 +1,10 @@
 """Job files: YAML, TOML or plain text (one prompt per line) -> jobs that know their lines.
 
-YAML (TOML is the same with a `[defaults]` table and `[[jobs]]` tables):
+YAML (TOML is the same with `[recipe]` and `[defaults]` tables and `[[jobs]]` tables):
 
+    recipe:                   # the batch's speed recipe (optional; docs/recipe.md)
+      compile: regional
+      cache: first-block
     defaults:                 # fields every job gets unless it sets its own (optional)
       steps: 50
       resolution: 720x480     # WIDTHxHEIGHT, or height: / width:
@@ -19,9 +22,17 @@ YAML file may also be a bare list of jobs. Relative `plan` and `image` paths are
 file's folder.
 Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped.
 
+`recipe:` holds the `sagevideo.jobs.recipe.Recipe` settings (compile, compile_backend, linear,
+linear_keep (a pattern or a list of them), cache, cache_threshold; dashes or underscores). The
+recipe is batch-wide (applied once per loaded pipeline, part of the job id), so a recipe setting in
+`defaults:` or in a job is refused with where to put it. A setting of the file applies where the
+command line or the Python API leaves that option at its default; both giving different values is
+an error naming both places (`sagevideo.generation.plan.plan_batch` merges them, `layer_recipe`).
+
 Every problem in the file is reported at once, before anything is loaded, as
-'FILE line N (job K): field: what is wrong (got value)', raised as `InputError`: a bad default
-is reported once at its line and left out, so it hides no job's own problems.
+'FILE line N (job K): field: what is wrong (got value)' ('(defaults)', '(recipe)' for those
+sections), raised as `InputError`: a bad default or recipe setting is reported once at its line
+and left out, so it hides no job's own problems.
 """
 
 from __future__ import annotations
@@ -34,18 +45,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from sagevideo.jobs.recipe import RECIPE_FIELDS, Recipe
 from sagevideo.jobs.specs import (
     InputError,
+    JobSpec,
     group_problems,
     job_problems,
     merge_fields,
+    problem_parts,
     read_prompts_file,
     read_text_file,
     where,
 )
 
 STRUCTURED = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
-TOP_LEVEL = ("defaults", "jobs")
+TOP_LEVEL = ("recipe", "defaults", "jobs")
 # In `defaults`, these would give every job the same prompt or the same output file.
 PER_JOB_ONLY = ("prompt", "output")
 _SIZE_FIELDS = ("height", "width")
@@ -79,17 +95,36 @@ class Origin:
         return self.at()
 
 
+@dataclass(frozen=True)
+class FileRecipe:
+    """A job file's `recipe:` section. fields: the settings it gives with a good value (field name
+    with underscores -> validated value); lines: field -> its line; bad: fields given a bad value
+    (reported in `JobFile.problems`, left out of `fields`); line: the section's line."""
+
+    file: str
+    line: int | None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+    lines: Mapping[str, int] = field(default_factory=dict)
+    bad: frozenset[str] = frozenset()
+
+    def at(self, name: str | None = None) -> str:
+        """'FILE line N (recipe)': the line of setting `name`, else the section's."""
+        return _place(self.file, self.lines.get(name, self.line) if name else self.line, "recipe")
+
+
 @dataclass
 class JobFile:
     """A read job file. items: (job dict or prompt, Origin or 'FILE line N' label), in file order.
 
-    problems: (where, what is wrong) found in its layout and defaults; the jobs' own fields are
-    checked when they are parsed (`sagevideo.jobs.specs.collect_jobs`), with the other settings."""
+    problems: (where, what is wrong) found in its layout, recipe and defaults; the jobs' own fields
+    are checked when they are parsed (`sagevideo.jobs.specs.collect_jobs`), with the other settings.
+    recipe: its `recipe:` section, None when it has none."""
 
     path: Path
     kind: str  # "yaml", "toml" or "text"
     items: list[tuple[Any, Any]]
     problems: list[tuple[str, str]] = field(default_factory=list)
+    recipe: FileRecipe | None = None
 
 
 def job_file_kind(path: str | Path) -> str:
@@ -135,7 +170,11 @@ def load_job_file(path: str | Path) -> JobFile:
     text = read_text_file(path, "job file", "a YAML or TOML job file")
     data, lines = _parse_yaml(path, text) if kind == "yaml" else _parse_toml(path, text)
     items, problems = _jobs(path, data, lines)
-    return JobFile(path, kind, items, problems)
+    recipe = None
+    if isinstance(data, dict) and "recipe" in data:
+        recipe, found = _recipe(path, data["recipe"], lines)
+        problems = found + problems  # in file order: the recipe section comes first
+    return JobFile(path, kind, items, problems, recipe)
 
 
 def _place(file: str, line: int | None, what: str) -> str:
@@ -155,15 +194,18 @@ def _jobs(path: Path, data: Any, lines: dict[tuple, int]) -> tuple[list[tuple[An
         data, lines = {"jobs": data}, {("jobs", *key): line for key, line in lines.items()}
     if not isinstance(data, dict):
         return [], [(name,
-                     f"expected 'defaults' and 'jobs' sections (or a list of jobs), got a {_kind_of(data)}; "
+                     f"expected 'recipe', 'defaults' and 'jobs' sections (or a list of jobs), got a {_kind_of(data)}; "
                      "see `sagevideo generate --help` for the layout")]
     problems = []
     for key in data:
         if key not in TOP_LEVEL:
+            at = _place(name, lines.get((key,)), "top level")
+            if isinstance(key, str) and _recipe_field(key):
+                problems.append((at, f"{key}: {_MISPLACED_RECIPE}"))
+                continue
             close = difflib.get_close_matches(str(key), TOP_LEVEL, n=1, cutoff=0.5)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            at = _place(name, lines.get((key,)), "top level")
-            problems.append((at, f"{key!r}: unknown section; use 'defaults' and 'jobs'{hint}"))
+            problems.append((at, f"{key!r}: unknown section; use 'recipe', 'defaults' and 'jobs'{hint}"))
     defaults, found = _defaults(path, data.get("defaults"), lines)
     problems += found
     jobs = data.get("jobs")
@@ -193,6 +235,9 @@ def _jobs(path: Path, data: Any, lines: dict[tuple, int]) -> tuple[list[tuple[An
         if bad_keys:
             problems.append((origin.at(), f"{bad_keys[0]!r} is not a field name; quote it or remove it"))
             continue
+        misplaced = [k for k in job if _recipe_field(k)]
+        problems += [(origin.at(k), f"{k}: {_MISPLACED_RECIPE}") for k in misplaced]
+        job = {k: v for k, v in job.items() if k not in misplaced}  # said once; the job's other fields are checked
         items.append((merge_fields(defaults, _resolve_paths(path, job)), origin))
     return items, problems
 
@@ -210,6 +255,8 @@ def _defaults(path: Path, defaults: Any, lines: dict[tuple, int]) -> tuple[dict[
     for key, value in defaults.items():
         if not isinstance(key, str):
             problems.append((at, f"{key!r} is not a field name; quote it or remove it"))
+        elif _recipe_field(key):
+            problems.append((_place(name, lines.get(("defaults", key)), "defaults"), f"{key}: {_MISPLACED_RECIPE}"))
         elif key in PER_JOB_ONLY:
             problems.append(
                 (_place(name, lines.get(("defaults", key)), "defaults"),
@@ -228,6 +275,66 @@ def _defaults(path: Path, defaults: Any, lines: dict[tuple, int]) -> tuple[dict[
         problems.append((_place(name, lines.get(("defaults", key), lines.get(("defaults",))), "defaults"), line))
     usable = {k: v for k, v in usable.items() if k not in bad}
     return _resolve_paths(path, usable), problems
+
+
+# A recipe setting anywhere but `recipe:`: one recipe serves the whole batch (one loaded pipeline).
+_MISPLACED_RECIPE = ("a recipe setting, which applies to the whole batch (once per loaded model, part of every "
+                     "job's id); put it in the file's top-level recipe: section ([recipe] in TOML)")
+
+
+def _recipe_field(key: Any) -> str | None:
+    """The Recipe field a key names (dashes or underscores, as `parse_recipe` reads them), or None."""
+    name = key.replace("-", "_") if isinstance(key, str) else None
+    return name if name in RECIPE_FIELDS else None
+
+
+def _recipe(path: Path, section: Any, lines: dict[tuple, int]) -> tuple[FileRecipe, list[tuple[str, str]]]:
+    """The `recipe:` section and its problems, each at its line: a setting with a bad value is
+    reported and left out (the others still apply and are checked)."""
+    name = str(path)
+    line = lines.get(("recipe",))
+    at = _place(name, line, "recipe")
+    if section is None:  # `recipe:` with nothing under it
+        return FileRecipe(name, line), []
+    if not isinstance(section, dict):
+        settings = ", ".join(RECIPE_FIELDS)
+        return FileRecipe(name, line), [(at, f"'recipe' must be a table of settings ({settings}), "
+                                             f"got a {_kind_of(section)}")]
+    problems: list[tuple[str, str]] = []
+    fields: dict[str, Any] = {}
+    field_lines: dict[str, int] = {}
+    keys: dict[str, str] = {}  # field -> the key that gave it
+    bad: set[str] = set()
+    for key, value in section.items():
+        key_at = _place(name, lines.get(("recipe", key), line), "recipe")
+        field_name = _recipe_field(key)
+        if field_name is None:
+            problems.append((key_at, _not_a_recipe_setting(key)))
+            continue
+        if field_name in keys:
+            problems.append((key_at, f"{key}: given twice (also as {keys[field_name]}); keep one"))
+            continue
+        keys[field_name] = key
+        try:
+            fields[field_name] = getattr(Recipe(**{field_name: value}), field_name)
+        except ValidationError as err:
+            bad.add(field_name)
+            for loc, msg, shown in problem_parts(err):
+                problems.append((key_at, f"{key}{loc.removeprefix(field_name)}: {msg}{shown}"))
+            continue
+        if ("recipe", key) in lines:
+            field_lines[field_name] = lines[("recipe", key)]
+    return FileRecipe(name, line, fields, field_lines, frozenset(bad)), problems
+
+
+def _not_a_recipe_setting(key: Any) -> str:
+    if not isinstance(key, str):
+        return f"{key!r} is not a setting name; quote it or remove it"
+    if key in JobSpec.model_fields or key == "resolution":
+        return f"{key}: a job field, not a recipe setting; put it under defaults: (every job) or on a job"
+    close = difflib.get_close_matches(key.replace("-", "_"), RECIPE_FIELDS, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{key}: unknown recipe setting; use {', '.join(RECIPE_FIELDS)}{hint}"
 
 
 def _resolve_paths(path: Path, fields: dict[str, Any]) -> dict[str, Any]:
@@ -264,7 +371,7 @@ def _refuse_structured_text(path: Path) -> None:
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
-        if stripped in ("jobs:", "defaults:", "[defaults]", "[[jobs]]"):
+        if stripped in ("jobs:", "defaults:", "recipe:", "[defaults]", "[[jobs]]", "[recipe]"):
             raise InputError(
                 f"{path} line {number}: looks like a YAML/TOML job file ({stripped!r}) but is read as one "
                 "prompt per line; name it .yaml or .toml"
@@ -335,7 +442,7 @@ _TOML_KEY = re.compile(r"\s*([A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*=")
 
 def _parse_toml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
     """(data, lines). tomllib gives no positions, so lines come from a scan for table headers
-    ([defaults], [[jobs]]) and `key =` lines; inline tables simply get no line numbers."""
+    ([recipe], [defaults], [[jobs]]) and `key =` lines; inline tables simply get no line numbers."""
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - Python 3.10

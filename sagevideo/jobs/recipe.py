@@ -2,9 +2,11 @@
 
 A batch's recipe is applied once per loaded pipeline, after its attention is installed, in the
 order that composes (`sagevideo.pipelines.recipe.apply_recipe`): FP8 linears, then step-cache
-hooks, then regional compile. The fields are also flat options of `GenerateConfig` (`--compile`,
-`--linear`, `--linear-keep`, `--cache`, `--cache-threshold`, `--compile-backend`); the
-`sagevideo.generate(..., recipe=Recipe(...))` keyword expands into them.
+hooks, then regional compile. The fields are declared once, in `RecipeOptions`, which `Recipe` and
+the configs of generate, ab and calibrate inherit (flat options `--compile`, `--linear`,
+`--linear-keep`, `--cache`, `--cache-threshold`, `--compile-backend`); the
+`sagevideo.generate(..., recipe=Recipe(...))` keyword expands into them, and a job file's
+`recipe:` section gives them too (`sagevideo.jobs.files`, `layer_recipe`).
 
 - compile: "none", or "regional": each transformer block `torch.compile`d on its own (diffusers'
   `compile_repeated_blocks` where the model declares `_repeated_blocks`), compiled code kept in
@@ -25,18 +27,20 @@ hooks, then regional compile. The fields are also flat options of `GenerateConfi
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sagevideo.choices import Cache, Compile, CompileBackend, Linear
+from sagevideo.jobs.specs import NotBool
 
 DEFAULT_CACHE_THRESHOLD = 0.05  # diffusers' FirstBlockCacheConfig default
 THRESHOLD_CACHES = ("first-block",)  # caches that take cache_threshold
 
 
-# Each setting declared once, as a type with its help, for `Recipe` and the configs of
-# generate/ab/calibrate, whose flat options they are (`recipe_of(config)` gathers them).
+# Each setting's type with its help, for `RecipeOptions`, whose fields `Recipe` and the configs of
+# generate/ab/calibrate inherit.
 CompileOption = Annotated[
     Compile, Field(description="regional: torch.compile each transformer block on its own (none: eager).")
 ]
@@ -57,17 +61,18 @@ CacheOption = Annotated[
     Cache, Field(description="Step caching through diffusers' hooks: first-block, taylorseer, pyramid-broadcast.")
 ]
 CacheThresholdOption = Annotated[
-    float | None,
-    Field(gt=0, lt=10, description="Threshold of --cache first-block: relative change of the first block's "
+    Annotated[float, NotBool, Field(gt=0, lt=10)] | None,  # NotBool: `cache_threshold: yes` is a mistake, not 1.0
+    Field(description="Threshold of --cache first-block: relative change of the first block's "
           "residual below which the other blocks are skipped (default 0.05)."),
 ]
 
 
-class Recipe(BaseModel):
-    """The speed settings of a batch (see the module docstring); frozen, picklable (it travels to
-    Ray workers and sequence-parallel ranks inside the `RunContext`)."""
+class RecipeOptions(BaseModel):
+    """The recipe's settings as flat options, declared once: `Recipe` is made of them, and the
+    configs of generate, ab and calibrate inherit them (their CLI options are made from these
+    fields; `sagevideo.cli.common.config_parameters` shows them in their own help panel)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    cli_panel: ClassVar[str] = "Speed recipe (docs/recipe.md)"
 
     compile: CompileOption = "none"
     compile_backend: CompileBackendOption = "inductor"
@@ -80,6 +85,18 @@ class Recipe(BaseModel):
     @classmethod
     def _listed(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else list(value or ())
+
+    @property
+    def recipe(self) -> Recipe:
+        """These settings as one `Recipe`."""
+        return recipe_of(self)
+
+
+class Recipe(RecipeOptions):
+    """The speed settings of a batch (see the module docstring); frozen, picklable (it travels to
+    Ray workers and sequence-parallel ranks inside the `RunContext`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     @property
     def is_plain(self) -> bool:
@@ -130,7 +147,24 @@ RECIPE_FIELDS: tuple[str, ...] = tuple(Recipe.model_fields)
 
 def recipe_of(config: Any) -> Recipe:
     """The `Recipe` of a config with the recipe's fields as flat options (GenerateConfig, ...)."""
+    if isinstance(config, Recipe):
+        return config
     return Recipe(**{name: getattr(config, name) for name in RECIPE_FIELDS})
+
+
+def layer_recipe(given: Recipe, file_settings: Mapping[str, Any]) -> tuple[Recipe, list[str]]:
+    """(the recipe, conflicting fields) of options `given` (command line, API) under a job file's
+    `recipe:` settings: a file's setting applies where the option is at its default (or equal);
+    a field both set to different values is a conflict, left as `given` has it (the caller says
+    where each came from: neither wins silently)."""
+    update, conflicts = {}, []
+    for name, value in file_settings.items():
+        mine = getattr(given, name)
+        if mine == value or mine == RecipeOptions.model_fields[name].default:
+            update[name] = value
+        else:
+            conflicts.append(name)
+    return Recipe(**{**given.model_dump(), **update}), conflicts
 
 
 def expand_recipe(options: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,12 @@ A plan is frozen data (validated with pydantic, saved as JSON):
      "layers": ["transformer_blocks.0.attn1", ...],     # the layers the plan was made for
      "num_steps": 50,                                   # optional: bounds for step ranges
      "default": {"mode": "int8-fp8", "granularity": "block"},
-     "overrides": [{"layers": ["transformer_blocks.0.attn1"], "steps": [0, 5], "mode": "full"}]}
+     "overrides": [{"layers": ["transformer_blocks.0.attn1"], "steps": [0, 5], "mode": "full"}],
+     "recipe": {"linear": "fp8", "linear_keep": [], ...}}  # optional, informative: measured under it
+
+`recipe` is written by `sagevideo calibrate` run with recipe options (FP8 linears change what
+attention sees): the settings it measured under and a note on what it did not apply (absent: the
+plain recipe).
 
 Modes: "full" (SDPA, full precision), "int8-fp16" (INT8 QK, 16-bit PV), "int8-fp8" (INT8 QK,
 FP8 PV); granularity "block" or "token" (Q/K scales per tile or per token). Overrides apply in
@@ -21,6 +26,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -101,6 +107,7 @@ class AttentionPlan(BaseModel):
     num_steps: int | None = Field(default=None, ge=1)
     default: Choice = Choice(mode=Mode.int8_fp16)
     overrides: tuple[Override, ...] = ()
+    recipe: dict[str, Any] | None = None  # the speed recipe calibration measured under (informative)
 
     @model_validator(mode="after")
     def _check(self):

@@ -31,6 +31,8 @@ def test_cli_writes_plan_and_qkv(tmp_path):
         (["--capture-steps", "x"], "give integers"),
         (["--threshold", "1.5"], "threshold"),
         (["--model", "/nonexistent/model"], "nonexistent"),
+        (["--device", "cpu", "--linear", "fp8"], "--linear fp8: float8 linears need a CUDA GPU"),
+        (["--cache", "first-block"], "--cache first-block: calibration measures each layer's attention"),
     ],
 )
 def test_cli_bad_input_is_exit_2(tmp_path, args, match):
@@ -68,3 +70,13 @@ def test_cli_refuses_unusable_outputs_and_prompt_files_before_loading(tmp_path, 
         assert result.exit_code == 2, (args, result.output)
         (line,) = result.stderr.splitlines()
         assert line.startswith("sagevideo calibrate: error: ") and message in line, (args, line)
+
+
+def test_cli_calibrates_under_a_recipe_and_says_so(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    result = CliRunner().invoke(app, ["calibrate", "--out", str(plan_path), "--capture-steps", "-1", "-p", "a fox",
+                                      "--no-progress", "--compile", "regional", "--compile-backend", "eager"])
+    assert result.exit_code == 0, result.output
+    assert "sagevideo calibrate: measured with --linear bf16 (the plan's recipe); --compile regional " \
+           "--compile-backend eager was not applied" in result.output
+    assert AttentionPlan.load(plan_path).recipe["compile"] == "none"

@@ -199,3 +199,13 @@ def test_cli_refuses_a_degree_before_loading(tmp_path, no_model_load, extra, mes
     assert result.exit_code == 2, result.output
     assert f"sagevideo generate: error: {message}" in result.stderr
     assert not (tmp_path / "manifest.jsonl").exists()
+
+
+def test_cli_option_and_job_file_recipe_that_disagree_exit_2_naming_both(tmp_path, no_model_load):
+    path = write(tmp_path, "s.toml", "[recipe]\ncache = \"first-block\"\n\n[[jobs]]\nprompt = \"a\"\n")
+    result = CliRunner().invoke(app, ["generate", str(path), "--out", str(tmp_path / "out"), "--cache", "taylorseer"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        f"sagevideo generate: error: {path} line 2 (recipe): cache: the job file's recipe sets 'first-block' and "
+        "--cache taylorseer is given too; set it in one place (the file's recipe applies where the option is left out)"
+    )

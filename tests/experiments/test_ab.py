@@ -187,3 +187,32 @@ def test_ab_runs_the_quantized_arm_with_a_recipe_and_reports_it(tmp_path):
         assert all(r.recipe is None for r in Manifest(out / arm / "manifest.jsonl").records())
     metrics = json.loads((out / "metrics.json").read_text())
     assert json.dumps(metrics).count("regional/eager+first-block@5") >= 1
+
+
+def test_a_job_files_recipe_is_the_quantized_arms_and_the_full_precision_arms_run_plain(tmp_path, monkeypatch):
+    """Planned, not run: every arm's batch is made before anything runs (the first run stops the test)."""
+    import sagevideo.generation.generate as generate
+    from sagevideo.errors import InputError
+    from sagevideo.experiments.ab import ab
+
+    planned = {}
+
+    def plan(job_file, *, out, **options):
+        planned[out.name] = batch = real_plan(job_file, out=out, **options)
+        return batch
+
+    def stop(batch, **kwargs):
+        raise KeyboardInterrupt("planned")
+
+    real_plan = generate.plan_batch
+    monkeypatch.setattr(generate, "plan_batch", plan)
+    monkeypatch.setattr(generate, "run_batch", stop)
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("recipe:\n  cache: first-block\n  cache_threshold: 5\njobs:\n  - a red fox\n")
+    with pytest.raises(KeyboardInterrupt, match="planned"):
+        ab(jobs, out=tmp_path / "out", device="cpu", compile="regional", compile_backend="eager", progress=False)
+    recipes = {name: batch.settings.recipe for name, batch in planned.items()}
+    assert recipes["quantized"].label() == "regional/eager+first-block@5"  # the file's and the options' together
+    assert recipes["full"].is_plain and recipes["full-repeat"].is_plain
+    with pytest.raises(InputError, match=r"jobs.yaml line 2 \(recipe\): cache: the job file's recipe sets"):
+        ab(jobs, out=tmp_path / "other", device="cpu", cache="taylorseer", progress=False)

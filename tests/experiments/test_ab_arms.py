@@ -57,6 +57,12 @@ def test_a_bad_arm_is_refused_before_anything_runs(tmp_path):
     result = CliRunner().invoke(app, ["ab", str(jobs), "--out", str(out), "--arm", "a=attention=sage",
                                       "--linear", "fp8"])
     assert result.exit_code == 2 and "--linear: with --arm each arm gives its own settings" in result.output
+    with_recipe = tmp_path / "jobs.yaml"
+    with_recipe.write_text("recipe:\n  cache: first-block\njobs:\n  - a red fox\n")
+    result = CliRunner().invoke(app, ["ab", str(with_recipe), "--out", str(out), "--arm", "a=attention=sage"])
+    assert result.exit_code == 2 and not out.exists()
+    assert f"{with_recipe} line 1 (recipe): with --arm each arm gives its own recipe; remove the job file's recipe: " \
+           "section, or run without --arm" in result.output
 
 
 @pytest.mark.slow  # renders four arms (two recipe arms, full precision twice), then evaluates two

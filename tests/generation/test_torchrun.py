@@ -31,6 +31,17 @@ def test_a_degree_the_jobs_cannot_take_stops_every_rank_before_loading(tmp_path,
     assert launcher.main(args) == 2 and capsys.readouterr().err == ""
 
 
+def test_a_job_files_step_cache_is_refused_for_several_ranks_before_loading(tmp_path, no_model_load, monkeypatch,
+                                                                             capsys):
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("recipe:\n  cache: first-block\njobs:\n  - a cat\n")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert launcher.main([str(jobs), "--out", str(tmp_path / "out"), "--device", "cpu"]) == 2
+    error = "--cache first-block: step caching with --gpus-per-job 2 would let each rank decide"
+    assert error in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_torchrun_two_ranks_match_one_process(tmp_path):
     import sagevideo

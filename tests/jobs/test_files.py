@@ -166,7 +166,7 @@ BAD_FILES = [
     ("duplicate-key.yaml", "jobs:\n  - prompt: a\n    seed: 1\n    seed: 2\n",
      r"line 4: 'seed' appears twice in the same table \(first on line 3\); keep one"),
     ("unknown-section.yaml", "job:\n  - prompt: a\n",
-     r"line 1 \(top level\): 'job': unknown section; use 'defaults' and 'jobs' \(did you mean 'jobs'\?\)"),
+     r"line 1 \(top level\): 'job': unknown section; use 'recipe', 'defaults' and 'jobs' \(did you mean 'jobs'\?\)"),
     ("missing-plan.yaml", "jobs:\n  - prompt: a\n    plan: nope.json\n",
      r"line 3 \(job 1\): plan: .*nope\.json does not exist; give the path of an attention-plan JSON"),
     ("plan-not-json.yaml", "jobs:\n  - prompt: a\n    plan: missing-plan.yaml\n", r"plan: .*: not valid JSON"),
@@ -253,3 +253,125 @@ def test_bad_options_are_named_as_options_beside_the_file_problems(tmp_path, no_
         f"{path} line 3 (job 1): seed: Input should be greater than or equal to 0 (got -1)",
         "--frames 8: 8 is not 1 + a multiple of 4 (the VAE compresses time 4x); use 1 + a multiple of 8, e.g. 1 or 9",
     ]
+
+
+# --- the recipe: section ---------------------------------------------------------------------------
+
+RECIPE_YAML = """\
+recipe:
+  cache: first-block
+  cache-threshold: 5        # dashes or underscores, as --cache-threshold
+  compile: regional
+  compile_backend: eager    # eager traces without a C++ compiler
+defaults:
+  steps: 3
+jobs:
+  - prompt: a red panda
+"""
+
+RECIPE_TOML = """\
+[recipe]
+cache = "first-block"
+cache_threshold = 5.0
+compile = "regional"
+compile-backend = "eager"
+
+[defaults]
+steps = 3
+
+[[jobs]]
+prompt = "a red panda"
+"""
+
+
+def test_a_recipe_section_is_the_batchs_recipe_in_yaml_and_toml(tmp_path):
+    path = write(tmp_path, "r.yaml", RECIPE_YAML)
+    (record,) = sagevideo.generate(path, out=tmp_path / "o", progress=False)
+    assert record["status"] == "done", record["error"]
+    got = record["recipe"]
+    assert (got["cache"], got["cache_threshold"], got["compile"], got["compile_backend"], got["compiled_blocks"]) == (
+        "first-block", 5.0, "regional", "eager", 2)
+    assert (got["cache_forwards"], got["cache_skipped"]) == (3, 2)  # the recipe really ran, not only recorded
+    from_toml = plan_batch(job_file=write(tmp_path, "r.toml", RECIPE_TOML), out=tmp_path / "o")
+    assert from_toml.settings.recipe.settings() == {k: got[k] for k in from_toml.settings.recipe.settings()}
+    assert [pj.job_id for pj in from_toml.jobs] == [record["job_id"]]  # the same recipe: the same job
+    assert read_job_file(path).recipe.at("compile") == f"{path} line 4 (recipe)"
+
+
+def test_the_files_recipe_fills_options_left_at_their_default_and_a_different_value_is_an_error(
+    tmp_path, no_model_load
+):
+    path = write(tmp_path, "r.yaml", RECIPE_YAML)
+    alone = plan_batch(job_file=path, out=tmp_path / "o")
+    given = plan_batch(job_file=path, out=tmp_path / "o", linear_keep=[], cache="first-block", cache_threshold=5)
+    assert given.settings.recipe == alone.settings.recipe  # the same value in both places: no conflict
+    plain = plan_batch(job_file=path, out=tmp_path / "o", use_file_recipe=False)  # ab's full-precision arms
+    assert plain.settings.recipe.is_plain and plain.jobs[0].job_id != alone.jobs[0].job_id
+    with pytest.raises(InputError) as err:
+        plan_batch(job_file=path, out=tmp_path / "o", cache="taylorseer", compile_backend="aot_eager")
+    assert str(err.value).splitlines() == [
+        f"{path} line 2 (recipe): cache: the job file's recipe sets 'first-block' and --cache taylorseer is given "
+        "too; set it in one place (the file's recipe applies where the option is left out)",
+        f"{path} line 5 (recipe): compile_backend: the job file's recipe sets 'eager' and --compile-backend "
+        "aot_eager is given too; set it in one place (the file's recipe applies where the option is left out)",
+    ]
+    with pytest.raises(InputError, match="the job file's recipe sets 'first-block' and --cache taylorseer"):
+        sagevideo.generate(path, out=tmp_path / "o", recipe="cache=taylorseer")  # the API's recipe= alike
+
+
+RECIPE_PROBLEMS = [
+    # (file name, content, the error's lines)
+    ("values.yaml", "recipe:\n  compile: always\n  linear_keep: [1]\n  cache_threshold: yes\njobs:\n  - a\n", [
+        "line 2 (recipe): compile: Input should be 'none' or 'regional' (got 'always')",
+        "line 3 (recipe): linear_keep.0: Input should be a valid string (got 1)",
+        "line 4 (recipe): cache_threshold: expected a number, got true (got True)",
+    ]),
+    ("names.yaml", "recipe:\n  cach: first-block\n  steps: 3\n  cache: none\n  linear-keep: a\n  linear_keep: b\n"
+     "jobs:\n  - a\n", [
+        "line 2 (recipe): cach: unknown recipe setting; use compile, compile_backend, linear, linear_keep, cache, "
+        "cache_threshold (did you mean 'cache'?)",
+        "line 3 (recipe): steps: a job field, not a recipe setting; put it under defaults: (every job) or on a job",
+        "line 6 (recipe): linear_keep: given twice (also as linear-keep); keep one",
+        "line 5 (recipe): linear_keep: keeps layers in bf16 only with --linear fp8; leave it out or add --linear fp8",
+    ]),
+    ("not-a-table.toml", "recipe = \"linear=fp8\"\n\n[[jobs]]\nprompt = \"a\"\n", [
+        "line 1 (recipe): 'recipe' must be a table of settings (compile, compile_backend, linear, linear_keep, "
+        "cache, cache_threshold), got a string",
+    ]),
+    ("contradiction.toml", "[recipe]\ncache = \"taylorseer\"\ncache_threshold = 0.2\n\n[[jobs]]\nprompt = \"a\"\n", [
+        "line 3 (recipe): cache_threshold: only --cache first-block takes a threshold (--cache is taylorseer); "
+        "leave it out",
+    ]),
+    ("cpu-fp8.yaml", "recipe:\n  linear: fp8\njobs:\n  - a\n", [
+        "line 2 (recipe): linear: float8 linears need a CUDA GPU with FP8 tensor cores (sm89+), not cpu; or use "
+        "--linear bf16",
+    ]),
+]
+MISPLACED = ("a recipe setting, which applies to the whole batch (once per loaded model, part of every job's id); "
+             "put it in the file's top-level recipe: section ([recipe] in TOML)")
+RECIPE_PROBLEMS += [
+    ("misplaced.yaml", "compile: regional\ndefaults:\n  cache: first-block\n  steps: 0\njobs:\n  - prompt: a\n"
+     "    linear-keep: x\n    seed: -1\n", [
+        f"line 1 (top level): compile: {MISPLACED}",
+        f"line 3 (defaults): cache: {MISPLACED}",
+        "line 4 (defaults): steps: Input should be greater than or equal to 1 (got 0)",
+        f"line 7 (job 1): linear-keep: {MISPLACED}",
+        "line 8 (job 1): seed: Input should be greater than or equal to 0 (got -1)",  # the job's own problems too
+    ]),
+    ("misplaced.toml", "[defaults]\ncompile_backend = \"eager\"\n\n[[jobs]]\nprompt = \"a\"\n"
+     "cache = \"first-block\"\n", [
+        f"line 2 (defaults): compile_backend: {MISPLACED}",
+        f"line 6 (job 1): cache: {MISPLACED}",
+    ]),
+]
+
+
+@pytest.mark.parametrize("name, content, lines", RECIPE_PROBLEMS, ids=[p[0] for p in RECIPE_PROBLEMS])
+def test_recipe_problems_are_said_at_their_lines_with_the_others_before_loading(
+    tmp_path, no_model_load, name, content, lines
+):
+    path = write(tmp_path, name, content)
+    with pytest.raises(InputError) as err:
+        plan_batch(job_file=path, out=tmp_path / "out", device="cpu")
+    assert str(err.value).splitlines() == [f"{path} {line}" for line in lines]
+    assert not (tmp_path / "out").exists()
