@@ -1,12 +1,28 @@
 #!/usr/bin/env bash
-# One GPU call for issue 21: the interception under Inductor, the recipe table (CogVideoX-5B) and a profile.
-# Usage (repo root, on the GPU machine, .site.tar.xz and .tao/torchao-*.whl carried): bash tools/gpu_recipe_check.sh COMMIT
+# One GPU call for issue 21: the recipe table (CogVideoX-5B forward, compile cache empty), where
+# the compile time goes (dynamo's compile_times), the interception under Inductor, and
+# `sagevideo bench attention` at the model's own shapes.
+# Usage (repo root, on the GPU machine, .site.tar.xz and .tao/torchao-*.whl carried):
+#   bash tools/gpu_recipe_check.sh COMMIT [RECIPES_LIMIT_S]
 set -uo pipefail
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 BENCH_COMMIT=$1
+export SAGEVIDEO_COMPILE_CACHE=/tmp/sagevideo-compile
 [ -d /tmp/site ] || tar xJf .site.tar.xz -C /tmp
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .tao/*.whl 2>&1 | tail -1
-python3 -c "import torchao; print('torchao', torchao.__version__)" 2>&1 | tail -1
-timeout 290 python3 -m bench.bench_transformer --recipes default --json $OUT/recipes-cogvideox.json --append-results $OUT/results.jsonl > $OUT/recipes-cogvideox.txt 2>&1; echo "recipes rc=$?"
-timeout 45 python3 -m sagevideo profile --model cogvideox-5b --json $OUT/profile-cogvideox-5b.json > $OUT/profile.txt 2>&1; echo "profile rc=$?"; tail -8 $OUT/profile.txt
+timeout "${2:-420}" python3 - $OUT > $OUT/recipes-cogvideox.txt 2>&1 <<'PY'
+import runpy, sys, torch
+out = sys.argv[1]
+sys.argv = ["bench_transformer", "--recipes", "default", "--repeats", "2", "--no-layer-cosine",
+            "--json", f"{out}/recipes-cogvideox.json", "--append-results", f"{out}/results.jsonl"]
+try:
+    runpy.run_module("bench.bench_transformer", run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    print(torch._dynamo.utils.compile_times(repr="str", aggregate=True))
+PY
+echo "recipes rc=$?"
 timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/pipelines/test_intercept.py 2>&1 | tail -2
-tail -9 $OUT/recipes-cogvideox.txt
+timeout 50 python3 -m sagevideo bench attention --model cogvideox-5b --reps 2 --json $OUT/attention-cogvideox.json \
+  > $OUT/attention.txt 2>&1; echo "bench attention rc=$?"; tail -8 $OUT/attention.txt
+grep -A12 "^cogvideox\|on NVIDIA" $OUT/recipes-cogvideox.txt | tail -14; grep -i "compile\|inductor" $OUT/recipes-cogvideox.txt | tail -12
