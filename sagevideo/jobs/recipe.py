@@ -37,6 +37,7 @@ from sagevideo.jobs.specs import NotBool
 
 DEFAULT_CACHE_THRESHOLD = 0.05  # diffusers' FirstBlockCacheConfig default
 THRESHOLD_CACHES = ("first-block",)  # caches that take cache_threshold
+COMPILE_INCOMPATIBLE_CACHES = ("pyramid-broadcast",)  # hooks inside the blocks: see Recipe.problems
 
 
 # Each setting's type with its help, for `RecipeOptions`, whose fields `Recipe` and the configs of
@@ -120,6 +121,13 @@ class Recipe(RecipeOptions):
         if self.linear_keep and self.linear != "fp8":
             found.append(("linear_keep", f"--linear-keep {self.linear_keep[0]}",
                           "keeps layers in bf16 only with --linear fp8; leave it out or add --linear fp8"))
+        if self.cache in COMPILE_INCOMPATIBLE_CACHES and self.compile != "none":
+            # Its hooks sit on the attention layers inside each block, so they are traced into the
+            # compiled block: its per-step state becomes guards and every change a recompile, until
+            # torch's recompile limit leaves the blocks eager (slower than no compile at all).
+            found.append(("cache", f"--cache {self.cache}",
+                          f"does not compose with --compile {self.compile} (its hooks inside each block recompile "
+                          "it as the cache's state changes); use --compile none with it, or --cache first-block"))
         return found
 
     def settings(self) -> dict[str, Any]:

@@ -6,10 +6,12 @@ and regional torch.compile, applied in the order that composes, after the attent
 - `apply_recipe(pipe, recipe)` -> `AppliedRecipe`: 1. linear "fp8": torchao's
   `quantize_(block, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))` on the
   transformer blocks' nn.Linear layers (but `linear_keep` and layers whose dims are not multiples
-  of 16, which float8 GEMMs cannot take); 2. cache: `transformer.enable_cache(<diffusers config>)`;
-  3. compile "regional": diffusers' `compile_repeated_blocks` where the model declares
-  `_repeated_blocks`, else each block of the transformer's block lists `.compile()`d (the same thing,
-  found by diffusers' block names). Compiled code goes to a persistent folder (`use_compile_cache`).
+  of 16, which float8 GEMMs cannot take); 2. compile "regional": diffusers' `compile_repeated_blocks`
+  where the model declares `_repeated_blocks`, else each block of the transformer's block lists
+  `.compile()`d (the same thing, found by diffusers' block names); with a cache, each block's own
+  `forward` compiled instead, so that 3. the cache's hooks (`transformer.enable_cache(<diffusers
+  config>)`) stay outside the compiled code. Compiled code goes to a persistent folder
+  (`use_compile_cache`).
 - `capabilities(device)`: what this machine can run (for `sagevideo env`).
 
 Attention installed later (a job with another plan) still runs: the compiled blocks re-trace
@@ -230,7 +232,8 @@ def transformer_blocks(transformer: Any) -> list[tuple[str, Any]]:
 
 def apply_recipe(pipe_or_transformer: Any, recipe: Recipe) -> AppliedRecipe:
     """Apply `recipe` to every denoiser of a loaded pipeline (or to a transformer), after its
-    attention is installed: float8 linears, then the cache hooks, then regional compile. Every
+    attention is installed: float8 linears, then regional compile, then the cache hooks (which
+    wrap the compiled block forwards: `_compile_block_forwards`). Every
     denoiser `install` covers gets it (Wan 2.2's `transformer_2` as well as `transformer`); layer
     names of a second denoiser start with its component ("transformer_2.blocks.0...."). Raises
     ValueError when a setting cannot apply to this model (a linear_keep pattern that names no
@@ -245,11 +248,20 @@ def apply_recipe(pipe_or_transformer: Any, recipe: Recipe) -> AppliedRecipe:
     if recipe.linear == "fp8":
         _fp8_linears(denoisers, recipe.linear_keep, applied)
     for _, transformer, blocks in denoisers:
-        if recipe.cache != "none":
-            _enable_cache(pipe_or_transformer, transformer, blocks, recipe, applied)
         if recipe.compile == "regional":
             applied.compile_cache = use_compile_cache()
-            _compile_blocks(transformer, blocks, recipe.compile_backend, applied)
+        if recipe.cache == "none":
+            if recipe.compile == "regional":
+                _compile_blocks(transformer, blocks, recipe.compile_backend, applied)
+            continue
+        if recipe.compile == "regional":
+            # The cache's hooks replace each block's forward with Python that decides, per step,
+            # whether the block runs. Compiled with the block (module.compile), Dynamo would trace
+            # that decision, guard on the cache's state and recompile as it changes until torch's
+            # recompile limit left the blocks eager. Compiling the blocks' own forwards first keeps
+            # the hooks outside the compiled code: they call the compiled forward, or skip it.
+            _compile_block_forwards(blocks, recipe.compile_backend, applied)
+        _enable_cache(pipe_or_transformer, transformer, blocks, recipe, applied)
     applied.apply_s = time.perf_counter() - start
     return applied
 
@@ -343,4 +355,17 @@ def _compile_blocks(transformer: Any, blocks: list[tuple[str, Any]], backend: st
     for _, block in blocks:
         block.compile(backend=backend)
     applied.compile_via = "blocks"
+    applied.compiled_blocks += len(blocks)
+
+
+def _compile_block_forwards(blocks: list[tuple[str, Any]], backend: str, applied: AppliedRecipe) -> None:
+    """Each block's own `forward` compiled (the blocks share its code, so one graph serves them),
+    before a cache's hooks wrap it."""
+    import torch
+
+    if not blocks:
+        raise ValueError("--compile regional: the transformer has no transformer block lists to compile")
+    for _, block in blocks:
+        block.forward = torch.compile(block.forward, backend=backend)
+    applied.compile_via = "block forwards, under the cache hooks"
     applied.compiled_blocks += len(blocks)

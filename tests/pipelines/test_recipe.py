@@ -26,6 +26,16 @@ def fresh_pipe():
     return pipe
 
 
+def is_compiled(block) -> bool:
+    """Compiled as a module (`block.compile()`), or its own forward compiled under diffusers' cache
+    hooks (the forward the first hook wraps)."""
+    if block._compiled_call_impl is not None:
+        return True
+    registry = getattr(block, "_diffusers_hook", None)
+    wrapped = [ref.original_forward for ref in (registry._fn_refs if registry is not None else [])]
+    return any(hasattr(fn, "_torchdynamo_orig_callable") for fn in wrapped)
+
+
 def forward(transformer):
     """One transformer forward on fixed random inputs (tiny config: (1, 3, 4, 8, 8) latents)."""
     config = transformer.config
@@ -88,7 +98,42 @@ def test_regional_compile_equals_eager_and_keeps_every_attention_record():
     handle.remove()
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
     assert compiled_calls.summary()["counts"] == eager_calls.summary()["counts"] != {}
-    assert all(block._compiled_call_impl is not None for _, block in transformer_blocks(pipe.transformer))
+    assert all(is_compiled(block) for _, block in transformer_blocks(pipe.transformer))
+
+
+def _cached_latents(recipe: Recipe) -> tuple[torch.Tensor, dict, dict]:
+    """8 steps of the tiny pipeline under `recipe`, from a fresh Dynamo: (latents, the recipe's
+    record, Dynamo's counters: graphs compiled and graph breaks)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    pipe = fresh_pipe()
+    applied = apply_recipe(pipe, recipe)
+    applied.start_job(pipe.transformer)
+    latents = pipe("a fox", num_frames=9, height=64, width=64, num_inference_steps=8, output_type="latent",
+                   generator=torch.Generator().manual_seed(0)).frames
+    found = {"unique_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+    return latents, applied.record(), found
+
+
+def test_first_block_cache_under_regional_compile_keeps_its_hooks_out_of_the_compiled_blocks():
+    # Compiled with the block, the cache's per-step decision was traced: graph breaks in the first
+    # block and a recompile per change of the cache's state (on the GPU: blocks left eager, slower).
+    compiled_cache = Recipe(compile="regional", compile_backend="eager", cache="first-block", cache_threshold=0.3)
+    latents, record, dynamo = _cached_latents(compiled_cache)
+    eager_latents, eager_record, _ = _cached_latents(Recipe(cache="first-block", cache_threshold=0.3))
+    _, _, no_cache = _cached_latents(Recipe(compile="regional", compile_backend="eager"))
+    assert 0 < record["cache_skipped"] < record["cache_forwards"] == 8  # both of the hook's paths ran
+    assert dynamo == no_cache and dynamo["graph_breaks"] == 0  # the graphs the blocks compile to without a cache
+    assert record["compiled_blocks"] == 2 and record["cache_skipped"] == eager_record["cache_skipped"]
+    torch.testing.assert_close(latents, eager_latents)
+
+
+def test_pyramid_broadcast_with_compile_is_refused_before_loading(tmp_path, no_model_load):
+    with pytest.raises(InputError, match=r"--cache pyramid-broadcast: does not compose with --compile regional"):
+        plan_batch("a cat", out=tmp_path, device="cpu", cache="pyramid-broadcast", compile="regional",
+                   compile_backend="eager")
 
 
 def test_a_keep_pattern_that_names_no_layer_is_an_error(monkeypatch):
@@ -112,7 +157,7 @@ def test_every_denoiser_gets_the_recipe_and_is_reset_per_job():
     assert pipe.transformer.is_cache_enabled and pipe.transformer_2.is_cache_enabled
     assert applied.compiled_blocks == sum(blocks) and all(b >= 2 for b in blocks)
     compiled = [block for t in (pipe.transformer, pipe.transformer_2) for _, block in transformer_blocks(t)]
-    assert all(block._compiled_call_impl is not None for block in compiled)
+    assert all(is_compiled(block) for block in compiled)
     job = source.resolve(JobSpec(prompt="a cat", steps=4))  # boundary 0.875: the steps split over both denoisers
     applied.start_job()
     run_job(pipe, job, text_tokens=source.text_tokens, family=source.model_family, decode=False)
