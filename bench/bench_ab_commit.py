@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(root))
     import torch
 
-    from bench.bench_attention import DTYPES, SHAPES, bench_inputs, bench_interleaved, direct, sdpa_fn
+    from bench.bench_attention import DTYPES, SHAPES, bench_inputs, bench_interleaved, direct
+    from sagevideo.experiments.bench_attention import sdpa_call
     try:  # its ops under its own namespace; the layout before the rooms were renamed, or this one
         from sagevideo_base.api import attention as base_attention
         from sagevideo_base.api import backends as base_backends
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         q, k, v = bench_inputs(shape, DTYPES[args.dtype])
         for pv in args.pv.split(","):
             fns = {
-                "cudnn": sdpa_fn("cudnn", q, k, v),
+                "cudnn": sdpa_call("cudnn", q, k, v),
                 "base": direct(functools.partial(base_attention.sageattn, q, k, v, pv=pv, backend="triton")),
                 "head": direct(functools.partial(sagevideo.sageattn, q, k, v, pv=pv, backend="triton")),
             }

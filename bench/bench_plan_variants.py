@@ -31,9 +31,9 @@ from bench.bench_attention import (  # noqa: E402
     cosine_worst,
     direct,
     reference_fp32,
-    sdpa_fn,
     tops,
 )
+from sagevideo.experiments.bench_attention import sdpa_call  # noqa: E402
 
 KNOBS = {"num_warps": int, "num_stages": int, "max_registers": int, "scores_by_add": bool}
 
@@ -98,7 +98,7 @@ def run_shape(name: str, base_overrides: dict, variants: dict, reps: int) -> dic
         torch.cuda.synchronize()
         cos[label] = cosine_worst(ref, out)
         fns[label] = run
-    fns["cudnn"] = sdpa_fn("cudnn", q, k, v)
+    fns["cudnn"] = sdpa_call("cudnn", q, k, v)
     ms, runs, errors = bench_interleaved(fns, reps)
     return {"shape": name, "plans": {label: p.describe() for label, p in plans.items()}, "ms": ms, "ms_reps": runs,
             "errors": errors, "cos_worst": cos, "tops": {key: tops(shape, t) for key, t in ms.items()},

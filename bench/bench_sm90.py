@@ -29,10 +29,10 @@ from bench.bench_attention import (  # noqa: E402
     bench_interleaved,
     cosine_worst,
     reference_fp32,
-    sdpa_fn,
     tops,
     versions,
 )
+from sagevideo.experiments.bench_attention import sdpa_call  # noqa: E402
 
 CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "small-d80": (1, 2, 300, 80),
                 "one-tile": (1, 1, 100, 64), "two-tiles": (1, 2, 256, 128)}
@@ -77,7 +77,7 @@ def run_shape(name: str, shape, timed: bool, variants: dict[str, int], reps: int
 
         triton_kernel()
         row["cos_worst"]["triton"] = cosine_worst(ref, base)
-        fns = {"sdpa-cudnn": sdpa_fn("cudnn", q, k, v), "triton-kernel": triton_kernel}
+        fns = {"sdpa-cudnn": sdpa_call("cudnn", q, k, v), "triton-kernel": triton_kernel}
         for label, stages in variants.items():
             out = torch.full_like(q, float("nan"))
             try:
