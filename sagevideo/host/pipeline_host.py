@@ -199,6 +199,7 @@ class PipelineHost:
             torch.set_num_threads(ctx.cpu_threads)
         self.pipe, self.load_s = _load(ctx)
         self.recipe: Any = None  # the AppliedRecipe, once applied (after the first attention install)
+        self.recipe_s = 0.0  # seconds applying it took, charged to the job it was applied for
         self._handle = None
         self._attention: tuple[str | None, str | None, str | None] | None = None  # (backend, pv, plan) now
 
@@ -264,6 +265,8 @@ class PipelineHost:
                 timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
                 if result.first_step_s is not None:
                     timings["first_step_s"] = round(result.first_step_s, 4)
+                if self.recipe_s:
+                    timings["recipe_s"], self.recipe_s = round(self.recipe_s, 4), 0.0
                 start = time.perf_counter()
                 staged = write_mp4(
                     result.frames, staged_path(self.ctx.out / pj.output), fps=self.ctx.fps, name=pj.output
@@ -309,13 +312,14 @@ class PipelineHost:
 
     def _apply_recipe(self) -> None:
         """The batch's recipe on the pipeline, once, after its attention is installed (install, then
-        fp8 linears, cache hooks, compile: `sagevideo.pipelines.recipe.apply_recipe`); its per-job
-        counters reset before every job."""
+        fp8 linears, compile, cache hooks: `sagevideo.pipelines.recipe.apply_recipe`); its per-job
+        counters reset before every job. The seconds it took are charged to that job (recipe_s)."""
         recipe = self.ctx.recipe
         if self.recipe is None and recipe is not None and not recipe.is_plain:
             from sagevideo.pipelines.recipe import apply_recipe
 
             self.recipe = apply_recipe(self.pipe, recipe)
+            self.recipe_s = self.recipe.apply_s
         if self.recipe is not None:
             self.recipe.start_job(self.pipe.transformer)
 

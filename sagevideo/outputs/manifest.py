@@ -87,11 +87,14 @@ class Retry(TypedDict, total=False):
 @with_config(ConfigDict(extra="allow"))
 class Timings(TypedDict, total=False):
     """Seconds of the job's phases (load_s: the model load, charged to a worker's first job;
-    first_step_s: denoising start to the end of step 1, inside denoise_s: compilation and warm-up)."""
+    first_step_s: denoising start to the end of step 1, inside denoise_s: compilation and warm-up;
+    recipe_s: applying the speed recipe (FP8 quantization, compile and cache set-up), charged to the
+    job it was applied for; absent for plain recipes)."""
 
     load_s: float | None
     denoise_s: float | None
     first_step_s: float | None
+    recipe_s: float
     decode_s: float | None
     write_s: float | None
 

@@ -71,6 +71,7 @@ def test_a_recipe_runs_through_generate_and_is_recorded_in_the_manifest(tmp_path
     assert (got["cache"], got["cache_threshold"], got["compile"], got["compiled_blocks"]) == (
         "first-block", 5.0, "regional", 2)
     assert (got["cache_forwards"], got["cache_skipped"]) == (3, 2)  # the steps after the first reuse the cache
+    assert record["timings"]["recipe_s"] > 0  # applying it is charged to the job it was applied for
     assert record["backends"]["counts"] == {"reference/fp16": 2 * 3 - 2}  # 2 layers, skipped steps run only block 0
     plain = sagevideo.generate("a red panda", out=tmp_path / "plain", steps=3, progress=False)[0]
     assert plain["recipe"] is None and plain["job_id"] != record["job_id"]  # a cache changes the video: its own id
