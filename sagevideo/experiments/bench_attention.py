@@ -27,6 +27,7 @@ from sagevideo.errors import InputError
 from sagevideo.experiments.bench_timing import (
     BenchOptions,
     BenchReport,
+    ModelSizeOptions,
     cosine_worst,
     interleaved,
     machine,
@@ -80,7 +81,7 @@ def tops(flops: float, ms: float | None) -> float | None:
     return None if not ms else flops / (ms * 1e-3) / 1e12
 
 
-class BenchAttentionConfig(BenchOptions):
+class BenchAttentionConfig(BenchOptions, ModelSizeOptions):
     """What to time: shapes (text) and/or a model config's attention calls, on which device."""
 
     shapes: list[str] = Field([], description="attention shape BxHxNxD (or BxHxNqxNkxD), e.g. 2x48x17776x64; "
@@ -128,7 +129,7 @@ def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
 
     if not config.shapes and config.model is None:
         raise InputError("nothing to time: give --shape BxHxNxD (repeatable) or --model NAME")
-    bad = []
+    bad = [problem for problem in [config.size_problem(config.model)] if problem]
     for text in config.shapes:
         try:
             parse_shape(text)
@@ -149,7 +150,7 @@ def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
     if config.model is not None:
         from sagevideo.pipelines.forwards import attention_calls
 
-        for call in attention_calls(config.model):
+        for call in attention_calls(config.model, **config.size()):
             shape = AttentionShape(call.batch, call.heads, call.n_q, call.n_k, call.head_dim)
             shapes.append((shape, call.calls, call.masked))
     if backend != "auto":  # "auto" never refuses: a fallback is run and recorded as what ran

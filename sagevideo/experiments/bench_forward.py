@@ -31,6 +31,7 @@ from sagevideo.experiments.bench_attention import SageBackend
 from sagevideo.experiments.bench_timing import (
     BenchOptions,
     BenchReport,
+    ModelSizeOptions,
     machine,
     median_seconds,
     now,
@@ -55,7 +56,7 @@ def parse_recipe_name(name: str) -> dict[str, str]:
     return {"linear": linear, "compile": "regional" if parts[0] == "compile" else "none", "attention": parts[1]}
 
 
-class BenchForwardConfig(BenchOptions):
+class BenchForwardConfig(BenchOptions, ModelSizeOptions):
     """Which transformer config, which recipes, where."""
 
     model: str = Field("tiny-cogvideox", description="transformer config: cogvideox-5b, wan-14b, hunyuanvideo, "
@@ -104,6 +105,9 @@ def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
     cannot run here, saying why."""
     if not config.recipes:
         raise InputError("--recipes: none named; e.g. default or eager-cudnn,compile-sage")
+    size_problem = config.size_problem(config.model)
+    if size_problem:
+        raise InputError(size_problem)
     from sagevideo.outputs.files import writable_file
     from sagevideo.pipelines.recipe import fp8_linear_problem, inductor_problem
 
@@ -157,6 +161,7 @@ class RecipeResult(BaseModel):
 class ForwardBenchReport(BenchReport):
     schema_: str = Field(SCHEMA, alias="schema")
     model: str
+    size: dict[str, int | None] = {}  # frames, height, width given (None: the model's default)
     tokens: int
     forwards_per_step: int
     compile_backend: str
@@ -281,7 +286,7 @@ def run_bench_forward(config: BenchForwardConfig, progress: Callable[[str], None
     shape: dict[str, int] = {}
 
     def build():
-        step = build_step(config.model, plan.device, getattr(torch, plan.dtype))
+        step = build_step(config.model, plan.device, getattr(torch, plan.dtype), **config.size())
         shape.update(tokens=step.tokens, forwards_per_step=len(step.forwards))
         return step
 
@@ -289,8 +294,8 @@ def run_bench_forward(config: BenchForwardConfig, progress: Callable[[str], None
                           compile_backend=plan.compile_backend, backend=plan.backend, progress=progress)
     results += [RecipeResult(name=name, skipped=why) for name, why in plan.left_out.items()]
     report = ForwardBenchReport(date=now(), device=plan.device, dtype=plan.dtype, machine=machine(plan.device),
-                                model=config.model, compile_backend=plan.compile_backend, repeats=config.repeats,
-                                recipes=results, **shape)
+                                model=config.model, size=config.size(), compile_backend=plan.compile_backend,
+                                repeats=config.repeats, recipes=results, **shape)
     if config.json_out is not None:
         report.write_json(config.json_out)
     return report

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from typing_extensions import Self
 
 from sagevideo.choices import resolve_device
@@ -152,6 +152,45 @@ class BenchOptions(BaseModel):
             return cls(**options)
         except ValidationError as err:
             raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
+
+
+class ModelSizeOptions(BaseModel):
+    """The video size a bench's `--model` runs at (the model config's default where None)."""
+
+    frames: int | None = Field(None, ge=1, description="video frames of --model (4k + 1); default: the model's")
+    resolution: str | None = Field(None, description="HEIGHTxWIDTH in pixels of --model, e.g. 480x720; "
+                                   "default: the model's")
+
+    @field_validator("resolution")
+    @classmethod
+    def _height_by_width(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = value.lower().split("x")
+            if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+                raise ValueError("use HEIGHTxWIDTH in pixels, e.g. 480x720")
+        return value
+
+    def size(self) -> dict[str, int | None]:
+        """frames, height, width for `pipelines.forwards` (None: the model's)."""
+        height, width = (int(p) for p in self.resolution.lower().split("x")) if self.resolution else (None, None)
+        return {"frames": self.frames, "height": height, "width": width}
+
+    def size_problem(self, model: str | None) -> str | None:
+        """Why `model` cannot run at this size (frames not 4k + 1, a size the VAE cannot take), or
+        None; a size without a model is a problem too."""
+        if self.frames is None and self.resolution is None:
+            return None
+        if model is None:
+            return "--frames and --resolution size a --model; give one"
+        from sagevideo.pipelines.forwards import CONFIGS, latent_shape
+
+        _, f0, h0, w0 = CONFIGS[model]
+        size = self.size()
+        try:
+            latent_shape(size["frames"] or f0, size["height"] or h0, size["width"] or w0)
+        except ValueError as err:
+            return str(err)
+        return None
 
 
 class BenchReport(BaseModel):

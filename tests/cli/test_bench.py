@@ -32,6 +32,25 @@ def test_bench_forward_runs_the_recipes_side_by_side():
     assert lines[-1].startswith("sagevideo bench forward: tiny-opensora: fastest ")
 
 
+def test_bench_at_the_users_size_times_that_many_tokens(tmp_path):
+    """--frames/--resolution size the model's forwards and attention calls (tiny CogVideoX:
+    49 frames 64x64 -> 13 latent frames of 4x4 patches = 208 video tokens, plus the 226 text tokens
+    CogVideoX attends to jointly)."""
+    path = tmp_path / "f.json"
+    result = CliRunner().invoke(app, ["bench", "forward", "--model", "tiny-cogvideox", "--frames", "49",
+                                      "--resolution", "64x64", "--recipes", "eager-cudnn", "--repeats", "1",
+                                      "--json", str(path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(path.read_text())
+    assert report["size"] == {"frames": 49, "height": 64, "width": 64} and report["tokens"] == 208
+    result = CliRunner().invoke(app, ["bench", "attention", "--model", "tiny-cogvideox", "--frames", "49",
+                                      "--resolution", "64x64", "--reps", "1", "--budget-ms", "1",
+                                      "--json", str(tmp_path / "a.json")])
+    assert result.exit_code == 0, result.output
+    shapes = json.loads((tmp_path / "a.json").read_text())["shapes"]
+    assert {s["n_q"] for s in shapes} == {208 + 226}
+
+
 @pytest.fixture
 def no_work(monkeypatch):
     """Bad input must be refused before anything is timed or built."""
@@ -50,6 +69,9 @@ def no_work(monkeypatch):
     (["attention", "--model", "cogvideox"], "--model cogvideox: unknown model config 'cogvideox'"),
     (["forward", "--model", "tiny"], "--model tiny: unknown model config 'tiny'"),
     (["forward", "--recipes", "eager-sage,quick-sage"], "--recipes quick-sage: 'quick-sage' is not"),
+    (["forward", "--frames", "12"], "frames 12 must be 4k + 1"),
+    (["forward", "--resolution", "480"], "--resolution 480: use HEIGHTxWIDTH in pixels, e.g. 480x720"),
+    (["attention", "--shape", "1x2x32x32", "--frames", "9"], "--frames and --resolution size a --model; give one"),
 ])
 def test_bad_input_exits_2_with_one_clear_line(no_work, args, message):
     result = CliRunner().invoke(app, ["bench", *args])
