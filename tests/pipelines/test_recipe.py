@@ -55,8 +55,9 @@ def test_fp8_linears_are_refused_on_cpu_before_loading(tmp_path, no_model_load):
 def test_unknown_cache_and_family_without_cache_support_are_refused(tmp_path, no_model_load):
     with pytest.raises(InputError, match="--cache bogus"):
         plan_batch("a cat", out=tmp_path, device="cpu", cache="bogus")
-    with pytest.raises(InputError, match="Open-Sora 2.0 transformer does not take this diffusers cache"):
-        plan_batch("a cat", out=tmp_path, device="cpu", model="tiny-opensora", cache="first-block")
+    with pytest.raises(InputError, match=r"Open-Sora 2.0 transformer does not take this diffusers cache \(it takes: "
+                       r"first-block, taylorseer\)"):
+        plan_batch("a cat", out=tmp_path, device="cpu", model="tiny-opensora", cache="pyramid-broadcast")
 
 
 def test_cache_with_sequence_parallel_ranks_is_refused():

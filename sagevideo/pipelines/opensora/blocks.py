@@ -56,11 +56,15 @@ class OpenSoraDoubleStreamBlock(nn.Module):
 
 
 class OpenSoraSingleStreamBlock(nn.Module):
-    """Parallel attention + MLP on the joint sequence. Official: `single_blocks.{j}`.
+    """Parallel attention + MLP on the joint sequence x = [txt; img]. Official: `single_blocks.{j}`.
 
     x += gate * proj_out([attn(x_mod) ; gelu_tanh(proj_mlp(x_mod))]), x_mod = modulate(LN(x), shift, scale).
     The official `v_mlp` (rows 0:C = v, C: = MLP-in) is split into attn.to_v and proj_mlp here;
     row blocks of one Linear are independent, so the function is the same.
+
+    It takes and returns the two streams apart, as the double block does (the official block takes
+    x joined; joining and splitting are exact): diffusers' step caches (`TransformerBlockRegistry`)
+    compare and reuse each block's image and text outputs by position, the same for every block.
     """
 
     def __init__(self, dim: int, heads: int, mlp_ratio: float, qkv_bias: bool = True):
@@ -74,14 +78,21 @@ class OpenSoraSingleStreamBlock(nn.Module):
         self.proj_out = nn.Linear(dim + hidden, dim)
 
     def forward(
-        self, hidden_states: torch.Tensor, vec: torch.Tensor, image_rotary_emb: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
-        """[txt; img] tokens (B, L, C) -> (B, L, C)."""
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        vec: torch.Tensor,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(image (B, L_img, C), text (B, L_txt, C)) -> the updated pair; attention over [txt; img]."""
+        n_txt = encoder_hidden_states.shape[1]
+        x = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         shift, scale, gate = self.mod(vec)
-        x_mod = modulate(self.norm(hidden_states), shift, scale)
+        x_mod = modulate(self.norm(x), shift, scale)
         attn = self.attn(x_mod, image_rotary_emb=image_rotary_emb)
         mlp = self.act_mlp(self.proj_mlp(x_mod))
-        return hidden_states + gate * self.proj_out(torch.cat([attn, mlp], dim=-1))
+        x = x + gate * self.proj_out(torch.cat([attn, mlp], dim=-1))
+        return x[:, n_txt:], x[:, :n_txt]
 
 
 class OpenSoraFinalNorm(nn.Module):

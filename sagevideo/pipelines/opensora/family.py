@@ -89,7 +89,9 @@ class OpenSoraFamily(ModelFamily):
     weight_components = ()
     generates = True
     sequence_parallel = True
-    step_caches = ()  # its transformer is sagevideo's, not a diffusers CacheMixin with registered blocks
+    # diffusers' CacheMixin with its blocks registered (transformer.register_cache_blocks); pyramid
+    # broadcast hooks only diffusers' own attention classes, so it would hook nothing here.
+    step_caches = ("first-block", "taylorseer")
 
     # --- detection and loading ---
 

@@ -240,9 +240,12 @@ class OpenSoraPipeline(DiffusionPipeline):
             for i, t in enumerate(self.scheduler.timesteps):
                 sigma = self.scheduler.sigmas[i]
                 img = pack_latents(latents, patch).to(dtype).repeat(3, 1, 1)
-                pred = self.transformer(
-                    img, img_ids, txt3, txt_ids, sigma.expand(3 * batch).to(dtype), pooled3, cond=cond
-                )
+                # The three guidance branches are one batched forward: one cache context (a
+                # step cache's state lives in it; diffusers' pipelines name theirs likewise).
+                with self.transformer.cache_context("cond"):
+                    pred = self.transformer(
+                        img, img_ids, txt3, txt_ids, sigma.expand(3 * batch).to(dtype), pooled3, cond=cond
+                    )
                 c, u, u2 = pred.float().chunk(3)
                 g_txt, g_img = _scale(guidance_scale, i, float(sigma)), _scale(image_guidance_scale, i, float(sigma))
                 if text_oscillation:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.attention import AttentionMixin
+from diffusers.models.cache_utils import CacheMixin
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
@@ -32,7 +33,7 @@ from sagevideo.pipelines.opensora.rope import rope_tables
 TIMESTEP_EMBED_DIM = 256
 
 
-class OpenSoraTransformer3DModel(ModelMixin, ConfigMixin, AttentionMixin):
+class OpenSoraTransformer3DModel(ModelMixin, ConfigMixin, AttentionMixin, CacheMixin):
     """The Open-Sora 2.0 MMDiT. Config fields carry the official names and released values.
 
     in_channels: packed latent features (16 latent channels x 2x2 patch = 64); also the output size.
@@ -85,6 +86,12 @@ class OpenSoraTransformer3DModel(ModelMixin, ConfigMixin, AttentionMixin):
         self.norm_out = OpenSoraFinalNorm(hidden_size)
         self.proj_out = nn.Linear(hidden_size, in_channels)
 
+    def enable_cache(self, config) -> None:
+        """diffusers' `CacheMixin.enable_cache` (first-block cache), once diffusers knows where the
+        blocks' image and text outputs are (`register_cache_blocks`)."""
+        register_cache_blocks()
+        super().enable_cache(config)
+
     def forward(
         self,
         img: torch.Tensor,
@@ -123,12 +130,9 @@ class OpenSoraTransformer3DModel(ModelMixin, ConfigMixin, AttentionMixin):
         # Positions of the joint sequence, text first (text ids are 0: not rotated).
         rotary = rope_tables(torch.cat([txt_ids, img_ids], dim=1), self.config.axes_dim, self.config.theta)
 
-        for block in self.transformer_blocks:
+        for block in (*self.transformer_blocks, *self.single_transformer_blocks):
             img, txt = block(img, txt, vec, rotary)
-        x = torch.cat([txt, img], dim=1)
-        for block in self.single_transformer_blocks:
-            x = block(x, vec, rotary)
-        out = self.proj_out(self.norm_out(x[:, txt.shape[1]:], vec))
+        out = self.proj_out(self.norm_out(img, vec))
         return Transformer2DModelOutput(sample=out) if return_dict else out
 
 
@@ -150,3 +154,14 @@ def _check_config(hidden_size, num_heads, axes_dim, qkv_bias, guidance_embed, fu
                 f"OpenSoraTransformer3DModel: {what} is not part of this port; "
                 "it implements the released Open_Sora_v2 configuration"
             )
+
+
+def register_cache_blocks() -> None:
+    """Tell diffusers' step caches where each block's outputs are: both blocks take
+    (hidden_states = image, encoder_hidden_states = text, ...) and return (image, text)."""
+    from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+
+    for block in (OpenSoraDoubleStreamBlock, OpenSoraSingleStreamBlock):
+        if block not in TransformerBlockRegistry._registry:
+            TransformerBlockRegistry.register(block, TransformerBlockMetadata(return_hidden_states_index=0,
+                                                                              return_encoder_hidden_states_index=1))

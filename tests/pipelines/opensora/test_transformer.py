@@ -43,8 +43,10 @@ def test_single_block_equals_reference(tiny_model, official_sd):
     rotary = rope_tables(ids, TINY["axes_dim"], TINY["theta"])
     angles = ref_rope_angles(ids[0], TINY["axes_dim"], TINY["theta"])
     with torch.no_grad():
-        got = tiny_model.single_transformer_blocks[0](x, vec, rotary)
-    torch.testing.assert_close(got, ref_single_block(official_sd, 0, x, vec, angles, heads=2), **TOL)
+        got_img, got_txt = tiny_model.single_transformer_blocks[0](img, txt, vec, rotary)
+    want = ref_single_block(official_sd, 0, x, vec, angles, heads=2)  # the official block: x = [txt; img] joined
+    torch.testing.assert_close(got_txt, want[:, :txt.shape[1]], **TOL)
+    torch.testing.assert_close(got_img, want[:, txt.shape[1]:], **TOL)
 
 
 def test_full_forward_equals_reference(tiny_model, official_sd):
