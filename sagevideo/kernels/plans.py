@@ -270,6 +270,19 @@ def gluon_sm90_compile_problem(block_d: int, num_stages: int) -> str:
     return ""
 
 
+@torch.compiler.assume_constant_result
+def gluon_problem(block_d: int, num_stages: int) -> str:
+    """'' when the Gluon sm90 kernel can run at `block_d` with `num_stages` ring stages (this Triton
+    has its API and compiles it), else why not: `gluon_sm90_problem`, then
+    `gluon_sm90_compile_problem`.
+
+    Opaque to torch.compile: Dynamo calls it while tracing and keeps the answer as a constant (it is
+    constant for the process). Traced into, the compile check (Dynamo traces through
+    `functools.cache`) graph-broke inside every `sageattn` call that asked for it (FP8 PV on Hopper),
+    and failed `fullgraph=True`."""
+    return gluon_sm90_problem() or gluon_sm90_compile_problem(block_d, num_stages)
+
+
 def padded_head_dim(head_dim: int) -> int | None:
     """Head dim the kernel runs at, or None when above MAX_HEAD_DIM."""
     if head_dim <= 64:
@@ -340,7 +353,7 @@ def select_plan(device: torch.device, head_dim: int, pv: str) -> PlanChoice:
     hopper = arch == "sm90" and torch.cuda.get_device_capability(device)[0] == 9
     if hopper and pv == "fp8" and (wanted == "gluon" or (wanted == "auto" and (pv, block_d) in _GLUON_FASTER)):
         stages = gluon_stages(block_d)
-        problem = gluon_sm90_problem() or gluon_sm90_compile_problem(block_d, stages)
+        problem = gluon_problem(block_d, stages)
         if problem:  # the plain-Triton kernel computes the same; say why in `sagevideo env`
             return PlanChoice(plan, f"Gluon sm90 kernel not used ({SM90_KERNEL_ENV}={wanted}): {problem}")
         plan = KernelPlan(arch, block_d, pv, block_m, block_n, 4, stages, kernel="gluon")

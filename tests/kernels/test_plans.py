@@ -152,3 +152,35 @@ def test_prep_plans_follow_the_tiles_and_pv_mode(hopper, pv, block_d, stats, war
 def test_tiles_per_program_keep_sixteen_programs_per_head():
     prep = plans.prep_plan(plans.KernelPlan("interpreter", 64, "fp16", 128, 64, 4, 1))
     assert [prep.tiles_per_program(n, 4) for n in (1, 16, 47, 48, 64, 1000)] == [1, 1, 2, 3, 4, 4]
+
+
+@pytest.mark.parametrize("wanted", ["auto", "gluon", "triton"])
+def test_select_plan_traces_into_one_graph_on_hopper(hopper, monkeypatch, wanted):
+    """torch.compile traces `sageattn`, so `select_plan` too: the Gluon checks are taken as constants
+    while tracing (`gluon_problem`), not traced into. Traced, the cached compile check (Dynamo looks
+    through functools.cache) graph-broke in every FP8 call on Hopper and failed fullgraph=True; the
+    stand-in below calls what Dynamo cannot trace, as the real check's Triton compile does."""
+    import threading
+
+    from torch._dynamo.utils import counters
+
+    checked = []
+
+    def untraceable_check(block_d, stages):
+        checked.append((block_d, stages, threading.get_ident()))
+        return ""
+
+    monkeypatch.setattr(plans, "gluon_sm90_compile_problem", untraceable_check)
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, wanted)
+
+    def attend(x):
+        plan = plans.select_plan(CUDA, x.shape[-1], "fp8").plan
+        return x * (2.0 if plan.kernel == "gluon" else 3.0)
+
+    torch._dynamo.reset()
+    counters.clear()
+    out = torch.compile(attend, fullgraph=True, backend="eager")(torch.ones(2, 128))
+    assert dict(counters["graph_break"]) == {}
+    assert out.tolist() == [[3.0 if wanted == "triton" else 2.0] * 128] * 2
+    assert [c[:2] for c in checked] == ([] if wanted == "triton" else [(128, 2)])
+    torch._dynamo.reset()
