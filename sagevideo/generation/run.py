@@ -69,6 +69,11 @@ class BatchReport:
     workers: str | None = None
     attention: Counter = field(default_factory=Counter)  # backend label -> calls, e.g. "reference/fp16"
     fallbacks: Counter = field(default_factory=Counter)  # fallback reason -> calls
+    # The recipe as the records saw it: first steps of the jobs it was applied for (compilation
+    # lands there), and the step cache's forwards decided and skipped, summed over jobs.
+    warmups: list[float] = field(default_factory=list)
+    cache_forwards: int = 0
+    cache_skipped: int = 0
 
     @property
     def ok(self) -> bool:
@@ -87,6 +92,11 @@ class BatchReport:
         backends = record.backends or {}
         self.attention.update(backends.get("counts", {}))
         self.fallbacks.update(backends.get("fallbacks", {}))
+        timings, recipe = record.timings or {}, record.recipe or {}
+        if timings.get("recipe_s") is not None and timings.get("first_step_s") is not None:
+            self.warmups.append(timings["first_step_s"])
+        self.cache_forwards += recipe.get("cache_forwards") or 0
+        self.cache_skipped += recipe.get("cache_skipped") or 0
 
     def summary_line(self) -> str:
         """One line, e.g. 'sagevideo: 2 done, 0 skipped, 0 failed → out (manifest.jsonl);
@@ -111,6 +121,7 @@ class BatchReport:
             f"sagevideo: {state}{self.done} done, {self.skipped} skipped, {self.failed} failed → "
             f"{self.plan.out} ({MANIFEST_NAME}); attention: {attention}"
         )
+        line += self._recipe_part()
         if self.workers:
             line += f"; ran on {self.workers}"
         if self.retried:
@@ -127,6 +138,19 @@ class BatchReport:
         if self.interrupted or self.stopped:
             line += "; re-run the same command to resume"
         return line
+
+    def _recipe_part(self) -> str:
+        """'; recipe regional+fp8 (first step where applied: 291.7 s, compilation included)', with
+        the cache's skipped forwards; '' for a plain recipe."""
+        recipe = self.plan.settings.recipe
+        if recipe.is_plain:
+            return ""
+        notes = []
+        if recipe.compile != "none" and self.warmups:
+            notes.append(f"first step where applied: {max(self.warmups):.1f} s, compilation included")
+        if self.cache_forwards:
+            notes.append(f"cache skipped {self.cache_skipped} of {self.cache_forwards} forwards")
+        return f"; recipe {recipe.label()}" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def run_batch(

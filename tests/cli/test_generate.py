@@ -40,6 +40,19 @@ def test_generate_writes_videos_and_prints_summary(tmp_path):
     assert again.exit_code == 0 and "0 done, 3 skipped, 0 failed" in again.stdout
 
 
+def test_the_summary_says_the_recipe_its_warm_up_and_what_the_cache_skipped(tmp_path):
+    out = tmp_path / "out"
+    result = invoke("--out", out, "-p", "a fox", "-p", "a cat", "--steps", "3", "--compile", "regional",
+                    "--compile-backend", "eager", "--cache", "first-block", "--cache-threshold", "5", "--no-progress")
+    assert result.exit_code == 0, result.output
+    line = result.stdout.strip()
+    assert line.startswith(f"sagevideo: 2 done, 0 skipped, 0 failed → {out} (manifest.jsonl); attention: ")
+    first_steps = [json.loads(r)["timings"]["first_step_s"] for r in (out / "manifest.jsonl").read_text().splitlines()]
+    # the first job paid the compilation (the recipe was applied for it); each job's 3 steps: 1 run, 2 reused
+    assert f"; recipe regional/eager+first-block@5 (first step where applied: {first_steps[0]:.1f} s, compilation " \
+           "included; cache skipped 4 of 6 forwards)" in line
+
+
 def test_options_reach_the_jobs(tmp_path):
     out = tmp_path / "out"
     result = invoke(
