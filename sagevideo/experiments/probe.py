@@ -208,8 +208,9 @@ def rerun_arm(
     probe: bool = True,
     progress: Any = None,
 ) -> dict[str, Any]:
-    """Re-run an arm's jobs (from their manifest records) with `plan` installed by router, and
-    compare each video with the arm's file in `arm_dir` ("reproduced").
+    """Re-run an arm's jobs (from their manifest records) with `plan` installed by router, under the
+    arm's recipe but its compile (`_rerun_recipe`), and compare each video with the arm's file in
+    `arm_dir` ("reproduced").
 
     probe: install a `ProbeRouter` and measure every call (else the plain `AttentionRouter`).
     model/backend/device/dtype/pv/fps come from the records. Returns {"probe": summarize_probe(...)
@@ -237,7 +238,7 @@ def rerun_arm(
     reproduced, prompts = [], []
     with tempfile.TemporaryDirectory(prefix="sagevideo-probe-") as tmp:
         ctx = RunContext(out=Path(tmp), source=source, device=first["device"], dtype=first["dtype"],
-                         fps=first.get("fps") or 8)
+                         fps=first.get("fps") or 8, recipe=_rerun_recipe(first.get("recipe")))
         host = PipelineHost(ctx, attention=RouterAttention(router, pv=pv, backend=backend))
         try:
             for index, record in enumerate(records):
@@ -282,6 +283,21 @@ def rerun_arm(
     out["plan"] = plan.model_dump(mode="json")
     out["backend"] = backend
     return out
+
+
+def _rerun_recipe(recorded: dict[str, Any] | None) -> Any:
+    """The arm's recipe (its manifest `recipe`) for the re-run, without compile: FP8 linears change
+    the Q/K/V attention sees and a step cache which forwards run, so both are what the arm ran;
+    compiling changes neither (the probe measures in Python, which compiled code would trace)."""
+    if not recorded:
+        return None
+    from sagevideo.jobs.recipe import RECIPE_FIELDS, Recipe
+
+    settings = {name: recorded[name] for name in RECIPE_FIELDS if name in recorded}
+    if settings.get("cache") not in ("first-block",):
+        settings.pop("cache_threshold", None)  # recorded resolved (None) for the caches that take none
+    recipe = Recipe(**{**settings, "compile": "none", "compile_backend": "inductor"})
+    return None if recipe.is_plain else recipe
 
 
 # Manifest-record fields that say what a job made (the rest say how and where it ran).

@@ -24,3 +24,19 @@ def test_the_probe_names_layers_too_peaky_for_int8():
     assert [p["layer"] for p in summary["peaky_layers"]] == ["blocks.0.attn"]
     assert summary["peaky_layers"][0]["score_std"] > 500 and summary["peaky_layers"][0]["cos_worst"] < 0.99
     assert "full precision" in summary["peaky_advice"]
+
+
+def test_a_rerun_takes_the_arms_recipe_and_reproduces_its_videos(tmp_path, monkeypatch):
+    """An arm made with a step cache re-runs with that cache (its skipped forwards skipped again),
+    so the probed videos are the arm's; compile is left out of the re-run (the probe is Python)."""
+    import sagevideo
+    from sagevideo.experiments import probe
+
+    out = tmp_path / "arm"
+    records = sagevideo.generate("a red panda", out=out, steps=3, progress=False, cache="first-block",
+                                 cache_threshold=5.0, compile="regional", compile_backend="eager")
+    assert probe._rerun_recipe(records[0]["recipe"]) == sagevideo.Recipe(cache="first-block", cache_threshold=5.0)
+    rerun = probe.rerun_arm(records, arm_dir=out)
+    assert rerun["reproduced"]["all_identical"], rerun["reproduced"]
+    monkeypatch.setattr(probe, "_rerun_recipe", lambda recorded: None)  # as before: the re-run ran plain
+    assert not probe.rerun_arm(records, arm_dir=out, probe=False)["reproduced"]["all_identical"]
