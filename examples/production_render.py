@@ -34,12 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     shots: Path | list = args.shots
     out = args.out
     try:
+        recipe = {}
         if args.preview:
-            shots, out = _preview_jobs(args.shots, args.model, args.out), args.out / "preview"
+            shots, recipe = _preview_jobs(args.shots, args.model, args.out)
+            out = args.out / "preview"
         records = sagevideo.generate(
             shots,
             model=args.model,
             out=out,
+            **recipe,
             address=args.address,
             workers=args.workers,
             max_attempts=args.max_attempts,
@@ -76,15 +79,18 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _preview_jobs(path: Path, model: str, out: Path) -> list[dict]:
+def _preview_jobs(path: Path, model: str, out: Path) -> tuple[list[dict], dict]:
     """The shot list with PREVIEW over each shot, checked first as written, for this model (errors
-    name lines; InputError lists them all)."""
+    name lines; InputError lists them all), and the list's `recipe:` settings: a preview runs the
+    recipe the render will."""
     from sagevideo.generation.generate import GenerateConfig, plan_batch
     from sagevideo.jobs.files import read_job_file
     from sagevideo.jobs.specs import merge_fields
 
     plan_batch(GenerateConfig.build(job_file=path, model=model, out=out))
-    return [merge_fields(fields, PREVIEW) for fields, _ in read_job_file(path).items]
+    shots = read_job_file(path)
+    recipe = dict(shots.recipe.fields) if shots.recipe is not None else {}
+    return [merge_fields(fields, PREVIEW) for fields, _ in shots.items], recipe
 
 
 def _table(records: list, out: Path) -> str:

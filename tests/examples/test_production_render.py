@@ -56,3 +56,13 @@ def test_bad_shot_list_exits_2_in_preview_too_with_every_problem(tmp_path, scrip
     bad.write_text("jobs:\n  - prompt: a\n    resolution: 720x481\n")
     assert script.main([str(bad), "--model", "tiny", "--out", str(tmp_path / "out"), "--preview"]) == 2
     assert "bad.yaml line 3 (job 1): height: 481 px is not a multiple of 16" in capsys.readouterr().err
+
+
+def test_a_preview_runs_the_shot_lists_recipe(tmp_path, script):
+    shots = tmp_path / "shots.yaml"
+    shots.write_text("recipe:\n  cache: first-block\n  cache_threshold: 5.0\njobs:\n  - prompt: a lighthouse\n")
+    assert script.main([str(shots), "--model", "tiny", "--out", str(tmp_path / "out"), "--preview",
+                        "--no-progress"]) == 0
+    manifest = tmp_path / "out" / "preview" / "manifest.jsonl"
+    (record,) = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert record["recipe"]["cache"] == "first-block" and record["recipe"]["cache_skipped"] == 1  # 2 steps
