@@ -2,7 +2,8 @@
 # One GPU call for issue 21: the recipe table (CogVideoX-5B forward, compile cache empty), where
 # the compile time goes (dynamo's compile_times), the interception under Inductor, and
 # `sagevideo bench attention` at the model's own shapes.
-# Usage (repo root, on the GPU machine, .site.tar.xz and .tao/torchao-*.whl carried):
+# Usage (repo root, on the GPU machine, .site.tar.xz and .tao/torchao-*.whl carried; COMMIT is this
+# checkout's `git rev-parse HEAD` written out: on the device, git's HEAD is stale):
 #   bash tools/gpu_recipe_check.sh COMMIT [RECIPES_LIMIT_S]
 set -uo pipefail
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 BENCH_COMMIT=$1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call for issue 21: one whole CogVideoX-5B video per arm (bench/bench_video.py), stock
 # diffusers against sagevideo's recipe, decode included; the compile cache starts empty.
-# Usage (repo root, on the GPU machine, .site.tar.xz and .tao/torchao-*.whl carried):
+# Usage (repo root, on the GPU machine, .site.tar.xz and .tao/torchao-*.whl carried; COMMIT is this
+# checkout's `git rev-parse HEAD` written out: on the device, git's HEAD is stale):
 #   bash tools/gpu_video_check.sh COMMIT [LIMIT_S] [ARMS]
 set -uo pipefail
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 BENCH_COMMIT=$1
