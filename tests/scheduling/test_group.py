@@ -247,3 +247,18 @@ def test_two_ranks_match_one_process_and_a_killed_rank_restarts_the_group(tmp_pa
     for r in lines:
         expected = {"sdpa": 4} if r["attention"] == "full" else by_id[r["job_id"]]["backends"]["counts"]
         assert r["backends"]["counts"] == expected, r["prompt"]
+
+
+@pytest.mark.slow
+def test_the_recipe_reaches_every_rank_and_keeps_the_video_one_process_makes(tmp_path, ray_local):
+    """Regional compile on a sequence-parallel group: each rank compiles its blocks (Ulysses'
+    all-to-alls inside them), rank 0 records the recipe, and the video is the one-process one."""
+    recipe = sagevideo.Recipe(compile="regional", compile_backend="eager")
+    (one,) = sagevideo.generate("a fox in snow", out=tmp_path / "one", device="cpu", steps=2, recipe=recipe,
+                                progress=False)
+    (sp,) = sagevideo.generate("a fox in snow", out=tmp_path / "sp", device="cpu", steps=2, recipe=recipe,
+                               gpus_per_job=2, progress=False)
+    assert sp["status"] == "done", sp["error"]
+    assert sp["worker"]["ranks"] == 2 and sp["recipe"]["compiled_blocks"] == one["recipe"]["compiled_blocks"] == 2
+    assert sp["job_id"] == one["job_id"] and sp["backends"]["counts"] == one["backends"]["counts"]
+    assert (tmp_path / "sp" / sp["outputs"][0]).read_bytes() == (tmp_path / "one" / one["outputs"][0]).read_bytes()
