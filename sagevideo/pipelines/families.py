@@ -228,6 +228,25 @@ def processor_routes() -> dict[type, Any]:
     return routes
 
 
+def latent_call_options(job: JobSpec, *, generator: Any, callback: Any, text_tokens: int) -> dict[str, Any]:
+    """The pipeline-call options every family's `denoise` passes: the resolved job's size, steps and
+    guidance, latents returned undecoded, `callback` after each step on the latents, and the
+    prompt-token limit."""
+    return dict(
+        height=job.height,
+        width=job.width,
+        num_frames=job.frames,
+        num_inference_steps=job.steps,
+        guidance_scale=job.guidance,
+        generator=generator,
+        output_type="latent",
+        return_dict=False,
+        callback_on_step_end=callback,
+        callback_on_step_end_tensor_inputs=["latents"],
+        max_sequence_length=text_tokens,
+    )
+
+
 def patch_grid(source: ModelSource, job: JobSpec) -> tuple[int, int, int]:
     """(latent frames, rows, columns) of transformer patches for a resolved job: the VAE compresses
     time after the first frame and space by `spatial`, the transformer patches space by `patch`."""

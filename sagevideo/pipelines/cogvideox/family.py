@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sagevideo.jobs.specs import JobSpec
-from sagevideo.pipelines.families import ModelFamily, size_problems, ulysses_degree_problem
+from sagevideo.pipelines.families import ModelFamily, latent_call_options, size_problems, ulysses_degree_problem
 from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
@@ -188,17 +188,7 @@ class CogVideoXFamily(ModelFamily):
             **extra,
             prompt=job.prompt,
             negative_prompt=job.negative_prompt or None,
-            height=job.height,
-            width=job.width,
-            num_frames=job.frames,
-            num_inference_steps=job.steps,
-            guidance_scale=job.guidance,
-            generator=generator,
-            output_type="latent",
-            return_dict=False,
-            callback_on_step_end=callback,
-            callback_on_step_end_tensor_inputs=["latents"],
-            max_sequence_length=text_tokens,
+            **latent_call_options(job, generator=generator, callback=callback, text_tokens=text_tokens),
         )
         return latents
 

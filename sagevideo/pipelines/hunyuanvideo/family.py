@@ -30,7 +30,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from sagevideo.jobs.specs import InputError, JobSpec
-from sagevideo.pipelines.families import ModelFamily, size_problems, ulysses_degree_problem
+from sagevideo.pipelines.families import ModelFamily, latent_call_options, size_problems, ulysses_degree_problem
 from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
@@ -241,20 +241,11 @@ class HunyuanVideoFamily(ModelFamily):
                 image: Any = None) -> Any:
         from sagevideo.pipelines.hunyuanvideo.prompts import prompt_template
 
+        # guidance_scale is the embedded guidance; true CFG (true_cfg_scale) stays off
         (latents,) = pipe(
             prompt=job.prompt,
-            height=job.height,
-            width=job.width,
-            num_frames=job.frames,
-            num_inference_steps=job.steps,
-            guidance_scale=job.guidance,  # embedded guidance; true CFG (true_cfg_scale) stays off
-            generator=generator,
-            output_type="latent",
-            return_dict=False,
-            callback_on_step_end=callback,
-            callback_on_step_end_tensor_inputs=["latents"],
             prompt_template=prompt_template(pipe.tokenizer),
-            max_sequence_length=text_tokens,
+            **latent_call_options(job, generator=generator, callback=callback, text_tokens=text_tokens),
         )
         return latents
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sagevideo.jobs.specs import JobSpec
-from sagevideo.pipelines.families import ModelFamily, patch_grid, size_problems
+from sagevideo.pipelines.families import ModelFamily, latent_call_options, patch_grid, size_problems
 from sagevideo.pipelines.loading import ModelSource, fingerprint, folder_fingerprint
 
 TINY = "tiny-opensora"
@@ -234,19 +234,9 @@ class OpenSoraFamily(ModelFamily):
             prompt=job.prompt,
             image=image,  # None: text-to-video
             negative_prompt=job.negative_prompt or None,
-            height=job.height,
-            width=job.width,
-            num_frames=job.frames,
-            num_inference_steps=job.steps,
-            guidance_scale=job.guidance,
             fps=DEFAULT_FPS,
             motion_score=MOTION_SCORE,
-            generator=generator,
-            output_type="latent",
-            return_dict=False,
-            callback_on_step_end=callback,
-            callback_on_step_end_tensor_inputs=["latents"],
-            max_sequence_length=text_tokens,
+            **latent_call_options(job, generator=generator, callback=callback, text_tokens=text_tokens),
         )
         return latents
 

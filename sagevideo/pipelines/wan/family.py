@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sagevideo.jobs.specs import InputError, JobSpec
-from sagevideo.pipelines.families import ModelFamily, patch_grid, size_problems
+from sagevideo.pipelines.families import ModelFamily, latent_call_options, patch_grid, size_problems
 from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
@@ -313,19 +313,7 @@ class WanFamily(ModelFamily):
 
     def denoise(self, pipe: Any, job: JobSpec, *, generator: Any, text_tokens: int, callback: Any,
                 image: Any = None) -> Any:
-        common = dict(
-            height=job.height,
-            width=job.width,
-            num_frames=job.frames,
-            num_inference_steps=job.steps,
-            guidance_scale=job.guidance,
-            generator=generator,
-            output_type="latent",
-            return_dict=False,
-            callback_on_step_end=callback,
-            callback_on_step_end_tensor_inputs=["latents"],
-            max_sequence_length=text_tokens,
-        )
+        common = latent_call_options(job, generator=generator, callback=callback, text_tokens=text_tokens)
         if image is None:
             (latents,) = pipe(prompt=job.prompt, negative_prompt=job.negative_prompt or None, **common)
             return latents
