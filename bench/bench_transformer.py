@@ -60,20 +60,10 @@ from sagevideo.experiments.bench_forward import parse_recipe_name as package_par
 from sagevideo.experiments.bench_forward import recipe_table as package_recipe_table  # noqa: E402
 from sagevideo.experiments.bench_forward import run_recipes as package_run_recipes  # noqa: E402
 from sagevideo.experiments.bench_timing import median_seconds, output_cosine  # noqa: E402
+from sagevideo.pipelines.forwards import COGVIDEOX_5B, OPENSORA_TINY  # noqa: E402  (the released 5B config)
 
-COGVIDEOX_5B = dict(
-    num_attention_heads=48, attention_head_dim=64, in_channels=16, out_channels=16, time_embed_dim=512,
-    text_embed_dim=4096, num_layers=42, sample_width=90, sample_height=60, sample_frames=49, patch_size=2,
-    temporal_compression_ratio=4, max_text_seq_length=226, activation_fn="gelu-approximate",
-    timestep_activation_fn="silu", norm_elementwise_affine=True, norm_eps=1e-5, spatial_interpolation_scale=1.875,
-    temporal_interpolation_scale=1.0, use_rotary_positional_embeddings=True,
-)
 TINY = dict(COGVIDEOX_5B, num_attention_heads=2, num_layers=2, text_embed_dim=32, time_embed_dim=8,
             sample_width=8, sample_height=8, sample_frames=9, max_text_seq_length=8)
-
-
-OPENSORA_TINY = dict(hidden_size=64, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=(8, 12, 12),
-                     context_in_dim=32, vec_in_dim=16)
 
 
 # 129 frames 16:9: latent (frames, H/8, W/8) of OPENSORA.md's table; tokens = frames·(H/16)·(W/16)

@@ -7,7 +7,7 @@ of --frames frames at --height x --width, --steps steps, CFG (guidance 6: batch 
 decode included, in arms run one after another in this process:
 
 - stock: `CogVideoXPipeline.from_pretrained(folder)` as diffusers ships it, eager, SDPA with
-  cuDNN first (the best 16-bit attention on Hopper; flash, efficient, math after it);
+  cuDNN first (the best 16-bit attention on Hopper; flash, efficient after it: `sdpa_cudnn_first`);
 - sage: `sagevideo.generate(..., recipe=--recipe)` on the same folder, --videos videos in one call:
   quantized attention plus the recipe (default regional compile + FP8 linears), timings from the
   manifest records: the first video (compilation lands in its first step) and the later ones;
@@ -69,26 +69,21 @@ def write_model(folder: Path, args: argparse.Namespace) -> None:
         return
     from diffusers import CogVideoXDPMScheduler
 
-    from bench.bench_transformer import COGVIDEOX_5B
     from bench.random_models import write_cogvideox_folder
+    from sagevideo.pipelines.forwards import COGVIDEOX_5B
 
     cfg = dict(COGVIDEOX_5B, sample_frames=args.frames, sample_height=args.height // 8, sample_width=args.width // 8)
     vae = dict(VAE_5B, sample_height=args.height, sample_width=args.width)
     write_cogvideox_folder(folder, cfg, vae, device=args.device, scheduler=CogVideoXDPMScheduler(**SCHEDULER_5B))
 
 
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False) -> dict:
     """diffusers' pipeline as shipped (SDPA cuDNN first on CUDA); with compiled, each block compiled."""
     import torch
     from diffusers import CogVideoXPipeline
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from sagevideo.experiments.bench_forward import sdpa_cudnn_first
+    from sagevideo.experiments.bench_timing import synchronizer
 
     start = time.perf_counter()
     pipe = CogVideoXPipeline.from_pretrained(folder, dtype=args.dtype).to(args.device)
@@ -98,22 +93,22 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False)
             block.compile(backend=args.compile_backend)
     load_s = time.perf_counter() - start
     first_step: list[float] = []
+    sync = synchronizer(args.device)
 
     def on_step(_pipe, step, _timestep, tensors):
         if not first_step:
-            _sync()
+            sync()
             first_step.append(time.perf_counter())
         return tensors
 
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    with sdpa_kernel(order, set_priority=True), torch.no_grad():
-        _sync()
+    with sdpa_cudnn_first(args.device), torch.no_grad():
+        sync()
         start = time.perf_counter()
         frames = pipe(PROMPT, num_frames=args.frames, height=args.height, width=args.width,
                       num_inference_steps=args.steps, guidance_scale=GUIDANCE,
                       generator=torch.Generator("cpu").manual_seed(0), output_type="np",
                       callback_on_step_end=on_step).frames
-        _sync()
+        sync()
         video_s = time.perf_counter() - start
     finite = bool(torch.isfinite(torch.as_tensor(frames)).all())
     first_step_s = first_step[0] - start
