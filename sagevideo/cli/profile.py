@@ -31,27 +31,21 @@ def profile(
     from sagevideo.errors import InputError
 
     with handle_errors("profile"):
-        height = width = None
-        if resolution is not None:
-            try:
-                height, width = (int(x) for x in resolution.lower().split("x"))
-            except ValueError:
-                raise InputError(f"--resolution {resolution!r}: use HEIGHTxWIDTH, e.g. 480x720") from None
+        from sagevideo.experiments.bench_timing import ModelSizeOptions
         from sagevideo.experiments.profile import ProfileConfig, run_profile
-        from sagevideo.pipelines.forwards import CONFIGS, latent_shape
 
         try:
-            config = ProfileConfig(model=model, frames=frames, height=height, width=width, steps=steps,
-                                   device=device, json_out=json_out, plot=plot)
-            _, f0, h0, w0 = CONFIGS[config.model]
-            latent_shape(frames or f0, height or h0, width or w0)
+            size = ModelSizeOptions(frames=frames, resolution=resolution)
+            config = ProfileConfig(model=model, **size.size(), steps=steps, device=device, json_out=json_out,
+                                   plot=plot)
         except ValidationError as err:
             from sagevideo.jobs.specs import problem_parts
 
             lines = [f"--{field.replace('_', '-')}: {msg}" for field, msg, _ in problem_parts(err)]
             raise InputError("; ".join(lines)) from None
-        except ValueError as err:  # a latent shape the model cannot take
-            raise InputError(str(err)) from None
+        problem = size.size_problem(config.model)  # a latent shape the model cannot take
+        if problem:
+            raise InputError(problem)
         report = run_profile(config)
     typer.echo(report.table())
     shares = ", ".join(f"{part} {share:.0%}" for part, share in report.shares.items())

@@ -155,7 +155,8 @@ class BenchOptions(BaseModel):
 
 
 class ModelSizeOptions(BaseModel):
-    """The video size a bench's `--model` runs at (the model config's default where None)."""
+    """The video size a bench's or `sagevideo profile`'s `--model` runs at (the model config's
+    default where None)."""
 
     frames: int | None = Field(None, ge=1, description="video frames of --model (4k + 1); default: the model's")
     resolution: str | None = Field(None, description="HEIGHTxWIDTH in pixels of --model, e.g. 480x720; "

@@ -294,8 +294,6 @@ def _rerun_recipe(recorded: dict[str, Any] | None) -> Any:
     from sagevideo.jobs.recipe import RECIPE_FIELDS, Recipe
 
     settings = {name: recorded[name] for name in RECIPE_FIELDS if name in recorded}
-    if settings.get("cache") not in ("first-block",):
-        settings.pop("cache_threshold", None)  # recorded resolved (None) for the caches that take none
     recipe = Recipe(**{**settings, "compile": "none", "compile_backend": "inductor"})
     return None if recipe.is_plain else recipe
 
