@@ -10,7 +10,8 @@ when the backend can compute it, else the reason, phrased for the user. The poli
 
 Backends:
 - "triton": the quantized kernels (`torch.ops.sagevideo.sageattn_fwd`). On Hopper the plan may name
-  the warp-specialized Gluon sm90 kernel (same numerics); a call it computes is recorded as "gluon".
+  the warp-specialized Gluon sm90 kernel (same numerics, its own op `sageattn_fwd_gluon`); a call it
+  computes is recorded as "gluon", also inside torch.compile'd graphs.
 - "reference": the pure-PyTorch emulation of the kernels' numerics (any device and dtype).
 - "sdpa": `torch.nn.functional.scaled_dot_product_attention`, full precision.
 

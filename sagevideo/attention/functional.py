@@ -6,7 +6,9 @@ normalises layout and mask, picks the backend that can run through the registry 
 constraint checks with reasons, the auto/explicit policy), records the choice
 (`sagevideo.last_backend()`, `sagevideo.record_backends()`, also from inside a torch.compile'd
 graph), and calls
-- the Triton op `torch.ops.sagevideo.sageattn_fwd` (INT8 QK, FP16/FP8 PV),
+- the Triton op `torch.ops.sagevideo.sageattn_fwd` (INT8 QK, FP16/FP8 PV), or on Hopper, where the
+  plan names it and the call allows it (`kernels.op.gluon_runs`), the Gluon sm90 kernel's op
+  `torch.ops.sagevideo.sageattn_fwd_gluon` (recorded "gluon"; eagerly and under torch.compile),
 - the pure-PyTorch reference that emulates the same numerics, or
 - full-precision SDPA.
 Forward only: the quantized backends refuse backward with one error; "sdpa" differentiates as SDPA.

@@ -9,7 +9,9 @@ The only package that imports triton. Modules, one job each:
 - `quantize`: Triton kernels that smooth K and quantize Q/K (INT8) and V (FP8);
 - `attention_fwd`: the plain-Triton attention forward kernel (INT8 QK, FP16/FP8 PV);
 - `attention_sm90`: the warp-specialized Hopper attention kernel in Gluon (FP8 PV);
-- `op`: the `torch.library` op `sagevideo::sageattn_fwd` that chains preparation and attention.
+- `op`: the `torch.library` ops that chain preparation and attention: `sagevideo::sageattn_fwd`
+  (plain Triton, a triton_op Inductor traces into) and `sagevideo::sageattn_fwd_gluon` (the Gluon
+  kernel, a custom op opaque to Inductor).
 
 `plans`, `constants`, `reference` and `rotation` import without triton.
 """

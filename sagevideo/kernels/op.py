@@ -1,8 +1,19 @@
-"""The op boundary: `torch.ops.sagevideo.sageattn_fwd`, a `torch.library.triton_op`.
+"""The op boundary: two `torch.library` ops, one per attention kernel, each chaining the
+preparation (smoothing, rotation, INT8/FP8 quantization) and the attention launch.
 
-Registering the quantize + attention launches as one triton_op lets `torch.compile(fullgraph=True)`
-trace through it (and Inductor see the Triton kernels) instead of graph-breaking on Python.
-`sageattn_triton` is the thin Python entry used by `sagevideo.attention.functional`.
+- `torch.ops.sagevideo.sageattn_fwd`, a `torch.library.triton_op`: the plain-Triton kernel, every
+  call the kernels take. `torch.compile(fullgraph=True)` traces through it, and Inductor sees its
+  Triton kernels (`wrap_triton`), instead of graph-breaking on Python.
+- `torch.ops.sagevideo.sageattn_fwd_gluon`, a `torch.library.custom_op` with a fake (shapes only):
+  the warp-specialized Gluon sm90 kernel (FP8 PV; no mask, causal, per-token K scales or LSE).
+  Opaque to torch.compile: Inductor calls it as an extern kernel and does not trace into it. The
+  Gluon launch cannot go through `wrap_triton`: Inductor re-emits a user kernel's source under
+  `@triton.jit` (not `@gluon.jit`), and its arguments here are Gluon tensor descriptors with shared-
+  memory layouts, which Inductor's TMA support does not model. Eager calls take the same op, so
+  compiled and eager calls run the same kernels.
+
+`sageattn_triton` is the thin Python entry used by `sagevideo.attention.functional`: it calls the
+op `plan.kernel` names; `gluon_runs` says whether a call's plan may name the Gluon kernel.
 """
 
 from __future__ import annotations
@@ -20,11 +31,14 @@ def attention_kernel(prepared, v: torch.Tensor, key_mask: torch.Tensor | None, o
                      lse: torch.Tensor | None, plan: KernelPlan, *, is_causal: bool, per_token: bool,
                      n_q: int, n_k: int) -> None:
     """The attention kernel `plan.kernel` names, on prepared inputs (no quantization): the plain
-    Triton one, or the Gluon sm90 one (callers ensure `gluon_runs`)."""
+    Triton one, or the Gluon sm90 one (callers ensure `gluon_runs`). Eager only for "gluon" (the
+    benchmarks time kernels with it); compiled code reaches the Gluon kernel through
+    `sageattn_fwd_gluon`."""
     if plan.kernel == "gluon":
-        from sagevideo.kernels.attention_sm90 import attention_forward_sm90
+        from sagevideo.kernels import attention_sm90
 
-        attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n_q, n_k=n_k, num_stages=plan.num_stages)
+        attention_sm90.attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n_q, n_k=n_k,
+                                              num_stages=plan.num_stages)
     else:
         attention_forward(prepared, v, key_mask, out, lse, plan, is_causal=is_causal, per_token=per_token,
                           n_q=n_q, n_k=n_k)
@@ -56,9 +70,13 @@ def sageattn_fwd(
     """q/k/v (B, H, N, D) views with unit head-dim stride; key_mask (B', Nk) uint8.
 
     Returns (out like q, lse (B, H, Nq) fp32; an empty tensor unless return_lse).
-    kernel "gluon": the warp-specialized sm90 kernel (callers ensure `attention_sm90.supports`).
-    The plan travels as its fields (the op schema takes no dataclass); max_registers 0 = no cap.
+    The plain-Triton kernel only: kernel must be "triton" (the Gluon one is `sageattn_fwd_gluon`,
+    which Inductor does not trace into). The plan travels as its fields (the op schema takes no
+    dataclass); max_registers 0 = no cap.
     """
+    if kernel != "triton":
+        raise ValueError(f"sageattn_fwd runs the plain-Triton kernel, not kernel={kernel!r}: the Gluon sm90 "
+                         "kernel is torch.ops.sagevideo.sageattn_fwd_gluon")
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
                       max_registers or None)
     batch, heads, n_q, _ = q.shape
@@ -90,11 +108,26 @@ def sageattn_triton(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the Triton path on HND views; copies only tensors whose head dim is not contiguous.
 
-    `plan.kernel` "gluon" must already be checked against the call (`gluon_runs`).
+    `plan.kernel` "gluon" runs `sageattn_fwd_gluon` and must already be checked against the call
+    (`gluon_runs`); a call it does not implement raises here rather than run another kernel than
+    the one recorded.
     """
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype) if rotate_qk else None
+    if plan.kernel == "gluon":
+        from sagevideo.kernels.attention_sm90 import supports
+
+        problem = supports(pv=plan.pv, is_causal=is_causal, has_mask=key_mask is not None, per_token=per_token,
+                           return_lse=return_lse)
+        if problem:
+            raise ValueError(f"sageattn_triton: a Gluon plan for a call the Gluon kernel does not take ({problem}); "
+                             "check gluon_runs and pass plans.plain_triton(plan) instead")
+        out = torch.ops.sagevideo.sageattn_fwd_gluon(
+            q, k, v, rotation, sm_scale, smooth_k, plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n,
+            plan.num_warps, plan.num_stages,
+        )
+        return out, None
+    mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
     out, lse = torch.ops.sagevideo.sageattn_fwd(
         q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
         plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.kernel,
@@ -104,16 +137,64 @@ def sageattn_triton(
 
 
 def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> bool:
-    """Whether the Gluon sm90 kernel computes this call under `plan` (else the plain-Triton one).
-
-    Not while torch.compile traces: the Gluon launch is not wrapped for Inductor (`wrap_triton`).
+    """Whether the Gluon sm90 kernel computes this call under `plan` (else the plain-Triton one):
+    the plan names it and the kernel implements the call (`attention_sm90.supports`). The same
+    answer eagerly and while torch.compile traces: compiled graphs call the Gluon kernel through the
+    opaque op `sageattn_fwd_gluon`, so the backend recorded ("gluon") is what the graph runs.
     """
-    if plan.kernel != "gluon" or torch.compiler.is_compiling():
+    if plan.kernel != "gluon":
         return False
     from sagevideo.kernels.attention_sm90 import supports
 
     return not supports(pv=plan.pv, is_causal=is_causal, has_mask=has_mask, per_token=per_token,
                         return_lse=return_lse)
+
+
+# Inductor must hand the Gluon op the strides it was traced with: its output is `empty_like(q)`, so
+# inputs laid out otherwise would give an output unlike the fake's. That is this torch's default for
+# custom ops (`torch._functorch.config.custom_op_default_layout_constraint`), said explicitly here
+# where the tag exists.
+_EXACT_STRIDES = {"tags": (torch.Tag.needs_exact_strides,)} if hasattr(torch.Tag, "needs_exact_strides") else {}
+
+
+@torch.library.custom_op("sagevideo::sageattn_fwd_gluon", mutates_args=(), **_EXACT_STRIDES)
+def sageattn_fwd_gluon(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rotation: torch.Tensor | None,
+    sm_scale: float,
+    smooth_k: bool,
+    pv: str,
+    arch: str,
+    block_d: int,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+) -> torch.Tensor:
+    """The Gluon sm90 kernel's call: q/k/v (B, H, N, D) views with unit head-dim stride (k/v may have
+    fewer heads, a divisor of q's). Returns out like q (`torch.empty_like`).
+
+    Only what the kernel implements (`attention_sm90.supports`): FP8 PV (pv must be "fp8"), per-block K
+    scales, no key mask, not causal, no LSE; the caller (`sageattn_triton`) checks. The plan travels
+    as its fields, its kernel "gluon" (num_stages: the K/V ring stages). Opaque to torch.compile
+    (a custom op, not a triton_op): its fake gives the output's shape, dtype and strides."""
+    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, "gluon")
+    from sagevideo.kernels import attention_sm90
+
+    n_q, n_k = q.shape[2], k.shape[2]
+    prepared = quantize_inputs(q, k, v, None, rotation, plan, sm_scale=sm_scale, per_token=False, smooth_k=smooth_k,
+                               need_shift=False)
+    out = torch.empty_like(q)
+    attention_sm90.attention_forward_sm90(prepared, out, block_n=block_n, n_q=n_q, n_k=n_k, num_stages=num_stages)
+    return out
+
+
+@sageattn_fwd_gluon.register_fake
+def _fake_sageattn_fwd_gluon(q, k, v, rotation, sm_scale, smooth_k, pv, arch, block_d, block_m, block_n, num_warps,
+                             num_stages):
+    return torch.empty_like(q)
 
 
 def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
