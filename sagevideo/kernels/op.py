@@ -18,6 +18,8 @@ op `plan.kernel` names; `gluon_runs` says whether a call's plan may name the Glu
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch.library import triton_op
 
@@ -153,8 +155,12 @@ def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: 
 # Inductor must hand the Gluon op the strides it was traced with: its output is `empty_like(q)`, so
 # inputs laid out otherwise would give an output unlike the fake's. That is this torch's default for
 # custom ops (`torch._functorch.config.custom_op_default_layout_constraint`), said explicitly here
-# where the tag exists.
-_EXACT_STRIDES = {"tags": (torch.Tag.needs_exact_strides,)} if hasattr(torch.Tag, "needs_exact_strides") else {}
+# where the tag and `custom_op(tags=)` exist.
+_EXACT_STRIDES = (
+    {"tags": (torch.Tag.needs_exact_strides,)}
+    if hasattr(torch.Tag, "needs_exact_strides") and "tags" in inspect.signature(torch.library.custom_op).parameters
+    else {}
+)
 
 
 @torch.library.custom_op("sagevideo::sageattn_fwd_gluon", mutates_args=(), **_EXACT_STRIDES)
