@@ -17,7 +17,6 @@ Forward only: the quantized backends refuse backward with one error; "sdpa" diff
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +32,6 @@ BACKWARD_ERROR = (
     "sagevideo attention is forward-only: the quantized backends have no backward. Run inference under "
     "torch.no_grad() / torch.inference_mode(), or use backend='sdpa' (full precision) where gradients are needed"
 )
-
-_warned: set[str] = set()
-
 
 def scaled_dot_product_attention(
     query: torch.Tensor,
@@ -238,14 +234,12 @@ class _ForwardOnly(torch.autograd.Function):
 
 def _record(requested: str, ran: str, pv: str | None, reason: str) -> None:
     """Report one dispatch decision (`records`), and warn once per fallback reason. Inside a graph
-    torch.compile traces, an effectful op reports it each time the compiled graph runs."""
+    torch.compile traces, an effectful op reports (and warns) each time the compiled graph runs."""
     if torch.compiler.is_compiling():
         records.report_from_graph(requested, ran, pv, reason)
     else:
         records.report(records.BackendChoice(requested, ran, pv, reason))
-    if reason and reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"sageattn: running full-precision SDPA: {reason}", stacklevel=3)
+        records.warn_fallback_once(reason)
 
 
 def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, enable_gqa: bool = False) -> None:

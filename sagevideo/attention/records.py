@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -100,9 +101,22 @@ def report(choice: BackendChoice) -> None:
         log.choices.append(choice)
 
 
+_warned: set[str] = set()
+
+
+def warn_fallback_once(reason: str) -> None:
+    """Warn once a process for each fallback reason (a `sageattn` call that ran full-precision SDPA)."""
+    if reason and reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"sageattn: running full-precision SDPA: {reason}", stacklevel=4)
+
+
 @torch.library.custom_op("sagevideo::record_backend", mutates_args=())
 def _record_backend_op(requested: str, ran: str, pv: str, reason: str) -> None:
+    # Runs each time the compiled graph does: the warning is given here, at run time, because a
+    # warnings.warn while Dynamo traces would break the graph.
     report(BackendChoice(requested, ran, pv or None, reason))
+    warn_fallback_once(reason)
 
 
 @_record_backend_op.register_fake

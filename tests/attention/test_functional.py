@@ -234,7 +234,7 @@ def test_scaled_dot_product_attention_has_sdpa_signature_and_semantics():
 
 
 def test_what_the_kernels_cannot_compute_is_a_recorded_fallback_or_an_error(monkeypatch):
-    monkeypatch.setattr(sagevideo.attention.functional, "_warned", set())  # each fallback reason warns once a process
+    monkeypatch.setattr(sagevideo.attention.records, "_warned", set())  # each fallback reason warns once a process
     q, k, v = _qkv()
     with pytest.warns(UserWarning, match="dropout_p=0.5"), record_backends() as log:
         sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float(), dropout_p=0.5)
@@ -308,7 +308,7 @@ def test_the_sdpa_backend_differentiates_exactly_as_sdpa():
 
 @pytest.mark.skipif(DEVICE == "cuda", reason="the interpreter's limits (CPU)")
 def test_bfloat16_under_the_interpreter_is_refused_not_garbage(monkeypatch):
-    monkeypatch.setattr(sagevideo.attention.functional, "_warned", set())
+    monkeypatch.setattr(sagevideo.attention.records, "_warned", set())
     q, k, v = _qkv(dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="bfloat16 under TRITON_INTERPRET"):
         sageattn(q, k, v, backend="triton")
@@ -336,3 +336,19 @@ def test_records_hold_inside_a_compiled_graph(backend):
         compiled(q, k, v)
         compiled(q, k, v)
     assert log.counts == {("sdpa" if backend == "sdpa" else f"{backend}/fp16"): 2}
+
+
+def test_a_fallback_inside_a_compiled_graph_warns_when_the_graph_runs_without_breaking_it(monkeypatch):
+    """A fallback's warning is given by the record op at run time: a warnings.warn while Dynamo
+    traces would break the graph (fullgraph=True raises on a break)."""
+    monkeypatch.setattr(sagevideo.attention.records, "_warned", set())
+    q, k, v = (t.float() for t in _qkv())
+
+    def attend(q, k, v):
+        return sagevideo.scaled_dot_product_attention(q, k, v, dropout_p=0.5) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    with pytest.warns(UserWarning, match="dropout_p=0.5"), record_backends() as log:
+        compiled(q, k, v)
+    assert [c.ran for c in log.choices] == ["sdpa"] and "dropout_p=0.5" in log.choices[0].reason

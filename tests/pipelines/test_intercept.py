@@ -102,7 +102,7 @@ class _GroupedQueryModel(torch.nn.Module):
 def test_intercepted_calls_keep_every_sdpa_argument(monkeypatch):
     """Grouped-query calls used to bypass sagevideo silently (0 routed); they now run in the kernels'
     index math, and dropout runs SDPA as asked, recorded as a fallback with its reason."""
-    monkeypatch.setattr(sagevideo.attention.functional, "_warned", set())  # each fallback reason warns once a process
+    monkeypatch.setattr(sagevideo.attention.records, "_warned", set())  # each fallback reason warns once a process
     model = _GroupedQueryModel()
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 64, 64, generator=gen).half()
