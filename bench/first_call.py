@@ -32,8 +32,8 @@ if not __package__:  # run as a file: `bench` from the repo root, as with -m
 class TimedBlock:
     """Calls `block` and appends its seconds (GPU synchronized on both sides) to `seconds`."""
 
-    def __init__(self, block, seconds: list[float], sync):
-        self.block, self.seconds, self.sync = block, seconds, sync
+    def __init__(self, block, seconds: list[float], sync, say=None):
+        self.block, self.seconds, self.sync, self.say = block, seconds, sync, say
 
     def __call__(self, *args, **kwargs):
         self.sync()
@@ -41,6 +41,8 @@ class TimedBlock:
         out = self.block(*args, **kwargs)
         self.sync()
         self.seconds.append(time.perf_counter() - start)
+        if self.say:  # as it goes: a run cut short still shows where its time went
+            self.say(f"block call {len(self.seconds)}: {self.seconds[-1]:.2f} s")
         return out
 
 
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     from sagevideo.pipelines.recipe import apply_recipe
 
     device = "cpu" if args.tiny else "cuda"
+
+    def say(line: str) -> None:
+        print(f"first_call: {line}", file=sys.stderr, flush=True)
+
     args.out.mkdir(parents=True, exist_ok=True)
     step = forwards.build_step("tiny-cogvideox" if args.tiny else "cogvideox-5b", device=device)
     del step.model.transformer_blocks[args.layers:]
@@ -80,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     # The transformer iterates self.transformer_blocks: a plain list of timers in the instance's
     # __dict__ shadows the ModuleList, and the timers (not modules) stay outside the compiled code.
     compiled_blocks = list(step.model._modules.pop("transformer_blocks"))
-    step.model.__dict__["transformer_blocks"] = [TimedBlock(block, first, sync) for block in compiled_blocks]
+    step.model.__dict__["transformer_blocks"] = [TimedBlock(block, first, sync, say) for block in compiled_blocks]
 
     profile = cProfile.Profile()
     with torch.no_grad():
