@@ -287,7 +287,11 @@ def _fp8_linears(denoisers: list[tuple[str, Any, list[tuple[str, Any]]]], keep: 
         else:
             chosen.add(id(module))
             applied.fp8_layers.append(name)
-    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    # set_inductor_config=False: torchao's default turns on Inductor's coordinate-descent tuning
+    # for the whole process, which made the first call of a compiled FP8 block take minutes
+    # (Triton configs compiled one after another in the main thread) and changed how every other
+    # graph the user compiles is tuned. The recipe leaves Inductor's settings as the user set them.
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False)
     for _, block in blocks:
         quantize_(block, config, filter_fn=lambda module, fqn: id(module) in chosen)
 

@@ -143,6 +143,23 @@ def test_a_keep_pattern_that_names_no_layer_is_an_error(monkeypatch):
         apply_recipe(fresh_pipe(), Recipe(linear="fp8", linear_keep=["nothing.*"]))
 
 
+def test_fp8_linears_leave_inductors_settings_as_the_user_set_them(monkeypatch):
+    """torchao's float8 config turns on coordinate-descent tuning for the whole process by default:
+    the first call of each compiled FP8 block then spent minutes tuning Triton configs one by one.
+    torchao's real quantize_ runs here, its check for an sm89+ GPU stood in for."""
+    pytest.importorskip("torchao")
+    import torch._inductor.config as inductor_config
+    import torchao.quantization.quant_api as quant_api
+
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
+    monkeypatch.setattr(inductor_config, "coordinate_descent_tuning", False)
+    monkeypatch.setattr(inductor_config, "coordinate_descent_check_all_directions", False)
+    applied = apply_recipe(fresh_pipe().to(torch.bfloat16), Recipe(linear="fp8"))  # PerRow takes bf16 weights
+    assert applied.fp8_layers
+    assert inductor_config.coordinate_descent_tuning is False
+    assert inductor_config.coordinate_descent_check_all_directions is False
+
+
 def test_every_denoiser_gets_the_recipe_and_is_reset_per_job():
     """Wan 2.2's two denoisers: both compiled, both cached; before, only `transformer` was, and the
     record claimed the recipe for the whole pipeline."""
