@@ -124,7 +124,10 @@ def test_saved_tiny_model_loads_back_through_the_folder_path(saved, hunyuan_pipe
     job = tiny.resolve(JobSpec(prompt="a red panda", steps=1))
     a = runner.run_job(pipe, job, text_tokens=src.text_tokens)
     b = runner.run_job(hunyuan_pipe, job, text_tokens=tiny.text_tokens)
-    assert a.frames.shape == (9, 64, 64, 3) and (a.frames == b.frames).all()
+    # Equal up to a rounding step of one pixel value: weights read from the safetensors file sit at
+    # other memory alignments than freshly built ones, and the CPU's GEMMs round differently there.
+    assert a.frames.shape == (9, 64, 64, 3)
+    assert np.abs(a.frames.astype(np.int16) - b.frames.astype(np.int16)).max() <= 1
 
 
 def test_folders_missing_parts_are_named(saved, tmp_path, no_model_load):
