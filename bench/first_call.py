@@ -113,14 +113,15 @@ def main(argv: list[str] | None = None) -> int:
                   fp8_layers=len(applied.fp8_layers), first_call_s=first_s, second_call_s=second_s,
                   block_first_call_s=block_first, block_second_call_s=list(first),
                   dynamo_stats=dict(counters["stats"]), recompiles=dict(counters["recompiles"]),
-                  graph_breaks=dict(counters["graph_break"]), compile_times=compile_times(repr="csv"))
+                  graph_breaks=dict(counters["graph_break"]), compile_cache_lookups=applied.compile_cache_lookups(),
+                  compile_times=compile_times(repr="csv"))
     (args.out / "first_call.json").write_text(json.dumps(report, indent=1, default=str))
     print(text.getvalue()[:6000])
     print(compile_times(repr="str")[:3000])
     print("blocks' first call s: " + " ".join(f"{s:.2f}" for s in block_first))
     print(f"first_call: {args.layers} blocks, linear {args.linear}, attention {args.attention}: first call "
           f"{first_s:.1f} s, second {second_s * 1e3:.0f} ms, graphs {counters['stats'].get('unique_graphs')}, "
-          f"apply {apply_s:.1f} s")
+          f"apply {apply_s:.1f} s, compile cache {report['compile_cache_lookups']}")
     return 0
 
 

@@ -155,6 +155,7 @@ class RecipeResult(BaseModel):
     backends: dict[str, int] = {}
     fp8_layers: int = 0
     compiled_blocks: int = 0
+    compile_cache_lookups: dict[str, int] = {}  # the first call's: a warm start hits, a cold one misses
     skipped: str | None = None
 
 
@@ -245,16 +246,19 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
             out = step.run()
             sync()
             first_call_s = time.perf_counter() - start
+            lookups = applied.compile_cache_lookups() if recipe.compile != "none" else {}
             seconds = median_seconds(step.run, repeats, device)
         outputs[name] = torch.cat([o.float().flatten().cpu() for o in out])
         result = RecipeResult(name=name, recipe=recipe.label(), ms=seconds * 1e3, first_call_s=first_call_s,
                               backends=dict(log.counts), fp8_layers=len(applied.fp8_layers),
-                              compiled_blocks=applied.compiled_blocks)
+                              compiled_blocks=applied.compiled_blocks, compile_cache_lookups=lookups)
         if "eager-cudnn" in outputs:
             result.output_cos_vs_eager_cudnn = output_cosine(outputs["eager-cudnn"], outputs[name])
         results.append(result)
         if progress:  # as each recipe finishes: a run cut short still said what it measured
-            progress(f"{name}: {result.ms:.1f} ms, first call {first_call_s:.1f} s, "
+            cached = (f" (compiled graphs from the cache: {lookups['fxgraph_cache_hit']} hit, "
+                      f"{lookups['fxgraph_cache_miss']} missed)" if lookups else "")
+            progress(f"{name}: {result.ms:.1f} ms, first call {first_call_s:.1f} s{cached}, "
                      f"{result.backends or 'stock SDPA'}")
         if handle is not None:
             handle.remove()

@@ -37,8 +37,10 @@ any model load; None when no worker returned a record), created (UTC ISO time of
 sagevideo_version, recipe (the batch's speed recipe, `sagevideo.jobs.recipe.Recipe.settings()` plus
 what was applied: fp8_layers (count), kept_layers, compiled_blocks, cache_forwards and
 cache_skipped (the job's transformer forwards the step cache decided on and skipped; None where
-diffusers does not expose it); None for a plain recipe and on lines written before it existed,
-which read as they are: an optional field, no schema change). Unknown keys (another tool's, or a
+diffusers does not expose it), compile_cache_lookups (with compile: the job's hits, misses and
+bypasses of Inductor's FX-graph cache and AOTAutograd's cache, by torch's counter names); None
+for a plain recipe and on lines written before it existed, which read as they are: an optional
+field, no schema change). Unknown keys (another tool's, or a
 newer version's extras) are kept as they are.
 """
 

@@ -59,6 +59,22 @@ def use_compile_cache() -> dict[str, str]:
     return {name: os.environ[name] for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
 
 
+# torch._dynamo's counters of the two caches a warm start reads: Inductor's FX-graph cache (the
+# generated code) and AOTAutograd's (the traced forward graphs). Dynamo's own tracing has none.
+COMPILE_CACHE_COUNTERS = (
+    ("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"), ("inductor", "fxgraph_cache_bypass"),
+    ("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"),
+    ("aot_autograd", "autograd_cache_bypass"),
+)
+
+
+def compile_cache_counts() -> dict[str, int]:
+    """Lookups of the compile caches so far in this process: {counter name: count}."""
+    from torch._dynamo.utils import counters
+
+    return {name: counters[group][name] for group, name in COMPILE_CACHE_COUNTERS}
+
+
 # --- what the machine and the model can run (no model loaded) -----------------------------------
 
 
@@ -178,7 +194,8 @@ class AppliedRecipe:
     "compile_repeated_blocks" or "blocks". cache_forwards / cache_skipped: transformer forwards the
     cache decided on and those whose remaining blocks it skipped, since `start_job` (None where
     diffusers does not expose the decision). apply_s: seconds the recipe took to apply (the first
-    compiled call pays the compile itself, inside the first job's denoise time)."""
+    compiled call pays the compile itself, inside the first job's denoise time);
+    `compile_cache_lookups()`: whether that compile came from the persistent cache."""
 
     recipe: Recipe
     fp8_layers: list[str] = field(default_factory=list)
@@ -190,10 +207,20 @@ class AppliedRecipe:
     cache_skipped: int | None = None
     apply_s: float = 0.0
     denoisers: list[Any] = field(default_factory=list, repr=False)
+    cache_counts_at_start: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def compile_cache_lookups(self) -> dict[str, int]:
+        """The compile caches' hits, misses and bypasses since the recipe was applied or the job
+        started (`compile_cache_counts`): a warm start shows hits, a cold one misses, a graph torch
+        will not cache bypasses."""
+        now = compile_cache_counts()
+        return {name: now[name] - self.cache_counts_at_start.get(name, 0) for name in now}
 
     def start_job(self, transformer: Any = None) -> None:
         """Counters to zero and every denoiser's cache state reset (a new video starts from no
         cached residual). transformer: also reset this one (the applied denoisers always are)."""
+        if self.recipe.compile != "none":
+            self.cache_counts_at_start = compile_cache_counts()
         if self.cache_forwards is not None:
             self.cache_forwards = self.cache_skipped = 0
         if self.recipe.cache == "none":
@@ -211,6 +238,7 @@ class AppliedRecipe:
             compiled_blocks=self.compiled_blocks if self.recipe.compile != "none" else None,
             cache_forwards=self.cache_forwards,
             cache_skipped=self.cache_skipped,
+            compile_cache_lookups=self.compile_cache_lookups() if self.recipe.compile != "none" else None,
         )
         if self.recipe.cache != "none" and self.cache_forwards is None:
             data["cache_skipped_note"] = CACHE_CONFIGS[self.recipe.cache][1]
@@ -241,6 +269,7 @@ def apply_recipe(pipe_or_transformer: Any, recipe: Recipe) -> AppliedRecipe:
     from sagevideo.pipelines.install import denoisers_of
 
     applied = AppliedRecipe(recipe)
+    applied.cache_counts_at_start = compile_cache_counts()
     start = time.perf_counter()
     denoisers = [("" if component == "transformer" else f"{component}.", transformer, transformer_blocks(transformer))
                  for component, transformer in denoisers_of(pipe_or_transformer).items()]

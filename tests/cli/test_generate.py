@@ -53,6 +53,32 @@ def test_the_summary_says_the_recipe_its_warm_up_and_what_the_cache_skipped(tmp_
            "included; cache skipped 4 of 6 forwards)" in line
 
 
+def test_the_summary_says_how_many_compiled_graphs_came_from_the_compile_cache(tmp_path, monkeypatch):
+    """The compile backend eager looks nothing up, so the caches' counters are stood in for: each
+    reading finds one more graph loaded from the cache and one more compiled afresh every second
+    reading. The records carry each job's lookups; the summary adds them up."""
+    import itertools
+
+    import sagevideo.pipelines.recipe as recipe_module
+
+    readings = itertools.count()
+
+    def counts():
+        n = next(readings)
+        return {"fxgraph_cache_hit": n, "fxgraph_cache_miss": n // 2}
+
+    monkeypatch.setattr(recipe_module, "compile_cache_counts", counts)
+    out = tmp_path / "out"
+    result = invoke("--out", out, "-p", "a fox", "-p", "a cat", "--steps", "1", "--compile", "regional",
+                    "--compile-backend", "eager", "--no-progress")
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    lookups = [record["recipe"]["compile_cache_lookups"] for record in records]
+    hits, misses = (sum(job[name] for job in lookups) for name in ("fxgraph_cache_hit", "fxgraph_cache_miss"))
+    assert hits > 0
+    assert f"; {hits} of {hits + misses} compiled graphs from the compile cache)" in result.stdout
+
+
 def test_options_reach_the_jobs(tmp_path):
     out = tmp_path / "out"
     result = invoke(

@@ -152,12 +152,12 @@ def test_fp8_linears_leave_inductors_settings_as_the_user_set_them(monkeypatch):
     import torchao.quantization.quant_api as quant_api
 
     monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
-    monkeypatch.setattr(inductor_config, "coordinate_descent_tuning", False)
-    monkeypatch.setattr(inductor_config, "coordinate_descent_check_all_directions", False)
-    applied = apply_recipe(fresh_pipe().to(torch.bfloat16), Recipe(linear="fp8"))  # PerRow takes bf16 weights
-    assert applied.fp8_layers
-    assert inductor_config.coordinate_descent_tuning is False
-    assert inductor_config.coordinate_descent_check_all_directions is False
+    # Inductor's config module is patched through its own API (monkeypatch's undo deletes its entries).
+    with inductor_config.patch(coordinate_descent_tuning=False, coordinate_descent_check_all_directions=False):
+        applied = apply_recipe(fresh_pipe().to(torch.bfloat16), Recipe(linear="fp8"))  # PerRow takes bf16 weights
+        assert applied.fp8_layers
+        assert inductor_config.coordinate_descent_tuning is False
+        assert inductor_config.coordinate_descent_check_all_directions is False
 
 
 def test_every_denoiser_gets_the_recipe_and_is_reset_per_job():
@@ -180,3 +180,31 @@ def test_every_denoiser_gets_the_recipe_and_is_reset_per_job():
     applied.start_job()
     run_job(pipe, job, text_tokens=source.text_tokens, family=source.model_family, decode=False)
     assert applied.record()["cache_forwards"] == 8  # two guidance branches a step, each its own forward
+
+
+@pytest.mark.slow
+def test_the_record_says_whether_the_compile_came_from_the_persistent_cache(tmp_path, monkeypatch):
+    """A cold start misses Inductor's FX-graph cache, a second start (Dynamo reset, as in a new
+    process) hits it; the job's record counts both since the job started."""
+    import torch._inductor.config as inductor_config
+
+    from sagevideo.pipelines.recipe import AppliedRecipe, inductor_problem
+
+    if inductor_problem("cpu"):
+        pytest.skip(inductor_problem("cpu"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+
+    def job() -> dict[str, int]:
+        torch._dynamo.reset()
+        applied = AppliedRecipe(Recipe(compile="regional"))
+        applied.start_job()
+        with torch.no_grad():
+            torch.compile(block, backend="inductor")(torch.ones(2, 8))
+        return applied.record()["compile_cache_lookups"]
+
+    with inductor_config.patch(fx_graph_cache=True):
+        cold, warm = job(), job()
+    assert (cold["fxgraph_cache_miss"], cold["fxgraph_cache_hit"]) == (1, 0)
+    assert (warm["fxgraph_cache_miss"], warm["fxgraph_cache_hit"]) == (0, 1)
+    assert AppliedRecipe(Recipe()).record()["compile_cache_lookups"] is None  # nothing compiled: not counted
