@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -27,7 +28,7 @@ from sagevideo.host.pipeline_host import ModelLoadError  # noqa: E402
 from sagevideo.outputs.manifest import Handoff, ManifestRecord  # noqa: E402
 from sagevideo.scheduling import queue  # noqa: E402
 from sagevideo.scheduling.group import torchrun_env  # noqa: E402
-from tests.helpers.sp_tolerance import JOBS, assert_same_videos  # noqa: E402
+from tests.helpers.sp_tolerance import JOBS, MEAN_LEVELS, assert_same_videos, frames  # noqa: E402
 
 _order = itertools.count()
 HANG = object()  # a rank's run() that never returns (its peer died or failed mid-collective)
@@ -261,4 +262,7 @@ def test_the_recipe_reaches_every_rank_and_keeps_the_video_one_process_makes(tmp
     assert sp["status"] == "done", sp["error"]
     assert sp["worker"]["ranks"] == 2 and sp["recipe"]["compiled_blocks"] == one["recipe"]["compiled_blocks"] == 2
     assert sp["job_id"] == one["job_id"] and sp["backends"]["counts"] == one["backends"]["counts"]
-    assert (tmp_path / "sp" / sp["outputs"][0]).read_bytes() == (tmp_path / "one" / one["outputs"][0]).read_bytes()
+    # Quantized attention: the same video within sp_tolerance's bound, not byte for byte (a ~1e-6
+    # change in Q or K from the shard's summation order can flip an INT8 rounding).
+    a, b = frames(tmp_path / "sp" / sp["outputs"][0]), frames(tmp_path / "one" / one["outputs"][0])
+    assert a.shape == b.shape and np.abs(a - b).mean() <= MEAN_LEVELS
