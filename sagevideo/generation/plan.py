@@ -158,6 +158,7 @@ def plan_batch(
             found = recipe_problems(settings.recipe, source, dev, dt, settings.gpus_per_job)
             problems += [recipe.place(option.split()[0].removeprefix("--").replace("-", "_"), option, text)
                          for option, text in found]
+            problems += _bf16_step_problems(recipe, with_items)
         notes += plan_notes + image_notes
     if problems:
         raise InputError(group_problems(problems))
@@ -331,6 +332,20 @@ def _resolve_job(source: ModelSource, job: JobSpec) -> JobSpec:
     """Model defaults for size/steps; pv only means something for sagevideo attention."""
     job = source.resolve(job)
     return job.model_copy(update={"pv": job.pv if job.attention == "sage" else None})
+
+
+def _bf16_step_problems(recipe: _BatchRecipe, jobs: list[tuple[JobSpec, Any, Any]]) -> list[tuple[str, str]]:
+    """linear_bf16_steps that a resolved job's steps do not have, said once per step count."""
+    steps = recipe.recipe.linear_bf16_steps
+    option = f"--linear-bf16-steps {','.join(map(str, steps))}"
+    found, seen = [], set()
+    for job, label, _ in jobs:
+        problem = recipe.recipe.step_problem(job.steps)
+        if problem and job.steps not in seen:
+            seen.add(job.steps)
+            text = f"{problem} ({where(label, 'steps')} has {job.steps})"
+            found.append(recipe.place("linear_bf16_steps", option, text))
+    return found
 
 
 def _problem_at(label: Any, item: Any, field: str, problem: str, options: Mapping[str, Any]) -> tuple[str, str]:

@@ -229,12 +229,26 @@ class PipelineHost:
 
             image = read_image(pj.job.image, pj.image_sha256)
         self._set_attention(pj.backend, pj.job.pv, pj.job.plan)
-        self._apply_recipe()
+        self._apply_recipe(pj.job.steps)
         with self._mid_denoise_failpoint(pj, attempt), deadline(time_limit):
             return runner.run_job(
-                self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens, on_step=on_step, decode=decode,
-                family=self.family, image=image,
+                self.pipe, pj.job, text_tokens=self.ctx.source.text_tokens, on_step=self._recipe_steps(on_step),
+                decode=decode, family=self.family, image=image,
             )
+
+    def _recipe_steps(self, on_step: Callable[[int, int], None] | None) -> Callable[[int, int], None] | None:
+        """on_step with the recipe told of each step first (linear_bf16_steps sets the next step's
+        weights), on every rank: ranks other than 0 get no on_step of their own."""
+        recipe = self.recipe
+        if recipe is None or recipe.bf16_steps is None:
+            return on_step
+
+        def step_then(step: int, steps: int) -> None:
+            recipe.on_step(step, steps)
+            if on_step is not None:
+                on_step(step, steps)
+
+        return step_then
 
     def run(
         self,
@@ -310,7 +324,7 @@ class PipelineHost:
         self._handle = self.attention(self.pipe, backend, pv, plan)
         self._attention = (backend, pv, plan)
 
-    def _apply_recipe(self) -> None:
+    def _apply_recipe(self, steps: int) -> None:
         """The batch's recipe on the pipeline, once, after its attention is installed (install, then
         fp8 linears, compile, cache hooks: `sagevideo.pipelines.recipe.apply_recipe`); its per-job
         counters reset before every job. The seconds it took are charged to that job (recipe_s)."""
@@ -321,7 +335,7 @@ class PipelineHost:
             self.recipe = apply_recipe(self.pipe, recipe)
             self.recipe_s = self.recipe.apply_s
         if self.recipe is not None:
-            self.recipe.start_job(self.pipe.transformer)
+            self.recipe.start_job(self.pipe.transformer, steps=steps)
 
     @contextlib.contextmanager
     def _mid_denoise_failpoint(self, pj: PlannedJob, attempt: int) -> Iterator[None]:

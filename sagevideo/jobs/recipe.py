@@ -17,6 +17,9 @@ the configs of generate, ab and calibrate inherit (flat options `--compile`, `--
   quantization with rowwise scales on the transformer blocks' nn.Linear layers (CUDA sm89+, bf16).
 - linear_keep: layer-name patterns (fnmatch, matched against names inside the transformer such
   as "transformer_blocks.0.*") kept in bf16 with linear="fp8", e.g. the first and last block.
+- linear_bf16_steps: denoising step indices (negative counts from the end, e.g. [0, -1]) whose
+  forwards run the float8 layers with their bf16 weights again, with linear="fp8" (the bf16
+  weights are kept beside the float8 ones: those layers' memory grows by half).
 - cache: "none", or one of diffusers' step-caching hooks: "first-block" (FirstBlockCache: the
   rest of the blocks are skipped while the first block's residual changes less than
   cache_threshold), "taylorseer" (TaylorSeerCache: blocks' outputs predicted between full steps),
@@ -58,6 +61,11 @@ LinearKeepOption = Annotated[
     Field(description="With --linear fp8: layer names kept in bf16 (repeatable; fnmatch patterns on names inside "
           "the transformer, e.g. 'transformer_blocks.0.*')."),
 ]
+LinearBf16StepsOption = Annotated[
+    list[int],
+    Field(description="With --linear fp8: denoising steps whose linears run in bf16 (repeatable; negative counts "
+          "from the end, e.g. 0 and -1: the first and last step). Keeps a bf16 copy of the float8 weights."),
+]
 CacheOption = Annotated[
     Cache, Field(description="Step caching through diffusers' hooks: first-block, taylorseer, pyramid-broadcast.")
 ]
@@ -79,6 +87,7 @@ class RecipeOptions(BaseModel):
     compile_backend: CompileBackendOption = "inductor"
     linear: LinearOption = "bf16"
     linear_keep: LinearKeepOption = []  # noqa: RUF012 (pydantic copies defaults)
+    linear_bf16_steps: LinearBf16StepsOption = []  # noqa: RUF012
     cache: CacheOption = "none"
     cache_threshold: CacheThresholdOption = None
 
@@ -86,6 +95,16 @@ class RecipeOptions(BaseModel):
     @classmethod
     def _listed(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else list(value or ())
+
+    @field_validator("linear_bf16_steps", mode="before")
+    @classmethod
+    def _steps(cls, value: Any) -> Any:
+        """'0,-1' or '0;-1' (a job file's or recipe text's spelling), an int, or a list of them."""
+        if isinstance(value, str):
+            value = [v for v in value.replace(";", ",").split(",") if v.strip()]
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        return list(value or ())
 
     @property
     def recipe(self) -> Recipe:
@@ -121,6 +140,9 @@ class Recipe(RecipeOptions):
         if self.linear_keep and self.linear != "fp8":
             found.append(("linear_keep", f"--linear-keep {self.linear_keep[0]}",
                           "keeps layers in bf16 only with --linear fp8; leave it out or add --linear fp8"))
+        if self.linear_bf16_steps and self.linear != "fp8":
+            found.append(("linear_bf16_steps", f"--linear-bf16-steps {self.linear_bf16_steps[0]}",
+                          "runs steps in bf16 only with --linear fp8; leave it out or add --linear fp8"))
         if self.cache in COMPILE_INCOMPATIBLE_CACHES and self.compile != "none":
             # Its hooks sit on the attention layers inside each block, so they are traced into the
             # compiled block: its per-step state becomes guards and every change a recompile, until
@@ -130,10 +152,27 @@ class Recipe(RecipeOptions):
                           "it as the cache's state changes); use --compile none with it, or --cache first-block"))
         return found
 
+    def step_problem(self, steps: int) -> str | None:
+        """Why linear_bf16_steps cannot apply to a job of `steps` denoising steps, or None."""
+        outside = [s for s in self.linear_bf16_steps if not -steps <= s < steps]
+        if outside:
+            return (f"step {outside[0]} is not one of the job's {steps} steps (0..{steps - 1}, or -{steps}..-1 "
+                    "from the end); fix --linear-bf16-steps or the job's steps")
+        return None
+
+    def bf16_steps_of(self, steps: int) -> list[int]:
+        """linear_bf16_steps as step indices 0..steps-1 of a job of `steps` steps, sorted."""
+        return sorted({s % steps for s in self.linear_bf16_steps})
+
     def settings(self) -> dict[str, Any]:
         """What the manifest records (`ManifestRecord.recipe`): every setting, threshold resolved."""
         data = self.model_dump()
         data["linear_keep"] = list(self.linear_keep)
+        # Only when set: a recipe's settings are part of its jobs' ids, which stay what they were.
+        if self.linear_bf16_steps:
+            data["linear_bf16_steps"] = list(self.linear_bf16_steps)
+        else:
+            del data["linear_bf16_steps"]
         data["cache_threshold"] = self.threshold
         return data
 
@@ -144,7 +183,8 @@ class Recipe(RecipeOptions):
             backend = "" if self.compile_backend == "inductor" else f"/{self.compile_backend}"
             parts.append(self.compile + backend)
         if self.linear != "bf16":
-            parts.append(self.linear)
+            steps = ",".join(map(str, self.linear_bf16_steps))
+            parts.append(self.linear + (f"[bf16 steps {steps}]" if steps else ""))
         if self.cache != "none":
             parts.append(self.cache + (f"@{self.threshold:g}" if self.threshold is not None else ""))
         return "+".join(parts) or "eager"
@@ -196,7 +236,8 @@ def expand_recipe(options: dict[str, Any]) -> dict[str, Any]:
 
 def parse_recipe(text: str) -> Recipe:
     """A recipe from 'compile=regional,linear=fp8,cache=first-block,cache_threshold=0.1' (dashes or
-    underscores in names; 'linear_keep=a;b' for several patterns; empty text: the plain recipe).
+    underscores in names; 'linear_keep=a;b' for several patterns, 'linear_bf16_steps=0;-1' for
+    several steps; empty text: the plain recipe).
     Raises ValueError naming the bad part."""
     data: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -205,7 +246,7 @@ def parse_recipe(text: str) -> Recipe:
         if not sep or name not in RECIPE_FIELDS:
             raise ValueError(f"{part!r}: give NAME=VALUE with NAME one of {', '.join(RECIPE_FIELDS)}")
         value = value.strip()
-        data[name] = [v for v in value.split(";") if v] if name == "linear_keep" else value
+        data[name] = [v for v in value.split(";") if v] if name in ("linear_keep", "linear_bf16_steps") else value
     try:
         return Recipe(**data)
     except Exception as err:  # a pydantic ValidationError: say it in one line

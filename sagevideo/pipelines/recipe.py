@@ -185,6 +185,47 @@ def _diffusers_has(name: str) -> bool:
 
 
 @dataclass
+class Bf16Steps:
+    """linear_bf16_steps at work: each float8 linear's bf16 weight kept beside its float8 one and
+    put back for the job's bf16 steps (`use`, called between steps, outside compiled code). A
+    compiled block compiles once for each kind of weight and then runs either without recompiling."""
+
+    recipe: Recipe
+    weights: list[tuple[Any, Any, Any]]  # (linear, its bf16 weight, its float8 weight)
+    job_steps: int | None = None  # the running job's steps; None: no job started (the guard refuses)
+    bf16: list[int] = field(default_factory=list)  # this job's bf16 step indices
+    ran_bf16: list[int] = field(default_factory=list)  # the steps that ran so far with bf16 weights
+    in_bf16: bool = False
+
+    def start(self, steps: int) -> None:
+        problem = self.recipe.step_problem(steps)
+        if problem:
+            raise ValueError(f"--linear-bf16-steps: {problem}")
+        self.job_steps, self.bf16, self.ran_bf16 = steps, self.recipe.bf16_steps_of(steps), []
+        self.use(0)
+
+    def use(self, step: int) -> None:
+        """The weights of step `step` (0-based; `job_steps` and beyond: after the last, kept)."""
+        if self.job_steps is None or step >= self.job_steps:
+            return
+        want = step in self.bf16
+        if want != self.in_bf16:
+            for linear, bf16_weight, fp8_weight in self.weights:
+                linear._parameters["weight"] = bf16_weight if want else fp8_weight
+            self.in_bf16 = want
+        if want:
+            self.ran_bf16.append(step)
+
+    def refuse_unknown_steps(self, module: Any, args: Any) -> None:
+        """Forward pre-hook of each denoiser: without a job's steps the right weights are unknown."""
+        if self.job_steps is None:
+            raise RuntimeError(
+                "--linear-bf16-steps: the denoiser ran before a job said its steps, so which steps run in bf16 "
+                "is unknown; generate through sagevideo (generate, ab, calibrate, PipelineHost), or call the "
+                "AppliedRecipe's start_job(steps=N) before the pipeline and on_step(step, steps) after each step")
+
+
+@dataclass
 class AppliedRecipe:
     """What `apply_recipe` did to a pipeline (recorded per job in the manifest's `recipe`).
 
@@ -208,6 +249,7 @@ class AppliedRecipe:
     apply_s: float = 0.0
     denoisers: list[Any] = field(default_factory=list, repr=False)
     cache_counts_at_start: dict[str, int] = field(default_factory=dict, repr=False)
+    bf16_steps: Bf16Steps | None = field(default=None, repr=False)
 
     def compile_cache_lookups(self) -> dict[str, int]:
         """The compile caches' hits, misses and bypasses since the recipe was applied or the job
@@ -216,9 +258,14 @@ class AppliedRecipe:
         now = compile_cache_counts()
         return {name: now[name] - self.cache_counts_at_start.get(name, 0) for name in now}
 
-    def start_job(self, transformer: Any = None) -> None:
+    def start_job(self, transformer: Any = None, steps: int | None = None) -> None:
         """Counters to zero and every denoiser's cache state reset (a new video starts from no
-        cached residual). transformer: also reset this one (the applied denoisers always are)."""
+        cached residual). transformer: also reset this one (the applied denoisers always are).
+        steps: the job's denoising steps (needed with linear_bf16_steps: step 0's weights are set)."""
+        if self.bf16_steps is not None:
+            if steps is None:
+                raise ValueError("--linear-bf16-steps: start_job needs the job's steps")
+            self.bf16_steps.start(steps)
         if self.recipe.compile != "none":
             self.cache_counts_at_start = compile_cache_counts()
         if self.cache_forwards is not None:
@@ -228,6 +275,11 @@ class AppliedRecipe:
         for module in [*self.denoisers, *([transformer] if transformer is not None else [])]:
             if hasattr(module, "_reset_stateful_cache"):
                 module._reset_stateful_cache()
+
+    def on_step(self, step: int, steps: int) -> None:
+        """After denoising step `step` (1-based) of `steps`: the next step's linear weights."""
+        if self.bf16_steps is not None:
+            self.bf16_steps.use(step)
 
     def record(self) -> dict[str, Any]:
         """The manifest's `recipe` object: the settings and what was applied."""
@@ -240,6 +292,8 @@ class AppliedRecipe:
             cache_skipped=self.cache_skipped,
             compile_cache_lookups=self.compile_cache_lookups() if self.recipe.compile != "none" else None,
         )
+        if self.bf16_steps is not None:
+            data["bf16_steps_ran"] = list(self.bf16_steps.ran_bf16)
         if self.recipe.cache != "none" and self.cache_forwards is None:
             data["cache_skipped_note"] = CACHE_CONFIGS[self.recipe.cache][1]
         return data
@@ -276,6 +330,9 @@ def apply_recipe(pipe_or_transformer: Any, recipe: Recipe) -> AppliedRecipe:
     applied.denoisers = [transformer for _, transformer, _ in denoisers]
     if recipe.linear == "fp8":
         _fp8_linears(denoisers, recipe.linear_keep, applied)
+        if recipe.linear_bf16_steps:
+            for transformer in applied.denoisers:
+                transformer.register_forward_pre_hook(applied.bf16_steps.refuse_unknown_steps)
     for _, transformer, blocks in denoisers:
         if recipe.compile == "regional":
             applied.compile_cache = use_compile_cache()
@@ -321,8 +378,11 @@ def _fp8_linears(denoisers: list[tuple[str, Any, list[tuple[str, Any]]]], keep: 
     # (Triton configs compiled one after another in the main thread) and changed how every other
     # graph the user compiles is tuned. The recipe leaves Inductor's settings as the user set them.
     config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False)
+    kept = {id(m): (m, m.weight) for _, m in linears if id(m) in chosen} if applied.recipe.linear_bf16_steps else {}
     for _, block in blocks:
         quantize_(block, config, filter_fn=lambda module, fqn: id(module) in chosen)
+    if kept:
+        applied.bf16_steps = Bf16Steps(applied.recipe, [(m, bf16, m.weight) for m, bf16 in kept.values()])
 
 
 def _cache_config(pipe: Any, recipe: Recipe) -> Any:

@@ -23,6 +23,8 @@ def test_parse_arm_reads_attention_pv_and_the_recipe():
     assert arm.generate_settings()["cache"] == "first-block" and arm.generate_settings()["pv"] == "fp16"
     assert arm.label() == "sage/fp16 + fp8+first-block@0.1"
     assert parse_arm("full-fp8=attention=full,linear=fp8").label() == "full + fp8"
+    edges = parse_arm("fp8-edges=attention=sage,linear=fp8,linear_bf16_steps=0;-1")
+    assert edges.recipe.linear_bf16_steps == [0, -1] and edges.generate_settings()["linear_bf16_steps"] == [0, -1]
 
 
 @pytest.mark.parametrize(
@@ -34,6 +36,7 @@ def test_parse_arm_reads_attention_pv_and_the_recipe():
         (["a=speed=2"], "'speed=2': give NAME=VALUE"),
         (["a=attention=full,pv=fp8"], "pv=fp8 applies to attention=sage only"),
         (["a=cache_threshold=0.1"], "only --cache first-block takes a threshold"),
+        (["a=linear_bf16_steps=0"], "runs steps in bf16 only with --linear fp8"),
         (["a=attention=sage", "a=cache=first-block"], "--arm a: the name is given twice"),
     ],
 )

@@ -328,15 +328,15 @@ RECIPE_PROBLEMS = [
     ]),
     ("names.yaml", "recipe:\n  cach: first-block\n  steps: 3\n  cache: none\n  linear-keep: a\n  linear_keep: b\n"
      "jobs:\n  - a\n", [
-        "line 2 (recipe): cach: unknown recipe setting; use compile, compile_backend, linear, linear_keep, cache, "
-        "cache_threshold (did you mean 'cache'?)",
+        "line 2 (recipe): cach: unknown recipe setting; use compile, compile_backend, linear, linear_keep, "
+        "linear_bf16_steps, cache, cache_threshold (did you mean 'cache'?)",
         "line 3 (recipe): steps: a job field, not a recipe setting; put it under defaults: (every job) or on a job",
         "line 6 (recipe): linear_keep: given twice (also as linear-keep); keep one",
         "line 5 (recipe): linear_keep: keeps layers in bf16 only with --linear fp8; leave it out or add --linear fp8",
     ]),
     ("not-a-table.toml", "recipe = \"linear=fp8\"\n\n[[jobs]]\nprompt = \"a\"\n", [
         "line 1 (recipe): 'recipe' must be a table of settings (compile, compile_backend, linear, linear_keep, "
-        "cache, cache_threshold), got a string",
+        "linear_bf16_steps, cache, cache_threshold), got a string",
     ]),
     ("contradiction.toml", "[recipe]\ncache = \"taylorseer\"\ncache_threshold = 0.2\n\n[[jobs]]\nprompt = \"a\"\n", [
         "line 3 (recipe): cache_threshold: only --cache first-block takes a threshold (--cache is taylorseer); "

@@ -49,3 +49,16 @@ def test_recipe_keyword_expands_into_the_flat_options():
     assert expand_recipe({"out": "x"}) == {"out": "x"}
     with pytest.raises(TypeError, match="recipe"):
         GenerateConfig.build(out="x", recipe=3)
+
+
+def test_bf16_steps_take_every_spelling_and_are_checked_against_a_jobs_steps():
+    recipe = parse_recipe("linear=fp8,linear_bf16_steps=0;-1")
+    assert recipe.linear_bf16_steps == [0, -1] == Recipe(linear="fp8", linear_bf16_steps="0,-1").linear_bf16_steps
+    assert Recipe(linear="fp8", linear_bf16_steps=-1).linear_bf16_steps == [-1]  # a job file's `linear_bf16_steps: -1`
+    assert recipe.label() == "fp8[bf16 steps 0,-1]" and recipe.settings()["linear_bf16_steps"] == [0, -1]
+    assert "linear_bf16_steps" not in Recipe(linear="fp8").settings()  # unset: the jobs' ids stay what they were
+    assert recipe.bf16_steps_of(50) == [0, 49] and Recipe(linear_bf16_steps=[-1, 49]).bf16_steps_of(50) == [49]
+    assert recipe.step_problem(1) is None  # 0 and -1 are the same step
+    assert "step 7 is not one of the job's 4 steps" in Recipe(linear_bf16_steps=[7]).step_problem(4)
+    assert Recipe(linear_bf16_steps=[-5]).step_problem(4) is not None
+    assert [field for field, _, _ in Recipe(linear_bf16_steps=[0]).problems()] == ["linear_bf16_steps"]  # needs fp8

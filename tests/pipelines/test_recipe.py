@@ -40,8 +40,9 @@ def forward(transformer):
     """One transformer forward on fixed random inputs (tiny config: (1, 3, 4, 8, 8) latents)."""
     config = transformer.config
     g = torch.Generator().manual_seed(1)
-    latents = torch.randn(1, 3, config.in_channels, 8, 8, generator=g)
-    text = torch.randn(1, config.max_text_seq_length, config.text_embed_dim, generator=g)
+    dtype = transformer.dtype
+    latents = torch.randn(1, 3, config.in_channels, 8, 8, generator=g).to(dtype)
+    text = torch.randn(1, config.max_text_seq_length, config.text_embed_dim, generator=g).to(dtype)
     with torch.no_grad():
         return transformer(hidden_states=latents, encoder_hidden_states=text, timestep=torch.tensor([500]),
                            return_dict=False)[0]
@@ -208,3 +209,113 @@ def test_the_record_says_whether_the_compile_came_from_the_persistent_cache(tmp_
     assert (cold["fxgraph_cache_miss"], cold["fxgraph_cache_hit"]) == (1, 0)
     assert (warm["fxgraph_cache_miss"], warm["fxgraph_cache_hit"]) == (0, 1)
     assert AppliedRecipe(Recipe()).record()["compile_cache_lookups"] is None  # nothing compiled: not counted
+
+
+@pytest.fixture
+def fp8_on_cpu(monkeypatch):
+    """torchao's float8 linears on the CPU (torch has a CPU float8 GEMM): its sm89+ check and
+    the recipe's machine check stood in for."""
+    pytest.importorskip("torchao")
+    import torchao.quantization.quant_api as quant_api
+
+    import sagevideo.pipelines.recipe as recipe_module
+
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
+    monkeypatch.setattr(recipe_module, "fp8_linear_problem", lambda device, dtype: None)
+
+
+def weight_kinds_per_forward(transformer) -> list[str]:
+    """'bf16' or 'fp8' for each later forward of the transformer (a hook outside the compiled
+    blocks), read off its first float8 linear."""
+    linear = next(m for m in transformer.modules() if isinstance(m, torch.nn.Linear) and is_fp8(m.weight))
+    kinds: list[str] = []
+    transformer.register_forward_pre_hook(lambda m, args: kinds.append("fp8" if is_fp8(linear.weight) else "bf16"))
+    return kinds
+
+
+def is_fp8(weight) -> bool:
+    return "Float8" in type(weight).__name__
+
+
+def run_steps(pipe, applied, steps: int):
+    from sagevideo.jobs.specs import JobSpec
+    from sagevideo.pipelines.runner import run_job
+
+    source = resolve_model("tiny")
+    applied.start_job(steps=steps)
+    job = source.resolve(JobSpec(prompt="a cat", steps=steps))
+    return run_job(pipe, job, text_tokens=source.text_tokens, decode=False, on_step=applied.on_step)
+
+
+def test_bf16_steps_run_those_steps_with_the_bf16_weights_and_compile_once_more(fp8_on_cpu):
+    from torch._dynamo.utils import counters
+
+    graphs = {}
+    for steps_in_bf16 in ([], [0, -1]):
+        torch._dynamo.reset()
+        counters.clear()
+        pipe = fresh_pipe().to(torch.bfloat16)
+        applied = apply_recipe(pipe, Recipe(linear="fp8", linear_bf16_steps=steps_in_bf16, compile="regional",
+                                            compile_backend="eager"))
+        kinds = weight_kinds_per_forward(pipe.transformer)
+        if steps_in_bf16:
+            run_steps(pipe, applied, 4)
+            assert kinds == ["bf16", "fp8", "fp8", "bf16"]  # one forward a step (CFG batched)
+            assert applied.record()["bf16_steps_ran"] == [0, 3]
+        else:
+            applied.start_job()
+            from sagevideo.jobs.specs import JobSpec
+            from sagevideo.pipelines.runner import run_job
+
+            source = resolve_model("tiny")
+            run_job(pipe, source.resolve(JobSpec(prompt="a cat", steps=4)), text_tokens=source.text_tokens,
+                    decode=False)
+            assert kinds == ["fp8"] * 4
+        graphs[bool(steps_in_bf16)] = counters["stats"]["unique_graphs"]
+        assert not counters["graph_break"]
+    assert graphs[True] == 2 * graphs[False]  # each graph once more, for the bf16 weights; no recompile per step
+
+
+def test_bf16_steps_for_every_step_give_the_bf16_video_and_fewer_do_not(fp8_on_cpu):
+    def video(recipe: Recipe):
+        from sagevideo.jobs.specs import JobSpec
+        from sagevideo.pipelines.runner import run_job
+
+        pipe = fresh_pipe().to(torch.bfloat16)
+        applied = apply_recipe(pipe, recipe)
+        applied.start_job(steps=3)
+        source = resolve_model("tiny")
+        job = source.resolve(JobSpec(prompt="a cat", steps=3))
+        frames = run_job(pipe, job, text_tokens=source.text_tokens, on_step=applied.on_step).frames
+        return frames, applied.record()
+
+    bf16, _ = video(Recipe())
+    every, record = video(Recipe(linear="fp8", linear_bf16_steps=[0, 1, 2]))
+    assert record["bf16_steps_ran"] == [0, 1, 2] and (every == bf16).all()
+    first, record = video(Recipe(linear="fp8", linear_bf16_steps=[0]))
+    assert record["bf16_steps_ran"] == [0] and not (first == bf16).all()  # steps 1 and 2 ran float8
+
+
+def test_the_denoiser_refuses_to_run_bf16_steps_before_a_job_says_its_steps(fp8_on_cpu):
+    pipe = fresh_pipe().to(torch.bfloat16)
+    apply_recipe(pipe, Recipe(linear="fp8", linear_bf16_steps=[0]))
+    with pytest.raises(RuntimeError, match="--linear-bf16-steps: the denoiser ran before a job said its steps"):
+        forward(pipe.transformer)
+
+
+def test_bf16_steps_a_job_does_not_have_are_refused_before_loading(tmp_path, no_model_load):
+    with pytest.raises(InputError, match=r"--linear-bf16-steps 0,9: step 9 is not one of the job's 4 steps .*job 1 "
+                       r"has 4"):
+        plan_batch("a cat", out=tmp_path, device="cpu", linear="fp8", linear_bf16_steps=[0, 9], steps=4)
+    with pytest.raises(InputError, match="--linear-bf16-steps 0: runs steps in bf16 only with --linear fp8"):
+        plan_batch("a cat", out=tmp_path, device="cpu", linear_bf16_steps=[0])
+
+
+def test_generate_runs_the_bf16_steps_on_every_job_and_records_them(tmp_path, fp8_on_cpu):
+    import sagevideo
+
+    records = sagevideo.generate(["a cat", "a dog"], out=tmp_path, device="cpu", dtype="bfloat16", steps=3,
+                                 linear="fp8", linear_bf16_steps=[-1], progress=False)
+    assert [r["status"] for r in records] == ["done", "done"], [r["error"] for r in records]
+    assert [r["recipe"]["bf16_steps_ran"] for r in records] == [[2], [2]]  # each job from its own step 0
+    assert records[0]["recipe"]["linear_bf16_steps"] == [-1] and records[0]["recipe"]["fp8_layers"] > 0
