@@ -319,3 +319,38 @@ def test_generate_runs_the_bf16_steps_on_every_job_and_records_them(tmp_path, fp
     assert [r["status"] for r in records] == ["done", "done"], [r["error"] for r in records]
     assert [r["recipe"]["bf16_steps_ran"] for r in records] == [[2], [2]]  # each job from its own step 0
     assert records[0]["recipe"]["linear_bf16_steps"] == [-1] and records[0]["recipe"]["fp8_layers"] > 0
+
+
+@pytest.mark.slow
+def test_graphs_with_sagevideo_attention_load_from_the_compile_cache_and_still_record(tmp_path, monkeypatch):
+    """The record op's with_effects operator made Inductor's FX-graph cache refuse every graph with
+    sagevideo attention ('bypass'), so each process compiled them again. `use_compile_cache` marks
+    it cacheable: a second start (Dynamo reset) loads the graph, and the loaded graph still says
+    which kernel ran, each call."""
+    import torch._inductor.config as inductor_config
+
+    from sagevideo.attention.functional import sageattn
+    from sagevideo.pipelines.recipe import WITH_EFFECTS, compile_cache_counts, inductor_problem, use_compile_cache
+
+    if inductor_problem("cpu"):
+        pytest.skip(inductor_problem("cpu"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # set by the user: kept
+    q, k, v = (torch.randn(1, 2, 64, 32, generator=torch.Generator().manual_seed(i)) for i in range(3))
+
+    def attend(q, k, v):
+        return sageattn(q, k, v, backend="reference") * 2
+
+    def start() -> tuple[dict[str, int], dict[str, int]]:
+        torch._dynamo.reset()
+        before = compile_cache_counts()
+        with record_backends() as log:
+            torch.compile(attend, backend="inductor")(q, k, v)
+        return {n: c - before[n] for n, c in compile_cache_counts().items() if c - before[n]}, dict(log.counts)
+
+    with inductor_config.patch(fx_graph_cache=False, unsafe_marked_cacheable_functions={}):
+        assert use_compile_cache()["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+        assert inductor_config.fx_graph_cache and WITH_EFFECTS in inductor_config.unsafe_marked_cacheable_functions
+        (cold, cold_calls), (warm, warm_calls) = start(), start()
+    assert cold.get("fxgraph_cache_miss") == 1 and "fxgraph_cache_bypass" not in cold
+    assert warm.get("fxgraph_cache_hit") == 1 and "fxgraph_cache_miss" not in warm
+    assert cold_calls == warm_calls == {"reference/fp16": 1}
