@@ -21,3 +21,4 @@ timeout 90 python3 -m bench.bench_transformer --recipes fp8-compile-sage --repea
   --json $OUT/recipes-warm.json > $OUT/recipes-warm.txt 2>&1; echo "warm rc=$?"
 grep -E "^block call|first call|graphs" $OUT/first-call.txt | tail -8
 grep -B2 -A6 "first call s" $OUT/recipes.txt | tail -9; grep -A3 "first call s" $OUT/recipes-warm.txt | tail -3
+grep -h "compiled graphs from the cache" $OUT/recipes.txt $OUT/recipes-warm.txt   # the warm one: hits, no misses
