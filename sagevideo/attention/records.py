@@ -140,6 +140,24 @@ def register_effect(name: str) -> None:
 register_effect("record_backend")
 
 
+# How Inductor's cacheability check names torch's with_effects operator, which holds the record op
+# in a compiled graph.
+WITH_EFFECTS = "torch.ops.higher_order.with_effects"
+
+
+def allow_caching_graphs_with_records() -> None:
+    """Let Inductor's FX-graph cache keep graphs that hold the record op. The op is effectful, so
+    such graphs carry torch's with_effects operator, which the cache refuses unless it is marked:
+    every process then compiled them again, however warm the cache. The op only reports which
+    kernel ran, and the cached code still calls it on each run, so those graphs are safe to cache.
+    Keyed by torch's version, as torch's own example of the setting is; a user's entries are kept."""
+    import torch._inductor.config as inductor_config
+
+    marked = dict(inductor_config.unsafe_marked_cacheable_functions)
+    marked.setdefault(WITH_EFFECTS, torch.__version__)
+    inductor_config.unsafe_marked_cacheable_functions = marked
+
+
 def report_from_graph(requested: str, ran: str, pv: str | None, reason: str) -> None:
     """`report`, called while torch.compile traces: puts the reporting op into the graph."""
     torch.ops.sagevideo.record_backend(requested, ran, pv or "", reason)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from sagevideo.attention.functional import BACKENDS
+from sagevideo.attention.records import allow_caching_graphs_with_records
 from sagevideo.choices import PVS as PV_MODES
 from sagevideo.choices import auto_pv
 from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
@@ -281,6 +282,7 @@ def install_router(
         router.clock.attach(pipe_or_transformer.scheduler)  # one clock for all denoisers: steps of the pipeline
     for denoiser in handle.denoisers:
         setattr(denoiser.transformer, _HANDLE_ATTR, handle)
+    allow_caching_graphs_with_records()  # a user who compiles the model gets torch's compile cache
     return handle
 
 

@@ -42,17 +42,15 @@ def compile_cache_dir() -> Path:
     return Path(os.environ.get(COMPILE_CACHE_ENV) or DEFAULT_COMPILE_CACHE).expanduser()
 
 
-WITH_EFFECTS = "torch.ops.higher_order.with_effects"  # how Inductor's cacheability check names the operator
-
-
 def use_compile_cache() -> dict[str, str]:
     """Point torch's own caches at `compile_cache_dir()` (unless the user set them): Inductor's
     (TORCHINDUCTOR_CACHE_DIR: FX-graph cache, kernels, autotuning) and Triton's (TRITON_CACHE_DIR),
     with Inductor's FX-graph cache on, so a compile is paid once per machine, not per process.
     Returns {variable: folder} as used."""
-    import torch
     import torch._inductor.config as inductor_config
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from sagevideo.attention.records import allow_caching_graphs_with_records
 
     root = compile_cache_dir()
     # torch writes its default into the variable on first use; that is not a user's choice.
@@ -60,14 +58,7 @@ def use_compile_cache() -> dict[str, str]:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
     os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
     inductor_config.fx_graph_cache = True
-    # sagevideo's backend-record op is effectful, so graphs with sagevideo attention hold torch's
-    # with_effects operator, which the FX-graph cache refuses unless it is marked: every process
-    # then compiled them again (a warm start took as long as a cold one). The op only reports which
-    # kernel ran, and the cached code still calls it each run, so those graphs are safe to cache.
-    # Keyed by torch's version, as torch's own example of this setting is.
-    marked = dict(inductor_config.unsafe_marked_cacheable_functions)
-    marked.setdefault(WITH_EFFECTS, torch.__version__)
-    inductor_config.unsafe_marked_cacheable_functions = marked
+    allow_caching_graphs_with_records()  # else graphs with sagevideo attention were never cached
     return {name: os.environ[name] for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
 
 

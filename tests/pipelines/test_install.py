@@ -284,3 +284,20 @@ def test_variant_installs_routes_and_restores(variant):
     assert handle.processors and log.counts == {"reference/fp16": cfg["num_layers"]}
     assert torch.nn.functional.cosine_similarity(before.flatten(), quant.flatten(), dim=0) > 0.9999
     assert torch.equal(after, before)
+
+
+def test_install_lets_torchs_compile_cache_keep_graphs_with_sagevideo_attention(tiny_pipe):
+    """The record op's with_effects operator is marked cacheable (a user's own marks kept), so a
+    user who compiles the installed model gets torch's FX-graph cache (without the mark it bypassed
+    every such graph: tests/pipelines/test_recipe.py shows the cache at work)."""
+    import torch._inductor.config as inductor_config
+
+    from sagevideo.attention.records import WITH_EFFECTS
+
+    with inductor_config.patch(unsafe_marked_cacheable_functions={"torch.ops.mine.op": "1"}):
+        handle = sagevideo.install(tiny_pipe)
+        try:
+            assert inductor_config.unsafe_marked_cacheable_functions == {"torch.ops.mine.op": "1",
+                                                                         WITH_EFFECTS: torch.__version__}
+        finally:
+            handle.remove()

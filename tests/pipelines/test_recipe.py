@@ -330,7 +330,8 @@ def test_graphs_with_sagevideo_attention_load_from_the_compile_cache_and_still_r
     import torch._inductor.config as inductor_config
 
     from sagevideo.attention.functional import sageattn
-    from sagevideo.pipelines.recipe import WITH_EFFECTS, compile_cache_counts, inductor_problem, use_compile_cache
+    from sagevideo.attention.records import WITH_EFFECTS
+    from sagevideo.pipelines.recipe import compile_cache_counts, inductor_problem, use_compile_cache
 
     if inductor_problem("cpu"):
         pytest.skip(inductor_problem("cpu"))
