@@ -4,13 +4,15 @@
 # 1. bench.first_call, 4 CogVideoX-5B blocks, fp8 + regional compile + sage, empty compile cache;
 # 2. bench_transformer, the whole model: eager cuDNN, compiled cuDNN, fp8-compile-sage side by
 #    side, another empty cache (so its first call is a cold process's);
-# 3. fp8-compile-sage alone in a new process on that warm cache (a second worker's first call).
+# 3. fp8-compile-sage alone in a new process on that warm cache (a second worker's first call);
+# first, the recipe's GPU test (FP8 linears with bf16 steps under Inductor).
 # Usage (repo root, on the H200, .site.tar.xz and .tao carried; COMMIT written out: the device's
 # git HEAD is stale):  bash tools/gpu_first_call_check.sh COMMIT
 set -uo pipefail
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 BENCH_COMMIT=$1
 [ -d /tmp/site ] || tar xJf .site.tar.xz -C /tmp
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .tao/*.whl 2>&1 | tail -1
+timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/pipelines/test_recipe.py 2>&1 | tail -2  # fp8 + bf16 steps
 SAGEVIDEO_COMPILE_CACHE=/tmp/cc-blocks timeout 140 python3 -m bench.first_call --layers 4 --linear fp8 \
   --out $OUT/first-call > $OUT/first-call.txt 2>&1; echo "first_call rc=$?"
 export SAGEVIDEO_COMPILE_CACHE=/tmp/cc-model

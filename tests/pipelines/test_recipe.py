@@ -355,3 +355,28 @@ def test_graphs_with_sagevideo_attention_load_from_the_compile_cache_and_still_r
     assert cold.get("fxgraph_cache_miss") == 1 and "fxgraph_cache_bypass" not in cold
     assert warm.get("fxgraph_cache_hit") == 1 and "fxgraph_cache_miss" not in warm
     assert cold_calls == warm_calls == {"reference/fp16": 1}
+
+
+@pytest.mark.gpu
+def test_fp8_with_bf16_steps_under_inductor_on_gpu():
+    """The real thing on an sm89+ GPU: torchao's float8 GEMMs, Inductor, sagevideo's Triton kernels;
+    steps 0 and -1 with the bf16 weights, a finite video, every attention call on a kernel."""
+    from sagevideo.choices import has_fp8_tensor_cores
+
+    if not has_fp8_tensor_cores("cuda"):
+        pytest.skip("needs FP8 tensor cores (sm89+)")
+    from sagevideo.jobs.specs import JobSpec
+    from sagevideo.pipelines.runner import run_job
+
+    pipe = fresh_pipe().to("cuda", torch.bfloat16)
+    install(pipe, backend="triton")
+    applied = apply_recipe(pipe, Recipe(linear="fp8", linear_bf16_steps=[0, -1], compile="regional"))
+    kinds = weight_kinds_per_forward(pipe.transformer)
+    source = resolve_model("tiny")
+    applied.start_job(steps=4)
+    with record_backends() as log:
+        frames = run_job(pipe, source.resolve(JobSpec(prompt="a cat", steps=4)), text_tokens=source.text_tokens,
+                         on_step=applied.on_step).frames
+    assert kinds == ["bf16", "fp8", "fp8", "bf16"] and applied.record()["bf16_steps_ran"] == [0, 3]
+    assert frames is not None and frames.std() > 0
+    assert log.counts and all(label.startswith(("triton/", "gluon/")) for label in log.counts), dict(log.counts)
