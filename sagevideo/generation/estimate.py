@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from sagevideo.generation.budget import format_bytes, format_seconds
 from sagevideo.jobs.specs import JobSpec
@@ -69,8 +70,10 @@ def decode_activations(frames: int) -> float:
     return 26 + 15 * min(frames - 1, 8) + 6.5 * max(0, frames - 9)
 
 
-def estimate_job(source: ModelSource, job: JobSpec, backend: str | None, dtype: str) -> JobEstimate:
-    """Peak memory of a resolved job; backend: its sageattn backend (None: full precision, SDPA)."""
+def estimate_job(source: ModelSource, job: JobSpec, backend: str | None, dtype: str,
+                 recipe: Any = None) -> JobEstimate:
+    """Peak memory of a resolved job; backend: its sageattn backend (None: full precision, SDPA);
+    recipe: the batch's `Recipe` (its weights: `weights_bytes`)."""
     from sagevideo.kernels.plans import tiles
 
     width = DTYPE_BYTES[dtype]
@@ -82,20 +85,33 @@ def estimate_job(source: ModelSource, job: JobSpec, backend: str | None, dtype: 
         block_n = tiles(job.pv or "fp16", source.head_dim)[1]
         denoise += batch * source.heads * tokens * (block_n * 40 + source.head_dim * 40)
     decode = int(job.height * job.width * source.vae_channels * width * decode_activations(job.frames))
-    return JobEstimate(tokens=tokens, weights=weights_bytes(source, dtype), denoise=denoise, decode=decode,
+    return JobEstimate(tokens=tokens, weights=weights_bytes(source, dtype, recipe), denoise=denoise, decode=decode,
                        calls=source.layers * job.steps)
 
 
-def weights_bytes(source: ModelSource, dtype: str) -> int:
-    """Bytes of the pipeline's weights once loaded in `dtype` (tiny: its parameter count)."""
+def weights_bytes(source: ModelSource, dtype: str, recipe: Any = None) -> int:
+    """Bytes of the pipeline's weights once loaded in `dtype` (tiny: its parameter count). With
+    FP8 linears and bf16 steps the denoisers' matrices are held twice: bf16 and a float8 copy
+    (1 byte an element). Plain FP8 linears are counted in bf16: an estimate above the truth."""
     width = DTYPE_BYTES[dtype]
     if source.is_tiny:
         return 10 * 10**6  # a few hundred thousand parameters; this bounds them
-    return _stored_elements(str(source.path)) * width
+    total = _stored_elements(str(source.path)) * width
+    if recipe is not None and recipe.linear == "fp8" and recipe.linear_bf16_steps:
+        total += _stored_denoiser_matrices(str(source.path))
+    return total
 
 
 @lru_cache(maxsize=8)
-def _stored_elements(folder: str) -> int:
+def _stored_denoiser_matrices(folder: str) -> int:
+    """Elements of the 2-D weights in a diffusers folder's denoiser subfolders (transformer,
+    transformer_2): the linears FP8 quantizes, and a few embeddings (headers only)."""
+    return sum(_stored_elements(str(sub), matrices_only=True)
+               for sub in sorted(Path(folder).glob("transformer*")) if sub.is_dir())
+
+
+@lru_cache(maxsize=8)
+def _stored_elements(folder: str, matrices_only: bool = False) -> int:
     """Number of weight elements in a diffusers folder's safetensors files (headers only)."""
     from safetensors import safe_open
 
@@ -103,8 +119,11 @@ def _stored_elements(folder: str) -> int:
     for file in sorted(Path(folder).rglob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
+                shape = f.get_slice(key).get_shape()
+                if matrices_only and len(shape) != 2:
+                    continue
                 n = 1
-                for dim in f.get_slice(key).get_shape():
+                for dim in shape:
                     n *= dim
                 total += n
     return total

@@ -185,7 +185,8 @@ def plan_batch(
     notes += execution_notes
     # On CUDA only for a run in this process: a driver that Ray workers serve must not take a GPU context.
     here = address is None and not (use_ray and dev == "cuda")
-    problems, estimate_notes = _budget(source, resolved, backends, dev, dt, job_timeout, local=here)
+    problems, estimate_notes = _budget(source, resolved, backends, dev, dt, job_timeout, local=here,
+                                       recipe=settings.recipe)
     if problems:
         raise InputError(group_problems(problems))
     notes += estimate_notes
@@ -489,6 +490,7 @@ def _budget(
     job_timeout: float | None,
     *,
     local: bool,
+    recipe: Any = None,
 ) -> tuple[list[tuple[str, str]], list[str]]:
     """(problems, notes): jobs whose estimated peak memory exceeds what this machine's device has
     free are refused with the estimate (`local`: the jobs run here, not on a cluster's nodes);
@@ -500,7 +502,7 @@ def _budget(
     problems, notes, timed = [], [], set()
     for j, label in resolved:
         backend = backends[(j.attention, j.pv)]
-        estimate = estimate_job(source, j, backend, dtype)
+        estimate = estimate_job(source, j, backend, dtype, recipe)
         if free is not None and estimate.peak > free:
             problems.append((where(label), (
                 f"needs {estimate.describe()}, but the {device} has {format_bytes(free)} free; "

@@ -75,3 +75,26 @@ def test_each_family_counts_its_own_attention_tokens_and_forward_batch():
     o = opensora.resolve(job)
     assert estimate_job(opensora, o, "sdpa", "float32").denoise == (
         3 * latent_tokens(opensora, o) * opensora.heads * opensora.head_dim * 4 * 16)
+
+
+def test_bf16_steps_count_the_float8_copies_of_the_denoisers_matrices(tmp_path):
+    """With --linear-bf16-steps the denoisers' matrices stay in bf16 beside their float8 copies
+    (1 byte each); other components and 1-D weights are not copied. Headers only: no data read."""
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import save_file
+
+    from sagevideo.generation.estimate import weights_bytes
+    from sagevideo.jobs.recipe import Recipe
+
+    for sub, tensors in {"transformer": {"a.weight": torch.zeros(64, 32), "a.bias": torch.zeros(64)},
+                         "transformer_2": {"b.weight": torch.zeros(16, 16)},
+                         "vae": {"c.weight": torch.zeros(10, 10)}}.items():
+        (tmp_path / sub).mkdir()
+        save_file(tensors, str(tmp_path / sub / "model.safetensors"))
+    source = SimpleNamespace(is_tiny=False, path=tmp_path)
+    plain = (64 * 32 + 64 + 16 * 16 + 10 * 10) * 2
+    assert weights_bytes(source, "bfloat16") == plain == weights_bytes(source, "bfloat16", Recipe(linear="fp8"))
+    edges = Recipe(linear="fp8", linear_bf16_steps=[0, -1])
+    assert weights_bytes(source, "bfloat16", edges) == plain + 64 * 32 + 16 * 16
