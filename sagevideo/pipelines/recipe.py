@@ -7,8 +7,9 @@ and regional torch.compile, applied in the order that composes, after the attent
   `quantize_(block, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))` on the
   transformer blocks' nn.Linear layers (but `linear_keep` and layers whose dims are not multiples
   of 16, which float8 GEMMs cannot take), Inductor's settings left alone, their bf16 weights kept
-  for `linear_bf16_steps` (`Bf16Steps`, swapped between steps by the job's `on_step`); 2. compile "regional": diffusers' `compile_repeated_blocks`
-  where the model declares `_repeated_blocks`, else each block of the transformer's block lists
+  for `linear_bf16_steps` (`Bf16Steps`, swapped between steps by the job's `on_step`);
+  2. compile "regional": diffusers' `compile_repeated_blocks` where the model declares
+  `_repeated_blocks`, else each block of the transformer's block lists
   `.compile()`d (the same thing, found by diffusers' block names); with a cache, each block's own
   `forward` compiled instead, so that 3. the cache's hooks (`transformer.enable_cache(<diffusers
   config>)`) stay outside the compiled code. Compiled code goes to a persistent folder
