@@ -12,6 +12,8 @@ decode included, in arms run one after another in this process:
   quantized attention plus the recipe (default regional compile + FP8 linears), timings from the
   manifest records: the first video (compilation lands in its first step) and the later ones;
 - sage-cache: the same with `cache=first-block` (--cache-threshold): speed-up and steps skipped;
+- sage-edges: the same with `linear_bf16_steps=0;-1` (the first and last step with bf16 weights,
+  needs `linear=fp8` in --recipe): what the high-precision steps cost;
 - second-worker: `sagevideo generate` in a new process with the sage recipe and 2 steps, after the
   sage arm filled the compile cache: a worker start with a warm cache, to the first step;
 - stock-compiled: stock with each transformer block `torch.compile`d (what a user who already
@@ -44,7 +46,7 @@ from bench.results import add_results_option, start_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "a red panda climbing a tree in the rain, cinematic lighting"
-ARMS = ("sage", "stock", "second-worker", "sage-cache", "stock-compiled")
+ARMS = ("sage", "stock", "second-worker", "sage-cache", "sage-edges", "stock-compiled")
 DEFAULT_ARMS = "sage,stock,second-worker,sage-cache"
 DEFAULT_RECIPE = "compile=regional,linear=fp8"
 TINY_RECIPE = "compile=regional,compile_backend=eager"
@@ -182,7 +184,7 @@ def ratios(arms: dict) -> dict:
     """Stock / sage ratios of what both arms measured."""
     found = {}
     stock = arms.get("stock")
-    for name in ("sage", "sage-cache", "stock-compiled"):
+    for name in ("sage", "sage-cache", "sage-edges", "stock-compiled"):
         arm = arms.get(name)
         if stock is None or arm is None:
             continue
@@ -264,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     args.compile_backend = "inductor" if args.device == "cuda" else "eager"
     recipe = args.recipe or (TINY_RECIPE if args.tiny else DEFAULT_RECIPE)
+    if "sage-edges" in arms:
+        from sagevideo.jobs.recipe import parse_recipe
+
+        if parse_recipe(recipe).linear != "fp8":
+            parser.error(f"--arms sage-edges: runs steps in bf16 beside FP8 linears; --recipe {recipe!r} has none")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_video_"))
     folder = args.model or work / "model"
@@ -285,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "sage-cache":
             cached = f"{recipe},cache=first-block,cache_threshold={args.cache_threshold}"
             result = sage_arm(folder, work / "out-sage-cache", args, cached)
+        elif name == "sage-edges":
+            result = sage_arm(folder, work / "out-sage-edges", args, f"{recipe},linear_bf16_steps=0;-1")
         else:
             result = second_worker_arm(folder, work / "out-second-worker", args, recipe)
         report["arms"][name] = result

@@ -21,6 +21,12 @@ def test_unknown_arm_is_refused(capsys):
     assert exc.value.code == 2 and "'fastest' is not one of" in capsys.readouterr().err
 
 
+def test_the_edges_arm_needs_fp8_linears_in_the_recipe(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_video.main(["--tiny", "--arms", "sage-edges"])
+    assert exc.value.code == 2 and "--arms sage-edges: runs steps in bf16 beside FP8 linears" in capsys.readouterr().err
+
+
 def test_tiny_video_per_arm_on_cpu(tmp_path, capsys):
     out = tmp_path / "video.json"
     results = tmp_path / "results.jsonl"
