@@ -335,7 +335,7 @@ def apply_recipe(pipe_or_transformer: Any, recipe: Recipe) -> AppliedRecipe:
     applied.denoisers = [transformer for _, transformer, _ in denoisers]
     if recipe.linear == "fp8":
         _fp8_linears(denoisers, recipe.linear_keep, applied)
-        if recipe.linear_bf16_steps:
+        if applied.bf16_steps is not None:  # None where every linear stayed bf16: nothing to swap
             for transformer in applied.denoisers:
                 transformer.register_forward_pre_hook(applied.bf16_steps.refuse_unknown_steps)
     for _, transformer, blocks in denoisers:

@@ -296,6 +296,13 @@ def test_bf16_steps_for_every_step_give_the_bf16_video_and_fewer_do_not(fp8_on_c
     assert record["bf16_steps_ran"] == [0] and not (first == bf16).all()  # steps 1 and 2 ran float8
 
 
+def test_bf16_steps_where_every_linear_is_kept_in_bf16_have_nothing_to_swap(fp8_on_cpu):
+    pipe = fresh_pipe().to(torch.bfloat16)
+    applied = apply_recipe(pipe, Recipe(linear="fp8", linear_keep=["*"], linear_bf16_steps=[0]))
+    assert applied.fp8_layers == [] and applied.bf16_steps is None and "bf16_steps_ran" not in applied.record()
+    assert torch.isfinite(forward(pipe.transformer)).all()  # no job's steps needed: every step is bf16
+
+
 def test_the_denoiser_refuses_to_run_bf16_steps_before_a_job_says_its_steps(fp8_on_cpu):
     pipe = fresh_pipe().to(torch.bfloat16)
     apply_recipe(pipe, Recipe(linear="fp8", linear_bf16_steps=[0]))
