@@ -257,7 +257,8 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
         results.append(result)
         if progress:  # as each recipe finishes: a run cut short still said what it measured
             cached = (f" (compiled graphs from the cache: {lookups['fxgraph_cache_hit']} hit, "
-                      f"{lookups['fxgraph_cache_miss']} missed)" if lookups else "")
+                      f"{lookups['fxgraph_cache_miss']} missed, {lookups['fxgraph_cache_bypass']} refused)"
+                      if lookups else "")
             progress(f"{name}: {result.ms:.1f} ms, first call {first_call_s:.1f} s{cached}, "
                      f"{result.backends or 'stock SDPA'}")
         if handle is not None:

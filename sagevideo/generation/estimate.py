@@ -102,10 +102,10 @@ def weights_bytes(source: ModelSource, dtype: str, recipe: Any = None) -> int:
     return total
 
 
-@lru_cache(maxsize=8)
 def _stored_denoiser_matrices(folder: str) -> int:
     """Elements of the 2-D weights in a diffusers folder's denoiser subfolders (transformer,
-    transformer_2): the linears FP8 quantizes, and a few embeddings (headers only)."""
+    transformer_2): the linears FP8 quantizes, and a few embeddings (headers only, each subfolder's
+    count cached by `_stored_elements`)."""
     return sum(_stored_elements(str(sub), matrices_only=True)
                for sub in sorted(Path(folder).glob("transformer*")) if sub.is_dir())
 

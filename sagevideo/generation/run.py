@@ -74,7 +74,7 @@ class BatchReport:
     warmups: list[float] = field(default_factory=list)
     cache_forwards: int = 0
     cache_skipped: int = 0
-    graph_cache: Counter = field(default_factory=Counter)  # FX-graph cache lookups: hit / miss
+    graph_cache: Counter = field(default_factory=Counter)  # compiled graphs: "hit" (from the cache) / "miss" (not)
 
     @property
     def ok(self) -> bool:
@@ -99,7 +99,9 @@ class BatchReport:
         self.cache_forwards += recipe.get("cache_forwards") or 0
         self.cache_skipped += recipe.get("cache_skipped") or 0
         lookups = recipe.get("compile_cache_lookups") or {}
-        self.graph_cache.update(hit=lookups.get("fxgraph_cache_hit", 0), miss=lookups.get("fxgraph_cache_miss", 0))
+        # A graph the cache refused (bypass) was compiled afresh too: it counts as not from the cache.
+        self.graph_cache.update(hit=lookups.get("fxgraph_cache_hit", 0),
+                                miss=lookups.get("fxgraph_cache_miss", 0) + lookups.get("fxgraph_cache_bypass", 0))
 
     def summary_line(self) -> str:
         """One line, e.g. 'sagevideo: 2 done, 0 skipped, 0 failed → out (manifest.jsonl);
