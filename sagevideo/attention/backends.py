@@ -42,6 +42,7 @@ AUTO = "auto"
 CHOICES = BACKENDS  # what `backend=` accepts: "auto" and each Backend
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 GLUON = "gluon"  # recorded instead of "triton" when the Gluon sm90 kernel computed the call
+DEVICE_KERNELS = plans.DEVICE_KERNELS  # the kernels' function names, as a profiler lists them
 
 
 @dataclass(frozen=True)

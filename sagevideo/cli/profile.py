@@ -19,6 +19,8 @@ def profile(
     frames: int = typer.Option(None, help="video frames (4k + 1); default: the model's"),
     resolution: str = typer.Option(None, help="HEIGHTxWIDTH in pixels, e.g. 480x720; default: the model's"),
     steps: int = typer.Option(1, help="denoising steps measured (after one warm-up step)"),
+    recipe: str = typer.Option(None, help="run the model as this bench forward recipe, "
+                               "[fp8-](eager|compile)-(cudnn|sage), e.g. fp8-compile-sage; default: stock"),
     device: str = typer.Option("auto", help="cuda, cpu, or auto"),
     json_out: Path = typer.Option(None, "--json", help="write the report as JSON here"),
     plot: Path = typer.Option(None, help="write a PNG of the split and the bounds here"),
@@ -36,8 +38,8 @@ def profile(
 
         try:
             size = ModelSizeOptions(frames=frames, resolution=resolution)
-            config = ProfileConfig(model=model, **size.size(), steps=steps, device=device, json_out=json_out,
-                                   plot=plot)
+            config = ProfileConfig(model=model, **size.size(), steps=steps, recipe=recipe, device=device,
+                                   json_out=json_out, plot=plot)
         except ValidationError as err:
             from sagevideo.jobs.specs import problem_parts
 

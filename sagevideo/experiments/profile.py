@@ -9,23 +9,40 @@ rest: an op counts under the first category met from the outermost op that calle
 Amdahl's bound of each lever: a part with share s made k times faster makes the step at most
 1 / ((1 - s) + s / k) times faster.
 
+With `recipe` (a `bench forward` recipe name, e.g. fp8-compile-sage) the model runs as that recipe
+makes it: sagevideo attention installed, torchao FP8 linears, regional torch.compile. Inside
+compiled graphs no aten op surrounds most kernels, so there each kernel's device time is counted by
+its name: sagevideo's own kernels (`attention.backends.DEVICE_KERNELS`) and SDPA's as attention,
+GEMM libraries' and Inductor's matmul templates as linears, the rest (Inductor's fused pointwise and
+reduction kernels) as rest. The report also lists the step's largest kernels with their category.
+
 Random weights, because the time split depends on the shapes, not on the values.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from sagevideo.errors import InputError
 
 CATEGORIES = ("attention", "linear", "rest")
 SPEEDUPS = (2.0, 3.0, math.inf)
 _ATTENTION_OPS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention", "sagevideo::")
 _LINEAR_OPS = ("aten::linear", "aten::addmm", "aten::mm", "aten::_scaled_mm", "aten::matmul", "aten::bmm")
 _BOOKKEEPING = ("sagevideo::record_backend", "sagevideo::note_attention")  # records, not attention time
+# Kernel names, where no classified op surrounds a kernel (compiled graphs). Attention is matched
+# first: CUTLASS's memory-efficient attention kernels are named fmha_cutlass*.
+_ATTENTION_KERNELS = ("fmha", "flash", "sdpa", "attention")
+_LINEAR_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "triton_tem_fused_mm", "triton_tem_fused_addmm",
+                   "triton_tem_fused__scaled_mm", "scaled_mm")
+TOP_KERNELS = 12
 
 
 class ProfileConfig(BaseModel):
@@ -37,6 +54,7 @@ class ProfileConfig(BaseModel):
     height: int | None = Field(None, ge=16)
     width: int | None = Field(None, ge=16)
     steps: int = Field(1, ge=1)
+    recipe: str | None = None  # a bench forward recipe name ([fp8-](eager|compile)-(cudnn|sage)); None: stock
     device: str = "auto"
     dtype: Literal["bfloat16", "float16", "float32"] | None = None  # None: bf16 on a GPU, fp32 on the CPU
     json_out: Path | None = None
@@ -48,6 +66,15 @@ class ProfileConfig(BaseModel):
         from sagevideo.pipelines.forwards import known_config
 
         return known_config(value)
+
+    @field_validator("recipe")
+    @classmethod
+    def _known_recipe(cls, value: str | None) -> str | None:
+        from sagevideo.experiments.bench_forward import parse_recipe_name
+
+        if value is not None:
+            parse_recipe_name(value)  # ValueError naming the form
+        return value
 
 
 class ProfileReport(BaseModel):
@@ -62,16 +89,23 @@ class ProfileReport(BaseModel):
     seconds: dict[str, float]
     shares: dict[str, float]
     bounds: dict[str, dict[str, float]]
+    recipe: str | None = None
+    kernels: list[dict] = []  # the largest kernels: name, category, ms (summed over the steps), calls
 
     def table(self) -> str:
         """The console table: ms and share per part, and each lever's bounds."""
         head = "  ".join(f"{_k(k) + ' faster':>12s}" for k in SPEEDUPS)
-        lines = [f"{self.model} on {self.device}: {self.steps} step(s) of {self.forwards_per_step} forward(s), "
-                 f"{self.tokens} video tokens", f"{'part':10s} {'ms':>10s} {'share':>7s}   step bound: {head}"]
+        recipe = f", recipe {self.recipe}" if self.recipe else ""
+        lines = [f"{self.model} on {self.device}{recipe}: {self.steps} step(s) of {self.forwards_per_step} "
+                 f"forward(s), {self.tokens} video tokens",
+                 f"{'part':10s} {'ms':>10s} {'share':>7s}   step bound: {head}"]
         for cat in CATEGORIES:
             bounds = "" if cat == "rest" else "  ".join(f"{'≤ ' + format(b, '.2f') + '×':>12s}"
                                                       for b in self.bounds[cat].values())
             lines.append(f"{cat:10s} {self.seconds[cat] * 1e3:10.1f} {self.shares[cat]:7.1%}   {'':12s}{bounds}")
+        if self.kernels:
+            lines.append(f"largest kernels ({'ms':>8s}, calls, part):")
+            lines += [f"  {k['ms']:10.1f} {k['calls']:6d}  {k['category']:9s} {k['name'][:90]}" for k in self.kernels]
         return "\n".join(lines)
 
 
@@ -106,11 +140,24 @@ def category_of(names: list[str]) -> str:
     return "rest"
 
 
-def split_events(events, use_device: bool) -> dict[str, float]:
+def kernel_category(name: str) -> str:
+    """The category of a device kernel by its name alone (no classified op around it)."""
+    from sagevideo.attention.backends import DEVICE_KERNELS
+
+    if any(kernel in name for kernel in DEVICE_KERNELS) or any(part in name for part in _ATTENTION_KERNELS):
+        return "attention"
+    if any(part in name for part in _LINEAR_KERNELS):
+        return "linear"
+    return "rest"
+
+
+def split_events(events, use_device: bool, kernels: dict[str, list] | None = None) -> dict[str, float]:
     """Per-category seconds of profiler `events` (FunctionEvents): each op's self time under the
-    category of its outermost classified caller. Only the ops' (CPU-side) events count: on a GPU
-    an op's self device time already holds its kernels' time, and the kernel events the profiler
-    also lists (no CPU parent) would count it a second time, as "rest"."""
+    category of its outermost classified caller; on a GPU, where no classified op surrounds an op,
+    each of its kernels under `kernel_category` of its name. Only the ops' (CPU-side) events count:
+    on a GPU an op's self device time already holds its kernels' time, and the kernel events the
+    profiler also lists (no CPU parent) would count it a second time, as "rest". `kernels`, if
+    given, collects name -> [category, seconds, calls] of every device kernel."""
     from torch.autograd import DeviceType
 
     seconds = dict.fromkeys(CATEGORIES, 0.0)
@@ -121,9 +168,25 @@ def split_events(events, use_device: bool) -> dict[str, float]:
         while parent is not None:
             chain.append(parent.name)
             parent = parent.cpu_parent
-        self_us = event.self_device_time_total if use_device else event.self_cpu_time_total
-        seconds[category_of(chain[::-1])] += self_us / 1e6
+        category = category_of(chain[::-1])
+        own_kernels = getattr(event, "kernels", []) if use_device else []
+        if not own_kernels:
+            self_us = event.self_device_time_total if use_device else event.self_cpu_time_total
+            seconds[category] += self_us / 1e6
+        for kernel in own_kernels:
+            kind = category if category != "rest" else kernel_category(kernel.name)
+            seconds[kind] += kernel.duration / 1e6
+            if kernels is not None:
+                entry = kernels.setdefault(kernel.name, [kind, 0.0, 0])
+                entry[1] += kernel.duration / 1e6
+                entry[2] += 1
     return seconds
+
+
+def largest_kernels(kernels: dict[str, list], count: int = TOP_KERNELS) -> list[dict]:
+    """The `count` kernels with the most device time, from `split_events`' `kernels`."""
+    ranked = sorted(kernels.items(), key=lambda item: -item[1][1])[:count]
+    return [dict(name=name, category=kind, ms=secs * 1e3, calls=calls) for name, (kind, secs, calls) in ranked]
 
 
 def run_profile(config: ProfileConfig) -> ProfileReport:
@@ -134,24 +197,65 @@ def run_profile(config: ProfileConfig) -> ProfileReport:
 
     device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, config.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    _check_recipe(config.recipe, device, dtype)  # before building: the model may take minutes
     step = build_step(config.model, device, dtype, frames=config.frames, height=config.height, width=config.width)
-    step.run()  # warm-up: allocator, kernels, autotuning
-    use_device = device.startswith("cuda")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_device else [])
-    with profile(activities=activities) as prof:
-        for _ in range(config.steps):
-            step.run()
-        if use_device:
-            torch.cuda.synchronize()
+    with _as_recipe(step.model, config.recipe, device):
+        step.run()  # warm-up: allocator, kernels, autotuning, compilation
+        use_device = device.startswith("cuda")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_device else [])
+        with profile(activities=activities) as prof:
+            for _ in range(config.steps):
+                step.run()
+            if use_device:
+                torch.cuda.synchronize()
+    kernels: dict[str, list] = {}
     report = report_from_seconds(
-        split_events(prof.events(), use_device), model=config.model, device=device, steps=config.steps,
-        forwards_per_step=len(step.forwards), tokens=step.tokens,
+        split_events(prof.events(), use_device, kernels), model=config.model, device=device, steps=config.steps,
+        forwards_per_step=len(step.forwards), tokens=step.tokens, recipe=config.recipe,
+        kernels=largest_kernels(kernels),
     )
     if config.json_out is not None:
         config.json_out.write_text(json.dumps(report.model_dump(), indent=2, default=str))
     if config.plot is not None:
         plot_report(report, config.plot)
     return report
+
+
+def _check_recipe(name: str | None, device: str, dtype) -> None:
+    """InputError where this machine cannot run recipe `name` (FP8 linears without FP8 tensor cores)."""
+    from sagevideo.experiments.bench_forward import parse_recipe_name
+    from sagevideo.pipelines.recipe import fp8_linear_problem
+
+    if name is None:
+        return
+    spec = parse_recipe_name(name)
+    if spec["attention"] == "sage" and spec["compile"] != "none" and not device.startswith("cuda"):
+        raise InputError(f"--recipe {name}: on the CPU sagevideo attention is the reference emulation, whose "
+                         "plain aten ops inside a compiled graph cannot be told from the rest; profile "
+                         f"{name.replace('compile', 'eager')} here, or {name} on a GPU")
+    problem = fp8_linear_problem(device, str(dtype).removeprefix("torch.")) if spec["linear"] == "fp8" else None
+    if problem:
+        raise InputError(f"--recipe {name}: {problem}")
+
+
+@contextlib.contextmanager
+def _as_recipe(model, name: str | None, device: str) -> Iterator[None]:
+    """Run `model` as recipe `name` makes it (as `bench forward` does), or stock when None."""
+    if name is None:
+        yield
+        return
+    import sagevideo
+    from sagevideo.experiments.bench_forward import parse_recipe_name, sdpa_cudnn_first
+    from sagevideo.jobs.recipe import Recipe
+    from sagevideo.pipelines.recipe import apply_recipe
+
+    spec = parse_recipe_name(name)
+    if spec["attention"] == "sage":
+        sagevideo.install(model, backend="auto" if device.startswith("cuda") else "reference")
+    backend = "inductor" if device.startswith("cuda") else "eager"
+    apply_recipe(model, Recipe(compile=spec["compile"], linear=spec["linear"], compile_backend=backend))
+    with sdpa_cudnn_first(device):
+        yield
 
 
 def plot_report(report: ProfileReport, path: Path) -> None:

@@ -63,3 +63,63 @@ def test_kernel_events_are_not_counted_twice():
               event("aten::add", 200.0), event("cudnn_attention_kernel", 800.0, DeviceType.CUDA),
               event("sm90_gemm_kernel", 700.0, DeviceType.CUDA), event("elementwise_kernel", 200.0, DeviceType.CUDA)]
     assert split_events(events, use_device=True) == pytest.approx({"attention": 8e-4, "linear": 7e-4, "rest": 2e-4})
+
+
+def test_kernels_outside_any_classified_op_count_by_their_names():
+    """Under torch.compile no aten op surrounds Inductor's and sagevideo's kernels: each kernel of
+    an unclassified op counts by its name; a classified op's kernels stay in its category."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def kernel(name, us):
+        return SimpleNamespace(name=name, duration=us)
+
+    graph = SimpleNamespace(name="## Call CompiledFxGraph ##", self_device_time_total=1000.0, self_cpu_time_total=0.0,
+                            cpu_parent=None, device_type=DeviceType.CPU,
+                            kernels=[kernel("_attn_fwd_sm90_kernel_0", 500.0), kernel("_quantize_q_kernel", 50.0),
+                                     kernel("nvjet_tst_256x128_64x4_2x1_v_bz_coopB_TNT", 300.0),
+                                     kernel("triton_poi_fused_addmm_gelu_3", 100.0),
+                                     kernel("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", 50.0)])
+    mm = SimpleNamespace(name="aten::_scaled_mm", self_device_time_total=400.0, self_cpu_time_total=0.0,
+                         cpu_parent=None, device_type=DeviceType.CPU, kernels=[kernel("triton_poi_fused_1", 400.0)])
+    kernels = {}
+    assert split_events([graph, mm], use_device=True, kernels=kernels) == pytest.approx(
+        {"attention": 6e-4, "linear": 7e-4, "rest": 1e-4})
+    assert kernels["triton_poi_fused_addmm_gelu_3"] == ["rest", pytest.approx(1e-4), 1]
+    assert kernels["triton_poi_fused_1"][0] == "linear"  # inside aten::_scaled_mm
+
+
+@pytest.mark.parametrize("recipe", ["eager-sage", "compile-cudnn"])
+def test_a_recipe_on_the_cpu(recipe):
+    """The reference attention (eager-sage) is named for the profiler; compile-cudnn's SDPA stays an
+    aten op in the compiled graph (the eager compile backend on the CPU)."""
+    report = run_profile(ProfileConfig(model="tiny-cogvideox", recipe=recipe, device="cpu"))
+    assert report.recipe == recipe and f"recipe {recipe}" in report.table()
+    assert report.shares["attention"] > 0.05 and report.shares["linear"] > 0
+
+
+def test_the_reference_attention_is_named_for_the_profiler():
+    import torch
+    from torch.profiler import profile
+
+    from sagevideo.attention.functional import REFERENCE_PROFILE_NAME, sageattn
+
+    q, k, v = (torch.randn(1, 2, 64, 32) for _ in range(3))
+    with profile() as prof:
+        sageattn(q, k, v, backend="reference")
+    assert category_of([REFERENCE_PROFILE_NAME]) == "attention"
+    assert any(e.name == REFERENCE_PROFILE_NAME and e.cpu_children for e in prof.events())
+
+
+def test_a_recipe_this_machine_cannot_run_is_refused_before_building(monkeypatch):
+    from sagevideo.errors import InputError
+    from sagevideo.pipelines import forwards
+
+    monkeypatch.setattr(forwards, "build_step", lambda *a, **k: pytest.fail("built the model"))
+    with pytest.raises(InputError, match="--recipe fp8-eager-sage: float8 linears need"):
+        run_profile(ProfileConfig(model="tiny-cogvideox", recipe="fp8-eager-sage", device="cpu"))
+    with pytest.raises(InputError, match="--recipe compile-sage: on the CPU .* profile eager-sage here"):
+        run_profile(ProfileConfig(model="tiny-cogvideox", recipe="compile-sage", device="cpu"))
+    with pytest.raises(ValueError, match="is not"):
+        ProfileConfig(recipe="compile-fast")

@@ -184,3 +184,16 @@ def test_select_plan_traces_into_one_graph_on_hopper(hopper, monkeypatch, wanted
     assert out.tolist() == [[3.0 if wanted == "triton" else 2.0] * 128] * 2
     assert [c[:2] for c in checked] == ([] if wanted == "triton" else [(128, 2)])
     torch._dynamo.reset()
+
+
+def test_device_kernel_names_are_the_kernel_modules_jitted_kernels():
+    """The names profilers attribute to attention are every jitted `*_kernel` of the kernel modules."""
+    import importlib
+
+    found = set()
+    for module in ("attention_fwd", "attention_sm90", "quantize"):
+        mod = importlib.import_module(f"sagevideo.kernels.{module}")
+        for name, value in vars(mod).items():
+            if name.endswith("_kernel") and hasattr(value, "fn"):  # a triton / gluon JITFunction
+                found.add(name)
+    assert found == set(plans.DEVICE_KERNELS)
