@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -90,6 +91,7 @@ class ProfileReport(BaseModel):
     shares: dict[str, float]
     bounds: dict[str, dict[str, float]]
     recipe: str | None = None
+    wall_seconds: float | None = None  # the measured steps' wall time, profiler on (its overhead included)
     kernels: list[dict] = []  # the largest kernels: name, category, ms (summed over the steps), calls
 
     def table(self) -> str:
@@ -103,6 +105,12 @@ class ProfileReport(BaseModel):
             bounds = "" if cat == "rest" else "  ".join(f"{'≤ ' + format(b, '.2f') + '×':>12s}"
                                                       for b in self.bounds[cat].values())
             lines.append(f"{cat:10s} {self.seconds[cat] * 1e3:10.1f} {self.shares[cat]:7.1%}   {'':12s}{bounds}")
+        if self.wall_seconds:
+            counted = sum(self.seconds.values())
+            over = (" — more than the wall time: kernels overlapped (several streams) or were counted twice; "
+                    "the shares are of the counted time") if counted > 1.02 * self.wall_seconds else ""
+            lines.append(f"counted {counted * 1e3:.1f} ms of op time in {self.wall_seconds * 1e3:.1f} ms of wall time"
+                         f"{over}")
         if self.kernels:
             lines.append(f"largest kernels ({'ms':>8s}, calls, part):")
             lines += [f"  {k['ms']:10.1f} {k['calls']:6d}  {k['category']:9s} {k['name'][:90]}" for k in self.kernels]
@@ -156,14 +164,21 @@ def split_events(events, use_device: bool, kernels: dict[str, list] | None = Non
     category of its outermost classified caller; on a GPU, where no classified op surrounds an op,
     each of its kernels under `kernel_category` of its name. Only the ops' (CPU-side) events count:
     on a GPU an op's self device time already holds its kernels' time, and the kernel events the
-    profiler also lists (no CPU parent) would count it a second time, as "rest". `kernels`, if
-    given, collects name -> [category, seconds, calls] of every device kernel."""
+    profiler also lists (no CPU parent) would count it a second time, as "rest". A kernel the
+    profiler attaches to several CPU events of one correlation id (CUPTI's own "Activity Buffer
+    Request" inside the op that launched it) counts once, for the first. `kernels`, if given,
+    collects name -> [category, seconds, calls] of every device kernel."""
     from torch.autograd import DeviceType
 
     seconds = dict.fromkeys(CATEGORIES, 0.0)
+    credited: set[int] = set()  # correlation ids whose kernels were counted
     for event in events:
         if getattr(event, "device_type", DeviceType.CPU) != DeviceType.CPU:
             continue
+        if use_device and getattr(event, "kernels", None):
+            if event.id in credited:
+                continue
+            credited.add(event.id)
         chain, parent = [], event
         while parent is not None:
             chain.append(parent.name)
@@ -200,19 +215,22 @@ def run_profile(config: ProfileConfig) -> ProfileReport:
     _check_recipe(config.recipe, device, dtype)  # before building: the model may take minutes
     step = build_step(config.model, device, dtype, frames=config.frames, height=config.height, width=config.width)
     with _as_recipe(step.model, config.recipe, device):
-        step.run()  # warm-up: allocator, kernels, autotuning, compilation
         use_device = device.startswith("cuda")
+        sync = torch.cuda.synchronize if use_device else (lambda: None)
+        step.run()  # warm-up: allocator, kernels, autotuning, compilation
+        sync()  # else the warm-up's queued kernels run inside the profiled window
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_device else [])
         with profile(activities=activities) as prof:
+            start = time.perf_counter()
             for _ in range(config.steps):
                 step.run()
-            if use_device:
-                torch.cuda.synchronize()
+            sync()
+            wall = time.perf_counter() - start
     kernels: dict[str, list] = {}
     report = report_from_seconds(
         split_events(prof.events(), use_device, kernels), model=config.model, device=device, steps=config.steps,
         forwards_per_step=len(step.forwards), tokens=step.tokens, recipe=config.recipe,
-        kernels=largest_kernels(kernels),
+        kernels=largest_kernels(kernels), wall_seconds=wall,
     )
     if config.json_out is not None:
         config.json_out.write_text(json.dumps(report.model_dump(), indent=2, default=str))

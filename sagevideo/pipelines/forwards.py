@@ -40,7 +40,7 @@ CONFIGS = {
     "cogvideox-5b": ("cogvideox", 49, 480, 720),
     "wan-14b": ("wan", 81, 720, 1280),
     "hunyuanvideo": ("hunyuanvideo", 129, 720, 1280),
-    "opensora-768px": ("opensora", 129, 768, 1360),
+    "opensora-768px": ("opensora", 129, 576, 1024),  # Open-Sora's 768px bucket at 16:9 (OPENSORA.md)
     "tiny-cogvideox": ("cogvideox", 9, 64, 64),
     "tiny-wan": ("wan", 9, 64, 64),
     "tiny-hunyuanvideo": ("hunyuanvideo", 9, 64, 64),

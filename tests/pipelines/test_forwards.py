@@ -18,3 +18,10 @@ def test_config_names_are_checked():
     assert known_config("wan-14b") == "wan-14b"
     with pytest.raises(ValueError, match="unknown model config 'wan'; use one of cogvideox-5b"):
         known_config("wan")
+
+
+def test_open_soras_768px_config_is_its_768px_bucket():
+    """Open-Sora 2.0's "768px" is an area bucket: 576x1024 at 16:9, 129 frames -> 33 x 36 x 64 =
+    76,032 video tokens + 512 text tokens (OPENSORA.md's table), not 768 pixels high."""
+    (call,) = attention_calls("opensora-768px")
+    assert (call.n_q, call.head_dim, call.calls) == (76032 + 512, 128, 57)
