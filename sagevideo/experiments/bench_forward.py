@@ -205,14 +205,15 @@ def recipe_table(results: list[RecipeResult]) -> list[str]:
 
 @contextlib.contextmanager
 def sdpa_cudnn_first(device: str) -> Iterator[None]:
-    """SDPA with cuDNN first (flash, then efficient, for calls cuDNN refuses) on a GPU; torch's own
-    choice on the CPU (it has no cuDNN)."""
+    """SDPA with cuDNN first (flash, efficient, then math, for calls cuDNN refuses: a text encoder's
+    float position-bias mask, e.g. T5's, takes none of the fused ones) on a GPU; torch's own choice
+    on the CPU (it has no cuDNN)."""
     if device != "cuda":
         yield
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     with sdpa_kernel(order, set_priority=True):
         yield
 
