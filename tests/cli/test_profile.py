@@ -29,3 +29,14 @@ def test_a_bad_model_config_is_one_line_naming_the_option():
         "sagevideo profile: error: --model: unknown model config 'tiny'; use one of cogvideox-5b, hunyuanvideo, "
         "opensora-768px, tiny-cogvideox, tiny-hunyuanvideo, tiny-opensora, tiny-wan, wan-14b"
     ]
+
+
+def test_a_recipe_runs_or_is_refused_naming_the_option():
+    runner = CliRunner()
+    result = runner.invoke(app, ["profile", "--model", "tiny-wan", "--recipe", "eager-sage"])
+    assert result.exit_code == 0, result.output
+    assert "recipe eager-sage" in result.output and "largest kernels" not in result.output  # no kernels on the CPU
+    result = runner.invoke(app, ["profile", "--recipe", "compile-sage", "--device", "cpu"])
+    assert result.exit_code == 2 and "--recipe compile-sage: on the CPU" in result.stderr
+    result = runner.invoke(app, ["profile", "--recipe", "fast"])
+    assert result.exit_code == 2 and "--recipe:" in result.stderr and "is not [fp8-](eager|compile)" in result.stderr
