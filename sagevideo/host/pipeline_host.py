@@ -201,6 +201,7 @@ class PipelineHost:
         self.recipe: Any = None  # the AppliedRecipe, once applied (after the first attention install)
         self.recipe_s = 0.0  # seconds applying it took, charged to the job it was applied for
         self._handle = None
+        self._started_timed = False  # process_to_first_step_s recorded (on the host's first job)
         self._attention: tuple[str | None, str | None, str | None] | None = None  # (backend, pv, plan) now
 
     @property
@@ -279,6 +280,9 @@ class PipelineHost:
                 timings["denoise_s"], timings["decode_s"] = round(result.denoise_s, 4), round(result.decode_s, 4)
                 if result.first_step_s is not None:
                     timings["first_step_s"] = round(result.first_step_s, 4)
+                if result.first_step_at is not None and not self._started_timed:
+                    self._started_timed = True  # a worker's start-up: its first job only
+                    timings["process_to_first_step_s"] = round(result.first_step_at - process_started(), 4)
                 if self.recipe_s:
                     timings["recipe_s"], self.recipe_s = round(self.recipe_s, 4), 0.0
                 start = time.perf_counter()
@@ -370,3 +374,10 @@ def _load(ctx: RunContext) -> tuple[Any, float]:
     except Exception as err:
         raise ModelLoadError(f"could not load model {ctx.source.name}: {type(err).__name__}: {err}") from err
     return pipe, time.perf_counter() - start
+
+
+def process_started() -> float:
+    """This process's start, as `time.time()` (the interpreter's launch: imports count after it)."""
+    import psutil
+
+    return psutil.Process().create_time()

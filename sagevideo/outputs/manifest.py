@@ -91,12 +91,16 @@ class Timings(TypedDict, total=False):
     """Seconds of the job's phases (load_s: the model load, charged to a worker's first job;
     first_step_s: denoising start to the end of step 1, inside denoise_s: compilation and warm-up;
     recipe_s: applying the speed recipe (FP8 quantization, compile and cache set-up), charged to the
-    job it was applied for; absent for plain recipes)."""
+    job it was applied for; absent for plain recipes; process_to_first_step_s: from the start of
+    the process the job ran in to the end of step 1, on the first job a worker ran: a worker's whole
+    start-up (interpreter, imports, load, recipe, compilation or compile-cache load); in a process of
+    the caller's own, e.g. a notebook's, it counts from that process's start)."""
 
     load_s: float | None
     denoise_s: float | None
     first_step_s: float | None
     recipe_s: float
+    process_to_first_step_s: float
     decode_s: float | None
     write_s: float | None
 

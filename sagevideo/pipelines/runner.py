@@ -28,12 +28,14 @@ class NonFiniteError(RuntimeError):
 class JobFrames:
     """frames: (F, H, W, 3) uint8 RGB (None when the job was not decoded); timings in seconds.
     first_step_s: from the start of denoising (text encoding included) to the end of the first
-    step: what compilation and warm-up cost a job, beside the steady steps (None: no step ran)."""
+    step: what compilation and warm-up cost a job, beside the steady steps (None: no step ran).
+    first_step_at: the wall clock (`time.time()`) at the end of the first step, or None."""
 
     frames: np.ndarray | None
     denoise_s: float
     decode_s: float
     first_step_s: float | None = None
+    first_step_at: float | None = None
 
 
 def run_job(
@@ -74,7 +76,7 @@ def run_job(
                 f"(timestep {int(timestep)})"
             )
         if not first_step_end:  # the finiteness check above waited for the device
-            first_step_end.append(time.perf_counter())
+            first_step_end.extend((time.perf_counter(), time.time()))
         if on_step is not None:
             on_step(step + 1, job.steps)
         return tensors
@@ -89,9 +91,10 @@ def run_job(
     start = _now(device)
     latents = family.denoise(pipe, job, generator=generator, text_tokens=text_tokens, callback=check_step, **extra)
     denoised = _now(device)
-    first_step_s = first_step_end[0] - start if first_step_end else None
+    first_step_s, first_step_at = (first_step_end[0] - start, first_step_end[1]) if first_step_end else (None, None)
     if not decode:
-        return JobFrames(frames=None, denoise_s=denoised - start, decode_s=0.0, first_step_s=first_step_s)
+        return JobFrames(frames=None, denoise_s=denoised - start, decode_s=0.0, first_step_s=first_step_s,
+                         first_step_at=first_step_at)
     with torch.no_grad():
         video = family.decode(pipe, job, latents)  # (1, 3, F, H, W) in [-1, 1], model dtype
     if not torch.isfinite(video).all():
@@ -101,7 +104,7 @@ def run_job(
     frames = np.round(frames * 255).astype(np.uint8)
     decoded = _now(device)
     return JobFrames(frames=frames, denoise_s=denoised - start, decode_s=decoded - denoised,
-                     first_step_s=first_step_s)
+                     first_step_s=first_step_s, first_step_at=first_step_at)
 
 
 def _now(device: torch.device) -> float:

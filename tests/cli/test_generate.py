@@ -47,10 +47,13 @@ def test_the_summary_says_the_recipe_its_warm_up_and_what_the_cache_skipped(tmp_
     assert result.exit_code == 0, result.output
     line = result.stdout.strip()
     assert line.startswith(f"sagevideo: 2 done, 0 skipped, 0 failed → {out} (manifest.jsonl); attention: ")
-    first_steps = [json.loads(r)["timings"]["first_step_s"] for r in (out / "manifest.jsonl").read_text().splitlines()]
+    timings = [json.loads(r)["timings"] for r in (out / "manifest.jsonl").read_text().splitlines()]
     # the first job paid the compilation (the recipe was applied for it); each job's 3 steps: 1 run, 2 reused
-    assert f"; recipe regional/eager+first-block@5 (first step where applied: {first_steps[0]:.1f} s, compilation " \
-           "included; cache skipped 4 of 6 forwards)" in line
+    started = timings[0]["process_to_first_step_s"]  # this (test) process's start, the worker's first job only
+    assert started > timings[0]["load_s"] + timings[0]["first_step_s"] and "process_to_first_step_s" not in timings[1]
+    assert f"; recipe regional/eager+first-block@5 (first step where applied: {timings[0]['first_step_s']:.1f} s, " \
+           f"compilation included; worker start to its first step: {started:.1f} s; cache skipped 4 of 6 forwards)" \
+           in line
 
 
 def test_the_summary_says_how_many_compiled_graphs_came_from_the_compile_cache(tmp_path, monkeypatch):
@@ -248,3 +251,22 @@ def test_cli_option_and_job_file_recipe_that_disagree_exit_2_naming_both(tmp_pat
         f"sagevideo generate: error: {path} line 2 (recipe): cache: the job file's recipe sets 'first-block' and "
         "--cache taylorseer is given too; set it in one place (the file's recipe applies where the option is left out)"
     )
+
+
+def test_a_fresh_worker_process_records_its_start_up_to_the_first_step(tmp_path):
+    """`sagevideo generate` in its own process: process_to_first_step_s counts the interpreter's
+    start, the imports and the load, and falls inside the process's wall time."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    start = time.time()
+    done = subprocess.run([sys.executable, "-m", "sagevideo", "generate", "--out", str(out), "-p", "a fox",
+                           "--steps", "1", "--no-progress"], capture_output=True, text=True,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    wall = time.time() - start
+    assert done.returncode == 0, done.stderr
+    (timings,) = [json.loads(r)["timings"] for r in (out / "manifest.jsonl").read_text().splitlines()]
+    assert timings["load_s"] + timings["first_step_s"] < timings["process_to_first_step_s"] < wall
