@@ -288,17 +288,20 @@ def main(argv: list[str] | None = None) -> int:
                     "gpu": gpu, "recipe": recipe, "cache_threshold": args.cache_threshold, "arms": {}, "ratios": {}}
     for name in arms:
         say(f"{name} ...")
+        # A new output folder per arm and run: in one that holds an earlier run's videos, generate
+        # would skip the done jobs and the arm would report that run's timings as this one's.
+        out = Path(tempfile.mkdtemp(dir=work, prefix=f"out-{name}-"))
         if name in ("stock", "stock-compiled"):
             result = stock_arm(folder, args, compiled=name == "stock-compiled")
         elif name == "sage":
-            result = sage_arm(folder, work / "out-sage", args, recipe)
+            result = sage_arm(folder, out, args, recipe)
         elif name == "sage-cache":
             cached = f"{recipe},cache=first-block,cache_threshold={args.cache_threshold}"
-            result = sage_arm(folder, work / "out-sage-cache", args, cached)
+            result = sage_arm(folder, out, args, cached)
         elif name == "sage-edges":
-            result = sage_arm(folder, work / "out-sage-edges", args, f"{recipe},linear_bf16_steps=0;-1")
+            result = sage_arm(folder, out, args, f"{recipe},linear_bf16_steps=0;-1")
         else:
-            result = second_worker_arm(folder, work / "out-second-worker", args, recipe)
+            result = second_worker_arm(folder, out, args, recipe)
         report["arms"][name] = result
         report["ratios"] = ratios(report["arms"])
         say(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in result.items() if isinstance(v, float)))

@@ -49,3 +49,18 @@ def test_tiny_video_per_arm_on_cpu(tmp_path, capsys):
     assert select(rows, variant="sage", metric="x_stock_video")[0].value == pytest.approx(
         report["ratios"]["sage_x_stock_video"])
     assert "sage_x_stock_video" in capsys.readouterr().out
+
+
+def test_a_second_run_in_the_same_work_folder_measures_afresh(tmp_path):
+    """An arm's output folder is new each run: generate would otherwise skip the jobs the first
+    run made and the arm would report that run's timings. The second worker's start-up comes from
+    its record, below the wall-clock bound."""
+    work = tmp_path / "w"
+    common = ["--tiny", "--steps", "1", "--videos", "1", "--work", str(work)]
+    assert bench_video.main([*common, "--arms", "sage", "--json", str(tmp_path / "a.json")]) == 0
+    assert bench_video.main([*common, "--arms", "sage,second-worker", "--json", str(tmp_path / "b.json")]) == 0
+    manifests = sorted(work.glob("out-sage-*/manifest.jsonl"))
+    assert len(manifests) == 2 and all(len(m.read_text().splitlines()) == 1 for m in manifests)
+    worker = json.loads((tmp_path / "b.json").read_text())["arms"]["second-worker"]
+    assert worker["to_first_step_s"] == worker["timings"]["process_to_first_step_s"]
+    assert worker["load_s"] < worker["to_first_step_s"] < worker["to_first_step_bound_s"]
