@@ -114,8 +114,7 @@ def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
     if config.json_out is not None:
         writable_file(config.json_out, "--json", InputError, "bench.json")
     device, dtype = resolve_device_dtype(config.device, config.dtype)
-    compile_backend = config.compile_backend or ("inductor" if device == "cuda" else "eager")
-    backend = config.backend if config.backend != "auto" or device == "cuda" else "reference"
+    compile_backend, backend = recipe_backends(device, config.compile_backend, config.backend)
     names, left_out, problems = [], {}, []
     for entry in config.recipes:
         for name in (DEFAULT_RECIPES if entry == "default" else (entry,)):
@@ -203,6 +202,27 @@ def recipe_table(results: list[RecipeResult]) -> list[str]:
     return lines
 
 
+def recipe_backends(device: str, compile_backend: str | None = None, backend: str = "auto") -> tuple[str, str]:
+    """(torch.compile backend, sageattn backend) of the recipes on `device`, those given kept:
+    Inductor and the kernels ("auto") on a GPU, eager and the reference emulation on the CPU."""
+    gpu = device.split(":")[0] == "cuda"
+    return compile_backend or ("inductor" if gpu else "eager"), backend if backend != "auto" or gpu else "reference"
+
+
+def apply_recipe_name(model: Any, name: str, *, backend: str, compile_backend: str) -> tuple[Any, Any]:
+    """Make `model` run as recipe `name` ([fp8-](eager|compile)-(cudnn|sage)): sagevideo attention
+    installed with `backend` for a sage recipe, then `pipelines.recipe.apply_recipe`. Returns (the
+    install's handle, None for cudnn; the AppliedRecipe)."""
+    import sagevideo
+    from sagevideo.jobs.recipe import Recipe
+    from sagevideo.pipelines.recipe import apply_recipe
+
+    spec = parse_recipe_name(name)
+    handle = sagevideo.install(model, backend=backend) if spec["attention"] == "sage" else None
+    recipe = Recipe(compile=spec["compile"], linear=spec["linear"], compile_backend=compile_backend)
+    return handle, apply_recipe(model, recipe)
+
+
 @contextlib.contextmanager
 def sdpa_cudnn_first(device: str) -> Iterator[None]:
     """SDPA with cuDNN first (flash, efficient, then math, for calls cuDNN refuses: a text encoder's
@@ -226,8 +246,7 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
     import torch
 
     import sagevideo
-    from sagevideo.jobs.recipe import Recipe
-    from sagevideo.pipelines.recipe import apply_recipe, fp8_linear_problem
+    from sagevideo.pipelines.recipe import fp8_linear_problem
 
     results, outputs = [], {}
     sync = synchronizer(device)
@@ -239,9 +258,8 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
             continue
         torch._dynamo.reset()  # a fresh model each recipe: nothing compiled for the last one may be reused
         step = build()
-        handle = sagevideo.install(step.model, backend=backend) if spec["attention"] == "sage" else None
-        recipe = Recipe(compile=spec["compile"], linear=spec["linear"], compile_backend=compile_backend)
-        applied = apply_recipe(step.model, recipe)
+        handle, applied = apply_recipe_name(step.model, name, backend=backend, compile_backend=compile_backend)
+        recipe = applied.recipe
         with sdpa_cudnn_first(device), sagevideo.record_backends() as log:
             start = time.perf_counter()
             out = step.run()

@@ -175,7 +175,8 @@ def split_events(events, use_device: bool, kernels: dict[str, list] | None = Non
     for event in events:
         if getattr(event, "device_type", DeviceType.CPU) != DeviceType.CPU:
             continue
-        if use_device and getattr(event, "kernels", None):
+        own_kernels = getattr(event, "kernels", []) if use_device else []
+        if own_kernels:
             if event.id in credited:
                 continue
             credited.add(event.id)
@@ -184,7 +185,6 @@ def split_events(events, use_device: bool, kernels: dict[str, list] | None = Non
             chain.append(parent.name)
             parent = parent.cpu_parent
         category = category_of(chain[::-1])
-        own_kernels = getattr(event, "kernels", []) if use_device else []
         if not own_kernels:
             self_us = event.self_device_time_total if use_device else event.self_cpu_time_total
             seconds[category] += self_us / 1e6
@@ -262,16 +262,10 @@ def _as_recipe(model, name: str | None, device: str) -> Iterator[None]:
     if name is None:
         yield
         return
-    import sagevideo
-    from sagevideo.experiments.bench_forward import parse_recipe_name, sdpa_cudnn_first
-    from sagevideo.jobs.recipe import Recipe
-    from sagevideo.pipelines.recipe import apply_recipe
+    from sagevideo.experiments.bench_forward import apply_recipe_name, recipe_backends, sdpa_cudnn_first
 
-    spec = parse_recipe_name(name)
-    if spec["attention"] == "sage":
-        sagevideo.install(model, backend="auto" if device.startswith("cuda") else "reference")
-    backend = "inductor" if device.startswith("cuda") else "eager"
-    apply_recipe(model, Recipe(compile=spec["compile"], linear=spec["linear"], compile_backend=backend))
+    compile_backend, backend = recipe_backends(device)
+    apply_recipe_name(model, name, backend=backend, compile_backend=compile_backend)
     with sdpa_cudnn_first(device):
         yield
 
