@@ -251,4 +251,3 @@ def test_cli_option_and_job_file_recipe_that_disagree_exit_2_naming_both(tmp_pat
         f"sagevideo generate: error: {path} line 2 (recipe): cache: the job file's recipe sets 'first-block' and "
         "--cache taylorseer is given too; set it in one place (the file's recipe applies where the option is left out)"
     )
-
