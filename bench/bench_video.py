@@ -178,7 +178,8 @@ def second_worker_arm(folder: Path, out: Path, args: argparse.Namespace, recipe:
             # what came after step 1: its second step, decode, mp4 write, and the process's exit)
             # beside it, and in its place for records without it
             "to_first_step_s": t.get("process_to_first_step_s", wall - after_first),
-            "to_first_step_bound_s": wall - after_first, "timings": t, "backends": record["backends"],
+            "to_first_step_bound_s": wall - after_first, "to_load_s": t.get("process_to_load_s"),
+            "recipe_s": t.get("recipe_s"), "timings": t, "backends": record["backends"],
             "recipe": record.get("recipe")}
 
 
@@ -206,6 +207,7 @@ def table(report: dict) -> list[str]:
         if name == "second-worker":
             lines.append(f"{name:15s} {'':>8s} {arm['first_step_s']:13.1f} {'':>14s} {arm['load_s']:7.1f}  "
                          f"process start to step 1: {arm['to_first_step_s']:.1f} s (warm compile cache; "
+                         f"before the load {arm.get('to_load_s') or 0:.1f} s, recipe {arm.get('recipe_s') or 0:.1f} s; "
                          f"wall less what followed step 1: {arm['to_first_step_bound_s']:.1f} s)")
             continue
         steady = f"{arm['steady_step_s']:.3f}" if arm.get("steady_step_s") else "-"
@@ -229,7 +231,7 @@ def result_rows(run, shape: str, report: dict):
     for name, arm in report["arms"].items():
         extra = {k: arm[k] for k in ("backends", "recipe", "attention") if arm.get(k)}
         for metric in ("video_s", "later_video_s", "first_step_s", "steady_step_s", "to_first_step_s", "load_s",
-                       "recipe_s"):
+                       "recipe_s", "to_load_s"):
             if arm.get(metric) is not None:
                 run.add(shape, name, metric, arm[metric], unit="s", **extra)
     for key, value in report["ratios"].items():

@@ -210,14 +210,20 @@ class Run:
         return append(self.rows, path)
 
 
+SETTINGS_PREFIX = "TORCHINDUCTOR_"  # environment settings a run's source names (see start_run)
+
+
 def start_run(bench: str, gpu: str, argv: Sequence[str] | None = None, *, root: Path = ROOT,
               now: datetime.datetime | None = None) -> Run:
     """A `Run` of `bench` on `gpu` now, at this checkout's commit (`current_commit`); its source is
-    "START_UTC python -m bench.BENCH ARGS" (" (uncommitted changes)" added when tracked files differ)."""
+    "START_UTC [SETTINGS] python -m bench.BENCH ARGS" (" (uncommitted changes)" added when tracked
+    files differ); SETTINGS: the environment's Inductor settings (TORCHINDUCTOR_*=...), which change
+    the compiled code a figure measures."""
     now = now or datetime.datetime.now(datetime.timezone.utc)
     commit, dirty = current_commit(root)
     args = " ".join(sys.argv[1:] if argv is None else argv)
-    source = f"{now:%Y-%m-%dT%H:%M:%SZ} python -m bench.{bench} {args}".rstrip()
+    settings = "".join(f"{k}={v} " for k, v in sorted(os.environ.items()) if k.startswith(SETTINGS_PREFIX))
+    source = f"{now:%Y-%m-%dT%H:%M:%SZ} {settings}python -m bench.{bench} {args}".rstrip()
     if dirty:
         source += " (uncommitted changes)"
     return Run(bench=bench, gpu=gpu, commit=commit, date=f"{now:%Y-%m-%d}", source=source)

@@ -197,6 +197,7 @@ class PipelineHost:
             import torch
 
             torch.set_num_threads(ctx.cpu_threads)
+        self._load_started_at = time.time()  # a worker's start-up before its load: process_to_load_s
         self.pipe, self.load_s = _load(ctx)
         self.recipe: Any = None  # the AppliedRecipe, once applied (after the first attention install)
         self.recipe_s = 0.0  # seconds applying it took, charged to the job it was applied for
@@ -282,7 +283,9 @@ class PipelineHost:
                     timings["first_step_s"] = round(result.first_step_s, 4)
                 if result.first_step_at is not None and not self._started_timed:
                     self._started_timed = True  # a worker's start-up: its first job only
-                    timings["process_to_first_step_s"] = round(result.first_step_at - process_started(), 4)
+                    started = process_started()
+                    timings["process_to_load_s"] = round(self._load_started_at - started, 4)
+                    timings["process_to_first_step_s"] = round(result.first_step_at - started, 4)
                 if self.recipe_s:
                     timings["recipe_s"], self.recipe_s = round(self.recipe_s, 4), 0.0
                 start = time.perf_counter()

@@ -94,13 +94,15 @@ class Timings(TypedDict, total=False):
     job it was applied for; absent for plain recipes; process_to_first_step_s: from the start of
     the process the job ran in to the end of step 1, on the first job a worker ran: a worker's whole
     start-up (interpreter, imports, load, recipe, compilation or compile-cache load); in a process of
-    the caller's own, e.g. a notebook's, it counts from that process's start)."""
+    the caller's own, e.g. a notebook's, it counts from that process's start); process_to_load_s:
+    on that same record, the part of it before the model load began (interpreter, imports, planning)."""
 
     load_s: float | None
     denoise_s: float | None
     first_step_s: float | None
     recipe_s: float
     process_to_first_step_s: float
+    process_to_load_s: float
     decode_s: float | None
     write_s: float | None
 

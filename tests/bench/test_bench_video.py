@@ -64,3 +64,4 @@ def test_a_second_run_in_the_same_work_folder_measures_afresh(tmp_path):
     worker = json.loads((tmp_path / "b.json").read_text())["arms"]["second-worker"]
     assert worker["to_first_step_s"] == worker["timings"]["process_to_first_step_s"]
     assert worker["load_s"] < worker["to_first_step_s"] < worker["to_first_step_bound_s"]
+    assert 0 < worker["to_load_s"] < worker["to_first_step_s"] - worker["load_s"]

@@ -4,6 +4,7 @@ benchmark run adds its rows."""
 import argparse
 import datetime
 import json
+import os
 import re
 from pathlib import Path
 
@@ -180,8 +181,14 @@ def test_append_refuses_a_row_already_in_the_file_or_twice_in_the_batch(tmp_path
 def test_a_run_names_its_rows_and_skips_what_was_not_measured(monkeypatch):
     monkeypatch.setenv(COMMIT_ENV, "0a492ef56ab2f775f935c97b2765fe30dfffa578")
     now = datetime.datetime(2026, 12, 2, 9, 30, tzinfo=datetime.timezone.utc)
+    for name in [k for k in os.environ if k.startswith("TORCHINDUCTOR_")]:
+        monkeypatch.delenv(name)
     run = start_run("bench_attention", "NVIDIA H200", ["--shapes", "cogvideox-2b"], now=now)
     assert run.source == "2026-12-02T09:30:00Z python -m bench.bench_attention --shapes cogvideox-2b"
+    monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")  # changes the compiled code: named
+    tuned = start_run("bench_attention", "NVIDIA H200", ["--shapes", "cogvideox-2b"], now=now)
+    assert tuned.source == ("2026-12-02T09:30:00Z TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1 "
+                            "python -m bench.bench_attention --shapes cogvideox-2b")
     assert (run.date, run.commit) == ("2026-12-02", "0a492ef56ab2f775f935c97b2765fe30dfffa578")
     run.add("cogvideox-2b", variant("sage-kernel", pv="fp8", block_m=64, max_registers=None, by_add=True), "ms",
             8.0, reps=[8.0, 8.1], kernel=None)

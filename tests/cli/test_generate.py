@@ -51,6 +51,8 @@ def test_the_summary_says_the_recipe_its_warm_up_and_what_the_cache_skipped(tmp_
     # the first job paid the compilation (the recipe was applied for it); each job's 3 steps: 1 run, 2 reused
     started = timings[0]["process_to_first_step_s"]  # this (test) process's start, the worker's first job only
     assert started > timings[0]["load_s"] + timings[0]["first_step_s"] and "process_to_first_step_s" not in timings[1]
+    before_load = timings[0]["process_to_load_s"]  # imports and planning: inside the start-up, before the load
+    assert 0 < before_load < started - timings[0]["load_s"] and "process_to_load_s" not in timings[1]
     assert f"; recipe regional/eager+first-block@5 (first step where applied: {timings[0]['first_step_s']:.1f} s, " \
            f"compilation included; worker start to its first step: {started:.1f} s; cache skipped 4 of 6 forwards)" \
            in line
