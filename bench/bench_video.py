@@ -22,7 +22,8 @@ decode included, in arms run one after another in this process:
 Video seconds are the pipeline call (text encoding, denoising, VAE decode and post-processing;
 for sage, the record's denoise_s + decode_s); mp4 writing is not counted. first_step_s is from
 the call's start to the end of step 1 (compilation lands there). steady_step_s =
-(denoise - first step) / (steps - 1). The JSON is rewritten after each arm, so a run cut short
+(denoise - first step) / (steps - 1), denoise ending with the last step (stock: its step callback,
+synchronized; the VAE decode after it is the arm's decode_s). The JSON is rewritten after each arm, so a run cut short
 keeps what it measured.
 
     python -m bench.bench_video --json video.json [--arms sage,stock,second-worker,sage-cache]
@@ -59,7 +60,8 @@ SCHEDULER_5B = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=
 
 
 def say(line: str) -> None:
-    print(f"bench_video: {line}", file=sys.stderr, flush=True)
+    """A progress line, stamped with the wall clock (to line arms up with a GPU monitor's samples)."""
+    print(f"bench_video: {time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
 
 
 def write_model(folder: Path, args: argparse.Namespace) -> None:
@@ -94,13 +96,13 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False)
         for block in pipe.transformer.transformer_blocks:
             block.compile(backend=args.compile_backend)
     load_s = time.perf_counter() - start
-    first_step: list[float] = []
+    step_ends: list[float] = []  # the ends of the first and the last step (synchronized there only)
     sync = synchronizer(args.device)
 
     def on_step(_pipe, step, _timestep, tensors):
-        if not first_step:
+        if step in (0, args.steps - 1):
             sync()
-            first_step.append(time.perf_counter())
+            step_ends.append(time.perf_counter())
         return tensors
 
     with sdpa_cudnn_first(args.device), torch.no_grad():
@@ -113,11 +115,11 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False)
         sync()
         video_s = time.perf_counter() - start
     finite = bool(torch.isfinite(torch.as_tensor(frames)).all())
-    first_step_s = first_step[0] - start
+    first_step_s, denoise_s = step_ends[0] - start, step_ends[-1] - start
     del pipe
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    return {"load_s": load_s, "video_s": video_s, "first_step_s": first_step_s,
-            "steady_step_s": _steady(video_s, first_step_s, args.steps), "frames_finite": finite,
+    return {"load_s": load_s, "video_s": video_s, "first_step_s": first_step_s, "decode_s": video_s - denoise_s,
+            "steady_step_s": _steady(denoise_s, first_step_s, args.steps), "frames_finite": finite,
             "attention": "SDPA (cuDNN first)" if args.device == "cuda" else "SDPA"}
 
 

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # One GPU call for issue 21: one whole CogVideoX-5B video per arm (bench/bench_video.py), stock
-# diffusers against sagevideo's recipe, decode included; the compile cache starts empty.
+# diffusers against sagevideo's recipe, decode included; the compile cache starts empty. Then the
+# forward alone (bench_transformer, the cache warm), with the GPU's clocks and power sampled
+# throughout ($OUT/smi.csv, phases in $OUT/phases.txt): per step, both pipelines take longer than
+# the forward alone.
+# The image sets PYTHONDONTWRITEBYTECODE=1 and its packages carry no bytecode, so every process
+# would compile its imports from source (about 12 s of a worker's start); a pip install
+# byte-compiles, so this does too (into PYTHONPYCACHEPREFIX) before anything is timed.
 # Usage (repo root, on the GPU machine, .site.tar.xz and .tao/torchao-*.whl carried; COMMIT is this
 # checkout's `git rev-parse HEAD` written out: on the device, git's HEAD is stale):
 #   bash tools/gpu_video_check.sh COMMIT [LIMIT_S] [ARMS]
@@ -9,7 +15,19 @@ export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 BENCH_COMMI
 export SAGEVIDEO_COMPILE_CACHE=/tmp/sagevideo-compile TORCH_LOGS=recompiles
 [ -d /tmp/site ] || tar xJf .site.tar.xz -C /tmp
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .tao/*.whl 2>&1 | tail -1
-timeout "${2:-560}" python3 -m bench.bench_video --work /tmp/bench-video --arms "${3:-sage,stock,second-worker,sage-cache}" \
-  --json $OUT/video.json --append-results $OUT/results.jsonl > $OUT/video.txt 2>&1; echo "video rc=$?"
+export PYTHONPYCACHEPREFIX=/tmp/pyc; unset PYTHONDONTWRITEBYTECODE
+python3 -m compileall -q -j 16 /tmp/site $PWD/sagevideo $(python3 -c "import os, torch, transformers
+print(*(os.path.dirname(m.__file__) for m in (torch, transformers)))") > /dev/null 2>&1
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 1000 > $OUT/smi.csv &
+SECONDS=0
+phase() { echo "$(date '+%Y/%m/%d %H:%M:%S') $1" >> $OUT/phases.txt; }
+phase video
+timeout "${2:-420}" python3 -m bench.bench_video --work /tmp/bench-video --arms "${3:-sage,stock,second-worker}" \
+  --json $OUT/video.json --append-results $OUT/results.jsonl > $OUT/video.txt 2>&1; echo "video rc=$? at ${SECONDS}s"
+phase forward
+timeout $((560 - SECONDS)) python3 -m bench.bench_transformer --recipes eager-cudnn,fp8-compile-sage --repeats 3 \
+  --no-layer-cosine --json $OUT/forward.json --append-results $OUT/results.jsonl > $OUT/forward.txt 2>&1
+echo "forward rc=$? at ${SECONDS}s"; phase end
 echo "recompile lines: $(grep -c 'Recompiling function' $OUT/video.txt)"
-grep 'bench_video:' $OUT/video.txt | tail -8; tail -12 $OUT/video.txt
+grep 'bench_video:' $OUT/video.txt | tail -6 | cut -c1-300; tail -8 $OUT/video.txt | cut -c1-300
+grep -A3 "first call s" $OUT/forward.txt | tail -3

@@ -39,6 +39,9 @@ def test_tiny_video_per_arm_on_cpu(tmp_path, capsys):
     assert sage["backends"]["counts"] == {"reference/fp16": 4} and sage["backends"]["fallbacks"] == {}
     assert sage["recipe"]["compile"] == "regional" and sage["recipe"]["compiled_blocks"] == 2
     assert 0 < sage["first_step_s"] < sage["video_s"] and stock["frames_finite"]
+    # stock's steps end at its last step's callback: the decode after it is not in its steady step
+    assert stock["decode_s"] > 0 and stock["first_step_s"] + stock["steady_step_s"] + stock["decode_s"] == \
+        pytest.approx(stock["video_s"])
     assert report["ratios"]["sage_x_stock_video"] == pytest.approx(stock["video_s"] / sage["video_s"])
     # the second video of the call pays no compilation: its first step is a steady one
     later = sage["later_records"][0]["timings"]
