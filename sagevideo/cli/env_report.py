@@ -4,8 +4,10 @@ available on each device or why not) and which kernel plan runs where, and why."
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
+import sys
 import textwrap
 from dataclasses import dataclass
 
@@ -15,6 +17,7 @@ from sagevideo.attention import backends
 from sagevideo.kernels import plans
 
 PACKAGES = ("torch", "triton", "diffusers", "transformers", "ray", "torchmetrics", "imageio-ffmpeg")
+STARTUP_PACKAGES = ("torch", "diffusers", "transformers")  # the bulk of a worker's imports
 
 
 @dataclass(frozen=True)
@@ -135,4 +138,31 @@ def recipe_lines() -> list[str]:
         f"  {'--cache':15s} diffusers hooks here: {', '.join(can['diffusers_caches']) or 'none'}",
         f"  {'compile cache':15s} {can['compile_cache']} ($SAGEVIDEO_COMPILE_CACHE overrides; "
         "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR, when set, win)",
+        f"  {'bytecode':15s} {bytecode_line()}",
     ]
+
+
+def without_bytecode(sources: list[str]) -> list[str]:
+    """The Python source files among `sources` with no cached bytecode where this interpreter
+    looks for it (`__pycache__` beside them, or under PYTHONPYCACHEPREFIX)."""
+    return [src for src in sources if not os.path.exists(importlib.util.cache_from_source(src))]
+
+
+def bytecode_line() -> str:
+    """Whether a new worker process finds its big imports byte-compiled. Without bytecode, and
+    with writing it off (PYTHONDONTWRITEBYTECODE, common in container images), every process
+    compiles torch's, diffusers' and transformers' sources again: on an H200 host that was about
+    12 s of a worker's start-up (docs/recipe.md)."""
+    sources = []
+    for name in STARTUP_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            sources.append(spec.origin)
+    missing = [os.path.basename(os.path.dirname(src)) for src in without_bytecode(sources)]
+    if not missing:
+        return "cached for " + ", ".join(STARTUP_PACKAGES) + " (worker start-ups import them compiled)"
+    if not sys.dont_write_bytecode:
+        return f"none yet for {', '.join(missing)}: written by the first process that imports them"
+    return (f"none for {', '.join(missing)}, and PYTHONDONTWRITEBYTECODE is set: every worker start compiles "
+            "their sources again (about 12 s on an H200 host); byte-compile them once (python -m compileall "
+            "on site-packages, as pip install does) or give PYTHONPYCACHEPREFIX=DIR with that variable unset")
