@@ -28,6 +28,10 @@ keeps what it measured.
 
     python -m bench.bench_video --json video.json [--arms sage,stock,second-worker,sage-cache]
     python -m bench.bench_video --tiny              # CPU smoke test (built-in tiny model)
+    python -m bench.bench_video --arms stock --steps 12 --profile-steps 4   # where a step's idle time goes
+
+--profile-steps N (stock arms; no rows: the profiler slows the arm) wraps N steps in torch.profiler
+and lists the device's idle gaps between kernels with the CPU ops that ran meanwhile (`bench.step_gap`).
 """
 
 from __future__ import annotations
@@ -98,11 +102,18 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False)
     load_s = time.perf_counter() - start
     step_ends: list[float] = []  # the ends of the first and the last step (synchronized there only)
     sync = synchronizer(args.device)
+    profiler = None
+    if args.profile_steps:
+        from bench.step_gap import StepProfiler
+
+        profiler = StepProfiler(profile_start(args.steps), args.profile_steps, sync, cuda=args.device == "cuda")
 
     def on_step(_pipe, step, _timestep, tensors):
         if step in (0, args.steps - 1):
             sync()
             step_ends.append(time.perf_counter())
+        if profiler is not None:
+            profiler.on_step(step)
         return tensors
 
     with sdpa_cudnn_first(args.device), torch.no_grad():
@@ -120,7 +131,14 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False)
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return {"load_s": load_s, "video_s": video_s, "first_step_s": first_step_s, "decode_s": video_s - denoise_s,
             "steady_step_s": _steady(denoise_s, first_step_s, args.steps), "frames_finite": finite,
-            "attention": "SDPA (cuDNN first)" if args.device == "cuda" else "SDPA"}
+            "attention": "SDPA (cuDNN first)" if args.device == "cuda" else "SDPA",
+            # with --profile-steps the arm's timings include the profiler's own cost: a diagnosis, not a figure
+            **({"step_gap": profiler.report, "profiled": True} if profiler is not None else {})}
+
+
+def profile_start(steps: int) -> int:
+    """The first step --profile-steps profiles: a fifth of the way in, past the first steps."""
+    return max(1, steps // 5)
 
 
 def _steady(denoise_s: float, first_step_s: float, steps: int) -> float | None:
@@ -225,6 +243,12 @@ def table(report: dict) -> list[str]:
         lines.append(f"{name:15s} {arm['video_s']:8.1f} {arm['first_step_s']:13.1f} {steady:>14s} "
                      f"{arm['load_s']:7.1f}  {note}")
     lines += [f"{k}: {v:.2f}x" for k, v in report["ratios"].items()]
+    for name, arm in report["arms"].items():
+        if arm.get("step_gap"):
+            from bench.step_gap import gap_lines
+
+            lines += [f"{name} (profiled, timings include the profiler): " + gap_lines(arm["step_gap"])[0],
+                      *gap_lines(arm["step_gap"])[1:]]
     return lines
 
 
@@ -251,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--videos", type=int, default=2,
                         help="videos per sage arm in one generate call (the first pays compilation; the later "
                              "ones are what a batch's further videos cost)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="stock arms: torch.profiler over this many steps, the device's idle gaps and the CPU "
+                             "ops in them (a diagnosis: the arm's timings then include the profiler)")
     parser.add_argument("--frames", type=int, default=49)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--width", type=int, default=720)
@@ -267,6 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         args.frames, args.height, args.width, args.steps = 9, 64, 64, min(args.steps, 3)
 
+    if args.profile_steps and args.append_results:
+        parser.error("--profile-steps is a diagnosis (the profiler slows the arm): no --append-results with it")
+    if args.profile_steps and profile_start(args.steps) + args.profile_steps > args.steps:
+        parser.error(f"--profile-steps {args.profile_steps}: {args.steps} steps leave "
+                     f"{args.steps - profile_start(args.steps)} after step {profile_start(args.steps)}; "
+                     "give fewer or more --steps")
     import torch
 
     args.device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"

@@ -68,3 +68,18 @@ def test_a_second_run_in_the_same_work_folder_measures_afresh(tmp_path):
     assert worker["to_first_step_s"] == worker["timings"]["process_to_first_step_s"]
     assert worker["load_s"] < worker["to_first_step_s"] < worker["to_first_step_bound_s"]
     assert 0 < worker["to_load_s"] < worker["to_first_step_s"] - worker["load_s"]
+
+
+def test_the_stock_arm_can_profile_its_steps_for_a_diagnosis(tmp_path, capsys):
+    out = tmp_path / "video.json"
+    assert bench_video.main(["--tiny", "--arms", "stock", "--steps", "3", "--profile-steps", "2",
+                             "--work", str(tmp_path / "w"), "--json", str(out)]) == 0
+    stock = json.loads(out.read_text())["arms"]["stock"]
+    assert stock["profiled"] and stock["step_gap"]["steps"] == 2 and stock["step_gap"]["gaps"]
+    assert "stock (profiled, timings include the profiler): profiled 2 steps" in capsys.readouterr().out
+
+
+def test_a_profiled_run_adds_no_rows(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_video.main(["--tiny", "--arms", "stock", "--profile-steps", "1", "--append-results", str(tmp_path / "r")])
+    assert exc.value.code == 2 and "--profile-steps is a diagnosis" in capsys.readouterr().err
