@@ -53,12 +53,12 @@ print("SECONDS", time.perf_counter() - start)
 
 def parts(folder: Path, device: str) -> dict[str, tuple[str, str]]:
     """name -> (setup code, timed code) of each in-process part."""
-    context = f"import torch; torch.zeros(1, device={device!r})"
+    context = f"torch.zeros(1, device={device!r})"  # the first tensor there creates the device context
     load_setup = f"import torch; from diffusers import CogVideoXPipeline; {context}"
     sagevideo = "; ".join(f"import {name}" for name in SAGEVIDEO_IMPORTS)
     return {
         "import torch": ("", "import torch"),
-        "device context": ("import torch", f"torch.zeros(1, device={device!r})"),
+        "device context": ("import torch", context),
         "sagevideo imports": ("import torch", sagevideo),
         "diffusers pipeline import": ("import torch", "from diffusers import CogVideoXPipeline"),
         "load, to CPU then moved": (load_setup, f"pipe = CogVideoXPipeline.from_pretrained({str(folder)!r}, "

@@ -247,8 +247,8 @@ def table(report: dict) -> list[str]:
         if arm.get("step_gap"):
             from bench.step_gap import gap_lines
 
-            lines += [f"{name} (profiled, timings include the profiler): " + gap_lines(arm["step_gap"])[0],
-                      *gap_lines(arm["step_gap"])[1:]]
+            head, *gaps = gap_lines(arm["step_gap"])
+            lines += [f"{name} (profiled, timings include the profiler): {head}", *gaps]
     return lines
 
 
