@@ -6,10 +6,8 @@
 # checkout's `git rev-parse HEAD` written out: on the device, git's HEAD is stale):
 #   bash tools/gpu_recipe_check.sh COMMIT [RECIPES_LIMIT_S]
 set -uo pipefail
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 BENCH_COMMIT=$1
+source tools/gpu_env.sh "$1"
 export SAGEVIDEO_COMPILE_CACHE=/tmp/sagevideo-compile
-[ -d /tmp/site ] || tar xJf .site.tar.xz -C /tmp
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .tao/*.whl 2>&1 | tail -1
 timeout "${2:-420}" python3 - $OUT > $OUT/recipes-cogvideox.txt 2>&1 <<'PY'
 import runpy, sys, torch
 out = sys.argv[1]

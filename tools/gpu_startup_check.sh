@@ -12,9 +12,7 @@
 # Usage (repo root, on the H200, .site.tar.xz and .tao carried; COMMIT written out: the device's
 # git HEAD is stale):  bash tools/gpu_startup_check.sh COMMIT
 set -uo pipefail
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 BENCH_COMMIT=$1
-[ -d /tmp/site ] || tar xJf .site.tar.xz -C /tmp
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .tao/*.whl 2>&1 | tail -1
+source tools/gpu_env.sh "$1"
 SECONDS=0
 export SAGEVIDEO_COMPILE_CACHE=/tmp/sagevideo-compile
 timeout 240 python3 -m bench.bench_video --work /tmp/bench-video --arms sage,second-worker --videos 1 --steps 2 \

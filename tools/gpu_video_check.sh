@@ -4,20 +4,13 @@
 # forward alone (bench_transformer, the cache warm), with the GPU's clocks and power sampled
 # throughout ($OUT/smi.csv, phases in $OUT/phases.txt): per step, both pipelines take longer than
 # the forward alone.
-# The image sets PYTHONDONTWRITEBYTECODE=1 and its packages carry no bytecode, so every process
-# would compile its imports from source (about 12 s of a worker's start); a pip install
-# byte-compiles, so this does too (into PYTHONPYCACHEPREFIX) before anything is timed.
+# Byte-compiles first (tools/gpu_env.sh says why).
 # Usage (repo root, on the GPU machine, .site.tar.xz and .tao/torchao-*.whl carried; COMMIT is this
 # checkout's `git rev-parse HEAD` written out: on the device, git's HEAD is stale):
 #   bash tools/gpu_video_check.sh COMMIT [LIMIT_S] [ARMS]
 set -uo pipefail
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 BENCH_COMMIT=$1
+GPU_ENV_BYTECODE=1 source tools/gpu_env.sh "$1"
 export SAGEVIDEO_COMPILE_CACHE=/tmp/sagevideo-compile TORCH_LOGS=recompiles
-[ -d /tmp/site ] || tar xJf .site.tar.xz -C /tmp
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .tao/*.whl 2>&1 | tail -1
-export PYTHONPYCACHEPREFIX=/tmp/pyc; unset PYTHONDONTWRITEBYTECODE
-python3 -m compileall -q -j 16 /tmp/site $PWD/sagevideo $(python3 -c "import os, torch, transformers
-print(*(os.path.dirname(m.__file__) for m in (torch, transformers)))") > /dev/null 2>&1
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 1000 > $OUT/smi.csv &
 SECONDS=0
 phase() { echo "$(date '+%Y/%m/%d %H:%M:%S') $1" >> $OUT/phases.txt; }
