@@ -17,7 +17,10 @@ decode included, in arms run one after another in this process:
 - second-worker: `sagevideo generate` in a new process with the sage recipe and 2 steps, after the
   sage arm filled the compile cache: a worker start with a warm cache, to the first step;
 - stock-compiled: stock with each transformer block `torch.compile`d (what a user who already
-  compiles runs).
+  compiles runs);
+- stock-noise-first: stock with the scheduler sagevideo loads CogVideoX-5B with
+  (`sagevideo.pipelines.cogvideox.noise_first`: the step noise drawn before the step waits for the
+  device), attention as shipped: what that alone gives.
 
 Video seconds are the pipeline call (text encoding, denoising, VAE decode and post-processing;
 for sage, the record's denoise_s + decode_s); mp4 writing is not counted. first_step_s is from
@@ -51,16 +54,13 @@ from bench.results import add_results_option, start_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "a red panda climbing a tree in the rain, cinematic lighting"
-ARMS = ("sage", "stock", "second-worker", "sage-cache", "sage-edges", "stock-compiled")
+ARMS = ("sage", "stock", "second-worker", "sage-cache", "sage-edges", "stock-compiled", "stock-noise-first")
 DEFAULT_ARMS = "sage,stock,second-worker,sage-cache"
 DEFAULT_RECIPE = "compile=regional,linear=fp8"
 TINY_RECIPE = "compile=regional,compile_backend=eager"
 GUIDANCE = 6.0
-# CogVideoX-5B's released VAE and scheduler settings (diffusers' defaults otherwise).
+# CogVideoX-5B's released VAE settings (diffusers' defaults otherwise).
 VAE_5B = dict(scaling_factor=0.7)
-SCHEDULER_5B = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False,
-                    prediction_type="v_prediction", rescale_betas_zero_snr=True, set_alpha_to_one=True,
-                    snr_shift_scale=1.0, steps_offset=0, timestep_spacing="trailing")
 
 
 def say(line: str) -> None:
@@ -69,24 +69,31 @@ def say(line: str) -> None:
 
 
 def write_model(folder: Path, args: argparse.Namespace) -> None:
-    """The model folder both sides load: CogVideoX-5B at the job's size, or the built-in tiny model."""
-    if args.tiny:
-        from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
-
-        tiny_pipeline().save_pretrained(folder, safe_serialization=True)
-        return
+    """The model folder both sides load: CogVideoX-5B at the job's size, or the built-in tiny model
+    (both with CogVideoX-5B's DPM scheduler)."""
     from diffusers import CogVideoXDPMScheduler
 
+    from sagevideo.pipelines.forwards import COGVIDEOX_5B, COGVIDEOX_5B_SCHEDULER
+
+    if args.tiny:  # with the 5B's scheduler, as the full-size folder
+        from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
+
+        pipe = tiny_pipeline()
+        pipe.scheduler = CogVideoXDPMScheduler(**COGVIDEOX_5B_SCHEDULER)
+        pipe.save_pretrained(folder, safe_serialization=True)
+        return
     from bench.random_models import write_cogvideox_folder
-    from sagevideo.pipelines.forwards import COGVIDEOX_5B
+
 
     cfg = dict(COGVIDEOX_5B, sample_frames=args.frames, sample_height=args.height // 8, sample_width=args.width // 8)
     vae = dict(VAE_5B, sample_height=args.height, sample_width=args.width)
-    write_cogvideox_folder(folder, cfg, vae, device=args.device, scheduler=CogVideoXDPMScheduler(**SCHEDULER_5B))
+    scheduler = CogVideoXDPMScheduler(**COGVIDEOX_5B_SCHEDULER)
+    write_cogvideox_folder(folder, cfg, vae, device=args.device, scheduler=scheduler)
 
 
-def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False) -> dict:
-    """diffusers' pipeline as shipped (SDPA cuDNN first on CUDA); with compiled, each block compiled."""
+def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False, noise_first: bool = False) -> dict:
+    """diffusers' pipeline as shipped (SDPA cuDNN first on CUDA); with compiled, each block compiled;
+    with noise_first, sagevideo's `NoiseFirstDPMScheduler` in place of its scheduler."""
     import torch
     from diffusers import CogVideoXPipeline
 
@@ -99,6 +106,11 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False)
     if compiled:
         for block in pipe.transformer.transformer_blocks:
             block.compile(backend=args.compile_backend)
+    if noise_first:
+        from sagevideo.pipelines.cogvideox.noise_first import use_noise_first
+
+        if not use_noise_first(pipe):
+            raise SystemExit(f"bench_video: {type(pipe.scheduler).__name__} was not swapped (see the warning)")
     load_s = time.perf_counter() - start
     step_ends: list[float] = []  # the ends of the first and the last step (synchronized there only)
     sync = synchronizer(args.device)
@@ -127,11 +139,13 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False)
         video_s = time.perf_counter() - start
     finite = bool(torch.isfinite(torch.as_tensor(frames)).all())
     first_step_s, denoise_s = step_ends[0] - start, step_ends[-1] - start
+    scheduler = type(pipe.scheduler).__name__
     del pipe
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return {"load_s": load_s, "video_s": video_s, "first_step_s": first_step_s, "decode_s": video_s - denoise_s,
             "steady_step_s": _steady(denoise_s, first_step_s, args.steps), "frames_finite": finite,
             "attention": "SDPA (cuDNN first)" if args.device == "cuda" else "SDPA",
+            "scheduler": scheduler,
             # with --profile-steps the arm's timings include the profiler's own cost: a diagnosis, not a figure
             **({"step_gap": profiler.report, "profiled": True} if profiler is not None else {})}
 
@@ -164,7 +178,8 @@ def sage_arm(folder: Path, out: Path, args: argparse.Namespace, recipe: str) -> 
     t = first["timings"]
     found = {"load_s": t["load_s"], "recipe_s": t.get("recipe_s"), "video_s": t["denoise_s"] + t["decode_s"],
              "first_step_s": t["first_step_s"], "steady_step_s": _steady(t["denoise_s"], t["first_step_s"], args.steps),
-             "wall_s": wall, "backends": first["backends"], "recipe": first.get("recipe"), "timings": t}
+             "wall_s": wall, "backends": first["backends"], "recipe": first.get("recipe"), "timings": t,
+             "scheduler": first.get("scheduler")}
     if later:
         found["later_video_s"] = sum(r["timings"]["denoise_s"] + r["timings"]["decode_s"] for r in later) / len(later)
         found["later_first_step_s"] = sum(r["timings"]["first_step_s"] for r in later) / len(later)
@@ -207,7 +222,7 @@ def ratios(arms: dict) -> dict:
     """Stock / sage ratios of what both arms measured."""
     found = {}
     stock = arms.get("stock")
-    for name in ("sage", "sage-cache", "sage-edges", "stock-compiled"):
+    for name in ("sage", "sage-cache", "sage-edges", "stock-compiled", "stock-noise-first"):
         arm = arms.get(name)
         if stock is None or arm is None:
             continue
@@ -328,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         # A new output folder per arm and run: in one that holds an earlier run's videos, generate
         # would skip the done jobs and the arm would report that run's timings as this one's.
         out = Path(tempfile.mkdtemp(dir=work, prefix=f"out-{name}-"))
-        if name in ("stock", "stock-compiled"):
-            result = stock_arm(folder, args, compiled=name == "stock-compiled")
+        if name in ("stock", "stock-compiled", "stock-noise-first"):
+            result = stock_arm(folder, args, compiled=name == "stock-compiled", noise_first=name == "stock-noise-first")
         elif name == "sage":
             result = sage_arm(folder, out, args, recipe)
         elif name == "sage-cache":

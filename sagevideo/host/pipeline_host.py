@@ -308,6 +308,8 @@ class PipelineHost:
         record.backends, record.timings, record.created = calls.summary(), timings, now_iso()
         if self.recipe is not None:
             record.recipe = self.recipe.record()
+        scheduler = getattr(self.pipe, "scheduler", None)
+        record.scheduler = None if scheduler is None else type(scheduler).__name__
         record.handoff = Handoff(**handoff)
         failpoints.check("job-staged", pj.job.prompt, attempt, self.rank)
         return record

@@ -40,7 +40,9 @@ cache_skipped (the job's transformer forwards the step cache decided on and skip
 diffusers does not expose it), compile_cache_lookups (with compile: the job's hits, misses and
 bypasses of Inductor's FX-graph cache and AOTAutograd's cache, by torch's counter names); None
 for a plain recipe and on lines written before it existed, which read as they are: an optional
-field, no schema change). Unknown keys (another tool's, or a
+field, no schema change), scheduler (the class name of the pipeline's scheduler that ran the job:
+"NoiseFirstDPMScheduler" where sagevideo drew CogVideoX-5B's step noise ahead,
+`sagevideo.pipelines.cogvideox.noise_first`; optional, None on older lines). Unknown keys (another tool's, or a
 newer version's extras) are kept as they are.
 """
 
@@ -179,6 +181,7 @@ class ManifestRecord(BaseModel):
     created: str | None = None
     sagevideo_version: str | None = None
     recipe: dict[str, Any] | None = None
+    scheduler: str | None = None
     handoff: Handoff | None = Field(None, exclude=True)
 
     @field_validator("outputs", "retries", mode="before")

@@ -30,6 +30,12 @@ COGVIDEOX_5B = dict(
     timestep_activation_fn="silu", norm_elementwise_affine=True, norm_eps=1e-5, spatial_interpolation_scale=1.875,
     temporal_interpolation_scale=1.0, use_rotary_positional_embeddings=True,
 )
+# CogVideoX-5B's scheduler_config.json (a CogVideoXDPMScheduler)
+COGVIDEOX_5B_SCHEDULER = dict(
+    beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False,
+    prediction_type="v_prediction", rescale_betas_zero_snr=True, set_alpha_to_one=True, snr_shift_scale=1.0,
+    steps_offset=0, timestep_spacing="trailing",
+)
 WAN_TINY = dict(num_attention_heads=2, attention_head_dim=64, in_channels=4, out_channels=4, text_dim=32,
                 freq_dim=16, ffn_dim=64, num_layers=2, rope_max_seq_len=64)
 OPENSORA_TINY = dict(hidden_size=64, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=(8, 12, 12),

@@ -54,6 +54,18 @@ def test_tiny_video_per_arm_on_cpu(tmp_path, capsys):
     assert "sage_x_stock_video" in capsys.readouterr().out
 
 
+def test_the_noise_first_arm_is_stock_with_sagevideos_scheduler(tmp_path):
+    out = tmp_path / "video.json"
+    assert bench_video.main(["--tiny", "--steps", "3", "--arms", "stock,stock-noise-first,sage", "--videos", "1",
+                             "--work", str(tmp_path / "w"), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    schedulers = {name: arm["scheduler"] for name, arm in report["arms"].items()}
+    assert schedulers == {"stock": "CogVideoXDPMScheduler", "stock-noise-first": "NoiseFirstDPMScheduler",
+                          "sage": "NoiseFirstDPMScheduler"}
+    assert report["arms"]["stock-noise-first"]["attention"] == "SDPA"
+    assert report["ratios"]["stock-noise-first_x_stock_video"] > 0
+
+
 def test_a_second_run_in_the_same_work_folder_measures_afresh(tmp_path):
     """An arm's output folder is new each run: generate would otherwise skip the jobs the first
     run made and the arm would report that run's timings. The second worker's start-up comes from

@@ -12,6 +12,8 @@ the job's size (`ModelFamily.prepare_image`), which the pipeline encodes as the 
   compresses time 4x and decodes latent frames in pairs), prompts padded to the transformer's
   `max_text_seq_length` (226 tokens); a transformer with learned positional embeddings
   (CogVideoX-5B-I2V) makes its sample size only (720x480);
+- loading: a `CogVideoXDPMScheduler` (CogVideoX-5B's) becomes `noise_first.NoiseFirstDPMScheduler`,
+  the same steps with their CPU noise drawn while the device still runs the forward;
 - attention: `CogVideoXAttnProcessor2_0` -> `SageCogVideoXAttnProcessor`, one `attn1` per block;
 - sequence parallelism: `sequence_parallel.shard_cogvideox` (the [text; video] sequence cut into
   equal shards), degrees that divide the heads and text + video tokens.
@@ -135,15 +137,18 @@ class CogVideoXFamily(ModelFamily):
                 # torch's own `to`: diffusers' ModelMixin.to warns about fp32 modules on every dtype
                 # cast, even with none to keep (diffusers 0.42); the tiny models have none.
                 torch.nn.Module.to(module, device=device, dtype=dtype)
-            return pipe
-        import diffusers
+        else:
+            import diffusers
 
-        pipeline_class = getattr(diffusers, source.pipeline_class)  # one of this family's pipeline_classes
-        with quiet_from_pretrained():
-            pipe = pipeline_class.from_pretrained(
-                source.path, local_files_only=True, use_safetensors=True, torch_dtype=dtype
-            )
-        pipe.to(device)
+            pipeline_class = getattr(diffusers, source.pipeline_class)  # one of this family's pipeline_classes
+            with quiet_from_pretrained():
+                pipe = pipeline_class.from_pretrained(
+                    source.path, local_files_only=True, use_safetensors=True, torch_dtype=dtype
+                )
+            pipe.to(device)
+        from sagevideo.pipelines.cogvideox.noise_first import use_noise_first
+
+        use_noise_first(pipe)  # 5B's DPM scheduler: step noise drawn before the step waits for the device
         return pipe
 
     # --- job constraints ---
