@@ -23,23 +23,35 @@ def public(config) -> dict:
     return {key: value for key, value in config.items() if not key.startswith("_")}
 
 
-def run_schedule(cls: type, steps: int, dtype: torch.dtype, generator_seed: int | None) -> list[torch.Tensor]:
+def run_schedule(cls: type, steps: int, dtype: torch.dtype, generator_seed: int | None,
+                 device: str = "cpu") -> list[torch.Tensor]:
     """Every (sample, predicted x0) of a `steps`-step schedule driven as CogVideoXPipeline drives
-    it, with fixed model outputs; noise from a CPU generator, or the global RNG (seed None)."""
+    it (timesteps and tensors on `device`), with fixed model outputs; noise from a CPU generator,
+    or the global RNG (seed None)."""
     scheduler = cls(**COGVIDEOX_5B_SCHEDULER)
-    scheduler.set_timesteps(steps)
+    scheduler.set_timesteps(steps, device=device)
     inputs = torch.Generator().manual_seed(0)
-    sample = torch.randn(SHAPE, generator=inputs).to(dtype)
+    sample = torch.randn(SHAPE, generator=inputs).to(device, dtype)
     generator = None if generator_seed is None else torch.Generator().manual_seed(generator_seed)
     if generator is None:
         torch.manual_seed(7)
     old, seen = None, []
     for i, t in enumerate(scheduler.timesteps):
-        model_output = torch.randn(SHAPE, generator=inputs).to(dtype)
+        model_output = torch.randn(SHAPE, generator=inputs).to(device, dtype)
         back = scheduler.timesteps[i - 1] if i > 0 else None
         sample, old = scheduler.step(model_output, old, t, back, sample, generator=generator, return_dict=False)
         seen += [sample, old]
     return seen
+
+
+@pytest.mark.gpu
+def test_on_cuda_with_a_cpu_generator_it_is_bit_identical_too():
+    """As the product runs it: timesteps and latents on the GPU, the noise from a CPU generator."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    want = run_schedule(CogVideoXDPMScheduler, 50, torch.bfloat16, 3, device="cuda")
+    got = run_schedule(NoiseFirstDPMScheduler, 50, torch.bfloat16, 3, device="cuda")
+    assert all(a.is_cuda and torch.equal(a, b) for a, b in zip(want, got, strict=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
