@@ -49,43 +49,45 @@ class NoiseFirstDPMScheduler(CogVideoXDPMScheduler):
         variance_noise: torch.Tensor | None = None,
         return_dict: bool = False,
     ) -> DDIMSchedulerOutput | tuple:
-        """One DPM-Solver++ (2M) SDE step, as `CogVideoXDPMScheduler.step` (eta, use_clipped_model_output and
-        variance_noise are ignored there too)."""
+        """One DPM-Solver++(2M) SDE step from `timestep` (`timestep_back`: the step before, None on
+        the first) -> (previous sample, predicted x0), as `CogVideoXDPMScheduler.step` computes them
+        (eta, use_clipped_model_output and variance_noise are unused there too). With
+        return_dict, a `DDIMSchedulerOutput`, except on a first-order step (the first and the last),
+        which returns the tuple whatever return_dict says, as diffusers' does."""
         if self.num_inference_steps is None:
-            raise ValueError(
-                "Number of inference steps is 'None', you need to run 'set_timesteps' after creating the scheduler"
-            )
-        # The first step draws once; later ones twice (the last one's second draw goes unused).
-        draws = [_draw(sample, generator) for _ in range(1 if old_pred_original_sample is None else 2)]
-        noises = [noise.to(sample.device) for noise in draws]
+            raise ValueError(f"{type(self).__name__}.step: call set_timesteps(num_inference_steps) first")
+        # Drawn before anything below reads a device value; a later step draws twice (the last
+        # step's second draw goes unused).
+        drawn = [_draw(sample, generator) for _ in range(1 if old_pred_original_sample is None else 2)]
+        noise = [n.to(sample.device) for n in drawn]
 
         prev_timestep = timestep - self.config.num_train_timesteps // self.num_inference_steps
-        alpha_prod_t = self.alphas_cumprod[timestep]
-        alpha_prod_t_prev = self.alphas_cumprod[prev_timestep] if prev_timestep >= 0 else self.final_alpha_cumprod
-        alpha_prod_t_back = self.alphas_cumprod[timestep_back] if timestep_back is not None else None
-        beta_prod_t = 1 - alpha_prod_t
-        if self.config.prediction_type == "epsilon":
-            pred_original_sample = (sample - beta_prod_t ** (0.5) * model_output) / alpha_prod_t ** (0.5)
-        elif self.config.prediction_type == "sample":
-            pred_original_sample = model_output
-        elif self.config.prediction_type == "v_prediction":
-            pred_original_sample = (alpha_prod_t**0.5) * sample - (beta_prod_t**0.5) * model_output
-        else:
-            raise ValueError(
-                f"prediction_type given as {self.config.prediction_type} must be one of `epsilon`, `sample`, or"
-                " `v_prediction`"
-            )
-        h, r, _lamb, _lamb_next = self.get_variables(alpha_prod_t, alpha_prod_t_prev, alpha_prod_t_back)
-        mult = list(self.get_mult(h, r, alpha_prod_t, alpha_prod_t_prev, alpha_prod_t_back))
-        mult_noise = (1 - alpha_prod_t_prev) ** 0.5 * (1 - (-2 * h).exp()) ** 0.5
-        prev_sample = mult[0] * sample - mult[1] * pred_original_sample + mult_noise * noises[0]
+        alpha = self.alphas_cumprod[timestep]
+        alpha_prev = self.alphas_cumprod[prev_timestep] if prev_timestep >= 0 else self.final_alpha_cumprod
+        alpha_back = None if timestep_back is None else self.alphas_cumprod[timestep_back]
+        x0 = self._predicted_x0(model_output, sample, alpha)
+        h, r, _, _ = self.get_variables(alpha, alpha_prev, alpha_back)
+        mult = self.get_mult(h, r, alpha, alpha_prev, alpha_back)
+        noise_scale = (1 - alpha_prev) ** 0.5 * (1 - (-2 * h).exp()) ** 0.5
         if old_pred_original_sample is None or prev_timestep < 0:
-            return prev_sample, pred_original_sample  # a tuple whatever return_dict says, as diffusers'
-        denoised_d = mult[2] * pred_original_sample - mult[3] * old_pred_original_sample
-        prev_sample = mult[0] * sample - mult[1] * denoised_d + mult_noise * noises[1]
-        if not return_dict:
-            return (prev_sample, pred_original_sample)
-        return DDIMSchedulerOutput(prev_sample=prev_sample, pred_original_sample=pred_original_sample)
+            return mult[0] * sample - mult[1] * x0 + noise_scale * noise[0], x0
+        x0_extrapolated = mult[2] * x0 - mult[3] * old_pred_original_sample
+        prev_sample = mult[0] * sample - mult[1] * x0_extrapolated + noise_scale * noise[1]
+        if return_dict:
+            return DDIMSchedulerOutput(prev_sample=prev_sample, pred_original_sample=x0)
+        return prev_sample, x0
+
+    def _predicted_x0(self, model_output: torch.Tensor, sample: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        """x0 from the model's output by the config's prediction type (alpha: alphas_cumprod at t)."""
+        kind = self.config.prediction_type
+        if kind == "v_prediction":
+            return alpha**0.5 * sample - (1 - alpha) ** 0.5 * model_output
+        if kind == "epsilon":
+            return (sample - (1 - alpha) ** 0.5 * model_output) / alpha**0.5
+        if kind == "sample":
+            return model_output
+        raise ValueError(f"{type(self).__name__}: prediction_type {kind!r} is not one of "
+                         "'epsilon', 'sample', 'v_prediction'")
 
 
 def _draw(sample: torch.Tensor, generator: Any) -> torch.Tensor:

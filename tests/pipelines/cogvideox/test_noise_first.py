@@ -24,11 +24,11 @@ def public(config) -> dict:
 
 
 def run_schedule(cls: type, steps: int, dtype: torch.dtype, generator_seed: int | None,
-                 device: str = "cpu") -> list[torch.Tensor]:
+                 device: str = "cpu", **config) -> list[torch.Tensor]:
     """Every (sample, predicted x0) of a `steps`-step schedule driven as CogVideoXPipeline drives
     it (timesteps and tensors on `device`), with fixed model outputs; noise from a CPU generator,
     or the global RNG (seed None)."""
-    scheduler = cls(**COGVIDEOX_5B_SCHEDULER)
+    scheduler = cls(**(COGVIDEOX_5B_SCHEDULER | config))
     scheduler.set_timesteps(steps, device=device)
     inputs = torch.Generator().manual_seed(0)
     sample = torch.randn(SHAPE, generator=inputs).to(device, dtype)
@@ -63,6 +63,23 @@ def test_the_5b_schedule_is_bit_identical_to_diffusers(dtype, generator_seed):
     for i, (a, b) in enumerate(zip(want, got, strict=True)):
         assert a.dtype == b.dtype == dtype
         assert torch.equal(a, b), f"output {i} (step {i // 2 + 1}) differs"
+
+
+@pytest.mark.parametrize("prediction_type", ["epsilon", "sample"])
+def test_the_other_prediction_types_are_bit_identical_too(prediction_type):
+    config = dict(prediction_type=prediction_type, rescale_betas_zero_snr=False, timestep_spacing="leading")
+    want = run_schedule(CogVideoXDPMScheduler, 20, torch.bfloat16, 3, **config)
+    got = run_schedule(NoiseFirstDPMScheduler, 20, torch.bfloat16, 3, **config)
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+
+
+def test_an_unknown_prediction_type_is_refused_by_name():
+    scheduler = NoiseFirstDPMScheduler(**COGVIDEOX_5B_SCHEDULER)
+    scheduler.register_to_config(prediction_type="flow")
+    scheduler.set_timesteps(4)
+    x = torch.zeros(SHAPE)
+    with pytest.raises(ValueError, match="prediction_type 'flow' is not one of"):
+        scheduler.step(x, None, scheduler.timesteps[0], None, x, generator=torch.Generator().manual_seed(0))
 
 
 def test_the_noise_is_what_makes_the_steps_differ():
