@@ -35,7 +35,9 @@ fp8 change the model), measured side by side in one run through sagevideo's own 
 compile = regional, each block `.compile()`d): ms, × eager cuDNN, × compile cuDNN, output cosine
 vs eager cuDNN, the first call's time (compile included; the Inductor cache folder is the
 product's persistent one unless TORCHINDUCTOR_CACHE_DIR is set, so a second run shows a warm
-start) and the attention backends that ran. A name is `[fp8-](eager|compile)-(cudnn|sage)`.
+start) and the attention backends that ran. A name is `[fp8-](eager|compile)-(cudnn|sdpa|sage)`
+(sdpa: stock attention as torch picks its backend, what diffusers runs as shipped; with eager-sdpa
+in the list, × eager SDPA too).
 
     python -m bench.bench_transformer --recipes default [--model wan-14b | --model opensora --resolution 768px]
     python -m bench.bench_transformer --tiny --recipes default          # CPU smoke test (compile backend eager)
@@ -238,14 +240,18 @@ def run_recipes(names: list[str], build_model, *, tiny: bool, repeats: int, comp
 
 def recipe_rows(run: Run, shape: str, results: dict) -> Run:
     """The recipes' results as results-file rows: variant recipe-NAME, metrics ms, x_eager_cudnn,
-    x_compile_cudnn, output_cos_vs_eager_cudnn, first_call_s (backends and the recipe in extra)."""
+    x_compile_cudnn, x_eager_sdpa (where eager-sdpa ran), output_cos_vs_eager_cudnn, first_call_s (backends,
+    the SDPA backends torch picked and the recipe in extra)."""
     for name, r in results.items():
         if r.get("skipped"):
             continue
         variant = f"recipe-{name}"
-        run.add(shape, variant, "ms", r["ms"], backends=r["backends"], recipe=r["recipe"])
+        picked = {"sdpa_backends": r["sdpa_backends"]} if r.get("sdpa_backends") else {}
+        run.add(shape, variant, "ms", r["ms"], backends=r["backends"], recipe=r["recipe"], **picked)
         for metric in ("x_eager_cudnn", "x_compile_cudnn", "output_cos_vs_eager_cudnn"):
             run.add(shape, variant, metric, r.get(metric))
+        if r.get("x_eager_sdpa") is not None:
+            run.add(shape, variant, "x_eager_sdpa", r["x_eager_sdpa"])
         run.add(shape, variant, "first_call_s", r["first_call_s"], unit="s")
     return run
 

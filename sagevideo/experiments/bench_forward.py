@@ -1,13 +1,16 @@
 """`sagevideo bench forward`: whole transformer forwards per speed recipe, side by side in one run.
 
-A recipe's name is `[fp8-](eager|compile)-(cudnn|sage)`: fp8 = torchao float8 rowwise linears on
-the blocks, compile = regional (each block `torch.compile`d), sage = sagevideo's attention
+A recipe's name is `[fp8-](eager|compile)-(cudnn|sdpa|sage)`: fp8 = torchao float8 rowwise linears
+on the blocks, compile = regional (each block `torch.compile`d), sage = sagevideo's attention
 installed (its default plan), cudnn = stock attention under SDPA with cuDNN first (flash, then
-efficient, for calls cuDNN refuses; on the CPU, torch's own choice). Each recipe runs on a freshly
+efficient, for calls cuDNN refuses; on the CPU, torch's own choice), sdpa = stock attention as
+torch picks its SDPA backend (what diffusers runs as shipped; eager recipes record which backend
+torch picked per call, `sdpa_backends`, as they do under cudnn). Each recipe runs on a freshly
 built model of the same seed (compile and fp8 change the model), through sagevideo's own recipe
 (`pipelines.recipe.apply_recipe`). Per recipe: the first call's seconds (compile included; the
 Inductor cache is the product's persistent one, so a second run shows a warm start), the median
-ms of one denoising step's forwards, × eager cuDNN and × compile cuDNN (their ms / this one's),
+ms of one denoising step's forwards, × eager cuDNN and × compile cuDNN (their ms / this one's;
+× eager SDPA too where eager-sdpa ran),
 the output's cosine against eager cuDNN (fp64) and the attention backends that ran.
 
 The model is one of `pipelines.forwards.CONFIGS` at real size with random weights (the time
@@ -42,17 +45,18 @@ from sagevideo.experiments.bench_timing import (
 
 SCHEMA = "sagevideo.bench.forward"
 DEFAULT_RECIPES = ("eager-cudnn", "eager-sage", "compile-cudnn", "compile-sage", "fp8-compile-sage")
-BASELINES = {"x_eager_cudnn": "eager-cudnn", "x_compile_cudnn": "compile-cudnn"}
+BASELINES = {"x_eager_cudnn": "eager-cudnn", "x_compile_cudnn": "compile-cudnn", "x_eager_sdpa": "eager-sdpa"}
+ATTENTION_KINDS = ("cudnn", "sdpa", "sage")
 
 
 def parse_recipe_name(name: str) -> dict[str, str]:
     """'fp8-compile-sage' -> {"linear": "fp8", "compile": "regional", "attention": "sage"}; raises
-    ValueError for a name that is not [fp8-](eager|compile)-(cudnn|sage)."""
+    ValueError for a name that is not [fp8-](eager|compile)-(cudnn|sdpa|sage)."""
     parts = name.split("-")
     linear = "fp8" if parts[0] == "fp8" else "bf16"
     parts = parts[1:] if linear == "fp8" else parts
-    if len(parts) != 2 or parts[0] not in ("eager", "compile") or parts[1] not in ("cudnn", "sage"):
-        raise ValueError(f"{name!r} is not [fp8-](eager|compile)-(cudnn|sage), e.g. compile-sage")
+    if len(parts) != 2 or parts[0] not in ("eager", "compile") or parts[1] not in ATTENTION_KINDS:
+        raise ValueError(f"{name!r} is not [fp8-](eager|compile)-(cudnn|sdpa|sage), e.g. compile-sage")
     return {"linear": linear, "compile": "regional" if parts[0] == "compile" else "none", "attention": parts[1]}
 
 
@@ -61,7 +65,7 @@ class BenchForwardConfig(BenchOptions, ModelSizeOptions):
 
     model: str = Field("tiny-cogvideox", description="transformer config: cogvideox-5b, wan-14b, hunyuanvideo, "
                        "opensora-768px (real size, random weights) or tiny-cogvideox|wan|hunyuanvideo|opensora")
-    recipes: list[str] = Field(["default"], description="comma list of [fp8-](eager|compile)-(cudnn|sage), or "
+    recipes: list[str] = Field(["default"], description="comma list of [fp8-](eager|compile)-(cudnn|sdpa|sage), or "
                                f"default: {','.join(DEFAULT_RECIPES)} (fp8 left out where it cannot run)")
     repeats: int = Field(3, ge=1, description="timed calls per recipe after the first (median reported)")
     compile_backend: CompileBackend | None = Field(None, description="torch.compile backend of the compile "
@@ -150,8 +154,10 @@ class RecipeResult(BaseModel):
     first_call_s: float | None = None
     x_eager_cudnn: float | None = None
     x_compile_cudnn: float | None = None
+    x_eager_sdpa: float | None = None
     output_cos_vs_eager_cudnn: float | None = None
     backends: dict[str, int] = {}
+    sdpa_backends: dict[str, int] = {}  # stock attention, eager: the SDPA backend torch picked, per call
     fp8_layers: int = 0
     compiled_blocks: int = 0
     compile_cache_lookups: dict[str, int] = {}  # the first call's: a warm start hits, a cold one misses
@@ -181,7 +187,8 @@ class ForwardBenchReport(BenchReport):
         best = min(ran, key=lambda r: r.ms or 0.0)
         if best.x_eager_cudnn is None:
             return f"fastest {best.name} {best.ms:.1f} ms"
-        return f"fastest {best.name} {best.ms:.1f} ms, {best.x_eager_cudnn:.2f}x eager cuDNN"
+        versus_sdpa = "" if best.x_eager_sdpa is None else f", {best.x_eager_sdpa:.2f}x eager SDPA (torch's pick)"
+        return f"fastest {best.name} {best.ms:.1f} ms, {best.x_eager_cudnn:.2f}x eager cuDNN{versus_sdpa}"
 
 
 def recipe_table(results: list[RecipeResult]) -> list[str]:
@@ -190,15 +197,17 @@ def recipe_table(results: list[RecipeResult]) -> list[str]:
         width = int(fmt.split(".")[0])
         return f"{'-':>{width}s}" if value is None else format(value, fmt)
 
-    lines = [f"{'recipe':18s} {'ms':>9s} {'x eager cuDNN':>14s} {'x compile cuDNN':>16s} {'cos vs eager':>13s} "
-             f"{'first call s':>13s}  backends"]
+    sdpa = any(r.x_eager_sdpa is not None for r in results)  # the column only where eager-sdpa ran
+    lines = [f"{'recipe':18s} {'ms':>9s} {'x eager cuDNN':>14s} {'x compile cuDNN':>16s} "
+             + (f"{'x eager SDPA':>13s} " if sdpa else "") + f"{'cos vs eager':>13s} {'first call s':>13s}  backends"]
     for r in results:
         if r.skipped:
             lines.append(f"{r.name:18s} not run: {r.skipped}")
             continue
+        ran = r.backends or (f"stock SDPA {r.sdpa_backends}" if r.sdpa_backends else "none (stock SDPA)")
         lines.append(f"{r.name:18s} {number(r.ms, '9.1f')} {number(r.x_eager_cudnn, '14.2f')} "
-                     f"{number(r.x_compile_cudnn, '16.2f')} {number(r.output_cos_vs_eager_cudnn, '13.5f')} "
-                     f"{number(r.first_call_s, '13.1f')}  {r.backends or 'none (stock SDPA)'}")
+                     f"{number(r.x_compile_cudnn, '16.2f')} " + (f"{number(r.x_eager_sdpa, '13.2f')} " if sdpa else "")
+                     + f"{number(r.output_cos_vs_eager_cudnn, '13.5f')} {number(r.first_call_s, '13.1f')}  {ran}")
     return lines
 
 
@@ -210,7 +219,7 @@ def recipe_backends(device: str, compile_backend: str | None = None, backend: st
 
 
 def apply_recipe_name(model: Any, name: str, *, backend: str, compile_backend: str) -> tuple[Any, Any]:
-    """Make `model` run as recipe `name` ([fp8-](eager|compile)-(cudnn|sage)): sagevideo attention
+    """Make `model` run as recipe `name` ([fp8-](eager|compile)-(cudnn|sdpa|sage)): sagevideo attention
     installed with `backend` for a sage recipe, then `pipelines.recipe.apply_recipe`. Returns (the
     install's handle, None for cudnn; the AppliedRecipe)."""
     import sagevideo
@@ -221,6 +230,36 @@ def apply_recipe_name(model: Any, name: str, *, backend: str, compile_backend: s
     handle = sagevideo.install(model, backend=backend) if spec["attention"] == "sage" else None
     recipe = Recipe(compile=spec["compile"], linear=spec["linear"], compile_backend=compile_backend)
     return handle, apply_recipe(model, recipe)
+
+
+def stock_attention_order(attention: str, device: str) -> contextlib.AbstractContextManager:
+    """The SDPA backend order a recipe's stock attention runs under: torch's own for "sdpa", cuDNN
+    first otherwise (`sdpa_cudnn_first`; sage recipes too, for the calls sagevideo leaves to SDPA)."""
+    return contextlib.nullcontext() if attention == "sdpa" else sdpa_cudnn_first(device)
+
+
+@contextlib.contextmanager
+def record_sdpa_choices(counts: dict[str, int]) -> Iterator[None]:
+    """Count, into `counts` (backend name -> calls), the backend SDPA picks for each
+    `F.scaled_dot_product_attention` call made meanwhile (torch's own `_fused_sdp_choice`, under
+    whatever `sdpa_kernel` priority is active), each call run unchanged. Eager code only: under
+    torch.compile the mode would be traced."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    class Choices(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is sdpa:
+                name = SDPBackend(torch._fused_sdp_choice(*args, **kwargs)).name.lower()
+                counts[name] = counts.get(name, 0) + 1
+            return func(*args, **kwargs)
+
+    with Choices():
+        yield
 
 
 @contextlib.contextmanager
@@ -260,16 +299,20 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
         step = build()
         handle, applied = apply_recipe_name(step.model, name, backend=backend, compile_backend=compile_backend)
         recipe = applied.recipe
-        with sdpa_cudnn_first(device), sagevideo.record_backends() as log:
+        order = stock_attention_order(spec["attention"], device)
+        picked: dict[str, int] = {}
+        stock_eager = spec["attention"] != "sage" and recipe.compile == "none"
+        with order, sagevideo.record_backends() as log:
             start = time.perf_counter()
-            out = step.run()
+            with record_sdpa_choices(picked) if stock_eager else contextlib.nullcontext():
+                out = step.run()
             sync()
             first_call_s = time.perf_counter() - start
             lookups = applied.compile_cache_lookups() if recipe.compile != "none" else {}
             seconds = median_seconds(step.run, repeats, device)
         outputs[name] = torch.cat([o.float().flatten().cpu() for o in out])
         result = RecipeResult(name=name, recipe=recipe.label(), ms=seconds * 1e3, first_call_s=first_call_s,
-                              backends=dict(log.counts), fp8_layers=len(applied.fp8_layers),
+                              backends=dict(log.counts), sdpa_backends=picked, fp8_layers=len(applied.fp8_layers),
                               compiled_blocks=applied.compiled_blocks, compile_cache_lookups=lookups)
         if "eager-cudnn" in outputs:
             result.output_cos_vs_eager_cudnn = output_cosine(outputs["eager-cudnn"], outputs[name])

@@ -55,7 +55,7 @@ class ProfileConfig(BaseModel):
     height: int | None = Field(None, ge=16)
     width: int | None = Field(None, ge=16)
     steps: int = Field(1, ge=1)
-    recipe: str | None = None  # a bench forward recipe name ([fp8-](eager|compile)-(cudnn|sage)); None: stock
+    recipe: str | None = None  # a bench forward recipe name ([fp8-](eager|compile)-(cudnn|sdpa|sage)); None: stock
     device: str = "auto"
     dtype: Literal["bfloat16", "float16", "float32"] | None = None  # None: bf16 on a GPU, fp32 on the CPU
     json_out: Path | None = None
@@ -262,11 +262,16 @@ def _as_recipe(model, name: str | None, device: str) -> Iterator[None]:
     if name is None:
         yield
         return
-    from sagevideo.experiments.bench_forward import apply_recipe_name, recipe_backends, sdpa_cudnn_first
+    from sagevideo.experiments.bench_forward import (
+        apply_recipe_name,
+        parse_recipe_name,
+        recipe_backends,
+        stock_attention_order,
+    )
 
     compile_backend, backend = recipe_backends(device)
     apply_recipe_name(model, name, backend=backend, compile_backend=compile_backend)
-    with sdpa_cudnn_first(device):
+    with stock_attention_order(parse_recipe_name(name)["attention"], device):
         yield
 
 

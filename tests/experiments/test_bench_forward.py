@@ -21,6 +21,36 @@ def test_recipe_names():
     assert parse_recipe_name("eager-cudnn") == {"linear": "bf16", "compile": "none", "attention": "cudnn"}
     with pytest.raises(ValueError, match="not \\[fp8-\\]"):
         parse_recipe_name("fast-sage")
+    assert parse_recipe_name("compile-sdpa") == {"linear": "bf16", "compile": "regional", "attention": "sdpa"}
+
+
+def test_record_sdpa_choices_names_the_backend_torch_picks_and_changes_nothing():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from sagevideo.experiments.bench_forward import record_sdpa_choices
+
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    counts: dict[str, int] = {}
+    with sdpa_kernel([SDPBackend.MATH]), record_sdpa_choices(counts):
+        got = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert counts == {"math": 2} and torch.allclose(got, want, atol=1e-6)
+
+
+def test_eager_sdpa_is_a_baseline_beside_cudnn_and_records_torchs_pick(tmp_path):
+    config = BenchForwardConfig(model="tiny-cogvideox", recipes=["eager-cudnn,eager-sdpa,eager-sage,compile-sdpa"],
+                                repeats=1)
+    report = run_bench_forward(config)
+    got = {r.name: r for r in report.recipes}
+    sdpa = got["eager-sdpa"]
+    assert sdpa.x_eager_sdpa == 1.0 and got["eager-sage"].x_eager_sdpa == pytest.approx(sdpa.ms / got["eager-sage"].ms)
+    assert sum(sdpa.sdpa_backends.values()) == 2 and sum(got["eager-cudnn"].sdpa_backends.values()) == 2  # 2 layers
+    assert got["eager-sage"].sdpa_backends == {} and got["compile-sdpa"].sdpa_backends == {}  # not recorded there
+    assert sdpa.output_cos_vs_eager_cudnn == pytest.approx(1.0, abs=1e-9)  # the CPU has one SDPA choice
+    header, *rows = report.table().splitlines()[1:]
+    assert "x eager SDPA" in header and "stock SDPA {" in rows[1]
+    assert "eager SDPA (torch's pick)" in report.summary()
 
 
 def test_recipes_run_side_by_side_with_ratios_from_their_times(tmp_path):
