@@ -89,6 +89,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def plain_help(text: str | None) -> str | None:
+    """`text` as typer's rich help shows it literally: square brackets (`[fp8-]`) escaped, where
+    rich would take them for markup and drop them."""
+    from rich.markup import escape
+
+    return None if text is None else escape(text)
+
+
 def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: tuple[str, ...] = ()) -> list:
     """One typer parameter per field of the pydantic model `config` (in field order), but `skip`.
 
@@ -105,7 +113,7 @@ def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: 
             continue
         spec = cli.get(name, {})
         kind = _strip(spec.get("type") or field.annotation)
-        text = spec.get("help", field.description)
+        text = plain_help(spec.get("help", field.description))
         if field.is_required():
             default: Any = ...
         else:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from sagevideo.cli.common import handle_errors
+from sagevideo.cli.common import handle_errors, plain_help
 
 
 def register(app: typer.Typer) -> None:
@@ -19,8 +19,8 @@ def profile(
     frames: int = typer.Option(None, help="video frames (4k + 1); default: the model's"),
     resolution: str = typer.Option(None, help="HEIGHTxWIDTH in pixels, e.g. 480x720; default: the model's"),
     steps: int = typer.Option(1, help="denoising steps measured (after one warm-up step)"),
-    recipe: str = typer.Option(None, help="run the model as this bench forward recipe, "
-                               "[fp8-](eager|compile)-(cudnn|sdpa|sage), e.g. fp8-compile-sage; default: stock"),
+    recipe: str = typer.Option(None, help=plain_help("run the model as this bench forward recipe, "
+                               "[fp8-](eager|compile)-(cudnn|sdpa|sage), e.g. fp8-compile-sage; default: stock")),
     device: str = typer.Option("auto", help="cuda, cpu, or auto"),
     json_out: Path = typer.Option(None, "--json", help="write the report as JSON here"),
     plot: Path = typer.Option(None, help="write a PNG of the split and the bounds here"),

@@ -62,3 +62,16 @@ def test_handle_errors_prints_the_message_and_exits_with_its_code(capsys):
     assert stop.value.exit_code == 143 and len(seen) == 1
     with pytest.raises(ZeroDivisionError), handle_errors("generate"):  # a bug shows as one
         raise ZeroDivisionError("a bug")
+
+
+@pytest.mark.parametrize("argv", [["profile", "--help"], ["bench", "forward", "--help"]])
+def test_help_shows_square_brackets_literally(argv, monkeypatch):
+    """Rich takes `[fp8-]` for markup and drops it: the recipe-name form must reach the help whole."""
+    from typer.testing import CliRunner
+
+    from sagevideo.cli.common import plain_help
+
+    assert plain_help("[fp8-](eager|compile)") == "\\[fp8-](eager|compile)" and plain_help(None) is None
+    monkeypatch.setenv("COLUMNS", "240")
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0 and "[fp8-](eager|compile)-(cudnn|sdpa|sage)" in result.output
