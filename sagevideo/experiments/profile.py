@@ -13,8 +13,9 @@ With `recipe` (a `bench forward` recipe name, e.g. fp8-compile-sage) the model r
 makes it: sagevideo attention installed, torchao FP8 linears, regional torch.compile. Inside
 compiled graphs no aten op surrounds most kernels, so there each kernel's device time is counted by
 its name: sagevideo's own kernels (`attention.backends.DEVICE_KERNELS`) and SDPA's as attention,
-GEMM libraries' and Inductor's matmul templates as linears, the rest (Inductor's fused pointwise and
-reduction kernels) as rest. The report also lists the step's largest kernels with their category.
+GEMM libraries' and Inductor's matmul templates as linears, with the FP8 activations' scale
+reductions (`abs_amax` kernels, whatever Inductor fused them with), the rest (Inductor's fused
+pointwise and reduction kernels) as rest. The report also lists the step's largest kernels with their category.
 
 Random weights, because the time split depends on the shapes, not on the values.
 """
@@ -41,8 +42,11 @@ _BOOKKEEPING = ("sagevideo::record_backend", "sagevideo::note_attention")  # rec
 # Kernel names, where no classified op surrounds a kernel (compiled graphs). Attention is matched
 # first: CUTLASS's memory-efficient attention kernels are named fmha_cutlass*.
 _ATTENTION_KERNELS = ("fmha", "flash", "sdpa", "attention")
+# FP8 linears' dynamic activation scales (`x.abs().amax()` per row) are reductions Inductor may
+# fuse with the op before them (a GELU, a layer norm) rather than with the `_scaled_mm`: "abs_amax"
+# or "abs_add_amax" (the norm's add between) in the name marks them as the linears'.
 _LINEAR_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "triton_tem_fused_mm", "triton_tem_fused_addmm",
-                   "triton_tem_fused__scaled_mm", "scaled_mm")
+                   "triton_tem_fused__scaled_mm", "scaled_mm", "abs_amax", "abs_add_amax")
 TOP_KERNELS = 12
 
 

@@ -94,6 +94,21 @@ def test_kernels_outside_any_classified_op_count_by_their_names():
     assert kernels["triton_poi_fused_1"] == ["linear", pytest.approx(4e-4), 1]  # inside aten::_scaled_mm, once
 
 
+@pytest.mark.parametrize("name, part", [
+    # kernel names from `sagevideo profile --model cogvideox-5b --recipe fp8-compile-sage` on the H200
+    ("triton_red_fused_abs_amax_gelu_view_22", "linear"),  # the FP8 scales of the GELU's output
+    ("triton_red_fused_abs_add_amax_cat_mul_native_layer_norm_split_unsqueeze_3", "linear"),
+    ("triton_poi_fused__scaled_mm__to_copy_clamp_div_gelu_t_unsqueeze_view_23", "linear"),
+    ("triton_red_fused_add_mul_native_layer_norm_split_split_with_sizes_unsqueeze_view_18", "rest"),
+    ("triton_red_fused_native_layer_norm_1", "rest"),
+    ("_quantize_kv_kernel", "attention"),
+])
+def test_fp8_activation_scales_count_as_linears(name, part):
+    from sagevideo.experiments.profile import kernel_category
+
+    assert kernel_category(name) == part
+
+
 @pytest.mark.parametrize("recipe", ["eager-sage", "compile-cudnn"])
 def test_a_recipe_on_the_cpu(recipe):
     """The reference attention (eager-sage) is named for the profiler; compile-cudnn's SDPA stays an
