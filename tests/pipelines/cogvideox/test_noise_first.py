@@ -179,3 +179,24 @@ def test_a_loaded_folder_gets_it_and_the_manifest_names_it(tmp_path, tiny_pipe):
     assert records[0]["scheduler"] == "NoiseFirstDPMScheduler"
     (line,) = Manifest(tmp_path / "out" / MANIFEST_NAME).records()
     assert line.scheduler == "NoiseFirstDPMScheduler"
+
+
+def test_the_image_to_video_pipeline_gives_the_same_latents_too():
+    """CogVideoX-5B-I2V's pipeline drives the same scheduler (and draws its image latents from the
+    generator before the loop): same latents with either scheduler."""
+    from PIL import Image
+
+    from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
+
+    pipe = tiny_pipeline(name="tiny-cogvideox-i2v")
+    pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = CogVideoXDPMScheduler(**COGVIDEOX_5B_SCHEDULER)
+    image = Image.new("RGB", (32, 32), (200, 40, 90))
+
+    def latents():
+        return pipe(image=image, prompt="a cat", num_frames=9, height=32, width=32, num_inference_steps=3,
+                    generator=torch.Generator().manual_seed(5), output_type="latent", max_sequence_length=16).frames
+
+    want = latents()
+    assert use_noise_first(pipe) is True
+    assert torch.equal(want, latents())
