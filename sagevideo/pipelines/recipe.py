@@ -8,11 +8,12 @@ and regional torch.compile, applied in the order that composes, after the attent
   transformer blocks' nn.Linear layers (but `linear_keep` and layers whose dims are not multiples
   of 16, which float8 GEMMs cannot take), Inductor's settings left alone, their bf16 weights kept
   for `linear_bf16_steps` (`Bf16Steps`, swapped between steps by the job's `on_step`);
-  2. compile "regional": diffusers' `compile_repeated_blocks` where the model declares
-  `_repeated_blocks`, else each block of the transformer's block lists
-  `.compile()`d (the same thing, found by diffusers' block names); with a cache, each block's own
-  `forward` compiled instead, so that 3. the cache's hooks (`transformer.enable_cache(<diffusers
-  config>)`) stay outside the compiled code. Compiled code goes to a persistent folder
+  2. compile "regional": each repeated block's own `forward` compiled (the classes the model
+  declares in `_repeated_blocks`, as diffusers' `compile_repeated_blocks` takes them, else the
+  blocks of the transformer's block lists, found by diffusers' block names), with a pre-hook
+  outside the compiled code that makes strided inputs contiguous, so one graph serves every
+  block; 3. the cache's hooks (`transformer.enable_cache(<diffusers config>)`) wrap the compiled
+  forwards and stay outside the compiled code. Compiled code goes to a persistent folder
   (`use_compile_cache`).
 - `capabilities(device)`: what this machine can run (for `sagevideo env`).
 
@@ -236,8 +237,8 @@ class AppliedRecipe:
 
     fp8_layers / kept_layers: linear names (inside the denoisers) made float8 / kept in bf16
     (linear_keep, or dims not multiples of 16). compiled_blocks: blocks compiled, over every
-    denoiser; compile_via:
-    "compile_repeated_blocks" or "blocks". cache_forwards / cache_skipped: transformer forwards the
+    denoiser; compile_via: "repeated blocks' forwards" (the model's `_repeated_blocks`) or "block
+    forwards" (its block lists). cache_forwards / cache_skipped: transformer forwards the
     cache decided on and those whose remaining blocks it skipped, since `start_job` (None where
     diffusers does not expose the decision). apply_s: seconds the recipe took to apply (the first
     compiled call pays the compile itself, inside the first job's denoise time);
@@ -341,18 +342,14 @@ def apply_recipe(pipe_or_transformer: Any, recipe: Recipe) -> AppliedRecipe:
     for _, transformer, blocks in denoisers:
         if recipe.compile == "regional":
             applied.compile_cache = use_compile_cache()
-        if recipe.cache == "none":
-            if recipe.compile == "regional":
-                _compile_blocks(transformer, blocks, recipe.compile_backend, applied)
-            continue
-        if recipe.compile == "regional":
-            # The cache's hooks replace each block's forward with Python that decides, per step,
-            # whether the block runs. Compiled with the block (module.compile), Dynamo would trace
-            # that decision, guard on the cache's state and recompile as it changes until torch's
-            # recompile limit left the blocks eager. Compiling the blocks' own forwards first keeps
-            # the hooks outside the compiled code: they call the compiled forward, or skip it.
-            _compile_block_forwards(blocks, recipe.compile_backend, applied)
-        _enable_cache(pipe_or_transformer, transformer, blocks, recipe, applied)
+            # The blocks' own forwards, not the modules (module.compile): a cache's hooks replace
+            # each block's forward with Python that decides, per step, whether the block runs.
+            # Compiled with the module, Dynamo would trace that decision, guard on the cache's
+            # state and recompile as it changes until torch's recompile limit left the blocks
+            # eager. Compiled first, the forwards stay under the hooks: called, or skipped.
+            _compile_block_forwards(transformer, blocks, recipe.compile_backend, applied)
+        if recipe.cache != "none":
+            _enable_cache(pipe_or_transformer, transformer, blocks, recipe, applied)
     applied.apply_s = time.perf_counter() - start
     return applied
 
@@ -441,29 +438,36 @@ def _count_first_block_decisions(head_block: Any, applied: AppliedRecipe) -> Non
     hook._should_compute_remaining_blocks = counted
 
 
-def _compile_blocks(transformer: Any, blocks: list[tuple[str, Any]], backend: str, applied: AppliedRecipe) -> None:
-    if getattr(transformer, "_repeated_blocks", None):
-        transformer.compile_repeated_blocks(backend=backend)
-        applied.compile_via = "compile_repeated_blocks"
-        names = set(transformer._repeated_blocks)
-        applied.compiled_blocks += sum(1 for m in transformer.modules() if type(m).__name__ in names)
-        return
-    if not blocks:
-        raise ValueError(f"--compile regional: {type(transformer).__name__} has no transformer block lists to compile")
-    for _, block in blocks:
-        block.compile(backend=backend)
-    applied.compile_via = "blocks"
-    applied.compiled_blocks += len(blocks)
-
-
-def _compile_block_forwards(blocks: list[tuple[str, Any]], backend: str, applied: AppliedRecipe) -> None:
-    """Each block's own `forward` compiled (the blocks share its code, so one graph serves them),
-    before a cache's hooks wrap it."""
+def _compile_block_forwards(transformer: Any, blocks: list[tuple[str, Any]], backend: str,
+                            applied: AppliedRecipe) -> None:
+    """Each repeated block's own `forward` compiled (the blocks share its code, so one graph serves
+    them), with `contiguous_inputs` as a forward pre-hook, outside the compiled code."""
     import torch
 
-    if not blocks:
-        raise ValueError("--compile regional: the transformer has no transformer block lists to compile")
-    for _, block in blocks:
+    declared = set(getattr(transformer, "_repeated_blocks", None) or ())
+    if declared:
+        modules = [m for m in transformer.modules() if type(m).__name__ in declared]
+        applied.compile_via = "repeated blocks' forwards"
+    else:
+        modules = [block for _, block in blocks]
+        applied.compile_via = "block forwards"
+    if not modules:
+        raise ValueError(f"--compile regional: {type(transformer).__name__} has no transformer block lists to compile")
+    for block in modules:
+        block.register_forward_pre_hook(contiguous_inputs, with_kwargs=True)
         block.forward = torch.compile(block.forward, backend=backend)
-    applied.compile_via = "block forwards, under the cache hooks"
-    applied.compiled_blocks += len(blocks)
+    applied.compiled_blocks += len(modules)
+
+
+def contiguous_inputs(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A block's tensor arguments made contiguous where they are strided views. Dynamo guards on
+    its inputs' strides: CogVideoX's first block gets the video part of the joint [text; video]
+    sequence (a view whose rows are text + video tokens apart), the later blocks a contiguous
+    tensor, so the blocks compiled two graphs; one copy of the first block's inputs a step keeps
+    them to one (half the compile, and half the warm start's tracing)."""
+    import torch
+
+    def dense(value: Any) -> Any:
+        return value.contiguous() if isinstance(value, torch.Tensor) and not value.is_contiguous() else value
+
+    return tuple(dense(a) for a in args), {k: dense(v) for k, v in kwargs.items()}
