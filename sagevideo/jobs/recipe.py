@@ -8,9 +8,9 @@ the configs of generate, ab and calibrate inherit (flat options `--compile`, `--
 `sagevideo.generate(..., recipe=Recipe(...))` keyword expands into them, and a job file's
 `recipe:` section gives them too (`sagevideo.jobs.files`, `layer_recipe`).
 
-- compile: "none", or "regional": each transformer block `torch.compile`d on its own (diffusers'
-  `compile_repeated_blocks` where the model declares `_repeated_blocks`), compiled code kept in
-  a persistent cache folder (`sagevideo.pipelines.recipe.compile_cache_dir`).
+- compile: "none", or "regional": each transformer block's forward `torch.compile`d on its own
+  (the model's `_repeated_blocks` where it declares them), one graph for all blocks, compiled
+  code kept in a persistent cache folder (`sagevideo.pipelines.recipe.compile_cache_dir`).
 - compile_backend: torch.compile's backend ("inductor"; "eager"/"aot_eager" trace without
   generating code, for machines without a C++ compiler and for tests).
 - linear: "bf16" (as loaded), or "fp8": torchao's float8 dynamic activation + weight
