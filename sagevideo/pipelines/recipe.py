@@ -460,14 +460,27 @@ def _compile_block_forwards(transformer: Any, blocks: list[tuple[str, Any]], bac
 
 
 def contiguous_inputs(module: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """A block's tensor arguments made contiguous where they are strided views. Dynamo guards on
-    its inputs' strides: CogVideoX's first block gets the video part of the joint [text; video]
-    sequence (a view whose rows are text + video tokens apart), the later blocks a contiguous
-    tensor, so the blocks compiled two graphs; one copy of the first block's inputs a step keeps
-    them to one (half the compile, and half the warm start's tracing)."""
+    """A block's tensor arguments copied to the default (row-major) strides where they have others.
+    Dynamo guards on its inputs' strides: CogVideoX's first block gets the video part of the joint
+    [text; video] sequence (a view whose rows are text + video tokens apart), the later blocks a
+    fresh tensor, so the blocks compiled two graphs; one copy of the first block's inputs a step
+    keeps them to one (half the compile, and half the warm start's tracing). `is_contiguous()` is
+    not the test: with batch 1 that view is "contiguous" (a size-1 dim's stride is ignored there)
+    and its batch stride still differs, which Dynamo guards on too."""
     import torch
 
     def dense(value: Any) -> Any:
-        return value.contiguous() if isinstance(value, torch.Tensor) and not value.is_contiguous() else value
+        if not isinstance(value, torch.Tensor) or value.stride() == row_major_strides(value.shape):
+            return value
+        return value.clone(memory_format=torch.contiguous_format)
 
     return tuple(dense(a) for a in args), {k: dense(v) for k, v in kwargs.items()}
+
+
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides torch gives a new tensor of `shape` (the last dim's 1; zero-size dims count as 1)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
