@@ -10,7 +10,8 @@ Modules, one job each:
 - `runner`: one job -> checked uint8 frames and timings (the family's denoise and decode inside);
 - `tiny`: what every family's built-in tiny model shares (a byte-level tokenizer);
 - `cogvideox`: the CogVideoX family: `family`, the built-in "tiny" model, `SageCogVideoXAttnProcessor`,
-  Ulysses sequence parallelism;
+  Ulysses sequence parallelism, `noise_first` (CogVideoX-5B's DPM scheduler with its step noise
+  drawn while the GPU runs the forward);
 - `opensora`: the Open-Sora 2.0 family: its transformer, official-checkpoint converter, text-to-video
   pipeline, attention processors and Ulysses hooks.
 
