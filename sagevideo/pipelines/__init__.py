@@ -13,7 +13,12 @@ Modules, one job each:
   Ulysses sequence parallelism, `noise_first` (CogVideoX-5B's DPM scheduler with its step noise
   drawn while the GPU runs the forward);
 - `opensora`: the Open-Sora 2.0 family: its transformer, official-checkpoint converter, text-to-video
-  pipeline, attention processors and Ulysses hooks.
+  pipeline, attention processors and Ulysses hooks;
+- `wan`, `hunyuanvideo`: the Wan 2.1/2.2 and HunyuanVideo families (diffusers' attention
+  dispatcher models): `family`, their tiny models, Ulysses sequence parallelism (HunyuanVideo's
+  prompt templates too).
+Beside the families: `recipe` (FP8 linears, regional compile, step caches), `intercept` and
+`routing` (sagevideo attention inside dispatcher models), `plans`, `calibrate`, `forwards`.
 
 The Open-Sora names below load lazily: importing this package imports neither diffusers nor transformers.
 """
