@@ -11,9 +11,10 @@ and regional torch.compile, applied in the order that composes, after the attent
   2. compile "regional": each repeated block's own `forward` compiled (the classes the model
   declares in `_repeated_blocks`, as diffusers' `compile_repeated_blocks` takes them, else the
   blocks of the transformer's block lists, found by diffusers' block names), with a pre-hook
-  outside the compiled code that makes strided inputs contiguous, so one graph serves every
-  block; 3. the cache's hooks (`transformer.enable_cache(<diffusers config>)`) wrap the compiled
-  forwards and stay outside the compiled code. Compiled code goes to a persistent folder
+  outside the compiled code that copies inputs to row-major strides (`contiguous_inputs`), so one
+  graph serves every block of a class; 3. the cache's hooks
+  (`transformer.enable_cache(<diffusers config>)`) wrap the compiled forwards and stay outside the
+  compiled code. Compiled code goes to a persistent folder
   (`use_compile_cache`).
 - `capabilities(device)`: what this machine can run (for `sagevideo env`).
 
