@@ -41,12 +41,6 @@ from sagevideo.kernels.quantize import QuantizedInputs
 
 LOG2_FP8_MAX = gl.constexpr(constants.LOG2_FP8_MAX)
 MIN_ROW_SCALE_CONST = gl.constexpr(constants.MIN_ROW_SCALE)
-ROUNDING_MAGIC = gl.constexpr(constants.ROUNDING_MAGIC)
-EXP2_FLOOR = gl.constexpr(constants.EXP2_POLY_FLOOR)
-EXP2_C0 = gl.constexpr(constants.EXP2_POLY[0])
-EXP2_C1 = gl.constexpr(constants.EXP2_POLY[1])
-EXP2_C2 = gl.constexpr(constants.EXP2_POLY[2])
-EXP2_C3 = gl.constexpr(constants.EXP2_POLY[3])
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64) = per CTA
 # Registers per thread at launch: 4 + 1 warps run as 2 warpgroups, 128 x 256 threads = half the SM
 # (two CTAs per SM, as the plain-Triton kernel runs). Triton then gives the consumer partition 232
@@ -57,7 +51,7 @@ PRODUCER_REGS = 24
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, EXP2_EMULATED: gl.constexpr):
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
     """One warp: the CTA's Q tile once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
@@ -85,53 +79,7 @@ def _mma_key_order(x):
 
 
 @gluon.jit
-def _exp2_poly(x):
-    """2^x on the FMA pipe (x <= 9, the softmax's exponents): x = n + f with n = round(x) (by the
-    1.5·2^23 add) and f in [-0.5, 0.5], 2^f by a cubic (relative error < 8e-5, far below e4m3's
-    2^-4 step that P is rounded to), n added into the exponent bits. x is floored at EXP2_FLOOR
-    (2^-125 stays normal; a masked -inf gives 2^-125, which e4m3 rounds to 0); NaN stays NaN."""
-    x = gl.maximum(x, EXP2_FLOOR, propagate_nan=tl.PropagateNan.ALL)
-    t = x + ROUNDING_MAGIC  # round(x) in the low mantissa bits
-    f = x - (t - ROUNDING_MAGIC)
-    p = gl.fma(gl.fma(gl.fma(f, EXP2_C3, EXP2_C2), f, EXP2_C1), f, EXP2_C0)
-    # t's bits are 0x4B400000 + n: shifted by 23 the constant leaves, n << 23 stays
-    bits = p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)
-    return bits.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _exp2_mixed(x, EMULATED: gl.constexpr):
-    """2^x of a (rows, BLOCK_N) tile with EMULATED quarters (0, 1 or 2) of its columns by
-    `_exp2_poly`, the rest on the MUFU: the MUFU's 16 lanes per clock are the softmax's narrowest
-    pipe at d128. The quarters are column bits 0 and 3, which every thread holds in registers in the
-    wgmma accumulator layout, so the split and the join rename registers."""
-    if EMULATED == 0:
-        p = gl.exp2(x)
-    else:
-        R: gl.constexpr = x.shape[0]
-        N: gl.constexpr = x.shape[1]
-        y = gl.permute(gl.reshape(x, (R, N // 16, 2, 4, 2)), (0, 1, 3, 2, 4))  # (.., bit3, bit0) last
-        y = gl.reshape(y, (R, N // 4, 2, 2))
-        a, b = gl.split(y)  # column bit 0 = 0 / 1
-        a0, a1 = gl.split(a)  # column bit 3
-        b0, b1 = gl.split(b)
-        a0 = _exp2_poly(a0)
-        a1 = gl.exp2(a1)
-        b0 = gl.exp2(b0)
-        if EMULATED == 2:
-            b1 = _exp2_poly(b1)
-        else:
-            b1 = gl.exp2(b1)
-        y = gl.join(gl.join(a0, a1), gl.join(b0, b1))
-        y = gl.reshape(y, (R, N // 16, 4, 2, 2))
-        p = gl.reshape(gl.permute(y, (0, 1, 3, 2, 4)), (R, N))
-        p = gl.convert_layout(p, x.type.layout)  # the same layout written as a linear one: a no-op
-    return p
-
-
-@gluon.jit
-def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K, s_layout: gl.constexpr, MASKED: gl.constexpr,
-             EXP2_EMULATED: gl.constexpr):
+def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K, s_layout: gl.constexpr, MASKED: gl.constexpr):
     """Scores (int32 (64, BLOCK_N), s_layout) of one key tile -> (P fp32 in s_layout, m, l, alpha);
     `_p_operand` makes P the e4m3 MMA operand. MASKED: the partial last tile (keys past N_K -> -inf)."""
     # > 0 (NaN kept): see attention_fwd._attn_tile
@@ -149,7 +97,7 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K, s_layout: gl.constexpr
     alpha = gl.exp2(m_i - m_new)
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
     m_sub = m_new - LOG2_FP8_MAX
-    p = _exp2_mixed(scores * row_scale[:, None] - m_sub[:, None], EXP2_EMULATED)
+    p = gl.exp2(scores * row_scale[:, None] - m_sub[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, m_new, l_i, alpha
 
@@ -174,8 +122,7 @@ def _next_k_scale(KScale, k_scale_row, j, n_tiles, BLOCK_N: gl.constexpr):
 @gluon.jit
 def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
               KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr,
-              EXP2_EMULATED: gl.constexpr):
+              s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr):
     """Key tile j: wait for its ring stage, S = Q·K_jᵀ, softmax, P·V, each waited for; the stage
     handed back after it. Returns (acc, m, l, tile j+1's K scale)."""
     k_scale = k_scale_next
@@ -184,8 +131,7 @@ def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, emp
     mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
     s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED,
-                                  EXP2_EMULATED)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED)
     pv = warpgroup_mma(_p_operand(p, p_layout), v_smem.index(stage).permute((1, 0)), o_zero, use_acc=False,
                        is_async=True)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
@@ -196,7 +142,7 @@ def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, emp
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, EXP2_EMULATED: gl.constexpr):
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
     """One warpgroup: the CTA's 64 query rows against every key tile, then the normalised 16-bit store."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
@@ -229,11 +175,11 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     for j in range(n_full):
         acc, m_i, l_i, k_scale_next = _key_tile(
             j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False, EXP2_EMULATED)
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False)
     for j in range(n_full, n_tiles):
         acc, m_i, l_i, k_scale_next = _key_tile(
             j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True, EXP2_EMULATED)
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True)
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
@@ -249,7 +195,6 @@ def _attn_fwd_sm90_kernel(
     stride_ob, stride_oh, stride_om,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    EXP2_EMULATED: gl.constexpr,
 ):
     """Grid (query tiles of 64 rows, B·H): one consumer warpgroup and one producer warp per CTA."""
     tile = gl.program_id(0)
@@ -285,10 +230,8 @@ def _attn_fwd_sm90_kernel(
     # One argument list for both partitions (worker partitions must share a signature; spelled out
     # in each entry: a tuple assigned to a name first would turn the constexprs into tensors).
     gl.warp_specialize([
-        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES,
-                     EXP2_EMULATED)),
-        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES,
-                     EXP2_EMULATED)),
+        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
+        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
     ], [1], [PRODUCER_REGS])
 
 
@@ -309,10 +252,9 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 
 
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
-                           num_stages: int = 2, exp2_emulated: int = 0) -> None:
+                           num_stages: int = 2) -> None:
     """Launch on `prepared` (FP8 V, the plan's tiles) writing `out` (B, H, Nq, D), a view with unit
-    head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's);
-    exp2_emulated: quarters (0-2) of the softmax's exponentials computed by `_exp2_poly`."""
+    head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's)."""
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     bh_kv, n_pad, _ = prepared.k_codes.shape
@@ -325,12 +267,11 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         out.stride(0), out.stride(1), out.stride(2),
         heads, bh_kv // batch, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PRODUCER_REGS=PRODUCER_REGS,
-        EXP2_EMULATED=exp2_emulated, num_warps=4, maxnreg=MAXNREG,
+        num_warps=4, maxnreg=MAXNREG,
     )
 
 
-def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16",
-                     exp2_emulated: int = 0):
+def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16"):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]`, `.asm["cubin"]` and `.metadata.shared`. Layout and type errors surface here on any
     machine. out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
@@ -349,8 +290,7 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, ou
         **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD",
                          "D_OUT"), "i32"),
     }
-    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS,
-                  "EXP2_EMULATED": exp2_emulated}
+    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})

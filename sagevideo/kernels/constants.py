@@ -38,12 +38,6 @@ SCORE_BIAS_BITS = 0x4B400000
 # far off already; their query tiles take the exact conversion instead of overflowing to inf.
 SCORES_BY_ADD_MAX_SCALE = 2.0**-7
 
-# 2^f for f in [-0.5, 0.5] as c0 + c1·f + c2·f² + c3·f³ (relative-error minimax fit, max 7.5e-5 in
-# fp32): the softmax exponentials a kernel computes on the FMA pipe instead of the MUFU.
-EXP2_POLY = (0.9999280571937561, 0.6932609677314758, 0.2426111400127411, 0.0551716610789299)
-# Exponents below this are raised to it before the polynomial: 2^-125 is still a normal fp32.
-EXP2_POLY_FLOOR = -125.0
-
 NAN_BITS = 0x7FC00000  # fp32 quiet NaN
 INF_BITS = 0x7F800000  # fp32 +inf; |x|'s bits at or above it: inf or NaN
 
