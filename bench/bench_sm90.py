@@ -39,21 +39,17 @@ CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "
 STAGES = "2,3"
 
 
-def parse_stages(spec: str) -> dict[str, tuple[int, int]]:
-    """"2,3,2c2" -> {"s2": (2, 1), "s3": (3, 1), "s2c2": (2, 2)}: the Gluon variants timed, by K/V
-    ring stages (at least 1) and, after a "c", consumer warpgroups per CTA (1, or 2 in ping-pong)."""
+def parse_stages(spec: str) -> dict[str, int]:
+    """"2,3" -> {"s2": 2, "s3": 3}: the Gluon variants timed, by K/V ring stages (at least 1)."""
     out = {}
     for item in spec.split(","):
-        stages, sep, consumers = item.strip().partition("c")
-        if not stages.isdigit() or int(stages) < 1 or (sep and consumers not in ("1", "2")):
-            raise SystemExit(f"bad Gluon variant {item!r}: ring stages (a positive integer), optionally 'c' and "
-                             "the consumer warpgroups 1 or 2, e.g. 2,3,2c2")
-        key = (int(stages), int(consumers or 1))
-        out[f"s{key[0]}" + (f"c{key[1]}" if key[1] != 1 else "")] = key
+        if not item.strip().isdigit() or int(item) < 1:
+            raise SystemExit(f"bad ring stages {item!r}: a comma list of positive integers, e.g. 2,3")
+        out[f"s{int(item)}"] = int(item)
     return out
 
 
-def run_shape(name: str, shape, timed: bool, variants: dict[str, tuple[int, int]], reps: int = 1) -> dict:
+def run_shape(name: str, shape, timed: bool, variants: dict[str, int], reps: int = 1) -> dict:
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo.kernels.attention_fwd import attention_forward
@@ -82,12 +78,11 @@ def run_shape(name: str, shape, timed: bool, variants: dict[str, tuple[int, int]
         triton_kernel()
         row["cos_worst"]["triton"] = cosine_worst(ref, base)
         fns = {"sdpa-cudnn": sdpa_call("cudnn", q, k, v), "triton-kernel": triton_kernel}
-        for label, (stages, consumers) in variants.items():
+        for label, stages in variants.items():
             out = torch.full_like(q, float("nan"))
             try:
-                def gluon_kernel(out=out, stages=stages, consumers=consumers):
-                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
-                                           consumers=consumers)
+                def gluon_kernel(out=out, stages=stages):
+                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages)
 
                 gluon_kernel()
                 torch.cuda.synchronize()
@@ -109,8 +104,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="small correctness shapes only, untimed")
     parser.add_argument("--shapes", default="cogvideox-2b,cogvideox-5b,d128-8k,d128-32k,d128-75k")
-    parser.add_argument("--stages", default=STAGES,
-                        help="comma list of Gluon variants: K/V ring stages [c consumer warpgroups], e.g. 2,2c2")
+    parser.add_argument("--stages", default=STAGES, help="comma list of the Gluon kernel's K/V ring stages")
     parser.add_argument("--untimed", action="store_true", help="one launch per kernel (for a profiler), no timing")
     parser.add_argument("--reps", type=int, default=3, help="round-robin repetitions (median reported)")
     parser.add_argument("--json", type=Path)

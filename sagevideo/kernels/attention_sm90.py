@@ -47,22 +47,17 @@ WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64)
 # with setmaxnreg, taken from the producer's PRODUCER_REGS.
 MAXNREG = 128
 PRODUCER_REGS = 24
-# Two consumer warpgroups (`consumers=2`, one CTA per SM): 4 + 4 + 1 warps at 168 registers fill
-# the SM's 64K; setmaxnreg then gives each consumer thread 240, the producer's 24.
-MAXNREG_TWO = 168
-CONSUMER_REGS_TWO = 240
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, WG: gl.constexpr, CONSUMERS: gl.constexpr,
+def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """One warp: the CTA's Q tiles (one per consumer) once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
+    """One warp: the CTA's Q tile once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
     q_smem, k_smem, v_smem = bufs
-    q_bar, ready, empty, turns = bars
+    q_bar, ready, empty = bars
     q_row, k_row, v_row, n_tiles = dims[0], dims[1], dims[2], dims[3]
-    mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
-    for c in gl.static_range(CONSUMERS):
-        tma.async_copy_global_to_shared(q_desc, [q_row + c * WG_ROWS, 0], q_bar, q_smem.index(c))
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
     for j in range(n_tiles):
         stage = j % NUM_STAGES
         mbarrier.wait(empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)  # first pass through the ring: free
@@ -146,59 +141,11 @@ def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, emp
 
 
 @gluon.jit
-def _ping_pong(acc, m_i, l_i, q_tile, k_smem, v_smem, ready, empty, turns, s_zero, o_zero, q_scale,
-               KScale, k_scale_row, n_tiles, N_K, WG: gl.constexpr, BLOCK_N: gl.constexpr,
-               NUM_STAGES: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr):
-    """Every key tile with two consumer warpgroups in FlashAttention-3's ping-pong: each issues its
-    MMAs in blocks [P_{j-1}·V_{j-1}, S_j = Q·K_jᵀ] and the two take turns (`turns`: warpgroup c may
-    issue when turns[c] completes; it hands the turn over after issuing), so that one's softmax runs
-    while the other's block is on the tensor cores. The arithmetic is the serial schedule's, in the
-    same order: outputs bit-identical to `_key_tile`'s. Returns (acc, l)."""
-    if WG == 1:
-        mbarrier.arrive(turns.index(0), count=1)  # warpgroup 0 issues first
-    k_scale = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
-    k_scale_next = _next_k_scale(KScale, k_scale_row, 1, n_tiles, BLOCK_N)
-    mbarrier.wait(turns.index(WG), 0)
-    mbarrier.wait(ready.index(0), 0)
-    s = warpgroup_mma(q_tile, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    mbarrier.arrive(turns.index(1 - WG), count=1)
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    # Every tile but the last is a full one (only the last can be partial).
-    for j in range(n_tiles - 1):
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, False)
-        k_scale = k_scale_next
-        k_scale_next = _next_k_scale(KScale, k_scale_row, j + 2, n_tiles, BLOCK_N)
-        stage = j % NUM_STAGES
-        mbarrier.wait(turns.index(WG), (j + 1) & 1)
-        # narrowed after the wait (a spin loop): 8-bit P held across it cost byte permutes
-        pv = warpgroup_mma(_p_operand(p, p_layout), v_smem.index(stage).permute((1, 0)), o_zero, use_acc=False,
-                           is_async=True)
-        nxt = (j + 1) % NUM_STAGES
-        mbarrier.wait(ready.index(nxt), ((j + 1) // NUM_STAGES) & 1)
-        s = warpgroup_mma(q_tile, k_smem.index(nxt).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        mbarrier.arrive(turns.index(1 - WG), count=1)
-        pv, s = warpgroup_mma_wait(num_outstanding=0, deps=(pv, s))
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
-        mbarrier.arrive(empty.index(stage), count=1)
-    last = n_tiles - 1
-    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, last * BLOCK_N, N_K, s_layout, True)
-    mbarrier.wait(turns.index(WG), n_tiles & 1)
-    pv = warpgroup_mma(_p_operand(p, p_layout), v_smem.index(last % NUM_STAGES).permute((1, 0)), o_zero, use_acc=False,
-                       is_async=True)
-    mbarrier.arrive(turns.index(1 - WG), count=1)
-    pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-    acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv
-    mbarrier.arrive(empty.index(last % NUM_STAGES), count=1)
-    return acc, l_i
-
-
-@gluon.jit
-def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, WG: gl.constexpr, CONSUMERS: gl.constexpr,
+def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """One warpgroup (consumer WG of CONSUMERS): its 64 query rows against every key tile, then the
-    normalised 16-bit store. With two consumers they take turns to issue their MMAs (`_ping_pong`)."""
+    """One warpgroup: the CTA's 64 query rows against every key tile, then the normalised 16-bit store."""
     q_smem, k_smem, v_smem = bufs
-    q_bar, ready, empty, turns = bars
+    q_bar, ready, empty = bars
     QScale, KScale, VScale, Out = ptrs[0], ptrs[1], ptrs[2], ptrs[3]
     n_tiles, N_Q, N_K = dims[3], dims[4], dims[5]
     scale_row, k_scale_row, o_offset, stride_om = dims[6], dims[7], dims[8], dims[9]
@@ -211,9 +158,6 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, WG: gl.constexpr, 
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_start = m_start + WG * WG_ROWS
-    o_offset = o_offset + (WG * WG_ROWS) * stride_om.to(gl.int64)
-    q_tile = q_smem.index(WG)
     rows = m_start + gl.arange(0, WG_ROWS, layout=row_layout)  # within the head
     q_scale = gl.load(QScale + scale_row + rows, mask=rows < M_PAD, other=0.0)
     m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_layout)
@@ -227,20 +171,15 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, WG: gl.constexpr, 
     # Full key tiles, then the partial last one (if any) in a loop of its own. With one loop and a
     # branch per tile between the two softmax paths, P (packed 8-bit values) crossed the branch's
     # merge point, which cost byte permutes, and the loop carried both paths.
-    if CONSUMERS == 1:
-        k_scale_next = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
-        for j in range(n_full):
-            acc, m_i, l_i, k_scale_next = _key_tile(
-                j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-                KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False)
-        for j in range(n_full, n_tiles):
-            acc, m_i, l_i, k_scale_next = _key_tile(
-                j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-                KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True)
-    else:
-        acc, l_i = _ping_pong(acc, m_i, l_i, q_tile, k_smem, v_smem, ready, empty, turns, s_zero, o_zero, q_scale,
-                              KScale, k_scale_row, n_tiles, N_K, WG, BLOCK_N, NUM_STAGES, s_layout, p_layout,
-                              o_rows)
+    k_scale_next = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
+    for j in range(n_full):
+        acc, m_i, l_i, k_scale_next = _key_tile(
+            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False)
+    for j in range(n_full, n_tiles):
+        acc, m_i, l_i, k_scale_next = _key_tile(
+            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True)
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
@@ -256,34 +195,29 @@ def _attn_fwd_sm90_kernel(
     stride_ob, stride_oh, stride_om,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
-    """Grid (query tiles of CONSUMERS·64 rows, B·H): CONSUMERS consumer warpgroups and one producer
-    warp per CTA."""
+    """Grid (query tiles of 64 rows, B·H): one consumer warpgroup and one producer warp per CTA."""
     tile = gl.program_id(0)
     bh = gl.program_id(1)
     b = bh // H
     h = bh % H
     bh_kv = b * H_KV + h // (H // H_KV)  # grouped-query attention: the K/V head of query head h
-    m_start = tile * (CONSUMERS * WG_ROWS)
+    m_start = tile * WG_ROWS
     n_tiles = gl.cdiv(N_K, BLOCK_N)
 
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=CONSUMERS)  # every consumer hands the stage back
-    for i in gl.static_range(2):
-        mbarrier.init(turns.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
 
     bufs = (q_smem, k_smem, v_smem)
-    bars = (q_bar, ready, empty, turns)
+    bars = (q_bar, ready, empty)
     ptrs = (QScale, KScale, VScale, Out)
     # Scalars the partitions share, by position (worker partitions take no keyword structs):
     # 0 first Q-code row, 1 first K-code row, 2 first Vᵀ row, 3 key tiles, 4 N_Q, 5 N_K, 6 Q-scale
@@ -295,17 +229,10 @@ def _attn_fwd_sm90_kernel(
             bh * M_PAD, bh_kv * N_PAD, o_offset, stride_om, bh_kv * HEAD_D, M_PAD, m_start, D_OUT)
     # One argument list for both partitions (worker partitions must share a signature; spelled out
     # in each entry: a tuple assigned to a name first would turn the constexprs into tensors).
-    if CONSUMERS == 1:
-        gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, 1, BLOCK_N, HEAD_D, NUM_STAGES)),
-            (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, 1, BLOCK_N, HEAD_D, NUM_STAGES)),
-        ], [1], [PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, 2, BLOCK_N, HEAD_D, NUM_STAGES)),
-            (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 1, 2, BLOCK_N, HEAD_D, NUM_STAGES)),
-            (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, 0, 2, BLOCK_N, HEAD_D, NUM_STAGES)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([
+        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
+        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
+    ], [1], [PRODUCER_REGS])
 
 
 def supports(*, pv: str, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> str:
@@ -325,31 +252,26 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 
 
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
-                           num_stages: int = 2, consumers: int = 1) -> None:
+                           num_stages: int = 2) -> None:
     """Launch on `prepared` (FP8 V, the plan's tiles) writing `out` (B, H, Nq, D), a view with unit
-    head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's);
-    consumers: 1 (two CTAs per SM) or 2 (one CTA per SM, ping-pong)."""
-    if consumers not in (1, 2):
-        raise ValueError(f"consumers={consumers}: 1 or 2")
+    head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's)."""
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     bh_kv, n_pad, _ = prepared.k_codes.shape
     q_desc = _descriptor(prepared.q_codes.view(bh * m_pad, block_d), [WG_ROWS.value, block_d], gl.int8)
     k_desc = _descriptor(prepared.k_codes.view(bh_kv * n_pad, block_d), [block_n, block_d], gl.int8)
     v_desc = _descriptor(prepared.v_fp8_t.view(bh_kv * block_d, n_pad), [block_d, block_n], gl.float8e4nv)
-    grid = (triton.cdiv(m_pad, consumers * WG_ROWS.value), bh)
+    grid = (triton.cdiv(m_pad, WG_ROWS.value), bh)
     _attn_fwd_sm90_kernel[grid](
         q_desc, k_desc, v_desc, prepared.q_scale, prepared.k_scale, prepared.v_scale, out,
         out.stride(0), out.stride(1), out.stride(2),
         heads, bh_kv // batch, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PRODUCER_REGS=PRODUCER_REGS,
-        CONSUMERS=consumers, CONSUMER_REGS=CONSUMER_REGS_TWO,
-        num_warps=4, maxnreg=MAXNREG if consumers == 1 else MAXNREG_TWO,
+        num_warps=4, maxnreg=MAXNREG,
     )
 
 
-def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16",
-                     consumers: int = 1):
+def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16"):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]`, `.asm["cubin"]` and `.metadata.shared`. Layout and type errors surface here on any
     machine. out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
@@ -368,9 +290,7 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, ou
         **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD",
                          "D_OUT"), "i32"),
     }
-    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS,
-                  "CONSUMERS": consumers, "CONSUMER_REGS": CONSUMER_REGS_TWO}
+    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
-    maxnreg = MAXNREG if consumers == 1 else MAXNREG_TWO
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": maxnreg})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})
