@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -40,23 +39,22 @@ CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "
 STAGES = "2,3"
 
 
-def parse_stages(spec: str) -> dict[str, tuple[int, bool, int]]:
-    """"2,3p,4pv2" -> {"s2": (2, False, 0), "s3p": (3, True, 0), "s4pv2": (4, True, 2)}: the Gluon
-    variants timed, by K/V ring stages (at least 1); "p": full key tiles in pairs per softmax step;
-    "vN": V in a ring of its own of N stages (at most the K ring's), 0 sharing the K ring."""
+def parse_stages(spec: str) -> dict[str, tuple[int, bool]]:
+    """"2,3,3p" -> {"s2": (2, False), "s3": (3, False), "s3p": (3, True)}: the Gluon variants timed, by
+    K/V ring stages (at least 1) and, with a trailing "p", full key tiles taken in pairs per softmax step."""
     out = {}
     for item in spec.split(","):
-        match = re.fullmatch(r"(\d+)(p?)(?:v(\d+))?", item.strip())
-        stages, pairs, v_stages = (int(match[1]), bool(match[2]), int(match[3] or 0)) if match else (0, False, 0)
-        if stages < 1 or v_stages > stages or (pairs and v_stages == 1):
+        item = item.strip()
+        pairs = item.endswith("p")
+        stages = item[:-1] if pairs else item
+        if not stages.isdigit() or int(stages) < 1:
             raise SystemExit(f"bad ring stages {item!r}: a comma list of positive integers, each optionally "
-                             "followed by p (key tiles in pairs) and vN (a V ring of N <= stages, 2+ with p), "
-                             "e.g. 2,3p,4pv2")
-        out[f"s{item.strip()}"] = (stages, pairs, v_stages)
+                             "followed by p (key tiles in pairs), e.g. 2,3p")
+        out[f"s{int(stages)}" + ("p" if pairs else "")] = (int(stages), pairs)
     return out
 
 
-def run_shape(name: str, shape, timed: bool, variants: dict[str, tuple[int, bool, int]], reps: int = 1) -> dict:
+def run_shape(name: str, shape, timed: bool, variants: dict[str, tuple[int, bool]], reps: int = 1) -> dict:
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo.kernels.attention_fwd import attention_forward
@@ -85,12 +83,12 @@ def run_shape(name: str, shape, timed: bool, variants: dict[str, tuple[int, bool
         triton_kernel()
         row["cos_worst"]["triton"] = cosine_worst(ref, base)
         fns = {"sdpa-cudnn": sdpa_call("cudnn", q, k, v), "triton-kernel": triton_kernel}
-        for label, (stages, pairs, v_stages) in variants.items():
+        for label, (stages, pairs) in variants.items():
             out = torch.full_like(q, float("nan"))
             try:
-                def gluon_kernel(out=out, stages=stages, pairs=pairs, v_stages=v_stages):
+                def gluon_kernel(out=out, stages=stages, pairs=pairs):
                     attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
-                                           pairs=pairs, v_stages=v_stages)
+                                           pairs=pairs)
 
                 gluon_kernel()
                 torch.cuda.synchronize()
@@ -113,7 +111,7 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="small correctness shapes only, untimed")
     parser.add_argument("--shapes", default="cogvideox-2b,cogvideox-5b,d128-8k,d128-32k,d128-75k")
     parser.add_argument("--stages", default=STAGES,
-                        help="Gluon variants: K/V ring stages [p: tiles in pairs] [vN: V ring], e.g. 2,4pv2")
+                        help="comma list of Gluon variants: K/V ring stages [p: key tiles in pairs], e.g. 2,3p")
     parser.add_argument("--untimed", action="store_true", help="one launch per kernel (for a profiler), no timing")
     parser.add_argument("--reps", type=int, default=3, help="round-robin repetitions (median reported)")
     parser.add_argument("--json", type=Path)

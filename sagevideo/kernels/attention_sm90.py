@@ -51,39 +51,20 @@ PRODUCER_REGS = 24
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PAIRS: gl.constexpr,
-              V_STAGES: gl.constexpr, SPLIT: gl.constexpr):
-    """One warp: the CTA's Q tile once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead. SPLIT: K and
-    Vᵀ in rings of their own (NUM_STAGES and V_STAGES), V_j issued after K_{j+NUM_STAGES-V_STAGES}."""
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PAIRS: gl.constexpr):
+    """One warp: the CTA's Q tile once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
     q_smem, k_smem, v_smem = bufs
-    q_bar, ready, empty, v_ready, v_empty = bars
+    q_bar, ready, empty = bars
     q_row, k_row, v_row, n_tiles = dims[0], dims[1], dims[2], dims[3]
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
-    if SPLIT:
-        LAG: gl.constexpr = NUM_STAGES - V_STAGES
-        for t in range(n_tiles + LAG):
-            if t < n_tiles:
-                stage = t % NUM_STAGES
-                mbarrier.wait(empty.index(stage), ((t // NUM_STAGES) & 1) ^ 1)
-                mbarrier.expect(ready.index(stage), k_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(k_desc, [k_row + t * BLOCK_N, 0], ready.index(stage),
-                                                k_smem.index(stage))
-            if t >= LAG:
-                j = t - LAG
-                v_stage = j % V_STAGES
-                mbarrier.wait(v_empty.index(v_stage), ((j // V_STAGES) & 1) ^ 1)
-                mbarrier.expect(v_ready.index(v_stage), v_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], v_ready.index(v_stage),
-                                                v_smem.index(v_stage))
-    else:
-        for j in range(n_tiles):
-            stage = j % NUM_STAGES
-            mbarrier.wait(empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)  # first pass through the ring: free
-            bar = ready.index(stage)
-            mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, 0], bar, k_smem.index(stage))
-            tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], bar, v_smem.index(stage))
+    for j in range(n_tiles):
+        stage = j % NUM_STAGES
+        mbarrier.wait(empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)  # first pass through the ring: free
+        bar = ready.index(stage)
+        mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, 0], bar, k_smem.index(stage))
+        tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], bar, v_smem.index(stage))
 
 
 @gluon.jit
@@ -139,46 +120,35 @@ def _next_k_scale(KScale, k_scale_row, j, n_tiles, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, bars, s_zero, o_zero, q_scale,
+def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
               KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr,
-              V_STAGES: gl.constexpr, SPLIT: gl.constexpr):
+              s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr):
     """Key tile j: wait for its ring stage, S = Q·K_jᵀ, softmax, P·V, each waited for; the stage
     handed back after it. Returns (acc, m, l, tile j+1's K scale)."""
     k_scale = k_scale_next
     k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
-    ready, empty, v_ready, v_empty = bars
     stage = j % NUM_STAGES
     mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
     s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    if SPLIT:
-        mbarrier.arrive(empty.index(stage), count=1)  # K_j read: its stage is free for the producer
     p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED)
-    v_stage = j % V_STAGES
-    if SPLIT:
-        mbarrier.wait(v_ready.index(v_stage), (j // V_STAGES) & 1)
-    pv = warpgroup_mma(_p_operand(p, p_layout), v_smem.index(v_stage).permute((1, 0)), o_zero, use_acc=False,
+    pv = warpgroup_mma(_p_operand(p, p_layout), v_smem.index(stage).permute((1, 0)), o_zero, use_acc=False,
                        is_async=True)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
-    if SPLIT:
-        mbarrier.arrive(v_empty.index(v_stage), count=1)
-    else:
-        mbarrier.arrive(empty.index(stage), count=1)
+    mbarrier.arrive(empty.index(stage), count=1)
     return acc, m_i, l_i, k_scale_next
 
 
 @gluon.jit
-def _key_pair(j, acc, m_i, l_i, k_scale_a, k_scale_b, q_tile, k_smem, v_smem, bars, s_zero, o_zero, q_scale,
+def _key_pair(j, acc, m_i, l_i, k_scale_a, k_scale_b, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
               KScale, k_scale_row, n_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              o_rows: gl.constexpr, V_STAGES: gl.constexpr, SPLIT: gl.constexpr):
+              o_rows: gl.constexpr):
     """Full key tiles j and j+1 as one softmax step: both S products issued before one wait, one
     running-max update and accumulator rescale for 2·BLOCK_N keys, both P·V products chained into one
     fresh fp32 product. K scales stay per BLOCK_N tile. Returns (acc, m, l, the next pair's K scales)."""
     next_a = _next_k_scale(KScale, k_scale_row, j + 2, n_tiles, BLOCK_N)
     next_b = _next_k_scale(KScale, k_scale_row, j + 3, n_tiles, BLOCK_N)
-    ready, empty, v_ready, v_empty = bars
     stage_a = j % NUM_STAGES
     stage_b = (j + 1) % NUM_STAGES
     mbarrier.wait(ready.index(stage_a), (j // NUM_STAGES) & 1)
@@ -186,9 +156,6 @@ def _key_pair(j, acc, m_i, l_i, k_scale_a, k_scale_b, q_tile, k_smem, v_smem, ba
     mbarrier.wait(ready.index(stage_b), ((j + 1) // NUM_STAGES) & 1)
     s_b = warpgroup_mma(q_tile, k_smem.index(stage_b).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_a, s_b = warpgroup_mma_wait(num_outstanding=0, deps=(s_a, s_b))
-    if SPLIT:
-        mbarrier.arrive(empty.index(stage_a), count=1)
-        mbarrier.arrive(empty.index(stage_b), count=1)
     scale_a = gl.maximum(q_scale * k_scale_a, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
     scale_b = gl.maximum(q_scale * k_scale_b, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
     tile_max = gl.maximum(gl.max(s_a, axis=1).to(gl.float32) * scale_a,
@@ -200,34 +167,23 @@ def _key_pair(j, acc, m_i, l_i, k_scale_a, k_scale_b, q_tile, k_smem, v_smem, ba
     p_b = gl.exp2(s_b.to(gl.float32) * scale_b[:, None] - m_sub[:, None])
     l_i = l_i * alpha + (gl.sum(p_a, axis=1) + gl.sum(p_b, axis=1))
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_zero.type.layout, k_width=4)
-    v_a = j % V_STAGES
-    v_b = (j + 1) % V_STAGES
-    p_a = _p_operand(p_a, p_layout)  # narrowed before the waits: fp32 P kept across them spills at d128
-    p_b = _p_operand(p_b, p_layout)
-    if SPLIT:
-        mbarrier.wait(v_ready.index(v_a), (j // V_STAGES) & 1)
-        mbarrier.wait(v_ready.index(v_b), ((j + 1) // V_STAGES) & 1)
-    pv = warpgroup_mma(p_a, v_smem.index(v_a).permute((1, 0)), o_zero, use_acc=False, is_async=True)
-    pv = warpgroup_mma(p_b, v_smem.index(v_b).permute((1, 0)), pv, use_acc=True, is_async=True)
+    pv = warpgroup_mma(_p_operand(p_a, p_layout), v_smem.index(stage_a).permute((1, 0)), o_zero, use_acc=False,
+                       is_async=True)
+    pv = warpgroup_mma(_p_operand(p_b, p_layout), v_smem.index(stage_b).permute((1, 0)), pv, use_acc=True,
+                       is_async=True)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation, per 2·BLOCK_N keys
-    if SPLIT:
-        mbarrier.arrive(v_empty.index(v_a), count=1)
-        mbarrier.arrive(v_empty.index(v_b), count=1)
-    else:
-        mbarrier.arrive(empty.index(stage_a), count=1)
-        mbarrier.arrive(empty.index(stage_b), count=1)
+    mbarrier.arrive(empty.index(stage_a), count=1)
+    mbarrier.arrive(empty.index(stage_b), count=1)
     return acc, m_new, l_i, next_a, next_b
 
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PAIRS: gl.constexpr,
-              V_STAGES: gl.constexpr, SPLIT: gl.constexpr):
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PAIRS: gl.constexpr):
     """One warpgroup: the CTA's 64 query rows against every key tile, then the normalised 16-bit store."""
     q_smem, k_smem, v_smem = bufs
-    q_bar, ready, empty, v_ready, v_empty = bars
-    ring = (ready, empty, v_ready, v_empty)
+    q_bar, ready, empty = bars
     QScale, KScale, VScale, Out = ptrs[0], ptrs[1], ptrs[2], ptrs[3]
     n_tiles, N_Q, N_K = dims[3], dims[4], dims[5]
     scale_row, k_scale_row, o_offset, stride_om = dims[6], dims[7], dims[8], dims[9]
@@ -259,17 +215,17 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
         k_scale_b = _next_k_scale(KScale, k_scale_row, 1, n_tiles, BLOCK_N)
         for i in range(n_full // 2):
             acc, m_i, l_i, k_scale_next, k_scale_b = _key_pair(
-                2 * i, acc, m_i, l_i, k_scale_next, k_scale_b, q_smem, k_smem, v_smem, ring, s_zero, o_zero,
-                q_scale, KScale, k_scale_row, n_tiles, BLOCK_N, NUM_STAGES, o_rows, V_STAGES, SPLIT)
+                2 * i, acc, m_i, l_i, k_scale_next, k_scale_b, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero,
+                q_scale, KScale, k_scale_row, n_tiles, BLOCK_N, NUM_STAGES, o_rows)
         n_single = 2 * (n_full // 2)
     for j in range(n_single, n_full):
         acc, m_i, l_i, k_scale_next = _key_tile(
-            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ring, s_zero, o_zero, q_scale,
-            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False, V_STAGES, SPLIT)
+            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False)
     for j in range(n_full, n_tiles):
         acc, m_i, l_i, k_scale_next = _key_tile(
-            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ring, s_zero, o_zero, q_scale,
-            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True, V_STAGES, SPLIT)
+            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True)
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
@@ -285,7 +241,7 @@ def _attn_fwd_sm90_kernel(
     stride_ob, stride_oh, stride_om,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    PAIRS: gl.constexpr, V_STAGES: gl.constexpr, SPLIT: gl.constexpr,
+    PAIRS: gl.constexpr,
 ):
     """Grid (query tiles of 64 rows, B·H): one consumer warpgroup and one producer warp per CTA."""
     tile = gl.program_id(0)
@@ -298,7 +254,7 @@ def _attn_fwd_sm90_kernel(
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [V_STAGES] + v_desc.block_type.shape, v_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -306,18 +262,9 @@ def _attn_fwd_sm90_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    if SPLIT:
-        v_ready = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
-        v_empty = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(V_STAGES):
-            mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(v_empty.index(i), count=1)
-    else:
-        v_ready = ready
-        v_empty = empty
 
     bufs = (q_smem, k_smem, v_smem)
-    bars = (q_bar, ready, empty, v_ready, v_empty)
+    bars = (q_bar, ready, empty)
     ptrs = (QScale, KScale, VScale, Out)
     # Scalars the partitions share, by position (worker partitions take no keyword structs):
     # 0 first Q-code row, 1 first K-code row, 2 first Vᵀ row, 3 key tiles, 4 N_Q, 5 N_K, 6 Q-scale
@@ -330,10 +277,8 @@ def _attn_fwd_sm90_kernel(
     # One argument list for both partitions (worker partitions must share a signature; spelled out
     # in each entry: a tuple assigned to a name first would turn the constexprs into tensors).
     gl.warp_specialize([
-        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES, PAIRS,
-                     V_STAGES, SPLIT)),
-        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES, PAIRS,
-                     V_STAGES, SPLIT)),
+        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES, PAIRS)),
+        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES, PAIRS)),
     ], [1], [PRODUCER_REGS])
 
 
@@ -354,12 +299,9 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 
 
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
-                           num_stages: int = 2, pairs: bool = False, v_stages: int = 0) -> None:
+                           num_stages: int = 2, pairs: bool = False) -> None:
     """Launch on `prepared` (FP8 V, the plan's tiles) writing `out` (B, H, Nq, D), a view with unit
     head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's)."""
-    if v_stages > num_stages or (pairs and 0 < v_stages < 2):
-        raise ValueError(f"v_stages={v_stages}: a V ring of its own takes 1 to num_stages={num_stages} stages "
-                         "(2 or more with pairs), or 0 to share the K ring")
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     bh_kv, n_pad, _ = prepared.k_codes.shape
@@ -372,12 +314,12 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         out.stride(0), out.stride(1), out.stride(2),
         heads, bh_kv // batch, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PRODUCER_REGS=PRODUCER_REGS, PAIRS=pairs,
-        V_STAGES=v_stages or num_stages, SPLIT=bool(v_stages), num_warps=4, maxnreg=MAXNREG,
+        num_warps=4, maxnreg=MAXNREG,
     )
 
 
 def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16",
-                     pairs: bool = False, v_stages: int = 0):
+                     pairs: bool = False):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]`, `.asm["cubin"]` and `.metadata.shared`. Layout and type errors surface here on any
     machine. out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
@@ -397,7 +339,7 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, ou
                          "D_OUT"), "i32"),
     }
     constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS,
-                  "PAIRS": pairs, "V_STAGES": v_stages or num_stages, "SPLIT": bool(v_stages)}
+                  "PAIRS": pairs}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})
