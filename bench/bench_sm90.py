@@ -39,22 +39,17 @@ CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "
 STAGES = "2,3"
 
 
-def parse_stages(spec: str) -> dict[str, tuple[int, bool]]:
-    """"2,3,3p" -> {"s2": (2, False), "s3": (3, False), "s3p": (3, True)}: the Gluon variants timed, by
-    K/V ring stages (at least 1) and, with a trailing "p", full key tiles taken in pairs per softmax step."""
+def parse_stages(spec: str) -> dict[str, int]:
+    """"2,3" -> {"s2": 2, "s3": 3}: the Gluon variants timed, by K/V ring stages (at least 1)."""
     out = {}
     for item in spec.split(","):
-        item = item.strip()
-        pairs = item.endswith("p")
-        stages = item[:-1] if pairs else item
-        if not stages.isdigit() or int(stages) < 1:
-            raise SystemExit(f"bad ring stages {item!r}: a comma list of positive integers, each optionally "
-                             "followed by p (key tiles in pairs), e.g. 2,3p")
-        out[f"s{int(stages)}" + ("p" if pairs else "")] = (int(stages), pairs)
+        if not item.strip().isdigit() or int(item) < 1:
+            raise SystemExit(f"bad ring stages {item!r}: a comma list of positive integers, e.g. 2,3")
+        out[f"s{int(item)}"] = int(item)
     return out
 
 
-def run_shape(name: str, shape, timed: bool, variants: dict[str, tuple[int, bool]], reps: int = 1) -> dict:
+def run_shape(name: str, shape, timed: bool, variants: dict[str, int], reps: int = 1) -> dict:
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo.kernels.attention_fwd import attention_forward
@@ -83,12 +78,11 @@ def run_shape(name: str, shape, timed: bool, variants: dict[str, tuple[int, bool
         triton_kernel()
         row["cos_worst"]["triton"] = cosine_worst(ref, base)
         fns = {"sdpa-cudnn": sdpa_call("cudnn", q, k, v), "triton-kernel": triton_kernel}
-        for label, (stages, pairs) in variants.items():
+        for label, stages in variants.items():
             out = torch.full_like(q, float("nan"))
             try:
-                def gluon_kernel(out=out, stages=stages, pairs=pairs):
-                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
-                                           pairs=pairs)
+                def gluon_kernel(out=out, stages=stages):
+                    attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages)
 
                 gluon_kernel()
                 torch.cuda.synchronize()
@@ -110,8 +104,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="small correctness shapes only, untimed")
     parser.add_argument("--shapes", default="cogvideox-2b,cogvideox-5b,d128-8k,d128-32k,d128-75k")
-    parser.add_argument("--stages", default=STAGES,
-                        help="comma list of Gluon variants: K/V ring stages [p: key tiles in pairs], e.g. 2,3p")
+    parser.add_argument("--stages", default=STAGES, help="comma list of the Gluon kernel's K/V ring stages")
     parser.add_argument("--untimed", action="store_true", help="one launch per kernel (for a profiler), no timing")
     parser.add_argument("--reps", type=int, default=3, help="round-robin repetitions (median reported)")
     parser.add_argument("--json", type=Path)

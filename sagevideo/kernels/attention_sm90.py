@@ -51,7 +51,7 @@ PRODUCER_REGS = 24
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PAIRS: gl.constexpr):
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
     """One warp: the CTA's Q tile once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
@@ -141,46 +141,8 @@ def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, emp
 
 
 @gluon.jit
-def _key_pair(j, acc, m_i, l_i, k_scale_a, k_scale_b, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-              KScale, k_scale_row, n_tiles, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              o_rows: gl.constexpr):
-    """Full key tiles j and j+1 as one softmax step: both S products issued before one wait, one
-    running-max update and accumulator rescale for 2·BLOCK_N keys, both P·V products chained into one
-    fresh fp32 product. K scales stay per BLOCK_N tile. Returns (acc, m, l, the next pair's K scales)."""
-    next_a = _next_k_scale(KScale, k_scale_row, j + 2, n_tiles, BLOCK_N)
-    next_b = _next_k_scale(KScale, k_scale_row, j + 3, n_tiles, BLOCK_N)
-    stage_a = j % NUM_STAGES
-    stage_b = (j + 1) % NUM_STAGES
-    mbarrier.wait(ready.index(stage_a), (j // NUM_STAGES) & 1)
-    s_a = warpgroup_mma(q_tile, k_smem.index(stage_a).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    mbarrier.wait(ready.index(stage_b), ((j + 1) // NUM_STAGES) & 1)
-    s_b = warpgroup_mma(q_tile, k_smem.index(stage_b).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s_a, s_b = warpgroup_mma_wait(num_outstanding=0, deps=(s_a, s_b))
-    scale_a = gl.maximum(q_scale * k_scale_a, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
-    scale_b = gl.maximum(q_scale * k_scale_b, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
-    tile_max = gl.maximum(gl.max(s_a, axis=1).to(gl.float32) * scale_a,
-                          gl.max(s_b, axis=1).to(gl.float32) * scale_b)
-    m_new = gl.maximum(m_i, tile_max)
-    alpha = gl.exp2(m_i - m_new)
-    m_sub = m_new - LOG2_FP8_MAX
-    p_a = gl.exp2(s_a.to(gl.float32) * scale_a[:, None] - m_sub[:, None])
-    p_b = gl.exp2(s_b.to(gl.float32) * scale_b[:, None] - m_sub[:, None])
-    l_i = l_i * alpha + (gl.sum(p_a, axis=1) + gl.sum(p_b, axis=1))
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_zero.type.layout, k_width=4)
-    pv = warpgroup_mma(_p_operand(p_a, p_layout), v_smem.index(stage_a).permute((1, 0)), o_zero, use_acc=False,
-                       is_async=True)
-    pv = warpgroup_mma(_p_operand(p_b, p_layout), v_smem.index(stage_b).permute((1, 0)), pv, use_acc=True,
-                       is_async=True)
-    pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
-    acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation, per 2·BLOCK_N keys
-    mbarrier.arrive(empty.index(stage_a), count=1)
-    mbarrier.arrive(empty.index(stage_b), count=1)
-    return acc, m_new, l_i, next_a, next_b
-
-
-@gluon.jit
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PAIRS: gl.constexpr):
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
     """One warpgroup: the CTA's 64 query rows against every key tile, then the normalised 16-bit store."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
@@ -210,15 +172,7 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     # branch per tile between the two softmax paths, P (packed 8-bit values) crossed the branch's
     # merge point, which cost byte permutes, and the loop carried both paths.
     k_scale_next = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
-    n_single = 0
-    if PAIRS:  # full tiles two at a time; an odd one left over runs alone below
-        k_scale_b = _next_k_scale(KScale, k_scale_row, 1, n_tiles, BLOCK_N)
-        for i in range(n_full // 2):
-            acc, m_i, l_i, k_scale_next, k_scale_b = _key_pair(
-                2 * i, acc, m_i, l_i, k_scale_next, k_scale_b, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero,
-                q_scale, KScale, k_scale_row, n_tiles, BLOCK_N, NUM_STAGES, o_rows)
-        n_single = 2 * (n_full // 2)
-    for j in range(n_single, n_full):
+    for j in range(n_full):
         acc, m_i, l_i, k_scale_next = _key_tile(
             j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
             KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False)
@@ -241,7 +195,6 @@ def _attn_fwd_sm90_kernel(
     stride_ob, stride_oh, stride_om,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-    PAIRS: gl.constexpr,
 ):
     """Grid (query tiles of 64 rows, B·H): one consumer warpgroup and one producer warp per CTA."""
     tile = gl.program_id(0)
@@ -277,8 +230,8 @@ def _attn_fwd_sm90_kernel(
     # One argument list for both partitions (worker partitions must share a signature; spelled out
     # in each entry: a tuple assigned to a name first would turn the constexprs into tensors).
     gl.warp_specialize([
-        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES, PAIRS)),
-        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES, PAIRS)),
+        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
+        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
     ], [1], [PRODUCER_REGS])
 
 
@@ -299,7 +252,7 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 
 
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
-                           num_stages: int = 2, pairs: bool = False) -> None:
+                           num_stages: int = 2) -> None:
     """Launch on `prepared` (FP8 V, the plan's tiles) writing `out` (B, H, Nq, D), a view with unit
     head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's)."""
     batch, heads, _, head_dim = out.shape
@@ -313,13 +266,12 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         q_desc, k_desc, v_desc, prepared.q_scale, prepared.k_scale, prepared.v_scale, out,
         out.stride(0), out.stride(1), out.stride(2),
         heads, bh_kv // batch, n_q, n_k, m_pad, n_pad, head_dim,
-        BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PRODUCER_REGS=PRODUCER_REGS, PAIRS=pairs,
+        BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PRODUCER_REGS=PRODUCER_REGS,
         num_warps=4, maxnreg=MAXNREG,
     )
 
 
-def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16",
-                     pairs: bool = False):
+def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16"):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]`, `.asm["cubin"]` and `.metadata.shared`. Layout and type errors surface here on any
     machine. out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
@@ -338,8 +290,7 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, ou
         **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD",
                          "D_OUT"), "i32"),
     }
-    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS,
-                  "PAIRS": pairs}
+    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})
