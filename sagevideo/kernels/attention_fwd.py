@@ -124,7 +124,7 @@ def _attn_tile(
 
 @triton.jit
 def _query_tile(
-    tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask, Out, Lse,
+    tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask, MaskPrefix, Out, Lse,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -153,14 +153,16 @@ def _query_tile(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     # Key tiles [0, lo) need no checks; [lo, hi) are checked (the partial last tile, causal
-    # diagonal tiles, or every tile when a key mask is given).
+    # diagonal tiles, and with a key mask every tile from the first that holds a masked key:
+    # MaskPrefix is the number of leading valid keys per batch row, so a mask of padding at the
+    # end, as video models' text padding is, leaves all but the last tiles unchecked).
     hi = N_K
     lo = (N_K // BLOCK_N) * BLOCK_N
     if CAUSAL:
         hi = tl.minimum(N_K, (tile + 1) * BLOCK_M)
         lo = tl.minimum(lo, (tile * BLOCK_M // BLOCK_N) * BLOCK_N)
     if HAS_MASK:
-        lo = 0
+        lo = tl.minimum(lo, (tl.load(MaskPrefix + b) // BLOCK_N) * BLOCK_N)
     for start_n in range(0, lo, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
@@ -202,7 +204,7 @@ def _query_tile(
 
 @triton.jit
 def _attn_fwd_kernel(
-    QQ, QScale, QShift, KQ, KScale, KScaleMax, Work, V, VQ, VScale, Mask, Out, Lse,
+    QQ, QScale, QShift, KQ, KScale, KScaleMax, Work, V, VQ, VScale, Mask, MaskPrefix, Out, Lse,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     mask_stride_b,
@@ -225,7 +227,8 @@ def _attn_fwd_kernel(
             if WIDE_OFFSETS:
                 item = item.to(tl.int64)
             _query_tile(item % m_tiles, item // m_tiles, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
-                        Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
+                        MaskPrefix, Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
+                        mask_stride_b,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
                         PER_TOKEN_K, FP8_PV, STORE_LSE, False, WIDE_OFFSETS)
     else:
@@ -245,7 +248,8 @@ def _attn_fwd_kernel(
                 tl.store(Work + 1 + slot, (bh * m_tiles + tile).to(tl.int32))
         if MODE == "exact" or add_ok:
             _query_tile(tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
-                        Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
+                        MaskPrefix, Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
+                        mask_stride_b,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
                         PER_TOKEN_K, FP8_PV, STORE_LSE, MODE == "add", WIDE_OFFSETS)
 
@@ -269,6 +273,8 @@ def attention_forward(
     batch, heads, _, _ = out.shape
     m_pad = prepared.q_codes.shape[1]
     by_add = plan.scores_by_add and not per_token
+    if key_mask is not None:
+        key_mask = (key_mask, valid_prefix(key_mask, batch, n_k))
     if not by_add:
         _launch(prepared, v, key_mask, out, lse, plan, "exact", None, (m_pad // plan.block_m, batch * heads),
                 is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
@@ -283,6 +289,15 @@ def attention_forward(
             is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
 
 
+def valid_prefix(key_mask: torch.Tensor, batch: int, n_k: int) -> torch.Tensor:
+    """(batch,) int32: how many leading keys of each row of `key_mask` ((B' in {1, batch}, >= n_k),
+    nonzero = valid) are valid, n_k where all are. On the mask's device, no host sync."""
+    invalid = key_mask[:, :n_k] == 0
+    first = invalid.to(torch.int32).argmax(dim=1)  # the first maximum: the first masked key
+    prefix = torch.where(invalid.any(dim=1), first, torch.full_like(first, n_k))
+    return prefix.to(torch.int32).expand(batch).contiguous()
+
+
 def _persistent_programs(t: torch.Tensor) -> int:
     """Programs of the work-list launch: enough to fill the GPU (4 per SM) when every tile is peaky."""
     return 4 * torch.cuda.get_device_properties(t.device).multi_processor_count if t.is_cuda else 2
@@ -293,15 +308,16 @@ def _extent(t: torch.Tensor) -> int:
     return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
-def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
+def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: tuple[torch.Tensor, torch.Tensor] | None,
+            out: torch.Tensor,
             lse: torch.Tensor | None, plan: KernelPlan, mode: str, work: torch.Tensor | None, grid: tuple,
             *, is_causal: bool, per_token: bool, n_q: int, n_k: int) -> None:
     batch, heads, _, head_dim = out.shape
     m_pad = prepared.q_codes.shape[1]
     n_pad = prepared.k_codes.shape[1]
     fp8_pv = plan.pv == "fp8"
-    mask_arg = key_mask if key_mask is not None else prepared.k_scale
-    mask_stride_b = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
+    mask, prefix = key_mask if key_mask is not None else (prepared.k_scale, prepared.k_scale)  # never read
+    mask_stride_b = 0 if key_mask is None or mask.shape[0] == 1 else mask.stride(0)
     registers = {} if plan.max_registers is None else {"maxnreg": plan.max_registers}
     placeholder = prepared.k_scale  # a pointer the mode never reads
     wrap_triton(_attn_fwd_kernel)[grid](
@@ -311,7 +327,7 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: torch.Tensor |
         prepared.k_scale_max if mode == "add" else placeholder, work if work is not None else placeholder, v,
         prepared.v_fp8_t if fp8_pv else prepared.k_codes,
         prepared.v_scale if fp8_pv else prepared.k_scale,
-        mask_arg, out, lse if lse is not None else prepared.q_scale,
+        mask, prefix, out, lse if lse is not None else prepared.q_scale,
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         mask_stride_b,

@@ -187,6 +187,45 @@ def test_key_padding_mask_with_huge_padded_values():
     assert torch.equal(out_t, out_clean)
 
 
+def test_valid_prefix_counts_the_leading_valid_keys_of_each_row():
+    from sagevideo.kernels.attention_fwd import valid_prefix
+
+    mask = torch.ones(4, 10, dtype=torch.uint8)
+    mask[1, 7:] = 0  # padding at the end
+    mask[2, 3] = 0  # a hole: the keys after it do not count
+    mask[3, 0] = 0  # nothing valid before the first masked key
+    assert valid_prefix(mask, 4, 10).tolist() == [10, 7, 3, 0]
+    assert valid_prefix(mask[1:2], 3, 10).tolist() == [7, 7, 7]  # one row for every batch entry
+    assert valid_prefix(mask[1:2], 1, 6).tolist() == [6]  # only the first n_k keys are looked at
+    assert valid_prefix(mask, 4, 10).dtype == torch.int32
+
+
+def _mask_of(kind: str, batch: int, n: int) -> torch.Tensor:
+    mask = torch.ones(batch, n, dtype=torch.bool)
+    if kind == "padding":  # text padding at the end, a different length per batch row
+        mask[0, 290:] = False
+        mask[1, 130:] = False
+    elif kind == "hole":  # valid keys after masked ones: checked from the hole's tile on
+        mask[:, 70:80] = False
+        mask[1, 200:] = False
+    elif kind == "first-key":  # no valid key in the first tile's first column
+        mask[:, 0] = False
+    elif kind == "shared":  # one row for both batch entries
+        mask = mask[:1].clone()
+        mask[:, 260:] = False
+    return mask.to(DEVICE)
+
+
+@pytest.mark.parametrize("kind", ["padding", "hole", "first-key", "shared"])
+def test_key_masks_match_reference_whatever_their_valid_prefix(kind):
+    """The kernel skips the mask check on the tiles before each row's first masked key
+    (`valid_prefix`); masks of every shape must still give the reference's output."""
+    q, k, v, _ = _inputs("k-offset", (2, 2, 300, 64), seed=21)
+    mask = _mask_of(kind, 2, 300)
+    out_t, out_r = _both(q, k, v, attn_mask=mask[:, None, None, :])
+    _assert_close_16bit(out_t, out_r)
+
+
 def test_lse_matches_reference():
     q, k, v, _ = _inputs("k-offset", (1, 2, 100, 64), seed=10)
     (_, lse_t), (_, lse_r) = _both(q, k, v, return_lse=True)
