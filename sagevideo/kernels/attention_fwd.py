@@ -273,19 +273,18 @@ def attention_forward(
     batch, heads, _, _ = out.shape
     m_pad = prepared.q_codes.shape[1]
     by_add = plan.scores_by_add and not per_token
-    if key_mask is not None:
-        key_mask = (key_mask, valid_prefix(key_mask, batch, n_k))
+    masks = None if key_mask is None else (key_mask, valid_prefix(key_mask, batch, n_k))
     if not by_add:
-        _launch(prepared, v, key_mask, out, lse, plan, "exact", None, (m_pad // plan.block_m, batch * heads),
+        _launch(prepared, v, masks, out, lse, plan, "exact", None, (m_pad // plan.block_m, batch * heads),
                 is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
         return
     if prepared.k_scale_max is None:
         raise ValueError("a scores_by_add plan needs the K scales' maxima: quantize the inputs with that plan")
     items = m_pad // plan.block_m * batch * heads
     work = torch.zeros(1 + items, device=out.device, dtype=torch.int32)
-    _launch(prepared, v, key_mask, out, lse, plan, "add", work, (m_pad // plan.block_m, batch * heads),
+    _launch(prepared, v, masks, out, lse, plan, "add", work, (m_pad // plan.block_m, batch * heads),
             is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
-    _launch(prepared, v, key_mask, out, lse, plan, "worklist", work, (min(items, _persistent_programs(out)),),
+    _launch(prepared, v, masks, out, lse, plan, "worklist", work, (min(items, _persistent_programs(out)),),
             is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
 
 
@@ -308,16 +307,17 @@ def _extent(t: torch.Tensor) -> int:
     return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
 
 
-def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: tuple[torch.Tensor, torch.Tensor] | None,
-            out: torch.Tensor,
-            lse: torch.Tensor | None, plan: KernelPlan, mode: str, work: torch.Tensor | None, grid: tuple,
+def _launch(prepared: QuantizedInputs, v: torch.Tensor, masks: tuple[torch.Tensor, torch.Tensor] | None,
+            out: torch.Tensor, lse: torch.Tensor | None, plan: KernelPlan, mode: str, work: torch.Tensor | None,
+            grid: tuple,
             *, is_causal: bool, per_token: bool, n_q: int, n_k: int) -> None:
+    """One launch in `mode`; masks: (key mask (B', Nk) uint8, its `valid_prefix`) or None."""
     batch, heads, _, head_dim = out.shape
     m_pad = prepared.q_codes.shape[1]
     n_pad = prepared.k_codes.shape[1]
     fp8_pv = plan.pv == "fp8"
-    mask, prefix = key_mask if key_mask is not None else (prepared.k_scale, prepared.k_scale)  # never read
-    mask_stride_b = 0 if key_mask is None or mask.shape[0] == 1 else mask.stride(0)
+    mask, prefix = masks if masks is not None else (prepared.k_scale, prepared.k_scale)  # never read
+    mask_stride_b = 0 if masks is None or mask.shape[0] == 1 else mask.stride(0)
     registers = {} if plan.max_registers is None else {"maxnreg": plan.max_registers}
     placeholder = prepared.k_scale  # a pointer the mode never reads
     wrap_triton(_attn_fwd_kernel)[grid](
@@ -333,7 +333,7 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, key_mask: tuple[torch.Te
         mask_stride_b,
         heads, prepared.k_codes.shape[0] // batch, n_q, n_k, m_pad, n_pad,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
-        CAUSAL=is_causal, HAS_MASK=key_mask is not None, PER_TOKEN_K=per_token,
+        CAUSAL=is_causal, HAS_MASK=masks is not None, PER_TOKEN_K=per_token,
         FP8_PV=fp8_pv, STORE_LSE=lse is not None, MODE=mode,
         WIDE_OFFSETS=max(map(_extent, (v, out, prepared.q_codes, prepared.k_codes))) >= WIDE_OFFSETS_FROM,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **registers,
