@@ -31,8 +31,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    from triton.testing import do_bench
 
+    from bench.bench_attention import bench_interleaved
     from sagevideo import last_backend, sageattn
 
     torch.manual_seed(0)
@@ -59,11 +59,9 @@ def main() -> int:
         q[:, :, rows].float(), k.float(), v.float(), attn_mask=padding[:, None, None, :])
     cos = torch.nn.functional.cosine_similarity(out[:, :, rows].double().flatten(2),
                                                 ref.double().flatten(2), dim=-1).min().item()
-    times = {name: [] for name in calls}
-    for _ in range(args.reps):
-        for name, fn in calls.items():
-            times[name].append(do_bench(fn, warmup=25, rep=100))
-    ms = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    ms, _, errors = bench_interleaved(calls, args.reps)
+    if errors:
+        raise SystemExit(f"gpu_mask_prefix_check: calls failed: {errors}")
     cudnn_ms = ms["sdpa-cudnn-padding-mask"]
     for name, t in ms.items():
         print(f"{name:26s} {t:8.2f} ms  x cuDNN {cudnn_ms / t:.3f}")
