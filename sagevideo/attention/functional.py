@@ -16,7 +16,6 @@ Forward only: the quantized backends refuse backward with one error; "sdpa" diff
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -29,7 +28,7 @@ from sagevideo.choices import GRANULARITIES, auto_pv
 from sagevideo.kernels import plans
 
 LAYOUTS = ("HND", "NHD")
-REFERENCE_PROFILE_NAME = "sagevideo::reference_attention"  # the profiler's name of a reference call
+REFERENCE_PROFILE_NAME = "sagevideo::reference_attention"  # the reference op: its name in profiles
 BACKWARD_ERROR = (
     "sagevideo attention is forward-only: the quantized backends have no backward. Run inference under "
     "torch.no_grad() / torch.inference_mode(), or use backend='sdpa' (full precision) where gradients are needed"
@@ -182,20 +181,14 @@ def sageattn(
         if chosen is Backend.SDPA:
             return _sdpa(q, k, v, attn_mask, is_causal, scale, return_lse, gqa)
         if chosen is Backend.REFERENCE:
-            from sagevideo.kernels.reference import sageattn_reference
+            from sagevideo.kernels.reference import reference_attention
 
             block_m, block_n = plans.tiles(pv, head_dim)
             k_all, v_all = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v)) if gqa else (k, v)
-            # Named for profilers (`sagevideo profile`): its ops are plain aten ops otherwise. Dynamo
-            # ignores record_function, so compiled graphs get none.
-            named = (contextlib.nullcontext() if torch.compiler.is_compiling()
-                     else torch.profiler.record_function(REFERENCE_PROFILE_NAME))
-            with named:
-                return sageattn_reference(
-                    q, k_all, v_all, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
-                    qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k, rotate_qk=rotate_qk,
-                    return_lse=return_lse, block_m=block_m, block_n=block_n,
-                )
+            # One op: opaque to torch.compile (no recompile per sequence length), one event for profilers.
+            out, lse = reference_attention(q, k_all, v_all, key_mask, scale, block_m, block_n, is_causal,
+                                           qk_granularity, pv, smooth_k, rotate_qk, return_lse)
+            return out, lse if return_lse else None
         from sagevideo.kernels.op import sageattn_triton
 
         return sageattn_triton(

@@ -251,3 +251,34 @@ def sageattn_reference(
         lse2 = torch.where(has_keys, m - p_shift + torch.log2(torch.where(has_keys, l, 1.0)), float("-inf"))
         lse = lse2 * LN2 + sm_scale * _matmul_fp32(q.float(), k_mean[..., None]).squeeze(-1)
     return out.to(q.dtype), lse
+
+
+@torch.library.custom_op("sagevideo::reference_attention", mutates_args=())
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    sm_scale: float,
+    block_m: int,
+    block_n: int,
+    is_causal: bool,
+    qk_granularity: str,
+    pv: str,
+    smooth_k: bool,
+    rotate_qk: bool,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sageattn_reference` as one op: (out like q, LSE (B, H, Nq) fp32, empty unless return_lse).
+    Opaque to torch.compile (its loop over key tiles would unroll per sequence length and
+    recompile for every new one), and one named event for profilers."""
+    out, lse = sageattn_reference(q, k, v, sm_scale=sm_scale, block_m=block_m, block_n=block_n, is_causal=is_causal,
+                                  key_mask=key_mask, qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k,
+                                  rotate_qk=rotate_qk, return_lse=return_lse)
+    return out, lse if lse is not None else q.new_empty(0, dtype=torch.float32)
+
+
+@reference_attention.register_fake
+def _(q, k, v, key_mask, sm_scale, block_m, block_n, is_causal, qk_granularity, pv, smooth_k, rotate_qk, return_lse):
+    lse_shape = q.shape[:3] if return_lse else (0,)
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
