@@ -122,18 +122,38 @@ class _SDPAToRouter(TorchFunctionMode):
 
 
 class _LayerHooks:
-    """The pre-hook and hook that enter and leave one layer's mode (no `always_call`: its id
-    would be a per-layer guard; the transformer's hook leaves modes an exception left entered)."""
+    """The pre-hook and hook that enter and leave one layer's mode. Inside the transformer's forward
+    the transformer's always-called hook leaves modes an exception left entered (an `always_call`
+    layer hook would add its id as a per-layer guard to compiled blocks); a layer called on its own,
+    outside that forward, gets a one-off always-called hook for the same cleanup."""
 
     def __init__(self, mode: _SDPAToRouter):
         self.mode = mode
 
     def enter(self, module, args) -> None:
         self.mode.__enter__()
+        if not torch.compiler.is_compiling() and not self.mode.owner._active:
+            cleanup = _LeaveOnExit(self.mode)
+            cleanup.handle = module.register_forward_hook(cleanup, always_call=True)
 
     def leave(self, module, args, output) -> None:
         self.mode.__exit__(None, None, None)
         _note("layers")
+
+
+class _LeaveOnExit:
+    """One-off always-called forward hook of a layer run outside its transformer's forward: leaves
+    the layer's mode if the layer raised before its own hook could, then removes itself."""
+
+    def __init__(self, mode: _SDPAToRouter):
+        self.mode = mode
+        self.handle = None
+
+    def __call__(self, module, args, output) -> None:
+        self.handle.remove()
+        while self.mode in _get_current_function_mode_stack():
+            top = _get_current_function_mode_stack()[-1]
+            top.__exit__(None, None, None)  # modes entered inside the layer after ours go with it
 
 
 def _route(router, route, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -191,20 +211,41 @@ class UnroutedForwards:
         self.warned = False
         self.ever_routed = False
 
-    def check(self, label: str, tally: _ForwardTally, modules: Iterable[torch.nn.Module], replaced: bool) -> None:
+    def check(self, label: str, tally: _ForwardTally, modules: Iterable[torch.nn.Module], replaced: bool,
+              transformer: torch.nn.Module | None = None) -> None:
         """After a forward: `replaced` says whether some attention module's processor changed since install."""
         if tally.routed:
             self.ever_routed = True
             return
-        if not tally.layers:  # nothing attended (e.g. a cache hook reused the whole output)
-            return
-        reason = _unrouted_reason(label, tally, modules, self.ever_routed and not replaced)
+        if not tally.layers:
+            # No attention layer ran through sagevideo's hooks: a cache that reused the whole output, or
+            # attention in compiled code traced without the hooks, which must not pass for a cache.
+            if transformer is None or _may_skip_attention(transformer):
+                return
+            reason = (f"a {label} forward ran none of its attention layers through sagevideo's hooks, and no cache "
+                      "hook skips them: they ran in code torch.compile traced before install (stock SDPA, "
+                      "unrecorded); call torch._dynamo.reset() and run again, or install before compiling")
+        else:
+            reason = _unrouted_reason(label, tally, modules, self.ever_routed and not replaced)
         if reason is None:
             return
         report_unrouted(reason)
         if not self.warned:
             self.warned = True
             warnings.warn(f"sagevideo: {reason}", stacklevel=2)
+
+
+def _may_skip_attention(transformer: torch.nn.Module) -> bool:
+    """Whether something on the transformer may legitimately run a forward without its attention
+    layers: a diffusers hook (caches such as FirstBlockCache, MagCache, FasterCache register them)
+    or a module's forward replaced on the instance (caches outside diffusers patch forwards)."""
+    for module in transformer.modules():
+        registry = getattr(module, "_diffusers_hook", None)
+        if registry is not None and getattr(registry, "hooks", None):
+            return True
+        if "forward" in vars(module):
+            return True
+    return False
 
 
 def _unrouted_reason(label: str, tally: _ForwardTally, modules, routed_before: bool) -> str | None:
@@ -261,11 +302,16 @@ class SDPAInterception:
         self._handles.append(transformer.register_forward_pre_hook(self._enter_forward))
         self._handles.append(transformer.register_forward_hook(self._leave_forward, always_call=True))
 
+    # The transformer's own hooks are bookkeeping outside any graph: compiled whole (`model.compile()`),
+    # Dynamo would otherwise compile them as frames of their own and guard on the tallies' state
+    # (a recompile on the second forward).
+    @torch.compiler.disable
     def _enter_forward(self, module, args) -> None:
         tally = _ForwardTally()
         _tallies().append(tally)
         self._active.append(tally)
 
+    @torch.compiler.disable
     def _leave_forward(self, module, args, output) -> None:
         self._leave_modes_left_entered()
         if not self._active:  # an earlier pre-hook raised before ours ran
@@ -276,7 +322,7 @@ class SDPAInterception:
             tallies.remove(tally)
         if output is not None:  # None: the forward raised; its error says what happened
             replaced = not tally.routed and self._processors_replaced()
-            self.unrouted.check(self.label, tally, self._modules, replaced)
+            self.unrouted.check(self.label, tally, self._modules, replaced, self.transformer)
 
     def _leave_modes_left_entered(self) -> None:
         """Leave this interception's layer modes that an exception inside a layer left on the stack."""
