@@ -22,6 +22,7 @@ from sagevideo.attention.functional import BACKENDS
 from sagevideo.attention.records import allow_caching_graphs_with_records
 from sagevideo.choices import PVS as PV_MODES
 from sagevideo.choices import auto_pv
+from sagevideo.pipelines.compiled import compiled_parts, retrace_compiled, unwrap_compiled
 from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter
@@ -52,6 +53,9 @@ class InstalledDenoiser:
     originals: dict[str, Any]
     processors: dict[str, Any] = field(default_factory=dict)
     interception: SDPAInterception | None = None
+    hooks: list[Any] = field(default_factory=list)  # sagevideo's own hook handles on the transformer
+    label: str = "transformer"  # its name in messages ("pipe.transformer_2")
+    wrapped: bool = False  # it came inside a torch.compile wrapper
 
 
 class InstalledAttention:
@@ -110,6 +114,7 @@ class InstalledAttention:
                 )
         for d in self.denoisers:
             _undo(d)
+        _retrace_if_compiled(self.denoisers, "remove")
         self._finish()
 
     def _finish(self) -> None:
@@ -131,10 +136,20 @@ class InstalledAttention:
 
 
 def _undo(denoiser: InstalledDenoiser) -> None:
+    for hook in denoiser.hooks:
+        hook.remove()
+    denoiser.hooks = []
     if denoiser.interception is not None:
         denoiser.interception.remove()
     else:
         denoiser.transformer.set_attn_processor(dict(denoiser.originals))
+
+
+def _retrace_if_compiled(denoisers: list[InstalledDenoiser], action: str) -> None:
+    """After hooks or processors changed: make code torch.compile traced before trace again."""
+    found = [(d.label, parts) for d in denoisers if (parts := compiled_parts(d.transformer, d.wrapped))]
+    if found:
+        retrace_compiled(found[0][0], [part for _, parts in found for part in parts], action)
 
 
 def _pipeline_modules(pipe: Any) -> dict[str, Any] | None:
@@ -160,8 +175,9 @@ def denoisers_of(pipe_or_transformer: Any) -> dict[str, Any]:
     """
     modules = _pipeline_modules(pipe_or_transformer)
     if modules is None:
-        return {"transformer": getattr(pipe_or_transformer, "transformer", pipe_or_transformer)}
-    found = {name: module for name, module in modules.items() if _TRANSFORMER_COMPONENT.fullmatch(name)}
+        return {"transformer": unwrap_compiled(getattr(pipe_or_transformer, "transformer", pipe_or_transformer))}
+    found = {name: unwrap_compiled(module) for name, module in modules.items()
+             if _TRANSFORMER_COMPONENT.fullmatch(name)}
     others = sorted(
         name for name, module in modules.items()
         if _OTHER_DENOISER_COMPONENT.fullmatch(name) and hasattr(module, "attn_processors")
@@ -261,7 +277,11 @@ def install_router(
         prefix = "" if component == "transformer" else f"{component}."
         originals = _check_installable(transformer, prefix)
         layers = {key: prefix + key.removesuffix(".processor") for key in originals}
-        planned.append((InstalledDenoiser(component, transformer, prefix, originals), layers))
+        label = f"pipe.{component}" if is_pipeline else "transformer"
+        given = getattr(pipe_or_transformer, component, pipe_or_transformer)
+        wrapped = given is not transformer and unwrap_compiled(given) is transformer
+        planned.append((InstalledDenoiser(component, transformer, prefix, originals, label=label, wrapped=wrapped),
+                        layers))
     router.plan.validate_for([name for _, layers in planned for name in layers.values()])
 
     handle = InstalledAttention([d for d, _ in planned], router)
@@ -269,8 +289,7 @@ def install_router(
     done: list[InstalledDenoiser] = []
     try:
         for denoiser, layers in planned:
-            label = f"pipe.{denoiser.component}" if is_pipeline else "transformer"
-            _apply(denoiser, layers, router, routes, pv, backend, label, unrouted)
+            _apply(denoiser, layers, router, routes, pv, backend, denoiser.label, unrouted)
             done.append(denoiser)
     except BaseException:
         for denoiser in done:  # leave nothing half-installed
@@ -279,11 +298,26 @@ def install_router(
     if all(d.transformer is not pipe_or_transformer for d in handle.denoisers) and hasattr(
         pipe_or_transformer, "scheduler"
     ):
-        router.clock.attach(pipe_or_transformer.scheduler)  # one clock for all denoisers: steps of the pipeline
+        # One clock for all denoisers, counting the steps of the scheduler the pipeline holds when it runs.
+        router.clock.follow(pipe_or_transformer)
+        for denoiser in handle.denoisers:
+            denoiser.hooks.append(denoiser.transformer.register_forward_pre_hook(_ClockSync(router.clock)))
     for denoiser in handle.denoisers:
         setattr(denoiser.transformer, _HANDLE_ATTR, handle)
+    _retrace_if_compiled(handle.denoisers, "install")
     allow_caching_graphs_with_records()  # a user who compiles the model gets torch's compile cache
     return handle
+
+
+class _ClockSync:
+    """Forward pre-hook of a denoiser: the step clock follows a scheduler swapped into the pipeline."""
+
+    def __init__(self, clock: Any):
+        self.clock = clock
+
+    @torch.compiler.disable  # bookkeeping outside any graph: a compiled model calls it eagerly
+    def __call__(self, module: Any, args: Any) -> None:
+        self.clock.sync()
 
 
 def _check_installable(transformer: Any, prefix: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ outside the compiled code whenever the step changes, so a graph depends only on 
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import torch
@@ -26,11 +27,18 @@ from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode
 
 class StepClock:
     """Denoising step index of the running pipeline call (None when not tracked); `on_change`
-    callbacks run after every change (outside any compiled graph: the scheduler calls them)."""
+    callbacks run after every change (outside any compiled graph: the scheduler calls them).
+
+    `follow(pipe)` counts the steps of whatever scheduler `pipe.scheduler` is when the pipeline
+    runs: `sync()`, called before each denoiser forward, moves the clock to a scheduler that
+    replaced the one it counted (`pipe.scheduler = X.from_config(...)`), at that scheduler's
+    position (`step_index`, 0 before its first step)."""
 
     def __init__(self) -> None:
         self._step: int | None = None
         self._restore: list[tuple[Any, str]] = []
+        self._pipe: Any = None  # weakref.ref to the followed pipeline, or None
+        self._scheduler: Any = None
         self.on_change: list[Any] = []
 
     @property
@@ -44,6 +52,23 @@ class StepClock:
         if changed:
             for callback in self.on_change:
                 callback()
+
+    def follow(self, pipe: Any) -> None:
+        """Count the steps of `pipe.scheduler`, and of any scheduler that later replaces it (see `sync`)."""
+        self._pipe = weakref.ref(pipe)
+        self.attach(pipe.scheduler)
+
+    def sync(self) -> None:
+        """Before a denoiser forward: when the followed pipeline's scheduler is not the one counted, count
+        that one from its own position instead (its `step_index`; 0 when it has not stepped yet)."""
+        pipe = self._pipe() if self._pipe is not None else None
+        scheduler = getattr(pipe, "scheduler", None)
+        if pipe is None or scheduler is None or scheduler is self._scheduler:
+            return
+        self._unwrap()
+        self.attach(scheduler)
+        position = getattr(scheduler, "step_index", None)
+        self.step = position if isinstance(position, int) else 0
 
     def attach(self, scheduler: Any) -> None:
         """Wrap `scheduler.set_timesteps` (step := 0) and `scheduler.step` (step += 1 after)."""
@@ -65,13 +90,20 @@ class StepClock:
 
         scheduler.set_timesteps = set_timesteps_and_reset
         scheduler.step = step_and_advance
+        self._scheduler = scheduler
         self._restore = [(scheduler, "set_timesteps"), (scheduler, "step")]
 
-    def detach(self) -> None:
+    def _unwrap(self) -> None:
         """Remove the instance-level wrappers (the class methods show through again)."""
         for obj, name in self._restore:
             obj.__dict__.pop(name, None)
         self._restore = []
+        self._scheduler = None
+
+    def detach(self) -> None:
+        """Stop counting: unwrap the scheduler, forget the pipeline, step None."""
+        self._unwrap()
+        self._pipe = None
         self.step = None
 
 
