@@ -214,6 +214,30 @@ def test_one_step_clock_counts_the_pipeline_steps_for_both(wan22):
     assert log.counts == {"reference/fp16": CALLS * 3 // 4, "sdpa": CALLS // 4}
 
 
+@pytest.mark.parametrize("when", ["before the first run", "between runs"])
+@pytest.mark.parametrize("scheduler", ["UniPCMultistepScheduler", "FlowMatchEulerDiscreteScheduler"])
+def test_a_step_dependent_plan_follows_a_scheduler_swapped_in_after_install(when, scheduler):
+    """`pipe.scheduler = X.from_config(pipe.scheduler.config)`, diffusers' idiom: the step clock counts
+    the steps of the scheduler the pipeline runs with, whenever it was swapped."""
+    import diffusers
+
+    pipe = tiny_wan22_pipeline(boundary_ratio=None)
+    plan = AttentionPlan(overrides=(Override(steps=(3, None), mode=Mode.full),))  # only the last step: full
+    expected = {"reference/fp16": STEPS * 2 * WAN_ATTENTION_CALLS * 3 // 4, "sdpa": STEPS * 2 * WAN_ATTENTION_CALLS // 4}
+    with sagevideo.install(pipe, plan, backend="reference"):
+        if when == "between runs":
+            with sagevideo.record_backends() as log:
+                run_wan22(pipe, STEPS)
+            assert log.counts == expected
+        old = pipe.scheduler
+        pipe.scheduler = getattr(diffusers, scheduler).from_config(pipe.scheduler.config)
+        with sagevideo.record_backends() as log:
+            run_wan22(pipe, STEPS)
+        assert log.counts == expected
+        assert "step" not in vars(old)  # the replaced scheduler is left as it was
+    assert "step" not in vars(pipe.scheduler) and "set_timesteps" not in vars(pipe.scheduler)
+
+
 def test_installing_twice_is_refused_on_either_transformer(wan22):
     with sagevideo.install(wan22):
         with pytest.raises(RuntimeError, match="already installed"):

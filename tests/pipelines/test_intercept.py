@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import sagevideo
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Override
-from tests.helpers.wan import WAN_ATTENTION_CALLS, run_wan, tiny_wan
+from tests.helpers.wan import WAN_ATTENTION_CALLS, run_wan, tiny_wan, wan_inputs
 
 
 @pytest.fixture(scope="module")
@@ -517,3 +517,49 @@ def test_an_exception_inside_a_layer_leaves_no_mode_entered(wan):
         assert _get_current_function_mode_stack() == []
     finally:
         hook.remove()
+
+
+@pytest.mark.slow  # torch.compile of a tiny transformer
+@pytest.mark.parametrize("whole", [True, False], ids=["model.compile", "compile_repeated_blocks"])
+def test_compiled_after_install_never_recompiles(whole):
+    """diffusers' own compile test (`error_on_recompile`): the second and later forwards reuse the first
+    graph (the transformer's bookkeeping hooks are not compiled, so nothing they read is guarded); new
+    sequence lengths with the reference backend go dynamic after the second, as stock code does."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_wan()
+    hidden, timestep, text = wan_inputs()
+    with sagevideo.install(model, backend="reference"):
+        if whole:
+            model.compile(backend="eager", fullgraph=True)
+        else:
+            model.compile_repeated_blocks(backend="eager", fullgraph=True)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(3):
+                run_wan(model, (hidden, timestep, text))
+        for frames in (5, 7, 9):
+            run_wan(model, (torch.randn(1, 4, frames, 8, 8), timestep, text))
+    assert counters["stats"]["unique_graphs"] == 2  # static, then one dynamic graph for every length
+
+
+def test_a_layer_that_raises_outside_the_forward_leaves_no_mode_entered():
+    """An installed attention layer called on its own (not inside the transformer's forward) that
+    raises: SDPA elsewhere in the process stays plain and unrecorded."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    model = tiny_wan()
+    attention = model.blocks[0].attn1
+    with sagevideo.install(model, backend="reference"):
+        with sagevideo.record_backends() as log:
+            attention(torch.randn(1, 12, 128))  # on its own, it still routes
+        assert log.counts == {"reference/fp16": 1}
+        with pytest.raises(RuntimeError):
+            attention(torch.randn(1, 12, 7))  # hidden size 7, not 128
+        assert _get_current_function_mode_stack() == []
+        q = torch.randn(1, 2, 8, 64)
+        with sagevideo.record_backends() as log:
+            F.scaled_dot_product_attention(q, q, q)
+        assert log.counts == {}
+        assert len(attention._forward_hooks) == 1  # the one-off cleanup hooks removed themselves

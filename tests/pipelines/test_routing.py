@@ -44,3 +44,39 @@ def test_a_key_padding_mask_still_runs_in_the_kernels():
     with record_backends() as log:
         AttentionRouter(AttentionPlan.uniform("int8-fp16"), "reference")("layer", q, k, v, attn_mask=keep)
     assert log.counts == {"reference/fp16": 1} and log.fallback_reasons == {}
+
+
+class _Scheduler:
+    """A scheduler without `step_index` (as DDIM's): set_timesteps, then one step() per step."""
+
+    def set_timesteps(self, steps):
+        self.timesteps = list(range(steps))
+
+    def step(self, *args):
+        return args
+
+
+class _Pipe:
+    def __init__(self):
+        self.scheduler = _Scheduler()
+
+
+def test_the_step_clock_follows_a_scheduler_swapped_into_the_pipeline():
+    from sagevideo.pipelines.routing import StepClock
+
+    pipe, clock = _Pipe(), StepClock()
+    clock.follow(pipe)
+    pipe.scheduler.set_timesteps(4)
+    for _ in range(3):
+        pipe.scheduler.step()
+    assert clock.step == 3
+    old, pipe.scheduler = pipe.scheduler, _Scheduler()
+    pipe.scheduler.set_timesteps(4)  # the next run: the new scheduler is not wrapped yet
+    clock.sync()  # before the first forward
+    assert clock.step == 0 and "step" not in vars(old)
+    pipe.scheduler.step()
+    assert clock.step == 1
+    clock.sync()  # same scheduler: nothing moves
+    assert clock.step == 1
+    clock.detach()
+    assert clock.step is None and "step" not in vars(pipe.scheduler)
