@@ -24,6 +24,7 @@ import torch
 from torch.library import triton_op
 
 from sagevideo.kernels.attention_fwd import attention_forward
+from sagevideo.kernels.guard import flagged_tiles
 from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.quantize import quantize_inputs
 from sagevideo.kernels.rotation import hadamard_pm1
@@ -68,10 +69,11 @@ def sageattn_fwd(
     kernel: str,
     scores_by_add: bool,
     max_registers: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q/k/v (B, H, N, D) views with unit head-dim stride; key_mask (B', Nk) uint8.
 
-    Returns (out like q, lse (B, H, Nq) fp32; an empty tensor unless return_lse).
+    Returns (out like q, lse (B, H, Nq) fp32; an empty tensor unless return_lse, the run-time guard's
+    count of query tiles past INT8's accuracy: int32 0-dim, `guard.flagged_tiles`).
     The plain-Triton kernel only: kernel must be "triton" (the Gluon one is `sageattn_fwd_gluon`,
     which Inductor does not trace into). The plan travels as its fields (the op schema takes no
     dataclass); max_registers 0 = no cap.
@@ -91,7 +93,13 @@ def sageattn_fwd(
     lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
     attention_kernel(prepared, v, key_mask, out, lse if return_lse else None, plan,
                      is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
-    return out, lse
+    return out, lse, _flagged(prepared, plan, q.shape[3], per_token)
+
+
+def _flagged(prepared, plan: KernelPlan, head_dim: int, per_token: bool) -> torch.Tensor:
+    """The guard's count on the scales the preparation wrote (a few small reductions, no sync)."""
+    return flagged_tiles(prepared.q_scale, prepared.k_scale, block_m=plan.block_m, head_dim=head_dim,
+                         granularity="token" if per_token else "block", pv=plan.pv)
 
 
 def sageattn_triton(
@@ -107,8 +115,9 @@ def sageattn_triton(
     smooth_k: bool,
     rotate_qk: bool,
     return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Run the Triton path on HND views; copies only tensors whose head dim is not contiguous.
+    Returns (out, lse or None, the guard's flagged query tiles: int32 0-dim on the device).
 
     `plan.kernel` "gluon" runs `sageattn_fwd_gluon` and must already be checked against the call
     (`gluon_runs`); a call it does not implement raises here rather than run another kernel than
@@ -124,18 +133,18 @@ def sageattn_triton(
         if problem:
             raise ValueError(f"sageattn_triton: a Gluon plan for a call the Gluon kernel does not take ({problem}); "
                              "check gluon_runs and pass plans.plain_triton(plan) instead")
-        out = torch.ops.sagevideo.sageattn_fwd_gluon(
+        out, flagged = torch.ops.sagevideo.sageattn_fwd_gluon(
             q, k, v, rotation, sm_scale, smooth_k, plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n,
             plan.num_warps, plan.num_stages,
         )
-        return out, None
+        return out, None, flagged
     mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
-    out, lse = torch.ops.sagevideo.sageattn_fwd(
+    out, lse, flagged = torch.ops.sagevideo.sageattn_fwd(
         q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
         plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.kernel,
         plan.scores_by_add, plan.max_registers or 0,
     )
-    return out, (lse if return_lse else None)
+    return out, (lse if return_lse else None), flagged
 
 
 def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> bool:
@@ -178,9 +187,10 @@ def sageattn_fwd_gluon(
     block_n: int,
     num_warps: int,
     num_stages: int,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The Gluon sm90 kernel's call: q/k/v (B, H, N, D) views with unit head-dim stride (k/v may have
-    fewer heads, a divisor of q's). Returns out like q (`torch.empty_like`).
+    fewer heads, a divisor of q's). Returns (out like q (`torch.empty_like`), the guard's flagged
+    query tiles, int32 0-dim).
 
     Only what the kernel implements (`attention_sm90.supports`): FP8 PV (pv must be "fp8"), per-block K
     scales, no key mask, not causal, no LSE; the caller (`sageattn_triton`) checks. The plan travels
@@ -194,13 +204,13 @@ def sageattn_fwd_gluon(
                                need_shift=False)
     out = torch.empty_like(q)
     attention_sm90.attention_forward_sm90(prepared, out, block_n=block_n, n_q=n_q, n_k=n_k, num_stages=num_stages)
-    return out
+    return out, _flagged(prepared, plan, q.shape[3], per_token=False)
 
 
 @sageattn_fwd_gluon.register_fake
 def _fake_sageattn_fwd_gluon(q, k, v, rotation, sm_scale, smooth_k, pv, arch, block_d, block_m, block_n, num_warps,
                              num_stages):
-    return torch.empty_like(q)
+    return torch.empty_like(q), q.new_empty((), dtype=torch.int32)
 
 
 def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
@@ -208,7 +218,7 @@ def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_tok
                        max_registers):
     batch, heads, n_q, _ = q.shape
     lse = q.new_empty(batch, heads, n_q if return_lse else 0, dtype=torch.float32)
-    return torch.empty_like(q), lse
+    return torch.empty_like(q), lse, q.new_empty((), dtype=torch.int32)
 
 
 def _register_interpreter_fake() -> None:

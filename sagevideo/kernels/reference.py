@@ -39,6 +39,7 @@ import math
 import torch
 
 from sagevideo.kernels.constants import FP8_MAX, LN2, LOG2_FP8_MAX, LOG2E, MIN_ROW_SCALE, TINY_AMAX
+from sagevideo.kernels.guard import flagged_tiles
 from sagevideo.kernels.plans import padded_head_dim
 from sagevideo.kernels.rotation import hadamard_pm1
 
@@ -154,10 +155,12 @@ def sageattn_reference(
     rotate_qk: bool = False,
     return_lse: bool = False,
     qk_bits: int = 8,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    count_flagged: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Emulated quantized attention. q (B, H, Nq, D), k/v (B, H, Nk, D) HND; key_mask (B', Nk) bool.
 
-    Returns (out in q's dtype, LSE fp32 (B, H, Nq) or None).
+    Returns (out in q's dtype, LSE fp32 (B, H, Nq) or None), and with `count_flagged` also the
+    run-time guard's count of query tiles past INT8's accuracy (`guard.flagged_tiles`, int32 0-dim).
     """
     if pv not in REFERENCE_PV_MODES:
         raise ValueError(f"pv={pv!r} is not one of {REFERENCE_PV_MODES}")
@@ -250,7 +253,11 @@ def sageattn_reference(
     if return_lse:
         lse2 = torch.where(has_keys, m - p_shift + torch.log2(torch.where(has_keys, l, 1.0)), float("-inf"))
         lse = lse2 * LN2 + sm_scale * _matmul_fp32(q.float(), k_mean[..., None]).squeeze(-1)
-    return out.to(q.dtype), lse
+    if not count_flagged:
+        return out.to(q.dtype), lse
+    flagged = flagged_tiles(q_scale.flatten(0, 1), k_scale.flatten(0, 1), block_m=block_m, head_dim=q.shape[3],
+                            granularity=qk_granularity, pv=pv)
+    return out.to(q.dtype), lse, flagged
 
 
 @torch.library.custom_op("sagevideo::reference_attention", mutates_args=())
@@ -268,17 +275,20 @@ def reference_attention(
     smooth_k: bool,
     rotate_qk: bool,
     return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sageattn_reference` as one op: (out like q, LSE (B, H, Nq) fp32, empty unless return_lse).
-    Opaque to torch.compile (its loop over key tiles would unroll per sequence length and
-    recompile for every new one), and one named event for profilers."""
-    out, lse = sageattn_reference(q, k, v, sm_scale=sm_scale, block_m=block_m, block_n=block_n, is_causal=is_causal,
-                                  key_mask=key_mask, qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k,
-                                  rotate_qk=rotate_qk, return_lse=return_lse)
-    return out, lse if lse is not None else q.new_empty(0, dtype=torch.float32)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sageattn_reference` as one op: (out like q, LSE (B, H, Nq) fp32, empty unless return_lse,
+    the guard's flagged query tiles, int32 0-dim). Opaque to torch.compile (its loop over key tiles
+    would unroll per sequence length and recompile for every new one), and one named event for profilers."""
+    out, lse, flagged = sageattn_reference(
+        q, k, v, sm_scale=sm_scale, block_m=block_m, block_n=block_n, is_causal=is_causal, key_mask=key_mask,
+        qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k, rotate_qk=rotate_qk, return_lse=return_lse,
+        count_flagged=True,
+    )
+    return out, lse if lse is not None else q.new_empty(0, dtype=torch.float32), flagged
 
 
 @reference_attention.register_fake
 def _(q, k, v, key_mask, sm_scale, block_m, block_n, is_causal, qk_granularity, pv, smooth_k, rotate_qk, return_lse):
     lse_shape = q.shape[:3] if return_lse else (0,)
-    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
+    return (torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32),
+            q.new_empty((), dtype=torch.int32))

@@ -145,8 +145,8 @@ def _with_scores_by_add(q, k, v, scores_by_add):
     from sagevideo.kernels.op import sageattn_triton
 
     plan = dataclasses.replace(select_plan(q.device, 64, "fp8").plan, scores_by_add=scores_by_add)
-    out, _ = sageattn_triton(q, k, v, plan, sm_scale=0.125, is_causal=False, key_mask=None, per_token=False,
-                             smooth_k=True, rotate_qk=True, return_lse=False)
+    out, _, _ = sageattn_triton(q, k, v, plan, sm_scale=0.125, is_causal=False, key_mask=None, per_token=False,
+                                smooth_k=True, rotate_qk=True, return_lse=False)
     return out
 
 

@@ -189,11 +189,12 @@ def test_the_gluon_op_fake_matches_the_op(simulated_h200, layout, kv_heads):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
-        fake = torch.ops.sagevideo.sageattn_fwd_gluon(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a
-                                                       for a in args))
-    real = torch.ops.sagevideo.sageattn_fwd_gluon(*args)
+        fake, fake_flagged = torch.ops.sagevideo.sageattn_fwd_gluon(
+            *(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    real, real_flagged = torch.ops.sagevideo.sageattn_fwd_gluon(*args)
     assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype) == (
         q.shape, q.stride(), q.dtype)
+    assert (fake_flagged.shape, fake_flagged.dtype) == (real_flagged.shape, real_flagged.dtype) == ((), torch.int32)
 
 
 def test_a_gluon_plan_for_a_call_it_does_not_take_is_refused(simulated_h200):
