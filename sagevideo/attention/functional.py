@@ -47,6 +47,7 @@ def scaled_dot_product_attention(
     backend: str = "auto",
     pv: str = "auto",
     qk_granularity: str = "block",
+    _guard_counter: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`torch.nn.functional.scaled_dot_product_attention` with sagevideo's quantized attention.
 
@@ -80,7 +81,7 @@ def scaled_dot_product_attention(
     lead = query.shape[:-3] if query.dim() > 4 else None
     q, k, v = (_as_rank4(t) for t in (query, key, value))
     out = sageattn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=scale, pv=pv,
-                   qk_granularity=qk_granularity, backend=backend, enable_gqa=enable_gqa)
+                   qk_granularity=qk_granularity, backend=backend, enable_gqa=enable_gqa, _guard_counter=_guard_counter)
     if query.dim() == 3:
         return out.squeeze(1)
     return out if lead is None else out.reshape(*lead, *out.shape[1:])
@@ -120,6 +121,7 @@ def sageattn(
     backend: str = "auto",
     rotate_qk: bool = True,
     enable_gqa: bool = False,
+    _guard_counter: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantized scaled-dot-product attention with SDPA semantics (SDPA's own signature:
     `sagevideo.scaled_dot_product_attention`).
@@ -179,16 +181,16 @@ def sageattn(
 
     def compute(q, k, v):
         if chosen is Backend.SDPA:
-            return _sdpa(q, k, v, attn_mask, is_causal, scale, return_lse, gqa)
+            return (*_sdpa(q, k, v, attn_mask, is_causal, scale, return_lse, gqa), None)
         if chosen is Backend.REFERENCE:
             from sagevideo.kernels.reference import reference_attention
 
             block_m, block_n = plans.tiles(pv, head_dim)
             k_all, v_all = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v)) if gqa else (k, v)
             # One op: opaque to torch.compile (no recompile per sequence length), one event for profilers.
-            out, lse = reference_attention(q, k_all, v_all, key_mask, scale, block_m, block_n, is_causal,
-                                           qk_granularity, pv, smooth_k, rotate_qk, return_lse)
-            return out, lse if return_lse else None
+            out, lse, flagged = reference_attention(q, k_all, v_all, key_mask, scale, block_m, block_n, is_causal,
+                                                    qk_granularity, pv, smooth_k, rotate_qk, return_lse)
+            return out, lse if return_lse else None, flagged
         from sagevideo.kernels.op import sageattn_triton
 
         return sageattn_triton(
@@ -198,10 +200,16 @@ def sageattn(
         )
 
     if chosen is not Backend.SDPA and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        out, lse = _ForwardOnly.apply(compute, return_lse, q, k, v)
+        out, lse, flagged = _ForwardOnly.apply(compute, return_lse, q, k, v)
         lse = lse if return_lse else None
     else:
-        out, lse = compute(q, k, v)
+        out, lse, flagged = compute(q, k, v)
+    if flagged is not None:
+        # The guard's count stays on the device: an installed model's layer accumulates it and reads
+        # it at the end of the forward; a direct call's is read at the next call.
+        if _guard_counter is not None:
+            _guard_counter.add_(flagged)
+        records.note_flagged(flagged, None if _guard_counter is not None else _describe(q, pv, qk_granularity))
     if tensor_layout == "NHD":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
@@ -224,8 +232,8 @@ class _ForwardOnly(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, compute, return_lse, q, k, v):
-        out, lse = compute(q, k, v)
-        return out, (lse if return_lse else out.new_empty(0, dtype=torch.float32))
+        out, lse, flagged = compute(q, k, v)
+        return out, (lse if return_lse else out.new_empty(0, dtype=torch.float32)), flagged
 
     @staticmethod
     def backward(ctx, *grads):
@@ -238,8 +246,16 @@ def _record(requested: str, ran: str, pv: str | None, reason: str) -> None:
     if torch.compiler.is_compiling():
         records.report_from_graph(requested, ran, pv, reason)
     else:
-        records.report(records.BackendChoice(requested, ran, pv, reason))
+        flagged = records.FlaggedTiles() if pv is not None else None  # quantized calls count for the guard
+        records.report(records.BackendChoice(requested, ran, pv, reason, flagged))
         records.warn_fallback_once(reason)
+
+
+def _describe(q: torch.Tensor, pv: str, granularity: str) -> str:
+    """A direct call as its guard warning names it: mode, and q's shape outside compiled graphs
+    (a shape in a graph's constant would specialize it)."""
+    mode = f"int8-{pv} ({granularity} scales)"
+    return mode if torch.compiler.is_compiling() else f"{tuple(q.shape)} {mode}"
 
 
 def _check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, enable_gqa: bool = False) -> None:

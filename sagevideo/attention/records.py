@@ -13,6 +13,13 @@ records describe what the compiled graph calls.
 An installed transformer forward whose attention layers ran but routed no call to sagevideo
 (e.g. diffusers' "flex" backend, which never calls SDPA) is noted too: `report_unrouted(reason)`,
 read back as `BackendLog.unrouted` and, when any, `summary()["unrouted"]`.
+
+The INT8 contract's run-time guard (`kernels.guard`): each quantized call counts, on the device,
+its query tiles past INT8's accuracy. The count is read without a host sync in the call:
+`BackendChoice.peaky_tiles` reads its call's count when asked; a direct call's count is read at the
+next call or at the end of the `record_backends()` block and warned about; an installed model's are
+read per layer at the end of each forward (`report_peaky`), as `BackendLog.peaky` and
+`summary()["peaky"]`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,24 @@ from dataclasses import dataclass, field
 import torch
 
 
+class FlaggedTiles:
+    """A call's count of query tiles past INT8's accuracy: a device tensor until read (the read is
+    a host sync, so nothing reads it inside the call), then an int."""
+
+    def __init__(self) -> None:
+        self._count: torch.Tensor | int | None = None
+
+    def set(self, count: torch.Tensor) -> None:
+        self._count = count
+
+    @property
+    def value(self) -> int | None:
+        """The count (None before the call set it)."""
+        if isinstance(self._count, torch.Tensor):
+            self._count = int(self._count.item())
+        return self._count
+
+
 @dataclass(frozen=True)
 class BackendChoice:
     """One dispatch decision.
@@ -36,12 +61,20 @@ class BackendChoice:
     kernel, same numerics as "triton"), "reference", "sdpa").
     pv: PV precision that ran ("fp16", "fp8"), or None for full-precision SDPA.
     reason: why a fallback happened (empty when the requested backend ran).
+    flagged: the run-time guard's count for a quantized call (`peaky_tiles`), None for SDPA.
     """
 
     requested: str
     ran: str
     pv: str | None
     reason: str = ""
+    flagged: FlaggedTiles | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def peaky_tiles(self) -> int | None:
+        """Query tiles of this call whose scores were past INT8's accuracy (`kernels.guard`): 0 for a
+        call within the contract, None for full-precision SDPA. Reading it waits for the call."""
+        return None if self.flagged is None else self.flagged.value
 
     @property
     def label(self) -> str:
@@ -59,6 +92,7 @@ class BackendLog:
 
     choices: list[BackendChoice] = field(default_factory=list)
     unrouted_reasons: list[str] = field(default_factory=list)  # one per forward that routed no call
+    peaky: dict[str, int] = field(default_factory=dict)  # layer (or direct call) -> query tiles past INT8
 
     @property
     def counts(self) -> dict[str, int]:
@@ -76,11 +110,14 @@ class BackendLog:
         return dict(Counter(self.unrouted_reasons))
 
     def summary(self) -> dict[str, object]:
-        """JSON-ready summary for manifests and reports: counts, fallbacks, and "unrouted" (reason ->
-        forwards) only when some installed forward routed no attention call."""
+        """JSON-ready summary for manifests and reports: counts, fallbacks, "unrouted" (reason ->
+        forwards) only when some installed forward routed no attention call, and "peaky" (layer ->
+        query tiles past INT8's accuracy) only when the run-time guard counted some."""
         summary: dict[str, object] = {"counts": self.counts, "fallbacks": self.fallback_reasons}
         if self.unrouted_reasons:
             summary["unrouted"] = self.unrouted
+        if self.peaky:
+            summary["peaky"] = dict(self.peaky)
         return summary
 
 
@@ -95,10 +132,72 @@ def _active_logs() -> list[BackendLog]:
 
 
 def report(choice: BackendChoice) -> None:
-    """Record one dispatch decision (called by `sageattn`)."""
+    """Record one dispatch decision (called by `sageattn`); first reads the previous direct call's guard count."""
+    read_direct_counts()
     _state.last = choice
     for log in _active_logs():
         log.choices.append(choice)
+
+
+def note_flagged(count: torch.Tensor, direct: str | None) -> None:
+    """Give the call just reported its guard count (int32 0-dim, on the device; not read here).
+    direct: the call's description when no installed model reads it ("(2, 4, 1024, 64) int8-fp16"),
+    so that it is read at the next call or the end of the `record_backends()` block; None inside an
+    installed model (read per layer at the end of the forward)."""
+    if torch.compiler.is_compiling():
+        torch.ops.sagevideo.note_flagged(count, direct or "")
+        return
+    choice = getattr(_state, "last", None)
+    if choice is None or choice.flagged is None:
+        return
+    choice.flagged.set(count)
+    if direct:
+        _pending_direct().append((choice, direct))
+
+
+@torch.library.custom_op("sagevideo::note_flagged", mutates_args=())
+def _note_flagged_op(count: torch.Tensor, direct: str) -> None:
+    note_flagged(count, direct or None)
+
+
+@_note_flagged_op.register_fake
+def _(count: torch.Tensor, direct: str) -> None:
+    return None
+
+
+def _pending_direct() -> list[tuple[BackendChoice, str]]:
+    pending = getattr(_state, "pending", None)
+    if pending is None:
+        pending = _state.pending = []
+    return pending
+
+
+_peaky_warned: set[str] = set()
+
+
+def read_direct_counts() -> None:
+    """Read the guard counts of direct calls not read yet; note flagged ones in the active logs and
+    warn once per kind of call."""
+    pending = _pending_direct()
+    while pending:
+        choice, direct = pending.pop(0)
+        tiles = choice.peaky_tiles
+        if tiles:
+            report_peaky(f"sageattn {direct}", tiles)
+            if direct not in _peaky_warned:
+                _peaky_warned.add(direct)
+                warnings.warn(f"sageattn: a call {direct} is past INT8's accuracy: {tiles} query tile(s) with "
+                              f"scores too peaky for INT8 ({PEAKY_ADVICE})", stacklevel=3)
+
+
+PEAKY_ADVICE = ("expect a worst cosine below the contract's 0.999/0.998 against full precision; run such "
+                "attention with backend='sdpa', or let `sagevideo calibrate` keep the layer in full precision")
+
+
+def report_peaky(where: str, tiles: int) -> None:
+    """Note `tiles` query tiles past INT8's accuracy in `where` (a layer, or a direct call) in the active logs."""
+    for log in _active_logs():
+        log.peaky[where] = log.peaky.get(where, 0) + tiles
 
 
 _warned: set[str] = set()
@@ -115,7 +214,7 @@ def warn_fallback_once(reason: str) -> None:
 def _record_backend_op(requested: str, ran: str, pv: str, reason: str) -> None:
     # Runs each time the compiled graph does: the warning is given here, at run time, because a
     # warnings.warn while Dynamo traces would break the graph.
-    report(BackendChoice(requested, ran, pv or None, reason))
+    report(BackendChoice(requested, ran, pv or None, reason, FlaggedTiles() if ran != "sdpa" else None))
     warn_fallback_once(reason)
 
 
@@ -138,6 +237,7 @@ def register_effect(name: str) -> None:
 
 
 register_effect("record_backend")
+register_effect("note_flagged")
 
 
 # How Inductor's cacheability check names torch's with_effects operator, which holds the record op
@@ -171,7 +271,8 @@ def report_unrouted(reason: str) -> None:
 
 
 def last_backend() -> BackendChoice | None:
-    """The backend choice of the most recent `sageattn` call in this thread, or None."""
+    """The backend choice of the most recent `sageattn` call in this thread, or None (its
+    `peaky_tiles` reads the call's guard count)."""
     return getattr(_state, "last", None)
 
 
@@ -184,4 +285,5 @@ def record_backends() -> Iterator[BackendLog]:
     try:
         yield log
     finally:
+        read_direct_counts()
         logs.remove(log)

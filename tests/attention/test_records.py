@@ -1,0 +1,61 @@
+"""Backend records (`attention/records.py`) and the run-time guard's counts of direct calls: a call
+past INT8's accuracy outside an installed model is flagged in its record (`last_backend()`,
+`record_backends()`) and warned about by the next call or the end of the block, never inside it;
+also from a torch.compile'd function."""
+
+import warnings
+
+import pytest
+import torch
+
+from sagevideo import last_backend, record_backends, sageattn
+
+
+def _qkv(factor=1.0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 2, 256, 64, generator=gen) for _ in range(3))
+    return q * factor, k * factor, v
+
+
+def test_an_ordinary_call_counts_nothing_and_sdpa_has_no_count():
+    sageattn(*_qkv(), backend="reference")
+    assert last_backend().peaky_tiles == 0
+    sageattn(*_qkv(), backend="sdpa")
+    assert last_backend().peaky_tiles is None
+
+
+def test_a_peaky_direct_call_is_in_its_record_and_warned_by_the_end_of_the_block():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with record_backends() as log:
+            sageattn(*_qkv(30.0, seed=1), backend="reference")
+            flagged = last_backend()
+            assert log.peaky == {}  # not read inside the call
+        assert flagged.peaky_tiles == 4  # both heads' query tiles
+    (key,) = log.peaky
+    assert key.startswith("sageattn (1, 2, 256, 64) int8-fp16") and log.summary()["peaky"] == {key: 4}
+    assert any("past INT8's accuracy" in str(w.message) for w in caught)
+
+
+def test_the_next_call_reads_the_previous_ones_count():
+    with record_backends() as log:
+        sageattn(*_qkv(30.0, seed=2), backend="reference", pv="fp8")
+        with pytest.warns(UserWarning, match="past INT8's accuracy"):
+            sageattn(*_qkv(seed=3), backend="reference", pv="fp8")
+        assert sum(log.peaky.values()) > 0
+
+
+@pytest.mark.slow  # torch.compile
+def test_a_compiled_function_calling_sageattn_records_its_count():
+    torch._dynamo.reset()
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def attend(q, k, v):
+        return sageattn(q, k, v, backend="reference")
+
+    with record_backends() as log:
+        attend(*_qkv(30.0, seed=4))
+        attend(*_qkv(seed=5))
+    assert log.counts == {"reference/fp16": 2}
+    assert [c.peaky_tiles for c in log.choices] == [4, 0]
+    assert sum(log.peaky.values()) == 4
