@@ -67,6 +67,10 @@ class MetricModelError(SagevideoError, RuntimeError):
     others; the commands raise this afterwards, so the exit code says a metric was lost."""
 
 
+class PeakyAttentionError(SagevideoError, RuntimeError):
+    """Attention past INT8's accuracy under the strict guard ("fail"): names the layers; the job fails."""
+
+
 class ABFailed(SagevideoError, RuntimeError):
     """A job of one arm failed (its manifest has the error); re-running resumes."""
 

@@ -124,12 +124,14 @@ class ProbingRouter(AttentionRouter):
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **sdpa)
         self.score_std[layer] = max(self.score_std.get(layer, 0.0), score_std(q, k, sm_scale=sm_scale))
         errs = self.errors.setdefault(layer, {c.label: WorstError() for c in CANDIDATES})
+        scratch = torch.zeros((), dtype=torch.int32, device=q.device)
         for choice in CANDIDATES:
             worst = errs[choice.label]
             try:
                 test = sageattn(
                     q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, pv=choice.mode.pv,
                     qk_granularity=choice.granularity.value, backend=self.backend, enable_gqa=enable_gqa,
+                    _guard_counter=scratch,  # a measured mode, not a direct call: its error is measured here
                 )
             except ValueError as err:  # e.g. a mask the kernels cannot honour: never choose this mode here
                 worst.unsupported = str(err)

@@ -23,6 +23,7 @@ from sagevideo.attention.records import allow_caching_graphs_with_records
 from sagevideo.choices import PVS as PV_MODES
 from sagevideo.choices import auto_pv
 from sagevideo.pipelines.compiled import compiled_parts, retrace_compiled, unwrap_compiled
+from sagevideo.pipelines.guard import AttentionGuard
 from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter
@@ -66,10 +67,16 @@ class InstalledAttention:
     prefixed processor key; `transformer`/`interception` are the first denoiser's.
     """
 
-    def __init__(self, denoisers: list[InstalledDenoiser], router: AttentionRouter):
+    def __init__(self, denoisers: list[InstalledDenoiser], router: AttentionRouter, guard: AttentionGuard):
         self.denoisers = denoisers
         self.router = router
+        self.guard = guard
         self.removed = False
+
+    @property
+    def peaky(self) -> dict[str, int]:
+        """Layer -> query tiles the run-time guard found past INT8's accuracy, over every forward so far."""
+        return dict(self.guard.flagged)
 
     @property
     def transformer(self) -> Any:
@@ -215,6 +222,7 @@ def install(
     *,
     pv: str | None = None,
     backend: str = "auto",
+    guard: str = "warn",
 ) -> InstalledAttention:
     """Route every attention layer of a diffusers video pipeline's denoisers through `sagevideo.sageattn`.
 
@@ -225,6 +233,10 @@ def install(
     plan: an `AttentionPlan` (over the layers of all denoisers), a path to its JSON, or None for
     `default_plan(transformer, pv)`.
     backend: `sageattn` backend for the quantized layers ("auto", "triton", "reference", "sdpa").
+    guard: what the INT8 contract's run-time guard does with a layer whose attention it finds past
+    INT8's accuracy (read at the end of each forward, `pipelines.guard`): "warn" (recorded, warned
+    once per layer), "full" (the layer runs in full precision from then on; the forward runs again),
+    "fail" (`PeakyAttentionError`).
     CogVideoX (and the Open-Sora port) get sagevideo processors that keep the upstream behaviour;
     other transformers with attention processors (diffusers' dispatcher: Wan, HunyuanVideo, LTX,
     Flux...) get a scoped SDPA interception inside their forward. Raises RuntimeError when
@@ -243,7 +255,7 @@ def install(
         raise ValueError(f"sagevideo.install: backend={backend!r} is not supported; use one of {BACKENDS}")
     first = next(iter(found.values()))
     return install_router(pipe_or_transformer, plan_router(first, plan, pv, backend), pv=pv or "fp16",
-                          backend=backend)
+                          backend=backend, guard=guard)
 
 
 def plan_router(
@@ -262,6 +274,7 @@ def install_router(
     pv: str = "fp16",
     backend: str = "auto",
     routes: dict[type, Any] | None = None,
+    guard: str = "warn",
 ) -> InstalledAttention:
     """Install with a ready router (e.g. calibration's probing router) into every denoiser; see `install`.
     routes: upstream processor class -> factory(pv=, backend=, name=, router=) replacing the
@@ -284,7 +297,7 @@ def install_router(
                         layers))
     router.plan.validate_for([name for _, layers in planned for name in layers.values()])
 
-    handle = InstalledAttention([d for d, _ in planned], router)
+    handle = InstalledAttention([d for d, _ in planned], router, AttentionGuard(router, guard))
     unrouted = UnroutedForwards()  # one warning per handle, whichever denoiser routes nothing
     done: list[InstalledDenoiser] = []
     try:
@@ -302,6 +315,9 @@ def install_router(
         router.clock.follow(pipe_or_transformer)
         for denoiser in handle.denoisers:
             denoiser.hooks.append(denoiser.transformer.register_forward_pre_hook(_ClockSync(router.clock)))
+    for denoiser in handle.denoisers:
+        denoiser.hooks.append(denoiser.transformer.register_forward_pre_hook(handle.guard.pre_hook))
+        denoiser.hooks.append(denoiser.transformer.register_forward_hook(handle.guard.post_hook, with_kwargs=True))
     for denoiser in handle.denoisers:
         setattr(denoiser.transformer, _HANDLE_ATTR, handle)
     _retrace_if_compiled(handle.denoisers, "install")

@@ -112,12 +112,22 @@ class LayerRoute:
     it) and the plan's choice for it at the current step, kept up to date by its router's clock.
 
     Compiled graphs read only `mode` and `granularity` (enum members: layers with equal choices
-    share one graph) and `name` never."""
+    share one graph) and `name` never. `flagged`: the layer's running count of query tiles past
+    INT8's accuracy (the run-time guard's, int32 0-dim on the model's device): every quantized
+    call adds its count on the device (a graph input like a buffer, so one graph still serves every
+    layer); `pipelines.guard` reads the counts at the end of each forward."""
 
     def __init__(self, name: str, choice: Choice):
         self.name = name
         self.mode: Mode = choice.mode
         self.granularity = choice.granularity
+        self.flagged = torch.zeros((), dtype=torch.int32)
+
+    def counter_on(self, device: torch.device) -> torch.Tensor:
+        """`flagged`, moved to `device` first if the model moved (outside compiled code only)."""
+        if self.flagged.device != device and not torch.compiler.is_compiling():
+            self.flagged = self.flagged.to(device)
+        return self.flagged
 
     def set(self, choice: Choice) -> None:
         self.mode, self.granularity = choice.mode, choice.granularity
@@ -142,10 +152,23 @@ class AttentionRouter:
         self.backend = backend
         self.clock = StepClock()
         self._routes: dict[str, LayerRoute] = {}
+        self.forced_full: set[str] = set()  # layers the run-time guard moved to full precision
         self.clock.on_change.append(self._resolve_routes)
 
     def choice(self, layer: str) -> Choice:
+        if layer in self.forced_full:
+            return Choice(mode=Mode.full)
         return self.plan.choice_for(layer, self.clock.step)
+
+    @property
+    def routes(self) -> dict[str, LayerRoute]:
+        """Layer name -> its `LayerRoute`, for every layer routed so far."""
+        return self._routes
+
+    def force_full(self, layers: set[str]) -> None:
+        """Run `layers` in full precision from now on, whatever the plan says (the guard's strict "full")."""
+        self.forced_full |= set(layers)
+        self._resolve_routes()
 
     def route(self, layer: str) -> LayerRoute:
         """The `LayerRoute` of `layer` (one per layer and router), resolved at the current step."""
@@ -165,7 +188,8 @@ class AttentionRouter:
         code calls). Routers that override `__call__` (probing, sequence parallel) get their own."""
         if type(self).__call__ is not AttentionRouter.__call__:
             return self(route.name, q, k, v, **kwargs)
-        return self._attend_with(route.mode, route.granularity.value, q, k, v, **kwargs)
+        return self._attend_with(route.mode, route.granularity.value, q, k, v,
+                                 counter=route.counter_on(q.device), **kwargs)
 
     def __call__(
         self,
@@ -184,10 +208,11 @@ class AttentionRouter:
         semantics for every argument (what the kernels cannot compute runs SDPA, recorded)."""
         choice = self.choice(layer)
         return self._attend_with(choice.mode, choice.granularity.value, q, k, v, attn_mask=attn_mask,
-                                 is_causal=is_causal, sm_scale=sm_scale, dropout_p=dropout_p, enable_gqa=enable_gqa)
+                                 is_causal=is_causal, sm_scale=sm_scale, dropout_p=dropout_p, enable_gqa=enable_gqa,
+                                 counter=self.route(layer).counter_on(q.device))
 
     def _attend_with(self, mode: Mode, granularity: str, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None,
-                dropout_p=0.0, enable_gqa=False) -> torch.Tensor:
+                     dropout_p=0.0, enable_gqa=False, counter: torch.Tensor | None = None) -> torch.Tensor:
         if mode is Mode.full:
             if dropout_p:
                 return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
@@ -199,7 +224,7 @@ class AttentionRouter:
             backend = "auto"  # SDPA, recorded with the mask's reason (the kernels' first unmet constraint)
         return scaled_dot_product_attention(
             q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
-            pv=mode.pv, qk_granularity=granularity, backend=backend,
+            pv=mode.pv, qk_granularity=granularity, backend=backend, _guard_counter=counter,
         )
 
 
