@@ -13,6 +13,8 @@ from typing import Any, Literal, get_args
 
 Attention = Literal["sage", "full"]  # sage: sagevideo's quantized attention; full: the stock processor
 Backend = Literal["auto", "triton", "reference", "sdpa"]  # what `sageattn(backend=...)` may be asked for
+# What the INT8 contract's run-time guard does with a layer past INT8's accuracy (`pipelines.guard`)
+AttentionGuard = Literal["warn", "full", "fail"]
 PV = Literal["fp16", "fp8"]  # the P·V product's precision
 PVChoice = Literal["auto", "fp16", "fp8"]  # auto: `auto_pv(device)`
 Granularity = Literal["block", "token"]  # Q/K quantization scales per tile or per token

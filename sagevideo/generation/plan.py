@@ -81,7 +81,7 @@ class BatchPlan:
         """What each worker needs (no jobs)."""
         return RunContext(
             out=self.out, source=self.source, device=self.device, dtype=self.dtype, fps=self.settings.fps,
-            recipe=self.settings.recipe,
+            recipe=self.settings.recipe, attention_guard=self.settings.attention_guard,
         )
 
 

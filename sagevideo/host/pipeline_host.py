@@ -92,6 +92,7 @@ class RunContext:
     fps: int
     cpu_threads: int | None = None
     recipe: Recipe | None = None
+    attention_guard: str = "warn"
 
 
 def worker_info(node: str | None = None) -> dict[str, Any]:
@@ -146,15 +147,18 @@ def is_device_error(err: BaseException) -> bool:
 
 
 class PlanAttention:
-    """The default attention hook: `install(pipe, plan, pv=, backend=)` for sagevideo attention,
+    """The default attention hook: `install(pipe, plan, pv=, backend=, guard=)` for sagevideo attention,
     nothing for attention "full" (backend None: the stock processors run)."""
+
+    def __init__(self, guard: str = "warn"):
+        self.guard = guard
 
     def __call__(self, pipe: Any, backend: str | None, pv: str | None, plan: str | None) -> Any:
         if backend is None:
             return None
         from sagevideo.pipelines.install import install
 
-        return install(pipe, plan, pv=pv, backend=backend)
+        return install(pipe, plan, pv=pv, backend=backend, guard=self.guard)
 
 
 class RouterAttention:
@@ -191,7 +195,7 @@ class PipelineHost:
     ):
         self.ctx = ctx
         self.worker = worker or worker_info()
-        self.attention = attention or PlanAttention()
+        self.attention = attention or PlanAttention(ctx.attention_guard)
         self.rank = rank
         if ctx.cpu_threads and ctx.device == "cpu":
             import torch

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
 
-from sagevideo.choices import Attention, Backend, Device, DType, PVChoice
+from sagevideo.choices import Attention, AttentionGuard, Backend, Device, DType, PVChoice
 from sagevideo.errors import InputError
 from sagevideo.jobs.recipe import RecipeOptions, expand_recipe
 from sagevideo.jobs.specs import Frames, Guidance, JobSpec, NotBool, Pixels, Seed, Steps, group_problems, value_problems
@@ -113,6 +113,12 @@ class GenerateConfig(RecipeOptions):
     pv: PVChoice = Field(
         "auto",
         description="Precision of the P·V product; auto = FP8 on GPUs with FP8 tensor cores (sm89+), else FP16.",
+    )
+    attention_guard: AttentionGuard = Field(
+        "warn",
+        description="Attention past INT8's accuracy (counted on the GPU, read after each forward, recorded per "
+        "layer in the manifest): warn once per layer; full = rerun those layers in full precision from then on; "
+        "fail = fail the job naming them.",
     )
     plan: Path | None = Field(
         None, description="Attention-plan JSON for jobs that name none (checked, recorded in the manifest)."
