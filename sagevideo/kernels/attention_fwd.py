@@ -21,6 +21,7 @@ from sagevideo.kernels.quantize import QuantizedInputs, mma_key_order
 LN2_CONST = tl.constexpr(constants.LN2)
 MIN_ROW_SCALE_CONST = tl.constexpr(constants.MIN_ROW_SCALE)
 LOG2_FP8_MAX = tl.constexpr(constants.LOG2_FP8_MAX)
+FP8_MAX = tl.constexpr(constants.FP8_MAX)
 SCORE_BIAS = tl.constexpr(constants.SCORE_BIAS)
 SCORE_BIAS_BITS = tl.constexpr(constants.SCORE_BIAS_BITS)
 SCORES_BY_ADD_MAX_SCALE = tl.constexpr(constants.SCORES_BY_ADD_MAX_SCALE)
@@ -42,7 +43,7 @@ def _attn_tile(
 
     MASKED tiles check key bounds, the key mask and causality; the others skip all checks.
     In FP8 mode P is computed pre-scaled by 448 (log2(448) folded into the max), so P fills the
-    e4m3 range; l and acc carry the same factor and it cancels in acc / l.
+    e4m3 range; l and acc carry the same factor and it cancels in acc / l. l sums the e4m3 P.
     SCORES_BY_ADD (per-block K scales): s is the fp32 number SCORE_BIAS + score, made by an integer
     add (|score| <= 127²·128 < 2^22) instead of an I2F per score, and the bias leaves again in the
     exponent's FMA: s·c − (m + SCORE_BIAS·c). Faster where measured (plans._SCORES_BY_ADD). Exact
@@ -102,13 +103,20 @@ def _attn_tile(
         p = tl.math.exp2(s * row_scale[:, None] - tl.fma(row_scale, SCORE_BIAS, m_sub)[:, None])
     else:
         p = tl.math.exp2(s * row_scale[:, None] - m_sub[:, None])  # fused: one rounding
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if FP8_PV:
+        p8 = p.to(tl.float8e4nv)
+        # l sums the rounded P that multiplies V, not P: then acc / l is a convex combination of V's
+        # codes (a constant V comes back exactly); e4m3 moves each P by up to 6%, and the unrounded sum
+        # carried V near the 16-bit max to inf. The tile's sum of e4m3 values is exact in fp32 below 2^15.
+        l_i = l_i * alpha + tl.sum(p8.to(tl.float32), axis=1)
+    else:
+        l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     if FP8_PV:
         # VQ is (BLOCK_D, N_PAD), contiguous along keys: the K-major operand FP8 MMAs need.
         v = tl.load(VQ + offs_d[None, :] * N_PAD + offs_n[:, None])
-        p8 = mma_key_order(p.to(tl.float8e4nv))  # VQ's keys are in the MMA operand's order: P's too
-        acc += tl.dot(p8, v)  # fresh fp32 block product added into acc (two-level)
+        # VQ's keys are in the MMA operand's order: P's too
+        acc += tl.dot(mma_key_order(p8), v)  # fresh fp32 block product added into acc (two-level)
     else:
         v_ok = offs_d[None, :] < HEAD_DIM
         if MASKED:
@@ -183,6 +191,11 @@ def _query_tile(
     has_keys = l_i != 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if FP8_PV:
+        # Within ±448 (V's largest code) but for the rounding of the fp32 running sums and the FP8 MMA's
+        # accumulation, which nothing bounds below fp16's overflow margin (2^-12) over long sequences:
+        # clamped, |out| <= 448·v_scale = max|V| (1 + 2^-23) per channel, which the 16-bit store rounds
+        # to max|V|. Once per output element; NaN stays NaN.
+        out = tl.clamp(out, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
         out = out * tl.load(VScale + bh_kv * BLOCK_D + offs_d)[None, :]
     m_ok = offs_m < N_Q
     first_row = tile * BLOCK_M
