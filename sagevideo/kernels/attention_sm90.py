@@ -40,6 +40,7 @@ from sagevideo.kernels import constants
 from sagevideo.kernels.quantize import QuantizedInputs
 
 LOG2_FP8_MAX = gl.constexpr(constants.LOG2_FP8_MAX)
+FP8_MAX = gl.constexpr(constants.FP8_MAX)
 MIN_ROW_SCALE_CONST = gl.constexpr(constants.MIN_ROW_SCALE)
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64) = per CTA
 # Registers per thread at launch: 4 + 1 warps run as 2 warpgroups, 128 x 256 threads = half the SM
@@ -80,8 +81,10 @@ def _mma_key_order(x):
 
 @gluon.jit
 def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K, s_layout: gl.constexpr, MASKED: gl.constexpr):
-    """Scores (int32 (64, BLOCK_N), s_layout) of one key tile -> (P fp32 in s_layout, m, l, alpha);
-    `_p_operand` makes P the e4m3 MMA operand. MASKED: the partial last tile (keys past N_K -> -inf)."""
+    """Scores (int32 (64, BLOCK_N), s_layout) of one key tile -> (P e4m3 in s_layout, m, l, alpha);
+    `_p_operand` makes P the MMA operand. l sums the e4m3 P (as attention_fwd._attn_tile: the P that
+    multiplies V, so acc / l is a convex combination of V's codes). MASKED: the partial last tile
+    (keys past N_K -> -inf)."""
     # > 0 (NaN kept): see attention_fwd._attn_tile
     row_scale = gl.maximum(q_scale * k_scale, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
     scores = s.to(gl.float32)  # exact: |s| <= 127²·128 < 2^24
@@ -97,19 +100,18 @@ def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K, s_layout: gl.constexpr
     alpha = gl.exp2(m_i - m_new)
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
     m_sub = m_new - LOG2_FP8_MAX
-    p = gl.exp2(scores * row_scale[:, None] - m_sub[:, None])
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, m_new, l_i, alpha
+    # narrowed in the accumulator layout: F2FP packs each thread's key pairs
+    p8 = gl.exp2(scores * row_scale[:, None] - m_sub[:, None]).to(gl.float8e4nv)
+    l_i = l_i * alpha + gl.sum(p8.to(gl.float32), axis=1)
+    return p8, m_new, l_i, alpha
 
 
 @gluon.jit
-def _p_operand(p, p_layout: gl.constexpr):
-    """P (fp32, s_layout) as the P·V MMA's e4m3 A operand: narrowed in the accumulator layout (F2FP
-    packs each thread's key pairs), then its keys put in `_mma_key_order` (Vᵀ was stored so), which
-    makes the conversion a renaming of registers. Called outside any branch: 8-bit P in the
-    accumulator layout crossing an `if` gave non-finite outputs on the H200 (Triton 3.6)."""
-    p8 = _mma_key_order(p.to(gl.float8e4nv))
-    return gl.convert_layout(p8, p_layout)
+def _p_operand(p8, p_layout: gl.constexpr):
+    """P (e4m3, s_layout) as the P·V MMA's A operand: its keys put in `_mma_key_order` (Vᵀ was stored
+    so), which makes the conversion a renaming of registers. Called outside any branch: 8-bit P in
+    the accumulator layout crossing an `if` gave non-finite outputs on the H200 (Triton 3.6)."""
+    return gl.convert_layout(_mma_key_order(p8), p_layout)
 
 
 @gluon.jit
@@ -131,8 +133,8 @@ def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, emp
     mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
     s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED)
-    pv = warpgroup_mma(_p_operand(p, p_layout), v_smem.index(stage).permute((1, 0)), o_zero, use_acc=False,
+    p8, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED)
+    pv = warpgroup_mma(_p_operand(p8, p_layout), v_smem.index(stage).permute((1, 0)), o_zero, use_acc=False,
                        is_async=True)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
@@ -183,7 +185,10 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
-    out = acc / gl.convert_layout(l_i, o_rows)[:, None] * gl.load(VScale + v_scale_row + d)[None, :]
+    out = acc / gl.convert_layout(l_i, o_rows)[:, None]
+    # within ±448 but for the rounding of the running sums and the MMA's: see attention_fwd._query_tile
+    out = gl.clamp(out, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    out = out * gl.load(VScale + v_scale_row + d)[None, :]
     r = gl.arange(0, WG_ROWS, layout=o_rows)  # within the CTA (o_offset: its first row)
     ptrs_o = Out + o_offset + r[:, None] * stride_om + d[None, :]
     gl.store(ptrs_o, out.to(Out.dtype.element_ty), mask=(m_start + r < N_Q)[:, None] & (d < D_OUT)[None, :])
