@@ -29,7 +29,7 @@ SCORES_BY_ADD_MAX_SCALE = tl.constexpr(constants.SCORES_BY_ADD_MAX_SCALE)
 
 @triton.jit
 def _attn_tile(
-    acc, l_i, m_i, q, q_scale,
+    acc, l_i, m_i, q, q_scale, ones,
     KQ, KScale, V, VQ, Mask,
     start_n, offs_m, offs_d, v_row_stride,
     N_K, N_PAD,
@@ -39,6 +39,7 @@ def _attn_tile(
     WIDE_OFFSETS: tl.constexpr,
 ):
     """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i).
+    l_i: (BLOCK_M,) fp32, or in FP8 mode (BLOCK_M, 16) with l in column 0 (`_query_tile`; ones its B).
     WIDE_OFFSETS: offsets may pass 2^31 (int64 math; the host decides).
 
     MASKED tiles check key bounds, the key mask and causality; the others skip all checks.
@@ -103,20 +104,19 @@ def _attn_tile(
         p = tl.math.exp2(s * row_scale[:, None] - tl.fma(row_scale, SCORE_BIAS, m_sub)[:, None])
     else:
         p = tl.math.exp2(s * row_scale[:, None] - m_sub[:, None])  # fused: one rounding
-    if FP8_PV:
-        p8 = p.to(tl.float8e4nv)
-        # l sums the rounded P that multiplies V, not P: then acc / l is a convex combination of V's
-        # codes (a constant V comes back exactly); e4m3 moves each P by up to 6%, and the unrounded sum
-        # carried V near the 16-bit max to inf. The tile's sum of e4m3 values is exact in fp32 below 2^15.
-        l_i = l_i * alpha + tl.sum(p8.to(tl.float32), axis=1)
-    else:
+    if not FP8_PV:
         l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     if FP8_PV:
         # VQ is (BLOCK_D, N_PAD), contiguous along keys: the K-major operand FP8 MMAs need.
         v = tl.load(VQ + offs_d[None, :] * N_PAD + offs_n[:, None])
-        # VQ's keys are in the MMA operand's order: P's too
-        acc += tl.dot(mma_key_order(p8), v)  # fresh fp32 block product added into acc (two-level)
+        p8 = mma_key_order(p.to(tl.float8e4nv))  # VQ's keys are in the MMA operand's order: P's too
+        acc += tl.dot(p8, v)  # fresh fp32 block product added into acc (two-level)
+        # l sums the e4m3 P that multiplies V, not P: then acc / l is a convex combination of V's codes (a
+        # constant V comes back as itself); e4m3 moves each P by up to 6%, and the unrounded sum carried V
+        # near the 16-bit max to inf. Summed by the tensor cores as P8 @ ones, as P8 @ V is: no conversion
+        # back to fp32 and no row sum (cheaper than the fp32 row sum of P it replaces).
+        l_i = l_i * alpha[:, None] + tl.dot(p8, ones)
     else:
         v_ok = offs_d[None, :] < HEAD_DIM
         if MASKED:
@@ -158,7 +158,15 @@ def _query_tile(
     mask = Mask + b * mask_stride_b
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if FP8_PV:
+        # l as an MMA accumulator: column 0 of P8 @ ones, ones (BLOCK_N, 16) e4m3 (16 columns: the narrowest
+        # dot) holding 1 in column 0 and 0 elsewhere, so the other columns stay 0
+        ones = (tl.where(tl.arange(0, 16) == 0, 1.0, 0.0)[None, :] + tl.zeros((BLOCK_N, 16), tl.float32))
+        ones = ones.to(tl.float8e4nv)
+        l_i = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
+    else:
+        ones = 0  # not read
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     # Key tiles [0, lo) need no checks; [lo, hi) are checked (the partial last tile, causal
     # diagonal tiles, and with a key mask every tile from the first that holds a masked key:
@@ -173,19 +181,21 @@ def _query_tile(
         lo = tl.minimum(lo, (tl.load(MaskPrefix + b) // BLOCK_N) * BLOCK_N)
     for start_n in range(0, lo, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
+            acc, l_i, m_i, q, q_scale, ones, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
             WIDE_OFFSETS,
         )
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
+            acc, l_i, m_i, q, q_scale, ones, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
             WIDE_OFFSETS,
         )
 
+    if FP8_PV:
+        l_i = tl.sum(l_i, axis=1)  # column 0: the others are 0
     # l = 0 exactly when a row has no valid key (output 0). A NaN l (NaN inputs) must reach the
     # output as NaN, not pass for "no key" and leave acc unnormalized.
     has_keys = l_i != 0.0

@@ -29,7 +29,9 @@ Numerics, step by step (all tensors HND: (B, H, N, D)):
    per tile a fresh fp32 block product P_e4m3 @ V_e4m3 is added into the running acc
    (two-level accumulation), and l sums P_e4m3, the rounded P that multiplies V (not P), so that
    acc / l is a convex combination of V's codes; the output clamp(acc / l, ±448) is rescaled by
-   v_scale, so |O| <= max|V| per channel (after the cast to V's 16-bit dtype).
+   v_scale, so |O| <= max|V| per channel (after the cast to V's 16-bit dtype). The kernels take a
+   tile's sum as P_e4m3 @ (a ones column) on the tensor cores, exact like P_e4m3 @ V_e4m3 (the
+   interpreter) or rounded as the GPU's FP8 MMA rounds that product.
    "fp32" (simulation only): P and V unquantized.
 6. O = acc / l (0 where l = 0, i.e. every key masked); LSE = ln2 · (m + log2 l) + sm_scale · q·mean(K)
    (in FP8 mode from the same l: the LSE of the weights the output was normalised by).
