@@ -279,9 +279,11 @@ def test_scores_by_add_matches_the_reference(monkeypatch, pv, options):
     assert launched == [True]
     if kw.get("return_lse"):
         (out_t, lse_t), (out_r, lse_r) = out_t, out_r
-        # FP8's l sums the e4m3 P, which the interpreter rounds its own way (no round-to-even, lost carries):
-        # its LSE sits up to ~0.05 below the reference's there
-        assert (lse_t - lse_r).abs().max() < (0.1 if INTERPRETED and pv == "fp8" else 1e-3)
+        # FP8's l sums the e4m3 P. The interpreter rounds P its own way (no round-to-even, lost carries): its
+        # LSE sits up to ~0.05 below the reference's. On the GPU the approximate exp2 can move a P across an
+        # e4m3 rounding boundary: one step of one P moves l by at most 1/16 (ln 1.0625 = 0.061).
+        tolerance = 1e-3 if pv == "fp16" else 0.1 if INTERPRETED else 0.07
+        assert (lse_t - lse_r).abs().max() < tolerance
     if pv == "fp16":
         _assert_close_16bit(out_t, out_r)
     else:
