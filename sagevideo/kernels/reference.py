@@ -241,8 +241,8 @@ def sageattn_reference(
             p_operand = p.clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
             # l sums the rounded P that multiplies V (e4m3 keeps 3 mantissa bits: rounding moves each P by
             # up to 6%), so acc / l is a convex combination of V's codes; the unrounded sum let a constant
-            # V come back 1-2% off and V near the 16-bit maximum overflow to inf. fp64 sum, one rounding:
-            # the kernels' fp32 tile sum of e4m3 values is exact, or within an ulp past 2^15.
+            # V come back 1-2% off and V near the 16-bit maximum overflow to inf. Summed in fp64 and rounded
+            # once, as an MMA with an fp32 result sums (the kernels: P_e4m3 @ a ones column).
             p_sum = p_operand.double().sum(dim=-1).float()
         elif pv == "fp16":
             p_operand = p.to(pv_dtype).float()
