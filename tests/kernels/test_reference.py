@@ -15,6 +15,7 @@ from sagevideo.kernels.reference import (
     smoothed_k,
 )
 from sagevideo.kernels.rotation import hadamard_pm1
+from tests.helpers import extreme_v
 
 
 def test_codes_round_half_to_even_from_the_unrounded_product():
@@ -200,3 +201,44 @@ def test_masked_keys_take_no_part_whatever_they_hold():
     bm, bn = tiles("fp16", 64)
     out, _ = sageattn_reference(q, k, v, sm_scale=0.125, block_m=bm, block_n=bn, key_mask=valid)
     assert torch.equal(out, clean)
+
+
+def _fp8_reference(q, k, v, mask=None, **kw):
+    bm, bn = tiles("fp8", q.shape[-1])
+    return sageattn_reference(q, k, v, sm_scale=q.shape[-1] ** -0.5, block_m=bm, block_n=bn, key_mask=mask, pv="fp8",
+                              **kw)[0]
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "key-mask"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp8_pv_returns_a_constant_v_exactly(dtype, masked):
+    """A constant V channel is e4m3 code 448 on every key, so FP8 PV must return it exactly (after the
+    16-bit cast): the normaliser is the sum of the e4m3-rounded P that multiplies V. Normalised by the
+    unrounded P, 50,000 came back anywhere in 49,632-50,304, and ±65,504 as inf."""
+    shape = (2, 2, 384, 64)
+    q, k = extreme_v.qk(shape, dtype, seed=30)
+    v = extreme_v.constant_channels(shape, dtype)
+    mask = extreme_v.key_mask(shape[2]) if masked else None
+    out = _fp8_reference(q, k, v if mask is None else extreme_v.with_masked_keys(v, mask), mask)
+    want = v[:, :, :1].expand_as(out)
+    worst = (out.float() - want.float()).abs().max().item()
+    assert torch.equal(out, want), f"worst |out - V| = {worst}"
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "key-mask"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp8_pv_keeps_v_near_the_16_bit_maximum_finite_and_within_its_channel_bound(dtype, masked):
+    """V = ±max·(1 − j/512) with a random sign per channel: outputs land near the max. Every one must be
+    finite and within max|V| of its channel over the valid keys (43% were inf at ±65,504), and, all of a
+    channel's keys having the same e4m3 code, exactly its ±max."""
+    shape = (2, 2, 384, 64)
+    q, k = extreme_v.qk(shape, dtype, seed=31)
+    v = extreme_v.near_max(shape, dtype, seed=32)
+    mask = extreme_v.key_mask(shape[2]) if masked else None
+    if mask is not None:
+        v = extreme_v.with_masked_keys(v, mask)
+    out = _fp8_reference(q, k, v, mask)
+    nonfinite = int((~torch.isfinite(out)).sum())
+    excess = extreme_v.excess_over_bound(out, v, mask)
+    assert nonfinite == 0 and excess <= 0.0, f"{nonfinite} non-finite outputs; worst max|out|/max|V| - 1 = {excess}"
+    assert torch.equal(out, extreme_v.near_max_expected(v))
