@@ -150,17 +150,34 @@ def _pipeline_modules(pipe: Any) -> dict[str, Any] | None:
     return {name: module for name, module in modules.items() if isinstance(module, torch.nn.Module)}
 
 
+def _held_modules(holder: Any) -> dict[str, Any] | None:
+    """Attribute name -> module of an object that holds a `.transformer` but is no diffusers pipeline
+    (e.g. a user's container of a pipeline's parts), as `_pipeline_modules` gives a pipeline's:
+    `transformer` and every other denoiser-named model it holds (`transformer_2`...); None for anything
+    else. Models only (a `config`): a `transformer_blocks` list is no denoiser."""
+    if _pipeline_modules(holder) is not None or not hasattr(holder, "transformer"):
+        return None
+    names = [name for name in dir(holder) if name != "transformer" and (
+        _TRANSFORMER_COMPONENT.fullmatch(name) or _OTHER_DENOISER_COMPONENT.fullmatch(name))]
+    modules = {name: getattr(holder, name, None) for name in names}
+    held = {name: m for name, m in modules.items() if isinstance(m, torch.nn.Module) and hasattr(m, "config")}
+    return {"transformer": holder.transformer, **held}
+
+
 def denoisers_of(pipe_or_transformer: Any) -> dict[str, Any]:
     """Component name -> denoiser that `install` covers, `transformer` first: every `transformer*`
-    component of a diffusers pipeline (Wan 2.2: `transformer` and `transformer_2`), or
-    {"transformer": x} for a transformer x (or an object with a `.transformer` that is no pipeline).
+    component of a diffusers pipeline (Wan 2.2: `transformer` and `transformer_2`) or of an object
+    holding a `.transformer` that is no pipeline (its `transformer*` models), or {"transformer": x}
+    for a transformer x.
 
-    Raises TypeError for a pipeline that also denoises with a component sagevideo does not
-    install into (a ControlNet, a UNet...).
+    Raises TypeError for a pipeline (or holder) that also denoises with a component sagevideo does
+    not install into (a ControlNet, a UNet...).
     """
     modules = _pipeline_modules(pipe_or_transformer)
     if modules is None:
-        return {"transformer": getattr(pipe_or_transformer, "transformer", pipe_or_transformer)}
+        modules = _held_modules(pipe_or_transformer)
+    if modules is None:
+        return {"transformer": pipe_or_transformer}
     found = {name: module for name, module in modules.items() if _TRANSFORMER_COMPONENT.fullmatch(name)}
     others = sorted(
         name for name, module in modules.items()
@@ -251,7 +268,7 @@ def install_router(
     routes: upstream processor class -> factory(pv=, backend=, name=, router=) replacing the
     default mapping (e.g. sequence-parallel processors). Everything is checked before anything changes."""
     routes = routes or _processor_routes()
-    is_pipeline = _pipeline_modules(pipe_or_transformer) is not None
+    is_pipeline = _pipeline_modules(pipe_or_transformer) is not None or _held_modules(pipe_or_transformer) is not None
     planned: list[tuple[InstalledDenoiser, dict[str, str]]] = []  # (denoiser, processor key -> layer name)
     seen: set[int] = set()
     for component, transformer in denoisers_of(pipe_or_transformer).items():

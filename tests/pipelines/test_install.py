@@ -227,6 +227,35 @@ def test_installing_twice_is_refused_on_either_transformer(wan22):
     assert "forward" not in vars(wan22.transformer) and not wan22.transformer._forward_pre_hooks
 
 
+class _Holder(torch.nn.Module):
+    """A user's own container of a Wan 2.2 layout's denoisers: no diffusers pipeline."""
+
+    def __init__(self, transformer, transformer_2):
+        super().__init__()
+        self.transformer, self.transformer_2 = transformer, transformer_2
+
+
+@pytest.mark.parametrize("holder", ["namespace", "module"])
+def test_an_object_holding_two_denoisers_gets_both_installed(holder):
+    """Not a diffusers pipeline, but `.transformer` and `.transformer_2`: both are installed, the
+    second's layers prefixed `transformer_2.` as in a pipeline."""
+    from types import SimpleNamespace
+
+    from tests.helpers.wan import run_wan, tiny_wan
+
+    first, second = tiny_wan(0), tiny_wan(1)
+    held = SimpleNamespace(transformer=first, transformer_2=second) if holder == "namespace" else _Holder(first, second)
+    plan = AttentionPlan(overrides=(Override(layers=("transformer_2.blocks.0.attn1",), mode=Mode.full),))
+    with sagevideo.install(held, plan, backend="reference") as handle:
+        assert [d.component for d in handle.denoisers] == ["transformer", "transformer_2"]
+        assert "transformer_2.blocks.1.attn2.processor" in handle.layers
+        for model, counts in ((first, {"reference/fp16": 4}), (second, {"reference/fp16": 3, "sdpa": 1})):
+            with sagevideo.record_backends() as log:
+                run_wan(model)
+            assert log.counts == counts
+    assert not hasattr(second, "_sagevideo_attention") and not second._forward_pre_hooks
+
+
 def test_a_pipeline_with_a_denoiser_sagevideo_does_not_cover_is_refused():
     from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 
