@@ -3,8 +3,9 @@
 `install(pipe_or_transformer, plan)` swaps known processors (each model family's attention
 routes, `sagevideo.pipelines.families`: CogVideoX, the Open-Sora port) for sagevideo's through
 diffusers' own `attn_processors`/`set_attn_processor`, or intercepts SDPA inside the forward of
-dispatcher-based transformers, and returns a handle whose `remove()` puts
-everything back (outputs are then bit-identical to never having installed). Installing twice is
+dispatcher-based transformers (and of models without diffusers' AttentionMixin whose attention
+modules hold SDPA-calling processors: Framepack, Latte, EasyAnimate), and returns a handle whose
+`remove()` puts everything back (outputs are then bit-identical to never having installed). Installing twice is
 an error, not a double wrap. Which attention runs where comes from an `AttentionPlan`.
 """
 
@@ -194,6 +195,16 @@ def denoisers_of(pipe_or_transformer: Any) -> dict[str, Any]:
     return dict(sorted(found.items(), key=lambda item: (item[0] != "transformer", item[0])))
 
 
+def attention_processors(transformer: Any) -> dict[str, Any]:
+    """Processor key ("blocks.0.attn1.processor") -> processor of every attention module: diffusers'
+    `attn_processors`, or for a model without diffusers' AttentionMixin (HunyuanVideo-Framepack,
+    Latte, EasyAnimate in diffusers 0.42) the same walk over its modules that holds one."""
+    if hasattr(transformer, "attn_processors"):
+        return transformer.attn_processors
+    return {f"{name}.processor": module.get_processor() for name, module in transformer.named_modules()
+            if hasattr(module, "get_processor")}
+
+
 def _processor_routes() -> dict[type, type]:
     """Upstream processor class -> sagevideo processor class that keeps its behaviour: every
     registered model family's routes (`sagevideo.pipelines.families`)."""
@@ -233,7 +244,7 @@ def install(
     """
     found = denoisers_of(pipe_or_transformer)
     for transformer in found.values():
-        if not hasattr(transformer, "attn_processors") or not hasattr(transformer, "set_attn_processor"):
+        if not isinstance(transformer, torch.nn.Module) or not attention_processors(transformer):
             raise TypeError(
                 f"sagevideo.install: {type(pipe_or_transformer).__name__} is neither a diffusers pipeline with a "
                 "transformer nor a diffusers transformer with attention processors"
@@ -310,7 +321,7 @@ def _check_installable(transformer: Any, prefix: str) -> dict[str, Any]:
             "sagevideo.install: sagevideo attention is already installed on this transformer; "
             "call .remove() on the handle install() returned before installing again"
         )
-    originals = transformer.attn_processors
+    originals = attention_processors(transformer)
     if not originals:
         raise TypeError(f"sagevideo.install: {type(transformer).__name__} has no attention processors")
     sage_types = tuple(_processor_routes().values())
@@ -334,7 +345,7 @@ def _apply(
     """Swap in sagevideo processors when every processor has a route, else intercept SDPA in the
     forward (warning now when diffusers' dispatcher is set to a backend that never calls SDPA)."""
     transformer, originals = denoiser.transformer, denoiser.originals
-    if all(type(proc) in routes for proc in originals.values()):
+    if hasattr(transformer, "set_attn_processor") and all(type(proc) in routes for proc in originals.values()):
         denoiser.processors = {
             key: routes[type(proc)](pv=pv, backend=backend, name=layers[key], router=router)
             for key, proc in originals.items()

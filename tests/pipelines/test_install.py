@@ -256,6 +256,28 @@ def test_an_object_holding_two_denoisers_gets_both_installed(holder):
     assert not hasattr(second, "_sagevideo_attention") and not second._forward_pre_hooks
 
 
+# Transformers without diffusers' AttentionMixin (no `attn_processors` of their own) whose attention
+# modules run SDPA-calling processors: routed through the SDPA interception like any other. Calls per
+# forward: (in the kernels, on SDPA); Framepack's token refiner masks queries too: SDPA, recorded.
+NO_ATTENTION_MIXIN = {"framepack": (2, 1), "latte": (3, 0), "easyanimate": (1, 0)}
+
+
+@pytest.mark.parametrize("name", sorted(NO_ATTENTION_MIXIN))
+def test_transformers_without_attention_mixin_are_intercepted(name):
+    from tests.helpers.video_models import run_model, tiny_model
+
+    model = tiny_model(name)
+    stock = run_model(model, name)
+    kernels, sdpa = NO_ATTENTION_MIXIN[name]
+    with sagevideo.install(model, backend="reference") as handle, sagevideo.record_backends() as log:
+        quantized = run_model(model, name)
+    assert handle.interception is not None and len(handle.layers) == kernels + sdpa
+    assert log.counts == {"reference/fp16": kernels, **({"sdpa": sdpa} if sdpa else {})}
+    assert all("is not a key-padding mask" in reason for reason in log.fallback_reasons)
+    assert torch.nn.functional.cosine_similarity(stock.flatten(), quantized.flatten(), dim=0) > 0.999
+    assert torch.equal(run_model(model, name), stock)
+
+
 def test_a_pipeline_with_a_denoiser_sagevideo_does_not_cover_is_refused():
     from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 
