@@ -291,6 +291,7 @@ def install_router(
         layers = {key: prefix + key.removesuffix(".processor") for key in originals}
         planned.append((InstalledDenoiser(component, transformer, prefix, originals), layers))
     router.plan.validate_for([name for _, layers in planned for name in layers.values()])
+    router = _with_key_padding(router, planned)
 
     handle = InstalledAttention([d for d, _ in planned], router)
     unrouted = UnroutedForwards()  # one warning per handle, whichever denoiser routes nothing
@@ -312,6 +313,16 @@ def install_router(
         setattr(denoiser.transformer, _HANDLE_ATTR, handle)
     allow_caching_graphs_with_records()  # a user who compiles the model gets torch's compile cache
     return handle
+
+
+def _with_key_padding(router: AttentionRouter, planned: list[tuple[InstalledDenoiser, dict[str, str]]]) -> Any:
+    """`router`, reading back as key masks the materialized masks of the layers their families know
+    to be key padding (`families.key_padding_layers`, `pipelines.masks`); as it is when there are none."""
+    from sagevideo.pipelines.families import key_padding_layers
+    from sagevideo.pipelines.masks import KeyPaddingRouter
+
+    forms = {d.prefix + name: form for d, _ in planned for name, form in key_padding_layers(d.transformer).items()}
+    return KeyPaddingRouter(router, forms) if forms else router
 
 
 def _check_installable(transformer: Any, prefix: str) -> dict[str, Any]:
