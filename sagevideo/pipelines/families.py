@@ -17,7 +17,8 @@ asked of the family:
   `denoise` receives as `image=` (only families that take images are given one);
 - generation: `denoise` (the pipeline call that returns latents) and `decode` (latents -> video),
   which `sagevideo.pipelines.runner.run_job` wraps with its checks and timings;
-- attention routes: upstream processor class -> sagevideo processor class (`install`);
+- attention routes: upstream processor class -> sagevideo processor class (`install`), and the
+  layers whose materialized masks are key padding (`key_padding_layers`, `pipelines.masks`);
 - sequence parallelism: `shard` (Ulysses hooks) and `degree_problem` (heads and tokens).
 
 A family that is registered but does not `generate` (Open-Sora, until issue 20) still gives its
@@ -48,6 +49,8 @@ REGISTRY: dict[str, str] = {
     "opensora": "sagevideo.pipelines.opensora.family",
     "hunyuanvideo": "sagevideo.pipelines.hunyuanvideo.family",
     "wan": "sagevideo.pipelines.wan.family",
+    "hunyuanvideo15": "sagevideo.pipelines.hunyuanvideo15.family",
+    "ltx": "sagevideo.pipelines.ltx.family",
 }
 
 
@@ -162,6 +165,14 @@ class ModelFamily:
         """Upstream processor class -> sagevideo processor class that keeps its behaviour."""
         return {}
 
+    def key_padding_layers(self, transformer: Any) -> dict[str, Any]:
+        """Layer name (as `install` names it, without a denoiser's prefix) -> `masks.KeyPadding`, for the
+        layers of `transformer` whose SDPA masks this family knows to be key padding however
+        materialized (over heads or queries, as a query mask x key mask, as an additive float): `install`
+        reads them back as key masks where they are (`sagevideo.pipelines.masks`). {} for transformers
+        of other families (exact class)."""
+        return {}
+
     # --- sequence parallelism ---
 
     def shardable(self, source: ModelSource) -> str | None:
@@ -226,6 +237,14 @@ def processor_routes() -> dict[type, Any]:
     for family in every():
         routes.update(family.processor_routes())
     return routes
+
+
+def key_padding_layers(transformer: Any) -> dict[str, Any]:
+    """Every family's `key_padding_layers` of `transformer` (what `install` reads back as key masks)."""
+    layers: dict[str, Any] = {}
+    for family in every():
+        layers.update(family.key_padding_layers(transformer))
+    return layers
 
 
 def latent_call_options(job: JobSpec, *, generator: Any, callback: Any, text_tokens: int) -> dict[str, Any]:

@@ -30,6 +30,8 @@ class AttentionGuard:
     def __init__(self, router: AttentionRouter, mode: str = "warn", label: str = "transformer"):
         if mode not in GUARD_MODES:
             raise ValueError(f"sagevideo.install: guard={mode!r} is not supported; use one of {GUARD_MODES}")
+        while isinstance(getattr(router, "inner", None), AttentionRouter):  # wrappers (key masks, Ulysses)
+            router = router.inner  # delegate choices and routes to the plan's own router
         self.router = router
         self.mode = mode
         self.label = label

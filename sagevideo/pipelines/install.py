@@ -3,8 +3,9 @@
 `install(pipe_or_transformer, plan)` swaps known processors (each model family's attention
 routes, `sagevideo.pipelines.families`: CogVideoX, the Open-Sora port) for sagevideo's through
 diffusers' own `attn_processors`/`set_attn_processor`, or intercepts SDPA inside the forward of
-dispatcher-based transformers, and returns a handle whose `remove()` puts
-everything back (outputs are then bit-identical to never having installed). Installing twice is
+dispatcher-based transformers (and of models without diffusers' AttentionMixin whose attention
+modules hold SDPA-calling processors: Framepack, Latte, EasyAnimate), and returns a handle whose
+`remove()` puts everything back (outputs are then bit-identical to never having installed). Installing twice is
 an error, not a double wrap. Which attention runs where comes from an `AttentionPlan`.
 """
 
@@ -172,17 +173,34 @@ def _pipeline_modules(pipe: Any) -> dict[str, Any] | None:
     return {name: module for name, module in modules.items() if isinstance(module, torch.nn.Module)}
 
 
+def _held_modules(holder: Any) -> dict[str, Any] | None:
+    """Attribute name -> module of an object that holds a `.transformer` but is no diffusers pipeline
+    (e.g. a user's container of a pipeline's parts), as `_pipeline_modules` gives a pipeline's:
+    `transformer` and every other denoiser-named model it holds (`transformer_2`...); None for anything
+    else. Models only (a `config`): a `transformer_blocks` list is no denoiser."""
+    if _pipeline_modules(holder) is not None or not hasattr(holder, "transformer"):
+        return None
+    names = [name for name in dir(holder) if name != "transformer" and (
+        _TRANSFORMER_COMPONENT.fullmatch(name) or _OTHER_DENOISER_COMPONENT.fullmatch(name))]
+    modules = {name: getattr(holder, name, None) for name in names}
+    held = {name: m for name, m in modules.items() if isinstance(m, torch.nn.Module) and hasattr(m, "config")}
+    return {"transformer": holder.transformer, **held}
+
+
 def denoisers_of(pipe_or_transformer: Any) -> dict[str, Any]:
     """Component name -> denoiser that `install` covers, `transformer` first: every `transformer*`
-    component of a diffusers pipeline (Wan 2.2: `transformer` and `transformer_2`), or
-    {"transformer": x} for a transformer x (or an object with a `.transformer` that is no pipeline).
+    component of a diffusers pipeline (Wan 2.2: `transformer` and `transformer_2`) or of an object
+    holding a `.transformer` that is no pipeline (its `transformer*` models), or {"transformer": x}
+    for a transformer x.
 
-    Raises TypeError for a pipeline that also denoises with a component sagevideo does not
-    install into (a ControlNet, a UNet...).
+    Raises TypeError for a pipeline (or holder) that also denoises with a component sagevideo does
+    not install into (a ControlNet, a UNet...).
     """
     modules = _pipeline_modules(pipe_or_transformer)
     if modules is None:
-        return {"transformer": unwrap_compiled(getattr(pipe_or_transformer, "transformer", pipe_or_transformer))}
+        modules = _held_modules(pipe_or_transformer)
+    if modules is None:
+        return {"transformer": unwrap_compiled(pipe_or_transformer)}
     found = {name: unwrap_compiled(module) for name, module in modules.items()
              if _TRANSFORMER_COMPONENT.fullmatch(name)}
     others = sorted(
@@ -198,6 +216,16 @@ def denoisers_of(pipe_or_transformer: Any) -> dict[str, Any]:
     if not found:
         return {"transformer": pipe_or_transformer}  # not a transformer pipeline: install() says so
     return dict(sorted(found.items(), key=lambda item: (item[0] != "transformer", item[0])))
+
+
+def attention_processors(transformer: Any) -> dict[str, Any]:
+    """Processor key ("blocks.0.attn1.processor") -> processor of every attention module: diffusers'
+    `attn_processors`, or for a model without diffusers' AttentionMixin (HunyuanVideo-Framepack,
+    Latte, EasyAnimate in diffusers 0.42) the same walk over its modules that holds one."""
+    if hasattr(transformer, "attn_processors"):
+        return transformer.attn_processors
+    return {f"{name}.processor": module.get_processor() for name, module in transformer.named_modules()
+            if hasattr(module, "get_processor")}
 
 
 def _processor_routes() -> dict[type, type]:
@@ -244,7 +272,7 @@ def install(
     """
     found = denoisers_of(pipe_or_transformer)
     for transformer in found.values():
-        if not hasattr(transformer, "attn_processors") or not hasattr(transformer, "set_attn_processor"):
+        if not isinstance(transformer, torch.nn.Module) or not attention_processors(transformer):
             raise TypeError(
                 f"sagevideo.install: {type(pipe_or_transformer).__name__} is neither a diffusers pipeline with a "
                 "transformer nor a diffusers transformer with attention processors"
@@ -280,7 +308,7 @@ def install_router(
     routes: upstream processor class -> factory(pv=, backend=, name=, router=) replacing the
     default mapping (e.g. sequence-parallel processors). Everything is checked before anything changes."""
     routes = routes or _processor_routes()
-    is_pipeline = _pipeline_modules(pipe_or_transformer) is not None
+    is_pipeline = _pipeline_modules(pipe_or_transformer) is not None or _held_modules(pipe_or_transformer) is not None
     planned: list[tuple[InstalledDenoiser, dict[str, str]]] = []  # (denoiser, processor key -> layer name)
     seen: set[int] = set()
     for component, transformer in denoisers_of(pipe_or_transformer).items():
@@ -296,6 +324,7 @@ def install_router(
         planned.append((InstalledDenoiser(component, transformer, prefix, originals, label=label, wrapped=wrapped),
                         layers))
     router.plan.validate_for([name for _, layers in planned for name in layers.values()])
+    router = _with_key_padding(router, planned)
 
     handle = InstalledAttention([d for d, _ in planned], router, AttentionGuard(router, guard))
     unrouted = UnroutedForwards()  # one warning per handle, whichever denoiser routes nothing
@@ -336,6 +365,16 @@ class _ClockSync:
         self.clock.sync()
 
 
+def _with_key_padding(router: AttentionRouter, planned: list[tuple[InstalledDenoiser, dict[str, str]]]) -> Any:
+    """`router`, reading back as key masks the materialized masks of the layers their families know
+    to be key padding (`families.key_padding_layers`, `pipelines.masks`); as it is when there are none."""
+    from sagevideo.pipelines.families import key_padding_layers
+    from sagevideo.pipelines.masks import KeyPaddingRouter
+
+    forms = {d.prefix + name: form for d, _ in planned for name, form in key_padding_layers(d.transformer).items()}
+    return KeyPaddingRouter(router, forms) if forms else router
+
+
 def _check_installable(transformer: Any, prefix: str) -> dict[str, Any]:
     """The transformer's processors (key -> processor), or a clear error why sagevideo cannot take them over."""
     if getattr(transformer, _HANDLE_ATTR, None) is not None:
@@ -343,7 +382,7 @@ def _check_installable(transformer: Any, prefix: str) -> dict[str, Any]:
             "sagevideo.install: sagevideo attention is already installed on this transformer; "
             "call .remove() on the handle install() returned before installing again"
         )
-    originals = transformer.attn_processors
+    originals = attention_processors(transformer)
     if not originals:
         raise TypeError(f"sagevideo.install: {type(transformer).__name__} has no attention processors")
     sage_types = tuple(_processor_routes().values())
@@ -367,7 +406,7 @@ def _apply(
     """Swap in sagevideo processors when every processor has a route, else intercept SDPA in the
     forward (warning now when diffusers' dispatcher is set to a backend that never calls SDPA)."""
     transformer, originals = denoiser.transformer, denoiser.originals
-    if all(type(proc) in routes for proc in originals.values()):
+    if hasattr(transformer, "set_attn_processor") and all(type(proc) in routes for proc in originals.values()):
         denoiser.processors = {
             key: routes[type(proc)](pv=pv, backend=backend, name=layers[key], router=router)
             for key, proc in originals.items()

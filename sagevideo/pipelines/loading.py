@@ -122,8 +122,9 @@ def resolve_model(model: str) -> ModelSource:
     cls = index.get("_class_name")
     family = families.for_pipeline_class(cls)
     if family is None or not family.generates:
-        known = f" (the {family.title} family is registered for install and sequence parallelism, not yet for " \
-                "generate)" if family is not None else ""
+        uses = "install and sequence parallelism" if family is not None and family.sequence_parallel else "install"
+        known = f" (the {family.title} family is registered for {uses}, not yet for generate)" \
+            if family is not None else ""
         raise InputError(
             f"--model {model}: model_index.json names {cls!r}{known}; sagevideo generate runs "
             f"{', '.join(families.generated_pipeline_classes())}"

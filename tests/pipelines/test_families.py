@@ -16,7 +16,7 @@ from sagevideo.pipelines.loading import resolve_model
 
 def test_every_registered_family_is_a_folder_with_its_family_module():
     assert [f.name for f in families.every()] == list(families.REGISTRY) == [
-        "cogvideox", "opensora", "hunyuanvideo", "wan"
+        "cogvideox", "opensora", "hunyuanvideo", "wan", "hunyuanvideo15", "ltx"
     ]
     for family in families.every():
         assert isinstance(family, families.ModelFamily) and family.pipeline_classes
@@ -63,6 +63,10 @@ def test_a_registered_family_that_does_not_generate_is_refused_by_name(tmp_path,
     with pytest.raises(InputError, match=r"names 'OpenSoraPipeline' \(the Open-Sora 2.0 family is registered for "
                        r"install and sequence parallelism, not yet for generate\); sagevideo generate runs "
                        r"CogVideoXPipeline"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "LTX2Pipeline"}))
+    with pytest.raises(InputError, match=r"names 'LTX2Pipeline' \(the LTX-Video / LTX-2 family is registered for "
+                       r"install, not yet for generate\)"):
         resolve_model(str(tmp_path))
 
 

@@ -251,6 +251,57 @@ def test_installing_twice_is_refused_on_either_transformer(wan22):
     assert "forward" not in vars(wan22.transformer) and not wan22.transformer._forward_pre_hooks
 
 
+class _Holder(torch.nn.Module):
+    """A user's own container of a Wan 2.2 layout's denoisers: no diffusers pipeline."""
+
+    def __init__(self, transformer, transformer_2):
+        super().__init__()
+        self.transformer, self.transformer_2 = transformer, transformer_2
+
+
+@pytest.mark.parametrize("holder", ["namespace", "module"])
+def test_an_object_holding_two_denoisers_gets_both_installed(holder):
+    """Not a diffusers pipeline, but `.transformer` and `.transformer_2`: both are installed, the
+    second's layers prefixed `transformer_2.` as in a pipeline."""
+    from types import SimpleNamespace
+
+    from tests.helpers.wan import run_wan, tiny_wan
+
+    first, second = tiny_wan(0), tiny_wan(1)
+    held = SimpleNamespace(transformer=first, transformer_2=second) if holder == "namespace" else _Holder(first, second)
+    plan = AttentionPlan(overrides=(Override(layers=("transformer_2.blocks.0.attn1",), mode=Mode.full),))
+    with sagevideo.install(held, plan, backend="reference") as handle:
+        assert [d.component for d in handle.denoisers] == ["transformer", "transformer_2"]
+        assert "transformer_2.blocks.1.attn2.processor" in handle.layers
+        for model, counts in ((first, {"reference/fp16": 4}), (second, {"reference/fp16": 3, "sdpa": 1})):
+            with sagevideo.record_backends() as log:
+                run_wan(model)
+            assert log.counts == counts
+    assert not hasattr(second, "_sagevideo_attention") and not second._forward_pre_hooks
+
+
+# Transformers without diffusers' AttentionMixin (no `attn_processors` of their own) whose attention
+# modules run SDPA-calling processors: routed through the SDPA interception like any other. Calls per
+# forward: (in the kernels, on SDPA); Framepack's token refiner masks queries too: SDPA, recorded.
+NO_ATTENTION_MIXIN = {"framepack": (2, 1), "latte": (3, 0), "easyanimate": (1, 0)}
+
+
+@pytest.mark.parametrize("name", sorted(NO_ATTENTION_MIXIN))
+def test_transformers_without_attention_mixin_are_intercepted(name):
+    from tests.helpers.video_models import run_model, tiny_model
+
+    model = tiny_model(name)
+    stock = run_model(model, name)
+    kernels, sdpa = NO_ATTENTION_MIXIN[name]
+    with sagevideo.install(model, backend="reference") as handle, sagevideo.record_backends() as log:
+        quantized = run_model(model, name)
+    assert handle.interception is not None and len(handle.layers) == kernels + sdpa
+    assert log.counts == {"reference/fp16": kernels, **({"sdpa": sdpa} if sdpa else {})}
+    assert all("is not a key-padding mask" in reason for reason in log.fallback_reasons)
+    assert torch.nn.functional.cosine_similarity(stock.flatten(), quantized.flatten(), dim=0) > 0.999
+    assert torch.equal(run_model(model, name), stock)
+
+
 def test_a_pipeline_with_a_denoiser_sagevideo_does_not_cover_is_refused():
     from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
 

@@ -97,12 +97,19 @@ class UlyssesCogVideoXAttnProcessor(SageCogVideoXAttnProcessor):
 
 def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,
                     backend: str = "auto") -> SequenceParallelHandle:
-    """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`)."""
+    """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`) on a
+    CogVideoXTransformer3DModel (or a pipeline's); other transformers, derived ones included, are
+    refused (TypeError) before any rank communicates (`pipelines.sharding`)."""
+    from diffusers import CogVideoXTransformer3DModel
     from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
 
     from sagevideo.pipelines.install import install_router, plan_router
+    from sagevideo.pipelines.sharding import shard_targets
 
-    transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
+    (transformer,) = shard_targets(
+        "shard_cogvideox", pipe_or_transformer, (CogVideoXTransformer3DModel,), (CogVideoXAttnProcessor2_0,),
+        known=" (CogVideoX 2B/5B/1.5, text- and image-to-video)",
+    )
     rank, world = rank_and_world(group)
     check_degree(transformer.config.num_attention_heads, world, world)  # heads now; tokens at each forward
     router = plan_router(transformer, plan, pv, backend)

@@ -109,10 +109,28 @@ class UlyssesRouter(AttentionRouter):
 
 def shard_hunyuanvideo(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,
                        backend: str = "auto") -> SequenceParallelHandle:
-    """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`)."""
-    from sagevideo.pipelines.install import install_router, plan_router
+    """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`) on a
+    text-to-video HunyuanVideoTransformer3DModel (or a pipeline's); other transformers (Framepack,
+    HunyuanVideo 1.5, image-to-video) are refused (TypeError) before any rank communicates."""
+    from diffusers import HunyuanVideoTransformer3DModel
+    from diffusers.models.attention_processor import AttnProcessor2_0
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 
-    transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
+    from sagevideo.pipelines.install import install_router, plan_router
+    from sagevideo.pipelines.sharding import shard_targets
+
+    # The token refiner's layers run diffusers' AttnProcessor2_0 (text only, not split), the blocks' its own.
+    (transformer,) = shard_targets(
+        "shard_hunyuanvideo", pipe_or_transformer, (HunyuanVideoTransformer3DModel,),
+        (HunyuanVideoAttnProcessor2_0, AttnProcessor2_0), known=" (text-to-video; not Framepack or HunyuanVideo 1.5)",
+    )
+    if transformer.config.image_condition_type is not None:
+        raise TypeError(
+            f"shard_hunyuanvideo: the transformer has image_condition_type "
+            f"{transformer.config.image_condition_type!r} (image to video), whose first-frame tokens the hooks do "
+            "not split; shard_hunyuanvideo splits the text-to-video model (image_condition_type None); run it "
+            "unsplit on one process with sagevideo.install(...)"
+        )
     rank, world = rank_and_world(group)
     check_degree(transformer.config.num_attention_heads, world, world)  # heads now; tokens at each forward
     state: dict[str, int] = {}

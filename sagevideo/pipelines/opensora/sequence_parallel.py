@@ -35,11 +35,16 @@ class UlyssesOpenSoraAttnProcessor(SageOpenSoraAttnProcessor):
 
 def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,
                    backend: str = "auto") -> SequenceParallelHandle:
-    """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`)."""
+    """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`) on
+    sagevideo's OpenSoraTransformer3DModel (or a pipeline's); other transformers are refused
+    (TypeError) before any rank communicates (`pipelines.sharding`)."""
     from sagevideo.pipelines.install import install_router, plan_router
     from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor
+    from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
+    from sagevideo.pipelines.sharding import shard_targets
 
-    transformer = getattr(pipe_or_transformer, "transformer", pipe_or_transformer)
+    (transformer,) = shard_targets("shard_opensora", pipe_or_transformer, (OpenSoraTransformer3DModel,),
+                                   (OpenSoraAttnProcessor,))
     rank, world = rank_and_world(group)
     check_degree(transformer.config.num_heads, world, world)  # heads now; tokens at each forward
     router = plan_router(transformer, plan, pv, backend)

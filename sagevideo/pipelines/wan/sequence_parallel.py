@@ -80,17 +80,31 @@ def self_attention_layers(pipe_or_transformer: Any) -> frozenset[str]:
     for component, transformer in denoisers_of(pipe_or_transformer).items():
         prefix = "" if component == "transformer" else f"{component}."
         names.update(prefix + name for name, module in transformer.named_modules()
-                     if isinstance(module, WanAttention) and not module.is_cross_attention)
+                     if type(module) is WanAttention and not module.is_cross_attention)
     return frozenset(names)
+
+
+def shard_targets(pipe_or_transformer: Any) -> list[Any]:
+    """The denoisers `shard_wan` splits: WanTransformer3DModel exactly, with diffusers' WanAttnProcessor
+    in every layer; anything else is refused (TypeError) before anything changes (`pipelines.sharding`)."""
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformer3DModel
+
+    from sagevideo.pipelines import sharding
+
+    return sharding.shard_targets(
+        "shard_wan", pipe_or_transformer, (WanTransformer3DModel,), (WanAttnProcessor,), several=True,
+        known=" (Wan 2.1 and 2.2: text-to-video, image-to-video, TI2V; not VACE, Animate, ChronoEdit or SkyReels-V2)",
+    )
 
 
 def shard_wan(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,
               backend: str = "auto") -> SequenceParallelHandle:
     """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`)
-    on every denoiser of a WanPipeline (or on one WanTransformer3DModel)."""
-    from sagevideo.pipelines.install import denoisers_of, install_router, plan_router
+    on every denoiser of a WanPipeline (or on one WanTransformer3DModel). Other transformers,
+    Wan-derived ones included, are refused (TypeError) before any rank communicates."""
+    from sagevideo.pipelines.install import install_router, plan_router
 
-    denoisers = list(dict.fromkeys(denoisers_of(pipe_or_transformer).values()))
+    denoisers = shard_targets(pipe_or_transformer)
     rank, world = rank_and_world(group)
     for transformer in denoisers:
         check_degree(transformer.config.num_attention_heads, world, world)  # heads now; tokens at each forward

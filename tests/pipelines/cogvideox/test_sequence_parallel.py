@@ -90,3 +90,29 @@ def test_shards_cover_text_then_video_once():
     # More ranks than the text fills: the text spans ranks 0 and 1.
     assert [shard_ranges(10, 14, 4, r) for r in range(4)] == [
         ((0, 6), (0, 0)), ((6, 10), (0, 2)), ((10, 10), (2, 8)), ((10, 10), (8, 14))]
+
+
+def test_other_transformers_are_refused_before_any_rank_communicates():
+    """Only CogVideoXTransformer3DModel itself is split (a subclass may change what the hooks split),
+    and one transformer: refused in one process without a group, nothing installed."""
+    from types import SimpleNamespace
+
+    from diffusers import CogVideoXTransformer3DModel
+
+    from sagevideo.pipelines.cogvideox.sequence_parallel import shard_cogvideox
+    from sagevideo.pipelines.cogvideox.tiny import TRANSFORMER_CONFIG
+    from tests.helpers.wan import tiny_wan
+
+    class MyCogVideoX(CogVideoXTransformer3DModel):
+        pass
+
+    with pytest.raises(TypeError, match=r"shard_cogvideox: the transformer is a WanTransformer3DModel .*splits "
+                                        r"CogVideoXTransformer3DModel only"):
+        shard_cogvideox(tiny_wan())
+    with pytest.raises(TypeError, match=r"the transformer is a MyCogVideoX"):
+        shard_cogvideox(MyCogVideoX(**TRANSFORMER_CONFIG))
+    first, second = (CogVideoXTransformer3DModel(**TRANSFORMER_CONFIG) for _ in range(2))
+    with pytest.raises(TypeError, match=r"holds 2 denoisers \(transformer, transformer_2\); shard_cogvideox splits "
+                                        r"one"):
+        shard_cogvideox(SimpleNamespace(transformer=first, transformer_2=second))
+    assert not hasattr(first, "_sagevideo_attention") and not first._forward_pre_hooks

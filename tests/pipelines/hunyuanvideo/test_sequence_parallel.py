@@ -84,3 +84,25 @@ def test_two_ranks_equal_one_process(tmp_path):
     assert log.counts == {"reference/fp16": 8, "sdpa": 4}
     (reason,) = log.fallback_reasons
     assert "(1, 2, 32, 32) is not a key-padding mask" in reason
+
+
+@pytest.mark.parametrize("name", ["framepack", "hunyuanvideo15", "i2v"])
+def test_other_hunyuan_transformers_are_refused_before_any_rank_communicates(name):
+    """Framepack and HunyuanVideo 1.5 (other classes, HunyuanVideo's blocks or not) and the image-to-video
+    HunyuanVideoTransformer3DModel (token_replace: first-frame tokens the hooks do not split): refused
+    in one process without a group, nothing installed."""
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    from sagevideo.pipelines.hunyuanvideo.sequence_parallel import shard_hunyuanvideo
+    from sagevideo.pipelines.hunyuanvideo.tiny import TRANSFORMER_CONFIG
+    from tests.helpers.video_models import MODELS, tiny_model
+
+    if name == "i2v":
+        model = HunyuanVideoTransformer3DModel(**dict(TRANSFORMER_CONFIG, image_condition_type="token_replace"))
+        match = r"the transformer has image_condition_type 'token_replace' \(image to video\)"
+    else:
+        model = tiny_model(name)
+        match = rf"the transformer is a {MODELS[name][0]} .*splits HunyuanVideoTransformer3DModel only"
+    with pytest.raises(TypeError, match=rf"shard_hunyuanvideo: {match}.*sagevideo\.install"):
+        shard_hunyuanvideo(model)
+    assert not hasattr(model, "_sagevideo_attention") and not model._forward_pre_hooks

@@ -89,3 +89,14 @@ def test_ray_workers_and_two_ranks_make_the_one_process_videos(tmp_path, ray_loc
     killed = sharded["i2v.mp4"]
     assert killed["attempts"] == 2 and "rank 1 of group" in killed["retries"][0]["error"]
     assert killed["image_sha256"] == one["i2v.mp4"]["image_sha256"]
+
+
+def test_other_transformers_are_refused_before_any_rank_communicates():
+    from sagevideo.pipelines.opensora.sequence_parallel import shard_opensora
+    from tests.helpers.wan import tiny_wan
+
+    model = tiny_wan()
+    with pytest.raises(TypeError, match=r"shard_opensora: the transformer is a WanTransformer3DModel .*splits "
+                                        r"OpenSoraTransformer3DModel only"):
+        shard_opensora(model)
+    assert not hasattr(model, "_sagevideo_attention")

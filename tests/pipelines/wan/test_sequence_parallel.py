@@ -133,6 +133,50 @@ def test_only_self_attention_is_exchanged(wan_pipes):
     assert self_attention_layers(wan_pipes["tiny-wan-i2v"].transformer) == {"blocks.0.attn1", "blocks.1.attn1"}
 
 
+# Wan-derived diffusers transformers shard_wan does not split: ChronoEdit and SkyReels-V2 have their own
+# attention classes (not exchanged: each rank would attend within its half of the tokens, no error),
+# VACE's control blocks take inputs the hooks do not split. Refused before any collective, so one
+# process without a group shows it.
+DERIVED = {
+    "ChronoEditTransformer3DModel": {},
+    "SkyReelsV2Transformer3DModel": {},
+    "WanVACETransformer3DModel": dict(vace_layers=[0], vace_in_channels=8),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DERIVED))
+def test_wan_derived_transformers_are_refused(name):
+    import diffusers
+
+    from sagevideo.pipelines.wan.sequence_parallel import shard_wan
+    from sagevideo.pipelines.wan.tiny import TRANSFORMER_CONFIG
+
+    model = getattr(diffusers, name)(**TRANSFORMER_CONFIG, **DERIVED[name]).eval()
+    processors = model.attn_processors
+    with pytest.raises(TypeError, match=rf"shard_wan: the transformer is a {name} .*splits WanTransformer3DModel "
+                                        r"only .*not VACE, Animate, ChronoEdit or SkyReels-V2.*sagevideo\.install"):
+        shard_wan(model)
+    pipe = diffusers.WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=None,
+                                 transformer=_transformer("t2v")[0], transformer_2=model, boundary_ratio=0.5)
+    with pytest.raises(TypeError, match=rf"shard_wan: transformer_2 is a {name}"):
+        shard_wan(pipe)
+    assert model.attn_processors == processors and not hasattr(pipe.transformer, "_sagevideo_attention")
+
+
+def test_a_wan_transformer_with_another_attention_processor_is_refused():
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    from sagevideo.pipelines.wan.sequence_parallel import shard_wan
+
+    class MyProcessor(WanAttnProcessor):  # a subclass: still not what the hooks exchange
+        pass
+
+    model = _transformer("t2v")[0]
+    model.blocks[1].attn1.set_processor(MyProcessor())
+    with pytest.raises(TypeError, match=r"shard_wan: blocks\.1\.attn1 runs MyProcessor .*WanAttnProcessor only"):
+        shard_wan(model)
+
+
 # --- `sagevideo generate --gpus-per-job 2 --device cpu` on Ray -----------------------------------
 
 ray = pytest.importorskip("ray")
