@@ -206,7 +206,9 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     d = gl.arange(0, HEAD_D, layout=o_cols)
     out = acc / gl.convert_layout(gl.sum(l_i, axis=1), o_rows)[:, None]  # column 0: the others are 0
     # within ±448 but for the rounding of the running sums and the MMA's: see attention_fwd._query_tile
-    out = gl.clamp(out, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+    # (no gl.clamp before Triton 3.8: a max and a min, NaN kept)
+    out = gl.minimum(gl.maximum(out, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_MAX,
+                     propagate_nan=tl.PropagateNan.ALL)
     out = out * gl.load(VScale + v_scale_row + d)[None, :]
     r = gl.arange(0, WG_ROWS, layout=o_rows)  # within the CTA (o_offset: its first row)
     ptrs_o = Out + o_offset + r[:, None] * stride_om + d[None, :]

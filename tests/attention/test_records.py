@@ -9,6 +9,15 @@ import pytest
 import torch
 
 from sagevideo import last_backend, record_backends, sageattn
+from sagevideo.attention import records
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warnings():
+    """Each kind of direct call warns once a process: each test starts from none warned."""
+    records._peaky_warned.clear()
+    yield
+    records._peaky_warned.clear()
 
 
 def _qkv(factor=1.0, seed=0):
