@@ -13,7 +13,8 @@ Backends:
   the warp-specialized Gluon sm90 kernel (same numerics, its own op `sageattn_fwd_gluon`); a call it
   computes is recorded as "gluon", also inside torch.compile'd graphs.
 - "reference": the pure-PyTorch emulation of the kernels' numerics (any device and dtype).
-- "sdpa": `torch.nn.functional.scaled_dot_product_attention`, full precision.
+- "sdpa": torch's own scaled_dot_product_attention (`functional.TORCH_SDPA`, also when user code has
+  replaced `torch.nn.functional`'s with sagevideo's), full precision.
 
 Triton itself is never imported here: the checks that need it ask `sagevideo.kernels.plans`.
 """

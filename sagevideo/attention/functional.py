@@ -10,7 +10,8 @@ graph), and calls
   plan names it and the call allows it (`kernels.op.gluon_runs`), the Gluon sm90 kernel's op
   `torch.ops.sagevideo.sageattn_fwd_gluon` (recorded "gluon"; eagerly and under torch.compile),
 - the pure-PyTorch reference that emulates the same numerics, or
-- full-precision SDPA.
+- full-precision SDPA: torch's own (`TORCH_SDPA`), also where user code has replaced
+  `torch.nn.functional.scaled_dot_product_attention` with sagevideo's.
 Forward only: the quantized backends refuse backward with one error; "sdpa" differentiates as SDPA.
 """
 
@@ -20,7 +21,6 @@ import contextlib
 import math
 
 import torch
-import torch.nn.functional as F
 
 from sagevideo.attention import records
 from sagevideo.attention.backends import CHOICES as BACKENDS
@@ -28,6 +28,11 @@ from sagevideo.attention.backends import GLUON, KEY_PADDING_MASK, AttentionCall,
 from sagevideo.choices import GRANULARITIES, auto_pv
 from sagevideo.kernels import plans
 
+# torch's own SDPA, the builtin `torch.nn.functional.scaled_dot_product_attention` is bound to: every
+# full-precision path calls it, so that `F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention`
+# (SageAttention users' global replacement) does not recurse. The same object as F's until someone replaces
+# F's: a TorchFunctionMode that intercepts `func is F.scaled_dot_product_attention` sees these calls as SDPA.
+TORCH_SDPA = torch._C._nn.scaled_dot_product_attention
 LAYOUTS = ("HND", "NHD")
 REFERENCE_PROFILE_NAME = "sagevideo::reference_attention"  # the profiler's name of a reference call
 BACKWARD_ERROR = (
@@ -76,8 +81,8 @@ def scaled_dot_product_attention(
         if chosen is not Backend.SDPA:  # pragma: no cover - the quantized backends refuse such a call
             raise AssertionError(chosen)
         _record(backend, chosen.value, None, reason)
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        return TORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=scale, enable_gqa=enable_gqa)
     lead = query.shape[:-3] if query.dim() > 4 else None
     q, k, v = (_as_rank4(t) for t in (query, key, value))
     out = sageattn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=scale, pv=pv,
@@ -363,8 +368,7 @@ def _sdpa(
     the kernels take, SDPA's kernels reject)."""
     if attn_mask is not None and attn_mask.dim() < 4:
         attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                         enable_gqa=gqa)
+    out = TORCH_SDPA(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
     if return_lse and gqa:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     lse = _lse_full_precision(q, k, attn_mask, is_causal, scale) if return_lse else None

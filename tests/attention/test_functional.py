@@ -352,3 +352,85 @@ def test_a_fallback_inside_a_compiled_graph_warns_when_the_graph_runs_without_br
     with pytest.warns(UserWarning, match="dropout_p=0.5"), record_backends() as log:
         compiled(q, k, v)
     assert [c.ran for c in log.choices] == ["sdpa"] and "dropout_p=0.5" in log.choices[0].reason
+
+
+# ---- `F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention` ------------------
+
+@pytest.fixture
+def sdpa_replaced():
+    """SageAttention users' global replacement of torch's SDPA by sagevideo's; torch's back after.
+    Yields torch's own SDPA (what the fallbacks must compute)."""
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention
+    try:
+        yield original
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def test_fallbacks_call_torchs_own_sdpa_the_one_F_is_bound_to():
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    assert TORCH_SDPA is torch._C._nn.scaled_dot_product_attention is F.scaled_dot_product_attention
+
+
+@pytest.mark.parametrize(
+    "dtype, kwargs, reason",
+    [
+        (torch.float16, {"dropout_p": 0.5}, "dropout_p=0.5"),
+        (torch.float32, {}, "dtype torch.float32"),
+        (torch.float16, {"attn_mask": "float"}, "attn_mask of dtype torch.float16"),
+    ],
+    ids=["dropout", "fp32", "float-mask"],
+)
+def test_a_fallback_under_the_global_replacement_runs_torchs_sdpa_without_recursing(sdpa_replaced, dtype, kwargs,
+                                                                                    reason):
+    """The fallback used to call F.scaled_dot_product_attention, i.e. itself: RecursionError."""
+    q, k, v = _qkv(dtype=dtype)
+    if kwargs.get("attn_mask") == "float":
+        kwargs = {"attn_mask": torch.randn(1, 1, 64, 64, device=DEVICE, dtype=dtype)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)  # the same dropout draws for both calls
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert last_backend().ran == "sdpa" and reason in last_backend().reason
+    torch.manual_seed(0)
+    assert torch.equal(out, sdpa_replaced(q, k, v, **kwargs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_model_code_runs_under_the_global_replacement(sdpa_replaced, dtype):
+    """diffusers' AttnProcessor2_0 calls F.scaled_dot_product_attention by attribute: sagevideo's
+    here, the kernels for fp16 and torch's SDPA for fp32 (a fallback), as it would without the
+    replacement through sagevideo.scaled_dot_product_attention."""
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=64, heads=2, dim_head=64, processor=AttnProcessor2_0()).to(DEVICE, dtype)
+    x = torch.randn(1, 64, 64, device=DEVICE, dtype=dtype)
+    with torch.no_grad(), record_backends() as log, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = attn(x)
+    F.scaled_dot_product_attention = sdpa_replaced
+    with torch.no_grad():
+        want = attn(x.float() if dtype == torch.float32 else x)
+    if dtype == torch.float32:
+        assert log.counts == {"sdpa": 1} and torch.equal(out, want)
+    else:
+        assert list(log.counts) == [f"triton/{sagevideo.attention.functional.auto_pv(x.device)}"]
+        assert error_stats(want.float(), out).cos_worst > 0.998
+
+
+def test_a_compiled_fallback_under_the_global_replacement_does_not_recurse(sdpa_replaced):
+    q, k, v = (t.float() for t in _qkv())
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    with warnings.catch_warnings(), record_backends() as log:
+        warnings.simplefilter("ignore")
+        out = compiled(q, k, v)
+    assert [c.ran for c in log.choices] == ["sdpa"]
+    assert torch.equal(out, sdpa_replaced(q, k, v) * 2)
