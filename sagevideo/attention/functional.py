@@ -59,13 +59,14 @@ def scaled_dot_product_attention(
     Same signature and semantics as SDPA, so model code switches with one import: query (..., L, E),
     key/value (..., S, E) (rank 3 or more; with enable_gqa, key/value heads (dim -3) may divide the
     query's), attn_mask broadcastable to (..., L, S) (bool: True = attend, or additive float),
-    scale defaulting to 1/sqrt(E). Returns (..., L, E) in query's dtype.
+    scale defaulting to 1/sqrt(E) (0 or negative computes as SDPA defines it: see
+    `_with_positive_scale`). Returns (..., L, E) in query's dtype.
 
     Keyword-only extras: backend ("auto", "triton", "reference", "sdpa"), pv ("auto": FP8 P·V on GPUs
     with FP8 tensor cores (sm89+), else "fp16"; or "fp16"/"fp8") and qk_granularity ("block"/"token").
     What the kernels cannot compute (dropout_p > 0, a float or non-key-padding mask, value's head dim
-    unlike query's, fp32 inputs, CPU tensors, rank above 4 with a mask) runs SDPA as asked under
-    backend="auto", recorded with its reason; an explicit backend raises instead.
+    unlike query's, a scale that is not finite, fp32 inputs, CPU tensors, rank above 4 with a mask)
+    runs SDPA as asked under backend="auto", recorded with its reason; an explicit backend raises instead.
     """
     _check_options("HND", qk_granularity, "fp16" if pv == "auto" else pv, backend)
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -73,7 +74,8 @@ def scaled_dot_product_attention(
             raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
     if pv == "auto":
         pv = auto_pv(query.device)
-    shape_problem = _shape_problem(query, key, value, attn_mask)
+    query, scale = _with_positive_scale(query, scale)
+    shape_problem = _shape_problem(query, key, value, attn_mask) or _scale_problem(scale)
     if dropout_p or shape_problem:
         call = AttentionCall(query.device, query.dtype, query.shape[-1] if query.dim() else 0, pv=pv,
                              dropout_p=dropout_p, shape_problem=shape_problem)
@@ -100,6 +102,23 @@ def _shape_problem(query, key, value, attn_mask) -> str:
         return f"value head dim {value.shape[-1]} differs from query's {query.shape[-1]}"
     if query.dim() > 4 and (attn_mask is not None or not (query.shape[:-3] == key.shape[:-3] == value.shape[:-3])):
         return "rank above 4 with an attn_mask or unequal batch dims"
+    return ""
+
+
+def _with_positive_scale(query: torch.Tensor, scale: float | None) -> tuple[torch.Tensor, float | None]:
+    """(query, scale) of the same attention with a positive scale where SDPA's is 0 or negative:
+    softmax(q·kᵀ·s) = softmax((−q)·kᵀ·|s|) exactly (negation is exact), and s = 0 is uniform
+    attention, exactly that of q·0 (NaN and inf still give NaN) at scale 1. The kernels fold the
+    scale into Q's INT8 scale, which must be positive; torch's flash and cuDNN kernels return NaN
+    for such scales (16-bit CUDA inputs), its math and efficient kernels compute them."""
+    if scale is None or not math.isfinite(float(scale)) or float(scale) > 0:
+        return query, scale
+    return (query * 0, 1.0) if float(scale) == 0 else (-query, -float(scale))
+
+
+def _scale_problem(scale: float | None) -> str:
+    if scale is not None and not math.isfinite(float(scale)):
+        return f"scale={scale!r}: the kernels take a finite scale"
     return ""
 
 

@@ -434,3 +434,45 @@ def test_a_compiled_fallback_under_the_global_replacement_does_not_recurse(sdpa_
         out = compiled(q, k, v)
     assert [c.ran for c in log.choices] == ["sdpa"]
     assert torch.equal(out, sdpa_replaced(q, k, v) * 2)
+
+
+# ---- SDPA's calls the kernels take only in another form ---------------------------------------
+
+def _attention_fp64(q, k, v, scale, mask=None):
+    """softmax(q·kᵀ·scale + mask)·v in fp64 (a bool mask: False = -inf), as SDPA's docs define it."""
+    s = q.double() @ k.double().transpose(-1, -2) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v.double()
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.0, -0.3])
+@pytest.mark.parametrize("backend", ["auto", "reference", "sdpa"])
+def test_a_zero_or_negative_scale_computes_sdpas_attention(backend, scale):
+    """SDPA takes any finite scale (0: uniform attention over the valid keys). The kernels, whose INT8
+    Q scale must be positive, compute the same attention of (-q, -scale) or (q·0, 1): no fallback;
+    on backend="sdpa" bit-identical to torch's where torch's own kernels compute it (here: CPU)."""
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, k, v = _qkv((2, 2, 64, 64), seed=7)
+    mask = torch.ones(2, 1, 1, 64, dtype=torch.bool, device=DEVICE)
+    mask[1, ..., 40:] = False
+    out = sagevideo.scaled_dot_product_attention(q, k, v, mask, scale=scale, backend=backend)
+    assert not last_backend().is_fallback
+    assert error_stats(_attention_fp64(q, k, v, scale, mask), out).cos_worst > 0.998
+    if backend == "sdpa" and DEVICE == "cpu":
+        assert torch.equal(out, TORCH_SDPA(q, k, v, attn_mask=mask, scale=scale))
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("nan")])
+def test_a_scale_that_is_not_finite_runs_sdpa_or_raises(scale):
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, k, v = _qkv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = sagevideo.scaled_dot_product_attention(q, k, v, scale=scale)
+    assert last_backend().ran == "sdpa" and f"scale={scale}: the kernels take a finite scale" in last_backend().reason
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, scale=scale), equal_nan=True)
+    with pytest.raises(ValueError, match=f"backend='reference' cannot run: scale={scale}"):
+        sagevideo.scaled_dot_product_attention(q, k, v, scale=scale, backend="reference")
