@@ -54,7 +54,8 @@ class AttentionCall:
     rotate_qk: Q and K rotated before quantization (16-bit tensor-core dots).
     mask_dtype, mask_shape: attn_mask's dtype and shape as given (None: no mask); n_k: keys.
     dropout_p: SDPA's dropout. shape_problem: why SDPA-signature inputs do not reduce to the kernels'
-    rank-4 (B, H, N, D) call (set by `scaled_dot_product_attention`), or ''.
+    rank-4 (B, H, N, D) call (shapes, dtypes, a scale that is not finite; set by
+    `scaled_dot_product_attention`), or ''.
     """
 
     device: torch.device
@@ -150,7 +151,8 @@ def _interpreter_bf16(call: AttentionCall) -> str:
     return ""
 
 
-SDPA_SEMANTICS = Constraint("no dropout, inputs of rank 3+ with value's head dim equal to query's", _sdpa_semantics)
+SDPA_SEMANTICS = Constraint("no dropout; SDPA-signature inputs that reduce to the kernels' (B, H, N, D) call",
+                            _sdpa_semantics)
 KEY_PADDING_MASK = Constraint("no mask or a boolean key-padding mask", _key_padding_mask)
 
 _REGISTRY: dict[Backend, BackendSpec] = {

@@ -476,3 +476,92 @@ def test_a_scale_that_is_not_finite_runs_sdpa_or_raises(scale):
     torch.testing.assert_close(out, TORCH_SDPA(q, k, v, scale=scale), equal_nan=True)
     with pytest.raises(ValueError, match=f"backend='reference' cannot run: scale={scale}"):
         sagevideo.scaled_dot_product_attention(q, k, v, scale=scale, backend="reference")
+
+
+BROADCASTS = {  # query, key, value shapes that SDPA broadcasts
+    "one-kv-head": ((2, 4, 64, 64), (2, 1, 64, 64), (2, 1, 64, 64)),
+    "query-batch-1": ((1, 2, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)),
+    "kv-batch-1": ((2, 2, 64, 64), (1, 2, 64, 64), (1, 2, 64, 64)),
+    "query-head-1": ((2, 1, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)),
+    "one-key-head": ((1, 2, 64, 64), (1, 1, 64, 64), (1, 2, 64, 64)),
+    "kv-rank-3": ((2, 2, 64, 64), (2, 64, 64), (2, 64, 64)),
+    "rank-5": ((2, 1, 2, 64, 64), (1, 3, 1, 64, 64), (1, 3, 1, 64, 64)),
+    "rank-3-kv-batch-1": ((2, 64, 64), (1, 64, 64), (1, 64, 64)),
+}
+
+
+def _broadcast_inputs(shapes, seed=0):
+    """q, k, v of `shapes` (fp16) and a boolean key mask over the output's batch dims (one row cut)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(shape, generator=gen).to(DEVICE, torch.float16) for shape in shapes)
+    batch = torch.broadcast_shapes(*(s[:-2] for s in shapes))
+    # (..., 1, 1, S) over the dims before the heads; rank 3's (B, 1, S) over its batch
+    mask_shape = (*batch[:-1], 1, 1, 64) if len(batch) > 1 else (*batch, 1, 64)
+    keep = torch.ones(mask_shape, dtype=torch.bool, device=DEVICE)
+    keep.view(-1, 64)[-1, 40:] = False
+    return q, k, v, keep
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("shapes", BROADCASTS.values(), ids=BROADCASTS)
+def test_broadcast_batch_and_head_dims_run_in_the_kernels_as_sdpa_broadcasts_them(backend, shapes):
+    """SDPA broadcasts every dim before (L, E), heads included (one K/V head serves all query heads
+    without enable_gqa); the kernels take these as grouped-query heads or stride-0 views, with the
+    very result of the inputs materialized, and SDPA's (fp64) within the quantization error."""
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, k, v, keep = _broadcast_inputs(shapes)
+    out = sagevideo.scaled_dot_product_attention(q, k, v, keep, backend=backend)
+    assert not last_backend().is_fallback and last_backend().ran != "sdpa"
+    want = TORCH_SDPA(q.double(), k.double(), v.double(), attn_mask=keep)
+    assert out.shape == want.shape and error_stats(want, out).cos_worst > 0.999
+    full = [t.expand(*want.shape[:-2], *t.shape[-2:]).contiguous() for t in (q, k, v)]
+    assert torch.equal(out, sagevideo.scaled_dot_product_attention(*full, keep, backend=backend))
+
+
+@pytest.mark.parametrize("shapes", BROADCASTS.values(), ids=BROADCASTS)
+def test_a_broadcast_call_that_falls_back_is_torchs_sdpa_on_the_arguments_as_given(shapes):
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, k, v, keep = (t.float() if t.is_floating_point() else t for t in _broadcast_inputs(shapes))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = sagevideo.scaled_dot_product_attention(q, k, v, keep)
+    assert last_backend().ran == "sdpa" and "float32" in last_backend().reason
+    assert torch.equal(out, TORCH_SDPA(q, k, v, attn_mask=keep))
+
+
+def test_grouped_heads_at_rank_3_and_shapes_sdpa_refuses():
+    """Rank 3 with enable_gqa: dim -3 holds the heads that group. Shapes SDPA refuses raise SDPA's
+    error under auto and say why for an explicit backend."""
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, _, _ = _qkv((4, 64, 64), seed=8)
+    _, k, v = _qkv((2, 64, 64), seed=9)
+    out = sagevideo.scaled_dot_product_attention(q, k, v, enable_gqa=True, backend="reference")
+    assert error_stats(TORCH_SDPA(q.double(), k.double(), v.double(), enable_gqa=True), out).cos_worst > 0.999
+    with pytest.raises(RuntimeError, match="must match"):
+        sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match=r"backend='reference' cannot run: heads 4, 2, 2 .* do not broadcast"):
+        sagevideo.scaled_dot_product_attention(q[None], k[None], v[None], backend="reference")
+    with pytest.raises(ValueError, match="backend='triton' cannot run: enable_gqa with 4 query heads, 3 key"):
+        sagevideo.scaled_dot_product_attention(q[None], k[None, :1].expand(1, 3, 64, 64), v[None, :1], enable_gqa=True,
+                                               backend="triton")
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_a_broadcast_call_compiles_into_one_graph(backend):
+    """One K/V head, a broadcast batch and a key mask: fullgraph=True traces the kernel form (aot_eager;
+    the Triton op under the CPU interpreter traces with Dynamo's "eager" only)."""
+    q, k, v, keep = _broadcast_inputs(((1, 4, 64, 64), (2, 1, 64, 64), (2, 1, 64, 64)))
+
+    def attend(q, k, v, keep):
+        return sagevideo.scaled_dot_product_attention(q, k, v, keep, backend=backend, pv="fp16") * 2
+
+    torch._dynamo.reset()
+    interpreted = backend == "triton" and DEVICE == "cpu"
+    compiled = torch.compile(attend, fullgraph=True, backend="eager" if interpreted else "aot_eager")
+    compiled(q, k, v, keep)  # traced here
+    with record_backends() as log:
+        out = compiled(q, k, v, keep)
+    assert log.counts == {f"{backend}/fp16": 1} and torch.equal(out, attend(q, k, v, keep))
