@@ -61,9 +61,11 @@ def scaled_dot_product_attention(
     key and value (..., H, S, E) of rank 3 or more, batch dims broadcast as SDPA's (ranks may
     differ; a size-1 dim of any of them broadcasts, heads included: one K/V head serves every query
     head); with enable_gqa, key/value heads may divide the query's instead. attn_mask broadcastable
-    to (..., Hq, L, S) (bool: True = attend, or additive float); scale defaulting to 1/sqrt(E) (0 or
-    negative computes as SDPA defines it: `_with_positive_scale`). Returns (..., Hq, L, E) in
-    query's dtype, the broadcast batch dims leading.
+    to (..., Hq, L, S) (bool: True = attend, or additive float), also with is_causal=True: both apply
+    (causal aligned top-left), as torch's fused CPU, efficient and cuDNN kernels compute it (its
+    docs call it an error, which its math kernel raises; where SDPA runs, SDPA decides); scale
+    defaulting to 1/sqrt(E) (0 or negative computes as SDPA defines it: `_with_positive_scale`).
+    Returns (..., Hq, L, E) in query's dtype, the broadcast batch dims leading.
 
     Keyword-only extras: backend ("auto", "triton", "reference", "sdpa"), pv ("auto": FP8 P·V on GPUs
     with FP8 tensor cores (sm89+), else "fp16"; or "fp16"/"fp8") and qk_granularity ("block"/"token").
@@ -90,8 +92,6 @@ def scaled_dot_product_attention(
         call = _kernel_call(form.q, form.mask, form.k.shape[2], pv, rotate_qk=True)
     chosen, reason = choose(backend, call)
     if chosen is not Backend.SDPA:
-        if is_causal and attn_mask is not None:
-            raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
         out, _ = _attend(form.q, form.k, form.v, form.mask, is_causal=is_causal,
                          scale=_check_scale(scale, form.q.shape[-1]), qk_granularity=qk_granularity, pv=pv,
                          smooth_k=True, return_lse=False, rotate_qk=True, requested=backend, chosen=chosen,

@@ -565,3 +565,27 @@ def test_a_broadcast_call_compiles_into_one_graph(backend):
     with record_backends() as log:
         out = compiled(q, k, v, keep)
     assert log.counts == {f"{backend}/fp16": 1} and torch.equal(out, attend(q, k, v, keep))
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "reference"])
+def test_a_key_mask_with_is_causal_applies_both_as_torchs_fused_kernels_do(backend):
+    """SDPA's docs call attn_mask with is_causal=True an error, but torch's fused kernels (CPU flash,
+    CUDA efficient and cuDNN) compute it: the causal mask (top-left) and the key mask both apply,
+    a row with no valid key gives 0. The kernels take both; where SDPA runs, SDPA decides (its math
+    kernel raises)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, _, _ = _qkv((2, 2, 64, 64), seed=10)
+    _, k, v = _qkv((2, 2, 96, 64), seed=11)
+    keep = torch.ones(2, 1, 1, 96, dtype=torch.bool, device=DEVICE)
+    keep[0, ..., 0] = False  # query row 0 of batch 0 sees no valid key
+    keep[1, ..., 40:] = False
+    out = sagevideo.scaled_dot_product_attention(q, k, v, keep, is_causal=True, backend=backend)
+    assert not last_backend().is_fallback and last_backend().ran != "sdpa"
+    want = TORCH_SDPA(q.float(), k.float(), v.float(), attn_mask=keep, is_causal=True)
+    assert torch.all(out[0, :, 0] == 0) and torch.all(want[0, :, 0] == 0)
+    assert error_stats(want[..., 1:, :], out[..., 1:, :]).cos_worst > 0.999
+    with sdpa_kernel([SDPBackend.MATH]), pytest.raises(RuntimeError, match="attn_mask should not be set"):
+        sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float(), keep, is_causal=True)
