@@ -478,6 +478,11 @@ def test_a_scale_that_is_not_finite_runs_sdpa_or_raises(scale):
         sagevideo.scaled_dot_product_attention(q, k, v, scale=scale, backend="reference")
 
 
+def _cos_floor(pv: str) -> float:
+    """Worst cosine against fp64 attention at these tiny random shapes: FP8 P·V (GPUs, pv="auto") a little lower."""
+    return 0.998 if pv == "fp8" else 0.999
+
+
 BROADCASTS = {  # query, key, value shapes that SDPA broadcasts
     "one-kv-head": ((2, 4, 64, 64), (2, 1, 64, 64), (2, 1, 64, 64)),
     "query-batch-1": ((1, 2, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)),
@@ -514,7 +519,7 @@ def test_broadcast_batch_and_head_dims_run_in_the_kernels_as_sdpa_broadcasts_the
     out = sagevideo.scaled_dot_product_attention(q, k, v, keep, backend=backend)
     assert not last_backend().is_fallback and last_backend().ran != "sdpa"
     want = TORCH_SDPA(q.double(), k.double(), v.double(), attn_mask=keep)
-    assert out.shape == want.shape and error_stats(want, out).cos_worst > 0.999
+    assert out.shape == want.shape and error_stats(want, out).cos_worst > _cos_floor(last_backend().pv)
     full = [t.expand(*want.shape[:-2], *t.shape[-2:]).contiguous() for t in (q, k, v)]
     assert torch.equal(out, sagevideo.scaled_dot_product_attention(*full, keep, backend=backend))
 
@@ -540,7 +545,7 @@ def test_grouped_heads_at_rank_3_and_shapes_sdpa_refuses():
     _, k, v = _qkv((2, 64, 64), seed=9)
     out = sagevideo.scaled_dot_product_attention(q, k, v, enable_gqa=True, backend="reference")
     assert error_stats(TORCH_SDPA(q.double(), k.double(), v.double(), enable_gqa=True), out).cos_worst > 0.999
-    with pytest.raises(RuntimeError, match="must match"):
+    with pytest.raises(RuntimeError):  # SDPA's own error (its wording differs by device)
         sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float())
     with pytest.raises(ValueError, match=r"backend='reference' cannot run: heads 4, 2, 2 .* do not broadcast"):
         sagevideo.scaled_dot_product_attention(q[None], k[None], v[None], backend="reference")
@@ -586,6 +591,6 @@ def test_a_key_mask_with_is_causal_applies_both_as_torchs_fused_kernels_do(backe
     assert not last_backend().is_fallback and last_backend().ran != "sdpa"
     want = TORCH_SDPA(q.float(), k.float(), v.float(), attn_mask=keep, is_causal=True)
     assert torch.all(out[0, :, 0] == 0) and torch.all(want[0, :, 0] == 0)
-    assert error_stats(want[..., 1:, :], out[..., 1:, :]).cos_worst > 0.999
+    assert error_stats(want[..., 1:, :], out[..., 1:, :]).cos_worst > _cos_floor(last_backend().pv)
     with sdpa_kernel([SDPBackend.MATH]), pytest.raises(RuntimeError, match="attn_mask should not be set"):
         sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float(), keep, is_causal=True)
