@@ -13,7 +13,8 @@ Backends:
   the warp-specialized Gluon sm90 kernel (same numerics, its own op `sageattn_fwd_gluon`); a call it
   computes is recorded as "gluon", also inside torch.compile'd graphs.
 - "reference": the pure-PyTorch emulation of the kernels' numerics (any device and dtype).
-- "sdpa": `torch.nn.functional.scaled_dot_product_attention`, full precision.
+- "sdpa": torch's own scaled_dot_product_attention (`functional.TORCH_SDPA`, also when user code has
+  replaced `torch.nn.functional`'s with sagevideo's), full precision.
 
 Triton itself is never imported here: the checks that need it ask `sagevideo.kernels.plans`.
 """
@@ -53,7 +54,8 @@ class AttentionCall:
     rotate_qk: Q and K rotated before quantization (16-bit tensor-core dots).
     mask_dtype, mask_shape: attn_mask's dtype and shape as given (None: no mask); n_k: keys.
     dropout_p: SDPA's dropout. shape_problem: why SDPA-signature inputs do not reduce to the kernels'
-    rank-4 (B, H, N, D) call (set by `scaled_dot_product_attention`), or ''.
+    rank-4 (B, H, N, D) call (shapes, dtypes, a scale that is not finite; set by
+    `scaled_dot_product_attention`), or ''.
     """
 
     device: torch.device
@@ -149,7 +151,8 @@ def _interpreter_bf16(call: AttentionCall) -> str:
     return ""
 
 
-SDPA_SEMANTICS = Constraint("no dropout, inputs of rank 3+ with value's head dim equal to query's", _sdpa_semantics)
+SDPA_SEMANTICS = Constraint("no dropout; SDPA-signature inputs that reduce to the kernels' (B, H, N, D) call",
+                            _sdpa_semantics)
 KEY_PADDING_MASK = Constraint("no mask or a boolean key-padding mask", _key_padding_mask)
 
 _REGISTRY: dict[Backend, BackendSpec] = {

@@ -10,16 +10,17 @@ graph), and calls
   plan names it and the call allows it (`kernels.op.gluon_runs`), the Gluon sm90 kernel's op
   `torch.ops.sagevideo.sageattn_fwd_gluon` (recorded "gluon"; eagerly and under torch.compile),
 - the pure-PyTorch reference that emulates the same numerics, or
-- full-precision SDPA.
+- full-precision SDPA: torch's own (`TORCH_SDPA`), also where user code has replaced
+  `torch.nn.functional.scaled_dot_product_attention` with sagevideo's.
 Forward only: the quantized backends refuse backward with one error; "sdpa" differentiates as SDPA.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from sagevideo.attention import records
 from sagevideo.attention.backends import CHOICES as BACKENDS
@@ -27,6 +28,11 @@ from sagevideo.attention.backends import GLUON, KEY_PADDING_MASK, AttentionCall,
 from sagevideo.choices import GRANULARITIES, auto_pv
 from sagevideo.kernels import plans
 
+# torch's own SDPA, the builtin `torch.nn.functional.scaled_dot_product_attention` is bound to: every
+# full-precision path calls it, so that `F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention`
+# (SageAttention users' global replacement) does not recurse. The same object as F's until someone replaces
+# F's: a TorchFunctionMode that intercepts `func is F.scaled_dot_product_attention` sees these calls as SDPA.
+TORCH_SDPA = torch._C._nn.scaled_dot_product_attention
 LAYOUTS = ("HND", "NHD")
 REFERENCE_PROFILE_NAME = "sagevideo::reference_attention"  # the reference op: its name in profiles
 BACKWARD_ERROR = (
@@ -51,16 +57,24 @@ def scaled_dot_product_attention(
 ) -> torch.Tensor:
     """`torch.nn.functional.scaled_dot_product_attention` with sagevideo's quantized attention.
 
-    Same signature and semantics as SDPA, so model code switches with one import: query (..., L, E),
-    key/value (..., S, E) (rank 3 or more; with enable_gqa, key/value heads (dim -3) may divide the
-    query's), attn_mask broadcastable to (..., L, S) (bool: True = attend, or additive float),
-    scale defaulting to 1/sqrt(E). Returns (..., L, E) in query's dtype.
+    Same signature and semantics as SDPA, so model code switches with one import: query (..., Hq, L, E),
+    key and value (..., H, S, E) of rank 3 or more, batch dims broadcast as SDPA's (ranks may
+    differ; a size-1 dim of any of them broadcasts, heads included: one K/V head serves every query
+    head); with enable_gqa, key/value heads may divide the query's instead. attn_mask broadcastable
+    to (..., Hq, L, S) (bool: True = attend, or additive float), also with is_causal=True: both apply
+    (causal aligned top-left), as torch's fused CPU, efficient and cuDNN kernels compute it (its
+    docs call it an error, which its math kernel raises; where SDPA runs, SDPA decides); scale
+    defaulting to 1/sqrt(E) (0 or negative computes as SDPA defines it: `_with_positive_scale`).
+    Returns (..., Hq, L, E) in query's dtype, the broadcast batch dims leading.
 
     Keyword-only extras: backend ("auto", "triton", "reference", "sdpa"), pv ("auto": FP8 P·V on GPUs
     with FP8 tensor cores (sm89+), else "fp16"; or "fp16"/"fp8") and qk_granularity ("block"/"token").
-    What the kernels cannot compute (dropout_p > 0, a float or non-key-padding mask, value's head dim
-    unlike query's, fp32 inputs, CPU tensors, rank above 4 with a mask) runs SDPA as asked under
-    backend="auto", recorded with its reason; an explicit backend raises instead.
+    The kernels read broadcast K/V heads as grouped-query heads and broadcast batch dims as stride-0
+    views (`_kernel_form`). What they cannot compute (dropout_p > 0, a float or non-key-padding
+    mask, value's head dim unlike query's, a scale that is not finite, fp32 inputs, CPU tensors,
+    shapes SDPA refuses) runs torch's SDPA on the arguments as given under backend="auto",
+    recorded with its reason, so that it computes or raises exactly as SDPA; an explicit quantized
+    backend raises instead.
     """
     _check_options("HND", qk_granularity, "fp16" if pv == "auto" else pv, backend)
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -68,41 +82,134 @@ def scaled_dot_product_attention(
             raise TypeError(f"scaled_dot_product_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
     if pv == "auto":
         pv = auto_pv(query.device)
-    shape_problem = _shape_problem(query, key, value, attn_mask)
-    if dropout_p or shape_problem:
+    query, scale = _with_positive_scale(query, scale)
+    form = _kernel_form(query, key, value, attn_mask, enable_gqa)
+    problem = form if isinstance(form, str) else _scale_problem(scale)
+    if dropout_p or problem:
         call = AttentionCall(query.device, query.dtype, query.shape[-1] if query.dim() else 0, pv=pv,
-                             dropout_p=dropout_p, shape_problem=shape_problem)
-        chosen, reason = choose(backend, call)
-        if chosen is not Backend.SDPA:  # pragma: no cover - the quantized backends refuse such a call
-            raise AssertionError(chosen)
-        _record(backend, chosen.value, None, reason)
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                              is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
-    lead = query.shape[:-3] if query.dim() > 4 else None
-    q, k, v = (_as_rank4(t) for t in (query, key, value))
-    out = sageattn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=scale, pv=pv,
-                   qk_granularity=qk_granularity, backend=backend, enable_gqa=enable_gqa, _guard_counter=_guard_counter)
-    if query.dim() == 3:
-        return out.squeeze(1)
-    return out if lead is None else out.reshape(*lead, *out.shape[1:])
+                             dropout_p=dropout_p, shape_problem=problem)
+    else:
+        call = _kernel_call(form.q, form.mask, form.k.shape[2], pv, rotate_qk=True)
+    chosen, reason = choose(backend, call)
+    if chosen is not Backend.SDPA:
+        out, _ = _attend(form.q, form.k, form.v, form.mask, is_causal=is_causal,
+                         scale=_check_scale(scale, form.q.shape[-1]), qk_granularity=qk_granularity, pv=pv,
+                         smooth_k=True, return_lse=False, rotate_qk=True, requested=backend, chosen=chosen,
+                         reason=reason, counter=_guard_counter)
+        return out.reshape(form.out_shape)
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.dim() < query.dim():
+        # the same mask under broadcasting; torch's own kernels reject a 1-D one (IndexError)
+        attn_mask = attn_mask[(None,) * (query.dim() - attn_mask.dim())]
+    out = TORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                     enable_gqa=enable_gqa)
+    _record(backend, chosen.value, None, reason)  # after the call: one SDPA refuses records nothing
+    return out
 
 
-def _shape_problem(query, key, value, attn_mask) -> str:
-    """Why these SDPA-signature inputs do not reduce to the kernels' rank-4 call, or ''."""
-    if min(query.dim(), key.dim(), value.dim()) < 3:
-        return f"rank {min(query.dim(), key.dim(), value.dim())} inputs: the kernels take (..., L, E) of rank 3 or more"
+@dataclass(frozen=True)
+class _KernelForm:
+    """SDPA-signature inputs as the kernels' call: q (B, H, L, E), k/v (B, H_kv, S, E) with H_kv
+    dividing H, mask None or (B' in {1, B}, ·, ·, S) (after `broadcast_dims_dropped`), and the shape
+    the (B, H, L, E) output takes."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None
+    out_shape: tuple[int, ...]
+
+
+def _kernel_form(query, key, value, attn_mask, enable_gqa) -> _KernelForm | str:
+    """`_KernelForm` of SDPA-signature inputs under SDPA's broadcasting, or why there is none (SDPA
+    then computes the call, or raises as SDPA does). The inputs are right-aligned to one rank: dims
+    before -3 (batch) broadcast; dim -3 (heads) broadcasts too, or with enable_gqa K/V heads divide
+    the query's. Rank 3 (B, L, E) gets a head dim of 1 (its batch is what a key mask follows),
+    unless K/V heads group the query's. Broadcast dims are stride-0 views (`expand`: the kernels
+    read q/k/v through their strides, K/V of fewer heads as grouped-query heads); the batch dims
+    merge into one (a copy only where no view can: rank 5 and up)."""
+    ranks = (query.dim(), key.dim(), value.dim())
+    if min(ranks) < 3:
+        return f"rank {min(ranks)} inputs: the kernels take (..., L, E) of rank 3 or more"
+    if not (query.dtype == key.dtype == value.dtype) or not query.is_floating_point():
+        return f"dtypes {query.dtype}, {key.dtype}, {value.dtype}: the kernels take one floating dtype"
+    if not (query.device == key.device == value.device):
+        return f"query, key and value on {query.device}, {key.device}, {value.device}"
     if value.shape[-1] != query.shape[-1]:
         return f"value head dim {value.shape[-1]} differs from query's {query.shape[-1]}"
-    if query.dim() > 4 and (attn_mask is not None or not (query.shape[:-3] == key.shape[:-3] == value.shape[:-3])):
-        return "rank above 4 with an attn_mask or unequal batch dims"
+    if key.shape[-1] != query.shape[-1] or key.shape[-2] != value.shape[-2]:
+        return f"key {tuple(key.shape)} does not match query {tuple(query.shape)} and value {tuple(value.shape)}"
+    if 0 in (*query.shape, *key.shape, *value.shape):
+        return "empty inputs"
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        return f"attn_mask of type {type(attn_mask).__name__}"
+    rank = max(ranks)
+    if attn_mask is not None and attn_mask.dim() > rank:
+        return f"attn_mask of rank {attn_mask.dim()} above the inputs' {rank}"
+    h_q, h_k, h_v = (t.shape[-3] for t in (query, key, value))
+    grouped = enable_gqa and not h_q == h_k == h_v
+    if grouped and (h_q % h_k or h_q % h_v):
+        return f"enable_gqa with {h_q} query heads, {h_k} key and {h_v} value heads: K/V heads must divide"
+    fold = rank == 3 and not (grouped and max(h_k, h_v) > 1)
+
+    def aligned(t):
+        t = t[(None,) * (rank - t.dim())]
+        return t.unsqueeze(-3) if fold else t[(None,) * (4 - min(rank, 4))]
+
+    q, k, v = (aligned(t) for t in (query, key, value))
+    try:
+        lead = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3]))
+    except RuntimeError:
+        return f"batch dims of {tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)} do not broadcast"
+    h_q, h_k, h_v = q.shape[-3], k.shape[-3], v.shape[-3]
+    if grouped and not fold:
+        heads = h_q
+    elif {h_q, h_k, h_v} - {1, max(h_q, h_k, h_v)}:
+        return f"heads {h_q}, {h_k}, {h_v} (query, key, value) do not broadcast; enable_gqa groups them"
+    else:
+        heads = max(h_q, h_k, h_v)
+    if h_k != h_v and min(h_k, h_v) != 1:
+        return f"{h_k} key heads and {h_v} value heads: the kernels take one K/V head count"
+    h_kv = max(h_k, h_v)  # a single K or V head broadcasts to the other's count
+    n_q, n_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
+    mask = None
+    if attn_mask is not None:
+        m = aligned(attn_mask)
+        target = (*lead, heads, n_q, n_k)
+        if any(got not in (1, want) for got, want in zip(m.shape, target, strict=True)):
+            return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the attention's {target}"
+        m = broadcast_dims_dropped(m)
+        rows = m.shape[-3:]
+        mask = m.reshape(1, *rows) if all(d == 1 for d in m.shape[:-3]) else m.expand(*lead, *rows).reshape(-1, *rows)
+
+    def merged(t, h, n):
+        return t.expand(*lead, h, n, head_dim).reshape(-1, h, n, head_dim)
+
+    out_shape = (*lead, n_q, head_dim) if fold else (*lead, heads, n_q, head_dim)[-rank:]
+    return _KernelForm(merged(q, heads, n_q), merged(k, h_kv, n_k), merged(v, h_kv, n_k), mask, out_shape)
+
+
+def _kernel_call(q: torch.Tensor, attn_mask: torch.Tensor | None, n_k: int, pv: str, rotate_qk: bool) -> AttentionCall:
+    """The `AttentionCall` of a rank-4 HND call (attn_mask after `broadcast_dims_dropped`)."""
+    return AttentionCall(q.device, q.dtype, q.shape[-1], pv=pv, rotate_qk=rotate_qk,
+                         mask_dtype=None if attn_mask is None else attn_mask.dtype,
+                         mask_shape=None if attn_mask is None else tuple(attn_mask.shape), n_k=n_k)
+
+
+def _with_positive_scale(query: torch.Tensor, scale: float | None) -> tuple[torch.Tensor, float | None]:
+    """(query, scale) of the same attention with a positive scale where SDPA's is 0 or negative:
+    softmax(q·kᵀ·s) = softmax((−q)·kᵀ·|s|) exactly (negation is exact), and s = 0 is uniform
+    attention, exactly that of q·0 (NaN and inf still give NaN) at scale 1. The kernels fold the
+    scale into Q's INT8 scale, which must be positive; torch's flash and cuDNN kernels return NaN
+    for such scales (16-bit CUDA inputs), its math and efficient kernels compute them."""
+    if scale is None or not math.isfinite(float(scale)) or float(scale) > 0:
+        return query, scale
+    return (query * 0, 1.0) if float(scale) == 0 else (-query, -float(scale))
+
+
+def _scale_problem(scale: float | None) -> str:
+    if scale is not None and not math.isfinite(float(scale)):
+        return f"scale={scale!r}: the kernels take a finite scale"
     return ""
-
-
-def _as_rank4(t: torch.Tensor) -> torch.Tensor:
-    """(B, L, E) -> (B, 1, L, E); (*batch, H, L, E) -> (prod(batch), H, L, E) (views where possible)."""
-    if t.dim() == 3:
-        return t.unsqueeze(1)
-    return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
 
 
 def sageattn(
@@ -158,12 +265,40 @@ def sageattn(
     attn_mask = broadcast_dims_dropped(attn_mask)
     if is_causal and attn_mask is not None:
         raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
+    chosen, reason = choose(backend, _kernel_call(q, attn_mask, n_k, pv, rotate_qk))
+    out, lse = _attend(q, k, v, attn_mask, is_causal=is_causal, scale=scale, qk_granularity=qk_granularity, pv=pv,
+                       smooth_k=smooth_k, return_lse=return_lse, rotate_qk=rotate_qk, requested=backend,
+                       chosen=chosen, reason=reason, counter=_guard_counter)
+    if tensor_layout == "NHD":
+        out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
 
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    *,
+    is_causal: bool,
+    scale: float,
+    qk_granularity: str,
+    pv: str,
+    smooth_k: bool,
+    return_lse: bool,
+    rotate_qk: bool,
+    requested: str,
+    chosen: Backend,
+    reason: str,
+    counter: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The `chosen` backend's attention on validated HND q (B, H, Nq, D), k/v (B, H_kv, Nk, D) with
+    H_kv dividing H, attn_mask after `broadcast_dims_dropped` (a key-padding one unless SDPA runs),
+    recorded as asked for by `requested`. Returns (out (B, H, Nq, D) in q's dtype, LSE or None).
+    counter: an installed layer's guard counter (int32 0-dim) the call adds its count to; None for a
+    direct call, whose count its record keeps (`records.note_flagged`)."""
+    heads, n_k, head_dim = q.shape[1], k.shape[2], q.shape[3]
     gqa = k.shape[1] != heads
-    call = AttentionCall(q.device, q.dtype, head_dim, pv=pv, rotate_qk=rotate_qk,
-                         mask_dtype=None if attn_mask is None else attn_mask.dtype,
-                         mask_shape=None if attn_mask is None else tuple(attn_mask.shape), n_k=n_k)
-    chosen, reason = choose(backend, call)
     ran = chosen.value
     # the quantized backends take the mask as (B', Nk) key padding (their checks passed)
     key_mask = None if attn_mask is None or chosen is Backend.SDPA else _as_key_mask(attn_mask, n_k)
@@ -177,7 +312,7 @@ def sageattn(
             ran = GLUON  # recorded: the warp-specialized sm90 kernel computed this call
         else:
             plan = plans.plain_triton(plan)
-    _record(backend, ran, None if chosen is Backend.SDPA else pv, reason)
+    _record(requested, ran, None if chosen is Backend.SDPA else pv, reason)
 
     def compute(q, k, v):
         if chosen is Backend.SDPA:
@@ -207,12 +342,10 @@ def sageattn(
     if flagged is not None:
         # The guard's count stays on the device: an installed model's layer accumulates it and reads
         # it at the end of the forward; a direct call's is read at the next call.
-        if _guard_counter is not None:
-            _guard_counter.add_(flagged)
-        records.note_flagged(flagged, None if _guard_counter is not None else _describe(q, pv, qk_granularity))
-    if tensor_layout == "NHD":
-        out = out.transpose(1, 2)
-    return (out, lse) if return_lse else out
+        if counter is not None:
+            counter.add_(flagged)
+        records.note_flagged(flagged, None if counter is not None else _describe(q, pv, qk_granularity))
+    return out, lse
 
 
 def _check_options(layout: str, granularity: str, pv: str, backend: str) -> None:
@@ -372,8 +505,7 @@ def _sdpa(
     the kernels take, SDPA's kernels reject)."""
     if attn_mask is not None and attn_mask.dim() < 4:
         attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                         enable_gqa=gqa)
+    out = TORCH_SDPA(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
     if return_lse and gqa:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     lse = _lse_full_precision(q, k, attn_mask, is_causal, scale) if return_lse else None

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
+from sagevideo.attention.functional import TORCH_SDPA
 from sagevideo.eval.numerics.errors import error_stats, peaky_reason, score_std
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter
@@ -91,8 +91,8 @@ class ProbeRouter(AttentionRouter):
         out = super().__call__(layer, q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale,
                                dropout_p=dropout_p, enable_gqa=enable_gqa)
         sdpa = dict(attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale, enable_gqa=enable_gqa)
-        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **sdpa)
-        full = F.scaled_dot_product_attention(q, k, v, **sdpa)
+        ref = TORCH_SDPA(q.float(), k.float(), v.float(), **sdpa)
+        full = TORCH_SDPA(q, k, v, **sdpa)
         key = (self.recorder.prompt_index, layer, self.clock.step)
         self.recorder.test[key].add(ref, out)
         self.recorder.floor[key].add(ref, full)

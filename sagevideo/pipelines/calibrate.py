@@ -14,9 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from sagevideo.attention.functional import sageattn
+from sagevideo.attention.functional import TORCH_SDPA, sageattn
 from sagevideo.eval.numerics.errors import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override
 from sagevideo.pipelines.routing import AttentionRouter
@@ -115,13 +114,13 @@ class ProbingRouter(AttentionRouter):
     def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None, dropout_p=0.0,
                  enable_gqa=False):
         sdpa = dict(attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale, enable_gqa=enable_gqa)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, **sdpa)
+        out = TORCH_SDPA(q, k, v, dropout_p=dropout_p, **sdpa)
         step = self.clock.step
         if self.capture_steps is not None and step not in self.capture_steps:
             return out
         if self.on_measure is not None:
             self.on_measure(layer, step)
-        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **sdpa)
+        ref = TORCH_SDPA(q.float(), k.float(), v.float(), **sdpa)
         self.score_std[layer] = max(self.score_std.get(layer, 0.0), score_std(q, k, sm_scale=sm_scale))
         errs = self.errors.setdefault(layer, {c.label: WorstError() for c in CANDIDATES})
         scratch = torch.zeros((), dtype=torch.int32, device=q.device)

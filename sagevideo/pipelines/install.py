@@ -281,9 +281,26 @@ def install(
         raise ValueError(f"sagevideo.install: pv={pv!r} is not supported; use one of {PV_MODES}")
     if backend not in BACKENDS:
         raise ValueError(f"sagevideo.install: backend={backend!r} is not supported; use one of {BACKENDS}")
+    _warn_if_sdpa_replaced()
     first = next(iter(found.values()))
     return install_router(pipe_or_transformer, plan_router(first, plan, pv, backend), pv=pv or "fp16",
                           backend=backend, guard=guard)
+
+
+def _warn_if_sdpa_replaced() -> None:
+    """A process-wide `F.scaled_dot_product_attention = ...` (SageAttention's idiom) takes the model's calls
+    before any interception can see them: the plan would not apply where the model calls F's SDPA."""
+    import torch.nn.functional as F
+
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    if F.scaled_dot_product_attention is not TORCH_SDPA:
+        warnings.warn(
+            "sagevideo.install: torch.nn.functional.scaled_dot_product_attention was replaced (by "
+            f"{getattr(F.scaled_dot_product_attention, '__module__', '?')}); model code calling it bypasses the "
+            "installed plan and its records; restore torch's own before install (install() needs no replacement)",
+            stacklevel=3,
+        )
 
 
 def plan_router(

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sagevideo.attention.functional import BACKENDS, key_padding_problem, sageattn, scaled_dot_product_attention
+from sagevideo.attention.functional import BACKENDS, key_padding_problem, scaled_dot_product_attention
 from sagevideo.choices import PVS as PV_MODES
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode
 
@@ -213,12 +213,9 @@ class AttentionRouter:
 
     def _attend_with(self, mode: Mode, granularity: str, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None,
                      dropout_p=0.0, enable_gqa=False, counter: torch.Tensor | None = None) -> torch.Tensor:
-        if mode is Mode.full:
-            if dropout_p:
-                return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
-                                                    backend="sdpa")
-            return sageattn(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, backend="sdpa",
-                            enable_gqa=enable_gqa)
+        if mode is Mode.full:  # torch's SDPA on the call as made (sageattn would refuse what SDPA broadcasts)
+            return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
+                                                backend="sdpa")
         backend = self.backend
         if backend in ("triton", "reference") and not dropout_p and key_padding_problem(attn_mask, k.shape[-2]):
             backend = "auto"  # SDPA, recorded with the mask's reason (the kernels' first unmet constraint)

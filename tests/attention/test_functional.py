@@ -352,3 +352,245 @@ def test_a_fallback_inside_a_compiled_graph_warns_when_the_graph_runs_without_br
     with pytest.warns(UserWarning, match="dropout_p=0.5"), record_backends() as log:
         compiled(q, k, v)
     assert [c.ran for c in log.choices] == ["sdpa"] and "dropout_p=0.5" in log.choices[0].reason
+
+
+# ---- `F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention` ------------------
+
+@pytest.fixture
+def sdpa_replaced():
+    """SageAttention users' global replacement of torch's SDPA by sagevideo's; torch's back after.
+    Yields torch's own SDPA (what the fallbacks must compute)."""
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention
+    try:
+        yield original
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def test_fallbacks_call_torchs_own_sdpa_the_one_F_is_bound_to():
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    assert TORCH_SDPA is torch._C._nn.scaled_dot_product_attention is F.scaled_dot_product_attention
+
+
+@pytest.mark.parametrize(
+    "dtype, kwargs, reason",
+    [
+        (torch.float16, {"dropout_p": 0.5}, "dropout_p=0.5"),
+        (torch.float32, {}, "dtype torch.float32"),
+        (torch.float16, {"attn_mask": "float"}, "attn_mask of dtype torch.float16"),
+    ],
+    ids=["dropout", "fp32", "float-mask"],
+)
+def test_a_fallback_under_the_global_replacement_runs_torchs_sdpa_without_recursing(sdpa_replaced, dtype, kwargs,
+                                                                                    reason):
+    """The fallback used to call F.scaled_dot_product_attention, i.e. itself: RecursionError."""
+    q, k, v = _qkv(dtype=dtype)
+    if kwargs.get("attn_mask") == "float":
+        kwargs = {"attn_mask": torch.randn(1, 1, 64, 64, device=DEVICE, dtype=dtype)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)  # the same dropout draws for both calls
+        out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert last_backend().ran == "sdpa" and reason in last_backend().reason
+    torch.manual_seed(0)
+    assert torch.equal(out, sdpa_replaced(q, k, v, **kwargs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_model_code_runs_under_the_global_replacement(sdpa_replaced, dtype):
+    """diffusers' AttnProcessor2_0 calls F.scaled_dot_product_attention by attribute: sagevideo's
+    here, the kernels for fp16 and torch's SDPA for fp32 (a fallback), as it would without the
+    replacement through sagevideo.scaled_dot_product_attention."""
+    from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=64, heads=2, dim_head=64, processor=AttnProcessor2_0()).to(DEVICE, dtype)
+    x = torch.randn(1, 64, 64, device=DEVICE, dtype=dtype)
+    with torch.no_grad(), record_backends() as log, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = attn(x)
+    F.scaled_dot_product_attention = sdpa_replaced
+    with torch.no_grad():
+        want = attn(x.float() if dtype == torch.float32 else x)
+    if dtype == torch.float32:
+        assert log.counts == {"sdpa": 1} and torch.equal(out, want)
+    else:
+        assert list(log.counts) == [f"triton/{sagevideo.attention.functional.auto_pv(x.device)}"]
+        assert error_stats(want.float(), out).cos_worst > 0.998
+
+
+def test_a_compiled_fallback_under_the_global_replacement_does_not_recurse(sdpa_replaced):
+    q, k, v = (t.float() for t in _qkv())
+
+    def attend(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
+    with warnings.catch_warnings(), record_backends() as log:
+        warnings.simplefilter("ignore")
+        out = compiled(q, k, v)
+    assert [c.ran for c in log.choices] == ["sdpa"]
+    assert torch.equal(out, sdpa_replaced(q, k, v) * 2)
+
+
+# ---- SDPA's calls the kernels take only in another form ---------------------------------------
+
+def _attention_fp64(q, k, v, scale, mask=None):
+    """softmax(q·kᵀ·scale + mask)·v in fp64 (a bool mask: False = -inf), as SDPA's docs define it."""
+    s = q.double() @ k.double().transpose(-1, -2) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v.double()
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.0, -0.3])
+@pytest.mark.parametrize("backend", ["auto", "reference", "sdpa"])
+def test_a_zero_or_negative_scale_computes_sdpas_attention(backend, scale):
+    """SDPA takes any finite scale (0: uniform attention over the valid keys). The kernels, whose INT8
+    Q scale must be positive, compute the same attention of (-q, -scale) or (q·0, 1): no fallback;
+    on backend="sdpa" bit-identical to torch's where torch's own kernels compute it (here: CPU)."""
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, k, v = _qkv((2, 2, 64, 64), seed=7)
+    mask = torch.ones(2, 1, 1, 64, dtype=torch.bool, device=DEVICE)
+    mask[1, ..., 40:] = False
+    out = sagevideo.scaled_dot_product_attention(q, k, v, mask, scale=scale, backend=backend)
+    assert not last_backend().is_fallback
+    assert error_stats(_attention_fp64(q, k, v, scale, mask), out).cos_worst > 0.998
+    if backend == "sdpa" and DEVICE == "cpu":
+        assert torch.equal(out, TORCH_SDPA(q, k, v, attn_mask=mask, scale=scale))
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("nan")])
+def test_a_scale_that_is_not_finite_runs_sdpa_or_raises(scale):
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, k, v = _qkv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = sagevideo.scaled_dot_product_attention(q, k, v, scale=scale)
+    assert last_backend().ran == "sdpa" and f"scale={scale}: the kernels take a finite scale" in last_backend().reason
+    torch.testing.assert_close(out, TORCH_SDPA(q, k, v, scale=scale), equal_nan=True)
+    with pytest.raises(ValueError, match=f"backend='reference' cannot run: scale={scale}"):
+        sagevideo.scaled_dot_product_attention(q, k, v, scale=scale, backend="reference")
+
+
+def _cos_floor(pv: str) -> float:
+    """Worst cosine against fp64 attention at these tiny random shapes: FP8 P·V (GPUs, pv="auto") a little lower."""
+    return 0.998 if pv == "fp8" else 0.999
+
+
+BROADCASTS = {  # query, key, value shapes that SDPA broadcasts
+    "one-kv-head": ((2, 4, 64, 64), (2, 1, 64, 64), (2, 1, 64, 64)),
+    "query-batch-1": ((1, 2, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)),
+    "kv-batch-1": ((2, 2, 64, 64), (1, 2, 64, 64), (1, 2, 64, 64)),
+    "query-head-1": ((2, 1, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)),
+    "one-key-head": ((1, 2, 64, 64), (1, 1, 64, 64), (1, 2, 64, 64)),
+    "kv-rank-3": ((2, 2, 64, 64), (2, 64, 64), (2, 64, 64)),
+    "rank-5": ((2, 1, 2, 64, 64), (1, 3, 1, 64, 64), (1, 3, 1, 64, 64)),
+    "rank-3-kv-batch-1": ((2, 64, 64), (1, 64, 64), (1, 64, 64)),
+}
+
+
+def _broadcast_inputs(shapes, seed=0):
+    """q, k, v of `shapes` (fp16) and a boolean key mask over the output's batch dims (one row cut)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(shape, generator=gen).to(DEVICE, torch.float16) for shape in shapes)
+    batch = torch.broadcast_shapes(*(s[:-2] for s in shapes))
+    # (..., 1, 1, S) over the dims before the heads; rank 3's (B, 1, S) over its batch
+    mask_shape = (*batch[:-1], 1, 1, 64) if len(batch) > 1 else (*batch, 1, 64)
+    keep = torch.ones(mask_shape, dtype=torch.bool, device=DEVICE)
+    keep.view(-1, 64)[-1, 40:] = False
+    return q, k, v, keep
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("shapes", BROADCASTS.values(), ids=BROADCASTS)
+def test_broadcast_batch_and_head_dims_run_in_the_kernels_as_sdpa_broadcasts_them(backend, shapes):
+    """SDPA broadcasts every dim before (L, E), heads included (one K/V head serves all query heads
+    without enable_gqa); the kernels take these as grouped-query heads or stride-0 views, with the
+    very result of the inputs materialized, and SDPA's (fp64) within the quantization error."""
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, k, v, keep = _broadcast_inputs(shapes)
+    out = sagevideo.scaled_dot_product_attention(q, k, v, keep, backend=backend)
+    assert not last_backend().is_fallback and last_backend().ran != "sdpa"
+    want = TORCH_SDPA(q.double(), k.double(), v.double(), attn_mask=keep)
+    assert out.shape == want.shape and error_stats(want, out).cos_worst > _cos_floor(last_backend().pv)
+    full = [t.expand(*want.shape[:-2], *t.shape[-2:]).contiguous() for t in (q, k, v)]
+    assert torch.equal(out, sagevideo.scaled_dot_product_attention(*full, keep, backend=backend))
+
+
+@pytest.mark.parametrize("shapes", BROADCASTS.values(), ids=BROADCASTS)
+def test_a_broadcast_call_that_falls_back_is_torchs_sdpa_on_the_arguments_as_given(shapes):
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, k, v, keep = (t.float() if t.is_floating_point() else t for t in _broadcast_inputs(shapes))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = sagevideo.scaled_dot_product_attention(q, k, v, keep)
+    assert last_backend().ran == "sdpa" and "float32" in last_backend().reason
+    assert torch.equal(out, TORCH_SDPA(q, k, v, attn_mask=keep))
+
+
+def test_grouped_heads_at_rank_3_and_shapes_sdpa_refuses():
+    """Rank 3 with enable_gqa: dim -3 holds the heads that group. Shapes SDPA refuses raise SDPA's
+    error under auto and say why for an explicit backend."""
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, _, _ = _qkv((4, 64, 64), seed=8)
+    _, k, v = _qkv((2, 64, 64), seed=9)
+    out = sagevideo.scaled_dot_product_attention(q, k, v, enable_gqa=True, backend="reference")
+    assert error_stats(TORCH_SDPA(q.double(), k.double(), v.double(), enable_gqa=True), out).cos_worst > 0.999
+    with pytest.raises(RuntimeError):  # SDPA's own error (its wording differs by device)
+        sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    with pytest.raises(ValueError, match=r"backend='reference' cannot run: heads 4, 2, 2 .* do not broadcast"):
+        sagevideo.scaled_dot_product_attention(q[None], k[None], v[None], backend="reference")
+    with pytest.raises(ValueError, match="backend='triton' cannot run: enable_gqa with 4 query heads, 3 key"):
+        sagevideo.scaled_dot_product_attention(q[None], k[None, :1].expand(1, 3, 64, 64), v[None, :1], enable_gqa=True,
+                                               backend="triton")
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_a_broadcast_call_compiles_into_one_graph(backend):
+    """One K/V head, a broadcast batch and a key mask: fullgraph=True traces the kernel form (aot_eager;
+    the Triton op under the CPU interpreter traces with Dynamo's "eager" only)."""
+    q, k, v, keep = _broadcast_inputs(((1, 4, 64, 64), (2, 1, 64, 64), (2, 1, 64, 64)))
+
+    def attend(q, k, v, keep):
+        return sagevideo.scaled_dot_product_attention(q, k, v, keep, backend=backend, pv="fp16") * 2
+
+    torch._dynamo.reset()
+    interpreted = backend == "triton" and DEVICE == "cpu"
+    compiled = torch.compile(attend, fullgraph=True, backend="eager" if interpreted else "aot_eager")
+    compiled(q, k, v, keep)  # traced here
+    with record_backends() as log:
+        out = compiled(q, k, v, keep)
+    assert log.counts == {f"{backend}/fp16": 1} and torch.equal(out, attend(q, k, v, keep))
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton", "reference"])
+def test_a_key_mask_with_is_causal_applies_both_as_torchs_fused_kernels_do(backend):
+    """SDPA's docs call attn_mask with is_causal=True an error, but torch's fused kernels (CPU flash,
+    CUDA efficient and cuDNN) compute it: the causal mask (top-left) and the key mask both apply,
+    a row with no valid key gives 0. The kernels take both; where SDPA runs, SDPA decides (its math
+    kernel raises)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    q, _, _ = _qkv((2, 2, 64, 64), seed=10)
+    _, k, v = _qkv((2, 2, 96, 64), seed=11)
+    keep = torch.ones(2, 1, 1, 96, dtype=torch.bool, device=DEVICE)
+    keep[0, ..., 0] = False  # query row 0 of batch 0 sees no valid key
+    keep[1, ..., 40:] = False
+    out = sagevideo.scaled_dot_product_attention(q, k, v, keep, is_causal=True, backend=backend)
+    assert not last_backend().is_fallback and last_backend().ran != "sdpa"
+    want = TORCH_SDPA(q.float(), k.float(), v.float(), attn_mask=keep, is_causal=True)
+    assert torch.all(out[0, :, 0] == 0) and torch.all(want[0, :, 0] == 0)
+    assert error_stats(want[..., 1:, :], out[..., 1:, :]).cos_worst > _cos_floor(last_backend().pv)
+    with sdpa_kernel([SDPBackend.MATH]), pytest.raises(RuntimeError, match="attn_mask should not be set"):
+        sagevideo.scaled_dot_product_attention(q.float(), k.float(), v.float(), keep, is_causal=True)

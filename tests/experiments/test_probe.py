@@ -40,3 +40,26 @@ def test_a_rerun_takes_the_arms_recipe_and_reproduces_its_videos(tmp_path, monke
     assert rerun["reproduced"]["all_identical"], rerun["reproduced"]
     monkeypatch.setattr(probe, "_rerun_recipe", lambda recorded: None)  # as before: the re-run ran plain
     assert not probe.rerun_arm(records, arm_dir=out, probe=False)["reproduced"]["all_identical"]
+
+
+def test_the_probes_floor_is_torchs_sdpa_also_under_the_global_replacement(monkeypatch):
+    """The floor (SDPA in the input dtype against fp32 SDPA) is torch's own SDPA, also where user code
+    has replaced F.scaled_dot_product_attention with a quantized one: fp32 inputs, so the floor is 0."""
+    import functools
+
+    import torch
+    import torch.nn.functional as F
+
+    import sagevideo
+    from sagevideo.experiments.probe import ProbeRouter
+    from sagevideo.pipelines.plans import AttentionPlan
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        functools.partial(sagevideo.scaled_dot_product_attention, backend="reference"))
+    router = ProbeRouter(AttentionPlan.uniform("int8-fp16"), "reference")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 64, generator=gen) for _ in range(3))
+    router("blocks.0.attn", q, k, v)
+    (floor,) = router.recorder.floor.values()
+    (test,) = router.recorder.test.values()
+    assert floor.rel_l1_worst == 0.0 and test.rel_l1_worst > 0.0

@@ -69,3 +69,26 @@ def test_a_peaky_layer_is_flagged_by_name_and_kept_in_full_precision(tiny_pipe):
     assert result.score_std[peaky] > 10 * max(v for k, v in result.score_std.items() if k != peaky)
     assert all(c.mode is not Mode.full for name, c in result.chosen.items() if name != peaky)
     assert peaky in result.peaky_note() and "(peaky)" in result.table()
+
+
+def test_the_probing_router_runs_torchs_sdpa_also_under_the_global_replacement(monkeypatch):
+    """Its full-precision output and fp32 reference are torch's own SDPA, also where user code has
+    replaced F.scaled_dot_product_attention with a quantized one (here sagevideo's, reference
+    backend), which would otherwise be calibrated against itself."""
+    import functools
+
+    import torch.nn.functional as F
+
+    import sagevideo
+    from sagevideo.attention.functional import TORCH_SDPA
+    from sagevideo.pipelines.calibrate import ProbingRouter
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        functools.partial(sagevideo.scaled_dot_product_attention, backend="reference"))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 64, 64, generator=gen) for _ in range(3))
+    router = ProbingRouter("reference", capture_steps=None)
+    out = router("blocks.0.attn", q.half(), k.half(), v.half())
+    assert torch.equal(out, TORCH_SDPA(q.half(), k.half(), v.half()))
+    errors = router.errors["blocks.0.attn"]
+    assert 0.99 < min(errors[c.label].cos for c in CANDIDATES) < 1.0  # measured against the fp32 reference

@@ -376,3 +376,15 @@ def test_install_lets_torchs_compile_cache_keep_graphs_with_sagevideo_attention(
                                                                          WITH_EFFECTS: torch.__version__}
         finally:
             handle.remove()
+
+
+def test_install_warns_when_torchs_sdpa_was_replaced_process_wide(monkeypatch):
+    """SageAttention's idiom `F.scaled_dot_product_attention = ...` takes the model's calls before the
+    installed plan can see them: install says so instead of leaving the plan silently unapplied."""
+    import torch.nn.functional as F
+
+    from tests.helpers.wan import tiny_wan
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sagevideo.scaled_dot_product_attention)
+    with pytest.warns(UserWarning, match="scaled_dot_product_attention was replaced"):
+        sagevideo.install(tiny_wan()).remove()

@@ -69,6 +69,45 @@ def test_plan_reaches_intercepted_layers_by_name(wan):
     assert log.counts == {"reference/fp8": 2, "sdpa": 2}
 
 
+def test_the_global_sdpa_replacement_under_an_installed_interception_does_not_recurse(wan):
+    """`F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention` with a handle
+    installed: the layers' calls reach sagevideo's function directly (a Python function, which no
+    TorchFunctionMode sees), whose fp32 fallback calls torch's own SDPA; the layer's mode lets that
+    pass (it is not F's now). Each call computes once, as torch's SDPA; the fallback used to call
+    F's, i.e. itself."""
+    model, inputs = wan
+    before = _run(model, inputs)
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention
+    try:
+        with sagevideo.install(model, backend="reference"), sagevideo.record_backends() as log, \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = _run(model, inputs)
+    finally:
+        F.scaled_dot_product_attention = original
+    assert torch.equal(out, before)
+    assert [c.ran for c in log.choices] == ["sdpa"] * 4 and all("float32" in c.reason for c in log.choices)
+
+
+def test_the_interception_sees_torchs_own_sdpa_as_F_s():
+    """What sagevideo's fallbacks call reaches a TorchFunctionMode as `F.scaled_dot_product_attention`
+    (the object the interception compares with), so capturing it changed nothing the mode sees."""
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    seen = []
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func is F.scaled_dot_product_attention)
+            return func(*args, **(kwargs or {}))
+
+    q = torch.randn(1, 2, 8, 64)
+    with Mode():
+        TORCH_SDPA(q, q, q)
+    assert seen == [True]
+
+
 class _GroupedQueryModel(torch.nn.Module):
     """The least a dispatcher model has for install(): attention modules with processors; its
     attention calls SDPA with grouped-query heads, then with dropout."""

@@ -80,3 +80,26 @@ def test_the_step_clock_follows_a_scheduler_swapped_into_the_pipeline():
     assert clock.step == 1
     clock.detach()
     assert clock.step is None and "step" not in vars(pipe.scheduler)
+
+
+@pytest.mark.parametrize("plan", ["full", "int8-fp16"])
+def test_every_plan_entry_computes_what_sdpa_broadcasts(plan):
+    """An intercepted call with one K/V head (no enable_gqa), a broadcast batch, a key mask and a
+    negative scale, as a model may make it: SDPA's attention under "full" (torch's own, on the
+    call as made) and under a quantized entry; "full" used to refuse it (sageattn's checks)."""
+    from sagevideo.attention.functional import TORCH_SDPA
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 64, 64, generator=gen).half()
+    k, v = (torch.randn(2, 1, 64, 64, generator=gen).half() for _ in range(2))
+    keep = torch.ones(2, 1, 1, 64, dtype=torch.bool)
+    keep[1, ..., 40:] = False
+    router = AttentionRouter(AttentionPlan.uniform(plan), "reference")
+    with record_backends() as log:
+        out = router("blocks.0.attn", q, k, v, attn_mask=keep, sm_scale=-0.125)
+    if plan == "full":
+        assert log.counts == {"sdpa": 1} and torch.equal(out, TORCH_SDPA(-q, k, v, attn_mask=keep, scale=0.125))
+    else:
+        assert log.counts == {"reference/fp16": 1}
+    want = TORCH_SDPA(q.double(), k.double(), v.double(), attn_mask=keep, scale=-0.125)
+    assert F.cosine_similarity(out.double().flatten(), want.flatten(), dim=0) > 0.999
