@@ -29,15 +29,17 @@ DEFAULT = "cogvideox-2b,cogvideox-5b,opensora-768px,wan-720p,hunyuanvideo-720p"
 
 def bench_guard(name: str, shape: tuple[int, int, int, int]) -> dict:
     from sagevideo import last_backend, sageattn
+    from sagevideo.choices import auto_pv
     from sagevideo.kernels.guard import flagged_tiles
     from sagevideo.kernels.plans import select_plan
     from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
 
     q, k, v = bench_inputs(shape, torch.bfloat16)
-    call = direct(lambda: sageattn(q, k, v, pv="auto"))
+    pv = auto_pv(q.device)
+    call = direct(lambda: sageattn(q, k, v, pv=pv))
     call()
-    ran, pv = last_backend().label, last_backend().pv
+    ran = last_backend().label
     plan = select_plan(q.device, shape[3], pv).plan
     prepared = quantize_inputs(q, k, v, None, hadamard_pm1(plan.block_d, q.device, q.dtype), plan,
                                sm_scale=shape[3] ** -0.5, per_token=False, smooth_k=True, need_shift=False)
@@ -48,7 +50,7 @@ def bench_guard(name: str, shape: tuple[int, int, int, int]) -> dict:
 
     row = {"shape": name, "ran": ran, "guard_ms": bench_ms(guard), "call_ms": bench_ms(call),
            "cudnn_ms": bench_ms(sdpa_call("cudnn", q, k, v)), "flagged_random": int(guard())}
-    sageattn(q * 30, k * 30, v, pv="auto")
+    sageattn(q * 30, k * 30, v, pv=pv)
     row["flagged_peaky"] = last_backend().peaky_tiles
     row["tiles"] = shape[0] * shape[1] * -(-shape[2] // plan.block_m)
     row["guard_pct"] = 100 * row["guard_ms"] / row["call_ms"]

@@ -16,8 +16,9 @@ read back as `BackendLog.unrouted` and, when any, `summary()["unrouted"]`.
 
 The INT8 contract's run-time guard (`kernels.guard`): each quantized call counts, on the device,
 its query tiles past INT8's accuracy. The count is read without a host sync in the call:
-`BackendChoice.peaky_tiles` reads its call's count when asked; a direct call's count is read at the
-next call or at the end of the `record_backends()` block and warned about; an installed model's are
+`BackendChoice.peaky_tiles` reads its call's count when asked; a direct call's count is copied to
+pinned memory behind the call and read by the first later call that finds it there (no wait), at
+the latest at the end of the `record_backends()` block, and warned about; an installed model's are
 read per layer at the end of each forward (`report_peaky`), as `BackendLog.peaky` and
 `summary()["peaky"]`.
 """
@@ -30,25 +31,48 @@ import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 
 class FlaggedTiles:
-    """A call's count of query tiles past INT8's accuracy: a device tensor until read (the read is
-    a host sync, so nothing reads it inside the call), then an int."""
+    """A call's count of query tiles past INT8's accuracy: a device tensor until read (reading it
+    waits for the call, so nothing reads it inside the call), then an int. A direct call's count
+    is also copied to pinned host memory without waiting (`start_copy`), readable once `ready`."""
 
     def __init__(self) -> None:
         self._count: torch.Tensor | int | None = None
+        self._copy: tuple[torch.Tensor, Any] | None = None  # (pinned host slot, CUDA event after the copy)
 
     def set(self, count: torch.Tensor) -> None:
         self._count = count
 
+    def start_copy(self, slot: torch.Tensor) -> None:
+        """Copy the device count into `slot` (pinned, int32 0-dim) behind the call, and mark when it lands."""
+        if isinstance(self._count, torch.Tensor) and self._count.is_cuda:
+            slot.copy_(self._count, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._copy = (slot, event)
+
+    @property
+    def ready(self) -> bool:
+        """Whether `value` can be read without waiting for the device."""
+        if not isinstance(self._count, torch.Tensor) or not self._count.is_cuda:
+            return True
+        return self._copy is not None and self._copy[1].query()
+
     @property
     def value(self) -> int | None:
-        """The count (None before the call set it)."""
+        """The count (None before the call set it); waits for the call if it has not finished."""
         if isinstance(self._count, torch.Tensor):
-            self._count = int(self._count.item())
+            if self._copy is not None:
+                self._copy[1].synchronize()
+                self._count = int(self._copy[0].item())
+            else:
+                self._count = int(self._count.item())
+            self._copy = None
         return self._count
 
 
@@ -152,7 +176,26 @@ def note_flagged(count: torch.Tensor, direct: str | None) -> None:
         return
     choice.flagged.set(count)
     if direct:
-        _pending_direct().append((choice, direct))
+        pending = _pending_direct()
+        if len(pending) >= _PINNED_SLOTS:  # the ring's oldest slot is still unread: read it first
+            read_direct_counts(wait_for=1)
+        choice.flagged.start_copy(_pinned_slot())
+        pending.append((choice, direct))
+
+
+_PINNED_SLOTS = 256
+
+
+def _pinned_slot() -> torch.Tensor:
+    """The next slot of a ring of pinned int32 counters (one allocation a thread): a direct call's count
+    lands there without a host sync."""
+    ring = getattr(_state, "ring", None)
+    if ring is None:
+        pin = torch.cuda.is_available()
+        ring = _state.ring = [torch.zeros(_PINNED_SLOTS, dtype=torch.int32, pin_memory=pin), 0]
+    slots, index = ring
+    ring[1] = (index + 1) % _PINNED_SLOTS
+    return slots[index]
 
 
 @torch.library.custom_op("sagevideo::note_flagged", mutates_args=())
@@ -175,12 +218,16 @@ def _pending_direct() -> list[tuple[BackendChoice, str]]:
 _peaky_warned: set[str] = set()
 
 
-def read_direct_counts() -> None:
-    """Read the guard counts of direct calls not read yet; note flagged ones in the active logs and
-    warn once per kind of call."""
+def read_direct_counts(wait_for: int = 0) -> None:
+    """Read the guard counts of direct calls that have finished (never waiting for the device, but for
+    the oldest `wait_for` ones; -1: all); note flagged ones in the active logs, warn once per kind of call."""
     pending = _pending_direct()
     while pending:
-        choice, direct = pending.pop(0)
+        choice, direct = pending[0]
+        if not (wait_for or choice.flagged.ready):
+            return
+        wait_for -= wait_for > 0
+        pending.pop(0)
         tiles = choice.peaky_tiles
         if tiles:
             report_peaky(f"sageattn {direct}", tiles)
@@ -285,5 +332,5 @@ def record_backends() -> Iterator[BackendLog]:
     try:
         yield log
     finally:
-        read_direct_counts()
+        read_direct_counts(wait_for=-1)
         logs.remove(log)

@@ -21,7 +21,6 @@ from sagevideo.kernels.quantize import QuantizedInputs, mma_key_order
 LN2_CONST = tl.constexpr(constants.LN2)
 MIN_ROW_SCALE_CONST = tl.constexpr(constants.MIN_ROW_SCALE)
 LOG2_FP8_MAX = tl.constexpr(constants.LOG2_FP8_MAX)
-FP8_MAX = tl.constexpr(constants.FP8_MAX)
 SCORE_BIAS = tl.constexpr(constants.SCORE_BIAS)
 SCORE_BIAS_BITS = tl.constexpr(constants.SCORE_BIAS_BITS)
 SCORES_BY_ADD_MAX_SCALE = tl.constexpr(constants.SCORES_BY_ADD_MAX_SCALE)
@@ -29,7 +28,7 @@ SCORES_BY_ADD_MAX_SCALE = tl.constexpr(constants.SCORES_BY_ADD_MAX_SCALE)
 
 @triton.jit
 def _attn_tile(
-    acc, l_i, m_i, q, q_scale, ones,
+    acc, l_i, m_i, q, q_scale,
     KQ, KScale, V, VQ, Mask,
     start_n, offs_m, offs_d, v_row_stride,
     N_K, N_PAD,
@@ -39,12 +38,11 @@ def _attn_tile(
     WIDE_OFFSETS: tl.constexpr,
 ):
     """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i).
-    l_i: (BLOCK_M,) fp32, or in FP8 mode (BLOCK_M, 16) with l in column 0 (`_query_tile`; ones its B).
     WIDE_OFFSETS: offsets may pass 2^31 (int64 math; the host decides).
 
     MASKED tiles check key bounds, the key mask and causality; the others skip all checks.
     In FP8 mode P is computed pre-scaled by 448 (log2(448) folded into the max), so P fills the
-    e4m3 range; l and acc carry the same factor and it cancels in acc / l. l sums the e4m3 P.
+    e4m3 range; l and acc carry the same factor and it cancels in acc / l.
     SCORES_BY_ADD (per-block K scales): s is the fp32 number SCORE_BIAS + score, made by an integer
     add (|score| <= 127²·128 < 2^22) instead of an I2F per score, and the bias leaves again in the
     exponent's FMA: s·c − (m + SCORE_BIAS·c). Faster where measured (plans._SCORES_BY_ADD). Exact
@@ -104,19 +102,13 @@ def _attn_tile(
         p = tl.math.exp2(s * row_scale[:, None] - tl.fma(row_scale, SCORE_BIAS, m_sub)[:, None])
     else:
         p = tl.math.exp2(s * row_scale[:, None] - m_sub[:, None])  # fused: one rounding
-    if not FP8_PV:
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     if FP8_PV:
         # VQ is (BLOCK_D, N_PAD), contiguous along keys: the K-major operand FP8 MMAs need.
         v = tl.load(VQ + offs_d[None, :] * N_PAD + offs_n[:, None])
         p8 = mma_key_order(p.to(tl.float8e4nv))  # VQ's keys are in the MMA operand's order: P's too
         acc += tl.dot(p8, v)  # fresh fp32 block product added into acc (two-level)
-        # l sums the e4m3 P that multiplies V, not P: then acc / l is a convex combination of V's codes (a
-        # constant V comes back as itself); e4m3 moves each P by up to 6%, and the unrounded sum carried V
-        # near the 16-bit max to inf. Summed by the tensor cores as P8 @ ones, as P8 @ V is: no conversion
-        # back to fp32 and no row sum (cheaper than the fp32 row sum of P it replaces).
-        l_i = l_i * alpha[:, None] + tl.dot(p8, ones)
     else:
         v_ok = offs_d[None, :] < HEAD_DIM
         if MASKED:
@@ -158,15 +150,7 @@ def _query_tile(
     mask = Mask + b * mask_stride_b
 
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    if FP8_PV:
-        # l as an MMA accumulator: column 0 of P8 @ ones, ones (BLOCK_N, 16) e4m3 (16 columns: the narrowest
-        # dot) holding 1 in column 0 and 0 elsewhere, so the other columns stay 0
-        ones = (tl.where(tl.arange(0, 16) == 0, 1.0, 0.0)[None, :] + tl.zeros((BLOCK_N, 16), tl.float32))
-        ones = ones.to(tl.float8e4nv)
-        l_i = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
-    else:
-        ones = 0  # not read
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     # Key tiles [0, lo) need no checks; [lo, hi) are checked (the partial last tile, causal
     # diagonal tiles, and with a key mask every tile from the first that holds a masked key:
@@ -181,31 +165,24 @@ def _query_tile(
         lo = tl.minimum(lo, (tl.load(MaskPrefix + b) // BLOCK_N) * BLOCK_N)
     for start_n in range(0, lo, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, q_scale, ones, kq, k_scale, v, vq, mask,
+            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
             WIDE_OFFSETS,
         )
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, q_scale, ones, kq, k_scale, v, vq, mask,
+            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
             start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
             HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
             WIDE_OFFSETS,
         )
 
-    if FP8_PV:
-        l_i = tl.sum(l_i, axis=1)  # column 0: the others are 0
     # l = 0 exactly when a row has no valid key (output 0). A NaN l (NaN inputs) must reach the
     # output as NaN, not pass for "no key" and leave acc unnormalized.
     has_keys = l_i != 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if FP8_PV:
-        # Within ±448 (V's largest code) but for the rounding of the fp32 running sums and the FP8 MMA's
-        # accumulation, which nothing bounds below fp16's overflow margin (2^-12) over long sequences:
-        # clamped, |out| <= 448·v_scale = max|V| (1 + 2^-23) per channel, which the 16-bit store rounds
-        # to max|V|. Once per output element; NaN stays NaN.
-        out = tl.clamp(out, -FP8_MAX, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
         out = out * tl.load(VScale + bh_kv * BLOCK_D + offs_d)[None, :]
     m_ok = offs_m < N_Q
     first_row = tile * BLOCK_M

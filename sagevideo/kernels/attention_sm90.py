@@ -11,9 +11,7 @@ Hopper machinery:
 - each key tile in order: S = Q·Kᵀ, softmax, P·V, each waited for;
 - P's keys are put in the MMA operand's order (`_mma_key_order`; the preparation stores Vᵀ so), so
   P becomes the e4m3 operand without lane shuffles; full key tiles and the masked last one run in
-  separate loops;
-- the row sum l of the e4m3 P is a second warpgroup MMA of the same P operand with a ones column
-  (`_key_tile`), so that l sums the P that multiplies V at no conversion or row-sum cost.
+  separate loops.
 This is the configuration that measured fastest on the H200, and faster than the plain-Triton kernel
 at head dim 128, not at 64; the schedules it was measured against (FA3's intra-warpgroup pipelining,
 two consumer warpgroups per CTA, ring stages released in pairs) are in git history, their figures in
@@ -36,19 +34,12 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
-    mbarrier,
-    tma,
-    warpgroup_mma,
-    warpgroup_mma_wait,
-)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from sagevideo.kernels import constants
 from sagevideo.kernels.quantize import QuantizedInputs
 
 LOG2_FP8_MAX = gl.constexpr(constants.LOG2_FP8_MAX)
-FP8_MAX = gl.constexpr(constants.FP8_MAX)
 MIN_ROW_SCALE_CONST = gl.constexpr(constants.MIN_ROW_SCALE)
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M=64) = per CTA
 # Registers per thread at launch: 4 + 1 warps run as 2 warpgroups, 128 x 256 threads = half the SM
@@ -62,7 +53,7 @@ PRODUCER_REGS = 24
 def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
     """One warp: the CTA's Q tile once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
-    q_smem, k_smem, v_smem, _ = bufs
+    q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
     q_row, k_row, v_row, n_tiles = dims[0], dims[1], dims[2], dims[3]
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
@@ -88,9 +79,9 @@ def _mma_key_order(x):
 
 
 @gluon.jit
-def _softmax(s, m_i, k_scale, q_scale, start_n, N_K, s_layout: gl.constexpr, MASKED: gl.constexpr):
-    """Scores (int32 (64, BLOCK_N), s_layout) of one key tile -> (P e4m3 in s_layout, m, alpha);
-    `_p_operand` makes P the MMA operand. MASKED: the partial last tile (keys past N_K -> -inf)."""
+def _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K, s_layout: gl.constexpr, MASKED: gl.constexpr):
+    """Scores (int32 (64, BLOCK_N), s_layout) of one key tile -> (P fp32 in s_layout, m, l, alpha);
+    `_p_operand` makes P the e4m3 MMA operand. MASKED: the partial last tile (keys past N_K -> -inf)."""
     # > 0 (NaN kept): see attention_fwd._attn_tile
     row_scale = gl.maximum(q_scale * k_scale, MIN_ROW_SCALE_CONST, propagate_nan=tl.PropagateNan.ALL)
     scores = s.to(gl.float32)  # exact: |s| <= 127²·128 < 2^24
@@ -106,17 +97,19 @@ def _softmax(s, m_i, k_scale, q_scale, start_n, N_K, s_layout: gl.constexpr, MAS
     alpha = gl.exp2(m_i - m_new)
     # P pre-scaled by 448 (log2 448 folded into the max) to fill the e4m3 range; cancels in acc / l.
     m_sub = m_new - LOG2_FP8_MAX
-    # narrowed in the accumulator layout: F2FP packs each thread's key pairs
-    p8 = gl.exp2(scores * row_scale[:, None] - m_sub[:, None]).to(gl.float8e4nv)
-    return p8, m_new, alpha
+    p = gl.exp2(scores * row_scale[:, None] - m_sub[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_i, alpha
 
 
 @gluon.jit
-def _p_operand(p8, p_layout: gl.constexpr):
-    """P (e4m3, s_layout) as the P·V MMA's A operand: its keys put in `_mma_key_order` (Vᵀ was stored
-    so), which makes the conversion a renaming of registers. Called outside any branch: 8-bit P in
-    the accumulator layout crossing an `if` gave non-finite outputs on the H200 (Triton 3.6)."""
-    return gl.convert_layout(_mma_key_order(p8), p_layout)
+def _p_operand(p, p_layout: gl.constexpr):
+    """P (fp32, s_layout) as the P·V MMA's e4m3 A operand: narrowed in the accumulator layout (F2FP
+    packs each thread's key pairs), then its keys put in `_mma_key_order` (Vᵀ was stored so), which
+    makes the conversion a renaming of registers. Called outside any branch: 8-bit P in the
+    accumulator layout crossing an `if` gave non-finite outputs on the H200 (Triton 3.6)."""
+    p8 = _mma_key_order(p.to(gl.float8e4nv))
+    return gl.convert_layout(p8, p_layout)
 
 
 @gluon.jit
@@ -127,29 +120,22 @@ def _next_k_scale(KScale, k_scale_row, j, n_tiles, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ones_smem, ready, empty, s_zero, o_zero,
-              l_zero, q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              s_layout: gl.constexpr, p_layout: gl.constexpr, pl_layout: gl.constexpr, o_rows: gl.constexpr,
-              l_rows: gl.constexpr, MASKED: gl.constexpr):
-    """Key tile j: wait for its ring stage, S = Q·K_jᵀ, softmax, P·V and P·ones, each waited for; the
-    stage handed back after it. l: (64, 8) in l_layout, l in column 0. Returns (acc, m, l, tile j+1's
-    K scale)."""
+def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+              KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+              s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr):
+    """Key tile j: wait for its ring stage, S = Q·K_jᵀ, softmax, P·V, each waited for; the stage
+    handed back after it. Returns (acc, m, l, tile j+1's K scale)."""
     k_scale = k_scale_next
     k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
     stage = j % NUM_STAGES
     mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
     s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p8, m_i, alpha = _softmax(s, m_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED)
-    p_op = _p_operand(p8, p_layout)
-    pv = warpgroup_mma(p_op, v_smem.index(stage).permute((1, 0)), o_zero, use_acc=False, is_async=True)
-    # l sums the e4m3 P that multiplies V (see attention_fwd._attn_tile), on the tensor cores: the same A
-    # registers (the operand layout does not depend on N) times a ones column, an m64n8 MMA
-    ls = warpgroup_mma(gl.convert_layout(p_op, pl_layout), ones_smem.permute((1, 0)), l_zero, use_acc=False,
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED)
+    pv = warpgroup_mma(_p_operand(p, p_layout), v_smem.index(stage).permute((1, 0)), o_zero, use_acc=False,
                        is_async=True)
-    pv, ls = warpgroup_mma_wait(num_outstanding=0, deps=(pv, ls))
+    pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
-    l_i = l_i * gl.convert_layout(alpha, l_rows)[:, None] + ls
     mbarrier.arrive(empty.index(stage), count=1)
     return acc, m_i, l_i, k_scale_next
 
@@ -158,7 +144,7 @@ def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ones_smem,
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
               BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
     """One warpgroup: the CTA's 64 query rows against every key tile, then the normalised 16-bit store."""
-    q_smem, k_smem, v_smem, ones_smem = bufs
+    q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
     QScale, KScale, VScale, Out = ptrs[0], ptrs[1], ptrs[2], ptrs[3]
     n_tiles, N_Q, N_K = dims[3], dims[4], dims[5]
@@ -170,17 +156,12 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_D, 32])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, 8, 32])
-    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
-    l_rows: gl.constexpr = gl.SliceLayout(1, l_layout)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
     rows = m_start + gl.arange(0, WG_ROWS, layout=row_layout)  # within the head
     q_scale = gl.load(QScale + scale_row + rows, mask=rows < M_PAD, other=0.0)
     m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, row_layout)
-    l_i = gl.zeros([WG_ROWS, 8], gl.float32, l_layout)
-    l_zero = gl.zeros([WG_ROWS, 8], gl.float32, l_layout)
+    l_i = gl.zeros([WG_ROWS], gl.float32, row_layout)
     acc = gl.zeros([WG_ROWS, HEAD_D], gl.float32, o_layout)
     s_zero = gl.zeros([WG_ROWS, BLOCK_N], gl.int32, s_layout)
     o_zero = gl.zeros([WG_ROWS, HEAD_D], gl.float32, o_layout)
@@ -193,23 +174,16 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     k_scale_next = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
     for j in range(n_full):
         acc, m_i, l_i, k_scale_next = _key_tile(
-            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ones_smem, ready, empty, s_zero, o_zero, l_zero,
-            q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, pl_layout, o_rows,
-            l_rows, False)
+            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False)
     for j in range(n_full, n_tiles):
         acc, m_i, l_i, k_scale_next = _key_tile(
-            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ones_smem, ready, empty, s_zero, o_zero, l_zero,
-            q_scale, KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, pl_layout, o_rows,
-            l_rows, True)
+            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True)
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
-    out = acc / gl.convert_layout(gl.sum(l_i, axis=1), o_rows)[:, None]  # column 0: the others are 0
-    # within ±448 but for the rounding of the running sums and the MMA's: see attention_fwd._query_tile
-    # (no gl.clamp before Triton 3.8: a max and a min, NaN kept)
-    out = gl.minimum(gl.maximum(out, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL), FP8_MAX,
-                     propagate_nan=tl.PropagateNan.ALL)
-    out = out * gl.load(VScale + v_scale_row + d)[None, :]
+    out = acc / gl.convert_layout(l_i, o_rows)[:, None] * gl.load(VScale + v_scale_row + d)[None, :]
     r = gl.arange(0, WG_ROWS, layout=o_rows)  # within the CTA (o_offset: its first row)
     ptrs_o = Out + o_offset + r[:, None] * stride_om + d[None, :]
     gl.store(ptrs_o, out.to(Out.dtype.element_ty), mask=(m_start + r < N_Q)[:, None] & (d < D_OUT)[None, :])
@@ -242,17 +216,7 @@ def _attn_fwd_sm90_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
 
-    # The l MMA's B operand, (8, BLOCK_N) e4m3 K-major like Vᵀ: ones in row 0 (l's column), zeros elsewhere.
-    # Written by the consumer's warps before the partitions start (their entry is a CTA barrier); the
-    # fence orders the writes before the async proxy (wgmma) reads them.
-    fill: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-    r = gl.arange(0, 8, layout=gl.SliceLayout(1, fill))
-    c = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, fill))
-    ones = gl.where((r[:, None] == 0) & (c[None, :] >= 0), 1.0, 0.0).to(gl.float8e4nv)
-    ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [8, BLOCK_N],
-                                          gl.NVMMASharedLayout.get_default_for([8, BLOCK_N], gl.float8e4nv), ones)
-    fence_async_shared()
-    bufs = (q_smem, k_smem, v_smem, ones_smem)
+    bufs = (q_smem, k_smem, v_smem)
     bars = (q_bar, ready, empty)
     ptrs = (QScale, KScale, VScale, Out)
     # Scalars the partitions share, by position (worker partitions take no keyword structs):

@@ -27,14 +27,12 @@ Numerics, step by step (all tensors HND: (B, H, N, D)):
    "fp8": V scaled per channel by max|V over valid tokens| / 448 to e4m3 once;
    P is computed as exp2(S − m + log2 448) (pre-scaled to fill e4m3; l carries the same factor),
    per tile a fresh fp32 block product P_e4m3 @ V_e4m3 is added into the running acc
-   (two-level accumulation), and l sums P_e4m3, the rounded P that multiplies V (not P), so that
-   acc / l is a convex combination of V's codes; the output clamp(acc / l, ±448) is rescaled by
-   v_scale, so |O| <= max|V| per channel (after the cast to V's 16-bit dtype). The kernels take a
-   tile's sum as P_e4m3 @ (a ones column) on the tensor cores, exact like P_e4m3 @ V_e4m3 (the
-   interpreter) or rounded as the GPU's FP8 MMA rounds that product.
+   (two-level accumulation); the output acc / l is rescaled by v_scale.
    "fp32" (simulation only): P and V unquantized.
-6. O = acc / l (0 where l = 0, i.e. every key masked); LSE = ln2 · (m + log2 l) + sm_scale · q·mean(K)
-   (in FP8 mode from the same l: the LSE of the weights the output was normalised by).
+6. O = acc / l (0 where l = 0, i.e. every key masked); LSE = ln2 · (m + log2 l) + sm_scale · q·mean(K).
+7. O clamped per channel to [min V, max V] over the valid keys (`bounds.clamp_to_v_hull`): attention
+   is a convex combination of V's rows, and P's rounding (l sums the unrounded P) can carry it
+   past them (a constant V would come back 1-2% off, V near the 16-bit maximum as inf).
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ import math
 
 import torch
 
+from sagevideo.kernels.bounds import clamp_to_v_hull
 from sagevideo.kernels.constants import FP8_MAX, LN2, LOG2_FP8_MAX, LOG2E, MIN_ROW_SCALE, TINY_AMAX
 from sagevideo.kernels.guard import flagged_tiles
 from sagevideo.kernels.plans import padded_head_dim
@@ -242,29 +241,19 @@ def sageattn_reference(
         if pv == "fp8":
             # saturate like the GPU's cvt.satfinite: exp2(log2 448) may round just above 448
             p_operand = p.clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
-            # l sums the rounded P that multiplies V (e4m3 keeps 3 mantissa bits: rounding moves each P by
-            # up to 6%), so acc / l is a convex combination of V's codes; the unrounded sum let a constant
-            # V come back 1-2% off and V near the 16-bit maximum overflow to inf. Summed in fp64 and rounded
-            # once, as an MMA with an fp32 result sums (the kernels: P_e4m3 @ a ones column).
-            p_sum = p_operand.double().sum(dim=-1).float()
         elif pv == "fp16":
             p_operand = p.to(pv_dtype).float()
-            p_sum = p.sum(dim=-1)
         else:
             p_operand = p
-            p_sum = p.sum(dim=-1)
-        l = l * alpha + p_sum
+        l = l * alpha + p.sum(dim=-1)
         acc = acc * alpha[..., None] + _matmul_fp32(p_operand, v_tile)
         m = m_new
 
     has_keys = l != 0  # NaN (NaN inputs) stays NaN, as in the kernels
     out = torch.where(has_keys[..., None], acc / torch.where(has_keys, l, 1.0)[..., None], 0.0)
     if pv == "fp8":
-        # acc / l is a convex combination of codes in [-448, 448] but for the fp32 rounding of the
-        # running sums (and, on the GPU, the FP8 MMA's own accumulation), which could carry V near the
-        # 16-bit maximum past it; clamped, the output is at most 448·v_scale = max|V| (1 + 2^-23) per
-        # channel, which the 16-bit cast rounds to max|V|. NaN stays NaN.
-        out = out.clamp(-FP8_MAX, FP8_MAX) * v_scale[:, :, None, :]
+        out = out * v_scale[:, :, None, :]
+    out = clamp_to_v_hull(out, v.float(), valid, is_causal=is_causal)
     lse = None
     if return_lse:
         lse2 = torch.where(has_keys, m - p_shift + torch.log2(torch.where(has_keys, l, 1.0)), float("-inf"))

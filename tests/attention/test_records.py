@@ -46,12 +46,15 @@ def test_a_peaky_direct_call_is_in_its_record_and_warned_by_the_end_of_the_block
     assert any("past INT8's accuracy" in str(w.message) for w in caught)
 
 
-def test_the_next_call_reads_the_previous_ones_count():
-    with record_backends() as log:
+def test_a_later_call_reads_the_previous_ones_count_without_waiting():
+    """The count is read by the first later call that finds it computed (on the CPU: the next call; on a
+    GPU it lands in pinned memory behind the call), at the latest by the end of the block."""
+    with pytest.warns(UserWarning, match="past INT8's accuracy"), record_backends() as log:
         sageattn(*_qkv(30.0, seed=2), backend="reference", pv="fp8")
-        with pytest.warns(UserWarning, match="past INT8's accuracy"):
-            sageattn(*_qkv(seed=3), backend="reference", pv="fp8")
-        assert sum(log.peaky.values()) > 0
+        sageattn(*_qkv(seed=3), backend="reference", pv="fp8")
+        if not torch.cuda.is_available():
+            assert sum(log.peaky.values()) > 0
+    assert sum(log.peaky.values()) > 0
 
 
 @pytest.mark.slow  # torch.compile
