@@ -81,6 +81,7 @@ def test_the_mid_denoise_failpoint_stops_the_job_at_its_second_transformer_call(
     finally:
         host.rank = 0
         failpoints.disarm()
+        host.close()  # sagevideo's own hooks (its step clock and guard) go with the attention
     assert dict(host.pipe.transformer._forward_pre_hooks) == hooks  # the failpoint's hook is gone again
 
 
