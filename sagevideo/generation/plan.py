@@ -34,6 +34,7 @@ from sagevideo.jobs.specs import (
     read_prompts_file,
     where,
 )
+from sagevideo.outputs.encoder import encoder_problem
 from sagevideo.outputs.manifest import MANIFEST_NAME
 from sagevideo.pipelines.loading import ModelSource
 
@@ -119,6 +120,9 @@ def plan_batch(
     problems: list[tuple[str, str]] = [(place, text) for _, place, text in config.bad_values]
     bad = {name for name, _, _ in config.bad_values}
     problems += loaded.problems if loaded is not None else []
+    encoder = encoder_problem()  # without one, every job would render and then fail at the write
+    if encoder:
+        problems.append(("", encoder))
     recipe = _BatchRecipe.of(config, loaded.recipe if loaded is not None and use_file_recipe else None, bad)
     config = config.model_copy(update=recipe.recipe.model_dump())
     problems += recipe.problems
