@@ -48,6 +48,7 @@ from sagevideo.eval.weights import (
     status_for,
     torch_load_reason,
 )
+from sagevideo.outputs.encoder import encoder_problem
 from sagevideo.outputs.manifest import ManifestRecord
 
 SCHEMA = "sagevideo.eval.metrics"
@@ -389,6 +390,9 @@ def evaluate(
     keys = check_metrics(options.metrics)
     if options.lpips_net not in LPIPS_FILES:
         raise EvalInputError(f"--lpips-net {options.lpips_net}: use one of {', '.join(LPIPS_FILES)}")
+    encoder = encoder_problem()  # else every video would read as truncated
+    if encoder:
+        raise EvalInputError(encoder)
     out_dir = prepare_out(out)
     pairs, arms = plan_pairs(ref_dir, test_dir, noise_ref, records=records)  # PairingError: before any model
     unclean = setting_notes(pairs)

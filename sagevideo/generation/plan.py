@@ -34,6 +34,7 @@ from sagevideo.jobs.specs import (
     read_prompts_file,
     where,
 )
+from sagevideo.outputs.encoder import encoder_problem
 from sagevideo.outputs.manifest import MANIFEST_NAME
 from sagevideo.pipelines.loading import ModelSource
 
@@ -119,6 +120,9 @@ def plan_batch(
     problems: list[tuple[str, str]] = [(place, text) for _, place, text in config.bad_values]
     bad = {name for name, _, _ in config.bad_values}
     problems += loaded.problems if loaded is not None else []
+    encoder = encoder_problem()  # without one, every job would render and then fail at the write
+    if encoder:
+        problems.append(("", encoder))
     recipe = _BatchRecipe.of(config, loaded.recipe if loaded is not None and use_file_recipe else None, bad)
     config = config.model_copy(update=recipe.recipe.model_dump())
     problems += recipe.problems
@@ -127,6 +131,9 @@ def plan_batch(
     except InputError as err:
         raise InputError(group_problems([*problems, ("", str(err))])) from None
     settings = config.model_copy(update={"pv": resolve_pv(config.pv, dev)})
+    cache_problems = _compile_cache_problems(recipe, dev)
+    if cache_problems:  # what follows imports torch._dynamo, which creates Inductor's folder: a traceback there
+        raise InputError(group_problems([*problems, *cache_problems]))
     defaults = {k: v for k, v in settings.job_defaults().items() if k not in bad}  # bad ones are said already
     file_items = loaded.items if loaded is not None else []
     labelled = [*file_items, *_labelled_items(prompts_or_jobs, settings.prompts_file, have_jobs=loaded is not None)]
@@ -285,6 +292,19 @@ class _BatchRecipe:
         if name in self.from_file:
             return self.file.at(name), f"{name}: {text}"
         return option, text
+
+
+def _compile_cache_problems(recipe: _BatchRecipe, device: str) -> list[tuple[str, str]]:
+    """(where, problem) for compile-cache folders that cannot be written: every folder under
+    --compile (placed where compile was set), else a bad TORCHINDUCTOR_CACHE_DIR alone."""
+    from sagevideo.pipelines.recipe import compile_cache_problems
+
+    compile_ = recipe.recipe.compile
+    compiling = recipe.checkable and compile_ != "none"
+    found = compile_cache_problems(device, compiling=compiling)
+    if not compiling:
+        return [("", problem) for problem in found]
+    return [recipe.place("compile", f"--compile {compile_}", problem) for problem in found]
 
 
 def _labelled_items(

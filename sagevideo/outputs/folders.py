@@ -14,15 +14,32 @@ def writable_folder(out: str | Path, error: type[Exception], file_hint: str = ""
     """Create `out` if needed and check it accepts files (a probe file); raise `error(message)` when
     it is a file or not writable. file_hint: appended to the "is a file" message."""
     path = Path(out).expanduser()
-    if path.exists() and not path.is_dir():
+    reason = folder_write_problem(path)
+    if reason == IS_A_FILE:
         raise error(f"--out {out}: is a file, not a folder{file_hint}")
+    if reason:
+        raise error(f"--out {out}: cannot write there ({reason}); give a writable folder")
+    return path
+
+
+IS_A_FILE = "it is a file, not a folder"
+
+
+def folder_write_problem(path: Path) -> str | None:
+    """Create the folder `path` if needed and write a probe file in it: why that failed (IS_A_FILE,
+    '/a/b is a file, not a folder' for a parent, or the system's reason: 'Read-only file system'), or None."""
+    if path.exists() and not path.is_dir():
+        return IS_A_FILE
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path, prefix=".sagevideo-probe-"):
             pass
     except OSError as err:
-        raise error(f"--out {out}: cannot write there ({err.strerror or err}); give a writable folder") from None
-    return path
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocker is not None:  # NotADirectoryError names no path: say which one is in the way
+            return f"{blocker} is a file, not a folder"
+        return err.strerror or str(err)
+    return None
 
 
 LOCK_NAME = ".sagevideo.lock"

@@ -1,8 +1,9 @@
 """Model sources: check a model before loading it, then load it (local files only).
 
-`resolve_model("tiny" | path)` reads only JSON configs, so every problem (missing folder, no
-model_index.json, a pipeline no registered family generates, missing safetensors, a video size
-the model cannot make) is reported before any weights are read. Which family a model belongs to
+`resolve_model("tiny" | path)` reads only JSON configs and safetensors headers, so every problem
+(missing folder, no model_index.json, a pipeline no registered family generates, missing, truncated
+or corrupt safetensors, a config value of the wrong type, a symlink loop: `folder_check`, a video
+size the model cannot make) is reported before any weights are read. Which family a model belongs to
 comes from the registry (`sagevideo.pipelines.families`): its built-in tiny names, or the
 folder's `model_index.json` `_class_name`. `load_pipeline` then has the family load it (the tiny
 model is built, a folder goes through diffusers' `from_pretrained(local_files_only=True,
@@ -12,8 +13,10 @@ use_safetensors=True)`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -102,6 +105,9 @@ def resolve_model(model: str) -> ModelSource:
         return family.tiny_source(model)
     tiny = [name for f in families.every() for name in f.tiny_models]
     path = Path(model).expanduser()
+    if path.is_symlink() and not path.exists():
+        why = "a symlink loop" if _loops(path) else "a symlink to nothing"
+        raise InputError(f"--model {model}: {why} ({path} -> {os.readlink(path)}); give the model folder itself")
     if not path.exists():
         raise InputError(
             f"--model {model}: no such folder; give {' or '.join(repr(t) for t in tiny)} or a local diffusers "
@@ -129,6 +135,11 @@ def resolve_model(model: str) -> ModelSource:
             f"--model {model}: model_index.json names {cls!r}{known}; sagevideo generate runs "
             f"{', '.join(families.generated_pipeline_classes())}"
         )
+    from sagevideo.pipelines.folder_check import folder_problems
+
+    broken = folder_problems(path, index)
+    if broken:  # one line each: a truncated shard, a config value of the wrong type, a symlink loop
+        raise InputError("\n".join(f"--model {model}: {place}: {problem}" for place, problem in broken))
     for component in family.weight_components:
         folder = path / component
         if not any(folder.glob("*.safetensors")):
@@ -137,6 +148,14 @@ def resolve_model(model: str) -> ModelSource:
                 "safetensors only (re-save with save_pretrained(..., safe_serialization=True))"
             )
     return family.folder_source(path.resolve(), index, model)
+
+
+def _loops(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError as err:
+        return err.errno == errno.ELOOP
+    return False
 
 
 def fingerprint(parts: list[Any]) -> str:

@@ -16,6 +16,8 @@ and regional torch.compile, applied in the order that composes, after the attent
   (`transformer.enable_cache(<diffusers config>)`) wrap the compiled forwards and stay outside the
   compiled code. Compiled code goes to a persistent folder
   (`use_compile_cache`).
+- `compile_cache_problems(device)`: why compiled code could not be written to the compile-cache
+  folders (`compile_cache_folders`), before anything imports torch._dynamo (`plan_batch` asks).
 - `capabilities(device)`: what this machine can run (for `sagevideo env`).
 
 Attention installed later (a job with another plan) still runs: the compiled blocks re-trace
@@ -28,6 +30,7 @@ import fnmatch
 import importlib.util
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,21 +49,64 @@ def compile_cache_dir() -> Path:
     return Path(os.environ.get(COMPILE_CACHE_ENV) or DEFAULT_COMPILE_CACHE).expanduser()
 
 
+def compile_cache_folders() -> dict[str, tuple[Path, str]]:
+    """{torch's variable: (the folder it will name, the variable that decides it)} for Inductor's
+    cache (TORCHINDUCTOR_CACHE_DIR) and Triton's (TRITON_CACHE_DIR): folders of
+    `compile_cache_dir()` unless the user set them. Nothing is changed (`use_compile_cache` sets them)."""
+    root = compile_cache_dir()
+    folders = {"TORCHINDUCTOR_CACHE_DIR": (root / "inductor", COMPILE_CACHE_ENV),
+               "TRITON_CACHE_DIR": (root / "triton", COMPILE_CACHE_ENV)}
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if inductor and not _torch_default(inductor):
+        folders["TORCHINDUCTOR_CACHE_DIR"] = (Path(inductor), "TORCHINDUCTOR_CACHE_DIR")
+    if os.environ.get("TRITON_CACHE_DIR"):
+        folders["TRITON_CACHE_DIR"] = (Path(os.environ["TRITON_CACHE_DIR"]), "TRITON_CACHE_DIR")
+    return folders
+
+
+def _torch_default(folder: str) -> bool:
+    """Whether TORCHINDUCTOR_CACHE_DIR holds torch's own default, <tmp>/torchinductor_<user>, which
+    torch writes into the variable when torch._dynamo is imported (here or in a parent process):
+    not a user's choice. Compared by its form, not through torch's helper: importing that imports
+    torch._dynamo, which creates the folder (and fails on a bad one)."""
+    path = Path(folder)
+    return path.name.startswith("torchinductor_") and path.parent == Path(tempfile.gettempdir())
+
+
+def compile_cache_problems(device: str, *, compiling: bool = True) -> list[str]:
+    """Why compiled code could not be written (each folder once, naming the variable to set), or [].
+    The folders are created (a probe file is written and removed); Triton's matters on CUDA only.
+    compiling False: only a TORCHINDUCTOR_CACHE_DIR the user set, which torch creates whenever
+    torch._dynamo is imported (diffusers imports it), so a bad one fails every run.
+    Needs no torch import: call it before anything imports torch._dynamo."""
+    from sagevideo.outputs.folders import folder_write_problem
+
+    problems = []
+    for variable, (folder, decided_by) in compile_cache_folders().items():
+        wanted = compiling or decided_by == "TORCHINDUCTOR_CACHE_DIR"
+        if not wanted or (variable == "TRITON_CACHE_DIR" and device != "cuda"):
+            continue
+        problem = folder_write_problem(folder)
+        if problem:
+            given = os.environ.get(decided_by)
+            why = f"{decided_by}={given}" if given else f"the default under HOME, {DEFAULT_COMPILE_CACHE}"
+            unset = "" if decided_by == COMPILE_CACHE_ENV else ", or unset it"
+            problems.append(f"the compile cache {folder} ({why}) cannot be written ({problem}); "
+                            f"set {decided_by} to a writable folder{unset}")
+    return problems
+
+
 def use_compile_cache() -> dict[str, str]:
     """Point torch's own caches at `compile_cache_dir()` (unless the user set them): Inductor's
     (TORCHINDUCTOR_CACHE_DIR: FX-graph cache, kernels, autotuning) and Triton's (TRITON_CACHE_DIR),
     with Inductor's FX-graph cache on, so a compile is paid once per machine, not per process.
     Returns {variable: folder} as used."""
     import torch._inductor.config as inductor_config
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     from sagevideo.attention.records import allow_caching_graphs_with_records
 
-    root = compile_cache_dir()
-    # torch writes its default into the variable on first use; that is not a user's choice.
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, "", os.path.abspath(default_cache_dir())):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
-    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
+    for variable, (folder, _) in compile_cache_folders().items():
+        os.environ[variable] = str(folder)
     inductor_config.fx_graph_cache = True
     allow_caching_graphs_with_records()  # else graphs with sagevideo attention were never cached
     return {name: os.environ[name] for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}

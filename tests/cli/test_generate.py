@@ -253,3 +253,80 @@ def test_cli_option_and_job_file_recipe_that_disagree_exit_2_naming_both(tmp_pat
         f"sagevideo generate: error: {path} line 2 (recipe): cache: the job file's recipe sets 'first-block' and "
         "--cache taylorseer is given too; set it in one place (the file's recipe applies where the option is left out)"
     )
+
+
+# The command in a child process whose loader refuses to run (exit 3): checks of the process's
+# environment (HOME, torch's cache variables) must refuse before anything loads.
+NO_LOAD = (
+    "import os, sys\n"
+    "import sagevideo.pipelines.loading as loading\n"
+    "def refuse(*args, **kwargs):\n"
+    "    print('a model was loaded', file=sys.stderr)\n"
+    "    os._exit(3)\n"
+    "loading.load_pipeline = refuse\n"
+    "from sagevideo.cli.app import app\n"
+    "app(sys.argv[1:], prog_name='sagevideo')\n"
+)
+
+
+def run_child(args, env_changes, *, prefix=()):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SAGEVIDEO_COMPILE_CACHE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    env.update(PYTHONPATH=os.pathsep.join([str(root), env.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1", **env_changes)
+    command = [*prefix, sys.executable, "-c", NO_LOAD, "generate", *map(str, args)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def refused_in_one_line(done):
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "a model was loaded" not in done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "error:" in line]
+    return line
+
+
+@pytest.mark.slow
+def test_a_read_only_home_refuses_compile_before_loading(tmp_path):
+    """The default compile cache lives under HOME: read-only there, every job used to load the
+    model and then fail at its first compiled step. As root a read-only bind mount in a private
+    mount namespace stands for it (permissions do not stop root)."""
+    import os
+    import shutil
+
+    home = tmp_path / "home"
+    home.mkdir()
+    prefix: tuple[str, ...] = ()
+    if os.geteuid() == 0:
+        if shutil.which("unshare") is None:
+            pytest.skip("needs unshare(1) to make a read-only HOME as root")
+        remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" || exit 97; exec "$@"'
+        prefix = ("unshare", "-m", "--propagation", "private", "sh", "-c", remount, str(home))
+    else:
+        home.chmod(0o555)
+    done = run_child(["-p", "a fox", "--out", tmp_path / "out", "--steps", "1", "--no-progress", "--compile",
+                      "regional", "--compile-backend", "eager"], {"HOME": str(home)}, prefix=prefix)
+    if done.returncode == 97:
+        pytest.skip("cannot mount here")
+    line = refused_in_one_line(done)
+    assert line.startswith(f"sagevideo generate: error: --compile regional: the compile cache {home}/.cache/")
+    assert ("Read-only file system" in line or "Permission denied" in line) and \
+        line.endswith("set SAGEVIDEO_COMPILE_CACHE to a writable folder")
+
+
+@pytest.mark.slow
+def test_an_inductor_cache_variable_naming_a_file_is_one_line_not_a_traceback(tmp_path):
+    """torch creates TORCHINDUCTOR_CACHE_DIR when torch._dynamo is first imported; a file there made
+    every run (with or without --compile) end in a FileExistsError traceback while planning."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    done = run_child(["-p", "a fox", "--out", tmp_path / "out", "--steps", "1", "--no-progress"],
+                     {"TORCHINDUCTOR_CACHE_DIR": str(blocker)})
+    line = refused_in_one_line(done)
+    assert line == (f"sagevideo generate: error: the compile cache {blocker} (TORCHINDUCTOR_CACHE_DIR={blocker}) "
+                    "cannot be written (it is a file, not a folder); set TORCHINDUCTOR_CACHE_DIR to a writable "
+                    "folder, or unset it")

@@ -183,6 +183,62 @@ def test_pyramid_broadcast_with_compile_is_refused_before_loading(tmp_path, no_m
                    compile_backend="eager")
 
 
+@pytest.fixture
+def cache_env(monkeypatch, tmp_path):
+    """No compile-cache variable set, HOME in tmp_path; a file `blocker` to point them at."""
+    for name in ("SAGEVIDEO_COMPILE_CACHE", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    return blocker
+
+
+@pytest.mark.parametrize(
+    "variable, value, says",
+    [
+        ("SAGEVIDEO_COMPILE_CACHE", "{blocker}", "the compile cache {blocker}/inductor (SAGEVIDEO_COMPILE_CACHE="
+         "{blocker}) cannot be written ({blocker} is a file, not a folder); set SAGEVIDEO_COMPILE_CACHE to a "
+         "writable folder"),
+        ("HOME", "{blocker}", "the compile cache {blocker}/.cache/sagevideo/compile/inductor (the default under HOME, "
+         "~/.cache/sagevideo/compile) cannot be written ({blocker} is a file, not a folder); set "
+         "SAGEVIDEO_COMPILE_CACHE to a writable folder"),
+        ("TORCHINDUCTOR_CACHE_DIR", "{blocker}", "the compile cache {blocker} (TORCHINDUCTOR_CACHE_DIR={blocker}) "
+         "cannot be written (it is a file, not a folder); set TORCHINDUCTOR_CACHE_DIR to a writable folder, "
+         "or unset it"),
+    ],
+)
+def test_a_compile_cache_that_cannot_be_written_is_refused_before_loading(cache_env, monkeypatch, tmp_path,
+                                                                          no_model_load, variable, value, says):
+    """Each job used to load the model and then fail with a raw NotADirectoryError at its first
+    compiled step; now the batch is refused at once, naming the variable to set."""
+    monkeypatch.setenv(variable, value.format(blocker=cache_env))
+    with pytest.raises(InputError) as refused:
+        plan_batch("a cat", out=tmp_path / "out", device="cpu", compile="regional", compile_backend="eager")
+    assert str(refused.value) == f"--compile regional: {says.format(blocker=cache_env)}"
+
+
+def test_a_writable_compile_cache_is_created_and_triton_is_asked_only_on_cuda(cache_env, monkeypatch, tmp_path):
+    from sagevideo.pipelines.recipe import compile_cache_problems
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache_env))  # Triton compiles nothing on CPU
+    assert compile_cache_problems("cpu") == []
+    assert (tmp_path / "home" / ".cache" / "sagevideo" / "compile" / "inductor").is_dir()
+    (problem,) = compile_cache_problems("cuda")
+    assert problem.startswith(f"the compile cache {cache_env} (TRITON_CACHE_DIR={cache_env}) cannot be written")
+
+
+def test_a_bad_inductor_folder_is_refused_without_compile_too(cache_env, monkeypatch, tmp_path, no_model_load):
+    """torch creates TORCHINDUCTOR_CACHE_DIR when torch._dynamo is imported (diffusers imports it),
+    so a bad one would be a traceback in every run; SAGEVIDEO_COMPILE_CACHE matters only to --compile."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_env))
+    with pytest.raises(InputError, match=r"^the compile cache .* set TORCHINDUCTOR_CACHE_DIR to a writable folder"):
+        plan_batch("a cat", out=tmp_path / "out", device="cpu")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("SAGEVIDEO_COMPILE_CACHE", str(cache_env))
+    assert plan_batch("a cat", out=tmp_path / "out", device="cpu").jobs
+
+
 def test_a_keep_pattern_that_names_no_layer_is_an_error(monkeypatch):
     pytest.importorskip("torchao")
     with pytest.raises(ValueError, match="--linear-keep nothing.*names no linear"):

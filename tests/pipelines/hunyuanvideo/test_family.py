@@ -144,7 +144,10 @@ def test_folders_missing_parts_are_named(saved, tmp_path, no_model_load):
         resolve_model(str(folder))
     shutil.rmtree(folder)
     shutil.copytree(saved, folder)
-    (folder / "tokenizer" / "tokenizer.json").write_text("{not json")
+    (folder / "tokenizer" / "tokenizer.json").write_text("{not json")  # said by the folder check, naming the file
+    with pytest.raises(InputError, match=r"tokenizer/tokenizer.json: not readable JSON \(Expecting property name"):
+        resolve_model(str(folder))
+    (folder / "tokenizer" / "tokenizer.json").write_text('{"model": {"type": "none"}}')  # JSON, not a tokenizer
     with pytest.raises(InputError, match=r"tokenizer/ cannot be read as a tokenizer"):
         src = resolve_model(str(folder))
         src.problems(src.resolve(JobSpec(prompt="a cat")))
