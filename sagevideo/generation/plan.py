@@ -612,13 +612,18 @@ def _resolve_execution(
 
 
 def _prepare_out_dir(out: str | Path) -> Path:
-    """Create the output folder if needed and prove it is writable (a probe file)."""
+    """Create the output folder if needed and prove it is writable (a probe file); refuse a folder
+    whose manifest a newer sagevideo wrote to."""
     from sagevideo.outputs.folders import writable_folder
+    from sagevideo.outputs.manifest import Manifest
 
     path = writable_folder(out, InputError, "; give a folder for the videos and manifest")
     manifest = path / MANIFEST_NAME
     if manifest.exists() and (not manifest.is_file()):
         raise InputError(f"--out {out}: {MANIFEST_NAME} there is not a file; remove it or use another folder")
+    problem = Manifest(manifest).newer_schema_problem()
+    if problem:
+        raise InputError(f"--out {out}: {problem}")
     return path
 
 

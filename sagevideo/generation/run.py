@@ -220,6 +220,9 @@ def _run_locked(
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     manifest = Manifest(plan.manifest_path)
+    newer = manifest.newer_schema_problem()  # planned before a newer sagevideo wrote there
+    if newer:
+        raise InputError(f"--out {plan.out}: {newer}")
     for message in manifest.quarantine():  # torn or mistyped lines: said once, then set aside
         echo(f"sagevideo: {message}")
     report = BatchReport(plan=plan, records=[])
