@@ -44,7 +44,13 @@ bypasses of Inductor's FX-graph cache and AOTAutograd's cache, by torch's counte
 for a plain recipe and on lines written before it existed, which read as they are: an optional
 field, no schema change), scheduler (the class name of the pipeline's scheduler that ran the job:
 "NoiseFirstDPMScheduler" where sagevideo drew CogVideoX-5B's step noise ahead,
-`sagevideo.pipelines.cogvideox.noise_first`; optional, None on older lines). Unknown keys (another tool's, or a
+`sagevideo.pipelines.cogvideox.noise_first`; optional, None on older lines), render_key (16 hex
+digits of what decides the pixels, `sagevideo.jobs.identity`: jobs that share it make the same
+video; None on older lines, which are then never reused), reused (for a job made without
+rendering from a finished render of the same video: {job_id: the record it was made from (the
+job's own when PNG frames were added to it), video: "kept" (already under its name), "hardlink"
+or "copy", frames: None, "kept", "hardlink", "copy" or "decoded" (from the mp4)}; None for a
+render; backends, recipe, scheduler and device then are the source's). Unknown keys (another tool's, or a
 newer version's extras) are kept as they are.
 """
 
@@ -120,12 +126,23 @@ class BackendsSummary(TypedDict, total=False):
     unrouted: Any
 
 
+@with_config(ConfigDict(extra="allow"))
+class Reused(TypedDict, total=False):
+    """How a job was made from a finished render of the same video (see the module docstring)."""
+
+    job_id: str
+    video: str
+    frames: str | None
+
+
 class Handoff(BaseModel):
     """What a worker tells the driver beside the record; never written to the manifest.
 
     staged/staged_frames: the staged names of the mp4 and the PNG frames folder, for the driver to
     commit. device_error: a CUDA or out-of-memory error (a fresh worker may not have it).
-    storage_full: the disk or quota was too full to write the video (the batch stops)."""
+    storage_full: the disk or quota was too full to write the video (the batch stops).
+    in_place: made by the driver from finished files; an output without a staged name is already
+    under its final name."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -133,6 +150,7 @@ class Handoff(BaseModel):
     staged_frames: str | None = None
     device_error: bool = False
     storage_full: bool = False
+    in_place: bool = False
 
 
 class ManifestRecord(BaseModel):
@@ -184,6 +202,8 @@ class ManifestRecord(BaseModel):
     sagevideo_version: str | None = None
     recipe: dict[str, Any] | None = None
     scheduler: str | None = None
+    render_key: str | None = None
+    reused: Reused | None = None
     handoff: Handoff | None = Field(None, exclude=True)
 
     @field_validator("outputs", "retries", mode="before")

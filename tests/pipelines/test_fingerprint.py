@@ -11,19 +11,7 @@ import pytest
 
 import sagevideo.pipelines.fingerprint as fp
 from sagevideo.pipelines.loading import resolve_model
-
-
-def rewrite_in_place(weights):
-    """The same tensors (names, dtypes, shapes: the same header and size), other values, same file."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    with safe_open(weights, "pt") as f:
-        metadata = f.metadata()
-        tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is no dict)
-    name = next(n for n, t in tensors.items() if t.is_floating_point() and t.numel() > 1)
-    tensors[name] = tensors[name] + 0.5
-    save_file(tensors, weights, metadata=metadata)
+from tests.helpers.weights import rewrite_in_place
 
 
 def test_weights_rewritten_in_place_change_it_a_copy_elsewhere_does_not(tmp_path, tiny_pipe):
