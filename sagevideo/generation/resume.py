@@ -104,10 +104,10 @@ def _complete(previous: ManifestRecord | None, pj: PlannedJob, owned: dict[str, 
 def _sources(latest: Any, owned: dict[str, ManifestRecord], out: Path) -> dict[str, list[ManifestRecord]]:
     """Render key -> done records whose mp4 is there and still theirs, newest first."""
     found: dict[str, list[ManifestRecord]] = {}
-    for r in latest:
+    for r in sorted(latest, key=lambda r: r.created or "", reverse=True):
         video = r.video
         if r.done and r.render_key and video and owned.get(video) is r and (out / video).is_file():
-            found.setdefault(r.render_key, []).insert(0, r)
+            found.setdefault(r.render_key, []).append(r)
     return found
 
 
