@@ -1,6 +1,6 @@
 """Shared test set-up: nothing may be downloaded or reach the network.
 
-Hub and torch caches point at empty temporary folders (set before any test imports diffusers,
+Hub, torch and sagevideo caches point at empty temporary folders (set before any test imports diffusers,
 whose hub constants are read at import), HF_HUB_OFFLINE=1 makes hub lookups fail at once, and
 an autouse fixture refuses socket connections to anything but loopback.
 
@@ -23,6 +23,7 @@ _CACHE = tempfile.mkdtemp(prefix="sagevideo-tests-cache-")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = os.path.join(_CACHE, "hf")
 os.environ["TORCH_HOME"] = os.path.join(_CACHE, "torch")
+os.environ["SAGEVIDEO_CACHE"] = os.path.join(_CACHE, "sagevideo")  # model fingerprints' file digests
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}

@@ -22,13 +22,13 @@ from sagevideo.errors import InputError
 from sagevideo.host.pipeline_host import PlannedJob, RunContext
 from sagevideo.jobs.config import JOB_DEFAULTS, GenerateConfig
 from sagevideo.jobs.files import Origin
+from sagevideo.jobs.identity import JobIdentity
 from sagevideo.jobs.recipe import RECIPE_FIELDS
 from sagevideo.jobs.specs import (
     DEFAULT_PROMPTS,
     JobSpec,
     collect_jobs,
     group_problems,
-    job_id,
     option_place,
     output_stem,
     read_prompts_file,
@@ -201,19 +201,21 @@ def plan_batch(
     for j, label in resolved:
         key = (j.attention, j.pv)
         id_settings = {
-            "model": source.name,
             "model_fingerprint": source.fingerprint,
             "backend": backends[key],
             "dtype": dt,
             "fps": settings.fps,
             "plan_sha256": plan_shas.get(j.plan),
         }
+        if source.is_tiny:  # a built-in model's name, never a folder's path: a copied folder is the same model
+            id_settings["model"] = source.name
         if j.image is not None:  # only then: the ids of jobs without an image stay what they were
             id_settings["image_sha256"] = image_shas[j.image]
         if not settings.recipe.is_plain:  # fp8 linears and caches change the video; plain recipes keep their ids
             id_settings["recipe"] = settings.recipe.settings()
         # The plan's and the image's content, not their paths, decide the output: moving a file keeps the id.
-        jid = job_id(j.model_copy(update={"plan": None, "image": None}), id_settings)
+        identity = JobIdentity(j.model_copy(update={"plan": None, "image": None}), id_settings)
+        jid = identity.job_id
         if jid in seen:
             duplicates += 1
             continue
@@ -227,6 +229,7 @@ def plan_batch(
                 backend=backends[key],
                 plan_sha256=plan_shas.get(j.plan),
                 image_sha256=image_shas.get(j.image) if j.image is not None else None,
+                identity=identity,
             )
         )
         labels.append(label)
@@ -236,6 +239,10 @@ def plan_batch(
     out_dir = _prepare_out_dir(settings.out)  # last: the only check that writes (it may create the folder)
     if duplicates:
         notes.append(f"{duplicates} duplicate job(s) (same prompt and settings) will run once")
+    same_video = len(planned) - len({pj.render_key for pj in planned})
+    if same_video:
+        notes.append(f"{same_video} job(s) make the same video as another under another name (same prompt, seed and "
+                     "settings): it is rendered once and they get a hard link (or copy) of it")
     return BatchPlan(
         out=out_dir,
         settings=settings,
@@ -632,13 +639,18 @@ def _resolve_execution(
 
 
 def _prepare_out_dir(out: str | Path) -> Path:
-    """Create the output folder if needed and prove it is writable (a probe file)."""
+    """Create the output folder if needed and prove it is writable (a probe file); refuse a folder
+    whose manifest a newer sagevideo wrote to."""
     from sagevideo.outputs.folders import writable_folder
+    from sagevideo.outputs.manifest import Manifest
 
     path = writable_folder(out, InputError, "; give a folder for the videos and manifest")
     manifest = path / MANIFEST_NAME
     if manifest.exists() and (not manifest.is_file()):
         raise InputError(f"--out {out}: {MANIFEST_NAME} there is not a file; remove it or use another folder")
+    problem = Manifest(manifest).newer_schema_problem()
+    if problem:
+        raise InputError(f"--out {out}: {problem}")
     return path
 
 

@@ -1,5 +1,8 @@
 """Run a planned batch: the jobs the manifest does not show as done, in this process (one model
-load) or on Ray workers (`sagevideo.scheduling`, one load per worker).
+load) or on Ray workers (`sagevideo.scheduling`, one load per worker). Jobs whose video is
+finished already (the same render under another name, or a finished job that now asks for PNG
+frames) are made from it without rendering (`generation.resume` decides, `generation.reuse` makes),
+and jobs of a batch that make the same video render it once.
 
 Workers hand back staged files and records; this process alone renames each output into place and
 appends its record to the manifest, one record per job per run. A failing job is recorded and the
@@ -12,7 +15,9 @@ What keeps this true when things go wrong:
   never overwritten: that video is renamed `<name>.was-<its job id>.mp4` first and its job's
   record appended again with the new name, and the summary says so;
 - a video rename and its manifest line go together: if the line cannot be written (disk full),
-  the rename is undone and the batch stops; a video the disk had no room for stops it too.
+  the rename is undone and the batch stops; a video the disk had no room for stops it too;
+- earlier renders that a changed model made stale are rendered again, and the summary says how
+  many and why (their files stay: automatic names change with the model, fixed ones are kept aside).
 """
 
 from __future__ import annotations
@@ -31,16 +36,10 @@ from typing import Any
 
 from sagevideo.errors import BatchInterrupted, BatchStopped, InputError, Terminated
 from sagevideo.generation.plan import BatchPlan
+from sagevideo.generation.resume import Stale, decide, owners
 from sagevideo.host.deadline import JobTimeoutError
 from sagevideo.host.pipeline_host import PlannedJob
-from sagevideo.outputs.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ManifestRecord,
-    ManifestWriteError,
-    is_done,
-    now_iso,
-)
+from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, ManifestRecord, ManifestWriteError, now_iso
 
 __all__ = ["BatchInterrupted", "BatchReport", "BatchStopped", "Terminated", "pending_jobs", "run_batch"]
 
@@ -54,7 +53,9 @@ class BatchReport:
     a worker died. workers: where it ran, e.g. "2 Ray worker(s) on 1 node(s) of a local Ray
     instance" (None: this process). signal: "SIGINT" or "SIGTERM" when one interrupted the run.
     stopped: why the run stopped early on its own (the disk is full). kept: (output name, new
-    name) of earlier renders of changed jobs that were renamed, not overwritten."""
+    name) of earlier renders of changed jobs that were renamed, not overwritten. stale: earlier
+    renders of jobs rendered again because the model changed. reused: (job id, `reused`) of each
+    job done without rendering (made from a finished render of the same video)."""
 
     plan: BatchPlan
     records: list[ManifestRecord | None]
@@ -66,6 +67,8 @@ class BatchReport:
     signal: str | None = None
     stopped: str | None = None
     kept: list[tuple[str, str]] = field(default_factory=list)
+    stale: list[Stale] = field(default_factory=list)
+    reused: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (job id, its record's `reused`)
     workers: str | None = None
     attention: Counter = field(default_factory=Counter)  # backend label -> calls, e.g. "reference/fp16"
     fallbacks: Counter = field(default_factory=Counter)  # fallback reason -> calls
@@ -91,6 +94,9 @@ class BatchReport:
             echo(f"sagevideo: job {record.job_id} ({self.plan.jobs[index].label}) failed: {record.error}")
         if record.attempts > 1:
             self.retried += 1
+        if record.reused is not None:  # no attention ran for it here
+            self.reused.append((record.job_id, dict(record.reused)))
+            return
         backends = record.backends or {}
         self.attention.update(backends.get("counts", {}))
         self.fallbacks.update(backends.get("fallbacks", {}))
@@ -130,6 +136,7 @@ class BatchReport:
             f"{self.plan.out} ({MANIFEST_NAME}); attention: {attention}"
         )
         line += self._recipe_part()
+        line += self._reuse_part()
         if self.workers:
             line += f"; ran on {self.workers}"
         if self.retried:
@@ -145,6 +152,25 @@ class BatchReport:
             line += f"; stopped: {self.stopped}"
         if self.interrupted or self.stopped:
             line += "; re-run the same command to resume"
+        return line
+
+    def _reuse_part(self) -> str:
+        """'; 2 of them not rendered again: 1 made from another job's identical video (1 hard link), 1
+        with PNG frames decoded from the finished mp4', then '; 3 earlier render(s) stale, ...'; or ''."""
+        line = ""
+        if self.reused:
+            other = [reused for job, reused in self.reused if reused.get("job_id") != job]
+            how = Counter("hard link" if r.get("video") == "hardlink" else str(r.get("video")) for r in other)
+            parts = []
+            if other:
+                links = ", ".join(f"{n} {kind}" for kind, n in how.most_common())
+                parts.append(f"{len(other)} made from another job's identical video ({links})")
+            decoded = sum(1 for _, reused in self.reused if reused.get("frames") == "decoded")
+            if decoded:
+                parts.append(f"{decoded} with PNG frames decoded from the finished mp4")
+            line += f"; {len(self.reused)} of them not rendered again: " + ", ".join(parts)
+        if self.stale:
+            line += "; " + stale_text(self.stale, self.plan.source.fingerprint)
         return line
 
     def _recipe_part(self) -> str:
@@ -165,6 +191,22 @@ class BatchReport:
         if self.cache_forwards:
             notes.append(f"cache skipped {self.cache_skipped} of {self.cache_forwards} forwards")
         return f"; recipe {recipe.label()}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def stale_text(stale: list[Stale], fingerprint: str) -> str:
+    """Why earlier renders render again, e.g. '2 earlier render(s) stale, rendered again: the model
+    changed since (fingerprint 1a2b3c4d5e6f, now 0f9e8d7c6b5a: its weights or configs differ)'."""
+    parts = []
+    changed = [s.record for s in stale if s.why == "model"]
+    if changed:
+        old = ", ".join(sorted({str(r.model_fingerprint) for r in changed}))
+        parts.append(f"{len(changed)} earlier render(s) stale, rendered again: the model changed since (fingerprint "
+                     f"{old}, now {fingerprint}: its weights or configs differ)")
+    unverified = sum(1 for s in stale if s.why == "unverified")
+    if unverified:
+        parts.append(f"{unverified} earlier render(s) rendered again: recorded by a sagevideo whose model fingerprint "
+                     "did not cover weight contents, so a changed model could not be ruled out")
+    return "; ".join(parts)
 
 
 def run_batch(
@@ -220,21 +262,34 @@ def _run_locked(
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     manifest = Manifest(plan.manifest_path)
+    newer = manifest.newer_schema_problem()  # planned before a newer sagevideo wrote there
+    if newer:
+        raise InputError(f"--out {plan.out}: {newer}")
     for message in manifest.quarantine():  # torn or mistyped lines: said once, then set aside
         echo(f"sagevideo: {message}")
     report = BatchReport(plan=plan, records=[])
     records = manifest.records()
+    resume = decide(plan, records)
+    report.stale = resume.stale
     todo: list[tuple[int, PlannedJob]] = []
-    for index, (pj, previous) in enumerate(zip(plan.jobs, _previous_records(records, plan), strict=True)):
-        if previous is not None:
+    from_finished: list[tuple[int, ManifestRecord]] = []  # (index, the finished render it is made from)
+    followers: dict[int, list[int]] = {}  # index of a job rendered here -> jobs made from its video
+    for index, (pj, decision) in enumerate(zip(plan.jobs, resume.decisions, strict=True)):
+        report.records.append(decision.record if decision.kind == "skip" else None)  # None: filled in as jobs finish
+        if decision.kind == "skip":
             report.skipped += 1
-            report.records.append(previous)
+        elif decision.kind == "reuse":
+            from_finished.append((index, decision.record))
+        elif decision.kind == "follow":
+            followers.setdefault(decision.leader, []).append(index)
         else:
             todo.append((index, pj))
-            report.records.append(None)  # filled in as jobs finish, keeping plan order
-    if not todo:
+    open_jobs = [pj for pj, decision in zip(plan.jobs, resume.decisions, strict=True) if decision.kind != "skip"]
+    if not open_jobs:
         return report
-    for _, pj in todo:  # what a killed earlier run may have left (hidden files only)
+    if report.stale:
+        echo(f"sagevideo: {stale_text(report.stale, plan.source.fingerprint)}")
+    for pj in open_jobs:  # what a killed earlier run may have left (hidden files only)
         pj.remove_leftovers(plan.out)
 
     bar = tqdm(
@@ -246,42 +301,56 @@ def _run_locked(
         dynamic_ncols=True,
     )
     status = lambda text: bar.set_postfix_str(text[:40], refresh=True)
-    if execute is not None:
-        results = execute(plan, todo, status)
-    elif plan.use_ray:
-        from sagevideo.scheduling import run_jobs
-
-        results = run_jobs(plan, todo, status=status, echo=echo, report=report)
-    else:
-        results = _run_here(plan, todo, status)
     committer = _Committer(plan, manifest, records, report, echo)
+    results = None
     # Library warnings (e.g. diffusers' prompt truncation) print above the bar, not through it.
     libraries = [logging.getLogger(name) for name in ("diffusers", "transformers")]
     try:
         with logging_redirect_tqdm(loggers=libraries, tqdm_class=tqdm):
-            for index, record in results:
-                with _signals_deferred(terminated):  # a video's rename and its manifest line go together
-                    committer.finish(index, record)
+            for index, source in from_finished:  # no model needed: before any load
+                status(plan.jobs[index].output)
+                committer.made_from(index, source, terminated)
                 bar.update(1)
                 if report.stopped:
                     break
+            if todo and not report.stopped:
+                if execute is not None:
+                    results = execute(plan, todo, status)
+                elif plan.use_ray:
+                    from sagevideo.scheduling import run_jobs
+
+                    results = run_jobs(plan, todo, status=status, echo=echo, report=report)
+                else:
+                    results = _run_here(plan, todo, status)
+                for index, record in results:
+                    with _signals_deferred(terminated):  # a video's rename and its manifest line go together
+                        committer.finish(index, record)
+                    bar.update(1)
+                    for follower in followers.get(index, []):
+                        if report.stopped:
+                            break
+                        committer.follow(follower, index, terminated)
+                        bar.update(1)
+                    if report.stopped:
+                        break
     except KeyboardInterrupt as stop:
         report.interrupted = True
         report.signal = "SIGTERM" if isinstance(stop, Terminated) or terminated else "SIGINT"
         raise BatchInterrupted(report) from None
     finally:
-        results.close()  # stops workers (Ray) or removes installed attention (here)
+        if results is not None:
+            results.close()  # stops workers (Ray) or removes installed attention (here)
         bar.close()
-        for _, pj in todo:
+        for pj in open_jobs:
             pj.remove_leftovers(plan.out)
     return report
 
 
 def pending_jobs(plan: BatchPlan) -> list[tuple[int, PlannedJob]]:
-    """(plan index, job) of every job that `run_batch` would run now: those the manifest does not
-    show as done. Every rank of a torchrun group calls it before its first job, so all agree."""
-    previous = _previous_records(Manifest(plan.manifest_path).records(), plan)
-    return [(index, pj) for index, (pj, record) in enumerate(zip(plan.jobs, previous, strict=True)) if record is None]
+    """(plan index, job) of every job that `run_batch` would render now: those the manifest does not
+    show as done and no finished or earlier job's video makes. Every rank of a torchrun group calls it
+    before its first job, so all agree."""
+    return decide(plan, Manifest(plan.manifest_path).records()).rendered(plan.jobs)
 
 
 def _run_here(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Callable[[str], None]) -> Iterator:
@@ -373,7 +442,28 @@ class _Committer:
         echo: Callable[[str], None],
     ):
         self.plan, self.manifest, self.report, self.echo = plan, manifest, report, echo
-        self.owners = _owners(records)
+        self.owners = owners(records)
+
+    def made_from(self, index: int, source: ManifestRecord, terminated: list[int]) -> None:
+        """Make and commit a job from a finished render of the same video (no model)."""
+        from sagevideo.generation.reuse import made_from
+
+        record = made_from(self.plan, self.plan.jobs[index], source, self.owners)  # slow part: signals as usual
+        with _signals_deferred(terminated):
+            self.finish(index, record)
+
+    def follow(self, index: int, leader: int, terminated: list[int]) -> None:
+        """Make a job from the video its leader (a job of this run with the same render key) just
+        committed, or record it failed with the leader."""
+        from sagevideo.generation.reuse import not_made
+
+        rendered = self.report.records[leader]
+        if rendered is not None and rendered.done:
+            self.made_from(index, rendered, terminated)
+            return
+        record = not_made(self.plan, self.plan.jobs[index], self.plan.jobs[leader], rendered)
+        with _signals_deferred(terminated):
+            self.finish(index, record)
 
     def finish(self, index: int, record: ManifestRecord) -> None:
         """Commit and record one finished job and count it; sets `report.stopped` when the batch
@@ -381,6 +471,8 @@ class _Committer:
         pj = self.plan.jobs[index]
         handoff = record.handoff
         staged = [(handoff and handoff.staged_frames, pj.frames_dir), (handoff and handoff.staged, pj.output)]
+        if handoff is not None and handoff.in_place:  # made from finished files: the unstaged ones are in place
+            staged = [(name, final) for name, final in staged if name is not None]
         record = record.replace(handoff=None)  # the worker's word to the driver ends here
         committed: list[tuple[Path, Path]] = []
         try:
@@ -439,6 +531,8 @@ class _Committer:
             owner = self.owners.get(name)
             if owner is not None and owner.job_id == pj.job_id:
                 continue  # this job's own earlier render (e.g. its PNG folder was missing): same inputs
+            if owner is not None and pj.render_key is not None and owner.render_key == pj.render_key:
+                continue  # the same video under this name (another job's name or settings spelt otherwise)
             if owner is None:
                 moved = {name: keep_aside(out / name, "unrecorded").name}
                 what = "a file no manifest record vouches for"
@@ -460,30 +554,3 @@ class _Committer:
             for old, kept in moved.items():
                 self.report.kept.append((old, kept))
                 self.echo(f"sagevideo: {old} held {what}; {pj.label} now writes {name}, so it is kept as {kept}")
-
-
-def _owners(records: list[ManifestRecord]) -> dict[str, ManifestRecord]:
-    """Output name -> the latest done record that names it (a later one wrote over an earlier one)."""
-    owners: dict[str, ManifestRecord] = {}
-    for r in records:
-        if r.done:
-            for name in r.outputs:
-                owners[name] = r
-    return owners
-
-
-def _previous_records(records: list[ManifestRecord], plan: BatchPlan) -> list[ManifestRecord | None]:
-    """Per planned job: its latest record if that says done, names the outputs the plan expects,
-    they are present and no later done job wrote them (a changed job with the same output name)."""
-    latest = {r.job_id: r for r in records}
-    owners = _owners(records)
-    found = []
-    for pj in plan.jobs:
-        previous = latest.get(pj.job_id)
-        ok = (
-            is_done(previous, plan.out)
-            and previous.outputs == pj.outputs
-            and all(owners.get(name) is previous for name in pj.outputs)
-        )
-        found.append(previous if ok else None)
-    return found

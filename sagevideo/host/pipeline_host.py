@@ -32,6 +32,7 @@ from typing import Any
 from sagevideo.errors import ModelLoadError
 from sagevideo.host import failpoints
 from sagevideo.host.deadline import deadline
+from sagevideo.jobs.identity import JobIdentity
 from sagevideo.jobs.recipe import Recipe
 from sagevideo.jobs.specs import JobSpec
 from sagevideo.outputs.manifest import Handoff, ManifestRecord, now_iso
@@ -46,6 +47,8 @@ class PlannedJob:
     plan_sha256: first 16 hex digits of the attention-plan file's SHA-256 (None without a plan).
     image_sha256: SHA-256 (64 hex digits) of the input image `job.image` as planned (None without
     one); the host reads the file at that path and refuses other content.
+    identity: what `job_id` was made from (`sagevideo.jobs.identity`), None for jobs outside a
+    batch (calibration, the probe): it gives the render key and the ids under other models.
     """
 
     job: JobSpec
@@ -55,6 +58,12 @@ class PlannedJob:
     backend: str | None = None
     plan_sha256: str | None = None
     image_sha256: str | None = None
+    identity: JobIdentity | None = None
+
+    @property
+    def render_key(self) -> str | None:
+        """What decides the job's pixels (jobs that share it make the same video), or None."""
+        return self.identity.render_key if self.identity is not None else None
 
     @property
     def frames_dir(self) -> str | None:
@@ -130,6 +139,7 @@ def base_record(ctx: RunContext, pj: PlannedJob) -> ManifestRecord:
         dtype=ctx.dtype,
         fps=ctx.fps,
         sagevideo_version=__version__,
+        render_key=pj.render_key,
     )
 
 

@@ -10,8 +10,6 @@ and says what to give instead.
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import os
 import re
 import unicodedata
@@ -394,20 +392,6 @@ def read_prompts_file(path: str | Path) -> list[tuple[str, str]]:
             f"prompts file {path} has no prompts (only blank or # lines); add one prompt per line"
         )
     return prompts
-
-
-def job_id(job: JobSpec, settings: Mapping[str, Any]) -> str:
-    """Stable 16-hex-digit id of a job under the settings that change its output.
-
-    frames_png counts only when on and image only when set, so ids of jobs written before these
-    fields existed still match. (The planner hashes an image's content, not its path: it passes
-    the job with image None and the image's SHA-256 among the settings.)"""
-    exclude = {"frames_png"} if not job.frames_png else set()
-    if job.image is None:
-        exclude.add("image")
-    fields = job.model_dump(exclude=exclude)
-    payload = json.dumps({"job": fields, "settings": dict(settings)}, sort_keys=True, ensure_ascii=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def slugify(text: str, max_len: int = 40) -> str:

@@ -15,7 +15,9 @@ new place of its kept video (see `sagevideo.generation.run`).
 
 Schema versions (the "schema" key): 1, lines written before it existed (no "schema" key), with
 the fields below; 2, the same fields plus "schema". Lines of every known version are read and
-upgraded to the current one; a line of a newer version is set aside (a newer sagevideo wrote it).
+upgraded to the current one; a line of a newer version is set aside when reading (a newer
+sagevideo wrote it), and `Manifest.newer_schema_problem()` says so for a run that would write there:
+its records' meaning is unknown here, so this version must neither redo nor overwrite their jobs.
 
 Record fields: schema, job_id, status ("done"/"failed"), error, prompt, negative_prompt, seed,
 frames, height, width, steps, guidance, name, model, model_fingerprint, family (the model's family in
@@ -42,7 +44,13 @@ bypasses of Inductor's FX-graph cache and AOTAutograd's cache, by torch's counte
 for a plain recipe and on lines written before it existed, which read as they are: an optional
 field, no schema change), scheduler (the class name of the pipeline's scheduler that ran the job:
 "NoiseFirstDPMScheduler" where sagevideo drew CogVideoX-5B's step noise ahead,
-`sagevideo.pipelines.cogvideox.noise_first`; optional, None on older lines). Unknown keys (another tool's, or a
+`sagevideo.pipelines.cogvideox.noise_first`; optional, None on older lines), render_key (16 hex
+digits of what decides the pixels, `sagevideo.jobs.identity`: jobs that share it make the same
+video; None on older lines, which are then never reused), reused (for a job made without
+rendering from a finished render of the same video: {job_id: the record it was made from (the
+job's own when PNG frames were added to it), video: "kept" (already under its name), "hardlink"
+or "copy", frames: None, "kept", "hardlink", "copy" or "decoded" (from the mp4)}; None for a
+render; backends, recipe, scheduler and device then are the source's). Unknown keys (another tool's, or a
 newer version's extras) are kept as they are.
 """
 
@@ -118,12 +126,23 @@ class BackendsSummary(TypedDict, total=False):
     unrouted: Any
 
 
+@with_config(ConfigDict(extra="allow"))
+class Reused(TypedDict, total=False):
+    """How a job was made from a finished render of the same video (see the module docstring)."""
+
+    job_id: str
+    video: str
+    frames: str | None
+
+
 class Handoff(BaseModel):
     """What a worker tells the driver beside the record; never written to the manifest.
 
     staged/staged_frames: the staged names of the mp4 and the PNG frames folder, for the driver to
     commit. device_error: a CUDA or out-of-memory error (a fresh worker may not have it).
-    storage_full: the disk or quota was too full to write the video (the batch stops)."""
+    storage_full: the disk or quota was too full to write the video (the batch stops).
+    in_place: made by the driver from finished files; an output without a staged name is already
+    under its final name."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -131,6 +150,7 @@ class Handoff(BaseModel):
     staged_frames: str | None = None
     device_error: bool = False
     storage_full: bool = False
+    in_place: bool = False
 
 
 class ManifestRecord(BaseModel):
@@ -182,6 +202,8 @@ class ManifestRecord(BaseModel):
     sagevideo_version: str | None = None
     recipe: dict[str, Any] | None = None
     scheduler: str | None = None
+    render_key: str | None = None
+    reused: Reused | None = None
     handoff: Handoff | None = Field(None, exclude=True)
 
     @field_validator("outputs", "retries", mode="before")
@@ -269,6 +291,14 @@ def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "schema": SCHEMA_VERSION}
 
 
+def newer_schema(data: Any) -> int | None:
+    """The schema of a line's object when it is newer than this version's, else None."""
+    version = data.get("schema") if isinstance(data, Mapping) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        return version
+    return None
+
+
 def as_record(record: ManifestRecord | Mapping[str, Any]) -> ManifestRecord:
     """A ManifestRecord from a record or a mapping of its JSON keys (any known schema)."""
     return record if isinstance(record, ManifestRecord) else ManifestRecord.from_json(record)
@@ -314,10 +344,11 @@ class Manifest:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.bad_lines: list[BadLine] = []  # found by the last records()
+        self.newer: list[tuple[int, int]] = []  # (line number, schema) of lines a newer version wrote
 
     def records(self) -> list[ManifestRecord]:
         """Every usable record in file order; the other lines are listed in `bad_lines`."""
-        self.bad_lines = []
+        self.bad_lines, self.newer = [], []
         if not self.path.exists():
             return []
         records = []
@@ -335,7 +366,24 @@ class Manifest:
                     records.append(ManifestRecord.from_json(record))
                 except ValueError:
                     self.bad_lines.append(BadLine(number, line.rstrip("\n"), record_problem(record) or "not a record"))
+                    version = newer_schema(record)
+                    if version is not None:
+                        self.newer.append((number, version))
         return records
+
+    def newer_schema_problem(self) -> str | None:
+        """Why a run of this sagevideo must not write here (a line of a newer schema), or None."""
+        from sagevideo.version import __version__
+
+        self.records()
+        if not self.newer:
+            return None
+        number, version = max(self.newer, key=lambda found: found[1])
+        return (
+            f"{self.path.name} line {number} was written by a newer sagevideo (manifest schema {version}; "
+            f"this sagevideo {__version__} reads and writes schema {SCHEMA_VERSION}), so its jobs would be "
+            "rendered again or overwritten; run the newer sagevideo on this folder, or give another --out"
+        )
 
     def quarantine(self) -> list[str]:
         """Copy bad lines not seen before into manifest.bad-lines.jsonl (the manifest itself is left as

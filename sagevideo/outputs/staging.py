@@ -29,7 +29,7 @@ import secrets
 import shutil
 from pathlib import Path
 
-from sagevideo.outputs.video import _fsync_dir
+from sagevideo.outputs.video import _fsync_dir, _fsync_file
 
 
 def staged_path(final: str | Path) -> Path:
@@ -59,6 +59,40 @@ def commit_folder(staged: str | Path, final: str | Path) -> Path:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def stage_copy(source: str | Path, final: str | Path) -> tuple[Path, str]:
+    """Another output's finished file under a fresh staged name of `final`: (staged path, "hardlink"
+    or "copy"). A hard link costs no space and nothing writes a committed file in place (renders
+    replace names), so the two names cannot drift apart; a copy where links fail (another file
+    system, a file system without them)."""
+    staged = staged_path(final)
+    try:
+        os.link(source, staged)
+        return staged, "hardlink"
+    except OSError:
+        shutil.copyfile(source, staged)
+        _fsync_file(staged)
+        return staged, "copy"
+
+
+def stage_folder_copy(source: str | Path, final: str | Path) -> tuple[Path, str]:
+    """Another output's finished folder (PNG frames) under a fresh staged name of `final`, its files
+    hard-linked (or copied where links fail): (staged path, "hardlink" or "copy")."""
+    staged = staged_path(final)
+    staged.mkdir()
+    how = "hardlink"
+    for file in sorted(Path(source).iterdir()):
+        if how == "hardlink":
+            try:
+                os.link(file, staged / file.name)
+                continue
+            except OSError:
+                how = "copy"
+        shutil.copyfile(file, staged / file.name)
+        _fsync_file(staged / file.name)
+    _fsync_dir(staged)
+    return staged, how
 
 
 def leftovers(final: str | Path) -> list[Path]:

@@ -103,6 +103,18 @@ def count_frames(path: str | Path) -> int:
         return 0
 
 
+def read_frames(path: str | Path) -> np.ndarray:
+    """Every frame of the video at `path`, (F, H, W, 3) uint8 RGB (what PNG frames of a finished
+    job are made from); raises what the decoder raises for a file that does not decode."""
+    import imageio.v2 as imageio
+
+    with imageio.get_reader(path, format="FFMPEG") as reader:
+        frames = [np.asarray(frame) for frame in reader]
+    if not frames:
+        raise ValueError(f"{Path(path).name} holds no frames")
+    return np.stack(frames)
+
+
 def _encode(frames: np.ndarray, path: Path, *, fps: int, quality: float, name: str) -> None:
     """Run ffmpeg on the raw frames and check its exit. The command is the one imageio's FFMPEG
     writer builds for these options (so the files are byte-identical to what it made), but here

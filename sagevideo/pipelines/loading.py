@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import warnings
@@ -24,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.pipelines.fingerprint import fingerprint, folder_fingerprint
+
+__all__ = ["ModelSource", "fingerprint", "folder_fingerprint", "load_pipeline", "read_json", "resolve_model"]
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,9 @@ class ModelSource:
     """A model that passed the pre-load checks, with what jobs need to know about it.
 
     name: "tiny" or the absolute folder path. fingerprint: 12 hex digits that change when the
-    model does (tiny: its configs and seed; a folder: its configs and weight file sizes), so
-    outputs of an older model are not taken as done. family: its `sagevideo.pipelines.families`
+    model does and only then (tiny: its configs and seed; a folder: the content of every file it is
+    loaded from, not its path: `sagevideo.pipelines.fingerprint`), so outputs of an older model are
+    not taken as done and a copied folder is the same model. family: its `sagevideo.pipelines.families`
     name, which answers every model-specific question. spatial/temporal: VAE compression factors;
     patch: transformer patch size (height and width must be multiples of spatial*patch).
     text_tokens: the prompt length the pipeline pads to (longer prompts are cut).
@@ -156,23 +159,6 @@ def _loops(path: Path) -> bool:
     except OSError as err:
         return err.errno == errno.ELOOP
     return False
-
-
-def fingerprint(parts: list[Any]) -> str:
-    payload = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
-
-def folder_fingerprint(path: Path) -> str:
-    """Configs' contents and weight files' sizes (not mtimes: a copied folder is the same model)."""
-    parts = []
-    for file in sorted(path.rglob("*")):
-        rel = file.relative_to(path).as_posix()
-        if file.suffix == ".json" and file.is_file():
-            parts.append([rel, file.read_text(encoding="utf-8", errors="replace")])
-        elif file.suffix == ".safetensors":
-            parts.append([rel, file.stat().st_size])
-    return fingerprint(parts)
 
 
 def read_json(path: Path, where: str, fix: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from sagevideo.jobs.specs import DEFAULT_PROMPTS
 RECORD_FIELDS = set(
     "schema job_id status error prompt negative_prompt seed frames height width steps guidance name model family "
     "model_fingerprint attention pv backend plan plan_sha256 image image_sha256 device dtype fps backends timings "
-    "outputs attempts retries worker started created sagevideo_version recipe scheduler".split()
+    "outputs attempts retries worker started created sagevideo_version recipe scheduler render_key reused".split()
 )
 
 

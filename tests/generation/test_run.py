@@ -330,3 +330,24 @@ def test_sigterm_that_a_library_re_raises_as_a_plain_keyboard_interrupt_still_sa
     with pytest.raises(BatchInterrupted) as err:
         run_batch(plan, progress=False, execute=execute)
     assert err.value.report.signal == "SIGTERM"
+
+
+def test_a_folder_a_newer_sagevideo_wrote_is_refused_not_redone(tmp_path, monkeypatch):
+    """A finished job recorded by a newer sagevideo (manifest schema 3): this version cannot read
+    the record, so before it set the line aside and rendered the job again; now it refuses to
+    write there, exit 2, before loading, and leaves the folder as it was."""
+    out = tmp_path / "out"
+    jobs = write_jobs(tmp_path / "shots.yaml", [{"prompt": "a cat", "output": "cat"}])
+    assert CliRunner().invoke(app, ["generate", str(jobs), "--out", str(out), *FAST]).exit_code == 0
+    (record,) = manifest_lines(out)
+    (out / "manifest.jsonl").write_text(json.dumps({**record, "schema": 3, "made_with": "sagevideo 0.9"}) + "\n")
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.iterdir() if p.is_file()}
+    import sagevideo.pipelines.loading as loading
+
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    result = CliRunner().invoke(app, ["generate", str(jobs), "--out", str(out), *FAST])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert "manifest.jsonl line 1 was written by a newer sagevideo (manifest schema 3;" in line
+    assert "reads and writes schema 2)" in line and "Traceback" not in result.output
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.iterdir() if p.is_file()} == before

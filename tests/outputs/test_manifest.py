@@ -203,3 +203,14 @@ def test_record_fields_are_typed_and_its_json_reads_like_a_dict(tmp_path):
     Manifest(tmp_path / "m.jsonl").append(record)
     line = json.loads((tmp_path / "m.jsonl").read_text())
     assert "handoff" not in line and line == record.replace(handoff=None)  # a record equals its JSON line
+
+
+def test_a_newer_schema_is_named_for_a_run_that_would_write_there(tmp_path):
+    """What `generate` refuses with: the newest schema found, its line, and this version's."""
+    path = tmp_path / "manifest.jsonl"
+    path.write_text('{"schema": 2, "job_id": "a"}\n{"schema": 3, "job_id": "b"}\n{"schema": 4, "job_id": "c"}\n')
+    problem = Manifest(path).newer_schema_problem()
+    assert problem.startswith("manifest.jsonl line 3 was written by a newer sagevideo (manifest schema 4; ")
+    assert "reads and writes schema 2)" in problem and "give another --out" in problem
+    path.write_text('{"job_id": "a"}\n{"schema": 2, "job_id": "b"}\n{"job_id": "c", "sta\n')
+    assert Manifest(path).newer_schema_problem() is None  # v1, v2 and torn lines are this version's to handle
