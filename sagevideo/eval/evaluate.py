@@ -15,7 +15,8 @@ metrics.json (schema "sagevideo.eval.metrics", version 1), top level:
   settings; pairs[]: prompt, seed, frames, height, width, videos, diff_video; n_pairs, n_prompts;
   bootstrap{}; metrics{key: entry}; skipped{key: reason}; failed{key: reason} (the skipped ones
   whose weights are present but could not be loaded); verdicts[]; attention_probe;
-  notes[]; versions{}.
+  notes[]; versions{}; not_written{file: reason} (files of --out that could not be written before
+  metrics.json, e.g. difference videos on a full disk: their pairs' diff_video is null).
 Metric entry: name, kind ("paired": a comparison of two videos; "per_arm": a value per video of
 each arm; "set": a distance between the arms' frame sets), unit, higher_is_better, description,
 n, n_prompts; ref/test/noise ({mean, ci95, ...}, per_arm only); difference (per_arm: test − ref;
