@@ -142,8 +142,9 @@ def ab_command(
     """A/B test: run JOB_FILE quantized and at full precision (twice: the noise floor), then evaluate.
 
     Same prompts, seeds and initial latents in every arm; metrics.json and report.html go to --out.
-    Re-running resumes. Exit codes: 0 done, 1 a job or a model load failed, 2 bad input (before
-    anything ran), 130 interrupted.
+    Re-running resumes. Exit codes: 0 done, 1 a job or a model load failed, 2 bad input (checked
+    before any arm runs) or arms whose videos do not pair (found when evaluating, after they ran),
+    130 interrupted.
     """
     from sagevideo.experiments.ab import ABConfig, ab
 
