@@ -177,7 +177,7 @@ def check_weights(
     with handle_errors("check-weights"):
         if weights is not None and weights.exists() and not weights.is_dir():
             raise InputError(f"--weights {weights}: is a file; give the folder that holds the weights")
-    lines, complete = report_lines(weights, lpips_net=lpips_net)
+        lines, complete = report_lines(weights, lpips_net=lpips_net)  # an unreadable folder: one line
     for line in lines:
         typer.echo(line)
     if not complete:

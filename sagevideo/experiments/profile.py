@@ -211,8 +211,8 @@ def largest_kernels(kernels: dict[str, list], count: int = TOP_KERNELS) -> list[
 
 def run_profile(config: ProfileConfig) -> ProfileReport:
     """Build the model and profile its steps (see the module doc). Raises InputError, before
-    building, for a recipe this machine cannot run and for a run that cannot fit in memory or would
-    take longer than `config.max_hours` here (`run_budget`)."""
+    building, for a recipe this machine cannot run, an unwritable --json or --plot, and a run that
+    cannot fit in memory or would take longer than `config.max_hours` here (`run_budget`)."""
     import sys
 
     import torch
@@ -226,6 +226,11 @@ def run_profile(config: ProfileConfig) -> ProfileReport:
     dtype_name = config.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
     _check_recipe(config.recipe, device, dtype)  # before building: the model may take minutes
+    from sagevideo.outputs.files import writable_file
+
+    for path, option, example in ((config.json_out, "--json", "profile.json"), (config.plot, "--plot", "profile.png")):
+        if path is not None:  # found now, not after a profile of minutes
+            writable_file(path, option, InputError, example)
     from sagevideo.experiments.bench_forward import parse_recipe_name
 
     sage = config.recipe is not None and parse_recipe_name(config.recipe)["attention"] == "sage"

@@ -254,3 +254,17 @@ def test_eval_into_a_full_disk_keeps_metrics_json_and_names_what_was_not_written
     else:
         assert not (out / "report.html").exists() and data["not_written"] == {}
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no partial file left behind
+
+
+def test_check_weights_on_an_unreadable_folder_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from sagevideo.eval import weights
+
+    def unreadable(folder, **kwargs):  # as scanning a folder without read permission fails
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "w"))
+
+    monkeypatch.setattr(weights, "report_lines", unreadable)
+    result = runner.invoke(app, ["check-weights", "--weights", str(tmp_path / "w")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.stderr.strip() == f"sagevideo check-weights: error: {tmp_path / 'w'}: Permission denied (EACCES)"
