@@ -12,6 +12,8 @@ exceeds what the device has free.
 
 The attention time is measured, not guessed: one call of the job's backend at 1,024 tokens on
 this machine, scaled by N² (attention dominates at the sizes where a run takes hours).
+`attention_call_seconds` (any shape, from one head measured) and `matmul_flops` serve the same
+estimates for `profile` and the benches (`experiments.run_budget`).
 """
 
 from __future__ import annotations
