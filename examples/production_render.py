@@ -9,7 +9,8 @@ the same command resumes: finished shots are skipped, failed or missing ones are
     python examples/production_render.py examples/shots.yaml \\
         --model /models/CogVideoX-5b --out renders/ep01 --address auto
 
-    # a quick look at the list on any machine: built-in tiny model, every shot small and short
+    # a quick look at the list on any machine: built-in tiny model, every shot small and short,
+    # into /tmp/ep01/preview/
     python examples/production_render.py examples/shots.yaml --model tiny --out /tmp/ep01 --preview
 
 With several machines, --out must be a folder every node mounts at the same path. Exit status:
@@ -74,7 +75,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--address", help="Ray cluster: auto or HOST:PORT (default: this machine)")
     parser.add_argument("--workers", type=int, help="Ray workers (default: one per GPU)")
     parser.add_argument("--max-attempts", type=int, default=3, help="runs of a shot whose worker died")
-    parser.add_argument("--preview", action="store_true", help=f"render every shot small and short: {PREVIEW}")
+    parser.add_argument("--preview", action="store_true",
+                        help=f"render every shot small and short ({PREVIEW}) into OUT/preview/")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 

@@ -1,7 +1,9 @@
 """sagevideo: fast long-sequence video diffusion with SageAttention-style quantized attention.
 
 The public surface is small and imported lazily: `import sagevideo` loads neither triton,
-diffusers nor ray. Heavy modules load on first use of the name that needs them.
+diffusers, torchao nor ray. Heavy modules load on first use of the name that needs them. Third-party
+log lines that tell a user nothing (torchao's, when transformers or diffusers import it) are kept
+off the console (`sagevideo.quiet`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from sagevideo import quiet
 from sagevideo.version import __version__
+
+quiet.install()  # before transformers or diffusers import torchao and it logs its extensions (sagevideo.quiet)
 
 # public name -> module that defines it
 _LAZY = {

@@ -9,6 +9,9 @@
     BatchStopped               1  a batch ended early on its own (disk full, manifest unwritable)
     ABFailed                   1  a job of one `ab` arm failed (its manifest has the error)
     MetricModelError           1  a metric's weights are present but cannot be loaded
+    OutputsNotWritten          1  the work finished but some of its files could not be written
+    OSError, MemoryError       1  the machine's own problem (a full disk, a permission, memory): one
+                                  line, no traceback
     BatchInterrupted         130  Ctrl-C (SIGINT) during a batch; 143 for SIGTERM
     Terminated               143  SIGTERM (as SLURM, Kubernetes and `kill` send it)
 
@@ -71,6 +74,16 @@ class PeakyAttentionError(SagevideoError, RuntimeError):
     """Attention past INT8's accuracy under the strict guard ("fail"): names the layers; the job fails."""
 
 
+class OutputsNotWritten(SagevideoError, RuntimeError):
+    """The work finished but some of its files could not be written (a full disk, a quota, a
+    permission); every file that was written stays. The message names each file that was not, in
+    one line; result: what the work computed (eval: the metrics.json content)."""
+
+    def __init__(self, message: str, result: Any = None):
+        super().__init__(message)
+        self.result = result
+
+
 class ABFailed(SagevideoError, RuntimeError):
     """A job of one arm failed (its manifest has the error); re-running resumes."""
 
@@ -113,4 +126,6 @@ def exit_code_for(err: BaseException) -> int | None:
         return err.exit_code
     if isinstance(err, KeyboardInterrupt):
         return EXIT_INTERRUPTED
+    if isinstance(err, (OSError, MemoryError)):  # the environment's (disk, permissions, memory), not a bug's
+        return EXIT_FAILED
     return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import functools
 import inspect
 import types
@@ -35,8 +36,8 @@ def fail(command: str, message: str, code: int) -> typer.Exit:
 @contextlib.contextmanager
 def handle_errors(command: str, on_interrupt: Callable[[BaseException], None] | None = None) -> Iterator[None]:
     """Exit with `sagevideo.errors.exit_code_for(err)` for every user-facing exception: its message as
-    error lines (or, for an interrupt, `on_interrupt(err)`), no traceback. Other exceptions are bugs
-    and show as such."""
+    error lines (or, for an interrupt, `on_interrupt(err)`), no traceback; the machine's own errors
+    too (an OSError as `FILE: reason (ENOSPC)`, memory). Other exceptions are bugs and show as such."""
     try:
         yield
     except (typer.Exit, typer.Abort):
@@ -49,7 +50,19 @@ def handle_errors(command: str, on_interrupt: Callable[[BaseException], None] | 
             if on_interrupt is not None:
                 on_interrupt(err)
             raise typer.Exit(code) from None
-        raise fail(command, str(err), code) from None
+        raise fail(command, user_message(err), code) from None
+
+
+def user_message(err: BaseException) -> str:
+    """What to print for a user-facing exception: an OSError as 'FILE: reason (ENOSPC)', a bare
+    MemoryError as 'out of memory', else its message."""
+    if isinstance(err, OSError) and err.strerror:
+        where = f"{err.filename}: " if err.filename else ""
+        name = errno.errorcode.get(err.errno or 0)
+        return f"{where}{err.strerror}" + (f" ({name})" if name else "")
+    if isinstance(err, MemoryError) and not str(err):
+        return "out of memory; free memory or run a smaller job"
+    return str(err) or type(err).__name__
 
 
 # --- options from a config model ---------------------------------------------------------------

@@ -81,17 +81,24 @@ def eval_command(
     """Compare two output folders (paired by prompt and seed): metrics.json and report.html in --out.
 
     Exit codes: 0 done, 1 a metric's weights are present but could not be loaded (the other metrics
-    are still written), 2 bad input (folders that do not pair, unknown metric; nothing was loaded).
+    are still written) or a file could not be written (a full disk: the error names it; the rest
+    is written), 2 bad input (folders that do not pair, unknown metric; nothing was loaded).
     """
+    from sagevideo.errors import OutputsNotWritten
     from sagevideo.eval.evaluate import evaluate
 
     with handle_errors("eval"):
         options = _eval_options(metrics, weights, device, lpips_net, resamples, set_resamples, diff_gain)
-        result = evaluate(
-            ref_dir, test_dir, out=out, noise_ref=noise_ref, options=options,
-            echo=lambda line: typer.echo(line, err=True),
-            progress=lambda text: typer.echo(f"sagevideo eval: {text}", err=True),
-        )
+        try:
+            result = evaluate(
+                ref_dir, test_dir, out=out, noise_ref=noise_ref, options=options,
+                echo=lambda line: typer.echo(line, err=True),
+                progress=lambda text: typer.echo(f"sagevideo eval: {text}", err=True),
+            )
+        except OutputsNotWritten as err:  # the verdicts were computed: show them before the error line
+            for line in err.result["verdicts"]:
+                typer.echo(line)
+            raise
     _print_verdicts(result, out)
     _fail_for_lost_metrics("eval", result)
 
@@ -135,8 +142,9 @@ def ab_command(
     """A/B test: run JOB_FILE quantized and at full precision (twice: the noise floor), then evaluate.
 
     Same prompts, seeds and initial latents in every arm; metrics.json and report.html go to --out.
-    Re-running resumes. Exit codes: 0 done, 1 a job or a model load failed, 2 bad input (before
-    anything ran), 130 interrupted.
+    Re-running resumes. Exit codes: 0 done, 1 a job or a model load failed, 2 bad input (checked
+    before any arm runs) or arms whose videos do not pair (found when evaluating, after they ran),
+    130 interrupted.
     """
     from sagevideo.experiments.ab import ABConfig, ab
 
@@ -169,7 +177,7 @@ def check_weights(
     with handle_errors("check-weights"):
         if weights is not None and weights.exists() and not weights.is_dir():
             raise InputError(f"--weights {weights}: is a file; give the folder that holds the weights")
-    lines, complete = report_lines(weights, lpips_net=lpips_net)
+        lines, complete = report_lines(weights, lpips_net=lpips_net)  # an unreadable folder: one line
     for line in lines:
         typer.echo(line)
     if not complete:

@@ -24,10 +24,13 @@ def profile(
     device: str = typer.Option("auto", help="cuda, cpu, or auto"),
     json_out: Path = typer.Option(None, "--json", help="write the report as JSON here"),
     plot: Path = typer.Option(None, help="write a PNG of the split and the bounds here"),
+    max_hours: float = typer.Option(1.0, min=0, help="refuse a run estimated to take longer than this on the CPU "
+                                    "(0: no limit); the estimate is measured here before anything is allocated"),
 ) -> None:
     """Share of one denoising step in attention, linears and the rest, with each lever's Amdahl bound.
 
-    Exit codes: 0 done, 2 bad input (checked before building the model)."""
+    Exit codes: 0 done, 2 bad input, or a run that cannot fit in memory or would take longer than
+    --max-hours here (checked before building the model)."""
     from pydantic import ValidationError
 
     from sagevideo.errors import InputError
@@ -39,7 +42,7 @@ def profile(
         try:
             size = ModelSizeOptions(frames=frames, resolution=resolution)
             config = ProfileConfig(model=model, **size.size(), steps=steps, recipe=recipe, device=device,
-                                   json_out=json_out, plot=plot)
+                                   json_out=json_out, plot=plot, max_hours=max_hours)
         except ValidationError as err:
             from sagevideo.jobs.specs import problem_parts
 

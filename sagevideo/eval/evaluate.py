@@ -15,7 +15,8 @@ metrics.json (schema "sagevideo.eval.metrics", version 1), top level:
   settings; pairs[]: prompt, seed, frames, height, width, videos, diff_video; n_pairs, n_prompts;
   bootstrap{}; metrics{key: entry}; skipped{key: reason}; failed{key: reason} (the skipped ones
   whose weights are present but could not be loaded); verdicts[]; attention_probe;
-  notes[]; versions{}.
+  notes[]; versions{}; not_written{file: reason} (files of --out that could not be written before
+  metrics.json, e.g. difference videos on a full disk: their pairs' diff_video is null).
 Metric entry: name, kind ("paired": a comparison of two videos; "per_arm": a value per video of
 each arm; "set": a distance between the arms' frame sets), unit, higher_is_better, description,
 n, n_prompts; ref/test/noise ({mean, ci95, ...}, per_arm only); difference (per_arm: test − ref;
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sagevideo.errors import EvalInputError, MetricModelError, PairingError
+from sagevideo.errors import EvalInputError, MetricModelError, OutputsNotWritten, PairingError
 from sagevideo.eval.entries import paired_entry, per_arm_entry, set_entries
 from sagevideo.eval.pairing import Arm, Pair, load_arm, pair_arms, setting_notes
 from sagevideo.eval.stats import Bootstrap, fmt, json_safe
@@ -54,7 +55,6 @@ from sagevideo.outputs.manifest import ManifestRecord
 SCHEMA = "sagevideo.eval.metrics"
 SCHEMA_VERSION = 1
 DIFF_GAIN = 8.0
-
 
 
 @dataclass
@@ -138,6 +138,8 @@ class _Runner:
         self.echo = echo
         self.skipped: dict[str, str] = {}
         self.failed: dict[str, str] = {}  # skipped because their weights are present but cannot be loaded
+        self.not_written: dict[str, str] = {}  # file (relative to --out) -> why it could not be written
+        self.storage_full: str | None = None  # the reason, once a write found the disk or quota full
         self.details: dict[str, dict[str, Any]] = {}
         weights_dir = Path(options.weights).expanduser() if options.weights is not None else None
         statuses = check(weights_dir, lpips_net=options.lpips_net)
@@ -228,7 +230,6 @@ class _Runner:
         from sagevideo.eval.frame_metrics import VideoPSNR, VideoSSIM
         from sagevideo.eval.lpips import VideoLPIPS
         from sagevideo.eval.videos import read_frames, to_tensor
-        from sagevideo.outputs.video import write_mp4
 
         roles = ["test"] + (["noise"] if pairs[0].noise is not None else [])
         arms = ["ref"] + roles
@@ -246,8 +247,11 @@ class _Runner:
             per_arm["clip_t"] = {a: CLIPTemporal(self.clip) for a in arms}
         features: dict[str, list[torch.Tensor]] = {a: [] for a in arms}
         diff_dir = out / "videos"
-        diff_dir.mkdir(exist_ok=True)
-        diff_videos = []
+        try:
+            diff_dir.mkdir(exist_ok=True)
+        except OSError as err:
+            self.storage_full = f"{diff_dir}: {describe_write_error(err)}"
+        diff_videos: list[str | None] = []
         for index, pair in enumerate(pairs):
             if progress is not None:
                 progress(f"video {index + 1}/{len(pairs)}: {pair.ref.label}")
@@ -271,9 +275,8 @@ class _Runner:
                 0,
                 255,
             ).astype(np.uint8)
-            name = f"{index:03d}-diff.mp4"
-            write_mp4(diff, diff_dir / name, fps=int(pair.ref.record.fps or 8), quality=9)
-            diff_videos.append(f"videos/{name}")
+            fps = int(pair.ref.record.fps or 8)
+            diff_videos.append(self._write_diff(diff, diff_dir / f"{index:03d}-diff.mp4", fps))
         results = {
             # compute() of one video is a 0-dim tensor (torchmetrics squeezes single values)
             "paired": {k: {r: m.compute().reshape(-1).tolist() for r, m in v.items()} for k, v in paired.items()},
@@ -288,18 +291,40 @@ class _Runner:
         return results
 
 
+    def _write_diff(self, frames: Any, path: Path, fps: int) -> str | None:
+        """Write one difference video (F, H, W, 3 uint8): its link relative to --out, or None with
+        the reason in `not_written`. Once the disk or quota is full the rest are not tried (each
+        would fail the same way after its encode); the metrics go on."""
+        from sagevideo.outputs.video import STORAGE_FULL, VideoWriteError, write_mp4
+
+        link = f"videos/{path.name}"
+        if self.storage_full is not None:
+            self.not_written[link] = self.storage_full
+            return None
+        try:
+            write_mp4(frames, path, fps=fps, quality=9)
+        except (VideoWriteError, OSError) as err:
+            reason = describe_write_error(err)
+            self.not_written[link] = reason
+            if getattr(err, "errno", None) in STORAGE_FULL:
+                self.storage_full = reason
+            return None
+        return link
+
+
+def describe_write_error(err: BaseException) -> str:
+    """Why a file was not written: 'disk full (ENOSPC)', a permission, the encoder's message."""
+    from sagevideo.outputs.video import VideoWriteError, describe_os_error
+
+    if isinstance(err, VideoWriteError):  # "NAME not written: REASON"
+        return str(err).split(" not written: ", 1)[-1]
+    return describe_os_error(err) if isinstance(err, OSError) else str(err)
+
+
 def _default_root() -> Path:
     from sagevideo.eval.weights import default_weights_dir
 
     return default_weights_dir()
-
-
-
-
-
-
-
-
 
 
 def versions() -> dict[str, str]:
@@ -484,16 +509,55 @@ def evaluate(
         "attention_probe": attention_probe,
         "notes": all_notes,
         "versions": versions(),
+        "not_written": runner.not_written,
     }
-    from sagevideo.eval.report import write_report
-
-    figures_dir = out_dir / "figures"
-    result["figures"] = write_figures(result, figures_dir)
-    (out_dir / "metrics.json").write_text(
-        json.dumps(json_safe(result), indent=2, ensure_ascii=False, allow_nan=False) + "\n", encoding="utf-8"
-    )
-    write_report(result, out_dir)
+    write_outputs(result, out_dir, runner.not_written)
     return result
+
+
+def write_outputs(result: dict[str, Any], out_dir: Path, not_written: dict[str, str]) -> None:
+    """The figures, metrics.json, then report.html, each whole or not at all: a file that cannot be
+    written (a full disk) loses none of the others, and metrics.json lists what was not written
+    before it (`not_written`, file -> reason; the difference videos' too). Raises OutputsNotWritten
+    naming every file not written, in one line, once the rest is written."""
+    from sagevideo.eval.report import write_report
+    from sagevideo.outputs.files import write_text_atomic
+
+    try:
+        result["figures"] = write_figures(result, out_dir / "figures")
+    except OSError as err:
+        result["figures"] = []
+        not_written["figures/"] = describe_write_error(err)
+    text = json.dumps(json_safe(result), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    written = []
+    for name, write in (("metrics.json", lambda: write_text_atomic(out_dir / "metrics.json", text)),
+                        ("report.html", lambda: write_report(result, out_dir))):
+        try:
+            write()
+            written.append(name)
+        except OSError as err:
+            not_written[name] = describe_write_error(err)
+    if not_written:
+        raise OutputsNotWritten(not_written_line(out_dir, not_written, written), result)
+
+
+def not_written_line(out_dir: Path, not_written: dict[str, str], written: list[str]) -> str:
+    """One line: the files not written grouped by reason (difference videos counted), what was kept."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in not_written.items():
+        by_reason.setdefault(reason, []).append(name)
+    parts = []
+    for reason, names in by_reason.items():
+        videos = [n for n in names if n.startswith("videos/")]
+        shown = [n for n in names if not n.startswith("videos/")]
+        if len(videos) > 2:
+            shown.append(f"the {len(videos)} difference videos {videos[0]} to {Path(videos[-1]).name}")
+        else:
+            shown += videos
+        parts.append(f"{reason}: {', '.join(shown)} not written")
+    kept = (f"the metrics are in {out_dir / 'metrics.json'}" if "metrics.json" in written
+            else "no metrics.json was written")
+    return f"{out_dir}: {'; '.join(parts)}; {kept}; fix that (a full disk: free space) and run the same command again"
 
 
 def write_figures(result: dict[str, Any], figures_dir: Path) -> list[dict[str, str]]:

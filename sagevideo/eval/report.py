@@ -211,6 +211,8 @@ def _videos_section(result: dict[str, Any]) -> str:
         items = "".join(
             f"<figure><video src='{_e(src)}' controls loop muted playsinline preload='auto'></video>"
             f"<figcaption>{_e(caption)}<br><a href='{_e(src)}'>{_e(Path(src).name)}</a></figcaption></figure>"
+            if src is not None else  # a difference video that could not be written (metrics.json: not_written)
+            f"<figure><figcaption>{_e(caption)}<br>not written</figcaption></figure>"
             for src, caption in figs
         )
         values = "; ".join(per_pair.get(i, []))
@@ -317,6 +319,7 @@ Created {_e(result["created"])}; machine-readable: <a href="metrics.json">metric
 
 
 def write_report(result: dict[str, Any], out_dir: str | Path) -> Path:
-    path = Path(out_dir) / "report.html"
-    path.write_text(render(result), encoding="utf-8")
-    return path
+    """report.html in `out_dir`, whole or not at all (OSError, e.g. ENOSPC: an earlier one stays)."""
+    from sagevideo.outputs.files import write_text_atomic
+
+    return write_text_atomic(Path(out_dir) / "report.html", render(result))

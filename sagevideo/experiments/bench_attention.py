@@ -117,11 +117,13 @@ class AttentionBenchPlan:
     pv: list[str]
     sdpa: list[str]
     shapes: list[tuple[AttentionShape, int | None, bool]]  # (shape, calls per step, masked in the model)
+    estimate_s: float | None = None  # the run's time here (`run_budget`; None: not estimated, a GPU or small)
 
 
 def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
     """Check `config` on this machine; raises InputError (a shape that does not parse, a bad device,
-    a sageattn backend or P·V mode that cannot run a shape) before any tensor is made."""
+    a sageattn backend or P·V mode that cannot run a shape, a run that cannot fit in memory or would
+    take longer than --max-hours here: `run_budget`) before any tensor is made."""
     import torch
 
     from sagevideo.attention.backends import AttentionCall, problem
@@ -147,12 +149,14 @@ def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
         raise InputError(f"--sdpa {', '.join(sorted(set(sdpa) - {'math'}))}: on the CPU only SDPA's math backend "
                          "is timed")
     shapes: list[tuple[AttentionShape, int | None, bool]] = [(parse_shape(t), None, False) for t in config.shapes]
+    names = [f"--shape {shape.label}" for shape, _, _ in shapes]
     if config.model is not None:
         from sagevideo.pipelines.forwards import attention_calls
 
         for call in attention_calls(config.model, **config.size()):
             shape = AttentionShape(call.batch, call.heads, call.n_q, call.n_k, call.head_dim)
             shapes.append((shape, call.calls, call.masked))
+            names.append(f"--model {config.model}'s attention call {shape.label}")
     if backend != "auto":  # "auto" never refuses: a fallback is run and recorded as what ran
         for shape, _, _ in shapes:
             for mode in pv:
@@ -161,7 +165,12 @@ def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
                 reason = problem(backend, call)
                 if reason:
                     raise InputError(f"--backend {backend} --pv {mode} at {shape.label} ({dtype}): {reason}")
-    return AttentionBenchPlan(device, dtype, backend, pv, sdpa, shapes)
+    from sagevideo.experiments.run_budget import Arm, check_attention_run
+
+    arms = [Arm(f"sdpa-{name}", sdpa=name) for name in sdpa] + [Arm(f"sagevideo-{m}", backend, pv=m) for m in pv]
+    estimate = check_attention_run([shape for shape, _, _ in shapes], arms, device, dtype, reps=config.reps,
+                                   max_hours=config.max_hours, names=names)
+    return AttentionBenchPlan(device, dtype, backend, pv, sdpa, shapes, estimate.seconds)
 
 
 class ArmResult(BaseModel):
@@ -287,14 +296,18 @@ def reference_fp32(q: Any, k: Any, v: Any) -> Any:
 
 
 def bench_shape(shape: AttentionShape, plan: AttentionBenchPlan, reps: int, budget_ms: float,
-                measure: Callable[[Callable[[], Any]], float] | None = None) -> ShapeResult:
-    """Every arm of `plan` at `shape`, timed round-robin (`measure(fn)` -> ms: `median_ms` by default)."""
+                measure: Callable[[Callable[[], Any]], float] | None = None,
+                tick: Callable[[], Any] | None = None) -> ShapeResult:
+    """Every arm of `plan` at `shape`, timed round-robin (`measure(fn)` -> ms: `median_ms` by default);
+    tick(), if given, after the reference and each arm's call and measurement (a progress bar)."""
     import torch
 
     from sagevideo import last_backend, sageattn
 
+    tick = tick or (lambda: None)
     q, k, v = attention_inputs(shape, plan.device, getattr(torch, plan.dtype))
     reference = reference_fp32(q, k, v)
+    tick()
     arms: dict[str, Callable[[], Any]] = {}
     results: dict[str, ArmResult] = {}
     for backend in plan.sdpa:
@@ -325,8 +338,17 @@ def bench_shape(shape: AttentionShape, plan: AttentionBenchPlan, reps: int, budg
             results[name].ran, results[name].note = choice.label, choice.reason
         results[name].cos_worst = cosine_worst(reference, out)
         del out
+        tick()
     del reference
-    runs, errors = interleaved(arms, reps, measure or (lambda fn: median_ms(fn, plan.device, budget_ms)))
+    timer = measure or (lambda fn: median_ms(fn, plan.device, budget_ms))
+
+    def measured(fn: Callable[[], Any]) -> float:
+        try:
+            return timer(fn)
+        finally:
+            tick()
+
+    runs, errors = interleaved(arms, reps, measured)
     for name, result in results.items():
         if name in runs:
             result.reps_ms, result.ms = runs[name], median(runs[name])
@@ -347,15 +369,24 @@ def bench_shape(shape: AttentionShape, plan: AttentionBenchPlan, reps: int, budg
 def run_bench_attention(config: BenchAttentionConfig, progress: Callable[[str], None] | None = None,
                         plan: AttentionBenchPlan | None = None) -> AttentionBenchReport:
     """Resolve `config` (unless `plan` is given), time every shape, write the JSON if asked."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    from sagevideo.experiments.run_budget import LONG_S
+
     plan = plan or resolve(config)
     rows = []
-    for i, (shape, calls, masked) in enumerate(plan.shapes, 1):
-        if progress:
-            progress(f"[{i}/{len(plan.shapes)}] {shape.label}: {len(plan.sdpa) + len(plan.pv)} arms x "
-                     f"{config.reps} rounds")
-        row = bench_shape(shape, plan, config.reps, config.budget_ms)
-        row.calls, row.masked = calls, masked
-        rows.append(row)
+    arms = len(plan.sdpa) + len(plan.pv)
+    long = plan.estimate_s is not None and plan.estimate_s > LONG_S  # minutes of CPU work: a bar with its ETA
+    with tqdm(total=len(plan.shapes) * (1 + arms * (1 + config.reps)), desc="bench attention", unit="part",
+              file=sys.stderr, disable=not long, dynamic_ncols=True) as bar:
+        for i, (shape, calls, masked) in enumerate(plan.shapes, 1):
+            if progress:
+                progress(f"[{i}/{len(plan.shapes)}] {shape.label}: {arms} arms x {config.reps} rounds")
+            row = bench_shape(shape, plan, config.reps, config.budget_ms, tick=bar.update)
+            row.calls, row.masked = calls, masked
+            rows.append(row)
     report = AttentionBenchReport(date=now(), device=plan.device, dtype=plan.dtype, machine=machine(plan.device),
                                   model=config.model, backend=plan.backend, reps=config.reps, shapes=rows)
     if config.json_out is not None:

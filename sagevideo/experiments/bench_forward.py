@@ -101,11 +101,13 @@ class ForwardBenchPlan(BaseModel):
     compile_backend: str
     backend: str
     left_out: dict[str, str] = {}  # default recipes this machine cannot run: name -> why
+    estimate_s: float | None = None  # the run's time here (`run_budget`; None: not estimated, a GPU or small)
 
 
 def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
     """Check `config` on this machine; raises InputError (a recipe name that does not parse, no GPU,
-    a recipe this machine cannot run) before any model is built. "default" drops the recipes that
+    a recipe this machine cannot run, a model that cannot fit in memory or would take longer than
+    --max-hours here: `run_budget`) before any model is built. "default" drops the recipes that
     cannot run here, saying why."""
     if not config.recipes:
         raise InputError("--recipes: none named; e.g. default or eager-cudnn,compile-sage")
@@ -141,8 +143,14 @@ def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
         raise InputError("\n".join(problems))
     if not names:
         raise InputError("--recipes: none of them can run here: " + "; ".join(f"{n}: {w}" for n, w in left_out.items()))
+    from sagevideo.experiments.run_budget import check_model_run
+
+    steps = {"stock": 0, "sage": 0}
+    for name in names:  # each recipe: its first call, median_seconds' warm-up, the repeats
+        steps["sage" if parse_recipe_name(name)["attention"] == "sage" else "stock"] += 2 + config.repeats
+    estimate = check_model_run(config.model, config.size(), device, dtype, steps=steps, max_hours=config.max_hours)
     return ForwardBenchPlan(device=device, dtype=dtype, recipes=names, compile_backend=compile_backend,
-                            backend=backend, left_out=left_out)
+                            backend=backend, left_out=left_out, estimate_s=estimate.seconds)
 
 
 class RecipeResult(BaseModel):
@@ -279,16 +287,22 @@ def sdpa_cudnn_first(device: str) -> Iterator[None]:
 
 def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtype: str, repeats: int,
                 compile_backend: str, backend: str,
-                progress: Callable[[str], None] | None = None) -> list[RecipeResult]:
+                progress: Callable[[str], None] | None = None, bar: bool = False) -> list[RecipeResult]:
     """Each recipe on a fresh `build()` (a `pipelines.forwards.StepForwards`: model and forwards),
-    in order; a recipe this machine cannot run (fp8 without FP8 tensor cores) is returned skipped."""
+    in order; a recipe this machine cannot run (fp8 without FP8 tensor cores) is returned skipped.
+    bar: a progress bar of the denoising steps run, with its ETA (long CPU runs)."""
+    import sys
+
     import torch
+    from tqdm.auto import tqdm
 
     import sagevideo
     from sagevideo.pipelines.recipe import fp8_linear_problem
 
     results, outputs = [], {}
     sync = synchronizer(device)
+    steps_bar = tqdm(total=len(names) * (2 + repeats), desc="bench forward", unit="step", file=sys.stderr,
+                     disable=not bar, dynamic_ncols=True)
     for name in names:
         spec = parse_recipe_name(name)
         problem = fp8_linear_problem(device, dtype) if spec["linear"] == "fp8" else None
@@ -298,6 +312,7 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
         torch._dynamo.reset()  # a fresh model each recipe: nothing compiled for the last one may be reused
         step = build()
         handle, applied = apply_recipe_name(step.model, name, backend=backend, compile_backend=compile_backend)
+        run = _counted(step.run, steps_bar.update)
         recipe = applied.recipe
         order = stock_attention_order(spec["attention"], device)
         picked: dict[str, int] = {}
@@ -305,11 +320,11 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
         with order, sagevideo.record_backends() as log:
             start = time.perf_counter()
             with record_sdpa_choices(picked) if stock_eager else contextlib.nullcontext():
-                out = step.run()
+                out = run()
             sync()
             first_call_s = time.perf_counter() - start
             lookups = applied.compile_cache_lookups() if recipe.compile != "none" else {}
-            seconds = median_seconds(step.run, repeats, device)
+            seconds = median_seconds(run, repeats, device)
         outputs[name] = torch.cat([o.float().flatten().cpu() for o in out])
         result = RecipeResult(name=name, recipe=recipe.label(), ms=seconds * 1e3, first_call_s=first_call_s,
                               backends=dict(log.counts), sdpa_backends=picked, fp8_layers=len(applied.fp8_layers),
@@ -329,6 +344,7 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
+    steps_bar.close()
     by_name = {r.name: r for r in results}
     if "eager-cudnn" in outputs:  # recipes run before eager cuDNN get their cosine now
         for r in results:
@@ -340,6 +356,17 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
                 if r.ms:
                     setattr(r, field, by_name[base].ms / r.ms)
     return results
+
+
+def _counted(fn: Callable[[], Any], done: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn`, calling done() after each call (a progress bar's update)."""
+    def call():
+        try:
+            return fn()
+        finally:
+            done()
+
+    return call
 
 
 def run_bench_forward(config: BenchForwardConfig, progress: Callable[[str], None] | None = None,
@@ -357,8 +384,11 @@ def run_bench_forward(config: BenchForwardConfig, progress: Callable[[str], None
         shape.update(tokens=step.tokens, forwards_per_step=len(step.forwards))
         return step
 
+    from sagevideo.experiments.run_budget import LONG_S
+
+    long = plan.estimate_s is not None and plan.estimate_s > LONG_S
     results = run_recipes(plan.recipes, build, device=plan.device, dtype=plan.dtype, repeats=config.repeats,
-                          compile_backend=plan.compile_backend, backend=plan.backend, progress=progress)
+                          compile_backend=plan.compile_backend, backend=plan.backend, progress=progress, bar=long)
     results += [RecipeResult(name=name, skipped=why) for name, why in plan.left_out.items()]
     report = ForwardBenchReport(date=now(), device=plan.device, dtype=plan.dtype, machine=machine(plan.device),
                                 model=config.model, size=config.size(), compile_backend=plan.compile_backend,

@@ -142,6 +142,8 @@ class BenchOptions(BaseModel):
     """A bench command's options; `build` turns every bad one into one InputError."""
 
     model_config = ConfigDict(extra="forbid")
+    max_hours: float = Field(1.0, ge=0, description="refuse a run estimated to take longer than this on the CPU "
+                             "(0: no limit); the estimate is measured here before anything is allocated")
 
     @classmethod
     def build(cls, **options: Any) -> Self:

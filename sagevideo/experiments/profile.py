@@ -64,6 +64,7 @@ class ProfileConfig(BaseModel):
     dtype: Literal["bfloat16", "float16", "float32"] | None = None  # None: bf16 on a GPU, fp32 on the CPU
     json_out: Path | None = None
     plot: Path | None = None
+    max_hours: float = Field(1.0, ge=0)  # refuse a CPU run estimated longer (`run_budget`); 0: no limit
 
     @field_validator("model")
     @classmethod
@@ -209,25 +210,48 @@ def largest_kernels(kernels: dict[str, list], count: int = TOP_KERNELS) -> list[
 
 
 def run_profile(config: ProfileConfig) -> ProfileReport:
+    """Build the model and profile its steps (see the module doc). Raises InputError, before
+    building, for a recipe this machine cannot run, an unwritable --json or --plot, and a run that
+    cannot fit in memory or would take longer than `config.max_hours` here (`run_budget`)."""
+    import sys
+
     import torch
     from torch.profiler import ProfilerActivity, profile
+    from tqdm.auto import tqdm
 
+    from sagevideo.experiments.run_budget import check_model_run
     from sagevideo.pipelines.forwards import build_step
 
     device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, config.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    dtype_name = config.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    dtype = getattr(torch, dtype_name)
     _check_recipe(config.recipe, device, dtype)  # before building: the model may take minutes
-    step = build_step(config.model, device, dtype, frames=config.frames, height=config.height, width=config.width)
-    with _as_recipe(step.model, config.recipe, device):
+    from sagevideo.outputs.files import writable_file
+
+    for path, option, example in ((config.json_out, "--json", "profile.json"), (config.plot, "--plot", "profile.png")):
+        if path is not None:  # found now, not after a profile of minutes
+            writable_file(path, option, InputError, example)
+    from sagevideo.experiments.bench_forward import parse_recipe_name
+
+    sage = config.recipe is not None and parse_recipe_name(config.recipe)["attention"] == "sage"
+    size = dict(frames=config.frames, height=config.height, width=config.width)
+    steps = {"sage" if sage else "stock": 1 + config.steps}  # the warm-up and the measured steps
+    estimate = check_model_run(config.model, size, device, dtype_name, steps=steps, max_hours=config.max_hours)
+    step = build_step(config.model, device, dtype, **size)
+    with _as_recipe(step.model, config.recipe, device), \
+            tqdm(total=1 + config.steps, desc="profile", unit="step", file=sys.stderr, disable=not estimate.long,
+                 dynamic_ncols=True) as bar:
         use_device = device.startswith("cuda")
         sync = torch.cuda.synchronize if use_device else (lambda: None)
         step.run()  # warm-up: allocator, kernels, autotuning, compilation
         sync()  # else the warm-up's queued kernels run inside the profiled window
+        bar.update()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_device else [])
         with profile(activities=activities) as prof:
             start = time.perf_counter()
             for _ in range(config.steps):
                 step.run()
+                bar.update()  # a few microseconds of Python in the profile, against a step of minutes
             sync()
             wall = time.perf_counter() - start
     kernels: dict[str, list] = {}

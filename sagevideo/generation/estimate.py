@@ -12,6 +12,8 @@ exceeds what the device has free.
 
 The attention time is measured, not guessed: one call of the job's backend at 1,024 tokens on
 this machine, scaled by N² (attention dominates at the sizes where a run takes hours).
+`attention_call_seconds` (any shape, from one head measured) and `matmul_flops` serve the same
+estimates for `profile` and the benches (`experiments.run_budget`).
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.loading import ModelSource
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_ACTIVATIONS_PER_CHANNEL = 16  # transformer: q, k, v, out, 4x FFN, norms, residuals (fp32 or bf16)
+ACTIVATIONS_PER_CHANNEL = 16  # transformer: q, k, v, out, 4x FFN, norms, residuals (fp32 or bf16)
 _PROBE_TOKENS = 1024
 # Below this many tokens per attention call a job is quick enough not to need a time estimate.
 TIME_ESTIMATE_FROM_TOKENS = 16384
 OVERHEAD_BYTES = 300 * 10**6  # text encoder activations, scheduler, frame buffers, allocator slack
+_SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+                  "math": "MATH"}
 
 
 @dataclass(frozen=True)
@@ -74,19 +78,25 @@ def estimate_job(source: ModelSource, job: JobSpec, backend: str | None, dtype: 
                  recipe: Any = None) -> JobEstimate:
     """Peak memory of a resolved job; backend: its sageattn backend (None: full precision, SDPA);
     recipe: the batch's `Recipe` (its weights: `weights_bytes`)."""
-    from sagevideo.kernels.plans import tiles
-
     width = DTYPE_BYTES[dtype]
     batch = source.model_family.forward_batch(source, job)  # e.g. CFG's two halves in one call
     tokens = latent_tokens(source, job)
     inner = source.heads * source.head_dim
-    denoise = batch * tokens * inner * width * _ACTIVATIONS_PER_CHANNEL
-    if backend == "reference":  # the emulation: fp64/fp32 score tiles and fp32/fp64 copies of Q, K, V
-        block_n = tiles(job.pv or "fp16", source.head_dim)[1]
-        denoise += batch * source.heads * tokens * (block_n * 40 + source.head_dim * 40)
+    denoise = batch * tokens * inner * width * ACTIVATIONS_PER_CHANNEL
+    if backend == "reference":
+        denoise += reference_transient_bytes(batch, source.heads, tokens, source.head_dim, job.pv or "fp16")
     decode = int(job.height * job.width * source.vae_channels * width * decode_activations(job.frames))
     return JobEstimate(tokens=tokens, weights=weights_bytes(source, dtype, recipe), denoise=denoise, decode=decode,
                        calls=source.layers * job.steps)
+
+
+def reference_transient_bytes(batch: int, heads: int, tokens: int, head_dim: int, pv: str) -> int:
+    """Bytes the PyTorch emulation of the kernels (`backend="reference"`) holds during one attention
+    call: fp64/fp32 score tiles of block_n keys per query and fp32/fp64 copies of Q, K, V."""
+    from sagevideo.kernels.plans import tiles
+
+    block_n = tiles(pv, head_dim)[1]
+    return batch * heads * tokens * (block_n * 40 + head_dim * 40)
 
 
 def weights_bytes(source: ModelSource, dtype: str, recipe: Any = None) -> int:
@@ -137,11 +147,43 @@ def attention_seconds(source: ModelSource, job: JobSpec, backend: str | None, de
     return per_call * scale * source.layers * job.steps
 
 
+def attention_call_seconds(backend: str | None, device: str, dtype: str, batch: int, heads: int, n_q: int,
+                           n_k: int, head_dim: int, pv: str = "fp16", sdpa: str | None = None) -> float:
+    """Seconds of one attention call q (batch, heads, n_q, head_dim), k/v (.., n_k, ..) here: one
+    head at 1,024 tokens measured (`backend`: sageattn's; None: SDPA, pinned to backend `sdpa`
+    when given, e.g. "math"), scaled by batch·heads·n_q·n_k (the work of one call grows so)."""
+    per_head = _probe_call(backend, device, dtype, 1, 1, head_dim, pv, sdpa)
+    return per_head * batch * heads * (n_q / _PROBE_TOKENS) * (n_k / _PROBE_TOKENS)
+
+
+@lru_cache(maxsize=8)
+def matmul_flops(device: str, dtype: str) -> float:
+    """Multiply-adds x 2 per second of a 1024x1024 matmul here (best of two, after a warm-up)."""
+    import torch
+
+    a, b = (torch.randn(1024, 1024, device=device).to(getattr(torch, dtype)) for _ in range(2))
+    best = float("inf")
+    for i in range(3):
+        start = time.perf_counter()
+        a @ b
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        if i:
+            best = min(best, time.perf_counter() - start)
+    return 2 * 1024**3 / best
+
+
 @lru_cache(maxsize=16)
-def _probe_call(backend: str | None, device: str, dtype: str, batch: int, heads: int, head_dim: int, pv: str) -> float:
-    """Seconds of one attention call of this backend at 1,024 tokens here (best of two, after a warm-up)."""
+def _probe_call(backend: str | None, device: str, dtype: str, batch: int, heads: int, head_dim: int, pv: str,
+                sdpa: str | None = None) -> float:
+    """Seconds of one attention call of this backend at 1,024 tokens here (best of two, after a
+    warm-up; one when it takes half a second); backend None: SDPA (pinned to backend `sdpa`, e.g.
+    "math", when given)."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from sagevideo.attention.functional import sageattn
 
@@ -149,10 +191,13 @@ def _probe_call(backend: str | None, device: str, dtype: str, batch: int, heads:
     shape = (batch, heads, _PROBE_TOKENS, head_dim)
     q, k, v = (torch.randn(shape, generator=generator).to(device=device, dtype=getattr(torch, dtype))
                for _ in range(3))
+    def pinned():
+        return sdpa_kernel([getattr(SDPBackend, _SDPA_BACKENDS[sdpa])]) if sdpa else contextlib.nullcontext()
 
     def call():
         if backend is None:
-            F.scaled_dot_product_attention(q, k, v)
+            with pinned():
+                F.scaled_dot_product_attention(q, k, v)
         else:
             sageattn(q, k, v, pv=pv, backend=backend)
         if device == "cuda":
@@ -165,6 +210,8 @@ def _probe_call(backend: str | None, device: str, dtype: str, batch: int, heads:
             start = time.perf_counter()
             call()
             best = min(best, time.perf_counter() - start)
+            if best > 0.5:  # slow enough that timer noise does not matter: one timed call will do
+                break
     return best
 
 

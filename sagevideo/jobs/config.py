@@ -146,7 +146,7 @@ class GenerateConfig(RecipeOptions):
         int, _whole_number("give a whole number >= 1 (1: one GPU per job, no splitting)")
     ] = Field(
         1,
-        description="Split each job over N GPUs of one node (Ulysses sequence parallelism, CogVideoX; Ray "
+        description="Split each job over N GPUs of one node (Ulysses sequence parallelism, every model family; Ray "
         "groups of N ranks, --workers counts groups). With --device cpu: N CPU processes (gloo).",
     )
     max_attempts: Annotated[int, _whole_number("give a whole number >= 1 (1: no retry)")] = Field(

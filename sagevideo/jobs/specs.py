@@ -142,7 +142,7 @@ class JobSpec(BaseModel):
         stem = value.removesuffix(".mp4")
         if not SAFE_OUTPUT.fullmatch(stem) or ".." in stem:
             raise ValueError(
-                f"output {value!r} is not a plain file name; use letters, digits, '.', '_' and '-' "
+                f"output {value!r} is not a plain file name; use ASCII letters (A-Z, a-z), digits, '.', '_' and '-' "
                 "(no folders, no leading '.' or '-', at most 100 characters), e.g. 'shot-010'"
             )
         return stem

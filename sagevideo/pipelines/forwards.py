@@ -9,7 +9,8 @@ branch its own call), HunyuanVideo one of batch 1 (guidance-distilled).
 
 `attention_calls(name, ...)`: the attention calls one step makes (shapes and counts), found by
 running the step on the meta device (no memory, no compute), so a config's real shapes are read
-from the model itself rather than re-derived per family.
+from the model itself rather than re-derived per family; `step_size(name, ...)` adds the
+parameter count and batch (what a run's memory and time are estimated from).
 
 Random weights because what a step's time is spent on depends on the shapes, not on the values:
 profiling and benchmarks run without a 30 GB checkpoint. The configs are the published ones
@@ -19,6 +20,7 @@ Open-Sora 2.0 port's defaults).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -131,10 +133,31 @@ class AttentionCallShape:
     calls: int
 
 
+@dataclass(frozen=True)
+class StepSize:
+    """What one denoising step of a config holds and does, read from the model on the meta device:
+    parameters (count), samples (batch summed over the step's forwards), tokens (video tokens per
+    sample), calls (its distinct attention calls, most calls first)."""
+
+    parameters: int
+    samples: int
+    tokens: int
+    calls: tuple[AttentionCallShape, ...]
+
+
 def attention_calls(name: str, *, frames: int | None = None, height: int | None = None,
                     width: int | None = None) -> list[AttentionCallShape]:
     """The distinct SDPA calls of one denoising step of config `name` at the given size, most
     calls first. Built and run on the meta device: seconds even at real size. Raises ValueError as
+    `build_step` does."""
+    return list(step_size(name, frames=frames, height=height, width=width).calls)
+
+
+@functools.lru_cache(maxsize=8)  # a real-size build takes seconds even on the meta device
+def step_size(name: str, *, frames: int | None = None, height: int | None = None,
+              width: int | None = None) -> StepSize:
+    """One denoising step of config `name` at the given size, measured without memory or compute
+    (built and run on the meta device: seconds even at real size). Raises ValueError as
     `build_step` does."""
     from torch.overrides import TorchFunctionMode
 
@@ -156,7 +179,10 @@ def attention_calls(name: str, *, frames: int | None = None, height: int | None 
     with _Recorder():
         step.run()
     calls = [AttentionCallShape(*key, calls=count) for key, count in seen.items()]
-    return sorted(calls, key=lambda call: -call.calls)
+    samples = sum(next(v for v in kwargs.values() if isinstance(v, torch.Tensor)).shape[0]  # the latents' batch
+                  for kwargs in step.forwards)
+    return StepSize(parameters=sum(p.numel() for p in step.model.parameters()), samples=samples, tokens=step.tokens,
+                    calls=tuple(sorted(calls, key=lambda call: -call.calls)))
 
 
 def _randn(*shape, device, dtype) -> torch.Tensor:

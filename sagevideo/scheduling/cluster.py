@@ -1,7 +1,8 @@
 """Join or start Ray, and decide how many workers a batch gets.
 
 - Ray already initialised in this process (a script or a test did `ray.init`): use it, leave it connected.
-- address None or "local": start a private local instance, dashboard off, shut down afterwards.
+- address None or "local": start a private local instance without the dashboard's web UI (Ray
+  still starts its per-node dashboard agent process), shut down afterwards.
 - "auto": join the cluster this machine belongs to: RAY_ADDRESS when set (a head that does not
   answer there is an InputError: the user pointed at it), else the cluster last started with
   `ray start` on this machine (one that no longer answers is said loudly, then a local instance
@@ -292,7 +293,8 @@ def _start_local(cpus: int | None) -> None:
 
     if cpus is not None:
         cpus = max(cpus, os.cpu_count() or 1)
-    # No dashboard (nothing listens for HTTP); a private instance for this batch only.
+    # No dashboard head (its web UI); Ray still starts each node's dashboard agent, which include_dashboard
+    # does not turn off. A private instance for this batch only.
     with _keep_sigterm_handler():
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
 

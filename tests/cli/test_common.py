@@ -64,6 +64,26 @@ def test_handle_errors_prints_the_message_and_exits_with_its_code(capsys):
         raise ZeroDivisionError("a bug")
 
 
+def test_the_machines_own_errors_are_one_line_without_a_traceback(capsys):
+    """A full disk, a permission or memory met outside the places that handle them: one line, exit 1."""
+    import errno
+    import os
+
+    from sagevideo.cli.common import handle_errors
+
+    for err, line in [
+        (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/out/report.html"),
+         "sagevideo eval: error: /out/report.html: No space left on device (ENOSPC)"),
+        (PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/out"), "sagevideo eval: error: /out: Permission "
+         "denied (EACCES)"),
+        (MemoryError(), "sagevideo eval: error: out of memory; free memory or run a smaller job"),
+    ]:
+        with pytest.raises(typer.Exit) as stop, handle_errors("eval"):
+            raise err
+        assert stop.value.exit_code == 1
+        assert capsys.readouterr().err.splitlines() == [line]
+
+
 @pytest.mark.parametrize("argv", [["profile", "--help"], ["bench", "forward", "--help"]])
 def test_help_shows_square_brackets_literally(argv, monkeypatch):
     """Rich takes `[fp8-]` for markup and drops it: the recipe-name form must reach the help whole."""

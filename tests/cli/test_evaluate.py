@@ -209,3 +209,62 @@ def test_check_weights_refuses_a_file_as_the_folder(tmp_path):
         f"sagevideo check-weights: error: --weights {tmp_path / 'weights.tar'}: is a file; give the folder that holds "
         "the weights"
     )
+
+
+@pytest.mark.parametrize("failing", ["report", "videos"])
+def test_eval_into_a_full_disk_keeps_metrics_json_and_names_what_was_not_written(arms, tmp_path, monkeypatch,
+                                                                                   failing):
+    """A full disk at the report or at the difference videos: metrics.json is still written (whole),
+    one error line names what was not, exit 1, no traceback."""
+    import errno
+    import os
+    from pathlib import Path
+
+    from sagevideo.outputs import files, video
+
+    if failing == "report":
+        real = files.write_text_atomic
+
+        def disk_full(path, text):
+            if Path(path).name == "report.html":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            return real(path, text)
+
+        monkeypatch.setattr(files, "write_text_atomic", disk_full, raising=False)  # (absent before it existed)
+        what = "disk full (ENOSPC): report.html not written"
+    else:
+        def disk_full(frames, path, **kwargs):  # as write_mp4 reports an encoder cut short by ENOSPC
+            raise video.VideoWriteError(f"{Path(path).name} not written: disk full (ENOSPC)", errno.ENOSPC)
+
+        monkeypatch.setattr(video, "write_mp4", disk_full)
+        what = "disk full (ENOSPC): the 3 difference videos videos/000-diff.mp4 to 002-diff.mp4 not written"
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["eval", str(arms["ref"]), str(arms["noise10"]), "--out", str(out),
+                                 "--metrics", "psnr", "--resamples", "100"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output and "PSNR:" in result.stdout
+    assert result.stderr.splitlines()[-1] == (
+        f"sagevideo eval: error: {out}: {what}; the metrics are in {out / 'metrics.json'}; fix that (a full disk: "
+        "free space) and run the same command again")
+    data = json.loads((out / "metrics.json").read_text())
+    assert list(data["metrics"]) == ["psnr"] and data["n_pairs"] == 3
+    if failing == "videos":
+        assert data["not_written"] == {f"videos/00{i}-diff.mp4": "disk full (ENOSPC)" for i in range(3)}
+        assert [p["diff_video"] for p in data["pairs"]] == [None] * 3 and (out / "report.html").is_file()
+    else:
+        assert not (out / "report.html").exists() and data["not_written"] == {}
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no partial file left behind
+
+
+def test_check_weights_on_an_unreadable_folder_is_one_line(tmp_path, monkeypatch):
+    import errno
+
+    from sagevideo.eval import weights
+
+    def unreadable(folder, **kwargs):  # as scanning a folder without read permission fails
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "w"))
+
+    monkeypatch.setattr(weights, "report_lines", unreadable)
+    result = runner.invoke(app, ["check-weights", "--weights", str(tmp_path / "w")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert result.stderr.strip() == f"sagevideo check-weights: error: {tmp_path / 'w'}: Permission denied (EACCES)"

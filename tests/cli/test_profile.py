@@ -40,3 +40,21 @@ def test_a_recipe_runs_or_is_refused_naming_the_option():
     assert result.exit_code == 2 and "--recipe compile-sage: on the CPU" in result.stderr
     result = runner.invoke(app, ["profile", "--recipe", "fast"])
     assert result.exit_code == 2 and "--recipe:" in result.stderr and "is not [fp8-](eager|compile)" in result.stderr
+
+
+def test_an_unwritable_json_or_plot_exits_2_before_building(tmp_path, monkeypatch):
+    from sagevideo.pipelines import forwards
+
+    def refuse(name, device="cpu", *args, **kwargs):
+        if str(device) != "meta":
+            raise AssertionError("built a model for a run that cannot write its report")
+        return real(name, device, *args, **kwargs)
+
+    real = forwards.build_step
+    monkeypatch.setattr(forwards, "build_step", refuse)
+    for option, name in (("--json", "p.json"), ("--plot", "p.png")):
+        path = tmp_path / "missing" / name
+        result = CliRunner().invoke(app, ["profile", "--model", "tiny-wan", option, str(path)])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.strip() == (f"sagevideo profile: error: {option} {path}: folder {path.parent} does not "
+                                         "exist; create it first or give another path")

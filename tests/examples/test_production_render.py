@@ -66,3 +66,9 @@ def test_a_preview_runs_the_shot_lists_recipe(tmp_path, script):
     manifest = tmp_path / "out" / "preview" / "manifest.jsonl"
     (record,) = [json.loads(line) for line in manifest.read_text().splitlines()]
     assert record["recipe"]["cache"] == "first-block" and record["recipe"]["cache_skipped"] == 1  # 2 steps
+
+
+def test_preview_help_says_where_it_writes(script, capsys):
+    with pytest.raises(SystemExit):
+        script.main(["--help"])
+    assert "into OUT/preview/" in " ".join(capsys.readouterr().out.split())

@@ -145,7 +145,10 @@ BAD_FILES = [
     ("duplicate-output.yaml", "jobs:\n  - prompt: a\n    output: shot\n  - prompt: b\n    output: Shot\n",
      r"line 5 \(job 2\): output: 'Shot' is already the output of .*line 3 \(job 1\); give each job its own"),
     ("unsafe-output.yaml", "jobs:\n  - prompt: a\n    output: ../../etc/passwd\n",
-     r"line 3 \(job 1\): output: output '../../etc/passwd' is not a plain file name; use letters, digits"),
+     r"line 3 \(job 1\): output: output '../../etc/passwd' is not a plain file name; use ASCII letters "
+     r"\(A-Z, a-z\), digits"),
+    ("accented-output.yaml", "jobs:\n  - prompt: a\n    output: café\n",  # a letter, but not an ASCII one
+     r"output: output 'café' is not a plain file name; use ASCII letters \(A-Z, a-z\), digits"),
     ("hidden-output.yaml", "jobs:\n  - prompt: a\n    output: .bashrc\n", r"output: output '.bashrc' is not a plain"),
     ("empty-jobs.yaml", "defaults:\n  steps: 2\njobs: []\n", r"line 3 \(jobs\): 'jobs' is empty; add at least one job"),
     ("no-jobs.yaml", "defaults:\n  steps: 2\n", r"no 'jobs' list; add jobs: with at least one job"),

@@ -35,7 +35,8 @@ class SimulateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     preset: Preset = Field("k-offset", description="Synthetic inputs (ignored with --qkv).")
-    qkv: Path | None = Field(None, description="safetensors file of captured q/k/v (or <layer>.q/.k/.v), (B, H, N, D).")
+    qkv: Path | None = Field(None, description="safetensors file of captured q/k/v (or <layer>.q/.k/.v), (B, H, N, D), "
+                             "e.g. written by `sagevideo calibrate --save-qkv FILE`.")
     layout: Layout = Field("HND", description="Layout of the --qkv tensors: HND or NHD.")
     shape: Annotated[tuple[int, int, int, int], BeforeValidator(_shape)] = Field(
         (1, 8, 1024, 128), description="B,H,N,D of the synthetic inputs."
