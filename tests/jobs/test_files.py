@@ -118,10 +118,11 @@ def test_plan_path_is_relative_to_the_job_file_recorded_and_applied(tmp_path):
     assert again["backends"]["counts"] == {"reference/fp8": 4}
     (plans / "p.json").write_text(json.dumps({"version": 1, "default": {"mode": "int8-fp16"}}))
     plan = plan_batch(job_file=path, out=tmp_path / "o")
-    from sagevideo.generation.run import _previous_records
+    from sagevideo.generation.resume import decide
     from sagevideo.outputs.manifest import Manifest
 
-    assert _previous_records(Manifest(plan.manifest_path).records(), plan) == [None]  # cat.mp4 is the fp8 job's now
+    (decision,) = decide(plan, Manifest(plan.manifest_path).records()).decisions
+    assert decision.kind != "skip"  # cat.mp4 is the fp8 job's now: the fp16 job is not done
 
 
 BAD_FILES = [
