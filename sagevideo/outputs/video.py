@@ -3,7 +3,7 @@
 The video is encoded (the ffmpeg that imageio-ffmpeg bundles; H.264, yuv420p) into a hidden
 temporary file in the destination folder, checked, fsynced, then renamed over the final name with
 `os.replace`, which is atomic within one filesystem. Checked means: ffmpeg exited cleanly and the
-file decodes back to every frame. A full disk, a quota or a file-size limit (`ulimit -f`) can
+file decodes back to every frame (`count_frames`). A full disk, a quota or a file-size limit (`ulimit -f`) can
 leave ffmpeg with a truncated file and, when it is killed by SIGXFSZ, no error message at all;
 such a write raises `VideoWriteError` with the reason and leaves nothing under the final name.
 """
@@ -80,7 +80,11 @@ def write_mp4(
             _fsync_file(tmp)
         except OSError as err:
             raise VideoWriteError(f"{name} not written: {describe_os_error(err)}", err.errno) from None
-        found = count_frames(tmp)
+        try:
+            found = count_frames(tmp)
+        except OSError as err:  # the decoder could not start: nothing is known about the file
+            raise VideoWriteError(f"{name} not written: it could not be read back ({describe_os_error(err)})",
+                                  err.errno) from None
         if found != len(frames):
             raise VideoWriteError(f"{name} not written: the encoded file holds {found} of {len(frames)} frames")
         os.replace(tmp, path)
@@ -93,14 +97,27 @@ def write_mp4(
 
 
 def count_frames(path: str | Path) -> int:
-    """Frames that decode from the video at `path`; 0 when it cannot be opened (e.g. truncated)."""
-    import imageio.v2 as imageio
+    """Frames that decode from the video at `path` (every one is decoded: ffmpeg's framecrc output
+    has a line per frame); 0 when ffmpeg cannot decode it whole (truncated, no moov atom, bad data).
+    Raises OSError when ffmpeg cannot be started, and whatever a signal handler raises meanwhile.
 
-    try:
-        with imageio.get_reader(path, format="FFMPEG") as reader:  # iterate: list(reader) raises MemoryError
-            return sum(1 for _ in reader)
-    except Exception:  # no moov atom, bad data: whatever decoded before the error is not a video
+    ffmpeg is started here, not through imageio's reader: that one starts it with a Python
+    preexec_fn, which makes CPython run its fork hooks in this process and discard what a signal
+    handler raises inside them ("Exception ignored in ... _releaseLock"), so a SIGTERM that landed
+    there was lost. Its own session, as the encoder's: a Ctrl-C to the terminal does not cut the read short.
+    """
+    import imageio_ffmpeg
+
+    cmd = [
+        imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-v", "error", "-xerror",
+        "-i", str(path), "-map", "0:v:0", "-f", "framecrc", "-",
+    ]
+    done = subprocess.run(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    if done.returncode != 0:  # whatever decoded before the error is not a video
         return 0
+    return sum(1 for line in done.stdout.splitlines() if line and not line.startswith(b"#"))
 
 
 def _encode(frames: np.ndarray, path: Path, *, fps: int, quality: float, name: str) -> None:
