@@ -16,6 +16,8 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -101,10 +103,10 @@ def count_frames(path: str | Path) -> int:
     has a line per frame); 0 when ffmpeg cannot decode it whole (truncated, no moov atom, bad data).
     Raises OSError when ffmpeg cannot be started, and whatever a signal handler raises meanwhile.
 
-    ffmpeg is started here, not through imageio's reader: that one starts it with a Python
-    preexec_fn, which makes CPython run its fork hooks in this process and discard what a signal
-    handler raises inside them ("Exception ignored in ... _releaseLock"), so a SIGTERM that landed
-    there was lost. Its own session, as the encoder's: a Ctrl-C to the terminal does not cut the read short.
+    ffmpeg is started here (`_run_ffmpeg`), not through imageio's reader: that one starts it with a
+    Python preexec_fn, which makes CPython run its fork hooks in this process and discard what a
+    signal handler raises inside them ("Exception ignored in ... _releaseLock"), so a SIGTERM that
+    landed there was lost.
     """
     import imageio_ffmpeg
 
@@ -112,12 +114,58 @@ def count_frames(path: str | Path) -> int:
         imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-v", "error", "-xerror",
         "-i", str(path), "-map", "0:v:0", "-f", "framecrc", "-",
     ]
-    done = subprocess.run(
-        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    if done.returncode != 0:  # whatever decoded before the error is not a video
+    returncode, out, _ = _run_ffmpeg(cmd, None)
+    if returncode != 0:  # whatever decoded before the error is not a video
         return 0
-    return sum(1 for line in done.stdout.splitlines() if line and not line.startswith(b"#"))
+    return sum(1 for line in out.splitlines() if line and not line.startswith(b"#"))
+
+
+def _run_ffmpeg(cmd: list[str], data: memoryview | None) -> tuple[int, bytes, bytes]:
+    """Run ffmpeg to its end, `data` on its stdin (None: nothing): (exit status, stdout, stderr).
+
+    Its own session: Ctrl-C or a SIGTERM to the terminal's process group must not kill it under a
+    commit; an interrupt here kills it explicitly. Stop signals are held while it starts, so that
+    an interrupt always finds the process to kill (`_signals_held`)."""
+    process = None
+    try:
+        with _signals_held():
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL if data is None else subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True,
+            )
+        out, err = process.communicate(data)
+    except BaseException:
+        if process is not None:
+            process.kill()
+            process.wait()
+        raise
+    return process.returncode, out, err
+
+
+_HELD = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP while a child process starts, then call the handlers in force
+    for those that came. Raised inside Popen (the parent resumes from vfork as the child runs, before
+    Popen stores its pid), an interrupt lost the child: the encoder ran on unseen and wrote its partial
+    file after the run's clean-up. Main thread only; a signal Python does not handle needs nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {signum: signal.getsignal(signum) for signum in _HELD}
+    previous = {signum: handler for signum, handler in previous.items() if callable(handler)}
+    for signum in previous:
+        signal.signal(signum, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for signum in caught:
+        previous[signum](signum, None)
 
 
 def _encode(frames: np.ndarray, path: Path, *, fps: int, quality: float, name: str) -> None:
@@ -140,19 +188,9 @@ def _encode(frames: np.ndarray, path: Path, *, fps: int, quality: float, name: s
         up = lambda n: n + (-n) % MACRO_BLOCK
         cmd += ["-vf", f"scale={up(width)}:{up(height)}"]
     cmd += ["-v", "error", str(path)]
-    # Its own session: Ctrl-C or a SIGTERM to the terminal's process group must not kill the encoder
-    # under a commit; an interrupt here kills it explicitly below.
-    process = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    try:
-        _, stderr = process.communicate(memoryview(np.ascontiguousarray(frames)).cast("B"))
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
-    if process.returncode != 0:
-        raise _encoder_error(process.returncode, stderr.decode("utf-8", errors="replace"), name)
+    returncode, _, stderr = _run_ffmpeg(cmd, memoryview(np.ascontiguousarray(frames)).cast("B"))
+    if returncode != 0:
+        raise _encoder_error(returncode, stderr.decode("utf-8", errors="replace"), name)
 
 
 def _encoder_error(returncode: int, stderr: str, name: str) -> VideoWriteError:

@@ -130,9 +130,33 @@ def test_a_decoder_that_cannot_start_is_named_not_counted_as_zero_frames(tmp_pat
     def no_process(*args, **kwargs):
         raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(subprocess, "run", no_process)  # the read-back's; the encoder uses Popen
+    real_popen = subprocess.Popen
+
+    def popen(cmd, **kwargs):  # the encoder starts; the decoder that reads its file back cannot
+        return (no_process if "framecrc" in cmd else real_popen)(cmd, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
     with pytest.raises(VideoWriteError, match=r"^v\.mp4 not written: it could not be read back \(Resource tempo"):
         write_mp4(_frames(), tmp_path / "v.mp4")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_signal_while_the_encoder_starts_stops_it_and_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM, with the batch's handler) landing inside Popen, after the child started:
+    before, the KeyboardInterrupt came out of Popen without the process, and the encoder ran on,
+    unseen, writing its partial file after the run's clean-up."""
+    real_popen, started = subprocess.Popen, []
+
+    def popen_then_signal(*args, **kwargs):
+        process = real_popen(*args, **kwargs)
+        started.append(process)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode, still inside "Popen"
+        return process
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        write_mp4(_frames(), tmp_path / "v.mp4")
+    assert len(started) == 1 and started[0].poll() is not None  # the encoder was stopped, not left running
     assert os.listdir(tmp_path) == []
 
 
