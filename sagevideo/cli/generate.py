@@ -32,7 +32,7 @@ DOC = """Generate videos into --out; re-running resumes (finished jobs are skipp
     A job file's recipe: section gives the recipe options left at their defaults (both set, differently: an error).
 
     Exit codes: 0 all done, 1 a job or the model load failed (or a full disk stopped the batch), 2 bad input
-    or --out in use by another run (nothing loaded), 130 Ctrl-C, 143 SIGTERM (finished videos kept).
+    or --out in use by another run (nothing loaded), 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (finished videos kept).
     """
 
 

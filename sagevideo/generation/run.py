@@ -3,7 +3,8 @@ load) or on Ray workers (`sagevideo.scheduling`, one load per worker).
 
 Workers hand back staged files and records; this process alone renames each output into place and
 appends its record to the manifest, one record per job per run. A failing job is recorded and the
-batch goes on; Ctrl-C or SIGTERM stops cleanly (`BatchInterrupted`), keeping what finished.
+batch goes on; Ctrl-C, SIGTERM or SIGHUP stops cleanly (`BatchInterrupted`), keeping what finished
+(`generation.signals`: a signal whose exception a library lost still stops the run at its next checkpoint).
 
 What keeps this true when things go wrong:
 - one run per output folder: `run_batch` locks it (`outputs.folders.FolderLock`); a second run is
@@ -20,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ from typing import Any
 
 from sagevideo.errors import BatchInterrupted, BatchStopped, InputError, Terminated
 from sagevideo.generation.plan import BatchPlan
+from sagevideo.generation.signals import StopSignals, signal_name, stop_signals
 from sagevideo.host.deadline import JobTimeoutError
 from sagevideo.host.pipeline_host import PlannedJob
 from sagevideo.outputs.manifest import (
@@ -52,7 +52,7 @@ class BatchReport:
     """What a run did. records: one per planned job (the new record, or the done one it skipped;
     None for jobs an interrupt left unrun). retried: jobs that needed more than one attempt because
     a worker died. workers: where it ran, e.g. "2 Ray worker(s) on 1 node(s) of a local Ray
-    instance" (None: this process). signal: "SIGINT" or "SIGTERM" when one interrupted the run.
+    instance" (None: this process). signal: "SIGINT", "SIGTERM" or "SIGHUP" when one interrupted the run.
     stopped: why the run stopped early on its own (the disk is full). kept: (output name, new
     name) of earlier renders of changed jobs that were renamed, not overwritten."""
 
@@ -122,7 +122,7 @@ class BatchReport:
             attention += f"; full precision for {full} job(s)"
         state = ""
         if self.interrupted:
-            state = "terminated (SIGTERM) after " if self.signal == "SIGTERM" else "interrupted after "
+            state = "interrupted after " if self.signal == "SIGINT" else f"terminated ({self.signal}) after "
         elif self.stopped:
             state = "stopped after "
         line = (
@@ -181,27 +181,28 @@ def run_batch(
     `plan.use_ray`, else this process. `sagevideo.generation.torchrun` passes its rank 0 under torchrun.
 
     Raises ModelLoadError when no model could be loaded, InputError when a Ray cluster cannot be
-    joined or another run holds the output folder, BatchInterrupted on Ctrl-C or SIGTERM (after
-    stopping the workers; finished jobs are recorded). A full disk ends the run early with
+    joined or another run holds the output folder, BatchInterrupted on Ctrl-C, SIGTERM or SIGHUP
+    (after stopping the workers; finished jobs are recorded). A full disk ends the run early with
     `report.stopped` set.
     """
     from sagevideo.outputs.folders import FolderLock
 
     echo = echo or log.warning
     lock = FolderLock(plan.out, InputError)
-    with _sigterm_as_interrupt() as terminated:
+    with stop_signals() as signals:
         try:
             lock.acquire(note=echo)
             try:
-                return _run_locked(plan, progress=progress, echo=echo, execute=execute, terminated=terminated)
+                return _run_locked(plan, progress=progress, echo=echo, execute=execute, signals=signals)
             finally:
                 lock.release()
         except KeyboardInterrupt as stop:
+            signals.stopping = True
             if isinstance(stop, BatchInterrupted):
                 raise
             # Before any job was handed out (taking the lock): nothing to keep.
             report = BatchReport(plan=plan, records=[None for _ in plan.jobs], interrupted=True)
-            report.signal = "SIGTERM" if isinstance(stop, Terminated) or terminated else "SIGINT"
+            report.signal = signal_name(stop, signals)
             raise BatchInterrupted(report) from None
 
 
@@ -211,11 +212,11 @@ def _run_locked(
     progress: bool,
     echo: Callable[[str], None],
     execute: Callable[..., Iterator[tuple[int, ManifestRecord]]] | None,
-    terminated: list[int] | None = None,
+    signals: StopSignals | None = None,
 ) -> BatchReport:
-    """`run_batch` once the output folder is this run's. terminated: non-empty once SIGTERM came
-    (a library between the handler and here may re-raise the interrupt as a plain KeyboardInterrupt)."""
-    terminated = terminated if terminated is not None else []
+    """`run_batch` once the output folder is this run's. signals: the run's stop signals (their
+    checkpoints: every status update, which comes at each job's start and each step, and each finished job)."""
+    signals = signals if signals is not None else StopSignals()
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -245,7 +246,11 @@ def _run_locked(
         desc="sagevideo",
         dynamic_ncols=True,
     )
-    status = lambda text: bar.set_postfix_str(text[:40], refresh=True)
+
+    def status(text: str) -> None:
+        signals.check()  # a stop signal whose exception was lost on its way stops the run here
+        bar.set_postfix_str(text[:40], refresh=True)
+
     if execute is not None:
         results = execute(plan, todo, status)
     elif plan.use_ray:
@@ -260,14 +265,17 @@ def _run_locked(
     try:
         with logging_redirect_tqdm(loggers=libraries, tqdm_class=tqdm):
             for index, record in results:
-                with _signals_deferred(terminated):  # a video's rename and its manifest line go together
+                if not record.done:
+                    signals.check()  # a job that failed after a stop signal: the signal may be why; not recorded
+                with signals.held():  # a video's rename and its manifest line go together
                     committer.finish(index, record)
                 bar.update(1)
                 if report.stopped:
                     break
     except KeyboardInterrupt as stop:
+        signals.stopping = True
         report.interrupted = True
-        report.signal = "SIGTERM" if isinstance(stop, Terminated) or terminated else "SIGINT"
+        report.signal = signal_name(stop, signals)
         raise BatchInterrupted(report) from None
     finally:
         results.close()  # stops workers (Ray) or removes installed attention (here)
@@ -309,53 +317,6 @@ def _step_watch(pj: PlannedJob, status: Callable[[str], None], limit_s: float | 
             raise JobTimeoutError(f"ran past --job-timeout {limit_s:g} s ({elapsed:.0f} s, at step {step}/{steps})")
 
     return on_step
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[int]]:
-    """For the whole run, SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread, so
-    it stops the batch the way Ctrl-C does: workers stopped, summary, resume hint. Yields the list
-    the signal is also noted in: inside Ray's blocking calls (`ray.wait`, `ray.get`) an exception
-    raised by a signal handler comes out as a plain KeyboardInterrupt (its C++ core reports the
-    handler's error as "interrupted"), and the exit status must still say SIGTERM (143)."""
-    terminated: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield terminated  # signal handlers live in the main thread only
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        terminated.append(signum)
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield terminated
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-@contextlib.contextmanager
-def _signals_deferred(terminated: list[int]) -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM for the few milliseconds of a commit, then raise them: an interrupt
-    then never leaves a video under its final name without its manifest record, or a record uncounted."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers live in the main thread only
-        return
-    caught: list[int] = []
-    hold = lambda signum, frame: caught.append(signum)
-    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            # None: the old handler was not set from Python; Python's own is the sane one to restore.
-            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-            signal.signal(signum, handler if handler is not None else default)
-        if signal.SIGTERM in caught:
-            terminated.append(signal.SIGTERM)
-            raise Terminated()
-        if caught:
-            raise KeyboardInterrupt
 
 
 class _Committer:
