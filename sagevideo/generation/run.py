@@ -185,7 +185,7 @@ def run_batch(
     (after stopping the workers; finished jobs are recorded). A full disk ends the run early with
     `report.stopped` set.
     """
-    from sagevideo.outputs.folders import FolderLock
+    from sagevideo.outputs.folders import FolderLock, remove_dead_markers
 
     echo = echo or log.warning
     lock = FolderLock(plan.out, InputError)
@@ -193,6 +193,7 @@ def run_batch(
         try:
             lock.acquire(note=echo)
             try:
+                remove_dead_markers(plan.out, locked=lock.held)  # left by a run killed outright (kill -9)
                 return _run_locked(plan, progress=progress, echo=echo, execute=execute, signals=signals)
             finally:
                 lock.release()

@@ -369,6 +369,21 @@ def test_a_signal_at_any_stage_of_a_job_stops_the_run_within_seconds_and_nothing
     assert len({r["job_id"] for r in records}) == len(SIGNAL_STAGES)
 
 
+def test_a_killed_runs_marker_is_removed_by_the_next_run(tmp_path):
+    """kill -9 of a Ray driver leaves its `.sagevideo-run-*` marker (nothing in-process can run then);
+    the next run into the folder, holding its lock, removes it. Before, such markers stayed for good."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".sagevideo-run-1a2b3c4d").touch()
+
+    def execute(plan, todo, status):
+        yield from ()
+
+    plan = plan_batch(["a fox"], out=out, steps=1, attention="full", progress=False)
+    run_batch(plan, progress=False, execute=execute)
+    assert os.listdir(out) == []
+
+
 def _lose_a_sigterm() -> None:
     """A SIGTERM whose exception a library loses (CPython discards it in a fork hook or a __del__)."""
     try:
