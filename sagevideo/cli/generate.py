@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from sagevideo.cli.common import add_config_command, handle_errors
+from sagevideo.cli.common import add_config_command, echo_while_able, handle_errors
 from sagevideo.errors import EXIT_FAILED
 from sagevideo.jobs.config import GenerateConfig
 
@@ -54,10 +54,10 @@ def run(values: dict[str, Any]) -> None:
 
 
 def _summary(stop: BaseException) -> None:
-    """A batch Ctrl-C or SIGTERM stopped (`BatchInterrupted`): what finished, and the resume hint."""
+    """A batch Ctrl-C, SIGTERM or SIGHUP stopped (`BatchInterrupted`): what finished, and the resume hint."""
     report = getattr(stop, "report", None)
     if report is not None:
-        typer.echo(report.summary_line())
+        echo_while_able(report.summary_line())
 
 
 def register(app: typer.Typer) -> None:

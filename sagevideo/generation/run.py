@@ -280,7 +280,8 @@ def _run_locked(
         raise BatchInterrupted(report) from None
     finally:
         results.close()  # stops workers (Ray) or removes installed attention (here)
-        bar.close()
+        with contextlib.suppress(OSError):  # a terminal that is gone (SIGHUP: EIO) must not hide the stop
+            bar.close()
         for _, pj in todo:
             pj.remove_leftovers(plan.out)
     return report

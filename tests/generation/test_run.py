@@ -317,6 +317,43 @@ def test_sigterm_or_sighup_stops_like_ctrl_c_with_summary_and_its_exit_status(tm
     assert sorted(os.listdir(out)) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal closed under the run")
+def test_a_closed_terminal_stops_the_run_with_exit_129_and_keeps_what_finished(tmp_path):
+    """The run's terminal (a pseudo-terminal here) closes, as when an ssh session drops: the kernel
+    sends SIGHUP, and every later write to the terminal fails (EIO). The run stops as for SIGTERM,
+    exits 129, keeps each finished video with its line and leaves nothing staged. Before, SIGHUP
+    killed it at once; then the summary's write to the gone terminal raised: exit 1, a traceback."""
+    import pty
+    import select
+
+    out = tmp_path / "out"
+    prompts = [arg for i in range(8) for arg in ("-p", f"shot {i}")]
+    command = generate_cli(*prompts, "--out", out, "--steps", "1", "--attention", "full")
+    pid, terminal = pty.fork()  # the child leads a session whose controlling terminal is the pty
+    if pid == 0:
+        try:
+            os.execve(command[0], command, ENV)
+        finally:
+            os._exit(127)
+    manifest = out / "manifest.jsonl"
+    deadline = time.monotonic() + 240
+    while not (manifest.exists() and manifest.stat().st_size) and time.monotonic() < deadline:
+        if select.select([terminal], [], [], 0.05)[0]:
+            os.read(terminal, 65536)  # what the run shows (its bar): read, or its writes would block
+    os.close(terminal)  # the terminal goes away
+    deadline = time.monotonic() + 120
+    while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if ended[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        ended = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(ended[1]) == 129
+    records = manifest_lines(out)
+    assert 1 <= len(records) < 8 and {r["status"] for r in records} == {"done"}
+    assert sorted(os.listdir(out)) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])
+
+
 # (stage of the signalled job, signal, whether that job is recorded done: its commit had begun)
 SIGNAL_STAGES = [
     ("denoise", "SIGTERM", False),
