@@ -12,8 +12,9 @@
     OutputsNotWritten          1  the work finished but some of its files could not be written
     OSError, MemoryError       1  the machine's own problem (a full disk, a permission, memory): one
                                   line, no traceback
-    BatchInterrupted         130  Ctrl-C (SIGINT) during a batch; 143 for SIGTERM
-    Terminated               143  SIGTERM (as SLURM, Kubernetes and `kill` send it)
+    BatchInterrupted         130  Ctrl-C (SIGINT) during a batch; 143 for SIGTERM, 129 for SIGHUP
+    Terminated               143  SIGTERM (as SLURM, Kubernetes and `kill` send it); 129 for SIGHUP
+                                  (a closed terminal or ssh session)
 
 Exit code 1 also means "a job failed" (the batch went on; its record says why) and, for
 `check-weights`, "some metric would be skipped". The CLI maps exceptions to codes through
@@ -32,6 +33,7 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a command stopped by Ctrl-C
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
+EXIT_HUNG_UP = 128 + 1  # 129: SIGHUP is 1 on every POSIX system (Windows has none)
 
 
 class SagevideoError(Exception):
@@ -98,16 +100,24 @@ class BatchStopped(SagevideoError, RuntimeError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (what SLURM, Kubernetes and `kill` send) during a batch: handled as Ctrl-C is."""
+    """SIGTERM (what SLURM, Kubernetes and `kill` send) or SIGHUP (a closed terminal or ssh session)
+    during a batch: handled as Ctrl-C is. signum: which of the two."""
 
-    exit_code = EXIT_TERMINATED
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell reports for a command the signal stopped: 143 (SIGTERM), 129 (SIGHUP)."""
+        return 128 + self.signum
 
 
 class BatchInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM during a batch: workers are stopped, finished jobs are in the manifest.
+    """Ctrl-C, SIGTERM or SIGHUP during a batch: workers are stopped, finished jobs are in the manifest.
 
     report: what finished before the interrupt (a `BatchReport`: `report.interrupted` is True,
-    `report.signal` says which signal).
+    `report.signal` says which signal: "SIGINT", "SIGTERM" or "SIGHUP").
     """
 
     def __init__(self, report: Any):
@@ -116,8 +126,8 @@ class BatchInterrupted(KeyboardInterrupt):
 
     @property
     def exit_code(self) -> int:
-        """What a shell reports for a command the signal stopped: 130 (SIGINT), 143 (SIGTERM)."""
-        return EXIT_TERMINATED if self.report.signal == "SIGTERM" else EXIT_INTERRUPTED
+        """What a shell reports for a command the signal stopped: 130 (SIGINT), 143 (SIGTERM), 129 (SIGHUP)."""
+        return {"SIGTERM": EXIT_TERMINATED, "SIGHUP": EXIT_HUNG_UP}.get(self.report.signal, EXIT_INTERRUPTED)
 
 
 def exit_code_for(err: BaseException) -> int | None:

@@ -6,7 +6,7 @@ through `sagevideo.errors` (`cli.common.handle_errors`): generate (`GenerateConf
 env, convert-opensora (`ConvertOpenSoraConfig`),
 profile (`ProfileConfig`), bench attention/forward (`BenchAttentionConfig`, `BenchForwardConfig`).
 Exit codes: 0 success, 1 a job or the model load
-failed, 2 bad input (reported before any model loads), 130/143 interrupted. Heavy modules (torch,
+failed, 2 bad input (reported before any model loads), 130/143/129 interrupted. Heavy modules (torch,
 diffusers, triton, ray) are imported inside the commands so `--help` stays instant.
 """
 

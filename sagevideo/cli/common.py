@@ -12,6 +12,8 @@ import enum
 import errno
 import functools
 import inspect
+import os
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -22,7 +24,8 @@ import typer
 
 from sagevideo.errors import EXIT_BAD_INPUT, EXIT_FAILED, InputError, exit_code_for
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "InputError", "add_config_command", "fail", "handle_errors"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "InputError", "add_config_command", "echo_while_able", "fail",
+           "handle_errors"]
 
 
 def fail(command: str, message: str, code: int) -> typer.Exit:
@@ -31,6 +34,20 @@ def fail(command: str, message: str, code: int) -> typer.Exit:
     for line in lines:
         typer.echo(f"sagevideo {command}: error: {line}", err=True)
     return typer.Exit(code)
+
+
+def echo_while_able(line: str) -> None:
+    """typer.echo for a line printed as a run stops. Where the terminal is gone (a SIGHUP stopped the
+    run: writes fail with EIO), stdout and stderr are pointed at /dev/null instead, so the exit
+    status stays the stop's: Python's flush of them at exit would fail again and exit 120."""
+    try:
+        typer.echo(line)
+        sys.stdout.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
 
 
 @contextlib.contextmanager

@@ -148,7 +148,7 @@ def ab_command(
     """
     from sagevideo.experiments.ab import ABConfig, ab
 
-    def interrupted(stop: BaseException) -> None:  # BatchInterrupted's exit code says Ctrl-C (130) or SIGTERM (143)
+    def interrupted(stop: BaseException) -> None:  # BatchInterrupted's exit code: Ctrl-C 130, SIGTERM 143, SIGHUP 129
         typer.echo("sagevideo ab: interrupted; re-run the same command to resume", err=True)
 
     with handle_errors("ab", on_interrupt=interrupted):

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from sagevideo.cli.common import add_config_command, handle_errors
+from sagevideo.cli.common import add_config_command, echo_while_able, handle_errors
 from sagevideo.errors import EXIT_FAILED
 from sagevideo.jobs.config import GenerateConfig
 
@@ -32,7 +32,7 @@ DOC = """Generate videos into --out; re-running resumes (finished jobs are skipp
     A job file's recipe: section gives the recipe options left at their defaults (both set, differently: an error).
 
     Exit codes: 0 all done, 1 a job or the model load failed (or a full disk stopped the batch), 2 bad input
-    or --out in use by another run (nothing loaded), 130 Ctrl-C, 143 SIGTERM (finished videos kept).
+    or --out in use by another run (nothing loaded), 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP (finished videos kept).
     """
 
 
@@ -54,10 +54,10 @@ def run(values: dict[str, Any]) -> None:
 
 
 def _summary(stop: BaseException) -> None:
-    """A batch Ctrl-C or SIGTERM stopped (`BatchInterrupted`): what finished, and the resume hint."""
+    """A batch Ctrl-C, SIGTERM or SIGHUP stopped (`BatchInterrupted`): what finished, and the resume hint."""
     report = getattr(stop, "report", None)
     if report is not None:
-        typer.echo(report.summary_line())
+        echo_while_able(report.summary_line())
 
 
 def register(app: typer.Typer) -> None:

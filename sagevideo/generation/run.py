@@ -6,7 +6,8 @@ and jobs of a batch that make the same video render it once.
 
 Workers hand back staged files and records; this process alone renames each output into place and
 appends its record to the manifest, one record per job per run. A failing job is recorded and the
-batch goes on; Ctrl-C or SIGTERM stops cleanly (`BatchInterrupted`), keeping what finished.
+batch goes on; Ctrl-C, SIGTERM or SIGHUP stops cleanly (`BatchInterrupted`), keeping what finished
+(`generation.signals`: a signal whose exception a library lost still stops the run at its next checkpoint).
 
 What keeps this true when things go wrong:
 - one run per output folder: `run_batch` locks it (`outputs.folders.FolderLock`); a second run is
@@ -25,8 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from typing import Any
 from sagevideo.errors import BatchInterrupted, BatchStopped, InputError, Terminated
 from sagevideo.generation.plan import BatchPlan
 from sagevideo.generation.resume import Stale, decide, owners
+from sagevideo.generation.signals import StopSignals, signal_name, stop_signals
 from sagevideo.host.deadline import JobTimeoutError
 from sagevideo.host.pipeline_host import PlannedJob
 from sagevideo.outputs.manifest import MANIFEST_NAME, Manifest, ManifestRecord, ManifestWriteError, now_iso
@@ -51,7 +51,7 @@ class BatchReport:
     """What a run did. records: one per planned job (the new record, or the done one it skipped;
     None for jobs an interrupt left unrun). retried: jobs that needed more than one attempt because
     a worker died. workers: where it ran, e.g. "2 Ray worker(s) on 1 node(s) of a local Ray
-    instance" (None: this process). signal: "SIGINT" or "SIGTERM" when one interrupted the run.
+    instance" (None: this process). signal: "SIGINT", "SIGTERM" or "SIGHUP" when one interrupted the run.
     stopped: why the run stopped early on its own (the disk is full). kept: (output name, new
     name) of earlier renders of changed jobs that were renamed, not overwritten. stale: earlier
     renders of jobs rendered again because the model changed. reused: (job id, `reused`) of each
@@ -128,7 +128,7 @@ class BatchReport:
             attention += f"; full precision for {full} job(s)"
         state = ""
         if self.interrupted:
-            state = "terminated (SIGTERM) after " if self.signal == "SIGTERM" else "interrupted after "
+            state = "interrupted after " if self.signal == "SIGINT" else f"terminated ({self.signal}) after "
         elif self.stopped:
             state = "stopped after "
         line = (
@@ -223,27 +223,29 @@ def run_batch(
     `plan.use_ray`, else this process. `sagevideo.generation.torchrun` passes its rank 0 under torchrun.
 
     Raises ModelLoadError when no model could be loaded, InputError when a Ray cluster cannot be
-    joined or another run holds the output folder, BatchInterrupted on Ctrl-C or SIGTERM (after
-    stopping the workers; finished jobs are recorded). A full disk ends the run early with
+    joined or another run holds the output folder, BatchInterrupted on Ctrl-C, SIGTERM or SIGHUP
+    (after stopping the workers; finished jobs are recorded). A full disk ends the run early with
     `report.stopped` set.
     """
-    from sagevideo.outputs.folders import FolderLock
+    from sagevideo.outputs.folders import FolderLock, remove_dead_markers
 
     echo = echo or log.warning
     lock = FolderLock(plan.out, InputError)
-    with _sigterm_as_interrupt() as terminated:
+    with stop_signals() as signals:
         try:
             lock.acquire(note=echo)
             try:
-                return _run_locked(plan, progress=progress, echo=echo, execute=execute, terminated=terminated)
+                remove_dead_markers(plan.out, locked=lock.held)  # left by a run killed outright (kill -9)
+                return _run_locked(plan, progress=progress, echo=echo, execute=execute, signals=signals)
             finally:
                 lock.release()
         except KeyboardInterrupt as stop:
+            signals.stopping = True
             if isinstance(stop, BatchInterrupted):
                 raise
             # Before any job was handed out (taking the lock): nothing to keep.
             report = BatchReport(plan=plan, records=[None for _ in plan.jobs], interrupted=True)
-            report.signal = "SIGTERM" if isinstance(stop, Terminated) or terminated else "SIGINT"
+            report.signal = signal_name(stop, signals)
             raise BatchInterrupted(report) from None
 
 
@@ -253,11 +255,11 @@ def _run_locked(
     progress: bool,
     echo: Callable[[str], None],
     execute: Callable[..., Iterator[tuple[int, ManifestRecord]]] | None,
-    terminated: list[int] | None = None,
+    signals: StopSignals | None = None,
 ) -> BatchReport:
-    """`run_batch` once the output folder is this run's. terminated: non-empty once SIGTERM came
-    (a library between the handler and here may re-raise the interrupt as a plain KeyboardInterrupt)."""
-    terminated = terminated if terminated is not None else []
+    """`run_batch` once the output folder is this run's. signals: the run's stop signals (their
+    checkpoints: every status update, which comes at each job's start and each step, and each finished job)."""
+    signals = signals if signals is not None else StopSignals()
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -300,7 +302,11 @@ def _run_locked(
         desc="sagevideo",
         dynamic_ncols=True,
     )
-    status = lambda text: bar.set_postfix_str(text[:40], refresh=True)
+
+    def status(text: str) -> None:
+        signals.check()  # a stop signal whose exception was lost on its way stops the run here
+        bar.set_postfix_str(text[:40], refresh=True)
+
     committer = _Committer(plan, manifest, records, report, echo)
     results = None
     # Library warnings (e.g. diffusers' prompt truncation) print above the bar, not through it.
@@ -309,7 +315,7 @@ def _run_locked(
         with logging_redirect_tqdm(loggers=libraries, tqdm_class=tqdm):
             for index, source in from_finished:  # no model needed: before any load
                 status(plan.jobs[index].output)
-                committer.made_from(index, source, terminated)
+                committer.made_from(index, source, signals)
                 bar.update(1)
                 if report.stopped:
                     break
@@ -323,24 +329,28 @@ def _run_locked(
                 else:
                     results = _run_here(plan, todo, status)
                 for index, record in results:
-                    with _signals_deferred(terminated):  # a video's rename and its manifest line go together
+                    if not record.done:
+                        signals.check()  # a job that failed after a stop signal: the signal may be why; not recorded
+                    with signals.held():  # a video's rename and its manifest line go together
                         committer.finish(index, record)
                     bar.update(1)
                     for follower in followers.get(index, []):
                         if report.stopped:
                             break
-                        committer.follow(follower, index, terminated)
+                        committer.follow(follower, index, signals)
                         bar.update(1)
                     if report.stopped:
                         break
     except KeyboardInterrupt as stop:
+        signals.stopping = True
         report.interrupted = True
-        report.signal = "SIGTERM" if isinstance(stop, Terminated) or terminated else "SIGINT"
+        report.signal = signal_name(stop, signals)
         raise BatchInterrupted(report) from None
     finally:
         if results is not None:
             results.close()  # stops workers (Ray) or removes installed attention (here)
-        bar.close()
+        with contextlib.suppress(OSError):  # a terminal that is gone (SIGHUP: EIO) must not hide the stop
+            bar.close()
         for pj in open_jobs:
             pj.remove_leftovers(plan.out)
     return report
@@ -380,53 +390,6 @@ def _step_watch(pj: PlannedJob, status: Callable[[str], None], limit_s: float | 
     return on_step
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[int]]:
-    """For the whole run, SIGTERM raises `Terminated` (a KeyboardInterrupt) in the main thread, so
-    it stops the batch the way Ctrl-C does: workers stopped, summary, resume hint. Yields the list
-    the signal is also noted in: inside Ray's blocking calls (`ray.wait`, `ray.get`) an exception
-    raised by a signal handler comes out as a plain KeyboardInterrupt (its C++ core reports the
-    handler's error as "interrupted"), and the exit status must still say SIGTERM (143)."""
-    terminated: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield terminated  # signal handlers live in the main thread only
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        terminated.append(signum)
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield terminated
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-@contextlib.contextmanager
-def _signals_deferred(terminated: list[int]) -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM for the few milliseconds of a commit, then raise them: an interrupt
-    then never leaves a video under its final name without its manifest record, or a record uncounted."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers live in the main thread only
-        return
-    caught: list[int] = []
-    hold = lambda signum, frame: caught.append(signum)
-    previous = {signum: signal.signal(signum, hold) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            # None: the old handler was not set from Python; Python's own is the sane one to restore.
-            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
-            signal.signal(signum, handler if handler is not None else default)
-        if signal.SIGTERM in caught:
-            terminated.append(signal.SIGTERM)
-            raise Terminated()
-        if caught:
-            raise KeyboardInterrupt
-
-
 class _Committer:
     """The driver's end of a job: its outputs into place and its manifest line, together.
 
@@ -444,25 +407,25 @@ class _Committer:
         self.plan, self.manifest, self.report, self.echo = plan, manifest, report, echo
         self.owners = owners(records)
 
-    def made_from(self, index: int, source: ManifestRecord, terminated: list[int]) -> None:
+    def made_from(self, index: int, source: ManifestRecord, signals: StopSignals) -> None:
         """Make and commit a job from a finished render of the same video (no model)."""
         from sagevideo.generation.reuse import made_from
 
         record = made_from(self.plan, self.plan.jobs[index], source, self.owners)  # slow part: signals as usual
-        with _signals_deferred(terminated):
+        with signals.held():
             self.finish(index, record)
 
-    def follow(self, index: int, leader: int, terminated: list[int]) -> None:
+    def follow(self, index: int, leader: int, signals: StopSignals) -> None:
         """Make a job from the video its leader (a job of this run with the same render key) just
         committed, or record it failed with the leader."""
         from sagevideo.generation.reuse import not_made
 
         rendered = self.report.records[leader]
         if rendered is not None and rendered.done:
-            self.made_from(index, rendered, terminated)
+            self.made_from(index, rendered, signals)
             return
         record = not_made(self.plan, self.plan.jobs[index], self.plan.jobs[leader], rendered)
-        with _signals_deferred(terminated):
+        with signals.held():
             self.finish(index, record)
 
     def finish(self, index: int, record: ManifestRecord) -> None:

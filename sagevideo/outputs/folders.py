@@ -1,12 +1,15 @@
-"""Output folders: create one and prove it is writable before any model loads; lock it for a run."""
+"""Output folders: create one and prove it is writable before any model loads; lock it for a run;
+mark it as a run's (Ray workers check that they see the marker) and clear the marks of dead runs."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import secrets
+import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -81,6 +84,12 @@ class FolderLock:
             return
         self._lock = lock
 
+    @property
+    def held(self) -> bool:
+        """Whether this run holds the lock (False before `acquire`, after `release`, or where the
+        file system has no file locks)."""
+        return self._lock is not None
+
     def release(self) -> None:
         """Remove the lock file, then let go of the lock (a run that opens the file meanwhile sees
         it unlinked and retries on a fresh one, which the library checks)."""
@@ -134,3 +143,44 @@ def _write_holder(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder).encode("utf-8"), 0)
+
+
+MARKER_PREFIX = ".sagevideo-run-"
+
+
+@contextlib.contextmanager
+def run_marker(folder: str | Path) -> Iterator[Path]:
+    """A file only this run's driver writes into `folder`, `.sagevideo-run-<8 hex>`, for the block:
+    a Ray worker that cannot see it is not looking at the same folder. It holds this process's pid
+    and host, so a later run can tell a dead run's marker (`remove_dead_markers`)."""
+    marker = Path(folder) / f"{MARKER_PREFIX}{secrets.token_hex(4)}"
+    with open(marker, "x", encoding="utf-8") as f:
+        with contextlib.suppress(OSError):  # a full disk: an empty marker still proves the folder
+            f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    try:
+        yield marker
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def remove_dead_markers(folder: str | Path, *, locked: bool) -> list[Path]:
+    """Remove the markers of runs that are gone (killed before they could remove theirs): with the
+    folder's lock held (`locked`), every marker, since no other run can be writing there; without
+    one (a file system without locks), those naming a process of this host that no longer runs.
+    Returns the markers removed."""
+    import psutil
+
+    removed = []
+    for marker in sorted(Path(folder).glob(f"{MARKER_PREFIX}*")):
+        if not locked:
+            try:
+                holder = json.loads(marker.read_text(encoding="utf-8"))
+                dead = holder["host"] == socket.gethostname() and not psutil.pid_exists(int(holder["pid"]))
+            except (OSError, ValueError, KeyError, TypeError):  # empty (an older run's) or unreadable: unknown
+                dead = False
+            if not dead:
+                continue
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()
+            removed.append(marker)
+    return removed

@@ -3,7 +3,7 @@
 The video is encoded (the ffmpeg that imageio-ffmpeg bundles; H.264, yuv420p) into a hidden
 temporary file in the destination folder, checked, fsynced, then renamed over the final name with
 `os.replace`, which is atomic within one filesystem. Checked means: ffmpeg exited cleanly and the
-file decodes back to every frame. A full disk, a quota or a file-size limit (`ulimit -f`) can
+file decodes back to every frame (`count_frames`). A full disk, a quota or a file-size limit (`ulimit -f`) can
 leave ffmpeg with a truncated file and, when it is killed by SIGXFSZ, no error message at all;
 such a write raises `VideoWriteError` with the reason and leaves nothing under the final name.
 """
@@ -16,6 +16,8 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +82,11 @@ def write_mp4(
             _fsync_file(tmp)
         except OSError as err:
             raise VideoWriteError(f"{name} not written: {describe_os_error(err)}", err.errno) from None
-        found = count_frames(tmp)
+        try:
+            found = count_frames(tmp)
+        except OSError as err:  # the decoder could not start: nothing is known about the file
+            raise VideoWriteError(f"{name} not written: it could not be read back ({describe_os_error(err)})",
+                                  err.errno) from None
         if found != len(frames):
             raise VideoWriteError(f"{name} not written: the encoded file holds {found} of {len(frames)} frames")
         os.replace(tmp, path)
@@ -93,14 +99,73 @@ def write_mp4(
 
 
 def count_frames(path: str | Path) -> int:
-    """Frames that decode from the video at `path`; 0 when it cannot be opened (e.g. truncated)."""
-    import imageio.v2 as imageio
+    """Frames that decode from the video at `path` (every one is decoded: ffmpeg's framecrc output
+    has a line per frame); 0 when ffmpeg cannot decode it whole (truncated, no moov atom, bad data).
+    Raises OSError when ffmpeg cannot be started, and whatever a signal handler raises meanwhile.
 
-    try:
-        with imageio.get_reader(path, format="FFMPEG") as reader:  # iterate: list(reader) raises MemoryError
-            return sum(1 for _ in reader)
-    except Exception:  # no moov atom, bad data: whatever decoded before the error is not a video
+    ffmpeg is started here (`_run_ffmpeg`), not through imageio's reader: that one starts it with a
+    Python preexec_fn, which makes CPython run its fork hooks in this process and discard what a
+    signal handler raises inside them ("Exception ignored in ... _releaseLock"), so a SIGTERM that
+    landed there was lost.
+    """
+    import imageio_ffmpeg
+
+    cmd = [
+        imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-v", "error", "-xerror",
+        "-i", str(path), "-map", "0:v:0", "-f", "framecrc", "-",
+    ]
+    returncode, out, _ = _run_ffmpeg(cmd, None)
+    if returncode != 0:  # whatever decoded before the error is not a video
         return 0
+    return sum(1 for line in out.splitlines() if line and not line.startswith(b"#"))
+
+
+def _run_ffmpeg(cmd: list[str], data: memoryview | None) -> tuple[int, bytes, bytes]:
+    """Run ffmpeg to its end, `data` on its stdin (None: nothing): (exit status, stdout, stderr).
+
+    Its own session: Ctrl-C or a SIGTERM to the terminal's process group must not kill it under a
+    commit; an interrupt here kills it explicitly. Stop signals are held while it starts, so that
+    an interrupt always finds the process to kill (`_signals_held`)."""
+    process = None
+    try:
+        with _signals_held():
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL if data is None else subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True,
+            )
+        out, err = process.communicate(data)
+    except BaseException:
+        if process is not None:
+            process.kill()
+            process.wait()
+        raise
+    return process.returncode, out, err
+
+
+_HELD = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold Ctrl-C, SIGTERM and SIGHUP while a child process starts, then call the handlers in force
+    for those that came. Raised inside Popen (the parent resumes from vfork as the child runs, before
+    Popen stores its pid), an interrupt lost the child: the encoder ran on unseen and wrote its partial
+    file after the run's clean-up. Main thread only; a signal Python does not handle needs nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {signum: signal.getsignal(signum) for signum in _HELD}
+    previous = {signum: handler for signum, handler in previous.items() if callable(handler)}
+    for signum in previous:
+        signal.signal(signum, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    for signum in caught:
+        previous[signum](signum, None)
 
 
 def read_frames(path: str | Path) -> np.ndarray:
@@ -135,19 +200,9 @@ def _encode(frames: np.ndarray, path: Path, *, fps: int, quality: float, name: s
         up = lambda n: n + (-n) % MACRO_BLOCK
         cmd += ["-vf", f"scale={up(width)}:{up(height)}"]
     cmd += ["-v", "error", str(path)]
-    # Its own session: Ctrl-C or a SIGTERM to the terminal's process group must not kill the encoder
-    # under a commit; an interrupt here kills it explicitly below.
-    process = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    try:
-        _, stderr = process.communicate(memoryview(np.ascontiguousarray(frames)).cast("B"))
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
-    if process.returncode != 0:
-        raise _encoder_error(process.returncode, stderr.decode("utf-8", errors="replace"), name)
+    returncode, _, stderr = _run_ffmpeg(cmd, memoryview(np.ascontiguousarray(frames)).cast("B"))
+    if returncode != 0:
+        raise _encoder_error(returncode, stderr.decode("utf-8", errors="replace"), name)
 
 
 def _encoder_error(returncode: int, stderr: str, name: str) -> VideoWriteError:

@@ -3,6 +3,8 @@
 A batch runs on a pool of Ray actors, each holding one loaded pipeline, fed from one job queue:
 - `cluster`: join a running cluster (`--address auto|HOST:PORT`) or start a private local
   instance (no dashboard web UI), and size the worker pool from the cluster's GPUs/CPUs;
+- `reaper`: a watcher process that stops what is left of a local instance when its driver ends,
+  kill -9 included;
 - `worker`: the actor: loads the pipeline once in `__init__`, then runs one job per call and
   returns a manifest record and a staged file name, never video tensors;
 - `group`: for `--gpus-per-job N`, a worker made of N rank actors in one STRICT_PACK placement

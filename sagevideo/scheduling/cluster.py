@@ -11,7 +11,8 @@
 Before `ray.init` joins anything, the address is probed (`head_problem`): a TCP connect and one
 HTTP/2 exchange, which a Ray head (gRPC) answers at once. Ray itself retries a closed port or a
 port that is not a Ray head for minutes; the probe says it within seconds.
-A session this module opened is closed at the end (a joined cluster keeps running). `ray.init`
+A session this module opened is closed at the end (a joined cluster keeps running); a local
+instance also ends when the driver is killed outright, through a watcher process (`reaper`). `ray.init`
 replaces the process's SIGTERM handler (and Ray's core worker adds a C++ one that dumps a stack
 trace and aborts); the handler the caller had is put back, so SIGTERM stops a batch like Ctrl-C.
 Note: Ray rewrites 127.0.0.1/localhost in an address to this machine's outward IP before
@@ -29,6 +30,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from sagevideo.jobs.specs import InputError
 
@@ -80,10 +82,11 @@ def ray_session(
     quiet_ray_driver()  # Ray's raylet lines and token notice stay off the terminal
     started = connected = False
     via = ""
+    reaper = None  # for a local instance: stops what is left of it when this process ends
     if not ray.is_initialized():
         connected = True  # by this function: disconnect (or stop a local instance) at the end
         if address in (None, "local"):
-            _start_local(local_cpus)
+            reaper = _start_local(local_cpus)
             started = True
         elif address == "auto":
             target, via = _auto_address()
@@ -106,7 +109,7 @@ def ray_session(
                         "sagevideo: --address auto: no Ray cluster here (RAY_ADDRESS is unset and `ray start` "
                         "was not run on this machine); running on a local Ray instance"
                     )
-                _start_local(local_cpus)
+                reaper = _start_local(local_cpus)
                 started, via = True, ""
         else:
             problem = head_problem(address)
@@ -130,8 +133,12 @@ def ray_session(
             via=via,
         )
     finally:
-        if connected:
-            ray.shutdown()  # stops a local instance; only disconnects from a joined cluster
+        try:
+            if connected:
+                ray.shutdown()  # stops a local instance; only disconnects from a joined cluster
+        finally:
+            if reaper is not None:
+                reaper.finish()
 
 
 def head_problem(address: str, timeout_s: float | None = None) -> str | None:
@@ -288,15 +295,27 @@ def group_pool_size(
     return max(1, min(size, jobs)), notes
 
 
-def _start_local(cpus: int | None) -> None:
+def _start_local(cpus: int | None) -> Any:
+    """Start a private local instance; returns its `reaper.Reaper` (None where none could start:
+    the instance still runs, and ends with `ray.shutdown()` as before)."""
+    import psutil
     import ray
+
+    from sagevideo.scheduling import reaper
 
     if cpus is not None:
         cpus = max(cpus, os.cpu_count() or 1)
+    before = {child.pid for child in psutil.Process().children()}
     # No dashboard head (its web UI); Ray still starts each node's dashboard agent, which include_dashboard
     # does not turn off. A private instance for this batch only.
     with _keep_sigterm_handler():
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+    roots = [child for child in psutil.Process().children() if child.pid not in before]  # what ray.init started
+    try:
+        return reaper.start(roots)
+    except OSError:  # no process to spare: a killed driver's agents then linger a minute, as Ray has them
+        logging.getLogger("sagevideo").debug("could not start the Ray watcher", exc_info=True)
+        return None
 
 
 def _auto_address() -> tuple[str | None, str]:

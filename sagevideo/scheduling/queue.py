@@ -64,19 +64,21 @@ def run_jobs(
     echo: a line for the user. report: a `BatchReport` whose `workers` gets where the batch ran.
     Raises ModelLoadError when no worker could load the model, InputError when Ray cannot be joined.
     """
+    import contextlib
     import dataclasses
-    import secrets
 
     import ray
     from ray.util.queue import Queue
 
+    from sagevideo.outputs.folders import run_marker
     from sagevideo.scheduling.cluster import cpu_threads, group_pool_size, pool_size, ray_session
     from sagevideo.scheduling.worker import GenerationWorker
 
     status("starting Ray")
     ranks = plan.gpus_per_job
     local_cpus = max(plan.workers or 1, 1) * ranks if plan.device == "cpu" else None
-    with ray_session(plan.address, local_cpus=local_cpus, echo=echo) as cluster:
+    with contextlib.ExitStack() as stack:  # left in reverse order, whatever raises: the marker, then Ray
+        cluster = stack.enter_context(ray_session(plan.address, local_cpus=local_cpus, echo=echo))
         if ranks > 1:
             size, notes = group_pool_size(plan.workers, plan.device, cluster, ranks, len(todo))
         else:
@@ -84,8 +86,7 @@ def run_jobs(
         for note in notes:
             echo(f"sagevideo: {note}")
         # A file only the driver writes: a worker that cannot see it is not looking at --out.
-        marker = plan.out / f".sagevideo-run-{secrets.token_hex(4)}"
-        marker.touch()
+        marker = stack.enter_context(run_marker(plan.out))
         # num_cpus=0: the queue's actor must not take a CPU slot a worker needs.
         steps_queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
         ctx = plan.context()
@@ -113,7 +114,6 @@ def run_jobs(
                 ray.kill(steps_queue.actor, no_restart=True)
             except Exception:  # already gone with the Ray session: nothing to free
                 log.debug("could not stop the step queue", exc_info=True)
-            marker.unlink(missing_ok=True)
             if report is not None and pool.seen:
                 nodes = len({w["node"] for w in pool.seen})
                 kind = "Ray worker(s)" if ranks == 1 else f"Ray group(s) of {ranks} ranks"

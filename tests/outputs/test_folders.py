@@ -1,4 +1,5 @@
-"""The output-folder lock: one run per folder, a clear refusal naming the holder, no stale lock after a kill."""
+"""The output-folder lock: one run per folder, a clear refusal naming the holder, no stale lock after a
+kill; run markers, and a dead run's marker cleared."""
 
 import json
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sagevideo.outputs.folders import LOCK_NAME, FolderLock
+from sagevideo.outputs.folders import LOCK_NAME, FolderLock, remove_dead_markers, run_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -69,3 +70,29 @@ def test_two_processes_one_folder(tmp_path):
     lock.acquire()  # the OS let go of the dead process's lock: no wait, no manual clean-up
     assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
     lock.release()
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid
+
+
+def test_a_dead_runs_marker_is_removed_a_live_ones_is_kept(tmp_path):
+    """A Ray driver killed outright (kill -9) leaves its marker, which later runs used to leave for
+    good. Without the folder's lock (a file system without locks) only a marker naming a process of
+    this host that is gone is known dead; with the lock held, no other run can be writing there."""
+    host = socket.gethostname()
+    with run_marker(tmp_path) as mine:
+        assert json.loads(mine.read_text()) == {"pid": os.getpid(), "host": host}
+        dead = tmp_path / ".sagevideo-run-0000dead"
+        dead.write_text(json.dumps({"pid": _dead_pid(), "host": host}))
+        empty = tmp_path / ".sagevideo-run-00000000"
+        empty.touch()  # what a killed run of an earlier version left
+        elsewhere = tmp_path / ".sagevideo-run-0e15e0e1"
+        elsewhere.write_text(json.dumps({"pid": os.getpid(), "host": "another-machine"}))
+        assert remove_dead_markers(tmp_path, locked=False) == [dead]
+        assert mine.exists() and empty.exists() and elsewhere.exists()
+    assert not mine.exists()  # the end of the block removes its own
+    assert remove_dead_markers(tmp_path, locked=True) == [empty, elsewhere]
+    assert os.listdir(tmp_path) == []

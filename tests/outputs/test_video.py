@@ -11,7 +11,7 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 
-from sagevideo.outputs.video import VideoWriteError, write_mp4
+from sagevideo.outputs.video import VideoWriteError, count_frames, write_mp4
 
 
 def _frames(n=9, h=64, w=48):
@@ -70,11 +70,14 @@ def test_file_size_limit_is_an_error_and_leaves_final_name_untouched(tmp_path, f
 
 
 def fake_encoder(tmp_path, monkeypatch, body: str) -> None:
-    """Replace the bundled ffmpeg with a shell script (its last argument is the output path)."""
+    """Replace the bundled ffmpeg's encoding with a shell script (its last argument is the output
+    path); reading a file back (`-f framecrc`) still runs the real ffmpeg."""
     import imageio_ffmpeg
 
+    real = imageio_ffmpeg.get_ffmpeg_exe()
     script = tmp_path / "ffmpeg"
-    script.write_text(f'#!/bin/sh\ncat > /dev/null\nfor out; do :; done\n{body}\n')
+    reads = f'case " $* " in *" framecrc "*) exec "{real}" "$@";; esac\n'
+    script.write_text(f'#!/bin/sh\n{reads}cat > /dev/null\nfor out; do :; done\n{body}\n')
     script.chmod(0o755)
     monkeypatch.setattr(imageio_ffmpeg, "get_ffmpeg_exe", lambda: str(script))
 
@@ -102,6 +105,59 @@ def test_encoder_errors_are_named(tmp_path, monkeypatch, body, reason, code):
         write_mp4(_frames(), tmp_path / "out" / "v.mp4")
     assert err.value.errno == code and err.value.storage_full == (code in (errno.ENOSPC, errno.EDQUOT))
     assert os.listdir(tmp_path / "out") == []
+
+
+_forks: list[str] = []
+_watch_forks = [False]
+os.register_at_fork(before=lambda: _watch_forks[0] and _forks.append("fork"))  # (hooks cannot be removed)
+
+
+def test_reading_back_runs_no_fork_hooks_where_a_signal_would_be_lost(tmp_path):
+    """imageio's reader started ffmpeg with a Python preexec_fn: CPython then runs its fork hooks
+    in this process and discards what a signal handler raises inside them ("Exception ignored in
+    _releaseLock"). A SIGTERM landing there was lost: 7 of 40 runs signalled during the read-back
+    rendered to the end. The read-back now starts ffmpeg as the encoder does, without them."""
+    path = write_mp4(_frames(), tmp_path / "v.mp4")
+    _watch_forks[0] = True
+    try:
+        assert count_frames(path) == 9
+    finally:
+        _watch_forks[0] = False
+    assert _forks == []
+
+
+def test_a_decoder_that_cannot_start_is_named_not_counted_as_zero_frames(tmp_path, monkeypatch):
+    def no_process(*args, **kwargs):
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    real_popen = subprocess.Popen
+
+    def popen(cmd, **kwargs):  # the encoder starts; the decoder that reads its file back cannot
+        return (no_process if "framecrc" in cmd else real_popen)(cmd, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(VideoWriteError, match=r"^v\.mp4 not written: it could not be read back \(Resource tempo"):
+        write_mp4(_frames(), tmp_path / "v.mp4")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_signal_while_the_encoder_starts_stops_it_and_leaves_nothing(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM, with the batch's handler) landing inside Popen, after the child started:
+    before, the KeyboardInterrupt came out of Popen without the process, and the encoder ran on,
+    unseen, writing its partial file after the run's clean-up."""
+    real_popen, started = subprocess.Popen, []
+
+    def popen_then_signal(*args, **kwargs):
+        process = real_popen(*args, **kwargs)
+        started.append(process)
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode, still inside "Popen"
+        return process
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
+    with pytest.raises(KeyboardInterrupt):
+        write_mp4(_frames(), tmp_path / "v.mp4")
+    assert len(started) == 1 and started[0].poll() is not None  # the encoder was stopped, not left running
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,12 @@
 """Joining or starting a Ray cluster (`scheduling/cluster.py`) and when that goes wrong: an address
 that is not a Ray head, a dead RAY_ADDRESS, a stale `ray start` record, SIGTERM to a driver with Ray
-workers; the CPU threads of shared workers, group pool sizes; a two-node cluster on this machine
+workers, the local instance gone however its driver ends (kill -9, SIGHUP, a normal end); the CPU
+threads of shared workers, group pool sizes; a two-node cluster on this machine
 (ray.cluster_utils.Cluster) joined through `address`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -140,6 +142,85 @@ def test_sigterm_to_a_driver_with_ray_workers_stops_it_like_ctrl_c(tmp_path):
     records = [json.loads(line) for line in manifest.read_text().splitlines()]
     assert stdout.startswith(f"sagevideo: terminated (SIGTERM) after {len(records)} done, 0 skipped, 0 failed")
     assert "node(s) of a local Ray instance" in stdout and stdout.strip().endswith("re-run the same command to resume")
+    assert sorted(os.listdir(out)) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])
+
+
+GONE_S = 10.0  # Ray's agents alone outlived a killed driver by 35-80 s
+
+
+def _watch(run: subprocess.Popen, seen: dict, until) -> None:
+    """Collect the driver's descendants (its Ray instance, the watcher, their children), each with
+    its latest name, until `until()`."""
+    import psutil
+
+    deadline = time.monotonic() + 240
+    while not until() and run.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(run.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    seen[child] = child.name()  # (a Ray process renames itself as it starts)
+        time.sleep(0.1)
+
+
+def _left_running(seen: dict, within_s: float) -> list[str]:
+    """Names of the processes of `seen` still running (zombies count as gone) after up to within_s seconds."""
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = []
+        for process, name in seen.items():
+            with contextlib.suppress(psutil.Error):
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(name)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_the_local_ray_instance_ends_with_its_driver_however_it_ends(tmp_path):
+    """Three runs of one batch on a local Ray instance (2 workers), each resuming the last. kill -9
+    of the first driver mid-batch: within seconds no process of its instance runs (before, Ray's
+    DashboardAgent and RuntimeEnvAgent stayed 35-80 s), and its `.sagevideo-run-*` marker stays
+    (nothing in it could run). SIGHUP to the second's process group, as a closed terminal sends it:
+    the summary, exit 129, its instance gone, and no marker left, its own nor the killed run's.
+    The third ends normally: every video, nothing of its instance left running."""
+    out = tmp_path / "out"
+    manifest = out / "manifest.jsonl"
+    lines = lambda: len(manifest.read_text().splitlines()) if manifest.exists() else 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "HF_HUB_OFFLINE": "1"}
+    prompts = [arg for i in range(8) for arg in ("-p", f"shot {i}")]
+    command = [sys.executable, "-m", "sagevideo", "generate", *prompts, "--out", str(out), "--workers", "2",
+               "--steps", "1", "--attention", "full", "--no-progress"]
+    start = lambda: subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     start_new_session=True)  # its own process group, as a terminal's job
+
+    killed, seen = start(), {}
+    _watch(killed, seen, until=lambda: lines() >= 1)
+    assert "raylet" in seen.values()
+    killed.kill()
+    killed.communicate(timeout=60)
+    assert _left_running(seen, GONE_S) == []
+    assert len(list(out.glob(".sagevideo-run-*"))) == 1
+
+    hung_up, seen, before = start(), {}, lines()
+    _watch(hung_up, seen, until=lambda: lines() > before)
+    os.killpg(hung_up.pid, signal.SIGHUP)
+    stdout, stderr = hung_up.communicate(timeout=120)
+    assert hung_up.returncode == 129, stderr
+    assert stdout.startswith("sagevideo: terminated (SIGHUP) after ") and "Traceback" not in stderr
+    assert _left_running(seen, GONE_S) == []
+    assert not list(out.glob(".sagevideo-run-*"))
+
+    last, seen = start(), {}
+    _watch(last, seen, until=lambda: False)
+    stdout, stderr = last.communicate(timeout=300)
+    assert last.returncode == 0, stderr
+    assert _left_running(seen, GONE_S) == []
+    records = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert len(records) == 8 and {r["status"] for r in records} == {"done"}
     assert sorted(os.listdir(out)) == sorted(["manifest.jsonl", *(r["outputs"][0] for r in records)])
 
 
