@@ -47,6 +47,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sagevideo.jobs.bounds import MAX_ALIAS_VALUES, AliasCycle, alias_expansion
 from sagevideo.jobs.recipe import RECIPE_FIELDS, Recipe
 from sagevideo.jobs.specs import (
     InputError,
@@ -391,8 +392,11 @@ def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
         node = loader.get_single_node()
         lines: dict[tuple, int] = {}
         if node is not None:
+            _check_aliases(path, node)  # before anything is built from the nodes
             _walk_yaml(path, node, (), lines)
         data = loader.construct_document(node) if node is not None else None
+    except RecursionError:  # PyYAML composes nested values recursively
+        raise InputError(f"{path}: YAML values nested too deeply to read; a job file needs a few levels") from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
@@ -408,6 +412,21 @@ def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
     finally:
         loader.dispose()
     return data, lines
+
+
+def _check_aliases(path: Path, node: Any) -> None:
+    """Refuse a document whose aliases would expand past `MAX_ALIAS_VALUES` (an alias bomb) or into
+    a value that contains itself: everything later walks the values written out."""
+    try:
+        added = alias_expansion(node)
+    except AliasCycle as err:
+        raise InputError(f"{path} {err}: a YAML alias (*name) inside the value its anchor (&name) names, a "
+                         "value that contains itself; write the value out") from None
+    if added > MAX_ALIAS_VALUES:
+        raise InputError(
+            f"{path}: its YAML aliases (*name) expand to {added:,} more values, past the {MAX_ALIAS_VALUES:,} a job "
+            "file may add that way (an alias bomb?); write the values out, or give shared fields once under defaults:"
+        )
 
 
 def _walk_yaml(path: Path, node: Any, prefix: tuple, lines: dict[tuple, int]) -> None:
@@ -450,6 +469,8 @@ def _parse_toml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
 
     try:
         data = tomllib.loads(text)
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise InputError(f"{path}: TOML values nested too deeply to read; a job file needs a few levels") from None
     except tomllib.TOMLDecodeError as err:
         message = str(err)
         found = re.search(r"\(at line (\d+), column (\d+)\)", message)

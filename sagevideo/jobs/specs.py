@@ -32,6 +32,8 @@ from pydantic import (
 
 from sagevideo.choices import PV, Attention
 from sagevideo.errors import InputError
+from sagevideo.jobs.bounds import capped
+from sagevideo.jobs.bounds import shown as shown_value
 
 DEFAULT_PROMPTS = (
     "a red panda eating bamboo in a misty forest, cinematic lighting",
@@ -144,7 +146,7 @@ class JobSpec(BaseModel):
         stem = value.removesuffix(".mp4")
         if not SAFE_OUTPUT.fullmatch(stem) or ".." in stem:
             raise ValueError(
-                f"output {value!r} is not a plain file name; use letters, digits, '.', '_' and '-' "
+                f"output {shown_value(value)} is not a plain file name; use letters, digits, '.', '_' and '-' "
                 "(no folders, no leading '.' or '-', at most 100 characters), e.g. 'shot-010'"
             )
         return stem
@@ -156,13 +158,13 @@ def parse_resolution(value: Any) -> tuple[int, int]:
     if isinstance(value, str):
         match = re.fullmatch(r"\s*(\d+)\s*[xX*×]\s*(\d+)\s*", value)
         if not match:
-            raise ValueError(f"resolution {value!r} is not WIDTHxHEIGHT; {fix}")
+            raise ValueError(f"resolution {shown_value(value)} is not WIDTHxHEIGHT; {fix}")
         return int(match[1]), int(match[2])
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
         return value[0], value[1]
-    raise ValueError(f"resolution {value!r} is not WIDTHxHEIGHT; {fix}")
+    raise ValueError(f"resolution {shown_value(value)} is not WIDTHxHEIGHT; {fix}")
 
 
 def known_fields(model: str) -> list[str]:
@@ -188,7 +190,7 @@ def problem_parts(err: ValidationError) -> list[tuple[str, str, str]]:
         field = ".".join(str(part) for part in problem["loc"])
         msg = problem["msg"].removeprefix("Value error, ")
         got = problem.get("input")
-        shown = "" if problem["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
+        shown = "" if problem["type"] in ("missing", "extra_forbidden") else f" (got {shown_value(got)})"
         if not field:  # model-level check: the only one is JobSpec's resolution split
             field = "resolution" if msg.startswith("resolution") else "value"
             msg, shown = msg.removeprefix("resolution: "), ""  # the input is the whole job
@@ -250,7 +252,8 @@ def group_problems(problems: Iterable[tuple[str, str]]) -> str:
     """(where, problem) pairs -> one line per distinct problem, listing where it occurs.
 
     A bad batch-wide option (e.g. --frames 8) then reads as one line, not one per prompt; a bad
-    value in a job file's defaults reads as one line at the defaults' line.
+    value in a job file's defaults reads as one line at the defaults' line. At most
+    `bounds.MAX_PROBLEM_LINES` lines, then one saying how many more.
     """
     grouped: dict[str, list[str]] = {}
     for where, problem in problems:
@@ -261,7 +264,7 @@ def group_problems(problems: Iterable[tuple[str, str]]) -> str:
     for problem, places in grouped.items():
         shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
         lines.append(f"{shown}: {problem}" if shown else problem)  # "": a problem that names its own place
-    return "\n".join(lines)
+    return "\n".join(capped(lines))
 
 
 def where(label: Any, field: str | None = None) -> str:
