@@ -20,7 +20,9 @@ Job fields are `sagevideo.jobs.specs.JobSpec`'s: prompt, negative_prompt, seed, 
 height/width), steps, guidance, attention (sage/full), pv (fp16/fp8), plan, image, name, output. A
 YAML file may also be a bare list of jobs. Relative `plan` and `image` paths are relative to the job
 file's folder.
-Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped.
+Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped;
+such a file with lines only a job file has (`defaults: {steps: 2}`, `jobs:`, `[[jobs]]`, `- prompt: a`)
+is refused, not made into one video per line (`sagevideo.jobs.specs.read_prompts_file`).
 
 `recipe:` holds the `sagevideo.jobs.recipe.Recipe` settings (compile, compile_backend, linear,
 linear_keep (a pattern or a list of them), cache, cache_threshold; dashes or underscores). The
@@ -165,8 +167,7 @@ def load_job_file(path: str | Path) -> JobFile:
     instead of raising; raises InputError only when the file cannot be read or parsed at all."""
     path = Path(path)
     kind = job_file_kind(path)
-    if kind == "text":
-        _refuse_structured_text(path)
+    if kind == "text":  # read_prompts_file refuses a job file under another extension
         return JobFile(path, kind, list(read_prompts_file(path)))
     text = read_text_file(path, "job file", "a YAML or TOML job file")
     data, lines = _parse_yaml(path, text) if kind == "yaml" else _parse_toml(path, text)
@@ -362,22 +363,6 @@ def _field_lines(lines: dict[tuple, int], prefix: tuple, fields: Any) -> dict[st
 def _kind_of(value: Any) -> str:
     names = {dict: "table", list: "list", str: "string", type(None): "empty value"}
     return names.get(type(value), type(value).__name__)
-
-
-def _refuse_structured_text(path: Path) -> None:
-    """A .txt (or extension-less) file that is really YAML/TOML would otherwise become prompts like 'jobs:'."""
-    if not path.is_file():
-        return  # read_prompts_file says what is wrong
-    for number, line in enumerate(read_text_file(path, "prompts file", "a text file").splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped in ("jobs:", "defaults:", "recipe:", "[defaults]", "[[jobs]]", "[recipe]"):
-            raise InputError(
-                f"{path} line {number}: looks like a YAML/TOML job file ({stripped!r}) but is read as one "
-                "prompt per line; name it .yaml or .toml"
-            )
-        return
 
 
 # --- YAML ----------------------------------------------------------------------------------------

@@ -253,3 +253,12 @@ def test_cli_option_and_job_file_recipe_that_disagree_exit_2_naming_both(tmp_pat
         f"sagevideo generate: error: {path} line 2 (recipe): cache: the job file's recipe sets 'first-block' and "
         "--cache taylorseer is given too; set it in one place (the file's recipe applies where the option is left out)"
     )
+
+
+def test_a_yaml_job_file_named_txt_exits_2_and_makes_no_video(tmp_path):
+    shots = write(tmp_path, "shots.txt", "defaults: {steps: 2}\njobs:\n  - prompt: a red fox\n")
+    result = invoke(shots, "--out", tmp_path / "out", "--no-progress")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"sagevideo generate: error: {shots} line 1: looks like a YAML/TOML job "
+                                    "file ('defaults: {steps: 2}' (and 1 more such line)) but is read as one prompt")
+    assert "name it .yaml" in result.stderr and not (tmp_path / "out").exists()
