@@ -164,6 +164,8 @@ def plan_batch(
         raise InputError(group_problems(problems))
     if not resolved:
         raise InputError("no prompts to generate; give at least one")
+    for j, label, _ in with_items:  # e.g. prompt tokens the text encoder drops: once per job, before anything loads
+        notes += [f"{where(label, note.split(':', 1)[0])}: {note}" for note in source.notes(j)]
     if settings.fps is None:  # the frame rate the model's videos are made for
         settings = settings.model_copy(update={"fps": source.default_fps})
     gpus_per_job = settings.gpus_per_job
