@@ -86,7 +86,8 @@ class BatchPlan:
 
 
 def plan_batch(
-    config: GenerateConfig | PromptsOrJobs = None, /, *, use_file_recipe: bool = True, **options: Any
+    config: GenerateConfig | PromptsOrJobs = None, /, *, use_file_recipe: bool = True, ab_arm: bool = False,
+    **options: Any,
 ) -> BatchPlan:
     """Validate a batch and resolve everything about it without loading a model.
 
@@ -102,6 +103,8 @@ def plan_batch(
     places); the resolved recipe is what is checked, recorded and part of the job ids.
     use_file_recipe: False plans without that section (`sagevideo ab`'s full-precision arms run
     plain; its values are still checked).
+    ab_arm: True when `sagevideo ab` plans one of its arms; any other run is refused an --out that
+    an ab run marked (`sagevideo.outputs.folders.ab_folder_problem`).
     Raises InputError naming each bad field and its fix (bad options among them, each once).
     """
     from sagevideo.jobs.files import load_job_file, looks_like_job_file
@@ -228,7 +231,7 @@ def plan_batch(
     problems = _automatic_name_clashes(planned, labels)
     if problems:
         raise InputError(group_problems(problems))
-    out_dir = _prepare_out_dir(settings.out)  # last: the only check that writes (it may create the folder)
+    out_dir = _prepare_out_dir(settings.out, ab_arm)  # last: the only check that writes (it may create the folder)
     if duplicates:
         notes.append(f"{duplicates} duplicate job(s) (same prompt and settings) will run once")
     return BatchPlan(
@@ -613,10 +616,14 @@ def _resolve_execution(
     return True, notes
 
 
-def _prepare_out_dir(out: str | Path) -> Path:
-    """Create the output folder if needed and prove it is writable (a probe file)."""
-    from sagevideo.outputs.folders import writable_folder
+def _prepare_out_dir(out: str | Path, ab_arm: bool = False) -> Path:
+    """Create the output folder if needed and prove it is writable (a probe file); refuse a folder
+    of a `sagevideo ab` run unless ab plans it (ab_arm): ab would set aside what this run wrote."""
+    from sagevideo.outputs.folders import ab_folder_problem, writable_folder
 
+    problem = None if ab_arm else ab_folder_problem(out)
+    if problem:
+        raise InputError(problem)
     path = writable_folder(out, InputError, "; give a folder for the videos and manifest")
     manifest = path / MANIFEST_NAME
     if manifest.exists() and (not manifest.is_file()):
