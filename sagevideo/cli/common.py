@@ -13,6 +13,7 @@ import errno
 import functools
 import inspect
 import os
+import re
 import sys
 import types
 import typing
@@ -21,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 import annotated_types
 import typer
+from typer.core import TyperCommand
 
 from sagevideo.errors import EXIT_BAD_INPUT, EXIT_FAILED, InputError, exit_code_for
 
@@ -183,6 +185,55 @@ def _panel_of(config: type, name: str) -> str | None:
     return None
 
 
+_WHOLE_NUMBER = re.compile(r"[+-]?\d+")
+
+
+@functools.cache
+def several_values(options: frozenset[str]) -> type[TyperCommand]:
+    """A command class whose `options` (the flags of `list[int]` fields) also take several values
+    after one flag, negative ones included: `--linear-bf16-steps 0 -1` is read as
+    `--linear-bf16-steps 0 --linear-bf16-steps -1`. click gives an option one value per flag (it has
+    no variable count for options) and takes a `-1` after the value for a flag of its own."""
+
+    class SeveralValuesCommand(TyperCommand):
+        def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+            return super().parse_args(ctx, spread_values(args, options))
+
+    return SeveralValuesCommand
+
+
+def whole_number_lists(config: type, cli: Mapping[str, Mapping[str, Any]] | None = None) -> frozenset[str]:
+    """The flags of `config`'s `list[int]` fields (e.g. --linear-bf16-steps), for `several_values`."""
+    cli = cli or {}
+    flags: set[str] = set()
+    for name, field in config.model_fields.items():
+        spec = cli.get(name, {})
+        kind = _strip(spec.get("type") or field.annotation)
+        if typing.get_origin(kind) is list and typing.get_args(kind) == (int,):
+            flags.update(spec.get("flags") or ("--" + name.replace("_", "-"),))
+    return frozenset(flags)
+
+
+def spread_values(args: list[str], options: set[str]) -> list[str]:
+    """`args` with the whole numbers that follow the value of one of `options` given each its own
+    flag (['--steps-x', '0', '-1'] -> ['--steps-x', '0', '--steps-x', '-1']); nothing after `--`."""
+    spread: list[str] = []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        spread.append(arg)
+        if arg == "--":
+            return spread + rest
+        name, has_value, _ = arg.partition("=")
+        if name not in options:
+            continue
+        if not has_value and rest:  # the flag's own value, as click reads it
+            spread.append(rest.pop(0))
+        while rest and _WHOLE_NUMBER.fullmatch(rest[0]):
+            spread += [name, rest.pop(0)]
+    return spread
+
+
 def add_config_command(
     app: typer.Typer,
     name: str,
@@ -194,7 +245,8 @@ def add_config_command(
     skip: tuple[str, ...] = (),
 ) -> None:
     """Register command `name` whose options are `config`'s fields (see `config_parameters`);
-    run(values) gets them by field name. doc: the command's help."""
+    run(values) gets them by field name. doc: the command's help. A `list[int]` option takes several
+    values after one flag (`several_values`)."""
 
     def command(**values: Any) -> None:
         run({name: _plain(value) for name, value in values.items()})
@@ -202,4 +254,4 @@ def add_config_command(
     command.__signature__ = inspect.Signature(config_parameters(config, cli or {}, skip))  # type: ignore[attr-defined]
     command.__doc__ = doc
     command.__name__ = command.__qualname__ = name.replace("-", "_")
-    app.command(name)(command)
+    app.command(name, cls=several_values(whole_number_lists(config, cli)))(command)

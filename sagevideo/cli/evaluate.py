@@ -13,7 +13,14 @@ from typing import Annotated, Any, Literal
 import typer
 
 from sagevideo.choices import Backend, Device, PVChoice
-from sagevideo.cli.common import EXIT_FAILED, config_parameters, fail, handle_errors
+from sagevideo.cli.common import (
+    EXIT_FAILED,
+    config_parameters,
+    fail,
+    handle_errors,
+    several_values,
+    whole_number_lists,
+)
 from sagevideo.experiments.ab_arms import ARMS_HELP
 
 LpipsNet = Literal["alex", "vgg"]
@@ -196,6 +203,9 @@ def _with_recipe_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def register(app: typer.Typer) -> None:
+    from sagevideo.jobs.recipe import RecipeOptions
+
     app.command("eval")(eval_command)
-    app.command("ab")(_with_recipe_options(ab_command))
+    recipe_lists = several_values(whole_number_lists(RecipeOptions))  # --linear-bf16-steps 0 -1
+    app.command("ab", cls=recipe_lists)(_with_recipe_options(ab_command))
     app.command("check-weights")(check_weights)

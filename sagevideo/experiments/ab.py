@@ -9,6 +9,9 @@ from a CPU generator seeded by the job's seed, so the arms start from the same l
   out/full-repeat/  attention="full" again: the noise floor (full precision vs full precision)
 then `sagevideo.eval.evaluate.evaluate(out/full, out/quantized, noise_ref=out/full-repeat)`
 writes out/metrics.json and out/report.html. Re-running resumes: finished videos are kept.
+Before the first arm runs, every arm folder is locked for the whole run, checked for another
+run's videos and marked as ab's (`sagevideo.experiments.ab_folders`; `generate` refuses marked
+folders), so a locked or foreign arm is refused at once, not after the arms before it rendered.
 
 The job file decides prompts, seeds, sizes, steps and, for image-to-video models, the input
 images (each job's `image:`, or `image` for all): every arm plans the same files, the videos pair
@@ -39,6 +42,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from sagevideo.choices import Backend, Device, PVChoice
 from sagevideo.errors import ABFailed, InputError
 from sagevideo.experiments.ab_arms import ARMS_HELP
+from sagevideo.experiments.ab_folders import claim_arm_folders
 from sagevideo.jobs.recipe import RECIPE_FIELDS, RecipeOptions
 from sagevideo.outputs.manifest import ManifestRecord
 
@@ -238,24 +242,25 @@ def ab(
         prepare_out(out)  # an --out that is a file is said as such, not as a bad arm folder
     # The job file's recipe: section is the quantized arm's (under the options); the full-precision arms run plain.
     batches = {role: plan_batch(job_file, out=Path(out).expanduser() / ARMS[role], use_file_recipe=role == "test",
-                                **common, **settings)
+                                ab_arm=True, **common, **settings)
                for role, settings in runs}
     recipe = batches["test"].settings.recipe
     out_dir = prepare_out(out)
     records: dict[str, list[ManifestRecord]] = {}
-    for role, batch in batches.items():
-        echo(f"sagevideo ab: {LABELS[role]} arm -> {out_dir / ARMS[role]}")
-        for note in batch.notes:
-            if note.startswith("plan "):  # e.g. a plan calibrated for another step count
-                echo(f"sagevideo ab: {note}")
-        recs = run_batch(batch, progress=progress).records
-        failed = [r for r in recs if not r.done]
-        if failed:
-            raise ABFailed(
-                f"{len(failed)} job(s) of the {LABELS[role]} arm failed (first: {failed[0].error}); see "
-                f"{out_dir / ARMS[role] / 'manifest.jsonl'}; re-running the same command resumes"
-            )
-        records[role] = recs
+    with claim_arm_folders(out_dir, batches.values(), echo) as arms:  # every arm locked and checked first
+        for role, batch in batches.items():
+            echo(f"sagevideo ab: {LABELS[role]} arm -> {out_dir / ARMS[role]}")
+            for note in batch.notes:
+                if note.startswith("plan "):  # e.g. a plan calibrated for another step count
+                    echo(f"sagevideo ab: {note}")
+            recs = run_batch(batch, progress=progress, lock=arms.lock(batch.out)).records
+            failed = [r for r in recs if not r.done]
+            if failed:
+                raise ABFailed(
+                    f"{len(failed)} job(s) of the {LABELS[role]} arm failed (first: {failed[0].error}); see "
+                    f"{out_dir / ARMS[role] / 'manifest.jsonl'}; re-running the same command resumes"
+                )
+            records[role] = recs
 
     notes = []
     check = None
@@ -381,24 +386,28 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     made = [p for p in (out, out / "arms", *(folder for _, _, folder, _ in runs)) if not p.exists()]
     for key, label, folder, settings in runs:
         try:
-            batches[key] = plan_batch(job_file, out=folder, **common, **settings)
+            batches[key] = plan_batch(job_file, out=folder, ab_arm=True, **common, **settings)
         except InputError as err:
             problems.append(f"arm {label}: {err}" if key.startswith("arm:") else str(err))
     if problems:
-        for folder in reversed(made):  # the folders planning made, left empty: a refused run leaves nothing
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
+        _remove_empty(made)
         raise InputError("; ".join(problems))
     out_dir = prepare_out(out)
     records: dict[str, list[ManifestRecord]] = {}
-    for key, label, folder, _ in runs:
-        echo(f"sagevideo ab: {label} arm -> {folder}")
-        recs = run_batch(batches[key], progress=progress).records
-        failed = [r for r in recs if not r.done]
-        if failed:
-            raise ABFailed(f"{len(failed)} job(s) of the {label} arm failed (first: {failed[0].error}); see "
-                           f"{folder / 'manifest.jsonl'}; re-running the same command resumes")
-        records[key] = recs
+    try:
+        claimed = claim_arm_folders(out_dir, batches.values(), echo)  # every arm locked and checked first
+    except InputError:
+        _remove_empty(made)
+        raise
+    with claimed as arm_folders:
+        for key, label, folder, _ in runs:
+            echo(f"sagevideo ab: {label} arm -> {folder}")
+            recs = run_batch(batches[key], progress=progress, lock=arm_folders.lock(batches[key].out)).records
+            failed = [r for r in recs if not r.done]
+            if failed:
+                raise ABFailed(f"{len(failed)} job(s) of the {label} arm failed (first: {failed[0].error}); see "
+                               f"{folder / 'manifest.jsonl'}; re-running the same command resumes")
+            records[key] = recs
     notes = [] if config.noise_floor else [
         "no noise-floor run (--no-noise-floor): verdicts cannot say whether a difference is noise"]
     first = records["ref"][0]
@@ -440,6 +449,13 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     (out_dir / "report.html").write_text(render_arms(summary), encoding="utf-8")
     return summary
 
+
+
+def _remove_empty(made: list[Path]) -> None:
+    """The folders planning made, left empty: a refused run leaves nothing."""
+    for folder in reversed(made):
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def copy_options(options: Any, *, test_label: str) -> Any:

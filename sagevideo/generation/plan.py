@@ -87,7 +87,8 @@ class BatchPlan:
 
 
 def plan_batch(
-    config: GenerateConfig | PromptsOrJobs = None, /, *, use_file_recipe: bool = True, **options: Any
+    config: GenerateConfig | PromptsOrJobs = None, /, *, use_file_recipe: bool = True, ab_arm: bool = False,
+    **options: Any,
 ) -> BatchPlan:
     """Validate a batch and resolve everything about it without loading a model.
 
@@ -103,6 +104,8 @@ def plan_batch(
     places); the resolved recipe is what is checked, recorded and part of the job ids.
     use_file_recipe: False plans without that section (`sagevideo ab`'s full-precision arms run
     plain; its values are still checked).
+    ab_arm: True when `sagevideo ab` plans one of its arms; any other run is refused an --out that
+    an ab run marked (`sagevideo.outputs.folders.ab_folder_problem`).
     Raises InputError naming each bad field and its fix (bad options among them, each once).
     """
     from sagevideo.jobs.files import load_job_file, looks_like_job_file
@@ -171,6 +174,8 @@ def plan_batch(
         raise InputError(group_problems(problems))
     if not resolved:
         raise InputError("no prompts to generate; give at least one")
+    for j, label, _ in with_items:  # e.g. prompt tokens the text encoder drops: once per job, before anything loads
+        notes += [f"{where(label, note.split(':', 1)[0])}: {note}" for note in source.notes(j)]
     if settings.fps is None:  # the frame rate the model's videos are made for
         settings = settings.model_copy(update={"fps": source.default_fps})
     gpus_per_job = settings.gpus_per_job
@@ -236,7 +241,7 @@ def plan_batch(
     problems = _automatic_name_clashes(planned, labels)
     if problems:
         raise InputError(group_problems(problems))
-    out_dir = _prepare_out_dir(settings.out)  # last: the only check that writes (it may create the folder)
+    out_dir = _prepare_out_dir(settings.out, ab_arm)  # last: the only check that writes (it may create the folder)
     if duplicates:
         notes.append(f"{duplicates} duplicate job(s) (same prompt and settings) will run once")
     same_video = len(planned) - len({pj.render_key for pj in planned})
@@ -638,12 +643,16 @@ def _resolve_execution(
     return True, notes
 
 
-def _prepare_out_dir(out: str | Path) -> Path:
+def _prepare_out_dir(out: str | Path, ab_arm: bool = False) -> Path:
     """Create the output folder if needed and prove it is writable (a probe file); refuse a folder
-    whose manifest a newer sagevideo wrote to."""
-    from sagevideo.outputs.folders import writable_folder
+    of a `sagevideo ab` run unless ab plans it (ab_arm): ab would set aside what this run wrote; and
+    one whose manifest a newer sagevideo wrote to."""
+    from sagevideo.outputs.folders import ab_folder_problem, writable_folder
     from sagevideo.outputs.manifest import Manifest
 
+    problem = None if ab_arm else ab_folder_problem(out)
+    if problem:
+        raise InputError(problem)
     path = writable_folder(out, InputError, "; give a folder for the videos and manifest")
     manifest = path / MANIFEST_NAME
     if manifest.exists() and (not manifest.is_file()):

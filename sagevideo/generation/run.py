@@ -215,8 +215,12 @@ def run_batch(
     progress: bool = True,
     echo: Callable[[str], None] | None = None,
     execute: Callable[..., Iterator[tuple[int, ManifestRecord]]] | None = None,
+    lock: Any = None,
 ) -> BatchReport:
     """Run the jobs of `plan` that are not done yet; see the module docstring.
+
+    lock: a `FolderLock` on plan.out that the caller holds already (`sagevideo ab` takes every
+    arm's before its first arm runs); run_batch then neither takes nor releases it.
 
     execute(plan, todo, status): runs `todo` [(plan index, PlannedJob)] and yields (index, record)
     as jobs finish (a generator: closing it stops the work); default: Ray workers when
@@ -230,15 +234,18 @@ def run_batch(
     from sagevideo.outputs.folders import FolderLock, remove_dead_markers
 
     echo = echo or log.warning
-    lock = FolderLock(plan.out, InputError)
+    own = lock is None
+    lock = FolderLock(plan.out, InputError) if own else lock
     with stop_signals() as signals:
         try:
-            lock.acquire(note=echo)
+            if own:
+                lock.acquire(note=echo)
             try:
                 remove_dead_markers(plan.out, locked=lock.held)  # left by a run killed outright (kill -9)
                 return _run_locked(plan, progress=progress, echo=echo, execute=execute, signals=signals)
             finally:
-                lock.release()
+                if own:
+                    lock.release()
         except KeyboardInterrupt as stop:
             signals.stopping = True
             if isinstance(stop, BatchInterrupted):

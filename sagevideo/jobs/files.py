@@ -20,7 +20,9 @@ Job fields are `sagevideo.jobs.specs.JobSpec`'s: prompt, negative_prompt, seed, 
 height/width), steps, guidance, attention (sage/full), pv (fp16/fp8), plan, image, name, output. A
 YAML file may also be a bare list of jobs. Relative `plan` and `image` paths are relative to the job
 file's folder.
-Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped.
+Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped;
+such a file with lines only a job file has (`defaults: {steps: 2}`, `jobs:`, `[[jobs]]`, `- prompt: a`)
+is refused, not made into one video per line (`sagevideo.jobs.specs.read_prompts_file`).
 
 `recipe:` holds the `sagevideo.jobs.recipe.Recipe` settings (compile, compile_backend, linear,
 linear_keep (a pattern or a list of them), cache, cache_threshold; dashes or underscores). The
@@ -47,6 +49,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sagevideo.jobs.bounds import MAX_ALIAS_VALUES, AliasCycle, alias_expansion
 from sagevideo.jobs.recipe import RECIPE_FIELDS, Recipe
 from sagevideo.jobs.specs import (
     InputError,
@@ -164,8 +167,7 @@ def load_job_file(path: str | Path) -> JobFile:
     instead of raising; raises InputError only when the file cannot be read or parsed at all."""
     path = Path(path)
     kind = job_file_kind(path)
-    if kind == "text":
-        _refuse_structured_text(path)
+    if kind == "text":  # read_prompts_file refuses a job file under another extension
         return JobFile(path, kind, list(read_prompts_file(path)))
     text = read_text_file(path, "job file", "a YAML or TOML job file")
     data, lines = _parse_yaml(path, text) if kind == "yaml" else _parse_toml(path, text)
@@ -363,22 +365,6 @@ def _kind_of(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _refuse_structured_text(path: Path) -> None:
-    """A .txt (or extension-less) file that is really YAML/TOML would otherwise become prompts like 'jobs:'."""
-    if not path.is_file():
-        return  # read_prompts_file says what is wrong
-    for number, line in enumerate(read_text_file(path, "prompts file", "a text file").splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped in ("jobs:", "defaults:", "recipe:", "[defaults]", "[[jobs]]", "[recipe]"):
-            raise InputError(
-                f"{path} line {number}: looks like a YAML/TOML job file ({stripped!r}) but is read as one "
-                "prompt per line; name it .yaml or .toml"
-            )
-        return
-
-
 # --- YAML ----------------------------------------------------------------------------------------
 
 
@@ -391,8 +377,11 @@ def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
         node = loader.get_single_node()
         lines: dict[tuple, int] = {}
         if node is not None:
+            _check_aliases(path, node)  # before anything is built from the nodes
             _walk_yaml(path, node, (), lines)
         data = loader.construct_document(node) if node is not None else None
+    except RecursionError:  # PyYAML composes nested values recursively
+        raise InputError(f"{path}: YAML values nested too deeply to read; a job file needs a few levels") from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path} line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
@@ -408,6 +397,21 @@ def _parse_yaml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
     finally:
         loader.dispose()
     return data, lines
+
+
+def _check_aliases(path: Path, node: Any) -> None:
+    """Refuse a document whose aliases would expand past `MAX_ALIAS_VALUES` (an alias bomb) or into
+    a value that contains itself: everything later walks the values written out."""
+    try:
+        added = alias_expansion(node)
+    except AliasCycle as err:
+        raise InputError(f"{path} {err}: a YAML alias (*name) inside the value its anchor (&name) names, a "
+                         "value that contains itself; write the value out") from None
+    if added > MAX_ALIAS_VALUES:
+        raise InputError(
+            f"{path}: its YAML aliases (*name) expand to {added:,} more values, past the {MAX_ALIAS_VALUES:,} a job "
+            "file may add that way (an alias bomb?); write the values out, or give shared fields once under defaults:"
+        )
 
 
 def _walk_yaml(path: Path, node: Any, prefix: tuple, lines: dict[tuple, int]) -> None:
@@ -450,6 +454,8 @@ def _parse_toml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
 
     try:
         data = tomllib.loads(text)
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise InputError(f"{path}: TOML values nested too deeply to read; a job file needs a few levels") from None
     except tomllib.TOMLDecodeError as err:
         message = str(err)
         found = re.search(r"\(at line (\d+), column (\d+)\)", message)

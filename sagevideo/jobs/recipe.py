@@ -63,8 +63,9 @@ LinearKeepOption = Annotated[
 ]
 LinearBf16StepsOption = Annotated[
     list[int],
-    Field(description="With --linear fp8: denoising steps whose linears run in bf16 (repeatable; negative counts "
-          "from the end, e.g. 0 and -1: the first and last step). Keeps a bf16 copy of the float8 weights."),
+    Field(description="With --linear fp8: denoising steps whose linears run in bf16 (one or more, negative counting "
+          "from the end: --linear-bf16-steps 0 -1 is the first and last step). Keeps a bf16 copy of the float8 "
+          "weights."),
 ]
 CacheOption = Annotated[
     Cache, Field(description="Step caching through diffusers' hooks: first-block, taylorseer, pyramid-broadcast.")

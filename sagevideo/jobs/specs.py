@@ -30,6 +30,8 @@ from pydantic import (
 
 from sagevideo.choices import PV, Attention
 from sagevideo.errors import InputError
+from sagevideo.jobs.bounds import capped
+from sagevideo.jobs.bounds import shown as shown_value
 
 DEFAULT_PROMPTS = (
     "a red panda eating bamboo in a misty forest, cinematic lighting",
@@ -142,7 +144,8 @@ class JobSpec(BaseModel):
         stem = value.removesuffix(".mp4")
         if not SAFE_OUTPUT.fullmatch(stem) or ".." in stem:
             raise ValueError(
-                f"output {value!r} is not a plain file name; use ASCII letters (A-Z, a-z), digits, '.', '_' and '-' "
+                f"output {shown_value(value)} is not a plain file name; use ASCII letters (A-Z, a-z), digits, '.', "
+                "'_' and '-' "
                 "(no folders, no leading '.' or '-', at most 100 characters), e.g. 'shot-010'"
             )
         return stem
@@ -154,13 +157,13 @@ def parse_resolution(value: Any) -> tuple[int, int]:
     if isinstance(value, str):
         match = re.fullmatch(r"\s*(\d+)\s*[xX*×]\s*(\d+)\s*", value)
         if not match:
-            raise ValueError(f"resolution {value!r} is not WIDTHxHEIGHT; {fix}")
+            raise ValueError(f"resolution {shown_value(value)} is not WIDTHxHEIGHT; {fix}")
         return int(match[1]), int(match[2])
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
         return value[0], value[1]
-    raise ValueError(f"resolution {value!r} is not WIDTHxHEIGHT; {fix}")
+    raise ValueError(f"resolution {shown_value(value)} is not WIDTHxHEIGHT; {fix}")
 
 
 def known_fields(model: str) -> list[str]:
@@ -186,7 +189,7 @@ def problem_parts(err: ValidationError) -> list[tuple[str, str, str]]:
         field = ".".join(str(part) for part in problem["loc"])
         msg = problem["msg"].removeprefix("Value error, ")
         got = problem.get("input")
-        shown = "" if problem["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
+        shown = "" if problem["type"] in ("missing", "extra_forbidden") else f" (got {shown_value(got)})"
         if not field:  # model-level check: the only one is JobSpec's resolution split
             field = "resolution" if msg.startswith("resolution") else "value"
             msg, shown = msg.removeprefix("resolution: "), ""  # the input is the whole job
@@ -248,7 +251,8 @@ def group_problems(problems: Iterable[tuple[str, str]]) -> str:
     """(where, problem) pairs -> one line per distinct problem, listing where it occurs.
 
     A bad batch-wide option (e.g. --frames 8) then reads as one line, not one per prompt; a bad
-    value in a job file's defaults reads as one line at the defaults' line.
+    value in a job file's defaults reads as one line at the defaults' line. At most
+    `bounds.MAX_PROBLEM_LINES` lines, then one saying how many more.
     """
     grouped: dict[str, list[str]] = {}
     for where, problem in problems:
@@ -259,7 +263,7 @@ def group_problems(problems: Iterable[tuple[str, str]]) -> str:
     for problem, places in grouped.items():
         shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
         lines.append(f"{shown}: {problem}" if shown else problem)  # "": a problem that names its own place
-    return "\n".join(lines)
+    return "\n".join(capped(lines))
 
 
 def where(label: Any, field: str | None = None) -> str:
@@ -375,18 +379,40 @@ def read_text_file(path: str | Path, what: str, expected: str) -> str:
         raise InputError(f"{what} {path} cannot be read: {err.strerror}") from None
 
 
+# Lines of a YAML or TOML job file that no prompt starts with: a top-level section (`jobs:`,
+# `{jobs: ...}`, `jobs = ...`), a TOML table header (`[defaults]`, `[[jobs]]`), a bare list's job
+# (`- prompt: ...`). Read as prompts, each would become a video.
+_JOB_FILE_LINE = re.compile(
+    r"""^(\{\s*)?(?P<q>["']?)(recipe|defaults|jobs)(?P=q)\s*(:(\s|$)|=)"""
+    r"""|^\s*\[\[?\s*(recipe|defaults|jobs)\s*\]\]?\s*(\#.*)?$"""
+    r"""|^-\s+(?P<p>["']?)prompt(?P=p)\s*:(\s|$)"""
+)
+
+
 def read_prompts_file(path: str | Path) -> list[tuple[str, str]]:
     """Prompts of a text file, one per line; blank lines and lines starting with '#' are skipped.
 
-    Returns (prompt, "FILE line N") pairs so that errors can point at the line.
+    Returns (prompt, "FILE line N") pairs so that errors can point at the line. A file with lines
+    that only a job file has (`_JOB_FILE_LINE`: `defaults: {steps: 2}`, `[[jobs]]`, ...) is
+    refused: it is a job file under another extension (rename it), or its prompt needs rewording.
     """
     path = Path(path)
     text = read_text_file(path, "prompts file", "a text file with one prompt per line")
-    prompts = []
+    prompts, structured = [], []
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if stripped and not stripped.startswith("#"):
             prompts.append((stripped, f"{path} line {number}"))
+            if _JOB_FILE_LINE.match(line):
+                structured.append((number, stripped))
+    if structured:
+        (number, line), more = structured[0], len(structured) - 1
+        others = f" (and {more} more such line{'s' if more > 1 else ''})" if more else ""
+        raise InputError(
+            f"{path} line {number}: looks like a YAML/TOML job file ({shown_value(line)}{others}) but is read as one "
+            "prompt per line, as any file not named .yaml/.yml/.toml is; if it is a job file, name it .yaml (or "
+            ".toml), if these are prompts, put such a line in quotes"
+        )
     if not prompts:
         raise InputError(
             f"prompts file {path} has no prompts (only blank or # lines); add one prompt per line"

@@ -1,5 +1,6 @@
 """Output folders: create one and prove it is writable before any model loads; lock it for a run;
-mark it as a run's (Ray workers check that they see the marker) and clear the marks of dead runs."""
+mark it as a run's (Ray workers check that they see the marker), clear the marks of dead runs, and
+mark the folders of a `sagevideo ab` run, which other runs stay out of."""
 
 from __future__ import annotations
 
@@ -184,3 +185,39 @@ def remove_dead_markers(folder: str | Path, *, locked: bool) -> list[Path]:
             marker.unlink()
             removed.append(marker)
     return removed
+
+
+AB_MARKER = ".sagevideo-ab.json"
+
+
+def mark_ab_folder(folder: str | Path, arm: str) -> None:
+    """Mark `folder` as part of a `sagevideo ab` run: arm "" is the run's own folder, else the
+    arm's path inside it ("full", "arms/sage-fp8"). Relative, so a moved run keeps its marks."""
+    (Path(folder) / AB_MARKER).write_text(json.dumps({"ab_arm": arm}) + "\n", encoding="utf-8")
+
+
+def ab_arm_of(folder: str | Path) -> str | None:
+    """The `mark_ab_folder` arm of `folder` ("" for an ab run's own folder), or None when no ab run
+    marked it. A marker that cannot be read still marks the folder (its arm reads as "?")."""
+    path = Path(folder).expanduser() / AB_MARKER
+    if not path.is_file():
+        return None
+    try:
+        arm = json.loads(path.read_text(encoding="utf-8"))["ab_arm"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "?"
+    return arm if isinstance(arm, str) else "?"
+
+
+def ab_folder_problem(out: str | Path) -> str | None:
+    """Why a run that is not `sagevideo ab` must not write into `out` (an ab run's folder or arm), or None."""
+    arm = ab_arm_of(out)
+    if arm is None:
+        return None
+    path = Path(out).expanduser()
+    if arm == "":
+        return (f"--out {out}: holds a `sagevideo ab` run (its arms and report); give another --out, or re-run "
+                "that ab command to resume it")
+    root = path.parents[len(Path(arm).parts) - 1] if arm != "?" else path.parent
+    return (f"--out {out}: is the {arm!r} arm of the `sagevideo ab` run in {root}, which renders there (and would "
+            "set aside what another run wrote); give another --out, or re-run that ab command to resume it")

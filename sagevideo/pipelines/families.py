@@ -9,8 +9,9 @@ asked of the family:
 - detection and loading: the diffusers pipeline classes it loads (`model_index.json`'s
   `_class_name`), the weight folders a model folder must have, the built-in tiny models it
   serves, a `ModelSource` from configs alone (`tiny_source`, `folder_source`), `load`;
-- job constraints: `job_problems` (frames rule, resolution multiple), `attention_layers` (the
-  names plans use), the prompt length it pads to (`ModelSource.text_tokens`);
+- job constraints: `job_problems` (frames rule, resolution multiple), `job_notes` (what a job
+  runs that differs from what it says: prompt tokens dropped), `attention_layers` (the names plans
+  use), the prompt length it pads to (`ModelSource.text_tokens`);
 - input images: `image_input(source)` ("required": image-to-video, "optional", None: text only), checked
   for every job before loading (`image_use_problem`, then the family's `image_problems` hook on
   the read image); where the job runs, `prepare_image` turns the decoded image into what
@@ -100,6 +101,11 @@ class ModelFamily:
 
     def job_problems(self, source: ModelSource, job: JobSpec) -> list[str]:
         """Why this model cannot make a resolved job ('<field>: <problem>; use e.g. ...'), or []."""
+        return []
+
+    def job_notes(self, source: ModelSource, job: JobSpec) -> list[str]:
+        """What the user should know of a resolved job this model makes differently from what it says
+        ('<field>: <what>', e.g. prompt tokens the text encoder drops), or []."""
         return []
 
     def attention_tokens(self, source: ModelSource, job: JobSpec) -> int:

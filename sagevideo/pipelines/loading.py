@@ -98,6 +98,10 @@ class ModelSource:
         """Why this model cannot make a resolved job ('<field>: <problem>; use e.g. ...'), or []."""
         return self.model_family.job_problems(self, job)
 
+    def notes(self, job: JobSpec) -> list[str]:
+        """What this model makes of a resolved job that differs from what it says ('<field>: ...'), or []."""
+        return self.model_family.job_notes(self, job)
+
 
 def resolve_model(model: str) -> ModelSource:
     """Check a built-in tiny model's name or a local diffusers folder without loading weights."""

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from sagevideo.jobs.specs import JobSpec
+from sagevideo.pipelines.truncation import quiet_prompt_truncation
 
 
 class NonFiniteError(RuntimeError):
@@ -89,7 +90,9 @@ def run_job(
     if image is not None:
         extra["image"] = family.prepare_image(image, job)
     start = _now(device)
-    latents = family.denoise(pipe, job, generator=generator, text_tokens=text_tokens, callback=check_step, **extra)
+    with quiet_prompt_truncation():  # a cut prompt was said before the run, with its count; not its whole text here
+        latents = family.denoise(pipe, job, generator=generator, text_tokens=text_tokens, callback=check_step,
+                                 **extra)
     denoised = _now(device)
     first_step_s, first_step_at = (first_step_end[0] - start, first_step_end[1]) if first_step_end else (None, None)
     if not decode:

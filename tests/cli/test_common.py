@@ -95,3 +95,42 @@ def test_help_shows_square_brackets_literally(argv, monkeypatch):
     monkeypatch.setenv("COLUMNS", "240")
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0 and "[fp8-](eager|compile)-(cudnn|sdpa|sage)" in result.output
+
+
+@pytest.mark.parametrize("args, steps", [
+    (["--linear-bf16-steps", "0", "-1"], [0, -1]),  # as the README writes it
+    (["--linear-bf16-steps=0", "-1", "2"], [0, -1, 2]),
+    (["--linear-bf16-steps", "-1", "--linear-bf16-steps", "0"], [-1, 0]),  # repeated, as before
+    (["--linear-bf16-steps", "0", "-1", "JOB.yaml"], [0, -1]),  # the job file after the values stays the job file
+])
+@pytest.mark.parametrize("command", ["generate", "ab", "calibrate"])
+def test_a_whole_number_list_option_takes_several_values_negative_ones_included(
+    tmp_path, monkeypatch, command, args, steps
+):
+    from typer.testing import CliRunner
+
+    seen = {}
+
+    def stop(config, /, **_):  # each command's work, given the config its options built
+        seen["steps"] = list(config.linear_bf16_steps)
+        raise errors.InputError("stopped here")
+
+    for target in ("sagevideo.generation.generate.plan_batch", "sagevideo.experiments.ab.ab",
+                   "sagevideo.experiments.calibrate.calibrate"):
+        monkeypatch.setattr(target, stop)
+    job = tmp_path / "JOB.yaml"
+    args = [str(job) if a == "JOB.yaml" else a for a in args]
+    given = [] if str(job) in args or command == "calibrate" else [str(job)]
+    result = CliRunner().invoke(app, [command, *given, "--out", str(tmp_path / "out"), *args])
+    assert result.exit_code == 2 and "error: stopped here" in result.stderr, result.output
+    assert seen["steps"] == steps
+
+
+def test_spread_values_gives_each_value_its_flag_and_leaves_the_rest():
+    from sagevideo.cli.common import spread_values
+
+    flag = {"--steps-x"}
+    assert spread_values(["--steps-x", "0", "-1", "--seed", "-3", "a.yaml"], flag) == [
+        "--steps-x", "0", "--steps-x", "-1", "--seed", "-3", "a.yaml"]
+    assert spread_values(["--", "--steps-x", "0", "1"], flag) == ["--", "--steps-x", "0", "1"]
+    assert spread_values(["--steps-x"], flag) == ["--steps-x"]  # click says the value is missing

@@ -330,3 +330,12 @@ def test_an_inductor_cache_variable_naming_a_file_is_one_line_not_a_traceback(tm
     assert line == (f"sagevideo generate: error: the compile cache {blocker} (TORCHINDUCTOR_CACHE_DIR={blocker}) "
                     "cannot be written (it is a file, not a folder); set TORCHINDUCTOR_CACHE_DIR to a writable "
                     "folder, or unset it")
+
+
+def test_a_yaml_job_file_named_txt_exits_2_and_makes_no_video(tmp_path):
+    shots = write(tmp_path, "shots.txt", "defaults: {steps: 2}\njobs:\n  - prompt: a red fox\n")
+    result = invoke(shots, "--out", tmp_path / "out", "--no-progress")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"sagevideo generate: error: {shots} line 1: looks like a YAML/TOML job "
+                                    "file ('defaults: {steps: 2}' (and 1 more such line)) but is read as one prompt")
+    assert "name it .yaml" in result.stderr and not (tmp_path / "out").exists()

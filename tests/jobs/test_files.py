@@ -379,3 +379,37 @@ def test_recipe_problems_are_said_at_their_lines_with_the_others_before_loading(
         plan_batch(job_file=path, out=tmp_path / "out", device="cpu")
     assert str(err.value).splitlines() == [f"{path} {line}" for line in lines]
     assert not (tmp_path / "out").exists()
+
+
+JOB_FILES_AS_TEXT = [
+    ("shots.txt", "defaults: {steps: 2}\njobs:\n  - prompt: a red fox\n", 1,
+     "'defaults: {steps: 2}' (and 1 more such line)"),
+    ("shots", "# notes\n[defaults]\nsteps = 2\n\n[[jobs]]\nprompt = \"a\"\n", 2, "'[defaults]' (and 1 more such line)"),
+    ("list.txt", "- prompt: a red fox\n  seed: 3\n- prompt: waves\n", 1,
+     "'- prompt: a red fox' (and 1 more such line)"),
+    ("quoted-keys.txt", "\"jobs\": [\"a fox\"]\n", 1, "'\"jobs\": [\"a fox\"]'"),
+    ("flow.md", "{jobs: [a fox, waves]}\n", 1, "'{jobs: [a fox, waves]}'"),
+]
+
+
+@pytest.mark.parametrize("name, content, line, shown", JOB_FILES_AS_TEXT, ids=[f[0] for f in JOB_FILES_AS_TEXT])
+def test_a_job_file_under_another_extension_is_refused_not_made_into_prompt_videos(
+    tmp_path, no_model_load, name, content, line, shown
+):
+    path = write(tmp_path, name, content)
+    for given in ({"job_file": path}, {"prompts_file": path}):  # the CLI's argument and the API's prompts_file
+        with pytest.raises(InputError) as err:
+            plan_batch(**given, out=tmp_path / "out")
+        assert str(err.value) == (
+            f"{path} line {line}: looks like a YAML/TOML job file ({shown}) but is read as one prompt per line, as any "
+            "file not named .yaml/.yml/.toml is; if it is a job file, name it .yaml (or .toml), if these are prompts, "
+            "put such a line in quotes")
+    assert not (tmp_path / "out").exists()
+
+
+def test_prompts_that_merely_mention_jobs_or_defaults_are_prompts(tmp_path, no_model_load):
+    path = write(tmp_path, "prompts.txt", "jobs:the film\n\"defaults: a fox\"\n  jobs = a title card\nsteve jobs: a "
+                 "biopic\n- a bullet prompt\n")
+    plan = plan_batch(job_file=path, out=tmp_path / "out")
+    assert [pj.job.prompt for pj in plan.jobs] == ["jobs:the film", '"defaults: a fox"', "jobs = a title card",
+                                                    "steve jobs: a biopic", "- a bullet prompt"]

@@ -23,6 +23,7 @@ Nothing here imports torch or diffusers at import time.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -181,6 +182,18 @@ class CogVideoXFamily(ModelFamily):
                     )
         return problems
 
+    def job_notes(self, source: ModelSource, job: JobSpec) -> list[str]:
+        # The pipeline cuts prompts to max_text_seq_length silently (diffusers only logs the cut text).
+        from sagevideo.pipelines.truncation import dropped_tokens_note
+
+        notes = []
+        for field in ("prompt", "negative_prompt"):
+            note = dropped_tokens_note(field, getattr(job, field), lambda text: _count_tokens(source, text),
+                                       source.text_tokens, f"T5 tokens, but {self.title} reads")
+            if note:
+                notes.append(note)
+        return notes
+
     def attention_layers(self, source: ModelSource) -> list[str]:
         return [f"transformer_blocks.{i}.attn1" for i in range(source.layers)]
 
@@ -233,6 +246,30 @@ class CogVideoXFamily(ModelFamily):
         from sagevideo.pipelines.cogvideox.sequence_parallel import check_cogvideox_degree
 
         return ulysses_degree_problem(check_cogvideox_degree, transformer_config(source), source, job, degree)
+
+
+def _count_tokens(source: ModelSource, text: str) -> int | None:
+    """T5 tokens of `text` with </s>, as the pipeline's tokenizer makes them (None: it does not load)."""
+    tokenizer = _tokenizer(source.name if source.is_tiny else str(source.path), source.fingerprint)
+    return None if tokenizer is None else len(tokenizer(text, add_special_tokens=True, verbose=False).input_ids)
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(model: str, fingerprint: str) -> Any:
+    """The tokenizer the pipeline loads (model_index.json's class, local files only), once per model;
+    None when it does not load (the model load then says why)."""
+    if model in CogVideoXFamily.tiny_models:
+        from sagevideo.pipelines.tiny import tiny_tokenizer
+
+        return tiny_tokenizer()
+    try:
+        import transformers
+
+        library, name = json.loads((Path(model) / "model_index.json").read_text(encoding="utf-8"))["tokenizer"]
+        cls = getattr(transformers, name) if library == "transformers" else transformers.AutoTokenizer
+        return cls.from_pretrained(Path(model) / "tokenizer", local_files_only=True)
+    except Exception:  # noqa: BLE001 - any failure: no count, no note; the load reports a broken folder
+        return None
 
 
 FAMILY = CogVideoXFamily()
