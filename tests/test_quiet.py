@@ -52,19 +52,41 @@ def test_importing_sagevideo_and_its_cli_imports_no_torchao():
     assert done.stdout.strip() == "[]"
 
 
-def test_only_the_named_records_are_dropped(caplog):
+def test_only_the_named_records_are_dropped():
+    """Each logger gets its own capturing handler: another test (or a command run in this process) may
+    have set a logger not to propagate to the root, where pytest's caplog listens."""
     import sagevideo  # noqa: F401  (installs the filters)
 
-    caplog.set_level(logging.WARNING)
-    logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: Could not load this library")
-    logging.getLogger("torch.utils._pytree").warning(
-        "%s is an Enum subclass ... Calling register_constant() on Enum subclasses is deprecated", "<enum 'K'>")
-    logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").warning(
-        "Unable to import `torchao` Tensor objects. This may affect loading checkpoints serialized with `torchao`")
-    logging.getLogger("torchao").warning("Skipping import of cpp extensions due to incompatible torch version")
-    logging.getLogger("torchao.quantization").warning("Failed to load something a child logger says")
-    logging.getLogger("sagevideo").warning("Failed to load the plan")
-    assert [r.getMessage() for r in caplog.records] == [
+    seen: list[str] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    names = ["torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer",
+             "torchao.quantization", "sagevideo"]
+    loggers = [logging.getLogger(name) for name in names]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
+    handler = Capture()
+    try:
+        for lg in loggers:
+            lg.addHandler(handler)
+            lg.setLevel(logging.WARNING)
+            lg.propagate = False  # each record reaches `handler` once, through its own logger
+        logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: Could not load this library")
+        logging.getLogger("torch.utils._pytree").warning(
+            "%s is an Enum subclass ... Calling register_constant() on Enum subclasses is deprecated", "<enum 'K'>")
+        logging.getLogger("diffusers.quantizers.torchao.torchao_quantizer").warning(
+            "Unable to import `torchao` Tensor objects. This may affect loading checkpoints serialized with `torchao`")
+        logging.getLogger("torchao").warning("Skipping import of cpp extensions due to incompatible torch version")
+        logging.getLogger("torchao.quantization").warning("Failed to load something a child logger says")
+        logging.getLogger("sagevideo").warning("Failed to load the plan")
+    finally:
+        for lg, (level, propagate) in zip(loggers, saved, strict=True):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
+            lg.propagate = propagate
+    assert seen == [
         "Skipping import of cpp extensions due to incompatible torch version",
         "Failed to load something a child logger says",
         "Failed to load the plan",
