@@ -53,8 +53,9 @@ def test_importing_sagevideo_and_its_cli_imports_no_torchao():
 
 
 def test_only_the_named_records_are_dropped():
-    """Each logger gets its own capturing handler: another test (or a command run in this process) may
-    have set a logger not to propagate to the root, where pytest's caplog listens."""
+    """Each logger gets its own capturing handler, enabled: another test (or a library's logging set-up
+    run in this process, e.g. a dictConfig that disables existing loggers) may have disabled a logger
+    or stopped it propagating to the root, where pytest's caplog listens."""
     import sagevideo  # noqa: F401  (installs the filters)
 
     seen: list[str] = []
@@ -66,13 +67,14 @@ def test_only_the_named_records_are_dropped():
     names = ["torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer",
              "torchao.quantization", "sagevideo"]
     loggers = [logging.getLogger(name) for name in names]
-    saved = [(lg.level, lg.propagate) for lg in loggers]
+    saved = [(lg.level, lg.propagate, lg.disabled) for lg in loggers]
     handler = Capture()
     try:
         for lg in loggers:
             lg.addHandler(handler)
             lg.setLevel(logging.WARNING)
             lg.propagate = False  # each record reaches `handler` once, through its own logger
+            lg.disabled = False
         logging.getLogger("torchao").warning("Failed to load /x/_C_mxfp8.so: Could not load this library")
         logging.getLogger("torch.utils._pytree").warning(
             "%s is an Enum subclass ... Calling register_constant() on Enum subclasses is deprecated", "<enum 'K'>")
@@ -82,10 +84,10 @@ def test_only_the_named_records_are_dropped():
         logging.getLogger("torchao.quantization").warning("Failed to load something a child logger says")
         logging.getLogger("sagevideo").warning("Failed to load the plan")
     finally:
-        for lg, (level, propagate) in zip(loggers, saved, strict=True):
+        for lg, (level, propagate, disabled) in zip(loggers, saved, strict=True):
             lg.removeHandler(handler)
             lg.setLevel(level)
-            lg.propagate = propagate
+            lg.propagate, lg.disabled = propagate, disabled
     assert seen == [
         "Skipping import of cpp extensions due to incompatible torch version",
         "Failed to load something a child logger says",
