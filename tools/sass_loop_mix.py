@@ -44,10 +44,10 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
 
     block_m, block_n = tile or tiles(pv, block_d)
     num_warps, num_stages = warps_stages or launch("sm90", block_d, pv)
-    pointers = ("QQ", "QScale", "QShift", "KQ", "KScale", "KScaleMax", "Work", "V", "VQ", "VScale", "Mask",
-                "MaskPrefix", "Out", "Lse")
-    types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*i32", "*i32", "*bf16", "*fp8e4nv", "*fp32", "*u8", "*i32",
-             "*bf16", "*fp32")
+    pointers = ("QQ", "QScale", "QShift", "KQ", "KScale", "KScaleMax", "Work", "V", "VQ", "VScale", "VRange",
+                "Mask", "MaskPrefix", "Out", "Lse")
+    types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*i32", "*i32", "*bf16", "*fp8e4nv", "*fp32", "*fp32", "*u8",
+             "*i32", "*bf16", "*fp32")
     ints = ("stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om", "mask_stride_b",
             "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD")
     signature = {**dict(zip(pointers, types, strict=True)), **dict.fromkeys(ints, "i32")}

@@ -51,9 +51,10 @@ def kernels(block_d: int, pv: str, rotate: bool):
     strides = {f"stride_{t}{d}": "i32" for t in "kv" for d in "bhn"}
     stats = compile_sm90(
         qz._kv_stats_kernel,
-        {"K": "*bf16", "V": "*bf16", "Mask": "*u8", "KSum": "*fp32", "KCount": "*fp32", "VMax": "*fp32", **strides,
+        {"K": "*bf16", "V": "*bf16", "Mask": "*u8", "KSum": "*fp32", "KCount": "*fp32", "VLo": "*fp32", "VHi": "*fp32",
+         **strides,
          "stride_mb": "i32", "H": "i32", "N_K": "i32", "TOKENS_PER_SPLIT": "i32", "NUM_SPLITS": "i32"},
-        dict(HEAD_DIM=block_d, BLOCK_D=block_d, CHUNK=prep.stats_chunk, HAS_MASK=False, SMOOTH_K=True, FP8_V=fp8_v),
+        dict(HEAD_DIM=block_d, BLOCK_D=block_d, CHUNK=prep.stats_chunk, HAS_MASK=False, SMOOTH_K=True),
         prep.stats_warps,
     )
     kv = compile_sm90(

@@ -124,7 +124,7 @@ def _attn_tile(
 
 @triton.jit
 def _query_tile(
-    tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask, MaskPrefix, Out, Lse,
+    tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, VRange, Mask, MaskPrefix, Out, Lse,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -184,6 +184,13 @@ def _query_tile(
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if FP8_PV:
         out = out * tl.load(VScale + bh_kv * BLOCK_D + offs_d)[None, :]
+    # Each output channel is a convex combination of V's, but P is rounded for the P·V product and
+    # l is not: kept inside V's range over the valid keys (`bounds.py`). Rows with no key stay 0;
+    # comparisons keep a NaN.
+    v_lo = tl.load(VRange + bh_kv * 2 * BLOCK_D + offs_d)[None, :]
+    v_hi = tl.load(VRange + bh_kv * 2 * BLOCK_D + BLOCK_D + offs_d)[None, :]
+    clamped = tl.where(out > v_hi, v_hi, tl.where(out < v_lo, v_lo, out))
+    out = tl.where(has_keys[:, None], clamped, out)
     m_ok = offs_m < N_Q
     first_row = tile * BLOCK_M
     if WIDE_OFFSETS:
@@ -204,7 +211,7 @@ def _query_tile(
 
 @triton.jit
 def _attn_fwd_kernel(
-    QQ, QScale, QShift, KQ, KScale, KScaleMax, Work, V, VQ, VScale, Mask, MaskPrefix, Out, Lse,
+    QQ, QScale, QShift, KQ, KScale, KScaleMax, Work, V, VQ, VScale, VRange, Mask, MaskPrefix, Out, Lse,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     mask_stride_b,
@@ -226,7 +233,7 @@ def _attn_fwd_kernel(
             item = tl.load(Work + 1 + i)
             if WIDE_OFFSETS:
                 item = item.to(tl.int64)
-            _query_tile(item % m_tiles, item // m_tiles, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
+            _query_tile(item % m_tiles, item // m_tiles, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, VRange, Mask,
                         MaskPrefix, Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                         mask_stride_b,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
@@ -247,7 +254,7 @@ def _attn_fwd_kernel(
                 slot = tl.atomic_add(Work, 1)
                 tl.store(Work + 1 + slot, (bh * m_tiles + tile).to(tl.int32))
         if MODE == "exact" or add_ok:
-            _query_tile(tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, Mask,
+            _query_tile(tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, VRange, Mask,
                         MaskPrefix, Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
                         mask_stride_b,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
@@ -326,7 +333,7 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, masks: tuple[torch.Tenso
         prepared.k_codes, prepared.k_scale,
         prepared.k_scale_max if mode == "add" else placeholder, work if work is not None else placeholder, v,
         prepared.v_fp8_t if fp8_pv else prepared.k_codes,
-        prepared.v_scale if fp8_pv else prepared.k_scale,
+        prepared.v_scale if fp8_pv else prepared.k_scale, prepared.v_range,
         mask, prefix, out, lse if lse is not None else prepared.q_scale,
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),

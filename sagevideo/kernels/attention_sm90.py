@@ -146,7 +146,7 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     """One warpgroup: the CTA's 64 query rows against every key tile, then the normalised 16-bit store."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
-    QScale, KScale, VScale, Out = ptrs[0], ptrs[1], ptrs[2], ptrs[3]
+    QScale, KScale, VScale, Out, VRange = ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4]
     n_tiles, N_Q, N_K = dims[3], dims[4], dims[5]
     scale_row, k_scale_row, o_offset, stride_om = dims[6], dims[7], dims[8], dims[9]
     v_scale_row, M_PAD, m_start, D_OUT = dims[10], dims[11], dims[12], dims[13]
@@ -184,6 +184,11 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
     out = acc / gl.convert_layout(l_i, o_rows)[:, None] * gl.load(VScale + v_scale_row + d)[None, :]
+    # Kept inside V's per-channel range (P is rounded to e4m3 for P·V, l is not: `bounds.py`); every
+    # row has keys here; comparisons keep a NaN.
+    v_lo = gl.load(VRange + 2 * v_scale_row + d)[None, :]
+    v_hi = gl.load(VRange + 2 * v_scale_row + HEAD_D + d)[None, :]
+    out = gl.where(out > v_hi, v_hi, gl.where(out < v_lo, v_lo, out))
     r = gl.arange(0, WG_ROWS, layout=o_rows)  # within the CTA (o_offset: its first row)
     ptrs_o = Out + o_offset + r[:, None] * stride_om + d[None, :]
     gl.store(ptrs_o, out.to(Out.dtype.element_ty), mask=(m_start + r < N_Q)[:, None] & (d < D_OUT)[None, :])
@@ -191,7 +196,7 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
 
 @gluon.jit
 def _attn_fwd_sm90_kernel(
-    q_desc, k_desc, v_desc, QScale, KScale, VScale, Out,
+    q_desc, k_desc, v_desc, QScale, KScale, VScale, VRange, Out,
     stride_ob, stride_oh, stride_om,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
@@ -218,7 +223,7 @@ def _attn_fwd_sm90_kernel(
 
     bufs = (q_smem, k_smem, v_smem)
     bars = (q_bar, ready, empty)
-    ptrs = (QScale, KScale, VScale, Out)
+    ptrs = (QScale, KScale, VScale, Out, VRange)
     # Scalars the partitions share, by position (worker partitions take no keyword structs):
     # 0 first Q-code row, 1 first K-code row, 2 first Vᵀ row, 3 key tiles, 4 N_Q, 5 N_K, 6 Q-scale
     # row, 7 K-scale row, 8 output offset of the CTA's first row, 9 output row stride, 10 V-scale row,
@@ -263,7 +268,7 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
     v_desc = _descriptor(prepared.v_fp8_t.view(bh_kv * block_d, n_pad), [block_d, block_n], gl.float8e4nv)
     grid = (triton.cdiv(m_pad, WG_ROWS.value), bh)
     _attn_fwd_sm90_kernel[grid](
-        q_desc, k_desc, v_desc, prepared.q_scale, prepared.k_scale, prepared.v_scale, out,
+        q_desc, k_desc, v_desc, prepared.q_scale, prepared.k_scale, prepared.v_scale, prepared.v_range, out,
         out.stride(0), out.stride(1), out.stride(2),
         heads, bh_kv // batch, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PRODUCER_REGS=PRODUCER_REGS,
@@ -286,7 +291,7 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, ou
         "q_desc": desc_type("i8", [WG_ROWS.value, head_d], gl.int8),
         "k_desc": desc_type("i8", [block_n, head_d], gl.int8),
         "v_desc": desc_type("fp8e4nv", [head_d, block_n], gl.float8e4nv),
-        "QScale": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "Out": f"*{out_dtype}",
+        "QScale": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "VRange": "*fp32", "Out": f"*{out_dtype}",
         **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD",
                          "D_OUT"), "i32"),
     }

@@ -8,8 +8,11 @@ channel to the range over the valid keys only removes error (the exact output li
 a constant V comes back exactly, every finite input gives a finite output.
 
 Rows that attend no key (a key mask with is_causal) are 0 in the kernels, as in SDPA's fused
-kernels; with both, 0 joins the range so that they stay 0. One pass over V (min and max per
-channel) and one over the output, on the device.
+kernels; with both, 0 joins the range so that they stay 0.
+
+This module is the reference's clamp (PyTorch). The kernels do the same in their epilogues: the
+preparation's statistics pass takes V's per-channel min and max over the valid keys
+(`QuantizedInputs.v_range`) and each query tile clamps its rows that have keys before the store.
 """
 
 from __future__ import annotations

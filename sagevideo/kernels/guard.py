@@ -7,7 +7,8 @@ tile is from what the accuracy table covers. From the scales the preparation pas
 estimated score std, c·127²·√D / (AMAX_OVER_STD²·log2 e): for Gaussian tiles this is the score
 std of q·kᵀ/√D (about 1.26× it, a tile's max|x| being ~4.5σ), for heavy-tailed tiles more, as
 their error is. A tile past the limit of its mode is counted; the count stays on the device
-(a handful of small reductions, no host sync) for the caller to read when it chooses.
+(no host sync) for the caller to read when it chooses. This module is the definition, in PyTorch
+(the reference op uses it); the kernels' ops count with one launch (`guard_count.py`).
 
 The limits are where the worst cosine against fp64 crosses the contract's floor in the accuracy
 table (`python -m bench.accuracy_table`; docs/benchmarks.md "the run-time guard"): per-tile scales
@@ -42,9 +43,14 @@ def score_std_limit(granularity: str, pv: str) -> float:
     return SCORE_STD_LIMITS[(granularity, "fp8" if pv == "fp8" else "fp16")]
 
 
+def score_std_per_scale(head_dim: int) -> float:
+    """Score std (of q·kᵀ/√D) per unit of row scale c = q_scale·k_scale in log2 units."""
+    return INT8_MAX**2 * math.sqrt(head_dim) / (AMAX_OVER_STD**2 * LOG2E)
+
+
 def estimated_score_std(row_scale: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Score std (of q·kᵀ/√D) that a row scale c = q_scale·k_scale in log2 units stands for."""
-    return row_scale * (INT8_MAX**2 * math.sqrt(head_dim) / (AMAX_OVER_STD**2 * LOG2E))
+    return row_scale * score_std_per_scale(head_dim)
 
 
 def flagged_tiles(

@@ -24,8 +24,7 @@ import torch
 from torch.library import triton_op
 
 from sagevideo.kernels.attention_fwd import attention_forward
-from sagevideo.kernels.bounds import clamp_to_v_hull
-from sagevideo.kernels.guard import flagged_tiles
+from sagevideo.kernels.guard_count import count_flagged_tiles
 from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.quantize import quantize_inputs
 from sagevideo.kernels.rotation import hadamard_pm1
@@ -94,13 +93,12 @@ def sageattn_fwd(
     lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
     attention_kernel(prepared, v, key_mask, out, lse if return_lse else None, plan,
                      is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
-    clamp_to_v_hull(out, v, key_mask, is_causal=is_causal)
     return out, lse, _flagged(prepared, plan, q.shape[3], per_token)
 
 
 def _flagged(prepared, plan: KernelPlan, head_dim: int, per_token: bool) -> torch.Tensor:
-    """The guard's count on the scales the preparation wrote (a few small reductions, no sync)."""
-    return flagged_tiles(prepared.q_scale, prepared.k_scale, block_m=plan.block_m, head_dim=head_dim,
+    """The guard's count on the scales the preparation wrote (one small launch, no sync)."""
+    return count_flagged_tiles(prepared.q_scale, prepared.k_scale, block_m=plan.block_m, head_dim=head_dim,
                          granularity="token" if per_token else "block", pv=plan.pv)
 
 
@@ -206,7 +204,6 @@ def sageattn_fwd_gluon(
                                need_shift=False)
     out = torch.empty_like(q)
     attention_sm90.attention_forward_sm90(prepared, out, block_n=block_n, n_q=n_q, n_k=n_k, num_stages=num_stages)
-    clamp_to_v_hull(out, v, None, is_causal=False)
     return out, _flagged(prepared, plan, q.shape[3], per_token=False)
 
 

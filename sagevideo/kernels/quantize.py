@@ -1,9 +1,10 @@
 """Triton kernels that prepare attention inputs: K smoothing, INT8 K, FP8 V, INT8 Q; and their launcher.
 
 Four launches before the attention kernel:
-1. `_kv_stats_kernel`, grid (B·H, splits): partial sums of K and partial max|V| per channel over
-   valid keys, in short token splits so that the pass spreads over the whole GPU.
-2. `_kv_stats_finalize_kernel`, grid (B·H,): reduces the partials into mean(K), mean(K)·R and
+1. `_kv_stats_kernel`, grid (B·H, splits): partial sums of K and partial min and max of V per
+   channel over valid keys, in short token splits so that the pass spreads over the whole GPU.
+2. `_kv_stats_finalize_kernel`, grid (B·H,): reduces the partials into mean(K), mean(K)·R,
+   V's per-channel range (the attention kernels clamp their output to it: `bounds.py`) and
    V's per-channel FP8 scale, once per head (not once per tile: at 75k tokens there are 37
    splits and 1,172 tiles per head).
 3. `_quantize_kv_kernel`, grid (tile groups, B·H): subtracts mean(K), optionally rotates,
@@ -116,13 +117,13 @@ def mma_key_order(x):
 
 @triton.jit
 def _kv_stats_kernel(
-    K, V, Mask, KSum, KCount, VMax,
+    K, V, Mask, KSum, KCount, VLo, VHi,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb,
     H, N_K, TOKENS_PER_SPLIT, NUM_SPLITS,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK: tl.constexpr,
-    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, FP8_V: tl.constexpr,
+    HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr,
 ):
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -133,9 +134,11 @@ def _kv_stats_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
     # Accumulate element-wise and reduce over rows once at the end: a cross-warp reduction per
-    # chunk stalled the loads. max|V| is exact in V's own 16-bit dtype.
+    # chunk stalled the loads. V's min and max are exact (16-bit values held in fp32); a NaN in V
+    # drops out of them (its output channel is NaN whatever the range).
     k_acc = tl.zeros((CHUNK, BLOCK_D), dtype=tl.float32)
-    v_acc = tl.zeros((CHUNK, BLOCK_D), dtype=V.dtype.element_ty)
+    v_lo = tl.full((CHUNK, BLOCK_D), float("inf"), dtype=tl.float32)
+    v_hi = tl.full((CHUNK, BLOCK_D), float("-inf"), dtype=tl.float32)
     count = tl.zeros((CHUNK,), dtype=tl.float32)
     start = split * TOKENS_PER_SPLIT
     end = tl.minimum(start + TOKENS_PER_SPLIT, N_K)
@@ -152,31 +155,34 @@ def _kv_stats_kernel(
             k = tl.load(k_head + row * stride_kn + offs_c[:, None] * stride_kn + offs_d[None, :],
                         mask=tile_ok, other=0.0)
             k_acc += k.to(tl.float32)
-        if FP8_V:
-            v = tl.load(v_head + row * stride_vn + offs_c[:, None] * stride_vn + offs_d[None, :],
-                        mask=tile_ok, other=0.0)
-            v_acc = tl.maximum(v_acc, tl.abs(v)).to(v_acc.dtype)  # exact: a max of 16-bit values
+        v = tl.load(v_head + row * stride_vn + offs_c[:, None] * stride_vn + offs_d[None, :],
+                    mask=tile_ok, other=0.0)
+        v = v.to(tl.float32)
+        v_lo = tl.minimum(v_lo, tl.where(tile_ok, v, float("inf")))
+        v_hi = tl.maximum(v_hi, tl.where(tile_ok, v, float("-inf")))
     k_sum = tl.sum(k_acc, axis=0)
-    v_max = tl.max(v_acc, axis=0).to(tl.float32)
     row = bh.to(tl.int64) * NUM_SPLITS + split
     tl.store(KSum + row * BLOCK_D + offs_d, k_sum)
-    tl.store(VMax + row * BLOCK_D + offs_d, v_max)
+    tl.store(VLo + row * BLOCK_D + offs_d, tl.min(v_lo, axis=0))
+    tl.store(VHi + row * BLOCK_D + offs_d, tl.max(v_hi, axis=0))
     tl.store(KCount + row, tl.sum(count, axis=0))
 
 
 @triton.jit
 def _kv_stats_finalize_kernel(
-    KSum, KCount, VMax, Rot, KMean, KMeanRot, VScale,
+    KSum, KCount, VLo, VHi, Rot, KMean, KMeanRot, VRange, VScale,
     NUM_SPLITS,
     BLOCK_D: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
     SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr, FP8_V: tl.constexpr,
 ):
-    """Per head: mean(K) over valid keys (0 for no key), mean(K)·R, and V's scale max|V|/448
-    per channel (1 for an all-zero channel). The partials are added in split order."""
+    """Per head: mean(K) over valid keys (0 for no key), mean(K)·R, V's range per channel over
+    valid keys (VRange (bh, 2, BLOCK_D): min then max; +inf, -inf for no key) and V's scale
+    max|V|/448 per channel (1 for an all-zero channel). The partials are added in split order."""
     bh = tl.program_id(0).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     k_sum = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    v_max = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    v_lo = tl.full((BLOCK_D,), float("inf"), dtype=tl.float32)
+    v_hi = tl.full((BLOCK_D,), float("-inf"), dtype=tl.float32)
     count = tl.zeros((SPLIT_CHUNK,), dtype=tl.float32)
     for s0 in range(0, NUM_SPLITS, SPLIT_CHUNK):
         offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
@@ -186,16 +192,20 @@ def _kv_stats_finalize_kernel(
         if SMOOTH_K:
             part = tl.load(KSum + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
             k_sum += tl.sum(part, axis=0)
-        if FP8_V:
-            part = tl.load(VMax + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-            v_max = tl.maximum(v_max, tl.max(part, axis=0))
+        part = tl.load(VLo + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=float("inf"))
+        v_lo = tl.minimum(v_lo, tl.min(part, axis=0))
+        part = tl.load(VHi + rows[:, None] * BLOCK_D + offs_d[None, :], mask=s_ok[:, None], other=float("-inf"))
+        v_hi = tl.maximum(v_hi, tl.max(part, axis=0))
     if SMOOTH_K:
         mean = tl.math.div_rn(k_sum, tl.maximum(tl.sum(count, axis=0), 1.0))
         tl.store(KMean + bh * BLOCK_D + offs_d, mean)
         if ROTATE:
             rot = tl.load(Rot + offs_d[:, None] * BLOCK_D + offs_d[None, :]).to(tl.float32)
             tl.store(KMeanRot + bh * BLOCK_D + offs_d, tl.sum(mean[:, None] * rot, axis=0))
+    tl.store(VRange + bh * 2 * BLOCK_D + offs_d, v_lo)
+    tl.store(VRange + bh * 2 * BLOCK_D + BLOCK_D + offs_d, v_hi)
     if FP8_V:
+        v_max = tl.maximum(-v_lo, v_hi)  # max|V|; -inf for a head with no valid key
         v_max_floored = tl.maximum(v_max, TINY_AMAX_CONST)  # 1/scale stays finite (constants.TINY_AMAX)
         tl.store(VScale + bh * BLOCK_D + offs_d, tl.where(v_max > 0, tl.math.div_rn(v_max_floored, FP8_MAX_CONST), 1.0))
 
@@ -351,6 +361,8 @@ class QuantizedInputs:
     k_codes (bh_kv, N_PAD, block_d) int8; k_scale (bh_kv, N_PAD) fp32; k_mean (bh_kv, block_d) fp32
     (zeros without smoothing); v_fp8_t (bh_kv, block_d, N_PAD) e4m3 with its keys in `mma_key_order`
     within each 32-key group, or None; v_scale (bh_kv, block_d) fp32 or None.
+    v_range (bh_kv, 2, block_d) fp32: V's min and max per channel over the valid keys (+inf, -inf
+    where a batch row has none); the attention kernels clamp their output to it (`bounds.py`).
     k_scale_max (bh_kv,) int32: bits of each head's largest K scale (fp32), or None (not tracked).
     """
 
@@ -362,6 +374,7 @@ class QuantizedInputs:
     k_mean: torch.Tensor
     v_fp8_t: torch.Tensor | None
     v_scale: torch.Tensor | None
+    v_range: torch.Tensor
     k_scale_max: torch.Tensor | None = None
 
 
@@ -399,29 +412,30 @@ def quantize_inputs(
     num_splits = triton.cdiv(n_k, tokens_per_split)
     k_sum = torch.empty(bh_kv * num_splits, bd, device=dev, dtype=torch.float32)
     k_count = torch.empty(bh_kv * num_splits, device=dev, dtype=torch.float32)
-    v_max = torch.empty(bh_kv * num_splits, bd, device=dev, dtype=torch.float32)
+    v_lo = torch.empty(bh_kv * num_splits, bd, device=dev, dtype=torch.float32)
+    v_hi = torch.empty(bh_kv * num_splits, bd, device=dev, dtype=torch.float32)
     k_mean = torch.zeros(bh_kv, bd, device=dev, dtype=torch.float32)
     k_mean_rot = torch.empty(bh_kv, bd, device=dev, dtype=torch.float32) if rotation is not None else k_mean
+    v_range = torch.empty(bh_kv, 2, bd, device=dev, dtype=torch.float32)
     v_scale = torch.empty(bh_kv, bd, device=dev, dtype=torch.float32) if fp8_v else None
     mask_arg = key_mask if key_mask is not None else k_count  # placeholder pointer, never read
     rot_arg = rotation if rotation is not None else k_count
     stride_mb = 0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0)
-    if smooth_k or fp8_v:
-        wrap_triton(_kv_stats_kernel)[(bh_kv, num_splits)](
-            k, v, mask_arg, k_sum, k_count, v_max,
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            stride_mb,
-            kv_heads, n_k, tokens_per_split, num_splits,
-            HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=prep.stats_chunk,
-            HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, FP8_V=fp8_v, num_warps=prep.stats_warps,
-        )
-        wrap_triton(_kv_stats_finalize_kernel)[(bh_kv,)](
-            k_sum, k_count, v_max, rot_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean,
-            num_splits,
-            BLOCK_D=bd, SPLIT_CHUNK=prep.finalize_chunk,
-            SMOOTH_K=smooth_k, ROTATE=rotation is not None, FP8_V=fp8_v,
-        )
+    wrap_triton(_kv_stats_kernel)[(bh_kv, num_splits)](
+        k, v, mask_arg, k_sum, k_count, v_lo, v_hi,
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        stride_mb,
+        kv_heads, n_k, tokens_per_split, num_splits,
+        HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=prep.stats_chunk,
+        HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, num_warps=prep.stats_warps,
+    )
+    wrap_triton(_kv_stats_finalize_kernel)[(bh_kv,)](
+        k_sum, k_count, v_lo, v_hi, rot_arg, k_mean, k_mean_rot, v_range, v_scale if fp8_v else k_mean,
+        num_splits,
+        BLOCK_D=bd, SPLIT_CHUNK=prep.finalize_chunk,
+        SMOOTH_K=smooth_k, ROTATE=rotation is not None, FP8_V=fp8_v,
+    )
 
     k_codes = torch.empty(bh_kv, n_pad, bd, device=dev, dtype=torch.int8)
     k_scale = torch.empty(bh_kv, n_pad, device=dev, dtype=torch.float32)
@@ -455,4 +469,5 @@ def quantize_inputs(
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
         num_warps=prep.q_warps,
     )
-    return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, k_scale_max)
+    return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, v_range,
+                           k_scale_max)
