@@ -99,7 +99,7 @@ def sageattn_fwd(
 def _flagged(prepared, plan: KernelPlan, head_dim: int, per_token: bool) -> torch.Tensor:
     """The guard's count on the scales the preparation wrote (one small launch, no sync)."""
     return count_flagged_tiles(prepared.q_scale, prepared.k_scale, block_m=plan.block_m, head_dim=head_dim,
-                         granularity="token" if per_token else "block", pv=plan.pv)
+                               granularity="token" if per_token else "block", pv=plan.pv, block_n=plan.block_n)
 
 
 def sageattn_triton(

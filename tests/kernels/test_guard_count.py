@@ -9,13 +9,15 @@ from sagevideo.kernels.guard_count import count_flagged_tiles
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _scales(rows: int, n: int, seed: int, *, top: float, group: int = 64) -> torch.Tensor:
+def _scales(rows: int, n: int, seed: int, *, top: float, group: int = 64, jitter: bool = True) -> torch.Tensor:
     """Row scales whose groups of `group` rows reach up to `top`·√(the d64 FP16 block limit's scale), one
-    random level per group (so that some query tiles pass the limit and others do not)."""
+    random level per group (so that some query tiles pass the limit and others do not); jitter: each row
+    its own scale within the group (as per-token scales), else one per group (per-tile scales)."""
     g = torch.Generator().manual_seed(seed)
     root = (score_std_limit("block", "fp16") / score_std_per_scale(64)) ** 0.5
     level = torch.rand(rows, n // group, generator=g).repeat_interleave(group, dim=1)
-    return (root * top * level * (0.9 + 0.1 * torch.rand(rows, n, generator=g))).to(DEVICE)
+    spread = 0.9 + 0.1 * torch.rand(rows, n, generator=g) if jitter else 1.0
+    return (root * top * level * spread).to(DEVICE)
 
 
 @pytest.mark.parametrize("granularity, pv", [("block", "fp16"), ("block", "fp8"), ("token", "fp16"), ("token", "fp8")])
@@ -28,6 +30,18 @@ def test_the_count_is_the_definitions(granularity, pv, heads, kv_heads):
     got = count_flagged_tiles(q_scale, k_scale, block_m=block_m, head_dim=64, granularity=granularity, pv=pv)
     assert 0 < want.item() < batch * heads * m_pad // block_m  # the case tells counts apart
     assert got.dtype == torch.int32 and got.shape == () and got.item() == want.item()
+
+
+@pytest.mark.parametrize("block_n", [64, 128])
+def test_per_tile_k_scales_are_read_once_per_tile(block_n):
+    """Under "block" the kernel reads one K scale per tile (its rows share it): the same count."""
+    q_scale = _scales(8, 1280, 5, top=3.0)
+    k_scale = _scales(4, 1536, 6, top=1.5, group=block_n, jitter=False)
+    k_scale[1, block_n:2 * block_n] = ZERO_GROUP_SCALE
+    kw = dict(block_m=64, head_dim=64, granularity="block", pv="fp8")
+    want = flagged_tiles(q_scale, k_scale, **kw).item()
+    assert 0 < want < 8 * 1280 // 64
+    assert count_flagged_tiles(q_scale, k_scale, block_n=block_n, **kw).item() == want
 
 
 def test_zero_groups_and_nan_scales_count_as_nothing():
