@@ -32,6 +32,7 @@ from sagevideo.outputs.manifest import MANIFEST_NAME
 from sagevideo.pipelines.batch_check import CheckedBatch, check_batch
 from sagevideo.pipelines.loading import ModelSource
 from sagevideo.scheduling.executor import choose_executor
+from sagevideo.scheduling.spec import SchedulingSpec
 
 PromptsOrJobs = (
     str | Path | Mapping[str, Any] | JobSpec | Iterable[str | Mapping[str, Any] | JobSpec] | None
@@ -78,6 +79,13 @@ class BatchPlan:
         return RunContext(
             out=self.out, source=self.source, device=self.device, dtype=self.dtype, fps=self.settings.fps,
             recipe=self.settings.recipe, attention_guard=self.settings.attention_guard,
+        )
+
+    def scheduling(self) -> SchedulingSpec:
+        """What the Ray scheduler needs of this batch (`sagevideo.scheduling.run_jobs`)."""
+        return SchedulingSpec(
+            context=self.context(), address=self.address, workers=self.workers, ranks=self.gpus_per_job,
+            max_attempts=self.max_attempts, job_timeout=self.job_timeout,
         )
 
 

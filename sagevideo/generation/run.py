@@ -38,10 +38,13 @@ from sagevideo.generation.report import BatchReport, stale_text
 from sagevideo.generation.resume import Resume, decide
 from sagevideo.generation.signals import StopSignals, signal_name, stop_signals
 from sagevideo.host.deadline import JobTimeoutError
-from sagevideo.host.pipeline_host import PlannedJob
-from sagevideo.outputs.manifest import Manifest, ManifestRecord
+from sagevideo.host.pipeline_host import PlannedJob, RunContext, base_record
+from sagevideo.outputs.manifest import Manifest, ManifestRecord, now_iso
+from sagevideo.scheduling.spec import JobFinished, JobOutcome, PoolSummary
 
-__all__ = ["BatchInterrupted", "BatchReport", "BatchStopped", "Terminated", "pending_jobs", "run_batch"]
+__all__ = [
+    "BatchInterrupted", "BatchReport", "BatchStopped", "Terminated", "outcome_record", "pending_jobs", "run_batch",
+]
 
 log = logging.getLogger("sagevideo")
 
@@ -234,9 +237,35 @@ def _executor(plan: BatchPlan, echo: Callable[[str], None], report: BatchReport)
     def on_ray(plan: BatchPlan, todo: list[tuple[int, PlannedJob]], status: Callable[[str], None]) -> Iterator:
         from sagevideo.scheduling import run_jobs
 
-        return run_jobs(plan, todo, status=status, echo=echo, report=report)
+        def ran_on(pool: PoolSummary) -> None:
+            report.workers = pool.describe()
+
+        outcomes = run_jobs(plan.scheduling(), todo, status=status, echo=echo, on_pool=ran_on)
+        return _records(plan, dict(todo), outcomes)
 
     return on_ray
+
+
+def _records(
+    plan: BatchPlan, jobs: dict[int, PlannedJob], outcomes: Iterator[tuple[int, JobOutcome]]
+) -> Iterator[tuple[int, ManifestRecord]]:
+    """(plan index, record) of each outcome the scheduler yields; closing this closes the scheduler."""
+    with contextlib.closing(outcomes):
+        for index, outcome in outcomes:
+            yield index, outcome_record(plan.context(), jobs[index], outcome)
+
+
+def outcome_record(ctx: RunContext, pj: PlannedJob, outcome: JobOutcome) -> ManifestRecord:
+    """The manifest record of a job the scheduler hands back: rank 0's record with the attempts a
+    worker's death ended, or, for a job no worker finished, its record before it ran, failed with why."""
+    if isinstance(outcome, JobFinished):
+        return outcome.result.record.replace(retries=list(outcome.retries))
+    record = base_record(ctx, pj)
+    record.status, record.error = "failed", outcome.error
+    record.attempts, record.retries = outcome.attempts, list(outcome.retries)
+    record.worker = outcome.worker
+    record.backends, record.created = {"counts": {}, "fallbacks": {}}, now_iso()
+    return record
 
 
 def pending_jobs(plan: BatchPlan) -> list[tuple[int, PlannedJob]]:

@@ -1,21 +1,23 @@
 """The job queue over a pool of Ray workers: dispatch, retries after worker deaths, clean stops.
 
-`run_jobs(plan, todo, ...)` is a generator: it yields (plan index, record) as jobs finish, each
-job exactly once, with status "done" (the video staged, for the driver to commit) or "failed".
+`run_jobs(spec, todo, ...)` is a generator: it yields (plan index, outcome) as jobs finish, each
+job exactly once (`sagevideo.scheduling.spec`): `JobFinished` with rank 0's `RankResult` (its
+record "done", the video staged for the driver to commit, or the job's own failure), or
+`JobFailed` when no worker could finish it. The driver makes the manifest records of both.
 - A worker is one actor, or (`--gpus-per-job N`) a group of N rank actors that run each job
   together (`sagevideo.scheduling.group`); either way it has at most one job in flight, and an
   idle worker takes the next queued job. A group is ready when all its ranks are, and its job is
-  finished when all its ranks are; rank 0's record is the job's.
+  finished when all its ranks are; rank 0's result (and record) is the job's.
 - A worker that dies mid-job (killed process, segfault, OOM kill), or reports a CUDA/out-of-
   memory error, is stopped and replaced, and its job goes back to the front of the queue for
   another worker (one it has not died on, when there is a choice). For a group, one such rank
   stops and replaces the whole group: the others' process group is broken. So does a rank that
   fails alone while the others wait for it (after `STUCK_S`), and ranks that disagree (rank 0
-  done, another failed). After `plan.max_attempts` runs the job is yielded as failed with every
+  done, another failed). After `spec.max_attempts` runs the job is yielded as failed with every
   error, and the batch goes on.
 - A job's own exception (bad numbers, NaN frames) is a failed job at once: rerunning the same
   inputs would fail the same way.
-- A job still running `plan.job_timeout` seconds after it was handed out (a hung NCCL
+- A job still running `spec.job_timeout` seconds after it was handed out (a hung NCCL
   collective, a stuck GPU) has its worker stopped and goes back to the queue like a death.
 - Workers report each denoising step on a `ray.util.queue.Queue`; the driver shows the latest
   ("<output> step/steps") in the bar's status.
@@ -32,8 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sagevideo.host import failpoints
-from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob, base_record
-from sagevideo.outputs.manifest import ManifestRecord, now_iso
+from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob
+from sagevideo.host.result import RankResult
+from sagevideo.outputs.manifest import Retry
+from sagevideo.scheduling.spec import JobFailed, JobFinished, JobOutcome, PoolSummary, SchedulingSpec
 
 log = logging.getLogger("sagevideo")
 WAIT_S = 0.5  # ray.wait slices: Ctrl-C is handled between them
@@ -46,22 +50,22 @@ class _Task:
     index: int
     job: PlannedJob
     attempt: int = 1
-    retries: list[dict[str, Any]] = field(default_factory=list)
+    retries: list[Retry] = field(default_factory=list)
     died_on: set[int] = field(default_factory=set)  # worker numbers this job's worker died on
 
 
 def run_jobs(
-    plan: Any,
+    spec: SchedulingSpec,
     todo: list[tuple[int, PlannedJob]],
     *,
     status: Callable[[str], None],
     echo: Callable[[str], None],
-    report: Any = None,
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (index, record) for every job of `todo`; see the module docstring.
+    on_pool: Callable[[PoolSummary], None] | None = None,
+) -> Iterator[tuple[int, JobOutcome]]:
+    """Yield (index, outcome) for every job of `todo`; see the module docstring.
 
-    plan: a `BatchPlan` with use_ray set. status: short progress text (the bar's postfix).
-    echo: a line for the user. report: a `BatchReport` whose `workers` gets where the batch ran.
+    status: short progress text (the bar's postfix). echo: a line for the user. on_pool: told
+    where the batch ran once the workers stop (when any became ready).
     Raises ModelLoadError when no worker could load the model, InputError when Ray cannot be joined.
     """
     import contextlib
@@ -75,49 +79,47 @@ def run_jobs(
     from sagevideo.scheduling.worker import GenerationWorker
 
     status("starting Ray")
-    ranks = plan.gpus_per_job
-    local_cpus = max(plan.workers or 1, 1) * ranks if plan.device == "cpu" else None
+    ranks = spec.ranks
+    local_cpus = max(spec.workers or 1, 1) * ranks if spec.device == "cpu" else None
     with contextlib.ExitStack() as stack:  # left in reverse order, whatever raises: the marker, then Ray
-        cluster = stack.enter_context(ray_session(plan.address, local_cpus=local_cpus, echo=echo))
+        cluster = stack.enter_context(ray_session(spec.address, local_cpus=local_cpus, echo=echo))
         if ranks > 1:
-            size, notes = group_pool_size(plan.workers, plan.device, cluster, ranks, len(todo))
+            size, notes = group_pool_size(spec.workers, spec.device, cluster, ranks, len(todo))
         else:
-            size, notes = pool_size(plan.workers, plan.device, cluster, len(todo))
+            size, notes = pool_size(spec.workers, spec.device, cluster, len(todo))
         for note in notes:
             echo(f"sagevideo: {note}")
         # A file only the driver writes: a worker that cannot see it is not looking at --out.
-        marker = stack.enter_context(run_marker(plan.out))
+        marker = stack.enter_context(run_marker(spec.out))
         # num_cpus=0: the queue's actor must not take a CPU slot a worker needs.
         steps_queue = Queue(maxsize=10_000, actor_options={"num_cpus": 0})
-        ctx = plan.context()
-        if plan.device == "cpu":
+        ctx = spec.context
+        if spec.device == "cpu":
             ctx = dataclasses.replace(ctx, cpu_threads=cpu_threads(cluster, size * ranks))
         args = (ctx, marker.name, failpoints.armed(), steps_queue)
         if ranks > 1:
             from sagevideo.scheduling.group import GroupLauncher
 
-            launcher: Any = GroupLauncher(ranks, plan.device, args)
+            launcher: Any = GroupLauncher(ranks, spec.device, args)
         else:
-            resources = {"num_gpus": 1, "num_cpus": 1} if plan.device == "cuda" else {"num_cpus": 1}
+            resources = {"num_gpus": 1, "num_cpus": 1} if spec.device == "cuda" else {"num_cpus": 1}
             # SPREAD: one worker per node first, so a two-node cluster uses both nodes.
             launcher = SingleLauncher(
                 ray.remote(GenerationWorker).options(scheduling_strategy="SPREAD", **resources), args
             )
-        pool = _Pool(launcher, size, plan.max_attempts)
+        pool = _Pool(launcher, size, spec.max_attempts)
         try:
             status(f"loading {size} worker(s)" if ranks == 1 else f"loading {size} group(s) of {ranks}")
             steps = _StepStatus(steps_queue, status)
-            yield from _drive(plan, todo, pool, status, echo, poll_steps=steps.poll)
+            yield from _drive(spec, todo, pool, status, echo, poll_steps=steps.poll)
         finally:
             pool.stop_all()
             try:
                 ray.kill(steps_queue.actor, no_restart=True)
             except Exception:  # already gone with the Ray session: nothing to free
                 log.debug("could not stop the step queue", exc_info=True)
-            if report is not None and pool.seen:
-                nodes = len({w["node"] for w in pool.seen})
-                kind = "Ray worker(s)" if ranks == 1 else f"Ray group(s) of {ranks} ranks"
-                report.workers = f"{len(pool.seen)} {kind} on {nodes} node(s) of {cluster.name()}"
+            if on_pool is not None and pool.seen:
+                on_pool(PoolSummary(len(pool.seen), len({w["node"] for w in pool.seen}), ranks, cluster.name()))
 
 
 @dataclass(eq=False)  # compared and hashed by identity: it sits in lists and dicts of the pool
@@ -291,7 +293,7 @@ def _wait_gone(refs: list[Any], wait_s: float) -> None:
 
 
 def _drive(
-    plan: Any,
+    spec: SchedulingSpec,
     todo: list[tuple[int, PlannedJob]],
     pool: _Pool,
     status: Callable[[str], None],
@@ -311,7 +313,7 @@ def _drive(
             reason = f"no worker left to run it ({pool.load_errors[-1] if pool.load_errors else 'all died'})"
             while queue:
                 task = queue.popleft()
-                yield task.index, _failed(plan, task, reason)
+                yield task.index, _failed(task, reason)
             return
         ready, _ = ray.wait([*pool.busy, *pool.starting], num_returns=1, timeout=WAIT_S)
         for ref in ready:
@@ -326,26 +328,26 @@ def _drive(
             worker.results[rank] = _outcome(ref, worker, rank)
             verdict = _verdict(worker)
             if verdict is not None:
-                yield from _finish(plan, queue, pool, worker, *verdict, echo=echo)
+                yield from _finish(spec, queue, pool, worker, *verdict, echo=echo)
         for worker in pool.stuck(time.monotonic()):
             failed = sorted(r for r, out in worker.results.items() if _failed_result(out))
             reason = (
-                f"{worker.who(failed[0])} failed ({worker.results[failed[0]].get('error')}) while ranks "
+                f"{worker.who(failed[0])} failed ({worker.results[failed[0]].error}) while ranks "
                 f"{sorted(worker.pending.values())} waited for it; group stopped after {STUCK_S:g} s"
             )
-            yield from _finish(plan, queue, pool, worker, None, reason, echo=echo)
-        for worker in pool.overdue(time.monotonic(), plan.job_timeout):
+            yield from _finish(spec, queue, pool, worker, None, reason, echo=echo)
+        for worker in pool.overdue(time.monotonic(), spec.job_timeout):
             reason = (
                 f"{worker.who()} still ran job {worker.task.job.job_id} after --job-timeout "
-                f"{plan.job_timeout:g} s; stopped"
+                f"{spec.job_timeout:g} s; stopped"
             )
-            yield from _finish(plan, queue, pool, worker, None, reason, echo=echo)
+            yield from _finish(spec, queue, pool, worker, None, reason, echo=echo)
         if poll_steps is not None:
             poll_steps(len(pool.busy_workers()))
 
 
-def _outcome(ref: Any, worker: _Worker, rank: int) -> Any:
-    """What a rank's run() gave: its record/status, or a `_Death`."""
+def _outcome(ref: Any, worker: _Worker, rank: int) -> RankResult | _Death:
+    """What a rank's run() gave: its `RankResult`, or a `_Death`."""
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
@@ -358,58 +360,53 @@ def _outcome(ref: Any, worker: _Worker, rank: int) -> Any:
 
 
 def _failed_result(out: Any) -> bool:
-    return isinstance(out, (dict, ManifestRecord)) and out.get("status") == "failed"
+    return isinstance(out, RankResult) and out.failed
 
 
-def _device_error(out: Any) -> bool:
-    """Rank 0's record says so in its handoff; another rank's {"rank", "status", "error"} by a key."""
-    if isinstance(out, ManifestRecord):
-        return out.handoff is not None and out.handoff.device_error
-    return bool(out.get("_device_error"))
-
-
-def _verdict(worker: _Worker) -> tuple[dict[str, Any] | None, str | None] | None:
-    """(record, None) when the job is finished, (None, why) when the worker must be replaced and
-    the job retried, None while ranks are still running."""
+def _verdict(worker: _Worker) -> tuple[RankResult | None, str | None] | None:
+    """(rank 0's result, None) when the job is finished, (None, why) when the worker must be
+    replaced and the job retried, None while ranks are still running."""
     several = len(worker.actors) > 1
     for rank, out in sorted(worker.results.items()):
         if isinstance(out, _Death):
             return None, out.reason
-        if _device_error(out):
-            return None, f"{worker.who(rank)}: {out.get('error')}" if several else out.get("error")
+        if out.device_error:
+            return None, f"{worker.who(rank)}: {out.error}" if several else out.error
     if worker.pending:
         if worker.failed_at is None and any(_failed_result(out) for out in worker.results.values()):
             worker.failed_at = time.monotonic()  # the others may be waiting for it in a collective
         return None
-    record = worker.results[0]
+    first = worker.results[0]
     disagree = [rank for rank, out in sorted(worker.results.items()) if rank and _failed_result(out)]
-    if disagree and record.get("status") == "done":
+    if disagree and not first.failed:
         rank = disagree[0]
-        return None, f"{worker.who(rank)} failed ({worker.results[rank].get('error')}) where rank 0 did not"
-    return record, None
+        return None, f"{worker.who(rank)} failed ({worker.results[rank].error}) where rank 0 did not"
+    return first, None
 
 
-def _finish(plan: Any, queue: deque, pool: _Pool, worker: _Worker, record, died: str | None, *, echo) -> Iterator:
-    """A worker's job ended: yield its record, or stop the worker and requeue (or fail) the job."""
+def _finish(
+    spec: SchedulingSpec, queue: deque, pool: _Pool, worker: _Worker, result: RankResult | None, died: str | None,
+    *, echo: Callable[[str], None],
+) -> Iterator[tuple[int, JobOutcome]]:
+    """A worker's job ended: yield its outcome, or stop the worker and requeue (or fail) the job."""
     task = worker.task
     worker.task, worker.results, worker.failed_at = None, {}, None
     if died is None:
-        record.retries = task.retries
         pool.idle.append(worker)
-        yield task.index, record
+        yield task.index, JobFinished(result, tuple(task.retries))
         return
     # Dead already, or its GPU state is suspect, or (a group) its other ranks are stuck: stop all
     # of it, and let a live rank 0 finish dying before its staged file is removed.
     _wait_gone(pool.stop(worker), STOP_WAIT_S)
-    task.job.remove_leftovers(plan.out)
+    task.job.remove_leftovers(spec.out)
     task.retries.append({"attempt": task.attempt, "error": died, "worker": worker.info})
     task.died_on.add(worker.number)
-    if task.attempt < plan.max_attempts:
-        echo(f"sagevideo: {died}; retrying job {task.job.job_id} ({task.attempt + 1}/{plan.max_attempts})")
+    if task.attempt < spec.max_attempts:
+        echo(f"sagevideo: {died}; retrying job {task.job.job_id} ({task.attempt + 1}/{spec.max_attempts})")
         task.attempt += 1
         queue.appendleft(task)
     else:
-        yield task.index, _failed(plan, task, f"{died}; gave up after {task.attempt} attempt(s)")
+        yield task.index, _failed(task, f"{died}; gave up after {task.attempt} attempt(s)")
     if queue and pool.alive < pool.size:
         pool.start()
 
@@ -451,14 +448,12 @@ def _on_ready(ref: Any, pool: _Pool, echo) -> None:
     pool.idle.append(worker)
 
 
-def _failed(plan: Any, task: _Task, error: str) -> ManifestRecord:
-    """The record of a job that never finished on any worker."""
-    record = base_record(plan.context(), task.job)
-    record.status, record.error = "failed", error
-    record.attempts, record.retries = max(task.attempt, len(task.retries)), task.retries
-    record.worker = task.retries[-1]["worker"] if task.retries else None
-    record.backends, record.created = {"counts": {}, "fallbacks": {}}, now_iso()
-    return record
+def _failed(task: _Task, error: str) -> JobFailed:
+    """A job that never finished on any worker: why, its runs, and the last worker that had it."""
+    return JobFailed(
+        error=error, attempts=max(task.attempt, len(task.retries)), retries=tuple(task.retries),
+        worker=task.retries[-1]["worker"] if task.retries else None,
+    )
 
 
 def _first_line(err: BaseException) -> str:

@@ -23,8 +23,10 @@ from typer.testing import CliRunner  # noqa: E402
 import sagevideo  # noqa: E402
 from sagevideo.cli.app import app  # noqa: E402
 from sagevideo.generation.generate import BatchInterrupted, plan_batch  # noqa: E402
+from sagevideo.generation.run import outcome_record  # noqa: E402
 from sagevideo.host import failpoints  # noqa: E402
 from sagevideo.host.pipeline_host import ModelLoadError  # noqa: E402
+from sagevideo.host.result import RankResult  # noqa: E402
 from sagevideo.outputs.manifest import Handoff, ManifestRecord  # noqa: E402
 from sagevideo.scheduling import queue  # noqa: E402
 
@@ -83,7 +85,7 @@ class FakeActor:
                 return Hung()
             if what == "die":
                 raise ActorDiedError()
-            return fake_record(pj, attempt, info, what)
+            return RankResult.of_record(fake_record(pj, attempt, info, what))
 
         self.run = Method(run)
 
@@ -133,8 +135,10 @@ def drive(tmp_path, prompts, actor_class, *, workers=2, max_attempts=3, job_time
     plan = plan_batch(prompts, out=tmp_path, workers=workers, max_attempts=max_attempts, job_timeout=job_timeout)
     pool = queue._Pool(queue.SingleLauncher(actor_class, ()), workers, max_attempts)
     lines = []
-    results = list(queue._drive(plan, list(enumerate(plan.jobs)), pool, lambda s: None, lines.append))
-    return plan, pool, {plan.jobs[i].job.prompt: r for i, r in results}, [i for i, _ in results], lines
+    outcomes = list(queue._drive(plan.scheduling(), list(enumerate(plan.jobs)), pool, lambda s: None, lines.append))
+    # The driver's records of the outcomes (`outcome_record`), as run_batch makes them.
+    records = {plan.jobs[i].job.prompt: outcome_record(plan.context(), plan.jobs[i], o) for i, o in outcomes}
+    return plan, pool, records, [i for i, _ in outcomes], lines
 
 
 def test_a_job_whose_worker_died_reruns_on_another_worker(tmp_path, fake_ray):
