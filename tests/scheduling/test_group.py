@@ -28,7 +28,8 @@ from sagevideo.host import failpoints  # noqa: E402
 from sagevideo.host.pipeline_host import ModelLoadError  # noqa: E402
 from sagevideo.host.result import RankResult  # noqa: E402
 from sagevideo.outputs.manifest import Handoff, ManifestRecord  # noqa: E402
-from sagevideo.scheduling import queue  # noqa: E402
+from sagevideo.scheduling import feed  # noqa: E402
+from sagevideo.scheduling import pool as pools  # noqa: E402
 from sagevideo.scheduling.group import torchrun_env  # noqa: E402
 from tests.helpers.sp_tolerance import JOBS, MEAN_LEVELS, assert_same_videos, frames  # noqa: E402
 
@@ -118,11 +119,12 @@ def fake_ray(monkeypatch):
 
 def drive(tmp_path, prompts, launcher, *, groups=1, max_attempts=3):
     plan = plan_batch(prompts, out=tmp_path, device="cpu", gpus_per_job=2, max_attempts=max_attempts)
-    pool = queue._Pool(launcher, groups, max_attempts)
+    workers_pool = pools.Pool(launcher, groups, max_attempts)
     lines = []
-    outcomes = list(queue._drive(plan.scheduling(), list(enumerate(plan.jobs)), pool, lambda s: None, lines.append))
+    todo = list(enumerate(plan.jobs))
+    outcomes = list(feed.drive(plan.scheduling(), todo, workers_pool, lambda s: None, lines.append))
     records = {plan.jobs[i].job.prompt: outcome_record(plan.context(), plan.jobs[i], o) for i, o in outcomes}
-    return pool, records, [i for i, _ in outcomes], lines
+    return workers_pool, records, [i for i, _ in outcomes], lines
 
 
 def test_a_dead_rank_restarts_the_whole_group_and_the_job_runs_again(tmp_path, fake_ray):
@@ -140,7 +142,7 @@ def test_a_dead_rank_restarts_the_whole_group_and_the_job_runs_again(tmp_path, f
 
 
 def test_a_rank_that_fails_alone_while_its_peer_waits_is_stopped_and_retried(tmp_path, fake_ray, monkeypatch):
-    monkeypatch.setattr(queue, "STUCK_S", -1.0)  # no real waiting in the test
+    monkeypatch.setattr(pools, "STUCK_S", -1.0)  # no real waiting in the test
     script = lambda g, r, prompt, attempt: ("device" if r == 1 else HANG) if g == 1 else "ok"
     pool, records, order, lines = drive(tmp_path, ["a"], FakeGroups(2, script))
     assert records["a"]["status"] == "done" and records["a"]["attempts"] == 2
