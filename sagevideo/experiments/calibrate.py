@@ -117,8 +117,8 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
     Returns a `CalibrationResult` (errors per layer and mode, the plan, the choices).
     Raises InputError before loading anything when an input is invalid.
     """
-    from sagevideo.generation.plan import check_images
     from sagevideo.outputs.files import writable_file
+    from sagevideo.pipelines.batch_check import check_images
     from sagevideo.pipelines.loading import resolve_model
 
     config = CalibrateConfig.build(config, **options)

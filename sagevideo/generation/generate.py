@@ -20,7 +20,8 @@ from typing import Any
 
 from sagevideo.errors import BatchInterrupted, BatchStopped, ModelLoadError
 from sagevideo.generation.plan import BatchPlan, PromptsOrJobs, plan_batch
-from sagevideo.generation.run import BatchReport, pending_jobs, run_batch
+from sagevideo.generation.report import BatchReport
+from sagevideo.generation.run import pending_jobs, run_batch
 from sagevideo.host.pipeline_host import PlannedJob
 from sagevideo.jobs.config import GenerateConfig
 from sagevideo.outputs.manifest import ManifestRecord

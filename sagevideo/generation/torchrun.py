@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         todo = pending_jobs(plan)
         if rank != 0:
             for _, pj in todo:
-                host.run(pj)
+                host.run_rank(pj)
             host.close()
             return 0
 

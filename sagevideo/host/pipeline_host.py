@@ -7,7 +7,9 @@ family's calls (`sagevideo.pipelines.runner.run_job`) under the job's time limit
 image is read here, where the job runs, from its path (shared storage, as attention plans are),
 and refused when its content is not the planned one (`sagevideo.jobs.images.read_image`).
 `host.run(job)` adds what a batch needs: the mp4 (and PNG frames) written under *staged* names
-(`sagevideo.outputs.staging`) and the job's `ManifestRecord`, its `handoff` naming the staged files.
+(`sagevideo.outputs.staging`) and the job's `ManifestRecord`, its `handoff` naming the staged files;
+`host.run_rank(job)` gives it as this process's `RankResult` (`sagevideo.host.result`), what every
+worker hands back.
 Nothing here appends to the manifest or gives a file its final name: the driver does both
 (`sagevideo.generation.run.run_batch`), so there is exactly one writer of the manifest and of
 final names, however many workers run.
@@ -32,6 +34,7 @@ from typing import Any
 from sagevideo.errors import ModelLoadError
 from sagevideo.host import failpoints
 from sagevideo.host.deadline import deadline
+from sagevideo.host.result import RankResult
 from sagevideo.jobs.identity import JobIdentity
 from sagevideo.jobs.recipe import Recipe
 from sagevideo.jobs.specs import JobSpec
@@ -327,6 +330,18 @@ class PipelineHost:
         record.handoff = Handoff(**handoff)
         failpoints.check("job-staged", pj.job.prompt, attempt, self.rank)
         return record
+
+    def run_rank(
+        self,
+        pj: PlannedJob,
+        *,
+        attempt: int = 1,
+        on_step: Callable[[int, int], None] | None = None,
+        time_limit: float | None = None,
+    ) -> RankResult:
+        """`run` as this process's result (a plain host is rank 0 of a group of one)."""
+        record = self.run(pj, attempt=attempt, on_step=on_step, time_limit=time_limit)
+        return RankResult.of_record(record, rank=self.rank)
 
     def close(self) -> None:
         """Remove installed attention (the pipeline object may outlive this host)."""

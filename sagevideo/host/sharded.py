@@ -6,7 +6,8 @@ job with the same inputs (the seed makes the same noise everywhere); the hooks s
 transformer's tokens across the ranks. Rank 0 runs the job exactly as a plain worker does (VAE
 decode, staged mp4, manifest record); the other ranks run the same generation loop with the same
 arguments (so the same collective calls in the same order) and stop after denoising: the VAE
-decode runs on rank 0 only. Needs the default process group
+decode runs on rank 0 only. Every rank hands back a `RankResult` (`run_rank`); rank 0's carries
+the record. Needs the default process group
 (`sagevideo.parallel.launch.init_from_env`), whether Ray actors or
 `python -m sagevideo.generation.torchrun` started the ranks.
 
@@ -20,6 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sagevideo.host.pipeline_host import PipelineHost, PlannedJob, RunContext, is_device_error
+from sagevideo.host.result import RankResult
+from sagevideo.outputs.manifest import ManifestRecord
 from sagevideo.pipelines.families import degree_problems
 
 __all__ = ["ShardedAttention", "ShardedHost", "degree_problems"]
@@ -45,8 +48,8 @@ class ShardedHost(PipelineHost):
     """One rank of a sequence-parallel group: see the module docstring.
 
     rank/world: this process's rank and the group size (from `init_from_env`).
-    `run` returns rank 0's full manifest record; other ranks return {"rank", "status", "error"}
-    (and "_device_error" for CUDA/out-of-memory errors). Failpoints ("mid-denoise" with @RANK)
+    `run_rank` returns every rank's `RankResult` (rank 0's with the job's record); `run`, rank 0's
+    record, is for rank 0 only. Failpoints ("mid-denoise" with @RANK)
     can stop one rank in the middle of a job while the others wait for it in a collective.
     """
 
@@ -54,17 +57,25 @@ class ShardedHost(PipelineHost):
         self.world = world
         super().__init__(ctx, worker=worker, attention=ShardedAttention(ctx.source.model_family), rank=rank)
 
-    def run(
-        self, pj: PlannedJob, *, attempt: int = 1, on_step: Callable[[int, int], None] | None = None
-    ) -> dict[str, Any]:
-        """on_step: rank 0 only (the ranks step together); see `PipelineHost.run`."""
+    def run(self, pj: PlannedJob, **options: Any) -> ManifestRecord:
+        """Rank 0's record of the job (see `PipelineHost.run`); the other ranks write nothing: `run_rank`."""
+        if self.rank != 0:
+            raise RuntimeError(f"rank {self.rank} writes no video and no record; call run_rank")
+        return super().run(pj, **options)
+
+    def run_rank(
+        self,
+        pj: PlannedJob,
+        *,
+        attempt: int = 1,
+        on_step: Callable[[int, int], None] | None = None,
+        time_limit: float | None = None,
+    ) -> RankResult:
+        """This rank's share of the job. on_step, time_limit: rank 0 only (the ranks step together)."""
         if self.rank == 0:
-            return super().run(pj, attempt=attempt, on_step=on_step)
-        result: dict[str, Any] = {"rank": self.rank, "status": "done", "error": None}
+            return super().run_rank(pj, attempt=attempt, on_step=on_step, time_limit=time_limit)
         try:
             self.generate(pj, attempt=attempt, decode=False)
         except Exception as err:  # reported to the driver, which decides for the whole group
-            result.update(status="failed", error=f"{type(err).__name__}: {err}")
-            if is_device_error(err):
-                result["_device_error"] = True
-        return result
+            return RankResult(self.rank, "failed", f"{type(err).__name__}: {err}", device_error=is_device_error(err))
+        return RankResult(self.rank, "done")

@@ -9,8 +9,8 @@ A group is what a plain worker is for `queue`, made of N processes:
   torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT),
   joins the process group through `sagevideo.parallel.launch.init_from_env`, loads the pipeline
   once and keeps a `ShardedHost`;
-- `run(job, attempt)` goes to every rank; rank 0 returns the manifest record (and the staged
-  file), the others a small status. Only rank 0 decodes and writes.
+- `run(job, attempt)` goes to every rank; each returns its `RankResult`, rank 0's with the
+  manifest record (and the staged file). Only rank 0 decodes and writes.
 A group is never repaired: when one rank dies, `queue` stops them all (and removes the
 placement group) and starts a fresh group, because the survivors' process group is broken.
 torch.distributed stays in `sagevideo.parallel`; Ray stays here.
@@ -25,6 +25,7 @@ from typing import Any
 
 from sagevideo.host import failpoints
 from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob, RunContext, worker_info
+from sagevideo.host.result import RankResult
 
 log = logging.getLogger("sagevideo")
 
@@ -111,13 +112,13 @@ class RankWorker:
             self.error = str(err) if isinstance(err, ModelLoadError) else f"{type(err).__name__}: {err}"
         return {**self.info, "error": self.error}
 
-    def run(self, pj: PlannedJob, attempt: int) -> dict[str, Any]:
-        """Rank 0: the job's record; other ranks: {"rank", "status", "error"}."""
+    def run(self, pj: PlannedJob, attempt: int) -> RankResult:
+        """This rank's result of the job (rank 0's with the job's record)."""
         from sagevideo.scheduling.worker import step_reporter
 
         if self.host is None:
             raise RuntimeError(f"rank {self.rank} cannot run jobs: {self.error}")
-        return self.host.run(pj, attempt=attempt, on_step=step_reporter(self.steps_queue, pj))
+        return self.host.run_rank(pj, attempt=attempt, on_step=step_reporter(self.steps_queue, pj))
 
 
 class GroupLauncher:

@@ -4,8 +4,8 @@
 .options(num_gpus=1 | num_cpus=1)`. Its `__init__` loads the pipeline once (and checks that the
 output folder is the driver's, through a marker file the driver wrote there); load problems are
 kept and reported by `ready()` instead of killing the actor, so the driver gets a clean message.
-`run(job, attempt)` returns the job's manifest record (with the staged file's name): a few
-hundred bytes through the object store, never frames. Denoising steps are reported to the
+`run(job, attempt)` returns the job's `RankResult` (its manifest record, with the staged file's
+name): a few hundred bytes through the object store, never frames. Denoising steps are reported to the
 driver through a `ray.util.queue.Queue` (the bar's text for that step).
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 
 from sagevideo.host import failpoints
 from sagevideo.host.pipeline_host import ModelLoadError, PipelineHost, PlannedJob, RunContext, worker_info
+from sagevideo.host.result import RankResult
 
 
 def step_reporter(steps_queue: Any, pj: PlannedJob) -> Callable[[int, int], None] | None:
@@ -63,8 +64,8 @@ class GenerationWorker:
         """Worker info (host, pid, node) and "error": None, or why it cannot run jobs."""
         return {**self.info, "error": self.error}
 
-    def run(self, pj: PlannedJob, attempt: int) -> dict[str, Any]:
-        """One job's record (see `PipelineHost.run`)."""
+    def run(self, pj: PlannedJob, attempt: int) -> RankResult:
+        """One job's result, its record on it (see `PipelineHost.run`)."""
         if self.host is None:
             raise RuntimeError(f"worker cannot run jobs: {self.error}")
-        return self.host.run(pj, attempt=attempt, on_step=step_reporter(self.steps_queue, pj))
+        return self.host.run_rank(pj, attempt=attempt, on_step=step_reporter(self.steps_queue, pj))

@@ -104,3 +104,10 @@ def test_cpu_threads_of_the_run_context_reach_torch(tmp_path, monkeypatch):
         assert torch.get_num_threads() == before
     finally:
         torch.set_num_threads(before)
+
+
+def test_run_rank_is_the_run_as_rank_0s_result(host):
+    result = host.run_rank(planned(steps=1))
+    assert result.rank == 0 and result.status == "done" and result.record.done
+    assert result.record.handoff.staged  # staged for the driver to commit
+    (host.ctx.out / result.record.handoff.staged).unlink()

@@ -23,10 +23,13 @@ from typer.testing import CliRunner  # noqa: E402
 import sagevideo  # noqa: E402
 from sagevideo.cli.app import app  # noqa: E402
 from sagevideo.generation.generate import plan_batch  # noqa: E402
+from sagevideo.generation.run import outcome_record  # noqa: E402
 from sagevideo.host import failpoints  # noqa: E402
 from sagevideo.host.pipeline_host import ModelLoadError  # noqa: E402
+from sagevideo.host.result import RankResult  # noqa: E402
 from sagevideo.outputs.manifest import Handoff, ManifestRecord  # noqa: E402
-from sagevideo.scheduling import queue  # noqa: E402
+from sagevideo.scheduling import feed  # noqa: E402
+from sagevideo.scheduling import pool as pools  # noqa: E402
 from sagevideo.scheduling.group import torchrun_env  # noqa: E402
 from tests.helpers.sp_tolerance import JOBS, MEAN_LEVELS, assert_same_videos, frames  # noqa: E402
 
@@ -87,15 +90,13 @@ class FakeGroups:
             if what == "die":
                 raise ActorDiedError()
             worker = {"host": "fake", "pid": 100 * actor.group + actor.rank, "node": "n", "rank": actor.rank}
-            if actor.rank == 0:  # rank 0's host returns the job's record
-                return fake_record(pj, attempt, worker, what)
-            result = {"rank": actor.rank, "status": "done", "error": None}  # the others, as ShardedHost's do
-            if what == "device":
-                return {**result, "status": "failed", "error": "OutOfMemoryError: CUDA out of memory",
-                        "_device_error": True}
+            if actor.rank == 0:  # rank 0's result carries the job's record
+                return RankResult.of_record(fake_record(pj, attempt, worker, what))
+            if what == "device":  # the others only say how their share went, as ShardedHost's do
+                return RankResult(actor.rank, "failed", "OutOfMemoryError: CUDA out of memory", device_error=True)
             if what == "fail":
-                return {**result, "status": "failed", "error": "NonFiniteError: NaN"}
-            return result
+                return RankResult(actor.rank, "failed", "NonFiniteError: NaN")
+            return RankResult(actor.rank, "done")
 
         return Ref(compute)
 
@@ -118,10 +119,12 @@ def fake_ray(monkeypatch):
 
 def drive(tmp_path, prompts, launcher, *, groups=1, max_attempts=3):
     plan = plan_batch(prompts, out=tmp_path, device="cpu", gpus_per_job=2, max_attempts=max_attempts)
-    pool = queue._Pool(launcher, groups, max_attempts)
+    workers_pool = pools.Pool(launcher, groups, max_attempts)
     lines = []
-    results = list(queue._drive(plan, list(enumerate(plan.jobs)), pool, lambda s: None, lines.append))
-    return pool, {plan.jobs[i].job.prompt: r for i, r in results}, [i for i, _ in results], lines
+    todo = list(enumerate(plan.jobs))
+    outcomes = list(feed.drive(plan.scheduling(), todo, workers_pool, lambda s: None, lines.append))
+    records = {plan.jobs[i].job.prompt: outcome_record(plan.context(), plan.jobs[i], o) for i, o in outcomes}
+    return workers_pool, records, [i for i, _ in outcomes], lines
 
 
 def test_a_dead_rank_restarts_the_whole_group_and_the_job_runs_again(tmp_path, fake_ray):
@@ -139,7 +142,7 @@ def test_a_dead_rank_restarts_the_whole_group_and_the_job_runs_again(tmp_path, f
 
 
 def test_a_rank_that_fails_alone_while_its_peer_waits_is_stopped_and_retried(tmp_path, fake_ray, monkeypatch):
-    monkeypatch.setattr(queue, "STUCK_S", -1.0)  # no real waiting in the test
+    monkeypatch.setattr(pools, "STUCK_S", -1.0)  # no real waiting in the test
     script = lambda g, r, prompt, attempt: ("device" if r == 1 else HANG) if g == 1 else "ok"
     pool, records, order, lines = drive(tmp_path, ["a"], FakeGroups(2, script))
     assert records["a"]["status"] == "done" and records["a"]["attempts"] == 2

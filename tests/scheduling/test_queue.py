@@ -1,4 +1,5 @@
-"""The job queue (`scheduling/queue.py`): its rules with stand-in actors, then real workers.
+"""The job queue (`scheduling/queue.py`, with its `pool`, `feed` and `progress`): its rules with
+stand-in actors, then real workers.
 
 Stand-ins (no Ray processes): `ray.wait/get/kill` are replaced by functions over fake object refs
 that resolve in the order they were made, and the queue's clock is a fake one that ray.wait moves
@@ -23,10 +24,13 @@ from typer.testing import CliRunner  # noqa: E402
 import sagevideo  # noqa: E402
 from sagevideo.cli.app import app  # noqa: E402
 from sagevideo.generation.generate import BatchInterrupted, plan_batch  # noqa: E402
+from sagevideo.generation.run import outcome_record  # noqa: E402
 from sagevideo.host import failpoints  # noqa: E402
 from sagevideo.host.pipeline_host import ModelLoadError  # noqa: E402
+from sagevideo.host.result import RankResult  # noqa: E402
 from sagevideo.outputs.manifest import Handoff, ManifestRecord  # noqa: E402
-from sagevideo.scheduling import queue  # noqa: E402
+from sagevideo.scheduling import feed  # noqa: E402
+from sagevideo.scheduling import pool as pools  # noqa: E402
 
 _order = itertools.count()
 
@@ -83,7 +87,7 @@ class FakeActor:
                 return Hung()
             if what == "die":
                 raise ActorDiedError()
-            return fake_record(pj, attempt, info, what)
+            return RankResult.of_record(fake_record(pj, attempt, info, what))
 
         self.run = Method(run)
 
@@ -126,15 +130,19 @@ def fake_ray(monkeypatch):
     monkeypatch.setattr(ray, "wait", wait)
     monkeypatch.setattr(ray, "get", lambda ref: ref.compute())
     monkeypatch.setattr(ray, "kill", kill)
-    monkeypatch.setattr(queue, "time", clock)  # job timeouts and STOP_WAIT_S pass on the fake clock
+    monkeypatch.setattr(feed, "time", clock)  # job timeouts and STOP_WAIT_S pass on the fake clock
+    monkeypatch.setattr(pools, "time", clock)
 
 
 def drive(tmp_path, prompts, actor_class, *, workers=2, max_attempts=3, job_timeout=None):
     plan = plan_batch(prompts, out=tmp_path, workers=workers, max_attempts=max_attempts, job_timeout=job_timeout)
-    pool = queue._Pool(queue.SingleLauncher(actor_class, ()), workers, max_attempts)
+    workers_pool = pools.Pool(pools.SingleLauncher(actor_class, ()), workers, max_attempts)
     lines = []
-    results = list(queue._drive(plan, list(enumerate(plan.jobs)), pool, lambda s: None, lines.append))
-    return plan, pool, {plan.jobs[i].job.prompt: r for i, r in results}, [i for i, _ in results], lines
+    todo = list(enumerate(plan.jobs))
+    outcomes = list(feed.drive(plan.scheduling(), todo, workers_pool, lambda s: None, lines.append))
+    # The driver's records of the outcomes (`outcome_record`), as run_batch makes them.
+    records = {plan.jobs[i].job.prompt: outcome_record(plan.context(), plan.jobs[i], o) for i, o in outcomes}
+    return plan, workers_pool, records, [i for i, _ in outcomes], lines
 
 
 def test_a_job_whose_worker_died_reruns_on_another_worker(tmp_path, fake_ray):
@@ -194,7 +202,7 @@ def test_when_no_worker_is_left_the_remaining_jobs_fail_with_the_reason(tmp_path
 
 
 def test_a_job_past_job_timeout_has_its_worker_stopped_and_is_retried(tmp_path, fake_ray, monkeypatch):
-    monkeypatch.setattr(queue, "WAIT_S", 0.05)
+    monkeypatch.setattr(feed, "WAIT_S", 0.05)
     script = lambda n, prompt, attempt: "hang" if prompt == "stuck" or (prompt == "once" and attempt == 1) else "ok"
     actors = FakeActorClass(script)
     plan, pool, records, order, lines = drive(
@@ -308,15 +316,15 @@ def test_interrupt_keeps_finished_jobs_and_rerun_resumes(tmp_path, ray_local, mo
 def test_ray_workers_report_steps_and_write_png_frames(tmp_path, ray_local, monkeypatch):
     """Step progress crosses from the worker to the driver's bar; a frames_png job's PNG folder is
     staged by the worker and committed by the driver with its mp4."""
-    from sagevideo.scheduling import queue
+    from sagevideo.scheduling import progress
 
     texts = []
-    real_init = queue._StepStatus.__init__
+    real_init = progress.StepStatus.__init__
 
     def init(self, steps_queue, status):
         real_init(self, steps_queue, lambda text: (texts.append(text), status(text)))
 
-    monkeypatch.setattr(queue._StepStatus, "__init__", init)
+    monkeypatch.setattr(progress.StepStatus, "__init__", init)
     out = tmp_path / "out"
     jobs = [{"prompt": "a fox", "frames_png": True, "output": "fox"}, {"prompt": "a cat", "output": "cat"}]
     records = sagevideo.generate(jobs, out=out, address="auto", workers=1, steps=3, progress=False)
