@@ -48,7 +48,7 @@ SHAPES = {
     "d128-32k": (1, 24, 32768, 128),
     "d128-75k": (1, 24, 75000, 128),
     # Open-Sora 2.0, 129 frames 16:9 (docs/opensora.md): joint text + video sequence. cuDNN is
-    # ~7% faster at 76544 (a multiple of 128) than at 75000 (docs/benchmarks.md, "the table's
+    # ~7% faster at 76544 (a multiple of 128) than at 75000 (docs/benchmarks-history.md, "the table's
     # protocol flatters the d128 ratios").
     "opensora-256px": (1, 24, 8828, 128),
     "opensora-768px": (1, 24, 76544, 128),
