@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.bench_attention import DTYPES, SHAPES, bench_inputs, bench_interleaved, direct
-    from sagevideo.experiments.bench_attention import sdpa_call
+    from sagevideo.experiments.bench.attention import sdpa_call
     try:  # its ops under its own namespace; the layout before the rooms were renamed, or this one
         from sagevideo_base.api import attention as base_attention
         from sagevideo_base.api import backends as base_backends

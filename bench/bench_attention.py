@@ -32,14 +32,14 @@ import torch
 if not __package__:  # run as a file (python bench/bench_attention.py): `bench` from the repo root, as with -m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.results import Run, add_results_option, start_run, variant  # noqa: E402
-from sagevideo.experiments.bench_attention import (  # noqa: E402
+from sagevideo.experiments.bench.attention import (  # noqa: E402
     AttentionShape,
     attention_inputs,
     reference_fp32,
     sdpa_call,
 )
-from sagevideo.experiments.bench_attention import tops as attention_tops  # noqa: E402
-from sagevideo.experiments.bench_timing import cosine_worst, interleaved, median  # noqa: E402
+from sagevideo.experiments.bench.attention import tops as attention_tops  # noqa: E402
+from sagevideo.experiments.bench.timing import cosine_worst, interleaved, median  # noqa: E402
 
 SHAPES = {
     "cogvideox-2b": (2, 30, 17776, 64),
@@ -48,7 +48,7 @@ SHAPES = {
     "d128-32k": (1, 24, 32768, 128),
     "d128-75k": (1, 24, 75000, 128),
     # Open-Sora 2.0, 129 frames 16:9 (docs/opensora.md): joint text + video sequence. cuDNN is
-    # ~7% faster at 76544 (a multiple of 128) than at 75000 (docs/benchmarks.md, "the table's
+    # ~7% faster at 76544 (a multiple of 128) than at 75000 (docs/benchmarks-history.md, "the table's
     # protocol flatters the d128 ratios").
     "opensora-256px": (1, 24, 8828, 128),
     "opensora-768px": (1, 24, 76544, 128),
@@ -75,7 +75,7 @@ def bench_ms(fn) -> float:
 
 
 def bench_inputs(shape: tuple[int, int, int, int], dtype: torch.dtype = torch.float16):
-    """q, k, v (B, H, N, D) in `dtype` on the GPU (`sagevideo.experiments.bench_attention.attention_inputs`)."""
+    """q, k, v (B, H, N, D) in `dtype` on the GPU (`sagevideo.experiments.bench.attention.attention_inputs`)."""
     return attention_inputs(square(shape), "cuda", dtype)
 
 

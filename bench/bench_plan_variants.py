@@ -33,7 +33,7 @@ from bench.bench_attention import (  # noqa: E402
     reference_fp32,
     tops,
 )
-from sagevideo.experiments.bench_attention import sdpa_call  # noqa: E402
+from sagevideo.experiments.bench.attention import sdpa_call  # noqa: E402
 
 KNOBS = {"num_warps": int, "num_stages": int, "max_registers": int, "scores_by_add": bool}
 

@@ -32,7 +32,7 @@ from bench.bench_attention import (  # noqa: E402
     tops,
     versions,
 )
-from sagevideo.experiments.bench_attention import sdpa_call  # noqa: E402
+from sagevideo.experiments.bench.attention import sdpa_call  # noqa: E402
 
 CHECK_SHAPES = {"small-d64": (1, 2, 1000, 64), "small-d128": (2, 3, 777, 128), "small-d80": (1, 2, 300, 80),
                 "one-tile": (1, 1, 100, 64), "two-tiles": (1, 2, 256, 128)}

@@ -56,12 +56,13 @@ import torch.nn.functional as F
 if not __package__:  # run as a file (python bench/bench_transformer.py): `bench` from the repo root, as with -m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.results import Run, add_results_option, start_run  # noqa: E402
-from sagevideo.experiments.bench_forward import DEFAULT_RECIPES as PACKAGE_DEFAULT_RECIPES  # noqa: E402
-from sagevideo.experiments.bench_forward import RecipeResult, sdpa_cudnn_first  # noqa: E402
-from sagevideo.experiments.bench_forward import parse_recipe_name as package_parse_recipe_name  # noqa: E402
-from sagevideo.experiments.bench_forward import recipe_table as package_recipe_table  # noqa: E402
-from sagevideo.experiments.bench_forward import run_recipes as package_run_recipes  # noqa: E402
-from sagevideo.experiments.bench_timing import median_seconds, output_cosine  # noqa: E402
+from sagevideo.experiments.bench.forward import DEFAULT_RECIPES as PACKAGE_DEFAULT_RECIPES  # noqa: E402
+from sagevideo.experiments.bench.forward import RecipeResult, sdpa_cudnn_first  # noqa: E402
+from sagevideo.experiments.bench.forward import parse_recipe_name as package_parse_recipe_name  # noqa: E402
+from sagevideo.experiments.bench.forward import recipe_rows as package_recipe_rows  # noqa: E402
+from sagevideo.experiments.bench.forward import recipe_table as package_recipe_table  # noqa: E402
+from sagevideo.experiments.bench.forward import run_recipes as package_run_recipes  # noqa: E402
+from sagevideo.experiments.bench.timing import median_seconds, output_cosine  # noqa: E402
 from sagevideo.pipelines.forwards import COGVIDEOX_5B, OPENSORA_TINY  # noqa: E402  (the released 5B config)
 
 TINY = dict(COGVIDEOX_5B, num_attention_heads=2, num_layers=2, text_embed_dim=32, time_embed_dim=8,
@@ -219,7 +220,7 @@ def parse_recipe_name(name: str) -> dict:
 
 
 def run_recipes(names: list[str], build_model, *, tiny: bool, repeats: int, compile_backend: str) -> dict:
-    """`sagevideo.experiments.bench_forward.run_recipes` on this script's models: {name: {ms,
+    """`sagevideo.experiments.bench.forward.run_recipes` on this script's models: {name: {ms,
     first_call_s, backends, output_cos_vs_eager_cudnn, x_eager_cudnn, x_compile_cudnn, recipe, ...}}.
     build_model() -> (model, inputs)."""
     from sagevideo.pipelines.forwards import StepForwards
@@ -239,20 +240,9 @@ def run_recipes(names: list[str], build_model, *, tiny: bool, repeats: int, comp
 
 
 def recipe_rows(run: Run, shape: str, results: dict) -> Run:
-    """The recipes' results as results-file rows: variant recipe-NAME, metrics ms, x_eager_cudnn,
-    x_compile_cudnn, x_eager_sdpa (where eager-sdpa ran), output_cos_vs_eager_cudnn, first_call_s (backends,
-    the SDPA backends torch picked and the recipe in extra)."""
-    for name, r in results.items():
-        if r.get("skipped"):
-            continue
-        variant = f"recipe-{name}"
-        picked = {"sdpa_backends": r["sdpa_backends"]} if r.get("sdpa_backends") else {}
-        run.add(shape, variant, "ms", r["ms"], backends=r["backends"], recipe=r["recipe"], **picked)
-        for metric in ("x_eager_cudnn", "x_compile_cudnn", "output_cos_vs_eager_cudnn"):
-            run.add(shape, variant, metric, r.get(metric))
-        if r.get("x_eager_sdpa") is not None:
-            run.add(shape, variant, "x_eager_sdpa", r["x_eager_sdpa"])
-        run.add(shape, variant, "first_call_s", r["first_call_s"], unit="s")
+    """The recipes' results (`run_recipes`'s dicts) as results-file rows, as `sagevideo bench forward
+    --append-results` writes them (`sagevideo.experiments.bench.forward.recipe_rows`)."""
+    package_recipe_rows(run, shape, [RecipeResult(**r) for r in results.values()])
     return run
 
 

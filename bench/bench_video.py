@@ -97,8 +97,8 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False,
     import torch
     from diffusers import CogVideoXPipeline
 
-    from sagevideo.experiments.bench_forward import sdpa_cudnn_first
-    from sagevideo.experiments.bench_timing import synchronizer
+    from sagevideo.experiments.bench.forward import sdpa_cudnn_first
+    from sagevideo.experiments.bench.timing import synchronizer
 
     start = time.perf_counter()
     pipe = CogVideoXPipeline.from_pretrained(folder, dtype=args.dtype).to(args.device)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch._dynamo.utils import compile_times, counters
 
     import sagevideo
-    from sagevideo.experiments.bench_timing import synchronizer
+    from sagevideo.experiments.bench.timing import synchronizer
     from sagevideo.jobs.recipe import Recipe
     from sagevideo.pipelines import forwards
     from sagevideo.pipelines.recipe import apply_recipe

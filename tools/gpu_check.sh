@@ -7,7 +7,7 @@ set -uo pipefail
 out=${1:-${OUT:-/tmp/sagevideo-gpu}}; shift || true
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if [ -f .site.tar.xz ] && [ ! -d /tmp/site ]; then  # pre-installed packages (tools/gpu_site.sh)
+if [ -f .site.tar.xz ] && [ ! -d /tmp/site ]; then  # packages the GPU image lacks, packed beforehand (a site folder as tar.xz)
   tar xJf .site.tar.xz -C /tmp && export PYTHONPATH=$PYTHONPATH:/tmp/site
 elif [ -d /tmp/site ]; then
   export PYTHONPATH=$PYTHONPATH:/tmp/site

@@ -1,7 +1,7 @@
 """Instructions per element of the preparation kernels (K/V stats, K/V and Q quantization), from
 sm_90 SASS compiled on this machine, with registers and shared memory per program.
 
-The quantization programs are as much issue- as memory-bound on the H200 (docs/benchmarks.md,
+The quantization programs are as much issue- as memory-bound on the H200 (docs/benchmarks-history.md,
 "a division-free preparation"): instructions per element, registers (programs per SM) and whether
 loads are in flight together are the predictions a change can be checked against before any GPU time.
 

@@ -8,8 +8,8 @@ from typing import Any
 import typer
 
 from sagevideo.cli.common import add_config_command, handle_errors
-from sagevideo.experiments.bench_attention import BenchAttentionConfig
-from sagevideo.experiments.bench_forward import BenchForwardConfig
+from sagevideo.experiments.bench.attention import BenchAttentionConfig
+from sagevideo.experiments.bench.forward import BenchForwardConfig
 
 ATTENTION_CLI: dict[str, dict[str, Any]] = {
     "shapes": {"flags": ("--shape",)},
@@ -42,7 +42,7 @@ def _written(path: Any) -> str:
 
 
 def run_attention(values: dict[str, Any]) -> None:
-    from sagevideo.experiments.bench_attention import resolve, run_bench_attention
+    from sagevideo.experiments.bench.attention import resolve, run_bench_attention
 
     values.update(pv=values["pv"] or None, sdpa=values["sdpa"] or None)  # not given: the device's defaults
     with handle_errors("bench attention"):
@@ -54,7 +54,7 @@ def run_attention(values: dict[str, Any]) -> None:
 
 
 def run_forward(values: dict[str, Any]) -> None:
-    from sagevideo.experiments.bench_forward import resolve, run_bench_forward
+    from sagevideo.experiments.bench.forward import resolve, run_bench_forward
 
     with handle_errors("bench forward"):
         config = BenchForwardConfig.build(**values)

@@ -36,7 +36,7 @@ def profile(
     from sagevideo.errors import InputError
 
     with handle_errors("profile"):
-        from sagevideo.experiments.bench_timing import ModelSizeOptions
+        from sagevideo.experiments.bench.timing import ModelSizeOptions
         from sagevideo.experiments.profile import ProfileConfig, run_profile
 
         try:

@@ -76,7 +76,7 @@ class ProfileConfig(BaseModel):
     @field_validator("recipe")
     @classmethod
     def _known_recipe(cls, value: str | None) -> str | None:
-        from sagevideo.experiments.bench_forward import parse_recipe_name
+        from sagevideo.experiments.bench.forward import parse_recipe_name
 
         if value is not None:
             parse_recipe_name(value)  # ValueError naming the form
@@ -231,7 +231,7 @@ def run_profile(config: ProfileConfig) -> ProfileReport:
     for path, option, example in ((config.json_out, "--json", "profile.json"), (config.plot, "--plot", "profile.png")):
         if path is not None:  # found now, not after a profile of minutes
             writable_file(path, option, InputError, example)
-    from sagevideo.experiments.bench_forward import parse_recipe_name
+    from sagevideo.experiments.bench.forward import parse_recipe_name
 
     sage = config.recipe is not None and parse_recipe_name(config.recipe)["attention"] == "sage"
     size = dict(frames=config.frames, height=config.height, width=config.width)
@@ -269,7 +269,7 @@ def run_profile(config: ProfileConfig) -> ProfileReport:
 
 def _check_recipe(name: str | None, device: str, dtype) -> None:
     """InputError where this machine cannot run recipe `name` (FP8 linears without FP8 tensor cores)."""
-    from sagevideo.experiments.bench_forward import parse_recipe_name
+    from sagevideo.experiments.bench.forward import parse_recipe_name
     from sagevideo.pipelines.recipe import fp8_linear_problem
 
     if name is None:
@@ -290,7 +290,7 @@ def _as_recipe(model, name: str | None, device: str) -> Iterator[None]:
     if name is None:
         yield
         return
-    from sagevideo.experiments.bench_forward import (
+    from sagevideo.experiments.bench.forward import (
         apply_recipe_name,
         parse_recipe_name,
         recipe_backends,

@@ -126,7 +126,7 @@ class Arm:
 
 def check_attention_run(shapes: list, arms: list[Arm], device: str, dtype: str, *, reps: int,
                         max_hours: float = MAX_HOURS, names: list[str] | None = None) -> RunEstimate:
-    """Estimate timing `arms` at `shapes` (`bench_attention.AttentionShape`s) with `reps` rounds;
+    """Estimate timing `arms` at `shapes` (`bench.attention.AttentionShape`s) with `reps` rounds;
     InputError naming a shape that fits when one cannot fit in the available memory or the run
     would take longer than `max_hours` here (0: no limit). names: how the messages name each
     shape (default `--shape LABEL`). Nothing is allocated."""
@@ -160,13 +160,13 @@ def check_attention_run(shapes: list, arms: list[Arm], device: str, dtype: str, 
 
 
 def attention_calls_per_arm(reps: int) -> int:
-    """Calls `bench_attention.bench_shape` makes of an arm at a slow shape: one for its accuracy,
+    """Calls `bench.attention.bench_shape` makes of an arm at a slow shape: one for its accuracy,
     then per round `median_ms`' warm-up, its estimate call and at least 3 timed calls."""
     return 1 + reps * 5
 
 
 def _attention_memory(shape, arms: list[Arm], device: str, dtype: str) -> tuple[int, dict[str, int]]:
-    from sagevideo.experiments.bench_attention import MATH_SCORES_LIMIT
+    from sagevideo.experiments.bench.attention import MATH_SCORES_LIMIT
     from sagevideo.generation.estimate import DTYPE_BYTES, OVERHEAD_BYTES, reference_transient_bytes
 
     width = DTYPE_BYTES[dtype]

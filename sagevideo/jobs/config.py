@@ -65,7 +65,7 @@ class GenerateConfig(RecipeOptions):
     plan: an attention-plan JSON for every job that names none (checked to exist and fit the
     model, recorded in the manifest with its hash). image: the input image of every job that
     names none, for image-to-video models (`sagevideo.jobs.images`; checked before loading).
-    gpus_per_job: ranks per job (Ulysses sequence parallelism, every family), checked against
+    gpus_per_job: ranks per job (Ulysses sequence parallelism, the families that split), checked against
     every job's heads and video tokens by `plan_batch`. job_timeout: seconds one job may run. On
     Ray the driver stops a worker whose job runs longer (a hang) and retries the job like a worker
     death; in this process a timer stops the job at the limit, mid-step, between two torch
@@ -146,8 +146,9 @@ class GenerateConfig(RecipeOptions):
         int, _whole_number("give a whole number >= 1 (1: one GPU per job, no splitting)")
     ] = Field(
         1,
-        description="Split each job over N GPUs of one node (Ulysses sequence parallelism, every model family; Ray "
-        "groups of N ranks, --workers counts groups). With --device cpu: N CPU processes (gloo).",
+        description="Split each job over N GPUs of one node (Ulysses sequence parallelism: CogVideoX, Open-Sora 2.0, "
+        "Wan, HunyuanVideo; N must divide the model's attention heads and each job's video tokens; Ray groups of N "
+        "ranks, --workers counts groups). With --device cpu: N CPU processes (gloo).",
     )
     max_attempts: Annotated[int, _whole_number("give a whole number >= 1 (1: no retry)")] = Field(
         3, description="Runs of a job whose worker died (killed, CUDA error, OOM) before it fails."

@@ -1,12 +1,12 @@
 """`Recipe`: how the transformer runs around its attention (pydantic, no torch).
 
 A batch's recipe is applied once per loaded pipeline, after its attention is installed, in the
-order that composes (`sagevideo.pipelines.recipe.apply_recipe`): FP8 linears, then step-cache
-hooks, then regional compile. The fields are declared once, in `RecipeOptions`, which `Recipe` and
-the configs of generate, ab and calibrate inherit (flat options `--compile`, `--linear`,
-`--linear-keep`, `--cache`, `--cache-threshold`, `--compile-backend`); the
-`sagevideo.generate(..., recipe=Recipe(...))` keyword expands into them, and a job file's
-`recipe:` section gives them too (`sagevideo.jobs.files`, `layer_recipe`).
+order that composes (`sagevideo.pipelines.recipe.apply_recipe`): FP8 linears, then regional
+compile, then the step-cache hooks (which wrap the compiled block forwards). The fields are
+declared once, in `RecipeOptions`, which `Recipe` and the configs of generate, ab and calibrate
+inherit (flat options `--compile`, `--linear`, `--linear-keep`, `--cache`, `--cache-threshold`,
+`--compile-backend`); the `sagevideo.generate(..., recipe=Recipe(...))` keyword expands into
+them, and a job file's `recipe:` section gives them too (`sagevideo.jobs.files`, `layer_recipe`).
 
 - compile: "none", or "regional": each transformer block's forward `torch.compile`d on its own
   (the model's `_repeated_blocks` where it declares them), one graph for all blocks, compiled

@@ -15,7 +15,7 @@ Hopper machinery:
 This is the configuration that measured fastest on the H200, and faster than the plain-Triton kernel
 at head dim 128, not at 64; the schedules it was measured against (FA3's intra-warpgroup pipelining,
 two consumer warpgroups per CTA, ring stages released in pairs) are in git history, their figures in
-docs/benchmarks.md ("the pipelined schedule had never overlapped").
+docs/benchmarks-history.md ("the pipelined schedule had never overlapped").
 
 Numerics equal the plain-Triton kernel's for the same plan (bit for bit on the H200): the Q scale
 is per row (constant over the plan's BLOCK_M rows), K's per BLOCK_N tile, V's per channel. Only what

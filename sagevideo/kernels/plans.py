@@ -19,7 +19,7 @@ Two kernels compute a plan, with the same tiles and numerics: the plain-Triton o
 (`attention_fwd`, kernel="triton") everywhere, and on Hopper the warp-specialized Gluon one
 (`attention_sm90`, kernel="gluon", FP8 PV only). SAGEVIDEO_SM90_KERNEL picks between them on sm90:
 "auto" (default) takes the Gluon kernel where it measured faster, FP8 PV at head dim 128
-(docs/benchmarks.md, "P in the MMA operand's key order"); "triton" the plain kernel everywhere;
+(docs/benchmarks-history.md, "P in the MMA operand's key order"); "triton" the plain kernel everywhere;
 "gluon" the Gluon kernel wherever it runs (also d64, where it is slower: for comparisons). When
 this Triton lacks the Gluon API or the kernel does not compile with it (checked once per process),
 the plan keeps the plain kernel and its reason says why.
@@ -126,7 +126,7 @@ class PrepPlan:
 
 
 # (PV mode, block_d) -> (BLOCK_M, BLOCK_N), identical on every arch so that results do not depend
-# on the GPU model. From the H200 tile sweeps (docs/benchmarks.md, "Tile sweep" and "P in the MMA
+# on the GPU model. From the H200 tile sweeps (docs/benchmarks-history.md, "Tile sweep" and "P in the MMA
 # operand's key order"): FP8 PV is fastest with 128-key tiles; 16-bit PV at 128x64. FP8 PV at d64
 # takes 64-row tiles with P in the MMA operand's key order: the kernel stays at three CTAs per SM
 # without spills (128 rows spill on Triton 3.6); 64-row Q quantization groups are finer, so no less
@@ -152,21 +152,21 @@ _LAUNCH = {
 }
 # (arch, block_d, PV mode) -> (num_warps, num_stages) where one PV mode measured better than the
 # (arch, block_d) entry: 16-bit PV at d64 on the H200, 8 warps (483 TOPS against 431 with 4, the
-# tile/launch sweep in docs/benchmarks.md, "the integer row max").
+# tile/launch sweep in docs/benchmarks-history.md, "the integer row max").
 _LAUNCH_PV = {
     ("sm90", 64, "fp16"): (8, 3),
     ("sm90", 64, "fp8"): (4, 2),  # with the 128-register cap below
 }
 # (arch, block_d, PV mode) -> the plain kernel's register cap (Triton's maxnreg); speed only. FP8 PV
 # at d64 on the H200: ptxas takes 166 registers uncapped (three CTAs per SM); capped at 128 the main
-# loop does not spill and four CTAs fit, 2-3% faster with 2 stages (docs/benchmarks.md, "scores by
+# loop does not spill and four CTAs fit, 2-3% faster with 2 stages (docs/benchmarks-history.md, "scores by
 # an integer add, four CTAs per SM at d64"); 96 registers spill.
 _MAX_REGISTERS = {
     ("sm90", 64, "fp8"): 128,
 }
 # (arch, block_d, PV mode) whose plain kernel converts scores by an integer add (`scores_by_add`):
 # measured faster for FP8 PV at d64 on the H200 (+2%), inconclusive for the plain d128 kernel, slower
-# in the Gluon kernel, which therefore has no such path (docs/benchmarks.md, "scores by an integer
+# in the Gluon kernel, which therefore has no such path (docs/benchmarks-history.md, "scores by an integer
 # add"). Elsewhere unmeasured, so I2F stays.
 _SCORES_BY_ADD = {
     ("sm90", 64, "fp8"),
@@ -180,7 +180,7 @@ _GLUON_STAGES = {64: 2, 128: 2}
 _GLUON_FASTER = {("fp8", 128)}
 
 # (block_d, FP8 V) -> (stats_min_tokens, stats_chunk, stats_warps). H200 sweep of
-# `bench/bench_prep.py --stats` (docs/benchmarks.md, "a division-free preparation"): 64-row chunks
+# `bench/bench_prep.py --stats` (docs/benchmarks-history.md, "a division-free preparation"): 64-row chunks
 # of 256-token splits when both K and V are read at d128, else 32-row chunks of 512 tokens.
 _STATS_SHAPE = {
     (64, False): (512, 32, 4),
@@ -212,7 +212,7 @@ def gluon_stages(block_d: int) -> int:
 
 def quant_warps(rows: int, block_d: int, kind: str) -> int:
     """Warps of a quantization program over a `rows` x `block_d` tile (`kind` "kv" or "q"); speed only.
-    H200 sweep `bench/bench_prep.py --warps 2,4,8` (docs/benchmarks.md, "a division-free
+    H200 sweep `bench/bench_prep.py --warps 2,4,8` (docs/benchmarks-history.md, "a division-free
     preparation"): 4 for 64-row Q tiles and 64x64 K/V tiles, 8 elsewhere (equal or better)."""
     small = rows * block_d <= 4096 if kind == "kv" else rows <= 64
     return 4 if small else 8

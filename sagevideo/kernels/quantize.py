@@ -17,7 +17,7 @@ Four launches before the attention kernel:
    scale, and (LSE mode)
    stores sm_scale·q·mean(K), the smoothing shift that turns the kernel's LSE into the true one.
    Quantizing Q inside the attention kernel instead (one pass less) was measured and rejected:
-   the prologue's extra shared memory and registers cost the main loop 5-20% (docs/benchmarks.md,
+   the prologue's extra shared memory and registers cost the main loop 5-20% (docs/benchmarks-history.md,
    "the preparation pass").
 
 Launch shapes (warps, splits, tiles per program) come from a `plans.PrepPlan`, never from module state.

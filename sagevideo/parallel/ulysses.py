@@ -69,7 +69,7 @@ def gather_uneven(x: torch.Tensor, sizes: list[int], group=None, dim: int = 1) -
 
 # Head chunks pipelined through the exchanges (see ulysses_exchange); exact for any count
 # (tests/parallel). Measured on 2 H200s at CogVideoX-5B size with the earlier copying buffers
-# (docs/benchmarks.md): 1 / 2 / 4 chunks = 1.82x / 1.83x / 1.80x, the transfer being a small part
+# (docs/benchmarks-history.md): 1 / 2 / 4 chunks = 1.82x / 1.83x / 1.80x, the transfer being a small part
 # of the step. 1 keeps attention calls whole (2 gained 0.5%, and halves each call's grid).
 HEAD_CHUNKS = 1
 

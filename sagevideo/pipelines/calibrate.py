@@ -20,7 +20,7 @@ from sagevideo.eval.numerics.errors import PEAKY_SCORE_STD, error_stats, peaky_r
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override
 from sagevideo.pipelines.routing import AttentionRouter
 
-# Fastest first (H200 measurements, docs/benchmarks.md): FP8 PV beats 16-bit PV; per-tile scales
+# Fastest first (H200 measurements, docs/benchmarks-history.md): FP8 PV beats 16-bit PV; per-tile scales
 # beat per-token ones. Full precision is what remains when no candidate is accurate enough.
 CANDIDATES = (
     Choice(mode=Mode.int8_fp8, granularity=Granularity.block),

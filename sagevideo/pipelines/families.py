@@ -22,10 +22,10 @@ asked of the family:
   layers whose materialized masks are key padding (`key_padding_layers`, `pipelines.masks`);
 - sequence parallelism: `shard` (Ulysses hooks) and `degree_problem` (heads and tokens).
 
-A family that is registered but does not `generate` (Open-Sora, until issue 20) still gives its
-attention routes and sequence-parallel hooks to `install` and `shard`, and its folders are
-refused by `generate` with a message that says so. Family modules import neither torch nor
-diffusers at import time: detection runs on the driver, before anything loads.
+A family that is registered but does not `generate` (HunyuanVideo 1.5, LTX-Video: their routes
+only) still gives its attention routes to `install`, so a user's own pipeline of that kind runs
+sagevideo attention, and its folders are refused by `generate` with a message that says so.
+Family modules import neither torch nor diffusers at import time: detection runs on the driver, before anything loads.
 """
 
 from __future__ import annotations

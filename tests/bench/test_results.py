@@ -1,5 +1,5 @@
-"""bench/results.py and bench/results.jsonl: every row valid, docs/benchmarks.md's figures in it; how a
-benchmark run adds its rows."""
+"""bench/results.py and bench/results.jsonl: every row valid, the figures docs/benchmarks.md and its
+history cite in it; how a benchmark run adds its rows."""
 
 import argparse
 import datetime
@@ -30,6 +30,7 @@ from bench.results import main as results_main
 ROOT = Path(__file__).resolve().parents[2]
 
 BENCHMARKS_MD = ROOT / "docs" / "benchmarks.md"
+HISTORY_MD = ROOT / "docs" / "benchmarks-history.md"
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,21 @@ def test_every_row_is_valid_unique_and_written_as_append_writes_it(rows):
     assert {r.gpu for r in rows} == {"NVIDIA H200", "2x NVIDIA H200"}
 
 
-def test_every_source_benchmarks_md_names_has_rows(rows):
+def test_every_run_the_benchmark_page_cites_has_rows_with_its_figures(rows):
+    """Each table row names its run by the start time its rows' source begins with; the figures it
+    quotes (ms to 0.1, ratios to 0.01) are those rows' values."""
     text = BENCHMARKS_MD.read_text()
+    cited = re.findall(r"\| `(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)`", text)
+    assert len(cited) >= 5
+    for start in cited:
+        assert any(r.source.startswith(start) for r in rows), start
+    forward = {r.shape: r for r in rows if r.source.startswith("2026-12-02T13:58:07Z") and r.metric == "ms"
+               and r.variant == "recipe-fp8-compile-sage"}
+    assert f"| {forward['wan-14b-720p-81f'].value:.1f} |" in text
+
+
+def test_every_source_the_history_names_has_rows(rows):
+    text = HISTORY_MD.read_text()
     assert "](results/" not in text and "docs/results/NAME" in text  # only the git-history pointer is left
     named = set()
     for name in re.findall(r"sources? `([^`]+)`", text):

@@ -54,7 +54,8 @@ def test_bench_at_the_users_size_times_that_many_tokens(tmp_path):
 @pytest.fixture
 def no_work(monkeypatch):
     """Bad input must be refused before anything is timed or built."""
-    from sagevideo.experiments import bench_attention, bench_forward
+    from sagevideo.experiments.bench import attention as bench_attention
+    from sagevideo.experiments.bench import forward as bench_forward
 
     def refuse(*args, **kwargs):
         raise AssertionError("work started on bad input")
@@ -88,3 +89,34 @@ def test_fp8_linears_on_the_cpu_exit_2(no_work):
     result = CliRunner().invoke(app, ["bench", "forward", "--recipes", "fp8-compile-sage"])
     assert result.exit_code == 2
     assert "sagevideo bench forward: error: --recipes fp8-compile-sage: float8 linears need a CUDA GPU" in result.stderr
+
+
+def test_append_results_writes_schema_valid_rows_each_run(tmp_path, monkeypatch):
+    """--append-results FILE: one validated row per figure, the run's settings in its source; a
+    second run appends (the start time tells the runs apart)."""
+    from sagevideo.experiments.bench.results import load
+
+    monkeypatch.setenv("BENCH_COMMIT", "0123abc")
+    path = tmp_path / "results.jsonl"
+    args = ["bench", "attention", "--shape", "1x2x32x32", "--reps", "1", "--budget-ms", "1",
+            "--append-results", str(path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    rows = load(path)
+    assert {(r.shape, r.variant) for r in rows} == {("1x2x32x32", "sdpa-math"), ("1x2x32x32", "sagevideo-fp16")}
+    assert {r.bench for r in rows} == {"sagevideo.bench.attention"} and {r.commit for r in rows} == {"0123abc"}
+    ms = next(r for r in rows if r.variant == "sagevideo-fp16" and r.metric == "ms")
+    assert ms.extra["ran"] == "reference/fp16" and ms.source.endswith("sagevideo bench attention shapes=1x2x32x32 "
+                                                                       "reps=1 budget_ms=1.0")
+    forward = CliRunner().invoke(app, ["bench", "forward", "--model", "tiny-opensora", "--recipes", "eager-cudnn",
+                                       "--repeats", "1", "--append-results", str(path)])
+    assert forward.exit_code == 0, forward.output
+    recipe = [r for r in load(path) if r.bench == "sagevideo.bench.forward"]
+    assert {(r.shape, r.variant) for r in recipe} == {("tiny-opensora", "recipe-eager-cudnn")}
+    assert {"ms", "first_call_s"} <= {r.metric for r in recipe}
+
+
+def test_append_results_into_a_missing_folder_is_refused_before_any_work(tmp_path, no_work):
+    result = CliRunner().invoke(app, ["bench", "attention", "--shape", "1x2x32x32",
+                                      "--append-results", str(tmp_path / "nowhere" / "r.jsonl")])
+    assert result.exit_code == 2 and "--append-results" in result.output and "does not exist" in result.output

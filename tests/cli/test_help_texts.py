@@ -16,9 +16,16 @@ def help_of(monkeypatch, *argv) -> str:
     return re.sub(r"[\s│]+", " ", result.output)
 
 
-def test_gpus_per_job_is_for_every_family(monkeypatch):
+def test_gpus_per_job_names_every_family_that_splits_and_the_degree_rule(monkeypatch):
+    from sagevideo.pipelines import families
+
     text = help_of(monkeypatch, "generate")
-    assert "Ulysses sequence parallelism, every model family" in text and "CogVideoX;" not in text
+    gpus_help = text[text.index("--gpus-per-job"):][:400]
+    splitting = [f.title for f in families.every() if f.generates and f.sequence_parallel]
+    others = [f.title for f in families.every() if not (f.generates and f.sequence_parallel)]
+    assert splitting and all(title in gpus_help for title in splitting), gpus_help
+    assert not any(f"{title}," in gpus_help or f"{title};" in gpus_help for title in others), gpus_help
+    assert "divide the model's attention heads" in gpus_help
 
 
 def test_ab_says_when_exit_2_can_come_after_the_arms_ran(monkeypatch):

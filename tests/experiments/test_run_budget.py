@@ -22,7 +22,7 @@ def cpu_machine(monkeypatch):
     and a setter for the available memory."""
     import torch
 
-    from sagevideo.experiments import bench_attention
+    from sagevideo.experiments.bench import attention as bench_attention
     from sagevideo.generation import budget, estimate
     from sagevideo.pipelines import forwards
 
@@ -62,7 +62,7 @@ def test_the_readme_attention_bench_is_refused_for_memory_with_a_shape_that_fits
         "fp32 reference 437 MB, sdpa-math: scores 243 GB), but the cpu has 24.0 GB available; run it on a GPU "
         "(--device cuda), or give a smaller shape (e.g. --shape 2x48x4352x64)")
     assert built == []  # no tensor made
-    from sagevideo.experiments.bench_attention import BenchAttentionConfig, resolve
+    from sagevideo.experiments.bench.attention import BenchAttentionConfig, resolve
 
     suggested = re.search(r"--shape (\S+)\)", line).group(1)
     plan = resolve(BenchAttentionConfig(shapes=[suggested]))  # the suggestion passes the same checks

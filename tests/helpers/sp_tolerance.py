@@ -6,8 +6,9 @@ differ by ~1e-6 (tests/parallel/test_ulysses.py bounds the transformer at 1e-5).
 - attention "full": that never moves a uint8 pixel here, and H.264 encoding is deterministic,
   so the mp4 files are byte-identical;
 - sagevideo's quantized attention: a ~1e-6 change in Q or K can flip one INT8 rounding, which
-  moves a few pixels by one level (raw frames: max 1 of 255, seen with tools/gpu_sp_check.py
-  --device cpu), and H.264 spreads such a change over its block. The decoded frames must then
+  moves a few pixels by one level (raw frames: max 1 of 255, seen on the CPU with the script
+  that became tests/generation/test_torchrun_gpu.py), and H.264 spreads such a change over its
+  block. The decoded frames must then
   agree to a mean of MEAN_LEVELS levels of 255 (measured: 0.5 on the tiny model), not bit for
   bit. (On 2 GPUs with the Triton kernels the raw frames were bit-identical: docs/scheduling.md.)
 A helper module, not a conftest: tests/scheduling and tests/generation use it.

@@ -9,7 +9,8 @@ It runs attention variants on the same Q/K/V and compares each against exact fp6
 Inputs: a synthetic preset (`presets.py`) or a safetensors file of captured Q/K/V: tensors named
 `q`, `k`, `v` (one layer) or `<layer>.q`, `<layer>.k`, `<layer>.v` (several layers), each
 (B, H, N, D) in HND layout, or NHD with layout="NHD".
-Figures: cosine / relative L1 / RMSE per head, worst and mean, worst layer by name.
+Figures: cosine / relative L1 / RMSE per head, worst and mean, worst layer by name, and whether the
+variant meets the accuracy contract's floors for its P·V mode (`floors.CONTRACT`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from sagevideo.eval.numerics.errors import ErrorStats, attention_fp64, error_stats, per_slice_errors
+from sagevideo.eval.numerics.floors import contract_for
 from sagevideo.eval.numerics.presets import make_inputs
 from sagevideo.kernels.plans import tiles
 from sagevideo.kernels.reference import quantize_symmetric, sageattn_reference, smoothed_k
@@ -88,7 +90,20 @@ class VariantResult:
             "worst_layer": worst.layer,
             "worst_head": f"b{worst.worst_head[0]}h{worst.worst_head[1]}",
             "nonfinite": sum(r.stats.nonfinite for r in self.layers),
-        }
+        } | {"contract": self.contract_verdict()}
+
+    def contract_verdict(self) -> str:
+        """"meets", "short: <what misses>" against the accuracy contract's floors of this P·V mode
+        (`floors.CONTRACT`, worst over layers, mean over layers), or "-" where it has none."""
+        floors = contract_for(self.variant.pv)
+        if floors is None:
+            return "-"
+        n = len(self.layers)
+        stats = {"cos_worst": self.worst_layer.stats.cos_worst,
+                 "cos_mean": sum(r.stats.cos_mean for r in self.layers) / n,
+                 "rel_l1_worst": max(r.stats.rel_l1_worst for r in self.layers)}
+        misses = floors.misses(stats)
+        return "short: " + ", ".join(misses) if misses else "meets"
 
 
 def naive_int8_pv_attention(
@@ -254,13 +269,14 @@ def variant_grid(
 def format_table(results: list[VariantResult]) -> str:
     """A plain-text table, one row per variant, worst before mean."""
     header = (f"{'variant':58s} {'cos worst':>10s} {'cos mean':>9s} {'relL1 worst':>11s} {'relL1 mean':>10s} "
-              f"{'RMSE worst':>10s}  worst at")
+              f"{'RMSE worst':>10s}  {'worst at':24s} contract")
     lines = [header, "-" * len(header)]
     for r in results:
         s = r.summary()
         lines.append(
             f"{s['variant']:58s} {s['cos_worst']:10.5f} {s['cos_mean']:9.5f} {s['rel_l1_worst']:11.4f} "
-            f"{s['rel_l1_mean']:10.4f} {s['rmse_worst']:10.2e}  {s['worst_layer']} {s['worst_head']}"
+            f"{s['rel_l1_mean']:10.4f} {s['rmse_worst']:10.2e}  {s['worst_layer'] + ' ' + s['worst_head']:24s} "
+            f"{s['contract']}"
             + (f"  NONFINITE={s['nonfinite']}" if s["nonfinite"] else "")
         )
     return "\n".join(lines)

@@ -5,7 +5,7 @@ with a device tensor, `prev_timestep >= 0`), which waits for the transformer for
 and only then draws one or two noise tensors from the job's generator. sagevideo draws noise on
 a CPU generator (a seed gives the same video on every device), and a CPU draw at the 5B video's
 latent shape takes tens of milliseconds in bf16 (33–40 ms each on the H200's host under torch.profiler; see
-docs/benchmarks.md): the device idles through both draws, every step.
+docs/benchmarks-history.md): the device idles through both draws, every step.
 
 `NoiseFirstDPMScheduler` is the same scheduler with one change: `step` draws its noise first,
 while the device is still running the forward, then does diffusers' arithmetic unchanged. The noise

@@ -4,7 +4,7 @@ diffusers' `CogVideoXAttnProcessor2_0` calls `F.scaled_dot_product_attention` di
 diffusers' attention-backend switch cannot reach it. This processor is the same computation
 (text/video concatenation, QK norms, rotary embedding on the video tokens only, mask handling,
 output projection, text/video split) with the attention call replaced by `sagevideo.sageattn`.
-`tests/pipelines/test_cogvideox_processor.py` checks it against the upstream processor, so an
+`tests/pipelines/cogvideox/test_processor.py` checks it against the upstream processor, so an
 upstream change that this copy no longer matches fails loudly.
 """
 

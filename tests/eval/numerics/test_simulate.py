@@ -74,3 +74,17 @@ def test_error_stats_counts_nonfinite():
     out[0, 0, 0, 0] = float("nan")
     e = error_stats(ref, out)
     assert e.nonfinite == 1 and e.cos_worst == -1.0
+
+
+def test_each_variant_is_judged_against_the_contract_floors_of_its_pv_mode(seed_results):
+    """The verdict column reads `floors.CONTRACT`: smoothed INT8 QK + 16-bit PV meets it on the seed
+    inputs, unsmoothed K misses on rel-L1 (the seed's 2.5%) or cosine, naive INT8 PV has no contract."""
+    assert seed_results[("fp16", True)]["contract"] == "meets"
+    assert seed_results[("fp16", False)]["contract"].startswith("short: ")
+    assert seed_results[("int8-naive", True)]["contract"] == "-"
+
+
+def test_the_table_shows_the_contract_verdict():
+    (result,) = simulate([Variant(pv="fp8")], preset="random", shape=(1, 2, 256, 64), seed=0)
+    assert format_table([result]).splitlines()[0].endswith("contract")
+    assert format_table([result]).splitlines()[2].endswith(result.summary()["contract"])

@@ -3,7 +3,7 @@
 
 Arms: SDPA pinned to one backend each (cuDNN, flash, efficient, math on a GPU; math on the CPU)
 and `sageattn` per P·V mode, as users call it (quantization included; the backend that ran is
-read from `sagevideo.last_backend()`). Each arm is timed in round-robin rounds (`bench_timing`),
+read from `sagevideo.last_backend()`). Each arm is timed in round-robin rounds (`bench.timing`),
 the median reported, with TOPS = 4·B·H·Nq·Nk·D / time and ratios (> 1: faster) against the best
 SDPA arm and against cuDNN. Accuracy: every arm's output against fp32 SDPA, worst cosine over
 (batch, head). Inputs: random, seed 0, channel 7 of K offset by +8 (real K has such channels;
@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from sagevideo.choices import PV, Device, DType, has_fp8_tensor_cores
 from sagevideo.errors import InputError
-from sagevideo.experiments.bench_timing import (
+from sagevideo.experiments.bench.timing import (
     BenchOptions,
     BenchReport,
     ModelSizeOptions,
@@ -141,6 +141,8 @@ def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
         raise InputError("\n".join(bad))
     if config.json_out is not None:
         writable_file(config.json_out, "--json", InputError, "bench.json")
+    if config.append_results is not None:
+        writable_file(config.append_results, "--append-results", InputError, "results.jsonl")
     device, dtype = resolve_device_dtype(config.device, config.dtype)
     backend = config.backend if config.backend != "auto" or device == "cuda" else "reference"
     pv = list(config.pv or (["fp16", "fp8"] if has_fp8_tensor_cores(device) else ["fp16"]))
@@ -231,6 +233,16 @@ class AttentionBenchReport(BenchReport):
                              + (f"  ({arm.note})" if arm.note else ""))
                 label = ""
         return "\n".join(lines)
+
+    def result_rows(self, run: Any) -> None:
+        """Per shape (its label) and arm (variant: its name): ms, tops, x_best_sdpa, x_cudnn and
+        cos_worst rows (what ran, the rounds and any note in the ms row's extra)."""
+        for shape in self.shapes:
+            for arm in shape.arms:
+                run.add(shape.label, arm.name, "ms", arm.ms, ran=arm.ran, reps_ms=arm.reps_ms, note=arm.note or None,
+                        calls=shape.calls)
+                for metric in ("tops", "x_best_sdpa", "x_cudnn", "cos_worst"):
+                    run.add(shape.label, arm.name, metric, getattr(arm, metric))
 
     def summary(self) -> str:
         """Per shape: the fastest sageattn arm against the best SDPA arm."""
@@ -391,4 +403,6 @@ def run_bench_attention(config: BenchAttentionConfig, progress: Callable[[str], 
                                   model=config.model, backend=plan.backend, reps=config.reps, shapes=rows)
     if config.json_out is not None:
         report.write_json(config.json_out)
+    if config.append_results is not None:
+        report.append_results(config.append_results, f"sagevideo bench attention {config.settings_text()}".rstrip())
     return report

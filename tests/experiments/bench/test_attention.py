@@ -1,4 +1,4 @@
-"""`experiments/bench_attention` on the CPU: real small runs (SDPA's math backend and sageattn's
+"""`experiments/bench/attention.py` on the CPU: real small runs (SDPA's math backend and sageattn's
 reference backend), the JSON they write, and the checks made before any tensor."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sagevideo.errors import InputError
-from sagevideo.experiments.bench_attention import (
+from sagevideo.experiments.bench.attention import (
     AttentionBenchPlan,
     AttentionShape,
     BenchAttentionConfig,

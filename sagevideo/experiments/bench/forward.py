@@ -30,8 +30,8 @@ from pydantic import BaseModel, Field, field_validator
 
 from sagevideo.choices import CompileBackend, Device, DType
 from sagevideo.errors import InputError
-from sagevideo.experiments.bench_attention import SageBackend
-from sagevideo.experiments.bench_timing import (
+from sagevideo.experiments.bench.attention import SageBackend
+from sagevideo.experiments.bench.timing import (
     BenchOptions,
     BenchReport,
     ModelSizeOptions,
@@ -119,6 +119,8 @@ def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
 
     if config.json_out is not None:
         writable_file(config.json_out, "--json", InputError, "bench.json")
+    if config.append_results is not None:
+        writable_file(config.append_results, "--append-results", InputError, "results.jsonl")
     device, dtype = resolve_device_dtype(config.device, config.dtype)
     compile_backend, backend = recipe_backends(device, config.compile_backend, config.backend)
     names, left_out, problems = [], {}, []
@@ -187,6 +189,11 @@ class ForwardBenchReport(BenchReport):
                           f"{self.machine['device_name']} ({self.device}, {self.dtype}), compile backend "
                           f"{self.compile_backend}", *recipe_table(self.recipes)])
 
+    def result_rows(self, run: Any) -> None:
+        """`recipe_rows` at shape = the model config's name (with its size when one was given)."""
+        given = "x".join(str(v) for v in self.size.values() if v)
+        recipe_rows(run, f"{self.model}[{given}]" if given else self.model, self.recipes)
+
     def summary(self) -> str:
         """The fastest recipe against eager cuDNN (or the first recipe when eager cuDNN was not run)."""
         ran = [r for r in self.recipes if r.ms]
@@ -197,6 +204,21 @@ class ForwardBenchReport(BenchReport):
             return f"fastest {best.name} {best.ms:.1f} ms"
         versus_sdpa = "" if best.x_eager_sdpa is None else f", {best.x_eager_sdpa:.2f}x eager SDPA (torch's pick)"
         return f"fastest {best.name} {best.ms:.1f} ms, {best.x_eager_cudnn:.2f}x eager cuDNN{versus_sdpa}"
+
+
+def recipe_rows(run: Any, shape: str, results: list[RecipeResult]) -> None:
+    """Add the recipes' figures to `run` (a `results.Run`): variant recipe-NAME, metrics ms,
+    x_eager_cudnn, x_compile_cudnn, x_eager_sdpa (where eager-sdpa ran), output_cos_vs_eager_cudnn,
+    first_call_s (the backends, the SDPA backends torch picked and the recipe in the ms row's extra);
+    skipped recipes have no rows."""
+    for r in results:
+        if r.skipped:
+            continue
+        variant = f"recipe-{r.name}"
+        run.add(shape, variant, "ms", r.ms, backends=r.backends, recipe=r.recipe, sdpa_backends=r.sdpa_backends)
+        for metric in ("x_eager_cudnn", "x_compile_cudnn", "x_eager_sdpa", "output_cos_vs_eager_cudnn"):
+            run.add(shape, variant, metric, getattr(r, metric))
+        run.add(shape, variant, "first_call_s", r.first_call_s, unit="s")
 
 
 def recipe_table(results: list[RecipeResult]) -> list[str]:
@@ -395,4 +417,6 @@ def run_bench_forward(config: BenchForwardConfig, progress: Callable[[str], None
                                 repeats=config.repeats, recipes=results, **shape)
     if config.json_out is not None:
         report.write_json(config.json_out)
+    if config.append_results is not None:
+        report.append_results(config.append_results, f"sagevideo bench forward {config.settings_text()}".rstrip())
     return report

@@ -1,9 +1,9 @@
-"""`experiments/bench_timing`: the round-robin order, the medians, the clock and the cosines."""
+"""`experiments/bench/timing.py`: the round-robin order, the medians, the clock and the cosines."""
 
 import pytest
 import torch
 
-from sagevideo.experiments.bench_timing import (
+from sagevideo.experiments.bench.timing import (
     cosine_worst,
     interleaved,
     median,

@@ -144,6 +144,14 @@ class BenchOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     max_hours: float = Field(1.0, ge=0, description="refuse a run estimated to take longer than this on the CPU "
                              "(0: no limit); the estimate is measured here before anything is allocated")
+    append_results: Path | None = Field(None, description="also append the figures to this results file, one "
+                                        "validated row per number (the schema of bench/results.jsonl; on a copy "
+                                        "without .git, set BENCH_COMMIT to the commit measured)")
+
+    def settings_text(self) -> str:
+        """The options given (those not at their defaults) as key=value words, for a results row's source."""
+        given = self.model_dump(exclude_defaults=True, exclude={"append_results"}, mode="json")
+        return " ".join(f"{key}={','.join(map(str, v)) if isinstance(v, list) else v}" for key, v in given.items())
 
     @classmethod
     def build(cls, **options: Any) -> Self:
@@ -210,6 +218,19 @@ class BenchReport(BaseModel):
 
     def write_json(self, path: Path) -> None:
         path.write_text(json.dumps(self.model_dump(by_alias=True), indent=2) + "\n")
+
+    def result_rows(self, run: Any) -> None:
+        """Add this report's figures to `run` (a `results.Run`), one row per number."""
+        raise NotImplementedError
+
+    def append_results(self, path: Path, command: str) -> int:
+        """Append this report's rows to the results file `path` (validated, none twice); the rows'
+        source is the start time and `command`. Returns the rows written."""
+        from sagevideo.experiments.bench.results import start_run
+
+        run = start_run(self.schema_, self.machine["device_name"], command)
+        self.result_rows(run)
+        return run.append(path)
 
 
 def now() -> str:

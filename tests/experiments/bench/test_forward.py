@@ -1,4 +1,4 @@
-"""`experiments/bench_forward` on the CPU: recipes side by side on a tiny transformer, the JSON,
+"""`experiments/bench/forward.py` on the CPU: recipes side by side on a tiny transformer, the JSON,
 and the recipes refused (or left out of "default") before any model is built."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sagevideo.errors import InputError
-from sagevideo.experiments.bench_forward import (
+from sagevideo.experiments.bench.forward import (
     DEFAULT_RECIPES,
     BenchForwardConfig,
     parse_recipe_name,
@@ -27,7 +27,7 @@ def test_recipe_names():
 def test_record_sdpa_choices_names_the_backend_torch_picks_and_changes_nothing():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from sagevideo.experiments.bench_forward import record_sdpa_choices
+    from sagevideo.experiments.bench.forward import record_sdpa_choices
 
     q, k, v = (torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(i)) for i in range(3))
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v)
