@@ -170,11 +170,15 @@ def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: 
 
 
 def _cli_order(config: type) -> list[tuple[str, Any]]:
-    """(name, field) of `config`: its own fields in their order, then those it inherits (a shared
-    group such as `RecipeOptions`, which pydantic would list first)."""
+    """(name, field) of `config`: its own fields in their order, then those it inherits from shared
+    groups (pydantic would list them first): the groups without a help panel (`RunOptions`), then
+    those with one (`RecipeOptions`)."""
     own = inspect.get_annotations(config)
     fields = list(config.model_fields.items())
-    return [item for item in fields if item[0] in own] + [item for item in fields if item[0] not in own]
+    inherited = [item for item in fields if item[0] not in own]
+    return [item for item in fields if item[0] in own] + sorted(
+        inherited, key=lambda item: _panel_of(config, item[0]) is not None
+    )
 
 
 def _panel_of(config: type, name: str) -> str | None:

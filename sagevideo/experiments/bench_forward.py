@@ -23,18 +23,17 @@ import contextlib
 import gc
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from sagevideo.choices import CompileBackend, Device, DType
+from sagevideo.choices import CompileBackend, DType
 from sagevideo.errors import InputError
 from sagevideo.experiments.bench_attention import SageBackend
 from sagevideo.experiments.bench_timing import (
     BenchOptions,
     BenchReport,
-    ModelSizeOptions,
+    ModelConfigOptions,
     machine,
     median_seconds,
     now,
@@ -60,11 +59,9 @@ def parse_recipe_name(name: str) -> dict[str, str]:
     return {"linear": linear, "compile": "regional" if parts[0] == "compile" else "none", "attention": parts[1]}
 
 
-class BenchForwardConfig(BenchOptions, ModelSizeOptions):
-    """Which transformer config, which recipes, where."""
+class BenchForwardConfig(BenchOptions, ModelConfigOptions):
+    """Which recipes, on which transformer config (`ModelConfigOptions`), where (`BenchOptions`)."""
 
-    model: str = Field("tiny-cogvideox", description="transformer config: cogvideox-5b, wan-14b, hunyuanvideo, "
-                       "opensora-768px (real size, random weights) or tiny-cogvideox|wan|hunyuanvideo|opensora")
     recipes: list[str] = Field(["default"], description="comma list of [fp8-](eager|compile)-(cudnn|sdpa|sage), or "
                                f"default: {','.join(DEFAULT_RECIPES)} (fp8 left out where it cannot run)")
     repeats: int = Field(3, ge=1, description="timed calls per recipe after the first (median reported)")
@@ -72,16 +69,7 @@ class BenchForwardConfig(BenchOptions, ModelSizeOptions):
                                                    "recipes (default inductor on a GPU, eager on the CPU)")
     backend: SageBackend = Field("auto", description="sageattn backend of the sage recipes (auto: triton on a "
                                  "GPU, reference on the CPU)")
-    device: Device = Field("auto", description="cuda, cpu, or auto")
     dtype: DType | None = Field(None, description="model dtype (default bfloat16 on a GPU, float32 on the CPU)")
-    json_out: Path | None = Field(None, description="write the report as JSON here")
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        from sagevideo.pipelines.forwards import known_config
-
-        return known_config(value)
 
     @field_validator("recipes", mode="before")
     @classmethod
