@@ -2,7 +2,8 @@
 typer options made from a config model's fields (one declaration of each option).
 
 Heavy modules (torch, diffusers, triton, ray) are imported inside the commands only, so
-`sagevideo --help` stays instant; this module imports typer and sagevideo.errors.
+`sagevideo --help` stays instant; this module imports typer, sagevideo.errors and
+`sagevideo.jobs.config` (pydantic).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import inspect
 import os
 import re
 import sys
-import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, Literal
@@ -25,6 +25,7 @@ import typer
 from typer.core import TyperCommand
 
 from sagevideo.errors import EXIT_BAD_INPUT, EXIT_FAILED, InputError, exit_code_for
+from sagevideo.jobs.config import option_panel, option_type, options_in_order
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "InputError", "add_config_command", "echo_while_able", "fail",
            "handle_errors"]
@@ -88,18 +89,9 @@ def user_message(err: BaseException) -> str:
 
 
 def _strip(annotation: Any) -> Any:
-    """The type typer should parse for a field's annotation: Annotated metadata and None dropped."""
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(annotation) if a is not type(None)]
-            if len(args) != 1:
-                raise TypeError(f"no command-line type for {annotation!r}")
-            annotation = args[0]
-        else:
-            break
+    """The type typer should parse for a field's annotation (`option_type`), a list of choices as a
+    list of an Enum's members."""
+    annotation = option_type(annotation)
     if typing.get_origin(annotation) is list:  # typer reads list[Enum] but not list[Literal]
         (item,) = typing.get_args(annotation)
         if typing.get_origin(item) is Literal:
@@ -140,7 +132,7 @@ def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: 
     from a shared group (`sagevideo.jobs.recipe.RecipeOptions`) come after the config's own, in
     the group's help panel (its `cli_panel`)."""
     params = []
-    for name, field in _cli_order(config):
+    for name, field in options_in_order(config):
         if name in skip:
             continue
         spec = cli.get(name, {})
@@ -160,33 +152,13 @@ def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: 
                         more["min"] = bound.ge
                     elif isinstance(bound, annotated_types.Le):
                         more["max"] = bound.le
-            panel = _panel_of(config, name)
+            panel = option_panel(config, name)
             if panel:
                 more.setdefault("rich_help_panel", panel)
             info = typer.Option(*spec.get("flags", ()), help=text, **more)
         annotation = Annotated[kind | None if default is None else kind, info]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return params
-
-
-def _cli_order(config: type) -> list[tuple[str, Any]]:
-    """(name, field) of `config`: its own fields in their order, then those it inherits from shared
-    groups (pydantic would list them first): the groups without a help panel (`RunOptions`), then
-    those with one (`RecipeOptions`)."""
-    own = inspect.get_annotations(config)
-    fields = list(config.model_fields.items())
-    inherited = [item for item in fields if item[0] not in own]
-    return [item for item in fields if item[0] in own] + sorted(
-        inherited, key=lambda item: _panel_of(config, item[0]) is not None
-    )
-
-
-def _panel_of(config: type, name: str) -> str | None:
-    """The help panel of a field: the `cli_panel` of the class that declares it (a shared group's)."""
-    for base in config.__mro__:
-        if name in inspect.get_annotations(base):
-            return vars(base).get("cli_panel")
-    return None
 
 
 _WHOLE_NUMBER = re.compile(r"[+-]?\d+")

@@ -39,10 +39,11 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from sagevideo.choices import Backend, Device, PVChoice
+from sagevideo.choices import Backend, PVChoice
 from sagevideo.errors import ABFailed, InputError
 from sagevideo.experiments.ab_arms import ARMS_HELP
 from sagevideo.experiments.ab_folders import claim_arm_folders
+from sagevideo.jobs.config import RunOptions
 from sagevideo.jobs.recipe import RECIPE_FIELDS, RecipeOptions
 from sagevideo.outputs.manifest import ManifestRecord
 
@@ -53,27 +54,23 @@ LABELS = {"ref": "full precision", "test": "quantized", "noise": "full precision
 _ARM_FIELDS = ("attention", "pv", "plan")
 
 
-class ABConfig(RecipeOptions):
-    """What `sagevideo ab` runs: the job file's prompts in three arms (see the module docstring);
-    the recipe options (`RecipeOptions`) are the quantized arm's; the evaluation's options are
-    `sagevideo.eval.evaluate.EvalOptions`."""
+class ABConfig(RunOptions, RecipeOptions):
+    """What `sagevideo ab` runs: the job file's prompts in three arms (see the module docstring),
+    with the shared `RunOptions` (model, image: the same in every arm, device, progress); the recipe
+    options (`RecipeOptions`) are the quantized arm's; the evaluation's options are
+    `sagevideo.experiments.evaluation.EvalSettings`'s."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     job_file: Path = Field(description="Job file (YAML/TOML/text, as for `generate`) without attention, pv or plan.")
     out: Path = Field(description="Folder for the three arms and the evaluation.")
-    model: str = Field("tiny", description="'tiny' (built in) or a local diffusers folder.")
     plan: Path | None = Field(None, description="Attention-plan JSON for the quantized arm.")
-    image: Path | None = Field(
-        None, description="Input image (image-to-video models) for the jobs that name none; the same in every arm."
-    )
     pv: PVChoice | None = Field(
         None,
         description="P·V precision of the quantized arm (default: the plan's, else auto: FP8 on sm89+ GPUs, "
         "else FP16).",
     )
     backend: Backend = Field("auto", description="sageattn backend of the quantized arm.")
-    device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
     attention_probe: bool = Field(
         False,
         description="Also measure each layer's attention error (cosine, rel-L1, RMSE vs fp32) by re-running the "
@@ -81,7 +78,6 @@ class ABConfig(RecipeOptions):
     )
     noise_floor: bool = Field(True, description="Run full precision twice (the noise floor).")
     arms: list[str] = Field([], description=ARMS_HELP)
-    progress: bool = Field(True, description="Show progress bars.")
 
     @classmethod
     def build(cls, job_file: Any = None, /, **fields: Any) -> ABConfig:
@@ -182,13 +178,12 @@ def ab(
 ) -> dict[str, Any]:
     """Run the arms and evaluate them; returns the metrics.json content.
 
-    config: an `ABConfig`, or the job file of one whose other fields are keyword arguments (out,
-    model, plan, image, pv, backend, device, attention_probe, noise_floor, progress, arms (recipe
-    arms, see `_ab_arms`: then the result is the arms summary, schema "sagevideo.ab.arms"); compile,
-    compile_backend, linear, linear_keep, cache, cache_threshold: the quantized arm's `Recipe`,
-    so the report says what quantized attention with that recipe costs against full precision;
-    a job file's `recipe:` section is the quantized arm's too, where these are left at their
-    defaults (with `arms` it is refused: each arm gives its own).
+    config: an `ABConfig`, or the job file of one whose other fields are keyword arguments (see
+    `ABConfig` for each field). With `arms` (recipe arms, see `_ab_arms`) the result is the arms
+    summary, schema "sagevideo.ab.arms". The recipe fields are the quantized arm's `Recipe`, so the
+    report says what quantized attention with that recipe costs against full precision; a job
+    file's `recipe:` section is the quantized arm's too, where these are left at their defaults
+    (with `arms` it is refused: each arm gives its own).
     options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
     failed or the quantized arm's attention calls do not match the plan; ModelLoadError (from

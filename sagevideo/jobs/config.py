@@ -22,7 +22,10 @@ progress bar, with the device: generate, ab, calibrate).
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -249,6 +252,43 @@ COMMAND_LINE: dict[str, dict[str, Any]] = {
     "progress": {"flags": ("--progress/--no-progress",)},
 }
 API_ONLY: tuple[str, ...] = ("prompts_file", "dtype")  # Python-only: a job file or --prompt give prompts there
+
+def option_type(annotation: Any) -> Any:
+    """The type a command line parses for a field's annotation (e.g. `Seed` -> int, `Path | None`
+    -> Path): Annotated metadata and None dropped. TypeError for a union of several types."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                raise TypeError(f"no command-line type for {annotation!r}")
+            annotation = args[0]
+        else:
+            return annotation
+
+
+def options_in_order(config: type[BaseModel]) -> list[tuple[str, Any]]:
+    """(name, field) of a config's fields in a command line's order: its own in their order, then
+    those it inherits from shared groups (pydantic would list them first), nearest group first
+    (method resolution order), the groups with a help panel (`RecipeOptions`) last."""
+    fields = config.model_fields
+    own = inspect.get_annotations(config)
+    order: list[str] = []
+    for base in config.__mro__:
+        order += [name for name in inspect.get_annotations(base) if name in fields and name not in order]
+    return sorted(((name, fields[name]) for name in order),
+                  key=lambda item: item[0] not in own and option_panel(config, item[0]) is not None)
+
+
+def option_panel(config: type, name: str) -> str | None:
+    """The help panel of a field: the `cli_panel` of the class that declares it (a shared group's)."""
+    for base in config.__mro__:
+        if name in inspect.get_annotations(base):
+            return vars(base).get("cli_panel")
+    return None
+
 
 # Options that are also job fields: a job file (and a job's own fields) override them.
 JOB_DEFAULTS: tuple[str, ...] = tuple(
