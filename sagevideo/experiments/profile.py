@@ -51,7 +51,7 @@ _LINEAR_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "triton_tem_fused_mm", "t
 TOP_KERNELS = 12
 
 
-class ProfileConfig(BenchOptions, ModelConfigOptions):
+class ProfileConfig(ModelConfigOptions, BenchOptions):
     """What to profile: a transformer config (`ModelConfigOptions`: `pipelines.forwards.CONFIGS`,
     its video size), where and how long it may take (`BenchOptions`); every field is an option of
     `sagevideo profile` but dtype (None: bf16 on a GPU, fp32 on the CPU)."""
