@@ -164,22 +164,25 @@ def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: 
 _WHOLE_NUMBER = re.compile(r"[+-]?\d+")
 
 
-@functools.cache
-def several_values(options: frozenset[str]) -> type[TyperCommand]:
-    """A command class whose `options` (the flags of `list[int]` fields) also take several values
-    after one flag, negative ones included: `--linear-bf16-steps 0 -1` is read as
-    `--linear-bf16-steps 0 --linear-bf16-steps -1`. click gives an option one value per flag (it has
-    no variable count for options) and takes a `-1` after the value for a flag of its own."""
+def config_command(config: type, options: frozenset[str], api_only: tuple[str, ...] = ()) -> type[TyperCommand]:
+    """The command class of a command made from `config`: it names its config and the fields left
+    to the Python API (`config`, `api_only`, read by the tests that check every option is one
+    field), and its `options` (the flags of `list[int]` fields) also take several values after one
+    flag, negative ones included: `--linear-bf16-steps 0 -1` is read as `--linear-bf16-steps 0
+    --linear-bf16-steps -1`. click gives an option one value per flag (it has no variable count for
+    options) and takes a `-1` after the value for a flag of its own."""
 
-    class SeveralValuesCommand(TyperCommand):
+    class ConfigCommand(TyperCommand):
         def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
             return super().parse_args(ctx, spread_values(args, options))
 
-    return SeveralValuesCommand
+    ConfigCommand.config = config  # type: ignore[attr-defined]
+    ConfigCommand.api_only = api_only  # type: ignore[attr-defined]
+    return ConfigCommand
 
 
 def whole_number_lists(config: type, cli: Mapping[str, Mapping[str, Any]] | None = None) -> frozenset[str]:
-    """The flags of `config`'s `list[int]` fields (e.g. --linear-bf16-steps), for `several_values`."""
+    """The flags of `config`'s `list[int]` fields (e.g. --linear-bf16-steps), for `config_command`."""
     cli = cli or {}
     flags: set[str] = set()
     for name, field in config.model_fields.items():
@@ -222,7 +225,7 @@ def add_config_command(
 ) -> None:
     """Register command `name` whose options are `config`'s fields (see `config_parameters`);
     run(values) gets them by field name. doc: the command's help. A `list[int]` option takes several
-    values after one flag (`several_values`)."""
+    values after one flag (`config_command`)."""
 
     def command(**values: Any) -> None:
         run({name: _plain(value) for name, value in values.items()})
@@ -230,4 +233,4 @@ def add_config_command(
     command.__signature__ = inspect.Signature(config_parameters(config, cli or {}, skip))  # type: ignore[attr-defined]
     command.__doc__ = doc
     command.__name__ = command.__qualname__ = name.replace("-", "_")
-    app.command(name, cls=several_values(whole_number_lists(config, cli)))(command)
+    app.command(name, cls=config_command(config, whole_number_lists(config, cli), skip))(command)

@@ -1,4 +1,4 @@
-"""The evaluation's options (`experiments/evaluation.py`): one config each for eval, ab's evaluation and check-weights."""
+"""The evaluation's options (`experiments/evaluation.py`): one config for eval, ab's evaluation, check-weights."""
 
 from __future__ import annotations
 
