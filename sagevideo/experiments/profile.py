@@ -58,7 +58,8 @@ class ProfileConfig(ModelConfigOptions, BenchOptions):
 
     steps: int = Field(1, ge=1, description="denoising steps measured (after one warm-up step)")
     recipe: str | None = Field(None, description="run the model as this bench forward recipe, "
-                               "[fp8-](eager|compile)-(cudnn|sdpa|sage), e.g. fp8-compile-sage; default: stock")
+                               "[fp8-](eager|compile)-(cudnn|sdpa|sage)[-first-block|-taylorseer], e.g. "
+                               "fp8-compile-sage; default: stock")
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     plot: Path | None = Field(None, description="write a PNG of the split and the bounds here")
 
@@ -304,14 +305,15 @@ def _as_recipe(model, name: str | None, device: str) -> Iterator[None]:
         return
     from sagevideo.experiments.bench_forward import (
         apply_recipe_name,
+        cache_context,
         parse_recipe_name,
         recipe_backends,
         stock_attention_order,
     )
 
     compile_backend, backend = recipe_backends(device)
-    apply_recipe_name(model, name, backend=backend, compile_backend=compile_backend)
-    with stock_attention_order(parse_recipe_name(name)["attention"], device):
+    _, applied = apply_recipe_name(model, name, backend=backend, compile_backend=compile_backend)
+    with stock_attention_order(parse_recipe_name(name)["attention"], device), cache_context(model, applied.recipe):
         yield
 
 

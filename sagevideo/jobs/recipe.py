@@ -11,7 +11,8 @@ the configs of generate, ab and calibrate inherit (flat options `--compile`, `--
 A recipe has one text form, 'NAME=VALUE,...' with the settings that differ from the defaults
 (e.g. 'compile=regional,linear=fp8,cache=first-block,cache_threshold=0.1'; several patterns or
 steps joined by ';'): `parse_recipe` reads it, `format_recipe` (`Recipe.text()`) writes it, and
-each reads back what the other wrote. `sagevideo ab --arm` and `generate(recipe=...)` take it.
+each reads back what the other wrote. `sagevideo ab --arm` and `generate(recipe=...)` take it, and
+the bench's recipe names are presets of it (`sagevideo.experiments.bench_forward.recipe_name_text`).
 `Recipe.label()` is a short display name for reports, not read back.
 
 - compile: "none", or "regional": each transformer block's forward `torch.compile`d on its own
