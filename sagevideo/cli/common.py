@@ -122,22 +122,23 @@ def plain_help(text: str | None) -> str | None:
 
 
 def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: tuple[str, ...] = ()) -> list:
-    """One typer parameter per field of the pydantic model `config` (in field order), but `skip`.
+    """One typer parameter per field of the pydantic model `config`, but `skip`, in the order of
+    `sagevideo.jobs.config.options_in_order` (its own fields, then those of the shared groups it
+    inherits, a group with a `cli_panel` in that help panel).
 
-    The field's description is the help and its default the default; `cli[field]` may give
-    "flags" (option names, e.g. ("--out", "-o") or ("--frames-png/--no-frames-png",)), "argument"
-    (a positional argument), "type" (what typer parses, when not the field's type), "help" and
-    "default" (the command line's own), "option" (more typer.Option keywords), and "range": True
-    (typer checks the field's ge/le bounds itself and shows them in the help). Fields inherited
-    from a shared group (`sagevideo.jobs.recipe.RecipeOptions`) come after the config's own, in
-    the group's help panel (its `cli_panel`)."""
+    The field's description is the help (always: one declaration) and its default the default;
+    `cli[field]` may give "flags" (option names, e.g. ("--out", "-o") or
+    ("--frames-png/--no-frames-png",)), "argument" (a positional argument), "type" (what typer
+    parses, when not the field's type), "default" (the command line's own), "option" (more
+    typer.Option keywords), and "range": True (typer checks the field's ge/le bounds itself and
+    shows them in the help)."""
     params = []
     for name, field in options_in_order(config):
         if name in skip:
             continue
         spec = cli.get(name, {})
         kind = _strip(spec.get("type") or field.annotation)
-        text = plain_help(spec.get("help", field.description))
+        text = plain_help(field.description)
         if field.is_required():
             default: Any = ...
         else:
