@@ -1,10 +1,12 @@
 """The `sagevideo` command line: a thin typer layer over the Python API (the console script's entry).
 
-One module per command group, each building one config object and mapping errors to exit codes
-through `sagevideo.errors` (`cli.common.handle_errors`): generate (`GenerateConfig`), calibrate
-(`CalibrateConfig`), simulate (`SimulateConfig`), eval/ab/check-weights (`EvalOptions`, `ABConfig`),
-env, convert-opensora (`ConvertOpenSoraConfig`),
-profile (`ProfileConfig`), bench attention/forward (`BenchAttentionConfig`, `BenchForwardConfig`).
+One module per command group; each command's options are its config's fields (`cli.common.
+add_config_command`), and it builds that one config object and maps errors to exit codes through
+`sagevideo.errors` (`cli.common.handle_errors`): generate (`GenerateConfig`), calibrate
+(`CalibrateConfig`), simulate (`SimulateConfig`), eval (`EvalConfig`), ab (`ABConfig` with the
+evaluation's `EvalSettings`), check-weights (`WeightsOptions`), env (no options), convert-opensora
+(`ConvertOpenSoraConfig`), profile (`ProfileConfig`), bench attention/forward
+(`BenchAttentionConfig`, `BenchForwardConfig`).
 Exit codes: 0 success, 1 a job or the model load
 failed, 2 bad input (reported before any model loads), 130/143/129 interrupted. Heavy modules (torch,
 diffusers, triton, ray) are imported inside the commands so `--help` stays instant.

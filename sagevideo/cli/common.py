@@ -2,7 +2,8 @@
 typer options made from a config model's fields (one declaration of each option).
 
 Heavy modules (torch, diffusers, triton, ray) are imported inside the commands only, so
-`sagevideo --help` stays instant; this module imports typer and sagevideo.errors.
+`sagevideo --help` stays instant; this module imports typer, sagevideo.errors and
+`sagevideo.jobs.config` (pydantic).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import inspect
 import os
 import re
 import sys
-import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any, Literal
@@ -25,6 +25,7 @@ import typer
 from typer.core import TyperCommand
 
 from sagevideo.errors import EXIT_BAD_INPUT, EXIT_FAILED, InputError, exit_code_for
+from sagevideo.jobs.config import option_panel, option_type, options_in_order
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILED", "InputError", "add_config_command", "echo_while_able", "fail",
            "handle_errors"]
@@ -88,18 +89,9 @@ def user_message(err: BaseException) -> str:
 
 
 def _strip(annotation: Any) -> Any:
-    """The type typer should parse for a field's annotation: Annotated metadata and None dropped."""
-    while True:
-        origin = typing.get_origin(annotation)
-        if origin is Annotated:
-            annotation = typing.get_args(annotation)[0]
-        elif origin in (typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(annotation) if a is not type(None)]
-            if len(args) != 1:
-                raise TypeError(f"no command-line type for {annotation!r}")
-            annotation = args[0]
-        else:
-            break
+    """The type typer should parse for a field's annotation (`option_type`), a list of choices as a
+    list of an Enum's members."""
+    annotation = option_type(annotation)
     if typing.get_origin(annotation) is list:  # typer reads list[Enum] but not list[Literal]
         (item,) = typing.get_args(annotation)
         if typing.get_origin(item) is Literal:
@@ -130,22 +122,23 @@ def plain_help(text: str | None) -> str | None:
 
 
 def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: tuple[str, ...] = ()) -> list:
-    """One typer parameter per field of the pydantic model `config` (in field order), but `skip`.
+    """One typer parameter per field of the pydantic model `config`, but `skip`, in the order of
+    `sagevideo.jobs.config.options_in_order` (its own fields, then those of the shared groups it
+    inherits, a group with a `cli_panel` in that help panel).
 
-    The field's description is the help and its default the default; `cli[field]` may give
-    "flags" (option names, e.g. ("--out", "-o") or ("--frames-png/--no-frames-png",)), "argument"
-    (a positional argument), "type" (what typer parses, when not the field's type), "help" and
-    "default" (the command line's own), "option" (more typer.Option keywords), and "range": True
-    (typer checks the field's ge/le bounds itself and shows them in the help). Fields inherited
-    from a shared group (`sagevideo.jobs.recipe.RecipeOptions`) come after the config's own, in
-    the group's help panel (its `cli_panel`)."""
+    The field's description is the help (always: one declaration) and its default the default;
+    `cli[field]` may give "flags" (option names, e.g. ("--out", "-o") or
+    ("--frames-png/--no-frames-png",)), "argument" (a positional argument), "type" (what typer
+    parses, when not the field's type), "default" (the command line's own), "option" (more
+    typer.Option keywords), and "range": True (typer checks the field's ge/le bounds itself and
+    shows them in the help)."""
     params = []
-    for name, field in _cli_order(config):
+    for name, field in options_in_order(config):
         if name in skip:
             continue
         spec = cli.get(name, {})
         kind = _strip(spec.get("type") or field.annotation)
-        text = plain_help(spec.get("help", field.description))
+        text = plain_help(field.description)
         if field.is_required():
             default: Any = ...
         else:
@@ -160,7 +153,7 @@ def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: 
                         more["min"] = bound.ge
                     elif isinstance(bound, annotated_types.Le):
                         more["max"] = bound.le
-            panel = _panel_of(config, name)
+            panel = option_panel(config, name)
             if panel:
                 more.setdefault("rich_help_panel", panel)
             info = typer.Option(*spec.get("flags", ()), help=text, **more)
@@ -169,41 +162,28 @@ def config_parameters(config: type, cli: Mapping[str, Mapping[str, Any]], skip: 
     return params
 
 
-def _cli_order(config: type) -> list[tuple[str, Any]]:
-    """(name, field) of `config`: its own fields in their order, then those it inherits (a shared
-    group such as `RecipeOptions`, which pydantic would list first)."""
-    own = inspect.get_annotations(config)
-    fields = list(config.model_fields.items())
-    return [item for item in fields if item[0] in own] + [item for item in fields if item[0] not in own]
-
-
-def _panel_of(config: type, name: str) -> str | None:
-    """The help panel of a field: the `cli_panel` of the class that declares it (a shared group's)."""
-    for base in config.__mro__:
-        if name in inspect.get_annotations(base):
-            return vars(base).get("cli_panel")
-    return None
-
-
 _WHOLE_NUMBER = re.compile(r"[+-]?\d+")
 
 
-@functools.cache
-def several_values(options: frozenset[str]) -> type[TyperCommand]:
-    """A command class whose `options` (the flags of `list[int]` fields) also take several values
-    after one flag, negative ones included: `--linear-bf16-steps 0 -1` is read as
-    `--linear-bf16-steps 0 --linear-bf16-steps -1`. click gives an option one value per flag (it has
-    no variable count for options) and takes a `-1` after the value for a flag of its own."""
+def config_command(config: type, options: frozenset[str], api_only: tuple[str, ...] = ()) -> type[TyperCommand]:
+    """The command class of a command made from `config`: it names its config and the fields left
+    to the Python API (`config`, `api_only`, read by the tests that check every option is one
+    field), and its `options` (the flags of `list[int]` fields) also take several values after one
+    flag, negative ones included: `--linear-bf16-steps 0 -1` is read as `--linear-bf16-steps 0
+    --linear-bf16-steps -1`. click gives an option one value per flag (it has no variable count for
+    options) and takes a `-1` after the value for a flag of its own."""
 
-    class SeveralValuesCommand(TyperCommand):
+    class ConfigCommand(TyperCommand):
         def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
             return super().parse_args(ctx, spread_values(args, options))
 
-    return SeveralValuesCommand
+    ConfigCommand.config = config  # type: ignore[attr-defined]
+    ConfigCommand.api_only = api_only  # type: ignore[attr-defined]
+    return ConfigCommand
 
 
 def whole_number_lists(config: type, cli: Mapping[str, Mapping[str, Any]] | None = None) -> frozenset[str]:
-    """The flags of `config`'s `list[int]` fields (e.g. --linear-bf16-steps), for `several_values`."""
+    """The flags of `config`'s `list[int]` fields (e.g. --linear-bf16-steps), for `config_command`."""
     cli = cli or {}
     flags: set[str] = set()
     for name, field in config.model_fields.items():
@@ -246,7 +226,7 @@ def add_config_command(
 ) -> None:
     """Register command `name` whose options are `config`'s fields (see `config_parameters`);
     run(values) gets them by field name. doc: the command's help. A `list[int]` option takes several
-    values after one flag (`several_values`)."""
+    values after one flag (`config_command`)."""
 
     def command(**values: Any) -> None:
         run({name: _plain(value) for name, value in values.items()})
@@ -254,4 +234,4 @@ def add_config_command(
     command.__signature__ = inspect.Signature(config_parameters(config, cli or {}, skip))  # type: ignore[attr-defined]
     command.__doc__ = doc
     command.__name__ = command.__qualname__ = name.replace("-", "_")
-    app.command(name, cls=several_values(whole_number_lists(config, cli)))(command)
+    app.command(name, cls=config_command(config, whole_number_lists(config, cli), skip))(command)

@@ -9,21 +9,7 @@ import typer
 
 from sagevideo.cli.common import add_config_command, echo_while_able, handle_errors
 from sagevideo.errors import EXIT_FAILED
-from sagevideo.jobs.config import GenerateConfig
-
-# How the command line spells some fields; every other field is `--<name-with-dashes>`.
-CLI: dict[str, dict[str, Any]] = {
-    "job_file": {"argument": True},
-    "out": {"flags": ("--out", "-o")},
-    "prompts_or_jobs": {
-        "flags": ("--prompt", "-p"),
-        "type": list[str],
-        "help": "A prompt (repeatable). Without prompts: a built-in batch of two.",
-    },
-    "frames_png": {"flags": ("--frames-png/--no-frames-png",)},
-    "progress": {"flags": ("--progress/--no-progress",)},
-}
-API_ONLY = ("prompts_file", "dtype")  # Python-only options: a job file or --prompt give prompts here
+from sagevideo.jobs.config import API_ONLY, COMMAND_LINE, GenerateConfig
 
 DOC = """Generate videos into --out; re-running resumes (finished jobs are skipped, failed ones redone).
 
@@ -61,4 +47,4 @@ def _summary(stop: BaseException) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    add_config_command(app, "generate", GenerateConfig, run, doc=DOC, cli=CLI, skip=API_ONLY)
+    add_config_command(app, "generate", GenerateConfig, run, doc=DOC, cli=COMMAND_LINE, skip=API_ONLY)

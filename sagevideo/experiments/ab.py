@@ -39,10 +39,11 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from sagevideo.choices import Backend, Device, PVChoice
+from sagevideo.choices import Backend, PVChoice
 from sagevideo.errors import ABFailed, InputError
 from sagevideo.experiments.ab_arms import ARMS_HELP
 from sagevideo.experiments.ab_folders import claim_arm_folders
+from sagevideo.jobs.config import RunOptions
 from sagevideo.jobs.recipe import RECIPE_FIELDS, RecipeOptions
 from sagevideo.outputs.manifest import ManifestRecord
 
@@ -53,27 +54,23 @@ LABELS = {"ref": "full precision", "test": "quantized", "noise": "full precision
 _ARM_FIELDS = ("attention", "pv", "plan")
 
 
-class ABConfig(RecipeOptions):
-    """What `sagevideo ab` runs: the job file's prompts in three arms (see the module docstring);
-    the recipe options (`RecipeOptions`) are the quantized arm's; the evaluation's options are
-    `sagevideo.eval.evaluate.EvalOptions`."""
+class ABConfig(RunOptions, RecipeOptions):
+    """What `sagevideo ab` runs: the job file's prompts in three arms (see the module docstring),
+    with the shared `RunOptions` (model, image: the same in every arm, device, progress); the recipe
+    options (`RecipeOptions`) are the quantized arm's; the evaluation's options are
+    `sagevideo.experiments.evaluation.EvalSettings`'s."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     job_file: Path = Field(description="Job file (YAML/TOML/text, as for `generate`) without attention, pv or plan.")
     out: Path = Field(description="Folder for the three arms and the evaluation.")
-    model: str = Field("tiny", description="'tiny' (built in) or a local diffusers folder.")
     plan: Path | None = Field(None, description="Attention-plan JSON for the quantized arm.")
-    image: Path | None = Field(
-        None, description="Input image (image-to-video models) for the jobs that name none; the same in every arm."
-    )
     pv: PVChoice | None = Field(
         None,
         description="P·V precision of the quantized arm (default: the plan's, else auto: FP8 on sm89+ GPUs, "
         "else FP16).",
     )
     backend: Backend = Field("auto", description="sageattn backend of the quantized arm.")
-    device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
     attention_probe: bool = Field(
         False,
         description="Also measure each layer's attention error (cosine, rel-L1, RMSE vs fp32) by re-running the "
@@ -81,7 +78,33 @@ class ABConfig(RecipeOptions):
     )
     noise_floor: bool = Field(True, description="Run full precision twice (the noise floor).")
     arms: list[str] = Field([], description=ARMS_HELP)
-    progress: bool = Field(True, description="Show progress bars.")
+
+    def checked_job_file(self, per_arm: str = "") -> Path:
+        """The job file, which exists and sets none of the fields ab sets per arm; InputError
+        otherwise (per_arm: what the message adds about the arms)."""
+        job_file = self.job_file.expanduser()
+        if not job_file.is_file():
+            raise InputError(f"JOB_FILE {job_file}: no such file")
+        arm_fields = job_file_arm_fields(job_file)
+        if arm_fields:
+            raise InputError(f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and "
+                             f"plan per arm{per_arm}; remove them from the job file")
+        return job_file
+
+    def every_arms_settings(self) -> dict[str, Any]:
+        """The `plan_batch` keywords every arm shares: model, backend, device, and the image (every
+        arm plans the same files, so every arm starts from the same images)."""
+        common: dict[str, Any] = {"model": self.model, "backend": self.backend, "device": self.device}
+        if self.image is not None:
+            common["image"] = self.image
+        return common
+
+    def options_beside_arms(self) -> list[str]:
+        """The options given beside `arms` that each arm gives itself (--plan, --pv, the recipe's,
+        --attention-probe), as flags."""
+        given = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", *RECIPE_FIELDS)
+                 if getattr(self, name) != ABConfig.model_fields[name].default]
+        return given + (["--attention-probe"] if self.attention_probe else [])
 
     @classmethod
     def build(cls, job_file: Any = None, /, **fields: Any) -> ABConfig:
@@ -182,58 +205,33 @@ def ab(
 ) -> dict[str, Any]:
     """Run the arms and evaluate them; returns the metrics.json content.
 
-    config: an `ABConfig`, or the job file of one whose other fields are keyword arguments (out,
-    model, plan, image, pv, backend, device, attention_probe, noise_floor, progress, arms (recipe
-    arms, see `_ab_arms`: then the result is the arms summary, schema "sagevideo.ab.arms"); compile,
-    compile_backend, linear, linear_keep, cache, cache_threshold: the quantized arm's `Recipe`,
-    so the report says what quantized attention with that recipe costs against full precision;
-    a job file's `recipe:` section is the quantized arm's too, where these are left at their
-    defaults (with `arms` it is refused: each arm gives its own).
+    config: an `ABConfig`, or the job file of one whose other fields are keyword arguments (see
+    `ABConfig` for each field). With `arms` (recipe arms, see `_ab_arms`) the result is the arms
+    summary, schema "sagevideo.ab.arms". The recipe fields are the quantized arm's `Recipe`, so the
+    report says what quantized attention with that recipe costs against full precision; a job
+    file's `recipe:` section is the quantized arm's too, where these are left at their defaults
+    (with `arms` it is refused: each arm gives its own).
     options: `sagevideo.eval.evaluate.EvalOptions` (metrics, weights, bootstrap...). Raises
     InputError (or EvalInputError) before running anything for bad input; ABFailed when a job
     failed or the quantized arm's attention calls do not match the plan; ModelLoadError (from
     generate) when the model cannot be loaded.
     """
-    from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out
+    from sagevideo.eval.evaluate import evaluate, prepare_out
     from sagevideo.experiments.probe import ProbeRunError, rerun_arm
     from sagevideo.generation.generate import plan_batch, run_batch
-    from sagevideo.pipelines.plans import AttentionPlan, PlanError
 
     config = ABConfig.build(config, **fields)
     if config.arms:
         return _ab_arms(config, options=options, echo=echo)
-    out, model, plan, pv, progress = config.out, config.model, config.plan, config.pv, config.progress
+    out, model, plan, progress = config.out, config.model, config.plan, config.progress
     attention_probe, noise_floor = config.attention_probe, config.noise_floor
-    job_file = config.job_file.expanduser()
-    if not job_file.is_file():
-        raise InputError(f"JOB_FILE {job_file}: no such file")
-    arm_fields = job_file_arm_fields(job_file)
-    if arm_fields:
-        raise InputError(
-            f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and plan per arm "
-            "(full precision vs --plan/--pv); remove them from the job file"
-        )
-    loaded_plan = None
-    if plan is not None:
-        try:
-            loaded_plan = AttentionPlan.load(plan)
-        except (PlanError, OSError) as err:
-            raise InputError(f"--plan {plan}: {err}") from None
-        if pv is None:
-            pv = loaded_plan.default.mode.pv  # None when the default is full precision
-    options = options or EvalOptions()
-    check_metrics(options.metrics)
+    job_file = config.checked_job_file(" (full precision vs --plan/--pv)")
+    loaded_plan, quantized = _quantized_arm(config)
+    options = checked_options(options)
     shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None  # re-runs' and evaluation's steps
     options.labels = dict(LABELS)
 
-    common: dict[str, Any] = {"model": model, "backend": config.backend, "device": config.device}
-    if config.image is not None:  # every arm plans the same files, so every arm starts from the same images
-        common["image"] = config.image
-    quantized: dict[str, Any] = {"attention": "sage", **config.recipe.model_dump()}  # the quantized arm's recipe
-    if pv is not None:
-        quantized["pv"] = pv
-    if plan is not None:
-        quantized["plan"] = str(Path(plan).expanduser().resolve())
+    common = config.every_arms_settings()
     runs = [("test", quantized), ("ref", {"attention": "full"})]
     if noise_floor:
         runs.append(("noise", {"attention": "full"}))
@@ -328,12 +326,41 @@ def ab(
     )
 
 
+def _quantized_arm(config: ABConfig) -> tuple[Any, dict[str, Any]]:
+    """(the loaded --plan or None, the quantized arm's `plan_batch` keywords: sage attention, the
+    recipe, --pv (default: the plan's default mode), the plan); InputError for a plan that does not load."""
+    from sagevideo.pipelines.plans import AttentionPlan, PlanError
+
+    settings: dict[str, Any] = {"attention": "sage", **config.recipe.model_dump()}
+    pv, loaded_plan = config.pv, None
+    if config.plan is not None:
+        try:
+            loaded_plan = AttentionPlan.load(config.plan)
+        except (PlanError, OSError) as err:
+            raise InputError(f"--plan {config.plan}: {err}") from None
+        settings["plan"] = str(Path(config.plan).expanduser().resolve())
+        if pv is None:
+            pv = loaded_plan.default.mode.pv  # None when the default is full precision
+    if pv is not None:
+        settings["pv"] = pv
+    return loaded_plan, settings
+
+
+def checked_options(options: Any) -> Any:
+    """The evaluation's options (`EvalOptions`; None: the defaults), their metrics checked before anything runs."""
+    from sagevideo.eval.evaluate import EvalOptions, check_metrics
+
+    options = options or EvalOptions()
+    check_metrics(options.metrics)
+    return options
+
+
 def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> dict[str, Any]:
     """`ab` with `--arm`s: full precision (twice), then each recipe arm, each evaluated against it
     (`sagevideo.experiments.ab_arms`); returns the summary written to out/metrics.json."""
     import json
 
-    from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out, versions
+    from sagevideo.eval.evaluate import evaluate, prepare_out, versions
     from sagevideo.eval.stats import json_safe
     from sagevideo.experiments.ab_arms import (
         ARMS_SCHEMA,
@@ -346,32 +373,20 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     from sagevideo.generation.generate import plan_batch, run_batch
     from sagevideo.jobs.files import load_job_file
 
-    flat = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", *RECIPE_FIELDS)
-            if getattr(config, name) != ABConfig.model_fields[name].default]
-    if config.attention_probe:
-        flat.append("--attention-probe")
+    flat = config.options_beside_arms()
     if flat:
         raise InputError(f"{', '.join(flat)}: with --arm each arm gives its own settings (e.g. "
                          "--arm sage-fp8=attention=sage,linear=fp8); leave these out")
     arms = parse_arms(list(config.arms))
-    job_file = config.job_file.expanduser()
-    if not job_file.is_file():
-        raise InputError(f"JOB_FILE {job_file}: no such file")
-    arm_fields = job_file_arm_fields(job_file)
-    if arm_fields:
-        raise InputError(f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and "
-                         "plan per arm; remove them from the job file")
+    job_file = config.checked_job_file()
     file_recipe = load_job_file(job_file).recipe
     if file_recipe is not None:  # merged into every arm, it would make arms differ from what their names say
         raise InputError(f"{file_recipe.at()}: with --arm each arm gives its own recipe; remove the job file's "
                          "recipe: section, or run without --arm to give it to the quantized arm")
-    options = options or EvalOptions()
-    check_metrics(options.metrics)
+    options = checked_options(options)
     progress = config.progress
     shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None
-    common: dict[str, Any] = {"model": config.model, "backend": config.backend, "device": config.device}
-    if config.image is not None:
-        common["image"] = config.image
+    common = config.every_arms_settings()
     out = Path(config.out).expanduser()
     if out.exists():
         prepare_out(out)

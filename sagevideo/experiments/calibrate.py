@@ -19,8 +19,9 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 
-from sagevideo.choices import Device, resolve_device
+from sagevideo.choices import resolve_device
 from sagevideo.errors import InputError
+from sagevideo.jobs.config import RunOptions
 from sagevideo.jobs.recipe import RecipeOptions
 from sagevideo.jobs.specs import (
     DEFAULT_PROMPTS,
@@ -53,15 +54,15 @@ def _cosine(value: Any) -> Any:
     return value
 
 
-class CalibrateConfig(RecipeOptions):
-    """Every option of a calibration, in the CLI's order; the recipe options (`RecipeOptions`) say
-    under which recipe attention is measured (see `calibrate`)."""
+class CalibrateConfig(RunOptions, RecipeOptions):
+    """Every option of a calibration, in the CLI's order (then the shared `RunOptions`: model, image
+    (every prompt starts from it), device, progress); the recipe options (`RecipeOptions`) say under
+    which recipe attention is measured (see `calibrate`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     prompts_file: Path | None = Field(None, description="Text file with one prompt per line.")
     out: Path = Field(description="Where to write the plan (JSON).")
-    model: str = Field("tiny", description="'tiny' or a local diffusers folder.")
     prompts: list[str] | None = Field(None, description="A prompt (repeatable).")
     steps: Steps | None = Field(None, description="Denoising steps (default: the model's).")
     capture_steps: Annotated[list[int] | None, BeforeValidator(_step_list)] = Field(
@@ -77,12 +78,9 @@ class CalibrateConfig(RecipeOptions):
         None, description="Classifier-free guidance scale (<= 1 disables it; default: the model's)."
     )
     seed: Seed = Field(0, description="Seed of the initial noise.")
-    image: Path | None = Field(None, description="Input image of every prompt (image-to-video models).")
-    device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
     save_qkv: Path | None = Field(
         None, description="Also save captured Q/K/V (safetensors) for `sagevideo simulate --qkv`."
     )
-    progress: bool = Field(True, description="Show the progress bar.")
 
     @classmethod
     def build(cls, prompts: Any = None, /, **options: Any) -> CalibrateConfig:
@@ -104,16 +102,9 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
     """Calibrate attention per layer on prompts and save the chosen plan to `out` (JSON).
 
     config: a `CalibrateConfig`, or the prompts of one whose other fields are keyword arguments
-    (see `CalibrateConfig`: out, model, prompts_file, steps, frames, height, width, guidance, seed,
-    image (image-to-video models: every prompt starts from it), capture_steps, threshold, device,
-    save_qkv, progress). Without prompts (nor a prompts file): the built-in pair.
-    capture_steps: denoising step indices to measure (negative counts from the end; None: all).
-    threshold: worst cosine (vs fp32 attention) a quantized mode must reach in a layer.
-    save_qkv: also save the captured Q/K/V (first call per layer and step) for `sagevideo simulate --qkv`.
-    compile, compile_backend, linear, linear_keep, cache, cache_threshold: the recipe to measure
-    under (see the module docstring: linear applies, compile is noted and not applied, cache is
-    refused); recorded in the plan's `recipe`.
-    progress: a progress bar on stderr (denoising steps of every prompt, and the layer measured).
+    (see `CalibrateConfig` for each field; without prompts nor a prompts file: the built-in pair).
+    The recipe fields say under which recipe attention is measured (see the module docstring:
+    linear applies, compile is noted and not applied, cache is refused); recorded in the plan's `recipe`.
     Returns a `CalibrationResult` (errors per layer and mode, the plan, the choices).
     Raises InputError before loading anything when an input is invalid.
     """

@@ -28,11 +28,12 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from sagevideo.errors import InputError
+from sagevideo.experiments.bench.timing import BenchOptions, ModelConfigOptions
 
 CATEGORIES = ("attention", "linear", "rest")
 SPEEDUPS = (2.0, 3.0, math.inf)
@@ -50,28 +51,17 @@ _LINEAR_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "triton_tem_fused_mm", "t
 TOP_KERNELS = 12
 
 
-class ProfileConfig(BaseModel):
-    """What to profile: a transformer config (`pipelines.forwards.CONFIGS`), its video size, where."""
+class ProfileConfig(ModelConfigOptions, BenchOptions):
+    """What to profile: a transformer config (`ModelConfigOptions`: `pipelines.forwards.CONFIGS`,
+    its video size), where and how long it may take (`BenchOptions`); every field is an option of
+    `sagevideo profile` but dtype (None: bf16 on a GPU, fp32 on the CPU)."""
 
-    model_config = ConfigDict(extra="forbid")
-    model: str = "tiny-cogvideox"
-    frames: int | None = Field(None, ge=1)
-    height: int | None = Field(None, ge=16)
-    width: int | None = Field(None, ge=16)
-    steps: int = Field(1, ge=1)
-    recipe: str | None = None  # a bench forward recipe name ([fp8-](eager|compile)-(cudnn|sdpa|sage)); None: stock
-    device: str = "auto"
-    dtype: Literal["bfloat16", "float16", "float32"] | None = None  # None: bf16 on a GPU, fp32 on the CPU
-    json_out: Path | None = None
-    plot: Path | None = None
-    max_hours: float = Field(1.0, ge=0)  # refuse a CPU run estimated longer (`run_budget`); 0: no limit
-
-    @field_validator("model")
-    @classmethod
-    def _known(cls, value: str) -> str:
-        from sagevideo.pipelines.forwards import known_config
-
-        return known_config(value)
+    steps: int = Field(1, ge=1, description="denoising steps measured (after one warm-up step)")
+    recipe: str | None = Field(None, description="run the model as this bench forward recipe, "
+                               "[fp8-](eager|compile)-(cudnn|sdpa|sage)[-first-block|-taylorseer], e.g. "
+                               "fp8-compile-sage; default: stock")
+    dtype: Literal["bfloat16", "float16", "float32"] | None = None
+    plot: Path | None = Field(None, description="write a PNG of the split and the bounds here")
 
     @field_validator("recipe")
     @classmethod
@@ -81,6 +71,29 @@ class ProfileConfig(BaseModel):
         if value is not None:
             parse_recipe_name(value)  # ValueError naming the form
         return value
+
+    @property
+    def height(self) -> int | None:
+        return self.size()["height"]
+
+    @property
+    def width(self) -> int | None:
+        return self.size()["width"]
+
+    @classmethod
+    def build(cls, **options: Any) -> ProfileConfig:
+        """A config; InputError naming each bad option ('--frames: ...'), or a size the model cannot take."""
+        from sagevideo.jobs.specs import problem_parts
+
+        try:
+            config = cls(**options)
+        except ValidationError as err:
+            lines = [f"--{field.replace('_', '-')}: {msg}" for field, msg, _ in problem_parts(err)]
+            raise InputError("; ".join(lines)) from None
+        problem = config.size_problem(config.model)  # a latent shape the model cannot take
+        if problem:
+            raise InputError(problem)
+        return config
 
 
 class ProfileReport(BaseModel):
@@ -292,14 +305,15 @@ def _as_recipe(model, name: str | None, device: str) -> Iterator[None]:
         return
     from sagevideo.experiments.bench.forward import (
         apply_recipe_name,
+        cache_context,
         parse_recipe_name,
         recipe_backends,
         stock_attention_order,
     )
 
     compile_backend, backend = recipe_backends(device)
-    apply_recipe_name(model, name, backend=backend, compile_backend=compile_backend)
-    with stock_attention_order(parse_recipe_name(name)["attention"], device):
+    _, applied = apply_recipe_name(model, name, backend=backend, compile_backend=compile_backend)
+    with stock_attention_order(parse_recipe_name(name)["attention"], device), cache_context(model, applied.recipe):
         yield
 
 

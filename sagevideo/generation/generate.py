@@ -50,11 +50,9 @@ def generate(config: GenerateConfig | PromptsOrJobs = None, /, **options: Any) -
     config: a `GenerateConfig`, or the prompts/jobs of one (a job file as a Path or a one-word
     string ending in .yaml/.yml/.toml/.txt, a prompt, a dict of `JobSpec` fields, a `JobSpec`, or
     a list of those; None (and no prompts_file/job_file): a built-in batch of two prompts).
-    options: `GenerateConfig`'s fields (out, model, seed, frames, height, width, steps, guidance,
-    negative_prompt, attention, pv, plan, backend, device, dtype, fps, prompts_file, job_file,
-    address, workers, max_attempts, gpus_per_job, job_timeout, frames_png, progress), over the
-    config's when one is given. address/workers > 1 run the batch on Ray (`pip install
-    'sagevideo[ray]'`); so does gpus_per_job > 1, each job then split over that many ranks.
+    options: `GenerateConfig`'s fields (see it for each), over the config's when one is given.
+    address/workers > 1 run the batch on Ray (`pip install 'sagevideo[ray]'`); so does
+    gpus_per_job > 1, each job then split over that many ranks.
     Jobs that the manifest in `out` already records as done (with their file present) are skipped.
     Each record is a `ManifestRecord` (attributes, or `record["status"]` as in its JSON line).
     Raises InputError before loading anything when an input is invalid (or when another run

@@ -13,8 +13,15 @@ progress, summary). The other ranks run the same jobs in the same order and writ
 rank that dies takes the run with it (torchrun stops the others); re-running resumes. Ray's
 scheduler restarts groups by itself.
 
-Exit status (rank 0): 0 every job done, 1 a job or the model load failed, 2 bad input, 130
-interrupted. The other ranks exit 0 unless they fail themselves.
+Its options are `generate`'s, read from `GenerateConfig`'s fields and their command-line spelling
+(`sagevideo.jobs.config.COMMAND_LINE`): the job file, prompts, sizes, attention, plan, image,
+negative prompt, recipe... but those the ranks decide (`TORCHRUN_LEAVES_OUT`: the world size is
+torchrun's --nproc-per-node, there is no Ray and no retry; a per-job time limit would stop one rank
+while the others wait for it in a collective) and the Python-only ones.
+
+Exit status (rank 0): the project's (`sagevideo.errors.exit_code_for`): 0 every job done, 1 a job
+or the model load failed, 2 bad input, 130/143/129 interrupted. The other ranks exit 0 unless they
+fail themselves.
 """
 
 from __future__ import annotations
@@ -22,33 +29,38 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
+import typing
+from typing import Any, Literal
+
+from sagevideo.jobs.config import API_ONLY, COMMAND_LINE, GenerateConfig, option_panel, option_type, options_in_order
 
 PROG = "sagevideo torchrun"
 COMMAND = "torchrun --nproc-per-node N -m sagevideo.generation.torchrun"
+# generate's options that do not apply to ranks started by torchrun (see the module docstring).
+RANKS_DECIDE: tuple[str, ...] = ("address", "workers", "gpus_per_job", "max_attempts", "job_timeout")
+TORCHRUN_LEAVES_OUT: tuple[str, ...] = (*API_ONLY, *RANKS_DECIDE)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parse(argv)
-    from sagevideo.generation.generate import BatchInterrupted, pending_jobs, plan_batch, run_batch
-    from sagevideo.host.pipeline_host import ModelLoadError, worker_info
+    """Run the batch `argv` names on this rank; returns the exit status (see the module docstring)."""
+    from sagevideo.errors import BatchInterrupted, InputError, ModelLoadError, exit_code_for
+    from sagevideo.generation.generate import pending_jobs, plan_batch, run_batch
+    from sagevideo.host.pipeline_host import worker_info
     from sagevideo.host.sharded import ShardedHost
-    from sagevideo.jobs.specs import InputError, group_problems
+    from sagevideo.jobs.specs import group_problems
     from sagevideo.parallel.launch import init_from_env, leave_group
     from sagevideo.pipelines.families import degree_problems
     from sagevideo.pipelines.recipe import recipe_problems
 
+    try:
+        config = parse_config(argv)
+    except SystemExit as stop:  # argparse printed the help (0) or what is wrong (2)
+        return stop.code if isinstance(stop.code, int) else 2
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     say = (lambda line: print(line, file=sys.stderr)) if rank == 0 else (lambda line: None)
     try:
-        # workers=1: this process runs its rank's share, Ray is never asked for.
-        plan = plan_batch(
-            args.prompt or None, job_file=args.job_file, out=args.out, model=args.model, seed=args.seed,
-            frames=args.frames, height=args.height, width=args.width, steps=args.steps, guidance=args.guidance,
-            attention=args.attention, pv=args.pv, backend=args.backend, plan=args.plan, device=args.device,
-            fps=args.fps, workers=1,
-        )
+        plan = plan_batch(config)
         problems = degree_problems(plan.source, [(pj.job, pj.label) for pj in plan.jobs], world)
         # A job file's recipe: is the batch's here too; planned for one rank, it is checked for WORLD_SIZE
         # (a step cache would let each rank decide on its own shard).
@@ -58,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:  # every rank finds the same problem, so every rank stops here
         for line in str(err).splitlines():
             say(f"{PROG}: error: {line}")
-        return 2
+        return err.exit_code
     for note in plan.notes:
         say(f"{PROG}: {note}")
 
@@ -84,46 +96,81 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 host.close()
 
-        report = run_batch(plan, progress=not args.no_progress, echo=say, execute=here)
-    except ModelLoadError as err:
-        print(f"{PROG}: rank {rank}: {err}", file=sys.stderr)
-        return 1
-    except InputError as err:  # rank 0: --out is in use by another run (torchrun then stops the others)
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+        report = run_batch(plan, progress=config.progress, echo=say, execute=here)
     except BatchInterrupted as stop:
         print(stop.report.summary_line())
         return stop.exit_code
+    except BaseException as err:  # a user-facing one exits with its code and one line; a bug shows as one
+        code = exit_code_for(err)
+        if code is None:
+            raise
+        if isinstance(err, ModelLoadError):
+            print(f"{PROG}: rank {rank}: {err}", file=sys.stderr)
+        elif not isinstance(err, KeyboardInterrupt):  # e.g. rank 0: --out in use by another run
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+        return code
     finally:
         leave_group()
     print(report.summary_line())
     return 0 if report.ok else 1
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
+def parse_config(argv: list[str] | None) -> GenerateConfig:
+    """The `GenerateConfig` of torchrun's command line (`command_line`); one worker, this process.
+    Bad values are kept in the config's problems (`GenerateConfig.build`), as generate keeps them."""
+    given = vars(command_line().parse_args(argv))
+    return GenerateConfig.build(**given, workers=1)
+
+
+def command_line() -> argparse.ArgumentParser:
+    """The launcher's parser: generate's options (one per `GenerateConfig` field, spelt as
+    `sagevideo generate` spells them, in its order and help panels) but `TORCHRUN_LEAVES_OUT`."""
     parser = argparse.ArgumentParser(
         prog=COMMAND,
-        description="Generate videos with each job split over the torchrun ranks (Ulysses sequence parallelism).",
+        description="Generate videos with each job split over the torchrun ranks (Ulysses sequence parallelism); "
+        "the options are `sagevideo generate`'s.",
+        epilog="Not here: " + ", ".join("--" + name.replace("_", "-") for name in RANKS_DECIDE)
+        + " (torchrun starts the ranks: --nproc-per-node is the degree).",
     )
-    parser.add_argument("job_file", nargs="?", type=Path, help="YAML/TOML job file or a text file of prompts")
-    parser.add_argument("--prompt", "-p", action="append", help="a prompt (repeatable)")
-    parser.add_argument("--out", "-o", type=Path, required=True, help="output folder (rank 0 writes there)")
-    parser.add_argument("--model", default="tiny", help="'tiny' or a local diffusers folder of a model family")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--frames", type=int)
-    parser.add_argument("--height", type=int)
-    parser.add_argument("--width", type=int)
-    parser.add_argument("--steps", type=int)
-    parser.add_argument("--guidance", type=float, help="guidance scale (default: the model's)")
-    parser.add_argument("--attention", choices=("sage", "full"), default="sage")
-    parser.add_argument("--pv", choices=("auto", "fp16", "fp8"), default="auto",
-                        help="as `sagevideo generate --pv`: auto = FP8 on sm89+ GPUs, else FP16")
-    parser.add_argument("--backend", choices=("auto", "triton", "reference", "sdpa"), default="auto")
-    parser.add_argument("--plan", type=Path, help="attention-plan JSON for jobs that name none")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--fps", type=int, help="frame rate of the mp4 files (default: the model's)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser.parse_args(argv)
+    panels: dict[str | None, Any] = {None: parser}
+    for name, field in options_in_order(GenerateConfig):
+        if name not in TORCHRUN_LEAVES_OUT:
+            panel = option_panel(GenerateConfig, name)
+            if panel not in panels:
+                panels[panel] = parser.add_argument_group(panel)
+            _add_option(panels[panel], name, field, COMMAND_LINE.get(name, {}))
+    return parser
+
+
+def _add_option(parser: Any, name: str, field: Any, spelling: dict[str, Any]) -> None:
+    """One argparse argument for a GenerateConfig field, spelt as `sagevideo generate` spells it
+    (`COMMAND_LINE`: flags, a positional argument, the type parsed). A value not given is left out
+    (the config's default applies)."""
+    kind = option_type(spelling.get("type") or field.annotation)
+    described: dict[str, Any] = {"help": (field.description or "").replace("%", "%%"), "default": argparse.SUPPRESS}
+    if spelling.get("argument"):
+        # argparse gives an optional positional's SUPPRESS default as a value: None (the field's default) here
+        parser.add_argument(name, nargs="?", type=kind, **{**described, "default": field.default})
+        return
+    flags = [flag.split("/")[0] for flag in spelling.get("flags") or (f"--{name.replace('_', '-')}",)]
+    described["metavar"] = flags[0].lstrip("-").replace("-", "_").upper()
+    if kind is bool:  # --progress/--no-progress
+        del described["metavar"]
+        parser.add_argument(flags[0], dest=name, action=argparse.BooleanOptionalAction, **described)
+        return
+    repeated = typing.get_origin(kind) is list
+    item = typing.get_args(kind)[0] if repeated else kind
+    choices = typing.get_args(item) if typing.get_origin(item) is Literal else None
+    convert = str if choices else item
+    if choices:  # argparse shows the choices in place of a metavar
+        del described["metavar"]
+    if repeated and convert is int:  # --linear-bf16-steps 0 -1: several values after one flag
+        parser.add_argument(*flags, dest=name, action="extend", nargs="+", type=int, **described)
+    elif repeated:  # --prompt a --prompt b
+        parser.add_argument(*flags, dest=name, action="append", type=convert, choices=choices, **described)
+    else:
+        parser.add_argument(*flags, dest=name, type=convert, choices=choices, required=field.is_required(),
+                            **described)
 
 
 if __name__ == "__main__":

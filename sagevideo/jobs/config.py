@@ -12,17 +12,25 @@ which the API and the CLI use, never raises for a bad value: the value is left a
 the problem kept in `config.problems` ((field, option with value, what is wrong)), so that
 `plan_batch` lists it beside every other problem of the batch, each once. Unknown or missing
 keywords raise TypeError, as for any Python call.
+
+The options that several commands take are declared once here as groups the configs inherit, as
+the recipe's are (`sagevideo.jobs.recipe.RecipeOptions`): `DeviceOptions` (where a run happens:
+generate, ab, eval, calibrate, profile, bench) and `RunOptions` (the model, its input image and the
+progress bar, with the device: generate, ab, calibrate).
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError
 
 from sagevideo.choices import Attention, AttentionGuard, Backend, Device, DType, PVChoice
 from sagevideo.errors import InputError
@@ -58,9 +66,31 @@ def _listed(value: Any) -> Any:
     return value
 
 
-class GenerateConfig(RecipeOptions):
-    """Every option of a batch (see the module docstring); the fields are in the CLI's order, the
-    recipe's (inherited from `RecipeOptions`) in their own help panel.
+class DeviceOptions(BaseModel):
+    """Where a run happens, declared once for every command that takes it."""
+
+    device: Device = Field("auto", description="Where it runs: auto = CUDA when available, else CPU.")
+
+
+class RunOptions(DeviceOptions):
+    """The model a run loads, its input image, where it runs and its progress bar: the options
+    generate, ab and calibrate share (each inherits them)."""
+
+    model: str = Field("tiny", description="'tiny' (built in, no download) or a local diffusers folder.")
+    image: Path | None = Field(
+        None,
+        description="Input image of image-to-video models (e.g. --model tiny-cogvideox-i2v) for the jobs (prompts) "
+        "that name none, the same in every arm of ab: resized to the job's resolution when the aspect ratios match, "
+        "else refused; recorded in the manifest with its SHA-256.",
+    )
+    progress: bool = Field(True, description="Show the progress bar.")
+
+
+class GenerateConfig(RunOptions, RecipeOptions):
+    """Every option of a batch (see the module docstring); the fields are in the CLI's order: its
+    own, then the shared run options (`RunOptions`), then the recipe's (`RecipeOptions`) in their
+    own help panel. `COMMAND_LINE` says how the command line spells the fields that are not plain
+    `--<name>` options.
 
     plan: an attention-plan JSON for every job that names none (checked to exist and fit the
     model, recorded in the manifest with its hash). image: the input image of every job that
@@ -89,12 +119,11 @@ class GenerateConfig(RecipeOptions):
         "as plain text, one prompt per line (blank lines and # comments are skipped).",
     )
     out: Path = Field(description="Output folder for the mp4 files and manifest.jsonl.")
-    model: str = Field("tiny", description="'tiny' (built in, no download) or a local diffusers folder.")
     prompts_or_jobs: Annotated[Any, BeforeValidator(_listed)] = Field(
         None,
-        description="A job file (a Path, or a one-word string ending in .yaml/.yml/.toml/.txt), a prompt, a dict "
-        "of JobSpec fields, a JobSpec, or a list of those; None (and no prompts_file/job_file): a built-in batch "
-        "of two prompts.",
+        description="A prompt (repeatable). Without prompts: a built-in batch of two. (In Python also a job file: "
+        "a Path, or a one-word string ending in .yaml/.yml/.toml/.txt; a dict of JobSpec fields, a JobSpec, or a "
+        "list of those.)",
     )
     prompts_file: Path | None = Field(None, description="A text file with one prompt per line.")
     negative_prompt: str = Field("", description="Negative prompt for every job.")
@@ -123,13 +152,6 @@ class GenerateConfig(RecipeOptions):
     plan: Path | None = Field(
         None, description="Attention-plan JSON for jobs that name none (checked, recorded in the manifest)."
     )
-    image: Path | None = Field(
-        None,
-        description="Input image of image-to-video models (e.g. --model tiny-cogvideox-i2v) for jobs that name "
-        "none: resized to the job's resolution when the aspect ratios match, else refused; recorded in the "
-        "manifest with its SHA-256.",
-    )
-    device: Device = Field("auto", description="auto = CUDA when available, else CPU.")
     dtype: DType | None = Field(None, description="Model dtype (default: bfloat16 on CUDA, float32 on CPU).")
     fps: Annotated[int, NotBool, Field(ge=1, le=240)] | None = Field(
         None, description="Frame rate of the mp4 files (default: the model's, the rate it was trained at)."
@@ -161,7 +183,6 @@ class GenerateConfig(RecipeOptions):
     frames_png: bool = Field(
         False, description="Also write each job's frames as PNGs into <output>_frames/ (job files: frames_png)."
     )
-    progress: bool = Field(True, description="Show the progress bar.")
 
     _problems: list[tuple[str, str, str]] = PrivateAttr(default_factory=list)
 
@@ -220,6 +241,54 @@ class GenerateConfig(RecipeOptions):
     def default(cls, name: str) -> Any:
         """The declared default of option `name`."""
         return cls.model_fields[name].default
+
+
+# How the command line spells some fields (`sagevideo generate` and the torchrun launcher alike; see
+# `sagevideo.cli.common.config_parameters` for the keys); every other field is `--<name-with-dashes>`.
+COMMAND_LINE: dict[str, dict[str, Any]] = {
+    "job_file": {"argument": True},
+    "out": {"flags": ("--out", "-o")},
+    "prompts_or_jobs": {"flags": ("--prompt", "-p"), "type": list[str]},
+    "frames_png": {"flags": ("--frames-png/--no-frames-png",)},
+    "progress": {"flags": ("--progress/--no-progress",)},
+}
+API_ONLY: tuple[str, ...] = ("prompts_file", "dtype")  # Python-only: a job file or --prompt give prompts there
+
+def option_type(annotation: Any) -> Any:
+    """The type a command line parses for a field's annotation (e.g. `Seed` -> int, `Path | None`
+    -> Path): Annotated metadata and None dropped. TypeError for a union of several types."""
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(args) != 1:
+                raise TypeError(f"no command-line type for {annotation!r}")
+            annotation = args[0]
+        else:
+            return annotation
+
+
+def options_in_order(config: type[BaseModel]) -> list[tuple[str, Any]]:
+    """(name, field) of a config's fields in a command line's order: its own in their order, then
+    those it inherits from shared groups (pydantic would list them first), nearest group first
+    (method resolution order), the groups with a help panel (`RecipeOptions`) last."""
+    fields = config.model_fields
+    own = inspect.get_annotations(config)
+    order: list[str] = []
+    for base in config.__mro__:
+        order += [name for name in inspect.get_annotations(base) if name in fields and name not in order]
+    return sorted(((name, fields[name]) for name in order),
+                  key=lambda item: item[0] not in own and option_panel(config, item[0]) is not None)
+
+
+def option_panel(config: type, name: str) -> str | None:
+    """The help panel of a field: the `cli_panel` of the class that declares it (a shared group's)."""
+    for base in config.__mro__:
+        if name in inspect.get_annotations(base):
+            return vars(base).get("cli_panel")
+    return None
 
 
 # Options that are also job fields: a job file (and a job's own fields) override them.

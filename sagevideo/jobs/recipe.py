@@ -8,6 +8,13 @@ inherit (flat options `--compile`, `--linear`, `--linear-keep`, `--cache`, `--ca
 `--compile-backend`); the `sagevideo.generate(..., recipe=Recipe(...))` keyword expands into
 them, and a job file's `recipe:` section gives them too (`sagevideo.jobs.files`, `layer_recipe`).
 
+A recipe has one text form, 'NAME=VALUE,...' with the settings that differ from the defaults
+(e.g. 'compile=regional,linear=fp8,cache=first-block,cache_threshold=0.1'; several patterns or
+steps joined by ';'): `parse_recipe` reads it, `format_recipe` (`Recipe.text()`) writes it, and
+each reads back what the other wrote. `sagevideo ab --arm` and `generate(recipe=...)` take it, and
+the bench's recipe names are presets of it (`sagevideo.experiments.bench.forward.recipe_name_text`).
+`Recipe.label()` is a short display name for reports, not read back.
+
 - compile: "none", or "regional": each transformer block's forward `torch.compile`d on its own
   (the model's `_repeated_blocks` where it declares them), one graph for all blocks, compiled
   code kept in a persistent cache folder (`sagevideo.pipelines.recipe.compile_cache_dir`).
@@ -177,8 +184,12 @@ class Recipe(RecipeOptions):
         data["cache_threshold"] = self.threshold
         return data
 
+    def text(self) -> str:
+        """The recipe's text form (`format_recipe`), e.g. 'linear=fp8,cache=first-block'."""
+        return format_recipe(self)
+
     def label(self) -> str:
-        """A short name for reports: e.g. 'regional+fp8+first-block@0.05', or 'eager'."""
+        """A short name for reports (not read back: `text` is): e.g. 'regional+fp8+first-block@0.05', or 'eager'."""
         parts = []
         if self.compile != "none":
             backend = "" if self.compile_backend == "inductor" else f"/{self.compile_backend}"
@@ -235,11 +246,26 @@ def expand_recipe(options: dict[str, Any]) -> dict[str, Any]:
     return {**{name: getattr(recipe, name) for name in RECIPE_FIELDS}, **options}
 
 
+_LISTS = ("linear_keep", "linear_bf16_steps")  # several values, joined by ';' in the text form
+
+
+def format_recipe(recipe: Recipe) -> str:
+    """The text form of `recipe` (see the module docstring): its settings that differ from the
+    defaults, in field order; '' for the plain recipe. `parse_recipe` reads it back."""
+    parts = []
+    for name in RECIPE_FIELDS:
+        value = getattr(recipe, name)
+        if value == RecipeOptions.model_fields[name].default:
+            continue
+        shown = ";".join(map(str, value)) if name in _LISTS else repr(value) if isinstance(value, float) else value
+        parts.append(f"{name}={shown}")
+    return ",".join(parts)
+
+
 def parse_recipe(text: str) -> Recipe:
-    """A recipe from 'compile=regional,linear=fp8,cache=first-block,cache_threshold=0.1' (dashes or
-    underscores in names; 'linear_keep=a;b' for several patterns, 'linear_bf16_steps=0;-1' for
-    several steps; empty text: the plain recipe).
-    Raises ValueError naming the bad part."""
+    """A recipe from its text form, e.g. 'compile=regional,linear=fp8,cache=first-block,cache_threshold=0.1'
+    (dashes or underscores in names; 'linear_keep=a;b' for several patterns, 'linear_bf16_steps=0;-1'
+    for several steps; empty text: the plain recipe). Raises ValueError naming the bad part."""
     data: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, sep, value = part.partition("=")
@@ -247,7 +273,7 @@ def parse_recipe(text: str) -> Recipe:
         if not sep or name not in RECIPE_FIELDS:
             raise ValueError(f"{part!r}: give NAME=VALUE with NAME one of {', '.join(RECIPE_FIELDS)}")
         value = value.strip()
-        data[name] = [v for v in value.split(";") if v] if name in ("linear_keep", "linear_bf16_steps") else value
+        data[name] = [v for v in value.split(";") if v] if name in _LISTS else value
     try:
         return Recipe(**data)
     except Exception as err:  # a pydantic ValidationError: say it in one line

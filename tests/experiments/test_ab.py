@@ -216,3 +216,21 @@ def test_a_job_files_recipe_is_the_quantized_arms_and_the_full_precision_arms_ru
     assert recipes["full"].is_plain and recipes["full-repeat"].is_plain
     with pytest.raises(InputError, match=r"jobs.yaml line 2 \(recipe\): cache: the job file's recipe sets"):
         ab(jobs, out=tmp_path / "other", device="cpu", cache="taylorseer", progress=False)
+
+
+def test_the_configs_option_checks_name_what_each_arm_gives_itself(tmp_path):
+    from sagevideo.errors import InputError as Refused
+    from sagevideo.experiments.ab import ABConfig
+
+    job = tmp_path / "jobs.yaml"
+    job.write_text("jobs:\n  - prompt: a cat\n    pv: fp8\n")
+    config = ABConfig.build(job, out=tmp_path / "out", pv="fp16", linear="fp8", attention_probe=True,
+                            image=tmp_path / "i.png", device="cpu")
+    assert config.options_beside_arms() == ["--pv", "--linear", "--attention-probe"]
+    assert ABConfig.build(job, out=tmp_path).options_beside_arms() == []
+    assert config.every_arms_settings() == {"model": "tiny", "backend": "auto", "device": "cpu",
+                                            "image": tmp_path / "i.png"}
+    with pytest.raises(Refused, match=r"sets job 1: pv: `sagevideo ab` sets attention, pv and plan per arm \(x\);"):
+        config.checked_job_file(" (x)")
+    with pytest.raises(Refused, match="no such file"):
+        ABConfig.build(tmp_path / "missing.yaml", out=tmp_path).checked_job_file()

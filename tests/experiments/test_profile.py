@@ -144,3 +144,8 @@ def test_a_recipe_this_machine_cannot_run_is_refused_before_building(monkeypatch
         run_profile(ProfileConfig(model="tiny-cogvideox", recipe="compile-sage", device="cpu"))
     with pytest.raises(ValueError, match="is not"):
         ProfileConfig(recipe="compile-fast")
+
+
+def test_a_recipe_naming_a_cache_runs_in_the_caches_context():
+    report = run_profile(ProfileConfig(model="tiny-cogvideox", recipe="eager-cudnn-first-block", device="cpu"))
+    assert report.recipe == "eager-cudnn-first-block" and abs(sum(report.shares.values()) - 1) < 1e-9

@@ -62,3 +62,22 @@ def test_bf16_steps_take_every_spelling_and_are_checked_against_a_jobs_steps():
     assert "step 7 is not one of the job's 4 steps" in Recipe(linear_bf16_steps=[7]).step_problem(4)
     assert Recipe(linear_bf16_steps=[-5]).step_problem(4) is not None
     assert [field for field, _, _ in Recipe(linear_bf16_steps=[0]).problems()] == ["linear_bf16_steps"]  # needs fp8
+
+
+@pytest.mark.parametrize("recipe", [
+    Recipe(),
+    Recipe(compile="regional", compile_backend="eager"),
+    Recipe(linear="fp8", linear_keep=["transformer_blocks.0.*", "proj_out"], linear_bf16_steps=[0, -1]),
+    Recipe(cache="first-block", cache_threshold=0.1234567),
+    Recipe(compile="regional", linear="fp8", cache="taylorseer"),
+])
+def test_the_text_form_reads_back_what_it_wrote(recipe):
+    assert parse_recipe(recipe.text()) == recipe
+    assert parse_recipe(recipe.text()).text() == recipe.text()
+
+
+def test_the_text_form_names_only_what_differs_from_the_defaults():
+    assert Recipe().text() == ""
+    assert Recipe(linear="fp8", cache="first-block", cache_threshold=0.1).text() == \
+        "linear=fp8,cache=first-block,cache_threshold=0.1"
+    assert parse_recipe("cache-threshold=0.1, cache=first-block").text() == "cache=first-block,cache_threshold=0.1"

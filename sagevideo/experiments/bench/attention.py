@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from sagevideo.choices import PV, Device, DType, has_fp8_tensor_cores
+from sagevideo.choices import PV, DType, has_fp8_tensor_cores
 from sagevideo.errors import InputError
 from sagevideo.experiments.bench.timing import (
     BenchOptions,
@@ -93,11 +92,9 @@ class BenchAttentionConfig(BenchOptions, ModelSizeOptions):
     backend: SageBackend = Field("auto", description="sageattn backend (auto: triton on a GPU, reference on the CPU)")
     sdpa: list[SDPABackendName] | None = Field(None, description="SDPA backends to time (repeatable; default: "
                                                "cudnn, flash, efficient, math on a GPU, math on the CPU)")
-    device: Device = Field("auto", description="cuda, cpu, or auto")
     dtype: DType | None = Field(None, description="inputs' dtype (default bfloat16 on a GPU, float32 on the CPU)")
     reps: int = Field(3, ge=1, description="round-robin rounds per arm (median reported)")
     budget_ms: float = Field(100.0, gt=0, description="time spent per arm and round (calls timed one by one)")
-    json_out: Path | None = Field(None, description="write the report as JSON here")
 
     @field_validator("model")
     @classmethod

@@ -1,7 +1,12 @@
 """`sagevideo bench forward`: whole transformer forwards per speed recipe, side by side in one run.
 
-A recipe's name is `[fp8-](eager|compile)-(cudnn|sdpa|sage)`: fp8 = torchao float8 rowwise linears
-on the blocks, compile = regional (each block `torch.compile`d), sage = sagevideo's attention
+A recipe's name is `[fp8-](eager|compile)-(cudnn|sdpa|sage)[-first-block|-taylorseer]`, a preset
+of the recipe's text form (`sagevideo.jobs.recipe.parse_recipe`; `recipe_name_text` gives the text a
+name stands for, e.g. fp8-compile-sage-first-block: linear=fp8,compile=regional,cache=first-block
+with sagevideo attention): fp8 = torchao float8 rowwise linears
+on the blocks, compile = regional (each block `torch.compile`d), a cache = diffusers' step-caching
+hook (the forwards repeat the same inputs, so after the first call a cache skips what it can: its
+best case, not a denoising run's), sage = sagevideo's attention
 installed (its default plan), cudnn = stock attention under SDPA with cuDNN first (flash, then
 efficient, for calls cuDNN refuses; on the CPU, torch's own choice), sdpa = stock attention as
 torch picks its SDPA backend (what diffusers runs as shipped; eager recipes record which backend
@@ -23,18 +28,17 @@ import contextlib
 import gc
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from sagevideo.choices import CompileBackend, Device, DType
+from sagevideo.choices import CompileBackend, DType
 from sagevideo.errors import InputError
 from sagevideo.experiments.bench.attention import SageBackend
 from sagevideo.experiments.bench.timing import (
     BenchOptions,
     BenchReport,
-    ModelSizeOptions,
+    ModelConfigOptions,
     machine,
     median_seconds,
     now,
@@ -47,41 +51,49 @@ SCHEMA = "sagevideo.bench.forward"
 DEFAULT_RECIPES = ("eager-cudnn", "eager-sage", "compile-cudnn", "compile-sage", "fp8-compile-sage")
 BASELINES = {"x_eager_cudnn": "eager-cudnn", "x_compile_cudnn": "compile-cudnn", "x_eager_sdpa": "eager-sdpa"}
 ATTENTION_KINDS = ("cudnn", "sdpa", "sage")
+# Caches a recipe name may end with; pyramid-broadcast reads a pipeline's current timestep, which a
+# transformer's forwards alone do not have.
+NAMED_CACHES = ("first-block", "taylorseer")
+RECIPE_NAME_FORM = "[fp8-](eager|compile)-(cudnn|sdpa|sage)[-first-block|-taylorseer]"
 
 
-def parse_recipe_name(name: str) -> dict[str, str]:
-    """'fp8-compile-sage' -> {"linear": "fp8", "compile": "regional", "attention": "sage"}; raises
-    ValueError for a name that is not [fp8-](eager|compile)-(cudnn|sdpa|sage)."""
-    parts = name.split("-")
+def recipe_name_text(name: str) -> tuple[str, str]:
+    """(attention kind, recipe text form) that a recipe name stands for: 'fp8-compile-sage-first-block'
+    -> ("sage", "compile=regional,linear=fp8,cache=first-block"); raises ValueError for a name not of
+    `RECIPE_NAME_FORM`."""
+    from sagevideo.jobs.recipe import Recipe
+
+    cache = next((c for c in NAMED_CACHES if name.endswith(f"-{c}")), "none")
+    parts = (name.removesuffix(f"-{cache}") if cache != "none" else name).split("-")
     linear = "fp8" if parts[0] == "fp8" else "bf16"
     parts = parts[1:] if linear == "fp8" else parts
     if len(parts) != 2 or parts[0] not in ("eager", "compile") or parts[1] not in ATTENTION_KINDS:
-        raise ValueError(f"{name!r} is not [fp8-](eager|compile)-(cudnn|sdpa|sage), e.g. compile-sage")
-    return {"linear": linear, "compile": "regional" if parts[0] == "compile" else "none", "attention": parts[1]}
+        raise ValueError(f"{name!r} is not {RECIPE_NAME_FORM}, e.g. compile-sage")
+    compile_mode = "regional" if parts[0] == "compile" else "none"
+    return parts[1], Recipe(compile=compile_mode, linear=linear, cache=cache).text()
 
 
-class BenchForwardConfig(BenchOptions, ModelSizeOptions):
-    """Which transformer config, which recipes, where."""
+def parse_recipe_name(name: str) -> dict[str, str]:
+    """'fp8-compile-sage' -> {"linear": "fp8", "compile": "regional", "cache": "none", "attention": "sage"}
+    (`recipe_name_text`); raises ValueError for a name not of `RECIPE_NAME_FORM`."""
+    from sagevideo.jobs.recipe import parse_recipe
 
-    model: str = Field("tiny-cogvideox", description="transformer config: cogvideox-5b, wan-14b, hunyuanvideo, "
-                       "opensora-768px (real size, random weights) or tiny-cogvideox|wan|hunyuanvideo|opensora")
-    recipes: list[str] = Field(["default"], description="comma list of [fp8-](eager|compile)-(cudnn|sdpa|sage), or "
+    attention, text = recipe_name_text(name)
+    recipe = parse_recipe(text)
+    return {"linear": recipe.linear, "compile": recipe.compile, "cache": recipe.cache, "attention": attention}
+
+
+class BenchForwardConfig(BenchOptions, ModelConfigOptions):
+    """Which recipes, on which transformer config (`ModelConfigOptions`), where (`BenchOptions`)."""
+
+    recipes: list[str] = Field(["default"], description=f"comma list of {RECIPE_NAME_FORM}, or "
                                f"default: {','.join(DEFAULT_RECIPES)} (fp8 left out where it cannot run)")
     repeats: int = Field(3, ge=1, description="timed calls per recipe after the first (median reported)")
     compile_backend: CompileBackend | None = Field(None, description="torch.compile backend of the compile "
                                                    "recipes (default inductor on a GPU, eager on the CPU)")
     backend: SageBackend = Field("auto", description="sageattn backend of the sage recipes (auto: triton on a "
                                  "GPU, reference on the CPU)")
-    device: Device = Field("auto", description="cuda, cpu, or auto")
     dtype: DType | None = Field(None, description="model dtype (default bfloat16 on a GPU, float32 on the CPU)")
-    json_out: Path | None = Field(None, description="write the report as JSON here")
-
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str) -> str:
-        from sagevideo.pipelines.forwards import known_config
-
-        return known_config(value)
 
     @field_validator("recipes", mode="before")
     @classmethod
@@ -249,17 +261,23 @@ def recipe_backends(device: str, compile_backend: str | None = None, backend: st
 
 
 def apply_recipe_name(model: Any, name: str, *, backend: str, compile_backend: str) -> tuple[Any, Any]:
-    """Make `model` run as recipe `name` ([fp8-](eager|compile)-(cudnn|sdpa|sage)): sagevideo attention
-    installed with `backend` for a sage recipe, then `pipelines.recipe.apply_recipe`. Returns (the
-    install's handle, None for cudnn; the AppliedRecipe)."""
+    """Make `model` run as recipe `name` (`RECIPE_NAME_FORM`): sagevideo attention installed with
+    `backend` for a sage recipe, then `pipelines.recipe.apply_recipe` of the recipe text the name
+    stands for. Returns (the install's handle, None for cudnn; the AppliedRecipe)."""
     import sagevideo
-    from sagevideo.jobs.recipe import Recipe
+    from sagevideo.jobs.recipe import parse_recipe
     from sagevideo.pipelines.recipe import apply_recipe
 
-    spec = parse_recipe_name(name)
-    handle = sagevideo.install(model, backend=backend) if spec["attention"] == "sage" else None
-    recipe = Recipe(compile=spec["compile"], linear=spec["linear"], compile_backend=compile_backend)
+    attention, text = recipe_name_text(name)
+    handle = sagevideo.install(model, backend=backend) if attention == "sage" else None
+    recipe = parse_recipe(",".join(filter(None, (text, f"compile_backend={compile_backend}"))))
     return handle, apply_recipe(model, recipe)
+
+
+def cache_context(model: Any, recipe: Any) -> contextlib.AbstractContextManager:
+    """The step cache's context (diffusers refuses cached forwards outside one) for a recipe with a
+    cache, else nothing."""
+    return model.cache_context("bench") if recipe.cache != "none" else contextlib.nullcontext()
 
 
 def stock_attention_order(attention: str, device: str) -> contextlib.AbstractContextManager:
@@ -339,7 +357,7 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
         order = stock_attention_order(spec["attention"], device)
         picked: dict[str, int] = {}
         stock_eager = spec["attention"] != "sage" and recipe.compile == "none"
-        with order, sagevideo.record_backends() as log:
+        with order, sagevideo.record_backends() as log, cache_context(step.model, recipe):
             start = time.perf_counter()
             with record_sdpa_choices(picked) if stock_eager else contextlib.nullcontext():
                 out = run()

@@ -20,6 +20,7 @@ from typing_extensions import Self
 
 from sagevideo.choices import resolve_device
 from sagevideo.errors import InputError
+from sagevideo.jobs.config import DeviceOptions
 
 DEFAULT_DTYPES = {"cuda": "bfloat16", "cpu": "float32"}  # the models run bf16; CPU runs are tests and smoke runs
 
@@ -138,8 +139,9 @@ def machine(device: str) -> dict[str, Any]:
     }
 
 
-class BenchOptions(BaseModel):
-    """A bench command's options; `build` turns every bad one into one InputError."""
+class BenchOptions(DeviceOptions):
+    """The options of `sagevideo bench attention`, `bench forward` and `profile` alike (with the
+    shared `DeviceOptions`); `build` turns every bad one into one InputError."""
 
     model_config = ConfigDict(extra="forbid")
     max_hours: float = Field(1.0, ge=0, description="refuse a run estimated to take longer than this on the CPU "
@@ -152,6 +154,7 @@ class BenchOptions(BaseModel):
         """The options given (those not at their defaults) as key=value words, for a results row's source."""
         given = self.model_dump(exclude_defaults=True, exclude={"append_results"}, mode="json")
         return " ".join(f"{key}={','.join(map(str, v)) if isinstance(v, list) else v}" for key, v in given.items())
+    json_out: Path | None = Field(None, description="write the report as JSON here")
 
     @classmethod
     def build(cls, **options: Any) -> Self:
@@ -202,6 +205,21 @@ class ModelSizeOptions(BaseModel):
         except ValueError as err:
             return str(err)
         return None
+
+
+class ModelConfigOptions(ModelSizeOptions):
+    """A transformer config of `pipelines.forwards.CONFIGS` at its size: `bench forward`'s and
+    `profile`'s model."""
+
+    model: str = Field("tiny-cogvideox", description="transformer config: cogvideox-5b, wan-14b, hunyuanvideo, "
+                       "opensora-768px (real size, random weights) or tiny-cogvideox|wan|hunyuanvideo|opensora")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        from sagevideo.pipelines.forwards import known_config
+
+        return known_config(value)
 
 
 class BenchReport(BaseModel):

@@ -17,11 +17,35 @@ from sagevideo.experiments.bench.forward import (
 
 
 def test_recipe_names():
-    assert parse_recipe_name("fp8-compile-sage") == {"linear": "fp8", "compile": "regional", "attention": "sage"}
-    assert parse_recipe_name("eager-cudnn") == {"linear": "bf16", "compile": "none", "attention": "cudnn"}
+    assert parse_recipe_name("fp8-compile-sage") == {"linear": "fp8", "compile": "regional", "cache": "none",
+                                                     "attention": "sage"}
+    assert parse_recipe_name("eager-cudnn") == {"linear": "bf16", "compile": "none", "cache": "none",
+                                                "attention": "cudnn"}
     with pytest.raises(ValueError, match="not \\[fp8-\\]"):
         parse_recipe_name("fast-sage")
-    assert parse_recipe_name("compile-sdpa") == {"linear": "bf16", "compile": "regional", "attention": "sdpa"}
+    assert parse_recipe_name("compile-sdpa") == {"linear": "bf16", "compile": "regional", "cache": "none",
+                                                 "attention": "sdpa"}
+    with pytest.raises(ValueError, match="not \\[fp8-\\]"):
+        parse_recipe_name("eager-sage-pyramid-broadcast")  # needs a pipeline's timestep
+
+
+def test_a_recipe_name_is_a_preset_of_the_recipes_text_form_and_can_name_a_cache():
+    from sagevideo.experiments.bench.forward import recipe_name_text
+    from sagevideo.jobs.recipe import Recipe, parse_recipe
+
+    assert recipe_name_text("fp8-compile-sage-first-block") == ("sage", "compile=regional,linear=fp8,cache=first-block")
+    assert recipe_name_text("eager-cudnn") == ("cudnn", "")
+    attention, text = recipe_name_text("eager-sdpa-taylorseer")
+    assert attention == "sdpa" and parse_recipe(text) == Recipe(cache="taylorseer")
+    assert parse_recipe_name("eager-sage-first-block")["cache"] == "first-block"
+
+
+def test_a_cache_recipe_runs_its_forwards_in_the_caches_context():
+    config = BenchForwardConfig(model="tiny-cogvideox", recipes=["eager-cudnn,eager-cudnn-first-block"], repeats=1)
+    got = {r.name: r for r in run_bench_forward(config).recipes}
+    cached = got["eager-cudnn-first-block"]
+    assert cached.ms > 0 and cached.recipe == "first-block@0.05"
+    assert cached.output_cos_vs_eager_cudnn == pytest.approx(1.0, abs=1e-6)  # the first call computes every block
 
 
 def test_record_sdpa_choices_names_the_backend_torch_picks_and_changes_nothing():
