@@ -27,6 +27,19 @@ SCORES_BY_ADD_MAX_SCALE = tl.constexpr(constants.SCORES_BY_ADD_MAX_SCALE)
 
 
 @triton.jit
+def _masked_scores(s, offs_n, offs_m, Mask, N_K, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Scores of keys past N_K, masked out by the key mask or (CAUSAL) after the query set to -inf.
+    Returns (s, key_ok (BLOCK_N,): in bounds and kept by the key mask)."""
+    key_ok = offs_n < N_K
+    if HAS_MASK:
+        key_ok = key_ok & (tl.load(Mask + offs_n, mask=offs_n < N_K, other=0) != 0)
+    s = tl.where(key_ok[None, :], s, float("-inf"))
+    if CAUSAL:
+        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+    return s, key_ok
+
+
+@triton.jit
 def _attn_tile(
     acc, l_i, m_i, q, q_scale,
     KQ, KScale, V, VQ, Mask,
@@ -60,12 +73,7 @@ def _attn_tile(
     if PER_TOKEN_K:
         s = s * (q_scale[:, None] * tl.load(KScale + offs_n)[None, :])
     if MASKED:
-        key_ok = offs_n < N_K
-        if HAS_MASK:
-            key_ok = key_ok & (tl.load(Mask + offs_n, mask=offs_n < N_K, other=0) != 0)
-        s = tl.where(key_ok[None, :], s, float("-inf"))
-        if CAUSAL:
-            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        s, key_ok = _masked_scores(s, offs_n, offs_m, Mask, N_K, CAUSAL, HAS_MASK)
     if PER_TOKEN_K:
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
     else:
