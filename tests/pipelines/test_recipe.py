@@ -164,6 +164,7 @@ def test_contiguous_inputs_copies_views_to_row_major_strides_only(batch):
     assert row_major_strides((3, 0, 2)) == torch.empty(3, 0, 2).stride()
 
 
+@pytest.mark.slow  # torch.compile (regional, eager backend) of the tiny model under the cache
 def test_first_block_cache_under_regional_compile_keeps_its_hooks_out_of_the_compiled_blocks():
     # Compiled with the block, the cache's per-step decision was traced: graph breaks in the first
     # block and a recompile per change of the cache's state (on the GPU: blocks left eager, slower).
@@ -348,6 +349,7 @@ def run_steps(pipe, applied, steps: int):
     return run_job(pipe, job, text_tokens=source.text_tokens, decode=False, on_step=applied.on_step)
 
 
+@pytest.mark.slow  # two regional compiles of the tiny model in bf16 with fp8 linears
 def test_bf16_steps_run_those_steps_with_the_bf16_weights_and_compile_once_more(fp8_on_cpu):
     from torch._dynamo.utils import counters
 
@@ -377,6 +379,7 @@ def test_bf16_steps_run_those_steps_with_the_bf16_weights_and_compile_once_more(
     assert graphs[True] == 2 * graphs[False]  # each graph once more, for the bf16 weights; no recompile per step
 
 
+@pytest.mark.slow  # three bf16 videos of the tiny model, fp8 linears emulated on CPU
 def test_bf16_steps_for_every_step_give_the_bf16_video_and_fewer_do_not(fp8_on_cpu):
     def video(recipe: Recipe):
         from sagevideo.jobs.specs import JobSpec
@@ -419,6 +422,7 @@ def test_bf16_steps_a_job_does_not_have_are_refused_before_loading(tmp_path, no_
         plan_batch("a cat", out=tmp_path, device="cpu", linear_bf16_steps=[0])
 
 
+@pytest.mark.slow  # an end-to-end batch of two bf16 jobs with fp8 linears emulated on CPU
 def test_generate_runs_the_bf16_steps_on_every_job_and_records_them(tmp_path, fp8_on_cpu):
     import sagevideo
 

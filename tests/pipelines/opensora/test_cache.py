@@ -1,6 +1,8 @@
 """Open-Sora 2.0 under diffusers' first-block cache (`--cache first-block`): its blocks registered
 with diffusers, the cache's decisions counted, and a cache that never skips changes nothing."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -26,6 +28,19 @@ def _frames(recipe: Recipe | None, steps: int = 4) -> tuple[np.ndarray, dict | N
     return result.frames, applied.record() if applied is not None else None
 
 
+@functools.cache
+def _plain_frames(steps: int = 4) -> np.ndarray:
+    """The plain video of `_frames`, made once per step count (every cache test compares against it)."""
+    return _frames(None, steps)[0]
+
+
+@functools.cache
+def _skipping_frames() -> tuple[np.ndarray, dict]:
+    """The first-block cache at a threshold that skips every step after the first (no compile), made
+    once: it does not depend on the compile parametrization of the test that reads it."""
+    return _frames(Recipe(cache="first-block", cache_threshold=5.0))
+
+
 def test_block_caches_are_taken_and_pyramid_broadcast_is_not():
     """Pyramid broadcast hooks only diffusers' own attention classes: on Open-Sora it would hook
     nothing and claim a cache."""
@@ -37,7 +52,7 @@ def test_block_caches_are_taken_and_pyramid_broadcast_is_not():
 
 
 def test_taylorseer_predicts_the_attention_layers_between_full_steps():
-    plain, _ = _frames(None, steps=12)
+    plain = _plain_frames(12)
     predicted, record = _frames(Recipe(cache="taylorseer"), steps=12)  # full steps 0-2, then every 5th
     assert record["cache"] == "taylorseer" and "cache_skipped_note" in record
     assert predicted.shape == plain.shape and (predicted != plain).any()
@@ -45,11 +60,11 @@ def test_taylorseer_predicts_the_attention_layers_between_full_steps():
 
 @pytest.mark.parametrize("compile_blocks", ["none", "regional"])
 def test_a_cache_that_never_skips_changes_nothing_and_one_that_skips_is_counted(compile_blocks):
-    plain, _ = _frames(None)
+    plain = _plain_frames()
     never, record = _frames(Recipe(cache="first-block", cache_threshold=1e-9, compile=compile_blocks,
                                    compile_backend="eager"))
     assert (record["cache_forwards"], record["cache_skipped"]) == (4, 0)  # one forward a step (guidance batched)
     np.testing.assert_array_equal(never, plain)
-    skipping, record = _frames(Recipe(cache="first-block", cache_threshold=5.0))
+    skipping, record = _skipping_frames()
     assert (record["cache_forwards"], record["cache_skipped"]) == (4, 3)  # every step after the first reuses it
     assert skipping.shape == plain.shape and (skipping != plain).any()

@@ -148,6 +148,7 @@ def test_the_gpus_per_job_degree_rule_is_checked_before_loading(tmp_path, no_mod
 # --- generation -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # two end-to-end batches (text and image jobs, then the resume)
 def test_text_and_image_jobs_generate_record_their_family_and_resume(tmp_path, still):
     jobs = tmp_path / "jobs.yaml"
     jobs.write_text(

@@ -156,7 +156,8 @@ def official_i2v_sampler(pipe, prompt, picture, noise, steps, g_txt=7.5, g_img=3
     return x, reference
 
 
-@pytest.mark.parametrize("steps", [2, 12])  # 12: past step 10, where both scales oscillate
+# 12: past step 10, where both scales oscillate (slow: twelve steps of both samplers)
+@pytest.mark.parametrize("steps", [2, pytest.param(12, marks=pytest.mark.slow)])
 def test_image_to_video_matches_the_official_i2v_sampler(pipe, steps):
     picture = Image.fromarray((np.random.default_rng(2).random((32, 48, 3)) * 255).astype(np.uint8))
     noise = torch.randn(1, 16, 3, 4, 6, generator=torch.Generator().manual_seed(1))
