@@ -43,6 +43,7 @@ from sagevideo.choices import Backend, Device, PVChoice
 from sagevideo.errors import ABFailed, InputError
 from sagevideo.experiments.ab_arms import ARMS_HELP
 from sagevideo.experiments.ab_folders import claim_arm_folders
+from sagevideo.jobs.files import fields_set_in
 from sagevideo.jobs.recipe import RECIPE_FIELDS, RecipeOptions
 from sagevideo.outputs.manifest import ManifestRecord
 
@@ -94,36 +95,6 @@ class ABConfig(RecipeOptions):
             return cls(**data)
         except ValidationError as err:
             raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
-
-
-def job_file_arm_fields(job_file: Path) -> list[str]:
-    """Where a YAML/TOML job file sets attention, pv or plan (ab sets those per arm)."""
-    suffix = job_file.suffix.lower()
-    try:
-        if suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(job_file.read_text(encoding="utf-8"))
-        elif suffix == ".toml":
-            import tomllib
-
-            data = tomllib.loads(job_file.read_text(encoding="utf-8"))
-        else:
-            return []  # plain text: prompts only
-    except Exception:  # unreadable or invalid: generate reports it with line numbers
-        return []
-    found = []
-    if isinstance(data, dict):
-        defaults = data.get("defaults")
-        if isinstance(defaults, dict):
-            found += [f"defaults.{k}" for k in _ARM_FIELDS if k in defaults]
-        jobs = data.get("jobs")
-    else:
-        jobs = data
-    for i, job in enumerate(jobs if isinstance(jobs, list) else [], start=1):
-        if isinstance(job, dict):
-            found += [f"job {i}: {k}" for k in _ARM_FIELDS if k in job]
-    return found
 
 
 def expected_calls(plan: Any, steps: int) -> Counter | None:
@@ -207,7 +178,7 @@ def ab(
     job_file = config.job_file.expanduser()
     if not job_file.is_file():
         raise InputError(f"JOB_FILE {job_file}: no such file")
-    arm_fields = job_file_arm_fields(job_file)
+    arm_fields = fields_set_in(job_file, _ARM_FIELDS)
     if arm_fields:
         raise InputError(
             f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and plan per arm "
@@ -357,7 +328,7 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     job_file = config.job_file.expanduser()
     if not job_file.is_file():
         raise InputError(f"JOB_FILE {job_file}: no such file")
-    arm_fields = job_file_arm_fields(job_file)
+    arm_fields = fields_set_in(job_file, _ARM_FIELDS)
     if arm_fields:
         raise InputError(f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and "
                          "plan per arm; remove them from the job file")

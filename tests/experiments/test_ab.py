@@ -216,3 +216,27 @@ def test_a_job_files_recipe_is_the_quantized_arms_and_the_full_precision_arms_ru
     assert recipes["full"].is_plain and recipes["full-repeat"].is_plain
     with pytest.raises(InputError, match=r"jobs.yaml line 2 \(recipe\): cache: the job file's recipe sets"):
         ab(jobs, out=tmp_path / "other", device="cpu", cache="taylorseer", progress=False)
+
+
+@pytest.mark.parametrize("file_name", ["jobs.toml", "jobs.yaml"])
+@pytest.mark.parametrize("arms", [[], ["fp8=attention=sage,pv=fp8"]])
+def test_a_job_file_setting_attention_is_refused_before_any_arm_even_without_tomllib(tmp_path, monkeypatch,
+                                                                                   file_name, arms):
+    """ab sets attention, pv and plan per arm; Python 3.10 has no tomllib, and the check must not be
+    skipped there (tomli reads the file)."""
+    import importlib
+    import sys
+
+    from sagevideo.errors import InputError
+    from sagevideo.experiments.ab import ab
+
+    reader = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on Python 3.10
+    monkeypatch.setitem(sys.modules, "tomli", reader)  # the backport: the same API
+    jobs = tmp_path / file_name
+    toml = "[defaults]\npv = \"fp8\"\n\n[[jobs]]\nprompt = \"a\"\nattention = \"full\"\n"
+    yaml = "defaults:\n  pv: fp8\njobs:\n  - prompt: a\n    attention: full\n"
+    jobs.write_text(toml if file_name.endswith(".toml") else yaml)
+    with pytest.raises(InputError, match=r"sets defaults\.pv, job 1: attention: `sagevideo ab` sets attention, pv"):
+        ab(jobs, out=tmp_path / "out", device="cpu", arms=arms, progress=False)
+    assert not (tmp_path / "out").exists()
