@@ -327,30 +327,16 @@ def _default_root() -> Path:
     return default_weights_dir()
 
 
-def versions() -> dict[str, str]:
-    """Versions of what computed the numbers."""
-    from importlib import metadata
+VERSIONED = ("torch", "torchmetrics", "transformers", "diffusers", "imageio", "imageio-ffmpeg", "numpy", "scipy",
+             "matplotlib", "torch-fidelity")  # what computes or draws the numbers
 
-    from sagevideo.version import __version__
+
+def versions() -> dict[str, str]:
+    """Versions of what computed the numbers (packages not installed are left out)."""
+    from sagevideo.version import __version__, package_versions
 
     found = {"sagevideo": __version__, "python": platform.python_version(), "platform": platform.platform()}
-    for package in (
-        "torch",
-        "torchmetrics",
-        "transformers",
-        "diffusers",
-        "imageio",
-        "imageio-ffmpeg",
-        "numpy",
-        "scipy",
-        "matplotlib",
-        "torch-fidelity",
-    ):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    return found
+    return {**found, **{name: v for name, v in package_versions(VERSIONED).items() if v is not None}}
 
 
 def arm_settings(arm: Arm) -> dict[str, Any]:
