@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sagevideo.attention.accuracy import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
 from sagevideo.attention.functional import TORCH_SDPA, sageattn
-from sagevideo.eval.numerics.errors import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override
 from sagevideo.pipelines.routing import AttentionRouter
 
@@ -54,7 +54,7 @@ class WorstError:
 @dataclass
 class CalibrationResult:
     """errors[layer][choice label] -> WorstError; plan: the chosen plan; threshold: cosine floor;
-    score_std[layer]: the largest score standard deviation seen (`eval.numerics.errors.score_std`)."""
+    score_std[layer]: the largest score standard deviation seen (`attention.accuracy.score_std`)."""
 
     errors: dict[str, dict[str, WorstError]]
     plan: AttentionPlan

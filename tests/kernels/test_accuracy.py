@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sagevideo import last_backend, sageattn
-from sagevideo.eval.numerics.errors import attention_fp64, error_stats
+from sagevideo.attention.accuracy import attention_fp64, error_stats
 from sagevideo.eval.numerics.presets import CONTRACT_PRESETS, make_inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
