@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 import sagevideo
-from sagevideo.eval.videos import read_frames
+from sagevideo.outputs.video import read_frames
 
 SIZE = {"frames": 17, "height": 128, "width": 128, "steps": 4}
 

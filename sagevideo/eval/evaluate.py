@@ -227,9 +227,9 @@ class _Runner:
         import torch
 
         from sagevideo.eval.clip_metrics import CLIPSIM, CLIPTemporal
-        from sagevideo.eval.frame_metrics import VideoPSNR, VideoSSIM
+        from sagevideo.eval.frame_metrics import VideoPSNR, VideoSSIM, to_tensor
         from sagevideo.eval.lpips import VideoLPIPS
-        from sagevideo.eval.videos import read_frames, to_tensor
+        from sagevideo.outputs.video import read_frames
 
         roles = ["test"] + (["noise"] if pairs[0].noise is not None else [])
         arms = ["ref"] + roles

@@ -16,6 +16,13 @@ from torchmetrics.utilities import dim_zero_cat
 DATA_RANGE = 1.0
 
 
+def to_tensor(frames):
+    """(F, H, W, 3) uint8 numpy frames -> (F, 3, H, W) float32 in [0, 1], what the metrics take."""
+    import numpy as np
+
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float().div_(255.0)
+
+
 def _check(ref: torch.Tensor, test: torch.Tensor) -> None:
     if ref.shape != test.shape or ref.ndim != 4 or ref.shape[1] != 3:
         raise ValueError(

@@ -220,9 +220,9 @@ def rerun_arm(
     import numpy as np
 
     from sagevideo.eval.pairing import video_file
-    from sagevideo.eval.videos import read_frames
     from sagevideo.host.pipeline_host import PipelineHost, PlannedJob, RouterAttention, RunContext
     from sagevideo.jobs.specs import JobSpec
+    from sagevideo.outputs.video import read_frames
     from sagevideo.pipelines import loading
 
     first = records[0]
