@@ -49,7 +49,7 @@ def test_install_routes_come_from_every_family():
 
     from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
     from sagevideo.pipelines.install import _processor_routes
-    from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor, SageOpenSoraAttnProcessor
+    from sagevideo.pipelines.opensora.processor import OpenSoraAttnProcessor, SageOpenSoraAttnProcessor
 
     assert _processor_routes() == {
         CogVideoXAttnProcessor2_0: SageCogVideoXAttnProcessor,

@@ -15,7 +15,7 @@ from typing import Any
 
 from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
-from sagevideo.pipelines.opensora.attention import SageOpenSoraAttnProcessor
+from sagevideo.pipelines.opensora.processor import SageOpenSoraAttnProcessor
 
 _SHARDED_INPUTS = ("img", "img_ids", "cond")
 
@@ -39,7 +39,7 @@ def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str |
     sagevideo's OpenSoraTransformer3DModel (or a pipeline's); other transformers are refused
     (TypeError) before any rank communicates (`pipelines.sharding`)."""
     from sagevideo.pipelines.install import install_router, plan_router
-    from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor
+    from sagevideo.pipelines.opensora.processor import OpenSoraAttnProcessor
     from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
     from sagevideo.pipelines.sharding import shard_targets
 

@@ -190,7 +190,7 @@ def test_the_job_image_reaches_the_pipeline_cropped_to_the_video(still):
 
 
 def test_install_routes_every_attention_call_of_the_pipeline():
-    from sagevideo.pipelines.opensora.attention import SageOpenSoraAttnProcessor
+    from sagevideo.pipelines.opensora.processor import SageOpenSoraAttnProcessor
     from sagevideo.pipelines.opensora.tiny import tiny_pipeline
 
     pipe = tiny_pipeline()
