@@ -225,23 +225,6 @@ def value_problems(err: ValidationError) -> list[tuple[str, str, str]]:
     return [(field.split(".", 1)[0], option_place(field, got), msg) for field, msg, got in _parts_with_input(err)]
 
 
-def option_problems(options: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """Check options that are job fields (seed, steps, ...) on their own, before any job.
-
-    Returns (the options with bad ones left out, [(option with its value, what is wrong)]): a
-    bad option is reported once, by its name ('--steps 0'), and does not hide the jobs' problems."""
-    given = {k: v for k, v in options.items() if v is not None}
-    try:
-        JobSpec(prompt="-", **given)  # the prompt is a stand-in: options give none
-    except ValidationError as err:
-        bad = _parts_with_input(err)
-    else:
-        return dict(options), []
-    names = {field.split(".", 1)[0] for field, _, _ in bad}
-    kept = {k: v for k, v in options.items() if k not in names}
-    return kept, [(option_place(field, got), msg) for field, msg, got in bad]
-
-
 def _parts_with_input(err: ValidationError) -> list[tuple[str, str, Any]]:
     inputs = {".".join(str(part) for part in e["loc"]): e.get("input") for e in err.errors()}
     return [(field, msg, inputs.get(field)) for field, msg, _ in problem_parts(err)]
@@ -335,16 +318,6 @@ def merge_fields(defaults: Mapping[str, Any], fields: Mapping[str, Any]) -> dict
         merged.pop("resolution", None)
     merged.update(fields)
     return merged
-
-
-def parse_jobs(labelled: Iterable[tuple[Any, Any]], defaults: Mapping[str, Any]) -> list[JobSpec]:
-    """`collect_jobs`, raising one InputError with every problem (or when there is no job)."""
-    parsed, problems = collect_jobs(labelled, defaults)
-    if problems:
-        raise InputError(group_problems(problems))
-    if not parsed:
-        raise InputError("no prompts to generate; give at least one")
-    return [job for job, _, _ in parsed]
 
 
 def collect_jobs(
