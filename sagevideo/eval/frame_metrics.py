@@ -30,8 +30,9 @@ def _check(ref: torch.Tensor, test: torch.Tensor) -> None:
         )
 
 
-class _PerVideoMetric(Metric):
-    """Collects one value per video (`compute()` returns them all, in update order)."""
+class PerVideoMetric(Metric):
+    """Collects one value per video (`compute()` returns them all, in update order): the base of every
+    per-video metric (PSNR, SSIM here; LPIPS, CLIPSIM, CLIP-T); subclasses append to `values` in `update`."""
 
     full_state_update = False
     is_differentiable = False
@@ -44,7 +45,7 @@ class _PerVideoMetric(Metric):
         return dim_zero_cat(self.values) if self.values else torch.zeros(0, dtype=torch.float64)
 
 
-class VideoPSNR(_PerVideoMetric):
+class VideoPSNR(PerVideoMetric):
     """Per-video mean of per-frame PSNR (dB); identical frames counted in `identical_frames`."""
 
     higher_is_better = True
@@ -66,7 +67,7 @@ class VideoPSNR(_PerVideoMetric):
         self.values.append(value.reshape(1).double())
 
 
-class VideoSSIM(_PerVideoMetric):
+class VideoSSIM(PerVideoMetric):
     """Per-video mean of per-frame SSIM (1 = identical)."""
 
     higher_is_better = True
