@@ -304,7 +304,8 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     (`sagevideo.experiments.ab_arms`); returns the summary written to out/metrics.json."""
     import json
 
-    from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out, versions
+    from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out
+    from sagevideo.eval.results import versions
     from sagevideo.eval.stats import json_safe
     from sagevideo.experiments.ab_arms import (
         ARMS_SCHEMA,
