@@ -88,7 +88,7 @@ class ABConfig(RecipeOptions):
     def build(cls, job_file: Any = None, /, **fields: Any) -> ABConfig:
         """An ABConfig from one (with `fields` over it) or from the job file and fields; InputError
         naming each bad option."""
-        from sagevideo.jobs.specs import group_problems, value_problems
+        from sagevideo.jobs.problems import group_problems, value_problems
 
         data = {**dict(job_file), **fields} if isinstance(job_file, ABConfig) else {"job_file": job_file, **fields}
         try:

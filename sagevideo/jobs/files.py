@@ -22,7 +22,7 @@ YAML file may also be a bare list of jobs. Relative `plan` and `image` paths are
 file's folder.
 Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped;
 such a file with lines only a job file has (`defaults: {steps: 2}`, `jobs:`, `[[jobs]]`, `- prompt: a`)
-is refused, not made into one video per line (`sagevideo.jobs.specs.read_prompts_file`).
+is refused, not made into one video per line (`sagevideo.jobs.text_files.read_prompts_file`).
 
 `recipe:` holds the `sagevideo.jobs.recipe.Recipe` settings (compile, compile_backend, linear,
 linear_keep (a pattern or a list of them), cache, cache_threshold; dashes or underscores). The
@@ -48,19 +48,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sagevideo.errors import InputError
 from sagevideo.jobs.bounds import MAX_ALIAS_VALUES, AliasCycle, alias_expansion
+from sagevideo.jobs.problems import group_problems, problem_parts, where
 from sagevideo.jobs.recipe import RECIPE_FIELDS, Recipe
-from sagevideo.jobs.specs import (
-    InputError,
-    JobSpec,
-    group_problems,
-    job_problems,
-    merge_fields,
-    problem_parts,
-    read_prompts_file,
-    read_text_file,
-    where,
-)
+from sagevideo.jobs.specs import JobSpec, job_problems, merge_fields
+from sagevideo.jobs.text_files import read_prompts_file, read_text_file
 
 STRUCTURED = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
 TOP_LEVEL = ("recipe", "defaults", "jobs")
