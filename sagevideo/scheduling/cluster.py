@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sagevideo.errors import first_line
 from sagevideo.jobs.specs import InputError
 
 PROBE_TIMEOUT_S = 3.0  # a Ray head answers the probe in milliseconds, even across a data centre
@@ -223,7 +224,7 @@ def _join(target: str, given: str) -> None:
         with _keep_sigterm_handler():
             ray.init(address=target, logging_level=logging.WARNING)
     except ConnectionError as err:
-        raise InputError(f"--address {given}: could not join the Ray cluster ({_first_line(err)})") from None
+        raise InputError(f"--address {given}: could not join the Ray cluster ({first_line(err)})") from None
 
 
 @contextlib.contextmanager
@@ -333,8 +334,3 @@ def _auto_address() -> tuple[str | None, str]:
     except Exception:  # a Ray without it, or no cluster recorded
         found = None
     return (found, "ray start") if found else (None, "")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sagevideo.errors import first_line
 from sagevideo.host import failpoints
 from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob, base_record
 from sagevideo.outputs.manifest import ManifestRecord, now_iso
@@ -352,9 +353,9 @@ def _outcome(ref: Any, worker: _Worker, rank: int) -> Any:
     try:
         return ray.get(ref)
     except RayActorError as err:
-        return _Death(f"{worker.who(rank)} died during the job ({_first_line(err)})")
+        return _Death(f"{worker.who(rank)} died during the job ({first_line(err)})")
     except RayTaskError as err:  # run() raised: the worker is unusable, the job is not to blame
-        return _Death(f"{worker.who(rank)} failed: {_first_line(err)}")
+        return _Death(f"{worker.who(rank)} failed: {first_line(err)}")
 
 
 def _failed_result(out: Any) -> bool:
@@ -433,7 +434,7 @@ def _on_ready(ref: Any, pool: _Pool, echo) -> None:
         info = ray.get(ref)
     except RayError as err:
         who = f"rank {rank}" if len(worker.actors) > 1 else "worker"
-        info = {"error": f"{who} died while loading ({_first_line(err)})"}
+        info = {"error": f"{who} died while loading ({first_line(err)})"}
     if info.get("error"):
         pool.load_errors.append(info["error"])
         pool.stop(worker)
@@ -459,12 +460,3 @@ def _failed(plan: Any, task: _Task, error: str) -> ManifestRecord:
     record.worker = task.retries[-1]["worker"] if task.retries else None
     record.backends, record.created = {"counts": {}, "fallbacks": {}}, now_iso()
     return record
-
-
-def _first_line(err: BaseException) -> str:
-    """Ray's errors run to dozens of lines; the first meaningful one names what happened."""
-    for line in str(err).splitlines():
-        line = line.strip()
-        if line and not line.startswith(("ray::", "Traceback")):
-            return line[:300]
-    return type(err).__name__
