@@ -32,7 +32,6 @@ file with a `recipe:` section is then refused (each arm gives its own recipe).
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,10 +39,17 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError
 
 from sagevideo.choices import Backend, Device, PVChoice
-from sagevideo.errors import ABFailed, InputError
+from sagevideo.errors import InputError
 from sagevideo.experiments.ab_arms import ARMS_HELP
 from sagevideo.experiments.ab_folders import claim_arm_folders
-from sagevideo.jobs.files import fields_set_in
+from sagevideo.experiments.ab_runs import (
+    arm_settings,
+    checked_job_file,
+    checked_plan,
+    probed,
+    remove_empty,
+    run_arms,
+)
 from sagevideo.jobs.recipe import RECIPE_FIELDS, RecipeOptions
 from sagevideo.outputs.manifest import ManifestRecord
 
@@ -51,7 +57,7 @@ log = logging.getLogger("sagevideo")
 
 ARMS = {"test": "quantized", "ref": "full", "noise": "full-repeat"}
 LABELS = {"ref": "full precision", "test": "quantized", "noise": "full precision, repeated (noise floor)"}
-_ARM_FIELDS = ("attention", "pv", "plan")
+NO_NOISE_FLOOR = "no noise-floor run (--no-noise-floor): verdicts cannot say whether a difference is noise"
 
 
 class ABConfig(RecipeOptions):
@@ -97,52 +103,6 @@ class ABConfig(RecipeOptions):
             raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
 
 
-def expected_calls(plan: Any, steps: int) -> Counter | None:
-    """Calls per precision ("full", "fp16", "fp8") a plan implies for one job, or None when the plan
-    does not list its layers (then only the set of precisions can be compared)."""
-    if plan.layers is None:
-        return None
-    counts: Counter = Counter()
-    for step in range(steps):
-        for layer in plan.layers:
-            counts[plan.choice_for(layer, step).mode.pv or "full"] += 1
-    return counts
-
-
-def plan_check(plan: Any, records: list[ManifestRecord]) -> dict[str, Any]:
-    """Compare the quantized arm's recorded attention calls with what `plan` implies.
-
-    `backends.counts` labels ("reference/fp16", "triton/fp8", "sdpa") are reduced to their
-    precision; granularity is not recorded, so block/token differences cannot be seen.
-    """
-    problems = []
-    for r in records:
-        ran: Counter = Counter()
-        backends = r.backends or {}
-        for label, n in (backends.get("counts") or {}).items():
-            ran[label.split("/", 1)[1] if "/" in label else "full"] += n
-        fallbacks = backends.get("fallbacks") or {}
-        expected = expected_calls(plan, int(r.steps or 0))
-        prompt = str(r.prompt)[:40]
-        if expected is not None:
-            if ran != expected and not fallbacks:
-                problems.append(
-                    f"{prompt!r}: ran {dict(sorted(ran.items()))}, the plan implies {dict(sorted(expected.items()))}"
-                )
-        else:
-            modes = {c.mode.pv or "full" for c in [plan.default, *(o.choice for o in plan.overrides)]}
-            if not set(ran) <= modes:
-                problems.append(f"{prompt!r}: ran {sorted(ran)}, the plan has only {sorted(modes)}")
-    consistent = not problems
-    message = (
-        "the quantized arm's recorded attention calls match the plan (per precision)"
-        if consistent
-        else "the quantized arm's recorded attention calls do not match the plan (did the generator record the "
-        "plan without applying it?): " + "; ".join(problems[:3])
-    )
-    return {"consistent": consistent, "message": message, "problems": problems}
-
-
 def ab(
     config: ABConfig | str | Path | None = None,
     /,
@@ -166,8 +126,7 @@ def ab(
     generate) when the model cannot be loaded.
     """
     from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out
-    from sagevideo.experiments.probe import ProbeRunError, rerun_arm
-    from sagevideo.generation.generate import plan_batch, run_batch
+    from sagevideo.generation.generate import plan_batch
     from sagevideo.pipelines.plans import AttentionPlan, PlanError
 
     config = ABConfig.build(config, **fields)
@@ -175,15 +134,8 @@ def ab(
         return _ab_arms(config, options=options, echo=echo)
     out, model, plan, pv, progress = config.out, config.model, config.plan, config.pv, config.progress
     attention_probe, noise_floor = config.attention_probe, config.noise_floor
-    job_file = config.job_file.expanduser()
-    if not job_file.is_file():
-        raise InputError(f"JOB_FILE {job_file}: no such file")
-    arm_fields = fields_set_in(job_file, _ARM_FIELDS)
-    if arm_fields:
-        raise InputError(
-            f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and plan per arm "
-            "(full precision vs --plan/--pv); remove them from the job file"
-        )
+    job_file = checked_job_file(config.job_file, "`sagevideo ab` sets attention, pv and plan per arm (full "
+                                                 "precision vs --plan/--pv)")
     loaded_plan = None
     if plan is not None:
         try:
@@ -197,9 +149,6 @@ def ab(
     shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None  # re-runs' and evaluation's steps
     options.labels = dict(LABELS)
 
-    common: dict[str, Any] = {"model": model, "backend": config.backend, "device": config.device}
-    if config.image is not None:  # every arm plans the same files, so every arm starts from the same images
-        common["image"] = config.image
     quantized: dict[str, Any] = {"attention": "sage", **config.recipe.model_dump()}  # the quantized arm's recipe
     if pv is not None:
         quantized["pv"] = pv
@@ -213,59 +162,20 @@ def ab(
         prepare_out(out)  # an --out that is a file is said as such, not as a bad arm folder
     # The job file's recipe: section is the quantized arm's (under the options); the full-precision arms run plain.
     batches = {role: plan_batch(job_file, out=Path(out).expanduser() / ARMS[role], use_file_recipe=role == "test",
-                                ab_arm=True, **common, **settings)
+                                ab_arm=True, **arm_settings(config), **settings)
                for role, settings in runs}
     recipe = batches["test"].settings.recipe
     out_dir = prepare_out(out)
-    records: dict[str, list[ManifestRecord]] = {}
     with claim_arm_folders(out_dir, batches.values(), echo) as arms:  # every arm locked and checked first
-        for role, batch in batches.items():
-            echo(f"sagevideo ab: {LABELS[role]} arm -> {out_dir / ARMS[role]}")
-            for note in batch.notes:
-                if note.startswith("plan "):  # e.g. a plan calibrated for another step count
-                    echo(f"sagevideo ab: {note}")
-            recs = run_batch(batch, progress=progress, lock=arms.lock(batch.out)).records
-            failed = [r for r in recs if not r.done]
-            if failed:
-                raise ABFailed(
-                    f"{len(failed)} job(s) of the {LABELS[role]} arm failed (first: {failed[0].error}); see "
-                    f"{out_dir / ARMS[role] / 'manifest.jsonl'}; re-running the same command resumes"
-                )
-            records[role] = recs
+        records = run_arms([(role, LABELS[role], out_dir / ARMS[role], batch) for role, batch in batches.items()],
+                           arms, progress=progress, echo=echo)
 
-    notes = []
-    check = None
+    notes: list[str] = []
     test_dir = out_dir / ARMS["test"]
-    probe = None
-    if loaded_plan is not None:
-        check = plan_check(loaded_plan, records["test"])
-        notes.append(f"plan check ({ARMS['test']}/): {check['message']}")
-        if not check["consistent"]:
-            raise ABFailed(f"{check['message']}; see {test_dir / 'manifest.jsonl'}")
-    if attention_probe:
-        echo("sagevideo ab: attention probe: re-running the quantized jobs with a probing router")
-        try:
-            probe = rerun_arm(
-                records["test"], arm_dir=test_dir, plan=loaded_plan, model=model, probe=True, progress=shown
-            )["probe"]
-        except ProbeRunError as err:
-            raise ABFailed(str(err)) from None
-        if not probe["reproduced"]["all_identical"]:
-            line = (
-                "the probed run did not reproduce the quantized arm's videos exactly; the probe measured the "
-                "attention it installed, which is not what made the arm"
-            )
-            notes.append(line)
-            echo(f"sagevideo ab: WARNING: {line}")
-    if probe is not None and probe.get("peaky_layers"):
-        names = ", ".join(f"{p['layer']} (score std {p['score_std']:.0f}, cosine {p['cos_worst']:.4f})"
-                          for p in probe["peaky_layers"])
-        count = len(probe["peaky_layers"])
-        line = f"attention too peaky for INT8 in {count} layer(s): {names}; {probe['peaky_advice']}"
-        notes.append(line)
-        echo(f"sagevideo ab: WARNING: {line}")
+    check = checked_plan(loaded_plan, records["test"], test_dir, notes) if loaded_plan is not None else None
+    probe = probed(records["test"], test_dir, loaded_plan, model, notes, echo, shown) if attention_probe else None
     if not noise_floor:
-        notes.append("no noise-floor run (--no-noise-floor): verdicts cannot say whether a difference is noise")
+        notes.append(NO_NOISE_FLOOR)
     first = records["test"][0]
     run_info = {
         "command": "sagevideo ab",
@@ -302,20 +212,8 @@ def ab(
 def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> dict[str, Any]:
     """`ab` with `--arm`s: full precision (twice), then each recipe arm, each evaluated against it
     (`sagevideo.experiments.ab_arms`); returns the summary written to out/metrics.json."""
-    import json
-
-    from sagevideo.eval.evaluate import EvalOptions, check_metrics, evaluate, prepare_out
-    from sagevideo.eval.results import versions
-    from sagevideo.eval.stats import json_safe
-    from sagevideo.experiments.ab_arms import (
-        ARMS_SCHEMA,
-        ARMS_SCHEMA_VERSION,
-        arm_summary,
-        denoise_seconds,
-        parse_arms,
-        render_arms,
-    )
-    from sagevideo.generation.generate import plan_batch, run_batch
+    from sagevideo.eval.evaluate import EvalOptions, check_metrics, prepare_out
+    from sagevideo.experiments.ab_arms import parse_arms
     from sagevideo.jobs.files import load_job_file
 
     flat = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", *RECIPE_FIELDS)
@@ -326,24 +224,13 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
         raise InputError(f"{', '.join(flat)}: with --arm each arm gives its own settings (e.g. "
                          "--arm sage-fp8=attention=sage,linear=fp8); leave these out")
     arms = parse_arms(list(config.arms))
-    job_file = config.job_file.expanduser()
-    if not job_file.is_file():
-        raise InputError(f"JOB_FILE {job_file}: no such file")
-    arm_fields = fields_set_in(job_file, _ARM_FIELDS)
-    if arm_fields:
-        raise InputError(f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and "
-                         "plan per arm; remove them from the job file")
+    job_file = checked_job_file(config.job_file, "`sagevideo ab` sets attention, pv and plan per arm")
     file_recipe = load_job_file(job_file).recipe
     if file_recipe is not None:  # merged into every arm, it would make arms differ from what their names say
         raise InputError(f"{file_recipe.at()}: with --arm each arm gives its own recipe; remove the job file's "
                          "recipe: section, or run without --arm to give it to the quantized arm")
     options = options or EvalOptions()
     check_metrics(options.metrics)
-    progress = config.progress
-    shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None
-    common: dict[str, Any] = {"model": config.model, "backend": config.backend, "device": config.device}
-    if config.image is not None:
-        common["image"] = config.image
     out = Path(config.out).expanduser()
     if out.exists():
         prepare_out(out)
@@ -353,50 +240,74 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     ]
     if config.noise_floor:
         runs.append(("noise", LABELS["noise"], out / ARMS["noise"], {"attention": "full"}))
-    # Every arm is planned (settings, recipe on this machine: fp8 on CPU...) before anything runs.
-    problems, batches = [], {}
     made = [p for p in (out, out / "arms", *(folder for _, _, folder, _ in runs)) if not p.exists()]
+    batches = _planned_arms(job_file, runs, arm_settings(config), made)
+    out_dir = prepare_out(out)
+    try:
+        claimed = claim_arm_folders(out_dir, batches.values(), echo)  # every arm locked and checked first
+    except InputError:
+        remove_empty(made)
+        raise
+    with claimed as arm_folders:
+        records = run_arms([(key, label, folder, batches[key]) for key, label, folder, _ in runs], arm_folders,
+                           progress=config.progress, echo=echo)
+    first = records["ref"][0]
+    run_info = {"command": "sagevideo ab", "job_file": str(job_file), "model": config.model,
+                "model_fingerprint": first.model_fingerprint, "backend": config.backend, "device": first.device,
+                "dtype": first.dtype, "arms": [a.name for a in arms]}
+    return _evaluate_arms(arms, records, out_dir, run_info, options, noise_floor=config.noise_floor,
+                          progress=config.progress, echo=echo)
+
+
+def _planned_arms(job_file: Path, runs: list[tuple[str, str, Path, dict[str, Any]]], common: dict[str, Any],
+                  made: list[Path]) -> dict[str, Any]:
+    """Every arm's batch, planned (settings, recipe on this machine: fp8 on CPU...) before anything
+    runs: {key: BatchPlan}; one InputError naming each arm's problems, with the folders planning
+    made (`made`) removed."""
+    from sagevideo.generation.generate import plan_batch
+
+    problems, batches = [], {}
     for key, label, folder, settings in runs:
         try:
             batches[key] = plan_batch(job_file, out=folder, ab_arm=True, **common, **settings)
         except InputError as err:
             problems.append(f"arm {label}: {err}" if key.startswith("arm:") else str(err))
     if problems:
-        _remove_empty(made)
+        remove_empty(made)
         raise InputError("; ".join(problems))
-    out_dir = prepare_out(out)
-    records: dict[str, list[ManifestRecord]] = {}
-    try:
-        claimed = claim_arm_folders(out_dir, batches.values(), echo)  # every arm locked and checked first
-    except InputError:
-        _remove_empty(made)
-        raise
-    with claimed as arm_folders:
-        for key, label, folder, _ in runs:
-            echo(f"sagevideo ab: {label} arm -> {folder}")
-            recs = run_batch(batches[key], progress=progress, lock=arm_folders.lock(batches[key].out)).records
-            failed = [r for r in recs if not r.done]
-            if failed:
-                raise ABFailed(f"{len(failed)} job(s) of the {label} arm failed (first: {failed[0].error}); see "
-                               f"{folder / 'manifest.jsonl'}; re-running the same command resumes")
-            records[key] = recs
-    notes = [] if config.noise_floor else [
-        "no noise-floor run (--no-noise-floor): verdicts cannot say whether a difference is noise"]
-    first = records["ref"][0]
-    run_info = {"command": "sagevideo ab", "job_file": str(job_file), "model": config.model,
-                "model_fingerprint": first.model_fingerprint, "backend": config.backend, "device": first.device,
-                "dtype": first.dtype, "arms": [a.name for a in arms]}
+    return batches
+
+
+def _evaluate_arms(arms: list[Any], records: dict[str, list[ManifestRecord]], out_dir: Path, run_info: dict[str, Any],
+                   options: Any, *, noise_floor: bool, progress: bool, echo: Callable[[str], None]) -> dict[str, Any]:
+    """Each recipe arm evaluated against full precision (out/evals/NAME), then the arms' summary
+    written to out/metrics.json and out/report.html; returns the summary."""
+    import json
+
+    from sagevideo.eval.evaluate import evaluate
+    from sagevideo.eval.results import versions
+    from sagevideo.eval.stats import json_safe
+    from sagevideo.experiments.ab_arms import (
+        ARMS_SCHEMA,
+        ARMS_SCHEMA_VERSION,
+        arm_summary,
+        denoise_seconds,
+        render_arms,
+    )
+
+    shown = (lambda text: echo(f"sagevideo ab: {text}")) if progress else None
+    notes = [] if noise_floor else [NO_NOISE_FLOOR]
     summaries = []
     for arm in arms:
         echo(f"sagevideo ab: evaluating {arm.name} against full precision")
         eval_dir = out_dir / "evals" / arm.name
         arm_options = copy_options(options, test_label=f"{arm.name} ({arm.label()})")
         arm_records = {"ref": records["ref"], "test": records[f"arm:{arm.name}"]}
-        if config.noise_floor:
+        if noise_floor:
             arm_records["noise"] = records["noise"]
         result = evaluate(
             out_dir / ARMS["ref"], out_dir / "arms" / arm.name, out=eval_dir,
-            noise_ref=out_dir / ARMS["noise"] if config.noise_floor else None, options=arm_options,
+            noise_ref=out_dir / ARMS["noise"] if noise_floor else None, options=arm_options,
             records=arm_records, run_info={**run_info, "arm": arm.name, "arm_settings": arm.text,
                                            "recipe": arm.recipe.label()},
             notes=notes, echo=echo, progress=shown,
@@ -406,7 +317,7 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
         "schema": ARMS_SCHEMA,
         "schema_version": ARMS_SCHEMA_VERSION,
         "run": run_info,
-        "reference": {"folder": ARMS["ref"], "noise_floor": ARMS["noise"] if config.noise_floor else None,
+        "reference": {"folder": ARMS["ref"], "noise_floor": ARMS["noise"] if noise_floor else None,
                       "denoise_s": denoise_seconds(records["ref"])},
         "n_pairs": len(records["ref"]),
         "arms": summaries,
@@ -420,14 +331,6 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     )
     (out_dir / "report.html").write_text(render_arms(summary), encoding="utf-8")
     return summary
-
-
-
-def _remove_empty(made: list[Path]) -> None:
-    """The folders planning made, left empty: a refused run leaves nothing."""
-    for folder in reversed(made):
-        if folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
 
 
 def copy_options(options: Any, *, test_label: str) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import pytest
 from typer.testing import CliRunner
@@ -85,29 +84,6 @@ def test_attention_probe_per_layer_and_step(ab_run):
     assert probe["peaky_layers"] == [] and all(0 < layer["score_std"] < 10 for layer in probe["layers"])
     figures = [f["file"] for f in json.loads((out / "metrics.json").read_text())["figures"]]
     assert "figures/attention_cosine_per_layer.png" in figures and all((out / f).is_file() for f in figures)
-
-
-def test_plan_check_counts_calls_per_precision():
-    from sagevideo.experiments.ab import expected_calls, plan_check
-    from sagevideo.pipelines.plans import AttentionPlan
-
-    plan = AttentionPlan.model_validate(
-        {
-            "layers": LAYERS,
-            "default": {"mode": "int8-fp8"},
-            "overrides": [{"layers": [LAYERS[0]], "steps": [0, 1], "mode": "full"}],
-        }
-    )
-    assert expected_calls(plan, 2) == Counter({"fp8": 3, "full": 1})
-    from sagevideo.outputs.manifest import ManifestRecord
-
-    backends = {"counts": {"reference/fp8": 3, "sdpa": 1}, "fallbacks": {}}
-    record = ManifestRecord(job_id="j", prompt="p", steps=2, backends=backends)
-    assert plan_check(plan, [record])["consistent"] is True
-    uniform = record.replace(backends={"counts": {"reference/fp16": 4}, "fallbacks": {}})
-    check = plan_check(plan, [uniform])
-    assert check["consistent"] is False and "record the plan without applying it" in check["message"]
-    assert "ran {'fp16': 4}, the plan implies {'fp8': 3, 'full': 1}" in check["message"]
 
 
 @pytest.mark.slow  # renders and evaluates arms
