@@ -1,5 +1,5 @@
 """kernels/dispatch.py: the one entry that resolves a call to a kernel and its plan (CPU: Hopper
-simulated by its capability, as in test_plans.py)."""
+simulated by its capability: conftest's `hopper`)."""
 
 import pytest
 import torch
@@ -9,14 +9,6 @@ from sagevideo.kernels.dispatch import kernel_for
 
 CUDA = torch.device("cuda", 0)
 PLAIN_CALL = dict(is_causal=False, has_mask=False, per_token=False, return_lse=False)
-
-
-@pytest.fixture
-def hopper(monkeypatch):
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.delenv(plans.SM90_KERNEL_ENV, raising=False)
-    monkeypatch.setattr(plans, "gluon_sm90_compile_problem", lambda block_d, stages: "")
 
 
 def test_a_plain_fp8_call_at_d128_on_hopper_runs_the_gluon_kernel_under_its_plan(hopper):
