@@ -1,5 +1,7 @@
 """What a family's `shard_*` may split: exactly the transformer and attention-processor classes its
-Ulysses hooks were written for, checked before anything is installed and before any rank communicates.
+Ulysses hooks were written for, checked before anything is installed and before any rank communicates
+(`shard_targets`); then the frame every `shard_*` shares: the heads' degree check (`ulysses_rank`)
+and the install of its router and hooks, undone whole if a step fails (`install_sharded`).
 
 Why exact classes, not isinstance: diffusers' derivatives of a supported transformer (ChronoEdit and
 SkyReels-V2 copy Wan's with attention classes of their own, VACE adds control blocks with inputs of
