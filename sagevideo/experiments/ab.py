@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, ValidationError
 
 from sagevideo.choices import Backend, Device, PVChoice
-from sagevideo.errors import InputError
+from sagevideo.errors import ABFailed, InputError  # noqa: F401 - ABFailed (raised by ab_runs) importable from here, as before
 from sagevideo.experiments.ab_arms import ARMS_HELP
 from sagevideo.experiments.ab_folders import claim_arm_folders
 from sagevideo.experiments.ab_runs import (
