@@ -253,7 +253,7 @@ def recipe_table(results: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     import sagevideo
-    from sagevideo.eval.numerics.errors import error_stats
+    from sagevideo.attention.accuracy import error_stats
     from sagevideo.pipelines.install import install_router
     from sagevideo.pipelines.routing import AttentionRouter
 

@@ -139,3 +139,14 @@ def exit_code_for(err: BaseException) -> int | None:
     if isinstance(err, (OSError, MemoryError)):  # the environment's (disk, permissions, memory), not a bug's
         return EXIT_FAILED
     return None
+
+
+def first_line(err: BaseException, skip: tuple[str, ...] = ("ray::", "Traceback"), limit: int = 300) -> str:
+    """The first meaningful line of an exception's message, for one-line reports: lines starting
+    with `skip` (Ray's task headers and quoted tracebacks run to dozens of lines) passed over, at
+    most `limit` characters; the exception's type name when nothing is left."""
+    for line in str(err).splitlines():
+        line = line.strip()
+        if line and not line.startswith(skip):
+            return line[:limit]
+    return type(err).__name__

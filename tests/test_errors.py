@@ -50,3 +50,12 @@ def test_old_import_places_still_name_the_same_classes():
     assert (EvalInputError, MetricModelError, PairingError) == (
         errors.EvalInputError, errors.MetricModelError, errors.PairingError
     )
+
+
+def test_first_line_passes_over_rays_headers_and_caps_the_line():
+    from sagevideo.errors import first_line
+
+    err = RuntimeError("ray::Worker.run() (pid=1)\nTraceback (most recent call last):\n  CUDA out of memory\n")
+    assert first_line(err) == "CUDA out of memory"
+    assert first_line(ValueError("")) == "ValueError"
+    assert first_line(ValueError("x" * 400)) == "x" * 300

@@ -7,7 +7,7 @@ constraint checks with reasons, the auto/explicit policy), records the choice
 (`sagevideo.last_backend()`, `sagevideo.record_backends()`, also from inside a torch.compile'd
 graph), and calls
 - the Triton op `torch.ops.sagevideo.sageattn_fwd` (INT8 QK, FP16/FP8 PV), or on Hopper, where the
-  plan names it and the call allows it (`kernels.op.gluon_runs`), the Gluon sm90 kernel's op
+  plan names it and the call allows it (`kernels.dispatch.kernel_for`), the Gluon sm90 kernel's op
   `torch.ops.sagevideo.sageattn_fwd_gluon` (recorded "gluon"; eagerly and under torch.compile),
 - the pure-PyTorch reference that emulates the same numerics, or
 - full-precision SDPA: torch's own (`TORCH_SDPA`), also where user code has replaced
@@ -127,24 +127,10 @@ def _kernel_form(query, key, value, attn_mask, enable_gqa) -> _KernelForm | str:
     unless K/V heads group the query's. Broadcast dims are stride-0 views (`expand`: the kernels
     read q/k/v through their strides, K/V of fewer heads as grouped-query heads); the batch dims
     merge into one (a copy only where no view can: rank 5 and up)."""
-    ranks = (query.dim(), key.dim(), value.dim())
-    if min(ranks) < 3:
-        return f"rank {min(ranks)} inputs: the kernels take (..., L, E) of rank 3 or more"
-    if not (query.dtype == key.dtype == value.dtype) or not query.is_floating_point():
-        return f"dtypes {query.dtype}, {key.dtype}, {value.dtype}: the kernels take one floating dtype"
-    if not (query.device == key.device == value.device):
-        return f"query, key and value on {query.device}, {key.device}, {value.device}"
-    if value.shape[-1] != query.shape[-1]:
-        return f"value head dim {value.shape[-1]} differs from query's {query.shape[-1]}"
-    if key.shape[-1] != query.shape[-1] or key.shape[-2] != value.shape[-2]:
-        return f"key {tuple(key.shape)} does not match query {tuple(query.shape)} and value {tuple(value.shape)}"
-    if 0 in (*query.shape, *key.shape, *value.shape):
-        return "empty inputs"
-    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
-        return f"attn_mask of type {type(attn_mask).__name__}"
-    rank = max(ranks)
-    if attn_mask is not None and attn_mask.dim() > rank:
-        return f"attn_mask of rank {attn_mask.dim()} above the inputs' {rank}"
+    problem = _inputs_problem(query, key, value, attn_mask)
+    if problem:
+        return problem
+    rank = max(query.dim(), key.dim(), value.dim())
     h_q, h_k, h_v = (t.shape[-3] for t in (query, key, value))
     grouped = enable_gqa and not h_q == h_k == h_v
     if grouped and (h_q % h_k or h_q % h_v):
@@ -171,21 +157,49 @@ def _kernel_form(query, key, value, attn_mask, enable_gqa) -> _KernelForm | str:
         return f"{h_k} key heads and {h_v} value heads: the kernels take one K/V head count"
     h_kv = max(h_k, h_v)  # a single K or V head broadcasts to the other's count
     n_q, n_k, head_dim = q.shape[-2], k.shape[-2], q.shape[-1]
-    mask = None
-    if attn_mask is not None:
-        m = aligned(attn_mask)
-        target = (*lead, heads, n_q, n_k)
-        if any(got not in (1, want) for got, want in zip(m.shape, target, strict=True)):
-            return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the attention's {target}"
-        m = broadcast_dims_dropped(m)
-        rows = m.shape[-3:]
-        mask = m.reshape(1, *rows) if all(d == 1 for d in m.shape[:-3]) else m.expand(*lead, *rows).reshape(-1, *rows)
+    mask = None if attn_mask is None else _kernel_mask(attn_mask, aligned(attn_mask), (*lead, heads, n_q, n_k))
+    if isinstance(mask, str):
+        return mask
 
     def merged(t, h, n):
         return t.expand(*lead, h, n, head_dim).reshape(-1, h, n, head_dim)
 
     out_shape = (*lead, n_q, head_dim) if fold else (*lead, heads, n_q, head_dim)[-rank:]
     return _KernelForm(merged(q, heads, n_q), merged(k, h_kv, n_k), merged(v, h_kv, n_k), mask, out_shape)
+
+
+def _inputs_problem(query, key, value, attn_mask) -> str:
+    """Why SDPA-signature inputs are not the kernels' kind of call before any broadcasting ('' when
+    they are): rank, dtype, device, head dims, empty tensors, the mask's type and rank."""
+    ranks = (query.dim(), key.dim(), value.dim())
+    if min(ranks) < 3:
+        return f"rank {min(ranks)} inputs: the kernels take (..., L, E) of rank 3 or more"
+    if not (query.dtype == key.dtype == value.dtype) or not query.is_floating_point():
+        return f"dtypes {query.dtype}, {key.dtype}, {value.dtype}: the kernels take one floating dtype"
+    if not (query.device == key.device == value.device):
+        return f"query, key and value on {query.device}, {key.device}, {value.device}"
+    if value.shape[-1] != query.shape[-1]:
+        return f"value head dim {value.shape[-1]} differs from query's {query.shape[-1]}"
+    if key.shape[-1] != query.shape[-1] or key.shape[-2] != value.shape[-2]:
+        return f"key {tuple(key.shape)} does not match query {tuple(query.shape)} and value {tuple(value.shape)}"
+    if 0 in (*query.shape, *key.shape, *value.shape):
+        return "empty inputs"
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        return f"attn_mask of type {type(attn_mask).__name__}"
+    if attn_mask is not None and attn_mask.dim() > max(ranks):
+        return f"attn_mask of rank {attn_mask.dim()} above the inputs' {max(ranks)}"
+    return ""
+
+
+def _kernel_mask(attn_mask: torch.Tensor, aligned: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | str:
+    """The mask as the kernels take it, (B' in {1, B}, ·, ·, S) with the batch dims merged, from
+    `aligned` (attn_mask right-aligned to the inputs' rank) and the attention's (*batch, H, L, S)
+    `target`; or why it does not broadcast to it."""
+    if any(got not in (1, want) for got, want in zip(aligned.shape, target, strict=True)):
+        return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the attention's {target}"
+    m = broadcast_dims_dropped(aligned)
+    rows, lead = m.shape[-3:], target[:-3]
+    return m.reshape(1, *rows) if all(d == 1 for d in m.shape[:-3]) else m.expand(*lead, *rows).reshape(-1, *rows)
 
 
 def _kernel_call(q: torch.Tensor, attn_mask: torch.Tensor | None, n_k: int, pv: str, rotate_qk: bool) -> AttentionCall:
@@ -304,14 +318,12 @@ def _attend(
     key_mask = None if attn_mask is None or chosen is Backend.SDPA else _as_key_mask(attn_mask, n_k)
     plan = None
     if chosen is Backend.TRITON:
-        from sagevideo.kernels.op import gluon_runs
+        from sagevideo.kernels.dispatch import kernel_for
 
-        plan = plans.select_plan(q.device, head_dim, pv).plan
-        if gluon_runs(plan, is_causal=is_causal, has_mask=key_mask is not None,
-                      per_token=qk_granularity == "token", return_lse=return_lse):
+        plan = kernel_for(q.device, head_dim, pv, is_causal=is_causal, has_mask=key_mask is not None,
+                          per_token=qk_granularity == "token", return_lse=return_lse).plan
+        if plan.kernel == "gluon":
             ran = GLUON  # recorded: the warp-specialized sm90 kernel computed this call
-        else:
-            plan = plans.plain_triton(plan)
     _record(requested, ran, None if chosen is Backend.SDPA else pv, reason)
 
     def compute(q, k, v):

@@ -1,4 +1,4 @@
-"""`sagevideo env`: versions, devices, and which kernel plan runs where (`env_report`)."""
+"""`sagevideo env`: versions, devices, and which kernel plan runs where (`sagevideo.experiments.environment`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from sagevideo.cli.common import handle_errors
 
 def env() -> None:
     """Print torch/triton/GPU versions and which kernel plan runs on each device, and why."""
-    from sagevideo.cli.env_report import report_lines
     from sagevideo.errors import InputError
+    from sagevideo.experiments.environment import report_lines
 
     with handle_errors("env"):
         try:

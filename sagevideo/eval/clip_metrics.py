@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
+
+from sagevideo.eval.frame_metrics import PerVideoMetric
 
 BATCH = 32
 
@@ -101,17 +101,14 @@ def load_clip(folder: str | Path, *, device: str | torch.device = "cpu") -> CLIP
     return CLIPEmbedder(model, processor, device=device, source=str(folder))
 
 
-class CLIPSIM(Metric):
+class CLIPSIM(PerVideoMetric):
     """Per-video mean frame–prompt cosine. `token_reports`: prompts longer than CLIP's limit."""
 
-    full_state_update = False
     higher_is_better = True
-    is_differentiable = False
 
     def __init__(self, embedder: CLIPEmbedder, **kwargs):
         super().__init__(**kwargs)
         self.embedder = embedder
-        self.add_state("values", default=[], dist_reduce_fx="cat")
         self.token_reports: dict[str, int] = {}
 
     def update(self, frames: np.ndarray, prompt: str) -> None:
@@ -123,21 +120,15 @@ class CLIPSIM(Metric):
         text = self.embedder.text_features(prompt)
         self.values.append((image @ text).mean().reshape(1))
 
-    def compute(self) -> torch.Tensor:
-        return dim_zero_cat(self.values) if self.values else torch.zeros(0, dtype=torch.float64)
 
-
-class CLIPTemporal(Metric):
+class CLIPTemporal(PerVideoMetric):
     """CLIP-T: per-video mean cosine of consecutive frames' CLIP embeddings (NaN for one frame)."""
 
-    full_state_update = False
     higher_is_better = True
-    is_differentiable = False
 
     def __init__(self, embedder: CLIPEmbedder, **kwargs):
         super().__init__(**kwargs)
         self.embedder = embedder
-        self.add_state("values", default=[], dist_reduce_fx="cat")
 
     def update(self, frames: np.ndarray) -> None:
         image = self.embedder.image_features(frames)
@@ -146,6 +137,3 @@ class CLIPTemporal(Metric):
         else:
             value = (image[1:] * image[:-1]).sum(-1).mean().reshape(1)
         self.values.append(value)
-
-    def compute(self) -> torch.Tensor:
-        return dim_zero_cat(self.values) if self.values else torch.zeros(0, dtype=torch.float64)

@@ -16,6 +16,13 @@ from torchmetrics.utilities import dim_zero_cat
 DATA_RANGE = 1.0
 
 
+def to_tensor(frames):
+    """(F, H, W, 3) uint8 numpy frames -> (F, 3, H, W) float32 in [0, 1], what the metrics take."""
+    import numpy as np
+
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float().div_(255.0)
+
+
 def _check(ref: torch.Tensor, test: torch.Tensor) -> None:
     if ref.shape != test.shape or ref.ndim != 4 or ref.shape[1] != 3:
         raise ValueError(
@@ -23,8 +30,9 @@ def _check(ref: torch.Tensor, test: torch.Tensor) -> None:
         )
 
 
-class _PerVideoMetric(Metric):
-    """Collects one value per video (`compute()` returns them all, in update order)."""
+class PerVideoMetric(Metric):
+    """Collects one value per video (`compute()` returns them all, in update order): the base of every
+    per-video metric (PSNR, SSIM here; LPIPS, CLIPSIM, CLIP-T); subclasses append to `values` in `update`."""
 
     full_state_update = False
     is_differentiable = False
@@ -37,7 +45,7 @@ class _PerVideoMetric(Metric):
         return dim_zero_cat(self.values) if self.values else torch.zeros(0, dtype=torch.float64)
 
 
-class VideoPSNR(_PerVideoMetric):
+class VideoPSNR(PerVideoMetric):
     """Per-video mean of per-frame PSNR (dB); identical frames counted in `identical_frames`."""
 
     higher_is_better = True
@@ -59,7 +67,7 @@ class VideoPSNR(_PerVideoMetric):
         self.values.append(value.reshape(1).double())
 
 
-class VideoSSIM(_PerVideoMetric):
+class VideoSSIM(PerVideoMetric):
     """Per-video mean of per-frame SSIM (1 = identical)."""
 
     higher_is_better = True

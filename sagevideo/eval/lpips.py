@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
+
+from sagevideo.eval.frame_metrics import PerVideoMetric
 
 BATCH = 16
 
@@ -103,17 +103,14 @@ class LocalLPIPS(nn.Module):
         return total.reshape(a.shape[0])
 
 
-class VideoLPIPS(Metric):
+class VideoLPIPS(PerVideoMetric):
     """Per-video mean of per-frame LPIPS (0 = identical; lower is closer)."""
 
-    full_state_update = False
     higher_is_better = False
-    is_differentiable = False
 
     def __init__(self, network: LocalLPIPS, **kwargs):
         super().__init__(**kwargs)
         self.network = network
-        self.add_state("values", default=[], dist_reduce_fx="cat")
 
     @torch.no_grad()
     def update(self, ref: torch.Tensor, test: torch.Tensor) -> None:
@@ -127,6 +124,3 @@ class VideoLPIPS(Metric):
             b = test[start : start + BATCH].to(device) * 2 - 1
             per_frame.append(self.network(a, b).double().cpu())
         self.values.append(torch.cat(per_frame).mean().reshape(1))
-
-    def compute(self) -> torch.Tensor:
-        return dim_zero_cat(self.values) if self.values else torch.zeros(0, dtype=torch.float64)

@@ -131,7 +131,7 @@ def load_arm(folder: str | Path, role: str, records: list[ManifestRecord] | None
 
 def _read_shapes(arm: Arm, role: str, budget: list[int]) -> list[str]:
     """Frame count and size of every video, decoded; frames are kept while `budget[0]` bytes last."""
-    from sagevideo.eval.videos import VideoReadError, read_frames
+    from sagevideo.outputs.video import VideoReadError, read_frames
 
     problems = []
     for video in arm.videos.values():

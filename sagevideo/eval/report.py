@@ -280,7 +280,7 @@ def render(result: dict[str, Any]) -> str:
     for m in result["metrics"].values():
         verdicts.append(f"<div class='verdict {_verdict_class(m['verdict'])}'>{_e(m['verdict']['line'])}</div>")
     if result.get("attention_probe"):
-        from sagevideo.eval.evaluate import probe_line
+        from sagevideo.eval.results import probe_line
 
         verdicts.append(f"<div class='verdict unknown'>{_e(probe_line(result['attention_probe']))}</div>")
     notes = "".join(f"<li>{_e(n)}</li>" for n in result.get("notes") or [])

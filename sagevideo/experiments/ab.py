@@ -110,7 +110,7 @@ class ABConfig(RunOptions, RecipeOptions):
     def build(cls, job_file: Any = None, /, **fields: Any) -> ABConfig:
         """An ABConfig from one (with `fields` over it) or from the job file and fields; InputError
         naming each bad option."""
-        from sagevideo.jobs.specs import group_problems, value_problems
+        from sagevideo.jobs.problems import group_problems, value_problems
 
         data = {**dict(job_file), **fields} if isinstance(job_file, ABConfig) else {"job_file": job_file, **fields}
         try:
@@ -120,33 +120,11 @@ class ABConfig(RunOptions, RecipeOptions):
 
 
 def job_file_arm_fields(job_file: Path) -> list[str]:
-    """Where a YAML/TOML job file sets attention, pv or plan (ab sets those per arm)."""
-    suffix = job_file.suffix.lower()
-    try:
-        if suffix in (".yaml", ".yml"):
-            import yaml
+    """Where a YAML/TOML job file sets attention, pv or plan (ab sets those per arm), read by the job
+    files' own parsers (TOML through tomllib or, on Python 3.10, tomli)."""
+    from sagevideo.jobs.files import fields_set_in
 
-            data = yaml.safe_load(job_file.read_text(encoding="utf-8"))
-        elif suffix == ".toml":
-            import tomllib
-
-            data = tomllib.loads(job_file.read_text(encoding="utf-8"))
-        else:
-            return []  # plain text: prompts only
-    except Exception:  # unreadable or invalid: generate reports it with line numbers
-        return []
-    found = []
-    if isinstance(data, dict):
-        defaults = data.get("defaults")
-        if isinstance(defaults, dict):
-            found += [f"defaults.{k}" for k in _ARM_FIELDS if k in defaults]
-        jobs = data.get("jobs")
-    else:
-        jobs = data
-    for i, job in enumerate(jobs if isinstance(jobs, list) else [], start=1):
-        if isinstance(job, dict):
-            found += [f"job {i}: {k}" for k in _ARM_FIELDS if k in job]
-    return found
+    return fields_set_in(job_file, _ARM_FIELDS)
 
 
 def expected_calls(plan: Any, steps: int) -> Counter | None:
@@ -360,7 +338,8 @@ def _ab_arms(config: ABConfig, *, options: Any, echo: Callable[[str], None]) -> 
     (`sagevideo.experiments.ab_arms`); returns the summary written to out/metrics.json."""
     import json
 
-    from sagevideo.eval.evaluate import evaluate, prepare_out, versions
+    from sagevideo.eval.evaluate import evaluate, prepare_out
+    from sagevideo.eval.results import versions
     from sagevideo.eval.stats import json_safe
     from sagevideo.experiments.ab_arms import (
         ARMS_SCHEMA,

@@ -22,20 +22,10 @@ from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 from sagevideo.choices import resolve_device
 from sagevideo.errors import InputError
 from sagevideo.jobs.config import RunOptions
+from sagevideo.jobs.problems import group_problems, option_place, value_problems
 from sagevideo.jobs.recipe import RecipeOptions
-from sagevideo.jobs.specs import (
-    DEFAULT_PROMPTS,
-    Frames,
-    Guidance,
-    Pixels,
-    Seed,
-    Steps,
-    collect_jobs,
-    group_problems,
-    option_place,
-    read_prompts_file,
-    value_problems,
-)
+from sagevideo.jobs.specs import DEFAULT_PROMPTS, Frames, Guidance, Pixels, Seed, Steps, collect_jobs
+from sagevideo.jobs.text_files import read_prompts_file
 
 
 def _step_list(value: Any) -> Any:

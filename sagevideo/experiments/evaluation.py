@@ -61,7 +61,7 @@ class EvalSettings(DeviceOptions, WeightsOptions):
     @classmethod
     def build(cls, **fields: Any) -> Any:
         """A config of this class from `fields`; InputError naming each bad one."""
-        from sagevideo.jobs.specs import group_problems, value_problems
+        from sagevideo.jobs.problems import group_problems, value_problems
 
         try:
             return cls(**fields)

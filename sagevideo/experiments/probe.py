@@ -4,7 +4,7 @@
 probing router): every attention call runs what the plan says (so the run *is* the quantized
 run) and, on the same Q/K/V, also fp32 SDPA (the reference) and SDPA in the model's dtype
 (what the full-precision arm computes). It keeps, per layer and denoising step, cosine /
-relative L1 / RMSE (`sagevideo.eval.numerics.errors`, per batch×head slice, mean and worst) of
+relative L1 / RMSE (`sagevideo.attention.accuracy`, per batch×head slice, mean and worst) of
 quantized vs reference, and of full precision vs reference: the floor that full precision
 itself sits at.
 
@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 
+from sagevideo.attention.accuracy import error_stats, peaky_reason, score_std
 from sagevideo.attention.functional import TORCH_SDPA
-from sagevideo.eval.numerics.errors import error_stats, peaky_reason, score_std
 from sagevideo.pipelines.plans import AttentionPlan
 from sagevideo.pipelines.routing import AttentionRouter
 
 METRIC_NAMES = ("cos", "rel_l1", "rmse")
 # A layer is flagged as too peaky for INT8 when its attention is past INT8's resolution
-# (`eval.numerics.errors.PEAKY_SCORE_STD`) and its worst cosine below the 16-bit P·V contract.
+# (`attention.accuracy.PEAKY_SCORE_STD`) and its worst cosine below the 16-bit P·V contract.
 PEAKY_COSINE = 0.999
 
 
@@ -54,7 +54,7 @@ class _Cell:
     rmse_worst: float = 0.0
     slices: int = 0
     nonfinite: int = 0
-    score_std: float = 0.0  # the largest seen (`eval.numerics.errors.score_std`)
+    score_std: float = 0.0  # the largest seen (`attention.accuracy.score_std`)
 
     def add(self, ref: torch.Tensor, out: torch.Tensor) -> None:
         e = error_stats(ref, out)
@@ -220,9 +220,9 @@ def rerun_arm(
     import numpy as np
 
     from sagevideo.eval.pairing import video_file
-    from sagevideo.eval.videos import read_frames
     from sagevideo.host.pipeline_host import PipelineHost, PlannedJob, RouterAttention, RunContext
     from sagevideo.jobs.specs import JobSpec
+    from sagevideo.outputs.video import read_frames
     from sagevideo.pipelines import loading
 
     first = records[0]

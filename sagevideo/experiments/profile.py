@@ -83,7 +83,7 @@ class ProfileConfig(ModelConfigOptions, BenchOptions):
     @classmethod
     def build(cls, **options: Any) -> ProfileConfig:
         """A config; InputError naming each bad option ('--frames: ...'), or a size the model cannot take."""
-        from sagevideo.jobs.specs import problem_parts
+        from sagevideo.jobs.problems import problem_parts
 
         try:
             config = cls(**options)

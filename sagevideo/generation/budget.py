@@ -11,7 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from sagevideo.jobs.specs import JobSpec, where
+from sagevideo.jobs.problems import where
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.loading import ModelSource
 
 

@@ -26,7 +26,8 @@ from sagevideo.host.pipeline_host import PlannedJob, RunContext
 from sagevideo.jobs.batch import Problem, load_batch
 from sagevideo.jobs.config import GenerateConfig
 from sagevideo.jobs.naming import NamedJob, identity_settings, name_jobs
-from sagevideo.jobs.specs import JobSpec, group_problems
+from sagevideo.jobs.problems import group_problems
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.outputs.encoder import encoder_problem
 from sagevideo.outputs.manifest import MANIFEST_NAME
 from sagevideo.pipelines.batch_check import CheckedBatch, check_batch

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     from sagevideo.generation.generate import pending_jobs, plan_batch, run_batch
     from sagevideo.host.pipeline_host import worker_info
     from sagevideo.host.sharded import ShardedHost
-    from sagevideo.jobs.specs import group_problems
+    from sagevideo.jobs.problems import group_problems
     from sagevideo.parallel.launch import init_from_env, leave_group
     from sagevideo.pipelines.families import degree_problems
     from sagevideo.pipelines.recipe import recipe_problems

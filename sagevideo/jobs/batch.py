@@ -18,17 +18,12 @@ from typing import Any
 from sagevideo.errors import InputError
 from sagevideo.jobs.config import JOB_DEFAULTS, GenerateConfig
 from sagevideo.jobs.files import FileRecipe, Origin
+from sagevideo.jobs.problems import option_place, where
 from sagevideo.jobs.recipe import RECIPE_FIELDS, Recipe
-from sagevideo.jobs.specs import (
-    DEFAULT_PROMPTS,
-    JobSpec,
-    collect_jobs,
-    option_place,
-    read_prompts_file,
-    where,
-)
+from sagevideo.jobs.specs import DEFAULT_PROMPTS, JobSpec, collect_jobs
+from sagevideo.jobs.text_files import read_prompts_file
 
-Problem = tuple[str, str]  # (where, what is wrong): `sagevideo.jobs.specs.group_problems` lists them
+Problem = tuple[str, str]  # (where, what is wrong): `sagevideo.jobs.problems.group_problems` lists them
 LabelledJob = tuple[JobSpec, Any, Any]  # (job, its label: a str or a job-file Origin, the item it was parsed from)
 
 __all__ = ["BatchRecipe", "LabelledJob", "LoadedBatch", "Problem", "load_batch", "place_problem"]

@@ -34,8 +34,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 
 from sagevideo.choices import Attention, AttentionGuard, Backend, Device, DType, PVChoice
 from sagevideo.errors import InputError
+from sagevideo.jobs.problems import group_problems, value_problems
 from sagevideo.jobs.recipe import RecipeOptions, expand_recipe
-from sagevideo.jobs.specs import Frames, Guidance, JobSpec, NotBool, Pixels, Seed, Steps, group_problems, value_problems
+from sagevideo.jobs.specs import Frames, Guidance, JobSpec, NotBool, Pixels, Seed, Steps
 
 
 def _whole_number(fix: str):

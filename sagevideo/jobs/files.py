@@ -22,7 +22,7 @@ YAML file may also be a bare list of jobs. Relative `plan` and `image` paths are
 file's folder.
 Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped;
 such a file with lines only a job file has (`defaults: {steps: 2}`, `jobs:`, `[[jobs]]`, `- prompt: a`)
-is refused, not made into one video per line (`sagevideo.jobs.specs.read_prompts_file`).
+is refused, not made into one video per line (`sagevideo.jobs.text_files.read_prompts_file`).
 
 `recipe:` holds the `sagevideo.jobs.recipe.Recipe` settings (compile, compile_backend, linear,
 linear_keep (a pattern or a list of them), cache, cache_threshold; dashes or underscores). The
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,19 +48,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sagevideo.errors import InputError
 from sagevideo.jobs.bounds import MAX_ALIAS_VALUES, AliasCycle, alias_expansion
+from sagevideo.jobs.problems import group_problems, problem_parts, where
 from sagevideo.jobs.recipe import RECIPE_FIELDS, Recipe
-from sagevideo.jobs.specs import (
-    InputError,
-    JobSpec,
-    group_problems,
-    job_problems,
-    merge_fields,
-    problem_parts,
-    read_prompts_file,
-    read_text_file,
-    where,
-)
+from sagevideo.jobs.specs import JobSpec, job_problems, merge_fields
+from sagevideo.jobs.text_files import read_prompts_file, read_text_file
 
 STRUCTURED = {".yaml": "yaml", ".yml": "yaml", ".toml": "toml"}
 TOP_LEVEL = ("recipe", "defaults", "jobs")
@@ -177,6 +169,35 @@ def load_job_file(path: str | Path) -> JobFile:
         recipe, found = _recipe(path, data["recipe"], lines)
         problems = found + problems  # in file order: the recipe section comes first
     return JobFile(path, kind, items, problems, recipe)
+
+
+def fields_set_in(path: str | Path, names: tuple[str, ...]) -> list[str]:
+    """Where a YAML/TOML job file sets any of `names` ('defaults.NAME', 'job K: NAME'), for the commands
+    that set those fields themselves (`sagevideo ab`: attention, pv, plan per arm). A plain-text file
+    sets none; a file that cannot be read or parsed gives [] (planning it reports why, with lines)."""
+    path = Path(path)
+    kind = job_file_kind(path)
+    if kind == "text":
+        return []
+    if kind == "toml":
+        _toml_module()  # a missing TOML reader is said, not taken for an unreadable file
+    try:
+        text = read_text_file(path, "job file", "a YAML or TOML job file")
+        data = (_parse_yaml if kind == "yaml" else _parse_toml)(path, text)[0]
+    except InputError:
+        return []
+    found = []
+    if isinstance(data, dict):
+        defaults = data.get("defaults")
+        if isinstance(defaults, dict):
+            found += [f"defaults.{name}" for name in names if name in defaults]
+        jobs = data.get("jobs")
+    else:
+        jobs = data
+    for number, job in enumerate(jobs if isinstance(jobs, list) else [], start=1):
+        if isinstance(job, dict):
+            found += [f"job {number}: {name}" for name in names if name in job]
+    return found
 
 
 def _place(file: str, line: int | None, what: str) -> str:
@@ -447,11 +468,7 @@ _TOML_KEY = re.compile(r"\s*([A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')\s*=")
 def _parse_toml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
     """(data, lines). tomllib gives no positions, so lines come from a scan for table headers
     ([recipe], [defaults], [[jobs]]) and `key =` lines; inline tables simply get no line numbers."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - Python 3.10
-        import tomli as tomllib
-
+    tomllib = _toml_module()
     try:
         data = tomllib.loads(text)
     except RecursionError:  # tomllib parses nested arrays and tables recursively
@@ -465,6 +482,22 @@ def _parse_toml(path: Path, text: str) -> tuple[Any, dict[tuple, int]]:
             f"{where}: TOML syntax error: {message}; check that text is quoted and each key has '= value'"
         ) from None
     return data, _toml_lines(text)
+
+
+def _toml_module() -> Any:
+    """tomllib (Python 3.11+), else tomli, its backport (a dependency on 3.10); InputError when neither
+    is installed, so a TOML job file is never silently passed over."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            raise InputError(
+                "reading a TOML job file needs tomllib (Python 3.11+) or tomli: pip install tomli, or write the "
+                "job file as YAML"
+            ) from None
+    return tomllib
 
 
 def _toml_lines(text: str) -> dict[tuple, int]:

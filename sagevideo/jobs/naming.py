@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sagevideo.jobs.identity import JobIdentity
-from sagevideo.jobs.specs import JobSpec, output_stem, where
+from sagevideo.jobs.problems import where
+from sagevideo.jobs.specs import JobSpec, output_stem
 
 __all__ = ["NamedJob", "Naming", "identity_settings", "name_jobs"]
 

@@ -1,5 +1,7 @@
 """Generation job specs: what one video is (`JobSpec`), the value types its fields share with
-`sagevideo.jobs.config.GenerateConfig` (how a batch runs), and problem formatting.
+`sagevideo.jobs.config.GenerateConfig` (how a batch runs), parsing jobs from prompts and field
+mappings (`collect_jobs`) and naming their files (problem formatting: `jobs.problems`; text
+files: `jobs.text_files`).
 
 Both are pydantic models with `extra="forbid"`, so YAML/TOML job files (`sagevideo.jobs.files`) get
 the same checks and error messages as the CLI and the Python API. Validation problems are raised
@@ -9,12 +11,10 @@ and says what to give instead.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
@@ -29,9 +29,9 @@ from pydantic import (
 )
 
 from sagevideo.choices import PV, Attention
-from sagevideo.errors import InputError
-from sagevideo.jobs.bounds import capped
+from sagevideo.errors import InputError  # noqa: F401 - many rooms import it from here
 from sagevideo.jobs.bounds import shown as shown_value
+from sagevideo.jobs.problems import field_problems, where
 
 DEFAULT_PROMPTS = (
     "a red panda eating bamboo in a misty forest, cinematic lighting",
@@ -166,116 +166,6 @@ def parse_resolution(value: Any) -> tuple[int, int]:
     raise ValueError(f"resolution {shown_value(value)} is not WIDTHxHEIGHT; {fix}")
 
 
-def known_fields(model: str) -> list[str]:
-    """Field names a user may write for a pydantic model of this module (by class name)."""
-    if model == "JobSpec":
-        return [*JobSpec.model_fields, "resolution"]
-    if model == "GenerateConfig":
-        from sagevideo.jobs.config import GenerateConfig
-
-        return list(GenerateConfig.model_fields)
-    return []
-
-
-def field_problems(err: ValidationError) -> list[tuple[str, str]]:
-    """(field, '<field>: <what is wrong> (got <value>)') per problem, with a fix where one is known."""
-    return [(field, f"{field}: {msg}{shown}") for field, msg, shown in problem_parts(err)]
-
-
-def problem_parts(err: ValidationError) -> list[tuple[str, str, str]]:
-    """(field, what is wrong, ' (got <value>)' or '') per problem of a validation error."""
-    problems = []
-    for problem in err.errors():
-        field = ".".join(str(part) for part in problem["loc"])
-        msg = problem["msg"].removeprefix("Value error, ")
-        got = problem.get("input")
-        shown = "" if problem["type"] in ("missing", "extra_forbidden") else f" (got {shown_value(got)})"
-        if not field:  # model-level check: the only one is JobSpec's resolution split
-            field = "resolution" if msg.startswith("resolution") else "value"
-            msg, shown = msg.removeprefix("resolution: "), ""  # the input is the whole job
-        if problem["type"] == "extra_forbidden":
-            msg = "unknown field; remove it or check its spelling"
-            close = difflib.get_close_matches(field, known_fields(err.title), n=1, cutoff=0.6)
-            if close:
-                msg += f" (did you mean {close[0]!r}?)"
-        elif problem["type"] == "missing":
-            msg = f"missing; every job needs a {field}" if field == "prompt" else "missing; add it"
-        problems.append((field, msg, shown))
-    return problems
-
-
-def option_name(field: str) -> str:
-    """The command-line option of a job field or run setting: negative_prompt -> --negative-prompt."""
-    return "--" + field.replace("_", "-")
-
-
-# Options that are on/off flags on the command line (--frames-png/--no-frames-png).
-FLAG_OPTIONS = ("frames_png", "progress", "attention_probe", "noise_floor")
-
-
-def option_place(field: str, value: Any) -> str:
-    """Where a problem of an option's value is: '--steps 0' (the flag for on/off options)."""
-    if isinstance(value, bool) and field in FLAG_OPTIONS:
-        return option_name(field) if value else f"--no-{field.replace('_', '-')}"
-    return f"{option_name(field)} {value}"
-
-
-def value_problems(err: ValidationError) -> list[tuple[str, str, str]]:
-    """(field, option with its value, what is wrong) per problem of a validation error of options."""
-    return [(field.split(".", 1)[0], option_place(field, got), msg) for field, msg, got in _parts_with_input(err)]
-
-
-def option_problems(options: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """Check options that are job fields (seed, steps, ...) on their own, before any job.
-
-    Returns (the options with bad ones left out, [(option with its value, what is wrong)]): a
-    bad option is reported once, by its name ('--steps 0'), and does not hide the jobs' problems."""
-    given = {k: v for k, v in options.items() if v is not None}
-    try:
-        JobSpec(prompt="-", **given)  # the prompt is a stand-in: options give none
-    except ValidationError as err:
-        bad = _parts_with_input(err)
-    else:
-        return dict(options), []
-    names = {field.split(".", 1)[0] for field, _, _ in bad}
-    kept = {k: v for k, v in options.items() if k not in names}
-    return kept, [(option_place(field, got), msg) for field, msg, got in bad]
-
-
-def _parts_with_input(err: ValidationError) -> list[tuple[str, str, Any]]:
-    inputs = {".".join(str(part) for part in e["loc"]): e.get("input") for e in err.errors()}
-    return [(field, msg, inputs.get(field)) for field, msg, _ in problem_parts(err)]
-
-
-def group_problems(problems: Iterable[tuple[str, str]]) -> str:
-    """(where, problem) pairs -> one line per distinct problem, listing where it occurs.
-
-    A bad batch-wide option (e.g. --frames 8) then reads as one line, not one per prompt; a bad
-    value in a job file's defaults reads as one line at the defaults' line. At most
-    `bounds.MAX_PROBLEM_LINES` lines, then one saying how many more.
-    """
-    grouped: dict[str, list[str]] = {}
-    for where, problem in problems:
-        places = grouped.setdefault(problem, [])
-        if where not in places:
-            places.append(where)
-    lines = []
-    for problem, places in grouped.items():
-        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3 else "")
-        lines.append(f"{shown}: {problem}" if shown else problem)  # "": a problem that names its own place
-    return "\n".join(capped(lines))
-
-
-def where(label: Any, field: str | None = None) -> str:
-    """The place to name in an error about `field` of a job with this label.
-
-    Labels are strings ("job 2", "prompts.txt line 3") or objects with `.at(field)` (job-file
-    origins, which know the line of each field).
-    """
-    at = getattr(label, "at", None)
-    return at(field) if at is not None else str(label)
-
-
 def job_problems(
     value: str | Mapping[str, Any] | JobSpec, defaults: Mapping[str, Any]
 ) -> tuple[JobSpec | None, list[tuple[str | None, str]]]:
@@ -337,16 +227,6 @@ def merge_fields(defaults: Mapping[str, Any], fields: Mapping[str, Any]) -> dict
     return merged
 
 
-def parse_jobs(labelled: Iterable[tuple[Any, Any]], defaults: Mapping[str, Any]) -> list[JobSpec]:
-    """`collect_jobs`, raising one InputError with every problem (or when there is no job)."""
-    parsed, problems = collect_jobs(labelled, defaults)
-    if problems:
-        raise InputError(group_problems(problems))
-    if not parsed:
-        raise InputError("no prompts to generate; give at least one")
-    return [job for job, _, _ in parsed]
-
-
 def collect_jobs(
     labelled: Iterable[tuple[Any, Any]], defaults: Mapping[str, Any]
 ) -> tuple[list[tuple[JobSpec, Any, Any]], list[tuple[str, str]]]:
@@ -360,64 +240,6 @@ def collect_jobs(
             parsed.append((job, label, value))
         problems += [(where(label, field), line) for field, line in found]
     return parsed, problems
-
-
-def read_text_file(path: str | Path, what: str, expected: str) -> str:
-    """The UTF-8 text of a user's input file; InputError naming `what` it is when it cannot be read."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{what} {path} does not exist; give {expected}")
-    if not path.is_file():
-        raise InputError(f"{what} {path} is not a file; give {expected}")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise InputError(
-            f"{what} {path} is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
-        ) from None
-    except OSError as err:
-        raise InputError(f"{what} {path} cannot be read: {err.strerror}") from None
-
-
-# Lines of a YAML or TOML job file that no prompt starts with: a top-level section (`jobs:`,
-# `{jobs: ...}`, `jobs = ...`), a TOML table header (`[defaults]`, `[[jobs]]`), a bare list's job
-# (`- prompt: ...`). Read as prompts, each would become a video.
-_JOB_FILE_LINE = re.compile(
-    r"""^(\{\s*)?(?P<q>["']?)(recipe|defaults|jobs)(?P=q)\s*(:(\s|$)|=)"""
-    r"""|^\s*\[\[?\s*(recipe|defaults|jobs)\s*\]\]?\s*(\#.*)?$"""
-    r"""|^-\s+(?P<p>["']?)prompt(?P=p)\s*:(\s|$)"""
-)
-
-
-def read_prompts_file(path: str | Path) -> list[tuple[str, str]]:
-    """Prompts of a text file, one per line; blank lines and lines starting with '#' are skipped.
-
-    Returns (prompt, "FILE line N") pairs so that errors can point at the line. A file with lines
-    that only a job file has (`_JOB_FILE_LINE`: `defaults: {steps: 2}`, `[[jobs]]`, ...) is
-    refused: it is a job file under another extension (rename it), or its prompt needs rewording.
-    """
-    path = Path(path)
-    text = read_text_file(path, "prompts file", "a text file with one prompt per line")
-    prompts, structured = [], []
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if stripped and not stripped.startswith("#"):
-            prompts.append((stripped, f"{path} line {number}"))
-            if _JOB_FILE_LINE.match(line):
-                structured.append((number, stripped))
-    if structured:
-        (number, line), more = structured[0], len(structured) - 1
-        others = f" (and {more} more such line{'s' if more > 1 else ''})" if more else ""
-        raise InputError(
-            f"{path} line {number}: looks like a YAML/TOML job file ({shown_value(line)}{others}) but is read as one "
-            "prompt per line, as any file not named .yaml/.yml/.toml is; if it is a job file, name it .yaml (or "
-            ".toml), if these are prompts, put such a line in quotes"
-        )
-    if not prompts:
-        raise InputError(
-            f"prompts file {path} has no prompts (only blank or # lines); add one prompt per line"
-        )
-    return prompts
 
 
 def slugify(text: str, max_len: int = 40) -> str:

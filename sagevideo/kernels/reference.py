@@ -143,6 +143,53 @@ def rotation_dim(head_dim: int) -> int:
     return padded_head_dim(head_dim) or 1 << (head_dim - 1).bit_length()
 
 
+def _quantized_qk(
+    q: torch.Tensor, ks: torch.Tensor, *, sm_scale: float, rotate_qk: bool, group_q: int, group_k: int, qk_bits: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q codes, q scales, k codes, k scales) of q and the smoothed K `ks`: `sm_scale·log2(e)` folded
+    into Q's scale, both rotated by the same random-sign Hadamard matrix first with `rotate_qk`
+    (the rotation's 1/dim folded into the scale too)."""
+    qk_scale = sm_scale * LOG2E
+    qf = q.float()
+    if rotate_qk:
+        dim = rotation_dim(q.shape[3])
+        rot = hadamard_pm1(dim, q.device)
+        pad = (0, dim - q.shape[3])
+        qf = _matmul_fp32(torch.nn.functional.pad(qf, pad), rot)
+        ks = _matmul_fp32(torch.nn.functional.pad(ks, pad), rot)
+        qk_scale = qk_scale / dim
+    q_codes, q_scale = quantize_symmetric(qf, group_q, qk_bits, scale_factor=qk_scale, row_local_nonfinite=True)
+    k_codes, k_scale = quantize_symmetric(ks, group_k, qk_bits)
+    return q_codes, q_scale, k_codes, k_scale
+
+
+def _v_operand(
+    v: torch.Tensor, valid: torch.Tensor | None, pv: str
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.dtype | None]:
+    """(V as the P·V product reads it, fp32; per-channel FP8 scales or None; P's 16-bit dtype or None),
+    padded keys' rows zeroed."""
+    if pv == "fp8":
+        v_codes, v_scale = quantize_v_fp8(v, valid)
+        return v_codes.float(), v_scale, None
+    if pv == "fp16":
+        # 16-bit inputs: P in V's dtype, as the kernels. Wider inputs (which the kernels do not
+        # take): P in fp16 (it lies in [0, 1]) and V as given, since fp16 would overflow past 65504.
+        pv_dtype = v.dtype if v.dtype in (torch.float16, torch.bfloat16) else torch.float16
+        v_kept = v if valid is None else torch.where(valid[:, None, :, None], v, 0.0)
+        return (v_kept.to(pv_dtype) if v.dtype in (torch.float16, torch.bfloat16) else v_kept).float(), None, pv_dtype
+    return (v.float() if valid is None else torch.where(valid[:, None, :, None], v.float(), 0.0)), None, None
+
+
+def _p_operand(p: torch.Tensor, pv: str, pv_dtype: torch.dtype | None) -> torch.Tensor:
+    """P rounded as the P·V product takes it (FP8 e4m3, the 16-bit dtype, or fp32), in fp32."""
+    if pv == "fp8":
+        # saturate like the GPU's cvt.satfinite: exp2(log2 448) may round just above 448
+        return p.clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
+    if pv == "fp16":
+        return p.to(pv_dtype).float()
+    return p
+
+
 def sageattn_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -178,31 +225,10 @@ def sageattn_reference(
     else:
         ks = k.float() if valid is None else torch.where(valid[:, None, :, None], k.float(), 0.0)
         k_mean = torch.zeros(k.shape[0], k.shape[1], k.shape[3], device=k.device)
-    qk_scale = sm_scale * LOG2E
-    qf = q.float()
-    if rotate_qk:
-        dim = rotation_dim(q.shape[3])
-        rot = hadamard_pm1(dim, q.device)
-        pad = (0, dim - q.shape[3])
-        qf = _matmul_fp32(torch.nn.functional.pad(qf, pad), rot)
-        ks = _matmul_fp32(torch.nn.functional.pad(ks, pad), rot)
-        qk_scale = qk_scale / dim
     group_q, group_k = (block_m, block_n) if qk_granularity == "block" else (1, 1)
-    q_codes, q_scale = quantize_symmetric(qf, group_q, qk_bits, scale_factor=qk_scale, row_local_nonfinite=True)
-    k_codes, k_scale = quantize_symmetric(ks, group_k, qk_bits)
-
-    if pv == "fp8":
-        v_codes, v_scale = quantize_v_fp8(v, valid)
-        v_operand = v_codes.float()
-    elif pv == "fp16":
-        # 16-bit inputs: P in V's dtype, as the kernels. Wider inputs (which the kernels do not
-        # take): P in fp16 (it lies in [0, 1]) and V as given, since fp16 would overflow past 65504.
-        pv_dtype = v.dtype if v.dtype in (torch.float16, torch.bfloat16) else torch.float16
-        v_kept = v if valid is None else torch.where(valid[:, None, :, None], v, 0.0)
-        v_operand = (v_kept.to(pv_dtype) if v.dtype in (torch.float16, torch.bfloat16) else v_kept).float()
-    else:
-        pv_dtype = None
-        v_operand = v.float() if valid is None else torch.where(valid[:, None, :, None], v.float(), 0.0)
+    q_codes, q_scale, k_codes, k_scale = _quantized_qk(q, ks, sm_scale=sm_scale, rotate_qk=rotate_qk,
+                                                       group_q=group_q, group_k=group_k, qk_bits=qk_bits)
+    v_operand, v_scale, pv_dtype = _v_operand(v, valid, pv)
 
     batch, heads = q.shape[0], q.shape[1]
     m = torch.full((batch, heads, n_q), float("-inf"), device=q.device)
@@ -238,15 +264,8 @@ def sageattn_reference(
         else:
             p = torch.exp2(s - m_sub[..., None])
         v_tile = v_operand[:, :, start:stop]
-        if pv == "fp8":
-            # saturate like the GPU's cvt.satfinite: exp2(log2 448) may round just above 448
-            p_operand = p.clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
-        elif pv == "fp16":
-            p_operand = p.to(pv_dtype).float()
-        else:
-            p_operand = p
         l = l * alpha + p.sum(dim=-1)
-        acc = acc * alpha[..., None] + _matmul_fp32(p_operand, v_tile)
+        acc = acc * alpha[..., None] + _matmul_fp32(_p_operand(p, pv, pv_dtype), v_tile)
         m = m_new
 
     has_keys = l != 0  # NaN (NaN inputs) stays NaN, as in the kernels

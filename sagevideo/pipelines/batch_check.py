@@ -19,7 +19,8 @@ from typing import Any
 from sagevideo.errors import InputError
 from sagevideo.jobs.batch import BatchRecipe, LabelledJob, LoadedBatch, Problem, place_problem
 from sagevideo.jobs.config import GenerateConfig
-from sagevideo.jobs.specs import JobSpec, where
+from sagevideo.jobs.problems import where
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.loading import ModelSource
 
 __all__ = ["CheckedBatch", "check_batch", "check_images", "check_plans"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sagevideo.attention.accuracy import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
 from sagevideo.attention.functional import TORCH_SDPA, sageattn
-from sagevideo.eval.numerics.errors import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override
 from sagevideo.pipelines.routing import AttentionRouter
 
@@ -54,7 +54,7 @@ class WorstError:
 @dataclass
 class CalibrationResult:
     """errors[layer][choice label] -> WorstError; plan: the chosen plan; threshold: cosine floor;
-    score_std[layer]: the largest score standard deviation seen (`eval.numerics.errors.score_std`)."""
+    score_std[layer]: the largest score standard deviation seen (`attention.accuracy.score_std`)."""
 
     errors: dict[str, dict[str, WorstError]]
     plan: AttentionPlan
@@ -184,26 +184,3 @@ def calibration_result(
         raise RuntimeError("calibration captured no attention call: check --capture-steps against --steps")
     plan, chosen = choose_plan(probe.errors, threshold, type(pipe.transformer).__name__, num_steps)
     return CalibrationResult(probe.errors, plan, threshold, chosen, probe.score_std)
-
-
-def calibrate_pipeline(
-    pipe,
-    run,
-    *,
-    threshold: float = 0.999,
-    capture_steps: set[int] | None = None,
-    backend: str | None = None,
-    num_steps: int | None = None,
-    save_qkv: dict | None = None,
-    on_measure=None,
-) -> CalibrationResult:
-    """Run `run(pipe)` (which generates with the pipeline) under the probing router (`probing_router`);
-    return the per-layer errors and the chosen plan. `sagevideo.calibrate` composes the same parts
-    with a `PipelineHost` instead (the one generation path)."""
-    from sagevideo.pipelines.install import install_router
-
-    probe = probing_router(pipe, backend=backend, capture_steps=capture_steps, save_qkv=save_qkv,
-                           on_measure=on_measure)
-    with install_router(pipe, probe):
-        run(pipe)
-    return calibration_result(probe, pipe, threshold=threshold, num_steps=num_steps)

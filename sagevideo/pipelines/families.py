@@ -38,7 +38,9 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sagevideo.jobs.specs import InputError, JobSpec, where
+from sagevideo.errors import InputError
+from sagevideo.jobs.problems import where
+from sagevideo.jobs.specs import JobSpec
 
 if TYPE_CHECKING:
     from sagevideo.jobs.images import ImageInfo

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.errors import InputError
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.fingerprint import fingerprint, folder_fingerprint
 
 __all__ = ["ModelSource", "fingerprint", "folder_fingerprint", "load_pipeline", "read_json", "resolve_model"]

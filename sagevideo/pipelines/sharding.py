@@ -1,5 +1,7 @@
 """What a family's `shard_*` may split: exactly the transformer and attention-processor classes its
-Ulysses hooks were written for, checked before anything is installed and before any rank communicates.
+Ulysses hooks were written for, checked before anything is installed and before any rank communicates
+(`shard_targets`); then the frame every `shard_*` shares: the heads' degree check (`ulysses_rank`)
+and the install of its router and hooks, undone whole if a step fails (`install_sharded`).
 
 Why exact classes, not isinstance: diffusers' derivatives of a supported transformer (ChronoEdit and
 SkyReels-V2 copy Wan's with attention classes of their own, VACE adds control blocks with inputs of
@@ -58,3 +60,38 @@ def shard_targets(function: str, pipe_or_transformer: Any, transformers: tuple[t
                     f"is not exchanged between ranks); restore the stock processors, or {fix}"
                 )
     return [transformer for _, transformer in unique.values()]
+
+
+def ulysses_rank(denoisers: list[Any], group: Any = None, heads: str = "num_attention_heads") -> tuple[int, int]:
+    """(this rank, the group's size) for splitting `denoisers`, after checking that the size divides
+    each one's attention heads (`config.<heads>`; ValueError); token counts are checked at each
+    forward, where they are known."""
+    from sagevideo.parallel.launch import rank_and_world
+    from sagevideo.parallel.ulysses import check_degree
+
+    rank, world = rank_and_world(group)
+    for transformer in denoisers:
+        check_degree(getattr(transformer.config, heads), world, world)
+    return rank, world
+
+
+def install_sharded(pipe_or_transformer: Any, router: Any, denoisers: list[Any], hooks_of: Any, *, pv: str | None,
+                    backend: str, routes: dict | None = None) -> Any:
+    """The Ulysses install every family's `shard_*` ends with: `router` installed (`install_router`,
+    the family's Ulysses processors as `routes`), then `hooks_of(transformer)` (the hook handles
+    that split and gather its tokens) registered on each denoiser; a failure on the way removes
+    what was added. Returns the `SequenceParallelHandle` that undoes it all."""
+    from sagevideo.parallel.ulysses import SequenceParallelHandle
+    from sagevideo.pipelines.install import install_router
+
+    attention = install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend, routes=routes)
+    hooks: list[Any] = []
+    try:
+        for transformer in denoisers:
+            hooks += hooks_of(transformer)
+    except BaseException:
+        for hook in hooks:
+            hook.remove()
+        attention.remove()
+        raise
+    return SequenceParallelHandle(attention, hooks)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sagevideo.jobs.specs import InputError
+from sagevideo.errors import InputError, first_line
 
 PROBE_TIMEOUT_S = 3.0  # a Ray head answers the probe in milliseconds, even across a data centre
 # An HTTP/2 client's opening (RFC 9113 section 3.4) and an empty SETTINGS frame. A gRPC server,
@@ -223,7 +223,7 @@ def _join(target: str, given: str) -> None:
         with _keep_sigterm_handler():
             ray.init(address=target, logging_level=logging.WARNING)
     except ConnectionError as err:
-        raise InputError(f"--address {given}: could not join the Ray cluster ({_first_line(err)})") from None
+        raise InputError(f"--address {given}: could not join the Ray cluster ({first_line(err)})") from None
 
 
 @contextlib.contextmanager
@@ -333,8 +333,3 @@ def _auto_address() -> tuple[str | None, str]:
     except Exception:  # a Ray without it, or no cluster recorded
         found = None
     return (found, "ray start") if found else (None, "")
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sagevideo.errors import first_line
 from sagevideo.host.pipeline_host import ModelLoadError, PlannedJob
 from sagevideo.host.result import RankResult
 from sagevideo.scheduling.pool import STOP_WAIT_S, Death, Pool, Task, Worker, wait_gone
@@ -86,9 +87,9 @@ def _outcome(ref: Any, worker: Worker, rank: int) -> RankResult | Death:
     try:
         return ray.get(ref)
     except RayActorError as err:
-        return Death(f"{worker.who(rank)} died during the job ({_first_line(err)})")
+        return Death(f"{worker.who(rank)} died during the job ({first_line(err)})")
     except RayTaskError as err:  # run() raised: the worker is unusable, the job is not to blame
-        return Death(f"{worker.who(rank)} failed: {_first_line(err)}")
+        return Death(f"{worker.who(rank)} failed: {first_line(err)}")
 
 
 def _failed_result(out: Any) -> bool:
@@ -162,7 +163,7 @@ def _on_ready(ref: Any, pool: Pool, echo) -> None:
         info = ray.get(ref)
     except RayError as err:
         who = f"rank {rank}" if len(worker.actors) > 1 else "worker"
-        info = {"error": f"{who} died while loading ({_first_line(err)})"}
+        info = {"error": f"{who} died while loading ({first_line(err)})"}
     if info.get("error"):
         pool.load_errors.append(info["error"])
         pool.stop(worker)
@@ -186,12 +187,3 @@ def _failed(task: Task, error: str) -> JobFailed:
         error=error, attempts=max(task.attempt, len(task.retries)), retries=tuple(task.retries),
         worker=task.retries[-1]["worker"] if task.retries else None,
     )
-
-
-def _first_line(err: BaseException) -> str:
-    """Ray's errors run to dozens of lines; the first meaningful one names what happened."""
-    for line in str(err).splitlines():
-        line = line.strip()
-        if line and not line.startswith(("ray::", "Traceback")):
-            return line[:300]
-    return type(err).__name__

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import sagevideo
 from sagevideo import last_backend, record_backends, sageattn
-from sagevideo.eval.numerics.errors import attention_fp64, error_stats
+from sagevideo.attention.accuracy import attention_fp64, error_stats
 from sagevideo.eval.numerics.presets import make_inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

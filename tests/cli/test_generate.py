@@ -64,7 +64,7 @@ def test_the_summary_says_how_many_compiled_graphs_came_from_the_compile_cache(t
     reading. The records carry each job's lookups; the summary adds them up."""
     import itertools
 
-    import sagevideo.pipelines.recipe as recipe_module
+    import sagevideo.pipelines.recipe.apply as recipe_module
 
     readings = itertools.count()
 

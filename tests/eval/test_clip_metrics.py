@@ -17,8 +17,8 @@ def test_clipsim_matches_a_direct_clip_forward(arms, by_noise, weights_dir):
     """CLIPSIM through the local folder equals plain cosine of CLIPModel's own embeddings."""
     from transformers import CLIPModel, CLIPProcessor
 
-    from sagevideo.eval.videos import read_frames
     from sagevideo.eval.weights import CLIP_FOLDER
+    from sagevideo.outputs.video import read_frames
 
     result = by_noise[10]
     model = CLIPModel.from_pretrained(weights_dir / CLIP_FOLDER, local_files_only=True).eval()

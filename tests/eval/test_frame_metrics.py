@@ -28,3 +28,17 @@ def test_metric_classes_reset_and_psnr_inf():
     assert ssim.compute().item() == pytest.approx(1.0)
     with pytest.raises(ValueError):
         psnr.update(video, video[:2])
+
+
+def test_every_per_video_metric_shares_one_collector():
+    """PSNR, SSIM, LPIPS, CLIPSIM and CLIP-T collect one value per video the same way: an empty
+    metric computes an empty float64 tensor."""
+    import torch
+
+    from sagevideo.eval.clip_metrics import CLIPSIM, CLIPTemporal
+    from sagevideo.eval.frame_metrics import PerVideoMetric, VideoPSNR, VideoSSIM
+    from sagevideo.eval.lpips import VideoLPIPS
+
+    assert all(issubclass(m, PerVideoMetric) for m in (VideoPSNR, VideoSSIM, VideoLPIPS, CLIPSIM, CLIPTemporal))
+    empty = VideoSSIM().compute()
+    assert empty.shape == (0,) and empty.dtype == torch.float64

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 
 import pytest
 from typer.testing import CliRunner
@@ -85,29 +84,6 @@ def test_attention_probe_per_layer_and_step(ab_run):
     assert probe["peaky_layers"] == [] and all(0 < layer["score_std"] < 10 for layer in probe["layers"])
     figures = [f["file"] for f in json.loads((out / "metrics.json").read_text())["figures"]]
     assert "figures/attention_cosine_per_layer.png" in figures and all((out / f).is_file() for f in figures)
-
-
-def test_plan_check_counts_calls_per_precision():
-    from sagevideo.experiments.ab import expected_calls, plan_check
-    from sagevideo.pipelines.plans import AttentionPlan
-
-    plan = AttentionPlan.model_validate(
-        {
-            "layers": LAYERS,
-            "default": {"mode": "int8-fp8"},
-            "overrides": [{"layers": [LAYERS[0]], "steps": [0, 1], "mode": "full"}],
-        }
-    )
-    assert expected_calls(plan, 2) == Counter({"fp8": 3, "full": 1})
-    from sagevideo.outputs.manifest import ManifestRecord
-
-    backends = {"counts": {"reference/fp8": 3, "sdpa": 1}, "fallbacks": {}}
-    record = ManifestRecord(job_id="j", prompt="p", steps=2, backends=backends)
-    assert plan_check(plan, [record])["consistent"] is True
-    uniform = record.replace(backends={"counts": {"reference/fp16": 4}, "fallbacks": {}})
-    check = plan_check(plan, [uniform])
-    assert check["consistent"] is False and "record the plan without applying it" in check["message"]
-    assert "ran {'fp16': 4}, the plan implies {'fp8': 3, 'full': 1}" in check["message"]
 
 
 @pytest.mark.slow  # renders and evaluates arms
@@ -234,3 +210,27 @@ def test_the_configs_option_checks_name_what_each_arm_gives_itself(tmp_path):
         config.checked_job_file(" (x)")
     with pytest.raises(Refused, match="no such file"):
         ABConfig.build(tmp_path / "missing.yaml", out=tmp_path).checked_job_file()
+
+
+@pytest.mark.parametrize("file_name", ["jobs.toml", "jobs.yaml"])
+@pytest.mark.parametrize("arms", [[], ["fp8=attention=sage,pv=fp8"]])
+def test_a_job_file_setting_attention_is_refused_before_any_arm_even_without_tomllib(tmp_path, monkeypatch,
+                                                                                   file_name, arms):
+    """ab sets attention, pv and plan per arm; Python 3.10 has no tomllib, and the check must not be
+    skipped there (tomli reads the file)."""
+    import importlib
+    import sys
+
+    from sagevideo.errors import InputError
+    from sagevideo.experiments.ab import ab
+
+    reader = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on Python 3.10
+    monkeypatch.setitem(sys.modules, "tomli", reader)  # the backport: the same API
+    jobs = tmp_path / file_name
+    toml = "[defaults]\npv = \"fp8\"\n\n[[jobs]]\nprompt = \"a\"\nattention = \"full\"\n"
+    yaml = "defaults:\n  pv: fp8\njobs:\n  - prompt: a\n    attention: full\n"
+    jobs.write_text(toml if file_name.endswith(".toml") else yaml)
+    with pytest.raises(InputError, match=r"sets defaults\.pv, job 1: attention: `sagevideo ab` sets attention, pv"):
+        ab(jobs, out=tmp_path / "out", device="cpu", arms=arms, progress=False)
+    assert not (tmp_path / "out").exists()

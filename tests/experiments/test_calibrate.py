@@ -33,7 +33,7 @@ def test_a_recipe_calibration_cannot_measure_is_refused_before_loading(tmp_path,
 def test_fp8_linears_are_applied_before_the_capture_and_the_plan_records_the_recipe(tmp_path, monkeypatch):
     """On CPU float8 cannot run: the machine check and torchao's quantize are stood in for, to see
     that calibration applies the linears on the pipeline it measures, before the first step."""
-    import sagevideo.pipelines.recipe as recipe_module
+    import sagevideo.pipelines.recipe.apply as recipe_module
     from sagevideo.pipelines.calibrate import ProbingRouter
 
     routers, applied = [], []
@@ -48,7 +48,7 @@ def test_fp8_linears_are_applied_before_the_capture_and_the_plan_records_the_rec
         routers.append(self)
 
     monkeypatch.setattr(recipe_module, "fp8_linear_problem", lambda device, dtype: None)
-    monkeypatch.setattr(recipe_module, "_fp8_linears", fp8_linears)
+    monkeypatch.setattr(recipe_module, "fp8_linears", fp8_linears)
     monkeypatch.setattr(ProbingRouter, "__init__", init)
     out = tmp_path / "plan.json"
     result = calibrate(["a fox"], out=out, device="cpu", progress=False, linear="fp8",

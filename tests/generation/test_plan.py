@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 import sagevideo
 from sagevideo.cli.app import app
+from sagevideo.errors import InputError
 from sagevideo.generation.generate import plan_batch
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.jobs.specs import JobSpec
 
 
 def plan_file(tmp_path, **fields):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from sagevideo.errors import InputError
 from sagevideo.generation.generate import plan_batch
 from sagevideo.jobs.bounds import MAX_PROBLEM_LINES, shown
-from sagevideo.jobs.specs import InputError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,9 @@ import typer
 import sagevideo
 from sagevideo.cli import generate as generate_cli
 from sagevideo.cli.app import app
+from sagevideo.errors import InputError
 from sagevideo.jobs.config import JOB_DEFAULTS, GenerateConfig
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.jobs.specs import JobSpec
 
 
 def command_params(name):

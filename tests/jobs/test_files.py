@@ -6,9 +6,9 @@ import textwrap
 import pytest
 
 import sagevideo
+from sagevideo.errors import InputError
 from sagevideo.generation.generate import plan_batch
 from sagevideo.jobs.files import read_job_file
-from sagevideo.jobs.specs import InputError
 
 SHOTS_YAML = """\
 # a studio's shot list
@@ -413,3 +413,54 @@ def test_prompts_that_merely_mention_jobs_or_defaults_are_prompts(tmp_path, no_m
     plan = plan_batch(job_file=path, out=tmp_path / "out")
     assert [pj.job.prompt for pj in plan.jobs] == ["jobs:the film", '"defaults: a fox"', "jobs = a title card",
                                                     "steve jobs: a biopic", "- a bullet prompt"]
+
+
+ARM_FIELDS = ("attention", "pv", "plan")
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("arms.yaml", "defaults:\n  pv: fp8\njobs:\n  - prompt: a\n    attention: full\n  - b\n"),
+    ("arms.toml",
+     "[defaults]\npv = \"fp8\"\n\n[[jobs]]\nprompt = \"a\"\nattention = \"full\"\n\n[[jobs]]\nprompt = \"b\"\n"),
+])
+def test_fields_set_in_names_where_a_file_sets_them(tmp_path, name, text):
+    from sagevideo.jobs.files import fields_set_in
+
+    assert fields_set_in(write(tmp_path, name, text), ARM_FIELDS) == ["defaults.pv", "job 1: attention"]
+
+
+def test_fields_set_in_passes_over_text_and_unparsable_files(tmp_path):
+    from sagevideo.jobs.files import fields_set_in
+
+    assert fields_set_in(write(tmp_path, "prompts.txt", "attention: full\n"), ARM_FIELDS) == []
+    assert fields_set_in(write(tmp_path, "broken.toml", "[[jobs]]\nattention = full\n"), ARM_FIELDS) == []
+    assert fields_set_in(tmp_path / "missing.yaml", ARM_FIELDS) == []
+
+
+def test_toml_is_read_with_tomli_where_tomllib_is_missing(tmp_path, monkeypatch):
+    """Python 3.10 has no tomllib: its backport tomli reads TOML job files (and the fields ab checks)."""
+    import importlib
+    import sys
+
+    from sagevideo.jobs.files import fields_set_in
+
+    reader = importlib.import_module("tomllib" if sys.version_info >= (3, 11) else "tomli")
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # `import tomllib` raises ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "tomli", reader)  # the backport: the same API
+    path = write(tmp_path, "jobs.toml", "[[jobs]]\nprompt = \"a\"\nattention = \"full\"\n")
+    assert fields_set_in(path, ARM_FIELDS) == ["job 1: attention"]
+    assert [value["prompt"] for value, _ in read_job_file(path).items] == ["a"]
+
+
+def test_toml_without_tomllib_or_tomli_is_refused_not_passed_over(tmp_path, monkeypatch):
+    import sys
+
+    from sagevideo.jobs.files import fields_set_in
+
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    path = write(tmp_path, "jobs.toml", "[[jobs]]\nprompt = \"a\"\nattention = \"full\"\n")
+    with pytest.raises(InputError, match=r"needs tomllib \(Python 3.11\+\) or tomli: pip install tomli"):
+        fields_set_in(path, ARM_FIELDS)
+    with pytest.raises(InputError, match="pip install tomli"):
+        read_job_file(path)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sagevideo import last_backend, sageattn
-from sagevideo.eval.numerics.errors import attention_fp64, error_stats
+from sagevideo.attention.accuracy import attention_fp64, error_stats
 from sagevideo.eval.numerics.floors import CONTRACT, METRICS, Floors, shortfall
 from sagevideo.eval.numerics.presets import CONTRACT_PRESETS, make_inputs
 

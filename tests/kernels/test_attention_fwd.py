@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from sagevideo import last_backend, sageattn
-from sagevideo.eval.numerics.errors import error_stats
+from sagevideo.attention.accuracy import error_stats
 from sagevideo.eval.numerics.presets import make_inputs
 from sagevideo.kernels.plans import select_plan
 from tests.helpers import extreme_v

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from sagevideo import last_backend, record_backends, sageattn
-from sagevideo.eval.numerics.errors import error_stats
+from sagevideo.attention.accuracy import error_stats
 from sagevideo.eval.numerics.floors import CONTRACT
 from sagevideo.eval.numerics.presets import make_inputs
 from tests.helpers import extreme_v

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sagevideo import last_backend, sageattn
-from sagevideo.eval.numerics.errors import attention_fp64, error_stats
+from sagevideo.attention.accuracy import attention_fp64, error_stats
 from sagevideo.eval.numerics.presets import CONTRACT_PRESETS, make_inputs, score_std_scaled
 from sagevideo.kernels.guard import flagged_tiles, score_std_limit
 from sagevideo.kernels.plans import tiles as plan_tiles

@@ -9,16 +9,6 @@ from sagevideo.kernels.op import gluon_runs
 CUDA = torch.device("cuda", 0)
 
 
-@pytest.fixture
-def hopper(monkeypatch):
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.delenv(plans.SM90_KERNEL_ENV, raising=False)
-    # The real compile check cannot run under the CPU interpreter (tests below compile in a clean
-    # process instead); here it passes unless a test says otherwise.
-    monkeypatch.setattr(plans, "gluon_sm90_compile_problem", lambda block_d, stages: "")
-
-
 def test_auto_takes_gluon_only_where_it_measured_faster(hopper, monkeypatch):
     gluon = plans.select_plan(CUDA, 128, "fp8").plan  # default: auto
     assert gluon.kernel == "gluon" and "kernel=gluon" in gluon.describe()

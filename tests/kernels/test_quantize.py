@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sagevideo import last_backend, sageattn
-from sagevideo.eval.numerics.errors import error_stats
+from sagevideo.attention.accuracy import error_stats
 from sagevideo.eval.numerics.presets import make_inputs
 from sagevideo.kernels.plans import select_plan
 from sagevideo.kernels.reference import LOG2E, mma_key_permutation, quantize_symmetric, smoothed_k

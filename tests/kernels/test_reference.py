@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sagevideo.eval.numerics.errors import attention_fp64, error_stats
+from sagevideo.attention.accuracy import attention_fp64, error_stats
 from sagevideo.eval.numerics.presets import make_inputs
 from sagevideo.kernels.plans import tiles
 from sagevideo.kernels.reference import (

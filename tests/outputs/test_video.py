@@ -172,3 +172,24 @@ def test_bad_frames(tmp_path, bad):
     with pytest.raises(ValueError, match="uint8"):
         write_mp4(bad, tmp_path / "v.mp4")
     assert not os.listdir(tmp_path)
+
+
+def test_read_frames_gives_back_every_frame_as_rgb(tmp_path):
+    from sagevideo.outputs import video
+
+    path = write_mp4(_frames(), tmp_path / "v.mp4", fps=8)
+    frames = video.read_frames(path)
+    assert frames.shape == (9, 64, 48, 3) and frames.dtype == np.uint8
+
+
+def test_read_frames_says_in_one_line_why_a_file_does_not_decode(tmp_path):
+    from sagevideo.outputs import video
+
+    path = write_mp4(_frames(), tmp_path / "v.mp4", fps=8)
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    with pytest.raises(video.VideoReadError) as caught:
+        video.read_frames(cut)
+    message = str(caught.value)
+    assert message.startswith("cut.mp4 cannot be decoded (") and "\n" not in message
+    assert "ffmpeg version" not in message and message.endswith("Render or copy it again")

@@ -4,17 +4,23 @@
 import pytest
 import torch
 
-from sagevideo.pipelines.calibrate import CANDIDATES, calibrate_pipeline
+from sagevideo.pipelines.calibrate import CANDIDATES, calibration_result, probing_router
+from sagevideo.pipelines.install import install_router
 from sagevideo.pipelines.plans import AttentionPlan, Mode
 
 
-def _run(pipe):
-    pipe("a red panda", num_frames=9, num_inference_steps=2, generator=torch.Generator().manual_seed(0),
-         output_type="latent", max_sequence_length=32)
+def calibrate_pipeline(pipe, *, threshold=0.999, capture_steps=None, num_steps=None):
+    """Two denoising steps under the probing router, as `sagevideo.calibrate` runs its jobs (through
+    a `PipelineHost` there), then the errors and the plan they choose."""
+    probe = probing_router(pipe, capture_steps=capture_steps)
+    with install_router(pipe, probe):
+        pipe("a red panda", num_frames=9, num_inference_steps=2, generator=torch.Generator().manual_seed(0),
+             output_type="latent", max_sequence_length=32)
+    return calibration_result(probe, pipe, threshold=threshold, num_steps=num_steps)
 
 
 def test_calibration_measures_every_layer_and_mode(tiny_pipe):
-    result = calibrate_pipeline(tiny_pipe, _run, threshold=0.999, num_steps=2)
+    result = calibrate_pipeline(tiny_pipe, threshold=0.999, num_steps=2)
     layers = [k.removesuffix(".processor") for k in tiny_pipe.transformer.attn_processors]
     assert list(result.errors) == layers
     for errs in result.errors.values():
@@ -30,9 +36,9 @@ def test_calibration_measures_every_layer_and_mode(tiny_pipe):
 
 
 def test_threshold_decides_mode_and_full_precision_fallback(tiny_pipe):
-    strict = calibrate_pipeline(tiny_pipe, _run, threshold=1.0, num_steps=2)
+    strict = calibrate_pipeline(tiny_pipe, threshold=1.0, num_steps=2)
     assert strict.plan.default.mode is Mode.full  # nothing is exact: every layer keeps full precision
-    middle = calibrate_pipeline(tiny_pipe, _run, threshold=0.9999, num_steps=2)
+    middle = calibrate_pipeline(tiny_pipe, threshold=0.9999, num_steps=2)
     assert {c.mode for c in middle.chosen.values()} <= {Mode.int8_fp16}
     # the written plan is valid for the model and round-trips
     again = AttentionPlan.from_json(middle.plan.to_json())
@@ -41,10 +47,10 @@ def test_threshold_decides_mode_and_full_precision_fallback(tiny_pipe):
 
 
 def test_capture_steps_limit_what_is_measured(tiny_pipe):
-    result = calibrate_pipeline(tiny_pipe, _run, capture_steps={1}, num_steps=2)
+    result = calibrate_pipeline(tiny_pipe, capture_steps={1}, num_steps=2)
     assert all(w.calls == 1 and w.step == 1 for errs in result.errors.values() for w in errs.values())
     with pytest.raises(RuntimeError, match="captured no attention call"):
-        calibrate_pipeline(tiny_pipe, _run, capture_steps={7}, num_steps=2)
+        calibrate_pipeline(tiny_pipe, capture_steps={7}, num_steps=2)
 
 
 def test_a_peaky_layer_is_flagged_by_name_and_kept_in_full_precision(tiny_pipe):
@@ -58,7 +64,7 @@ def test_a_peaky_layer_is_flagged_by_name_and_kept_in_full_precision(tiny_pipe):
         with torch.no_grad():
             for t in scaled:
                 t.mul_(30.0)
-        result = calibrate_pipeline(tiny_pipe, _run, threshold=0.999, num_steps=2)
+        result = calibrate_pipeline(tiny_pipe, threshold=0.999, num_steps=2)
     finally:
         with torch.no_grad():
             for t, s in zip(scaled, saved, strict=True):

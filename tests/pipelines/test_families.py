@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.errors import InputError
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines import families
 from sagevideo.pipelines.families import degree_problems
 from sagevideo.pipelines.loading import resolve_model
@@ -49,7 +50,7 @@ def test_install_routes_come_from_every_family():
 
     from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
     from sagevideo.pipelines.install import _processor_routes
-    from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor, SageOpenSoraAttnProcessor
+    from sagevideo.pipelines.opensora.processor import OpenSoraAttnProcessor, SageOpenSoraAttnProcessor
 
     assert _processor_routes() == {
         CogVideoXAttnProcessor2_0: SageCogVideoXAttnProcessor,

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sagevideo.cli.app import app
-from sagevideo.jobs.specs import InputError
+from sagevideo.errors import InputError
 from sagevideo.pipelines.loading import resolve_model
 
 WEIGHTS = "transformer/diffusion_pytorch_model.safetensors"

@@ -6,7 +6,8 @@ import re
 import pytest
 import torch
 
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.errors import InputError
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.loading import load_pipeline, resolve_model
 
 

@@ -320,7 +320,7 @@ def fp8_on_cpu(monkeypatch):
     pytest.importorskip("torchao")
     import torchao.quantization.quant_api as quant_api
 
-    import sagevideo.pipelines.recipe as recipe_module
+    import sagevideo.pipelines.recipe.apply as recipe_module
 
     monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
     monkeypatch.setattr(recipe_module, "fp8_linear_problem", lambda device, dtype: None)

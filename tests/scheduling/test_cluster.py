@@ -22,7 +22,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import sagevideo  # noqa: E402
-from sagevideo.jobs.specs import InputError  # noqa: E402
+from sagevideo.errors import InputError  # noqa: E402
 from sagevideo.scheduling import cluster as cluster_module  # noqa: E402
 from sagevideo.scheduling.cluster import (  # noqa: E402
     Cluster,

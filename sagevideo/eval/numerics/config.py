@@ -57,7 +57,7 @@ class SimulateConfig(BaseModel):
     @classmethod
     def build(cls, **options: Any) -> SimulateConfig:
         """InputError naming every bad option at once."""
-        from sagevideo.jobs.specs import group_problems, value_problems
+        from sagevideo.jobs.problems import group_problems, value_problems
 
         try:
             return cls(**options)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from sagevideo.eval.numerics.errors import ErrorStats, attention_fp64, error_stats, per_slice_errors
+from sagevideo.attention.accuracy import ErrorStats, attention_fp64, error_stats, per_slice_errors
 from sagevideo.eval.numerics.floors import contract_for
 from sagevideo.eval.numerics.presets import make_inputs
 from sagevideo.kernels.plans import tiles

@@ -159,7 +159,7 @@ class BenchOptions(DeviceOptions):
     @classmethod
     def build(cls, **options: Any) -> Self:
         """InputError naming every bad option at once."""
-        from sagevideo.jobs.specs import group_problems, value_problems
+        from sagevideo.jobs.problems import group_problems, value_problems
 
         try:
             return cls(**options)

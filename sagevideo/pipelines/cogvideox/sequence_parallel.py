@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import (
     SequenceParallelHandle,
     check_degree,
@@ -103,19 +102,16 @@ def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str 
     from diffusers import CogVideoXTransformer3DModel
     from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
 
-    from sagevideo.pipelines.install import install_router, plan_router
-    from sagevideo.pipelines.sharding import shard_targets
+    from sagevideo.pipelines.install import plan_router
+    from sagevideo.pipelines.sharding import install_sharded, shard_targets, ulysses_rank
 
     (transformer,) = shard_targets(
         "shard_cogvideox", pipe_or_transformer, (CogVideoXTransformer3DModel,), (CogVideoXAttnProcessor2_0,),
         known=" (CogVideoX 2B/5B/1.5, text- and image-to-video)",
     )
-    rank, world = rank_and_world(group)
-    check_degree(transformer.config.num_attention_heads, world, world)  # heads now; tokens at each forward
+    rank, world = ulysses_rank([transformer], group)
     router = plan_router(transformer, plan, pv, backend)
     factory = functools.partial(UlyssesCogVideoXAttnProcessor, group=group)
-    attention = install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend,
-                               routes={CogVideoXAttnProcessor2_0: factory})
     state: dict[str, Any] = {}
 
     def before_forward(module, args, kwargs):
@@ -148,10 +144,13 @@ def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str 
     def gather_video(module, args, output):
         return gather_uneven(output, state["video_sizes"], group, dim=1)
 
-    hooks = [
-        transformer.register_forward_pre_hook(before_forward, with_kwargs=True),
-        transformer.patch_embed.register_forward_hook(keep_own_tokens),
-        transformer.transformer_blocks[0].register_forward_pre_hook(keep_own_text, with_kwargs=True),
-        transformer.norm_final.register_forward_hook(gather_video),
-    ]
-    return SequenceParallelHandle(attention, hooks)
+    def hooks_of(transformer):
+        return [
+            transformer.register_forward_pre_hook(before_forward, with_kwargs=True),
+            transformer.patch_embed.register_forward_hook(keep_own_tokens),
+            transformer.transformer_blocks[0].register_forward_pre_hook(keep_own_text, with_kwargs=True),
+            transformer.norm_final.register_forward_hook(gather_video),
+        ]
+
+    return install_sharded(pipe_or_transformer, router, [transformer], hooks_of, pv=pv, backend=backend,
+                           routes={CogVideoXAttnProcessor2_0: factory})

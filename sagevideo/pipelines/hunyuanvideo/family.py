@@ -29,7 +29,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.errors import InputError
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.families import ModelFamily, latent_call_options, size_problems, ulysses_degree_problem
 from sagevideo.pipelines.loading import (
     ModelSource,

@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 
-from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
 from sagevideo.pipelines.routing import AttentionRouter
 
@@ -116,8 +115,8 @@ def shard_hunyuanvideo(pipe_or_transformer: Any, *, group=None, plan=None, pv: s
     from diffusers.models.attention_processor import AttnProcessor2_0
     from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 
-    from sagevideo.pipelines.install import install_router, plan_router
-    from sagevideo.pipelines.sharding import shard_targets
+    from sagevideo.pipelines.install import plan_router
+    from sagevideo.pipelines.sharding import install_sharded, shard_targets, ulysses_rank
 
     # The token refiner's layers run diffusers' AttnProcessor2_0 (text only, not split), the blocks' its own.
     (transformer,) = shard_targets(
@@ -131,11 +130,9 @@ def shard_hunyuanvideo(pipe_or_transformer: Any, *, group=None, plan=None, pv: s
             "not split; shard_hunyuanvideo splits the text-to-video model (image_condition_type None); run it "
             "unsplit on one process with sagevideo.install(...)"
         )
-    rank, world = rank_and_world(group)
-    check_degree(transformer.config.num_attention_heads, world, world)  # heads now; tokens at each forward
+    rank, world = ulysses_rank([transformer], group)
     state: dict[str, int] = {}
     router = UlyssesRouter(plan_router(transformer, plan, pv, backend), group=group, state=state)
-    attention = install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend)
 
     def before_forward(module, args, kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)
@@ -162,11 +159,13 @@ def shard_hunyuanvideo(pipe_or_transformer: Any, *, group=None, plan=None, pv: s
         router._mask_of = None  # the mask of this forward: not kept alive past it
         return None
 
-    hooks = [
-        transformer.register_forward_pre_hook(before_forward, with_kwargs=True),
-        transformer.x_embedder.register_forward_hook(own_tokens),
-        transformer.rope.register_forward_hook(own_rotary),
-        transformer.proj_out.register_forward_hook(gather_video),
-        transformer.register_forward_hook(after_forward, always_call=True),
-    ]
-    return SequenceParallelHandle(attention, hooks)
+    def hooks_of(transformer):
+        return [
+            transformer.register_forward_pre_hook(before_forward, with_kwargs=True),
+            transformer.x_embedder.register_forward_hook(own_tokens),
+            transformer.rope.register_forward_hook(own_rotary),
+            transformer.proj_out.register_forward_hook(gather_video),
+            transformer.register_forward_hook(after_forward, always_call=True),
+        ]
+
+    return install_sharded(pipe_or_transformer, router, [transformer], hooks_of, pv=pv, backend=backend)

@@ -3,8 +3,8 @@
 Modules, one job each:
 - `rope`: 3D rotate-half RoPE tables and rotation; `embeddings`: timestep and MLP embedders;
 - `layers`: QK-RMSNorm, adaLN modulation, feed-forward; `blocks`: double/single-stream blocks;
-- `attention_processor`: the attention module and its full-precision processor;
-- `attention`: `SageOpenSoraAttnProcessor` (attention through `sagevideo.sageattn`);
+- `attention`: the attention module and its full-precision processor;
+- `processor`: `SageOpenSoraAttnProcessor` (attention through `sagevideo.sageattn`), as CogVideoX's `processor`;
 - `transformer`: `OpenSoraTransformer3DModel`; `convert`: official checkpoint -> this model;
 - `packing`: pack/unpack and token positions; `schedule`: sigmas and guidance; `prompts`: the
   official prompt suffixes; `pipeline`: text-to-video and image-to-video from a first frame;
@@ -28,9 +28,9 @@ _LAZY = {
     "load_official_checkpoint": "convert",
     "ConversionReport": "convert",
     "CheckpointMismatchError": "convert",
-    "OpenSoraAttention": "attention_processor",
-    "OpenSoraAttnProcessor": "attention_processor",
-    "SageOpenSoraAttnProcessor": "attention",
+    "OpenSoraAttention": "attention",
+    "OpenSoraAttnProcessor": "attention",
+    "SageOpenSoraAttnProcessor": "processor",
 }
 
 __all__ = sorted(_LAZY)

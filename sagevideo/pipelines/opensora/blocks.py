@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sagevideo.pipelines.opensora.attention_processor import OpenSoraAttention
+from sagevideo.pipelines.opensora.attention import OpenSoraAttention
 from sagevideo.pipelines.opensora.layers import OpenSoraFeedForward, OpenSoraModulation, modulate
 
 

@@ -246,7 +246,7 @@ class OpenSoraFamily(ModelFamily):
     # --- attention routes ---
 
     def processor_routes(self) -> dict[type, Any]:
-        from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor, SageOpenSoraAttnProcessor
+        from sagevideo.pipelines.opensora.processor import OpenSoraAttnProcessor, SageOpenSoraAttnProcessor
 
         return {OpenSoraAttnProcessor: SageOpenSoraAttnProcessor}
 

@@ -65,7 +65,7 @@ class ConvertOpenSoraConfig(BaseModel):
     @classmethod
     def build(cls, **options: Any) -> ConvertOpenSoraConfig:
         """A config from keyword options; InputError naming every bad option at once."""
-        from sagevideo.jobs.specs import group_problems, value_problems
+        from sagevideo.jobs.problems import group_problems, value_problems
 
         try:
             return cls(**options)

@@ -180,21 +180,9 @@ class OpenSoraPipeline(DiffusionPipeline):
         entry in the dict it returns replaces the latents.
         """
         self._check_scheduler()
-        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
-            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
-        tensor_inputs = list(callback_on_step_end_tensor_inputs or ["latents"])
-        unknown = [name for name in tensor_inputs if name not in self._callback_tensor_inputs]
-        if unknown:
-            raise ValueError(
-                f"callback_on_step_end_tensor_inputs {unknown} are not tensors of this pipeline; "
-                f"use some of {self._callback_tensor_inputs}"
-            )
+        tensor_inputs = self._tensor_inputs(callback_on_step_end, callback_on_step_end_tensor_inputs)
+        self._check_size(height, width, num_frames)
         patch = self.transformer.config.patch_size
-        multiple = self.vae_scale_factor_spatial * patch
-        if height % multiple or width % multiple:
-            raise ValueError(f"height {height} and width {width} must be multiples of {multiple}")
-        if (num_frames - 1) % self.vae_scale_factor_temporal:
-            raise ValueError(f"num_frames {num_frames} must be 1 + a multiple of {self.vae_scale_factor_temporal}")
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         negatives = negative_prompt if negative_prompt is not None else ""
         negatives = [negatives] * len(prompts) if isinstance(negatives, str) else list(negatives)
@@ -247,14 +235,12 @@ class OpenSoraPipeline(DiffusionPipeline):
                         img, img_ids, txt3, txt_ids, sigma.expand(3 * batch).to(dtype), pooled3, cond=cond
                     )
                 c, u, u2 = pred.float().chunk(3)
-                g_txt, g_img = _scale(guidance_scale, i, float(sigma)), _scale(image_guidance_scale, i, float(sigma))
-                if text_oscillation:
-                    g_txt = oscillated_scale(g_txt, i)
-                if image_oscillation:
-                    g_img = oscillated_scale(g_img, i)
-                if reference is not None and image_temporal_scaling and g_img > 1.0:
-                    per_frame = temporal_image_scale(g_img, i, num_inference_steps, t_lat).to(device)
-                    g_img = per_frame.repeat_interleave(tokens_per_frame)[None, :, None]  # (1, L, 1)
+                g_txt, g_img = _step_scales(
+                    guidance_scale, image_guidance_scale, i, float(sigma), text_oscillation=text_oscillation,
+                    image_oscillation=image_oscillation,
+                    image_frames=(num_inference_steps, t_lat, tokens_per_frame, device)
+                    if reference is not None and image_temporal_scaling else None,
+                )
                 velocity = combine_guidance(c, u, u2, g_txt, g_img)
                 velocity = unpack_latents(velocity, t_lat, h_lat, w_lat, patch)
                 latents = self.scheduler.step(velocity, t, latents, return_dict=False)[0]
@@ -274,6 +260,28 @@ class OpenSoraPipeline(DiffusionPipeline):
             video = self.video_processor.postprocess_video(self.decode_latents(latents), output_type=output_type)
         self.maybe_free_model_hooks()
         return OpenSoraPipelineOutput(frames=video) if return_dict else (video,)
+
+    def _tensor_inputs(self, callback: Any, names: list[str] | None) -> list[str]:
+        """The tensors `callback_on_step_end` is given (a diffusers callback object names its own);
+        ValueError for a name that is not a tensor of this pipeline."""
+        if isinstance(callback, (PipelineCallback, MultiPipelineCallbacks)):
+            names = callback.tensor_inputs
+        tensor_inputs = list(names or ["latents"])
+        unknown = [name for name in tensor_inputs if name not in self._callback_tensor_inputs]
+        if unknown:
+            raise ValueError(
+                f"callback_on_step_end_tensor_inputs {unknown} are not tensors of this pipeline; "
+                f"use some of {self._callback_tensor_inputs}"
+            )
+        return tensor_inputs
+
+    def _check_size(self, height: int, width: int, num_frames: int) -> None:
+        """ValueError unless the VAE and the patch size divide the video's size and frame count."""
+        multiple = self.vae_scale_factor_spatial * self.transformer.config.patch_size
+        if height % multiple or width % multiple:
+            raise ValueError(f"height {height} and width {width} must be multiples of {multiple}")
+        if (num_frames - 1) % self.vae_scale_factor_temporal:
+            raise ValueError(f"num_frames {num_frames} must be 1 + a multiple of {self.vae_scale_factor_temporal}")
 
     @torch.no_grad()
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
@@ -356,6 +364,25 @@ def configure_vae(vae: Any) -> None:
     vae.enable_tiling()
     vae.use_framewise_decoding = False
     vae.use_framewise_encoding = False
+
+
+def _step_scales(
+    guidance_scale: Scale, image_guidance_scale: Scale, step: int, sigma: float, *, text_oscillation: bool,
+    image_oscillation: bool, image_frames: tuple[int, int, int, torch.device] | None,
+) -> tuple[float, Any]:
+    """(g_txt, g_img) at `step`: each scale (or schedule) at that step, oscillated where asked; with
+    `image_frames` (num_steps, t_lat, tokens_per_frame, device: an image given and temporal scaling
+    on) a g_img above 1 becomes per latent frame, (1, L, 1) over the packed tokens."""
+    g_txt, g_img = _scale(guidance_scale, step, sigma), _scale(image_guidance_scale, step, sigma)
+    if text_oscillation:
+        g_txt = oscillated_scale(g_txt, step)
+    if image_oscillation:
+        g_img = oscillated_scale(g_img, step)
+    if image_frames is not None and g_img > 1.0:
+        num_steps, t_lat, tokens_per_frame, device = image_frames
+        per_frame = temporal_image_scale(g_img, step, num_steps, t_lat).to(device)
+        g_img = per_frame.repeat_interleave(tokens_per_frame)[None, :, None]  # (1, L, 1)
+    return g_txt, g_img
 
 
 def _scale(scale: Scale, step: int, sigma: float) -> float:

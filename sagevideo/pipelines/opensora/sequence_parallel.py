@@ -13,9 +13,8 @@ import functools
 import inspect
 from typing import Any
 
-from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
-from sagevideo.pipelines.opensora.attention import SageOpenSoraAttnProcessor
+from sagevideo.pipelines.opensora.processor import SageOpenSoraAttnProcessor
 
 _SHARDED_INPUTS = ("img", "img_ids", "cond")
 
@@ -38,20 +37,17 @@ def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str |
     """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`) on
     sagevideo's OpenSoraTransformer3DModel (or a pipeline's); other transformers are refused
     (TypeError) before any rank communicates (`pipelines.sharding`)."""
-    from sagevideo.pipelines.install import install_router, plan_router
-    from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor
+    from sagevideo.pipelines.install import plan_router
+    from sagevideo.pipelines.opensora.processor import OpenSoraAttnProcessor
     from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
-    from sagevideo.pipelines.sharding import shard_targets
+    from sagevideo.pipelines.sharding import install_sharded, shard_targets, ulysses_rank
 
     (transformer,) = shard_targets("shard_opensora", pipe_or_transformer, (OpenSoraTransformer3DModel,),
                                    (OpenSoraAttnProcessor,))
-    rank, world = rank_and_world(group)
-    check_degree(transformer.config.num_heads, world, world)  # heads now; tokens at each forward
+    rank, world = ulysses_rank([transformer], group, heads="num_heads")
     router = plan_router(transformer, plan, pv, backend)
     state: dict[str, int] = {}
     factory = functools.partial(UlyssesOpenSoraAttnProcessor, group=group, state=state)
-    attention = install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend,
-                               routes={OpenSoraAttnProcessor: factory})
     signature = inspect.signature(type(transformer).forward)
 
     def shard_inputs(module, args, kwargs):
@@ -72,8 +68,11 @@ def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str |
             return output
         return gather_seq(output, group, dim=1)
 
-    hooks = [
-        transformer.register_forward_pre_hook(shard_inputs, with_kwargs=True),
-        transformer.register_forward_hook(gather_output, with_kwargs=True),
-    ]
-    return SequenceParallelHandle(attention, hooks)
+    def hooks_of(transformer):
+        return [
+            transformer.register_forward_pre_hook(shard_inputs, with_kwargs=True),
+            transformer.register_forward_hook(gather_output, with_kwargs=True),
+        ]
+
+    return install_sharded(pipe_or_transformer, router, [transformer], hooks_of, pv=pv, backend=backend,
+                           routes={OpenSoraAttnProcessor: factory})

@@ -32,7 +32,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.errors import InputError
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.families import ModelFamily, latent_call_options, patch_grid, size_problems
 from sagevideo.pipelines.loading import (
     ModelSource,

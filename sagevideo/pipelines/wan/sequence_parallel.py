@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import (
     SequenceParallelHandle,
     check_degree,
@@ -102,25 +101,15 @@ def shard_wan(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None
     """Install Ulysses sequence parallelism (with sagevideo attention, `plan`/`pv` as `install`)
     on every denoiser of a WanPipeline (or on one WanTransformer3DModel). Other transformers,
     Wan-derived ones included, are refused (TypeError) before any rank communicates."""
-    from sagevideo.pipelines.install import install_router, plan_router
+    from sagevideo.pipelines.install import plan_router
+    from sagevideo.pipelines.sharding import install_sharded, ulysses_rank
 
     denoisers = shard_targets(pipe_or_transformer)
-    rank, world = rank_and_world(group)
-    for transformer in denoisers:
-        check_degree(transformer.config.num_attention_heads, world, world)  # heads now; tokens at each forward
+    rank, world = ulysses_rank(denoisers, group)
     planned = plan_router(denoisers[0], plan, pv, backend)
     router = UlyssesWanRouter(planned.plan, backend, group=group, exchanged=self_attention_layers(pipe_or_transformer))
-    attention = install_router(pipe_or_transformer, router, pv=pv or "fp16", backend=backend)
-    hooks = []
-    try:
-        for transformer in denoisers:
-            hooks += _shard_hooks(transformer, rank, world, group)
-    except BaseException:
-        for hook in hooks:
-            hook.remove()
-        attention.remove()
-        raise
-    return SequenceParallelHandle(attention, hooks)
+    return install_sharded(pipe_or_transformer, router, denoisers,
+                           functools.partial(_shard_hooks, rank=rank, world=world, group=group), pv=pv, backend=backend)
 
 
 def _shard_hooks(transformer: Any, rank: int, world: int, group: Any) -> list[Any]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from sagevideo.eval.numerics.errors import error_stats
+from sagevideo.attention.accuracy import error_stats
 from sagevideo.eval.numerics.simulate import Variant, format_table, load_qkv_file, simulate, variant_grid
 
 SEED_SHAPE = (1, 8, 1024, 128)

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 import sagevideo
 from sagevideo.cli.app import app
-from sagevideo.eval.videos import read_frames
+from sagevideo.errors import InputError
 from sagevideo.generation.plan import plan_batch
-from sagevideo.jobs.specs import InputError
+from sagevideo.outputs.video import read_frames
 from sagevideo.pipelines import families
 from sagevideo.pipelines.loading import load_pipeline, resolve_model
 

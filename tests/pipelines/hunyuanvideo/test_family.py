@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.errors import InputError
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines.families import degree_problems
 from sagevideo.pipelines.loading import load_pipeline, resolve_model
 from tests.helpers.sp_tolerance import MEAN_LEVELS, frames

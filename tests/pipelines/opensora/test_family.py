@@ -167,7 +167,7 @@ def test_text_and_image_jobs_generate_record_their_family_and_resume(tmp_path, s
         assert (record["frames"], record["width"], record["height"], record["steps"]) == (5, 48, 32, 2)
     assert t2v["image"] is None and i2v["image_sha256"] == hashlib.sha256(still.read_bytes()).hexdigest()
     assert t2v["job_id"] != i2v["job_id"]
-    from sagevideo.eval.videos import read_frames
+    from sagevideo.outputs.video import read_frames
 
     a, b = read_frames(out / "t2v.mp4"), read_frames(out / "i2v.mp4")
     assert a.shape == b.shape == (5, 32, 48, 3) and np.abs(a.astype(int) - b).mean() > 1  # the image changed it
@@ -191,7 +191,7 @@ def test_the_job_image_reaches_the_pipeline_cropped_to_the_video(still):
 
 
 def test_install_routes_every_attention_call_of_the_pipeline():
-    from sagevideo.pipelines.opensora.attention import SageOpenSoraAttnProcessor
+    from sagevideo.pipelines.opensora.processor import SageOpenSoraAttnProcessor
     from sagevideo.pipelines.opensora.tiny import tiny_pipeline
 
     pipe = tiny_pipeline()

@@ -16,7 +16,7 @@ def test_importing_the_packages_does_not_import_diffusers():
 def test_public_names():
     from sagevideo.pipelines import OpenSoraPipeline, OpenSoraTransformer3DModel, convert_official_state_dict
     from sagevideo.pipelines.opensora import SageOpenSoraAttnProcessor, load_official_checkpoint
-    from sagevideo.pipelines.opensora.attention import OpenSoraAttnProcessor  # where install() looks for the pair
+    from sagevideo.pipelines.opensora.processor import OpenSoraAttnProcessor  # where install() looks for the pair
 
     assert OpenSoraPipeline.__name__ == "OpenSoraPipeline"
     assert OpenSoraTransformer3DModel.__module__ == "sagevideo.pipelines.opensora.transformer"

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 import sagevideo
+from sagevideo.errors import InputError
 from sagevideo.generation.plan import plan_batch
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.jobs.specs import JobSpec
 from sagevideo.pipelines import families
 from sagevideo.pipelines.loading import load_pipeline, resolve_model
 from sagevideo.pipelines.runner import run_job

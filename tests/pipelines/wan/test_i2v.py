@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 
 import sagevideo
 from sagevideo.cli.app import app
-from sagevideo.eval.videos import read_frames
+from sagevideo.errors import InputError
 from sagevideo.jobs.images import read_image
-from sagevideo.jobs.specs import InputError, JobSpec
+from sagevideo.jobs.specs import JobSpec
+from sagevideo.outputs.video import read_frames
 from sagevideo.pipelines import families
 from sagevideo.pipelines.loading import load_pipeline, resolve_model
 from sagevideo.pipelines.runner import run_job

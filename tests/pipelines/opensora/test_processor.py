@@ -1,4 +1,4 @@
-"""Swappable attention processors: 57 per released model, sagevideo's processor vs the default."""
+"""opensora/processor.py: sagevideo's processor vs the default (opensora/attention.py), 57 per released model."""
 
 import pytest
 import torch
