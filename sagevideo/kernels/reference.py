@@ -190,6 +190,11 @@ def _p_operand(p: torch.Tensor, pv: str, pv_dtype: torch.dtype | None) -> torch.
     return p
 
 
+def _rows_visiting(key_tiles: torch.Tensor, key_tile: int, block_m: int, n_q: int) -> torch.Tensor:
+    """bool (B or 1, H or 1, Nq): the query rows whose tile visits `key_tile`."""
+    return key_tiles[:, :, :, key_tile].repeat_interleave(block_m, dim=2)[:, :, :n_q]
+
+
 def sageattn_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -207,9 +212,13 @@ def sageattn_reference(
     return_lse: bool = False,
     qk_bits: int = 8,
     count_flagged: bool = False,
+    key_tiles: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None] | tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Emulated quantized attention. q (B, H, Nq, D), k/v (B, H, Nk, D) HND; key_mask (B', Nk) bool.
 
+    key_tiles (block-sparse attention, `sparse_reference`): bool (B or 1, H or 1, ceil(Nq/block_m),
+    ceil(Nk/block_n)), the key tiles each query tile visits; a skipped tile leaves its rows' softmax
+    state as it was (never loaded), rows that visit no key are 0. None visits every tile.
     Returns (out in q's dtype, LSE fp32 (B, H, Nq) or None), and with `count_flagged` also the
     run-time guard's count of query tiles past INT8's accuracy (`guard.flagged_tiles`, int32 0-dim).
     """
@@ -240,6 +249,9 @@ def sageattn_reference(
     p_shift = LOG2_FP8_MAX if pv == "fp8" else 0.0
     for start in range(0, n_k, block_n):
         stop = min(start + block_n, n_k)
+        visits = None if key_tiles is None else _rows_visiting(key_tiles, start // block_n, block_m, n_q)
+        if visits is not None and not visits.any():
+            continue
         # Integer products summed in fp64 are exact (|sum| < 2^53), like the int32 dot.
         s_int = (q_codes.double() @ k_codes[:, :, start:stop].double().transpose(-1, -2)).float()
         if qk_granularity == "block":  # one K scale per tile: one scale per row
@@ -252,6 +264,8 @@ def sageattn_reference(
             s = s.masked_fill(~valid[:, None, None, start:stop], float("-inf"))
         if is_causal:
             s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
+        if visits is not None:
+            s = s.masked_fill(~visits[..., None], float("-inf"))
         m_new = torch.maximum(m, s.amax(dim=-1))
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
         alpha = torch.exp2(m - m_safe)
@@ -265,7 +279,9 @@ def sageattn_reference(
             p = torch.exp2(s - m_sub[..., None])
         v_tile = v_operand[:, :, start:stop]
         l = l * alpha + p.sum(dim=-1)
-        acc = acc * alpha[..., None] + _matmul_fp32(_p_operand(p, pv, pv_dtype), v_tile)
+        acc_new = acc * alpha[..., None] + _matmul_fp32(_p_operand(p, pv, pv_dtype), v_tile)
+        # a row whose tile skips this one keeps its acc even where V is not finite (0 · inf)
+        acc = acc_new if visits is None else torch.where(visits[..., None], acc_new, acc)
         m = m_new
 
     has_keys = l != 0  # NaN (NaN inputs) stays NaN, as in the kernels
@@ -273,6 +289,8 @@ def sageattn_reference(
     if pv == "fp8":
         out = out * v_scale[:, :, None, :]
     out = clamp_to_v_hull(out, v.float(), valid, is_causal=is_causal)
+    if key_tiles is not None:  # the kernels clamp only rows that have keys: the others stay 0
+        out = torch.where(has_keys[..., None], out, 0.0)
     lse = None
     if return_lse:
         lse2 = torch.where(has_keys, m - p_shift + torch.log2(torch.where(has_keys, l, 1.0)), float("-inf"))

@@ -1,0 +1,269 @@
+"""Choosing the key tiles each query tile visits (block-sparse attention), in PyTorch.
+
+Two ways, both returning a `sparse_reference.TileMask` (its `density` = kept / all tiles):
+- dynamic (`select_dynamic`, `select_dynamic_at_density`): from the inputs. Q and K are pooled per
+  tile (their mean tokens), each query tile scores every key tile by pooled q·k·sm_scale (plus the
+  log of the tile's valid key count, so a partial or padded tile weighs what its keys do), a softmax
+  over key tiles estimates the attention mass per tile, and a query tile keeps the fewest tiles
+  whose estimated mass reaches `top_p`. Always kept: the diagonal tiles (with `local_tiles`
+  neighbours each side, in token order), the first `sink_tiles` key tiles, the text rows and columns
+  of joint attention (`dense_prefix`/`dense_suffix` tokens), and the rows and columns of tiles whose
+  tokens are not self-similar (mean cosine of a tile's tokens to its mean token below
+  `min_similarity`): a mean misjudges such a tile, so it is not judged.
+- static (`select_static`): spatio-temporal windows on the model's latent grid (frames, height,
+  width): a query tile keeps the key tiles holding a token within the window of one of its own, with
+  tiles in a token order that makes 3-D neighbourhoods contiguous (`grid_tile_order`).
+
+K is pooled after smoothing (minus its mean over valid keys): the softmax over keys ignores a shared
+offset, and an offset would make every key tile look self-similar.
+Text positions per family (where `dense_prefix`/`dense_suffix` come from): CogVideoX and Open-Sora
+put the text first, HunyuanVideo after the video, Wan's self-attention has none.
+
+The fused GPU version (pooling inside the quantization pass, no host sync) is a later stage; this
+is its definition.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from sagevideo.kernels.sparse_reference import TileMask
+
+GRID_AXES = 3
+
+
+def _pool_tiles(x: torch.Tensor, block: int, valid: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """Per tile of `block` rows of x (B, H, N, D) fp32, over valid rows (valid (B', N) bool or None):
+    (mean token (B, H, T, D), valid count (B' or 1, 1, T), mean cosine of tokens to the mean (B, H, T);
+    1 for a tile with no valid token, which is never kept for its own sake)."""
+    batch, heads, n, d = x.shape
+    tiles = math.ceil(n / block)
+    weight = torch.ones(1, n, device=x.device) if valid is None else valid.to(x.device, torch.float32)
+    pad = tiles * block - n
+    x = torch.nn.functional.pad(x, (0, 0, 0, pad)).reshape(batch, heads, tiles, block, d)
+    weight = torch.nn.functional.pad(weight, (0, pad)).reshape(weight.shape[0], 1, tiles, block)
+    count = weight.sum(dim=-1)
+    mean = (x * weight[..., None]).sum(dim=3) / count.clamp(min=1)[..., None]
+    cos = torch.nn.functional.cosine_similarity(x, mean[:, :, :, None], dim=-1, eps=1e-12)
+    similarity = (cos * weight).sum(dim=-1) / count.clamp(min=1)
+    return mean, count, torch.where(count > 0, similarity, 1.0)
+
+
+def forced_tiles(
+    n_q: int, n_k: int, block_m: int, block_n: int, *, local_tiles: int = 0, sink_tiles: int = 0,
+    dense_prefix: int = 0, dense_suffix: int = 0, device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """bool (M_tiles, N_tiles): the tiles every selection keeps. Diagonal tiles (the key tiles
+    holding a query tile's own positions, widened by `local_tiles` each side) only for self-attention
+    (n_q == n_k); the first `sink_tiles` key tiles; every tile of a query or key tile that holds one
+    of the first `dense_prefix` or last `dense_suffix` tokens (text), rows and columns."""
+    for name, value in (("local_tiles", local_tiles), ("sink_tiles", sink_tiles), ("dense_prefix", dense_prefix),
+                        ("dense_suffix", dense_suffix)):
+        if value < 0:
+            raise ValueError(f"tile selection: {name}={value} must be >= 0")
+    if dense_prefix + dense_suffix > min(n_q, n_k):
+        raise ValueError(f"tile selection: dense_prefix + dense_suffix = {dense_prefix + dense_suffix} text tokens "
+                         f"exceed the sequence ({n_q} query / {n_k} key tokens)")
+    m_tiles, n_tiles = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
+    forced = torch.zeros(m_tiles, n_tiles, dtype=torch.bool, device=device)
+    if n_q == n_k:
+        first = torch.arange(m_tiles, device=device) * block_m
+        last = torch.clamp(first + block_m, max=n_q) - 1
+        lo, hi = first // block_n - local_tiles, last // block_n + local_tiles
+        cols = torch.arange(n_tiles, device=device)
+        forced |= (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])
+    forced[:, :sink_tiles] = True
+    for block, axis in ((block_m, 0), (block_n, 1)):
+        if dense_prefix:
+            forced.narrow(axis, 0, math.ceil(dense_prefix / block)).fill_(True)
+    for tokens, block, axis, n in ((dense_suffix, block_m, 0, n_q), (dense_suffix, block_n, 1, n_k)):
+        if tokens:
+            first_tile = (n - tokens) // block
+            forced.narrow(axis, first_tile, forced.shape[axis] - first_tile).fill_(True)
+    return forced
+
+
+class TileScores:
+    """The dynamic selection's estimate of each key tile's attention mass for q (B, H, Nq, D) and
+    k (B, H, Nk, D) (key_mask (B', Nk) bool, True = valid), sorted per query tile with the forced
+    tiles first; `keep(top_p)` is the selection at one threshold, cheap to repeat (a density is
+    reached by trying several)."""
+
+    def __init__(self, q: torch.Tensor, k: torch.Tensor, *, block_m: int, block_n: int,
+                 sm_scale: float | None = None, key_mask: torch.Tensor | None = None, local_tiles: int = 0,
+                 sink_tiles: int = 1, min_similarity: float = 0.5, dense_prefix: int = 0, dense_suffix: int = 0):
+        if q.dim() != 4 or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
+            raise ValueError(f"tile selection: q {tuple(q.shape)} and k {tuple(k.shape)} must be (B, H, N, D) "
+                             "with the same B, H and D")
+        self.n_q, self.n_k = q.shape[2], k.shape[2]
+        self.block_m, self.block_n = block_m, block_n
+        scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+        valid = None if key_mask is None else key_mask.to(device=k.device, dtype=torch.bool)
+        kf = k.float()
+        if valid is None:
+            kf = kf - kf.mean(dim=2, keepdim=True)
+        else:
+            keep = valid[:, None, :, None]
+            mean = torch.where(keep, kf, 0.0).sum(dim=2, keepdim=True) / keep.sum(dim=2, keepdim=True).clamp(min=1)
+            kf = torch.where(keep, kf - mean, 0.0)
+        q_mean, _, q_similarity = _pool_tiles(q.float(), block_m, None)
+        k_mean, k_count, k_similarity = _pool_tiles(kf, block_n, valid)
+        scores = (q_mean @ k_mean.transpose(-1, -2)) * scale + torch.log(k_count)[:, :, None, :]
+        probs = torch.softmax(scores, dim=-1)  # a tile with no valid key: log 0 = -inf, probability 0
+        forced = forced_tiles(self.n_q, self.n_k, block_m, block_n, local_tiles=local_tiles, sink_tiles=sink_tiles,
+                              dense_prefix=dense_prefix, dense_suffix=dense_suffix, device=q.device)
+        forced = (forced | (q_similarity < min_similarity)[..., :, None]
+                  | (k_similarity < min_similarity)[..., None, :])
+        has_keys = (k_count > 0)[:, :, None, :].expand_as(probs)
+        forced = forced & has_keys  # a tile of padding only is never worth a visit
+        self.probs = probs
+        self.forced = forced
+        order = torch.argsort(probs + 2.0 * forced, dim=-1, descending=True, stable=True)
+        sorted_probs = probs.gather(-1, order)
+        self._mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # of the tiles ranked above
+        self._forced_sorted = forced.gather(-1, order)
+        self._useful_sorted = has_keys.gather(-1, order)
+        self._order = order
+
+    def keep(self, top_p: float) -> TileMask:
+        """Per query tile the forced tiles, then the fewest others whose estimated mass (with the
+        forced tiles') reaches top_p; at least its top tile (a query tile never goes empty)."""
+        below = self._mass_before < top_p
+        below[..., 0] = True
+        kept_sorted = (below & self._useful_sorted) | self._forced_sorted
+        keep = torch.zeros_like(kept_sorted).scatter_(-1, self._order, kept_sorted)
+        return TileMask(keep, self.block_m, self.block_n, self.n_q, self.n_k)
+
+
+def select_dynamic(q: torch.Tensor, k: torch.Tensor, *, top_p: float = 0.9, **options) -> TileMask:
+    """Dynamic selection (module docstring); top_p in (0, 1]: the estimated mass each query tile
+    keeps (1 keeps every tile with a valid key). options: `TileScores`' (block_m, block_n required)."""
+    if not 0 < top_p <= 1:
+        raise ValueError(f"tile selection: top_p={top_p} must lie in (0, 1]")
+    return TileScores(q, k, **options).keep(top_p)
+
+
+def select_dynamic_at_density(q: torch.Tensor, k: torch.Tensor, density: float, *, steps: int = 30,
+                              **options) -> TileMask:
+    """The dynamic selection whose one top_p (shared by every head) gives the highest density not
+    above `density` (bisection), or the least it can keep (forced tiles and each query tile's
+    first) where that already passes it. options: `TileScores`'."""
+    if not 0 < density <= 1:
+        raise ValueError(f"tile selection: density={density} must lie in (0, 1]")
+    scores = TileScores(q, k, **options)
+    lo, hi = 0.0, 1.0
+    best = scores.keep(0.0)
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        mask = scores.keep(mid)
+        if mask.density <= density:
+            lo, best = mid, mask
+        else:
+            hi = mid
+    return best
+
+
+def _check_grid(frames: int, height: int, width: int) -> None:
+    for name, value in (("frames", frames), ("height", height), ("width", width)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"latent grid: {name}={value!r} must be a positive int")
+
+
+def grid_tile_order(frames: int, height: int, width: int, tile_t: int, tile_h: int, tile_w: int) -> torch.Tensor:
+    """int64 (frames·height·width,): order[p] = the raster (frame, row, column) index of the token at
+    position p, tokens grouped in (tile_t, tile_h, tile_w) cells taken in raster order, raster inside
+    a cell (cells at the grid's far edges are cut short). With tile_t·tile_h·tile_w = the attention
+    tile and a grid the cells divide, every tile is one cell. x[..., order, :] permutes a raster
+    sequence, x[..., inverse_order(order), :] restores it."""
+    _check_grid(frames, height, width)
+    for name, value in (("tile_t", tile_t), ("tile_h", tile_h), ("tile_w", tile_w)):
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"latent grid: {name}={value!r} must be a positive int")
+    t, y, x = torch.meshgrid(torch.arange(frames), torch.arange(height), torch.arange(width), indexing="ij")
+    cells_y, cells_x = math.ceil(height / tile_h), math.ceil(width / tile_w)
+    cell = ((t // tile_t) * cells_y + y // tile_h) * cells_x + x // tile_w
+    inside = ((t % tile_t) * tile_h + y % tile_h) * tile_w + x % tile_w
+    key = cell * (tile_t * tile_h * tile_w) + inside
+    return torch.argsort(key.flatten(), stable=True)
+
+
+def inverse_order(order: torch.Tensor) -> torch.Tensor:
+    """The permutation undoing `order` (int64)."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return inverse
+
+
+def grid_coordinates(frames: int, height: int, width: int, order: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 (N, 3): (frame, row, column) of each video token, in `order` (raster when None)."""
+    _check_grid(frames, height, width)
+    t, y, x = torch.meshgrid(torch.arange(frames), torch.arange(height), torch.arange(width), indexing="ij")
+    coords = torch.stack([t.flatten(), y.flatten(), x.flatten()], dim=-1)
+    return coords if order is None else coords[order.cpu()]
+
+
+def _tile_boxes(coords: torch.Tensor, n: int, block: int, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per tile of a sequence of n tokens whose video tokens (coords (N_video, 3)) start at `prefix`:
+    (lo, hi) (T, 3) fp64, the bounding box of its video tokens (lo = +inf for a tile without any)."""
+    tiles = math.ceil(n / block)
+    lo = torch.full((tiles * block, GRID_AXES), math.inf, dtype=torch.float64)
+    hi = torch.full((tiles * block, GRID_AXES), -math.inf, dtype=torch.float64)
+    lo[prefix:prefix + coords.shape[0]] = coords.double()
+    hi[prefix:prefix + coords.shape[0]] = coords.double()
+    return lo.reshape(tiles, block, GRID_AXES).amin(dim=1), hi.reshape(tiles, block, GRID_AXES).amax(dim=1)
+
+
+def select_static(
+    grid: tuple[int, int, int],
+    window: tuple[int, int, int],
+    *,
+    block_m: int,
+    block_n: int,
+    order: torch.Tensor | None = None,
+    dense_prefix: int = 0,
+    dense_suffix: int = 0,
+    sink_tiles: int = 0,
+    device: torch.device | str | None = None,
+) -> TileMask:
+    """Static selection for self-attention over [dense_prefix text; video (grid = frames, height, width,
+    in `order`, raster when None); dense_suffix text]: query tile i keeps key tile j when some video
+    token of j lies within `window` = (frames, rows, columns) of some video token of i, each axis
+    separately (|Δ| ≤ window), judged on the tiles' bounding boxes (exact for tiles that are whole
+    cells of `grid_tile_order`, a superset otherwise); text tiles stay dense, the first `sink_tiles`
+    key tiles are kept. Returns a (1, 1, M, N) mask (the same for every batch row and head)."""
+    frames, height, width = grid
+    if any(not isinstance(w, int) or w < 0 for w in window) or len(window) != GRID_AXES:
+        raise ValueError(f"static selection: window={window!r} must be three ints >= 0 (frames, rows, columns)")
+    coords = grid_coordinates(frames, height, width, order)
+    n = dense_prefix + coords.shape[0] + dense_suffix
+    q_lo, q_hi = _tile_boxes(coords, n, block_m, dense_prefix)
+    k_lo, k_hi = _tile_boxes(coords, n, block_n, dense_prefix)
+    # per axis, the gap between the boxes (0 where they overlap); inf where a tile has no video token
+    gap = torch.maximum(k_lo[None] - q_hi[:, None], q_lo[:, None] - k_hi[None]).clamp(min=0)
+    limit = torch.tensor(window, dtype=torch.float64)
+    keep = (gap <= limit).all(dim=-1)
+    keep |= forced_tiles(n, n, block_m, block_n, sink_tiles=sink_tiles, dense_prefix=dense_prefix,
+                         dense_suffix=dense_suffix)
+    return TileMask(keep[None, None].to(device), block_m, block_n, n, n)
+
+
+def select_static_at_density(grid: tuple[int, int, int], density: float, *, block_m: int, block_n: int,
+                             **options) -> tuple[TileMask, tuple[int, int, int]]:
+    """(mask, window) of the static selection whose window gives the density closest to `density`;
+    windows grow one latent unit at a time on the axis where the window is the smallest fraction of
+    the grid (a window in proportion to the grid). options: those of `select_static` but window."""
+    if not 0 < density <= 1:
+        raise ValueError(f"static selection: density={density} must lie in (0, 1]")
+    window = [0, 0, 0]
+    best = None
+    while True:
+        mask = select_static(grid, tuple(window), block_m=block_m, block_n=block_n, **options)
+        if best is None or abs(mask.density - density) < abs(best[0].density - density):
+            best = (mask, tuple(window))
+        growable = [axis for axis in range(GRID_AXES) if window[axis] < grid[axis] - 1]
+        if mask.density >= density or not growable:
+            return best
+        axis = min(growable, key=lambda a: (window[a] + 1) / grid[a])
+        window[axis] += 1

@@ -1,0 +1,211 @@
+"""Choosing tiles: forced tiles, dynamic (pooled top-p) and static (3-D windows on the latent grid)
+selection, and the token order that makes 3-D neighbourhoods contiguous tiles."""
+
+import math
+
+import pytest
+import torch
+
+from sagevideo.kernels.tile_select import (
+    TileScores,
+    forced_tiles,
+    grid_coordinates,
+    grid_tile_order,
+    inverse_order,
+    select_dynamic,
+    select_dynamic_at_density,
+    select_static,
+    select_static_at_density,
+)
+
+
+def _block_constant(mask, block_m, block_n):
+    """Whether every block_m x block_n block of a token mask (N, N) is all True or all False."""
+    n = mask.shape[0]
+    blocks = mask.reshape(n // block_m, block_m, n // block_n, block_n)
+    return bool((blocks.all(dim=(1, 3)) | ~blocks.any(dim=(1, 3))).all())
+
+
+def _cell_neighbours(coords, cell):
+    """Token mask (N, N): tokens whose (tile_t, tile_h, tile_w) cells touch (|Δcell| <= 1 per axis)."""
+    cells = coords // torch.tensor(cell)
+    return ((cells[:, None] - cells[None, :]).abs() <= 1).all(dim=-1)
+
+
+# --- the token order -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("grid, cell", [((4, 8, 8), (2, 4, 8)), ((3, 5, 7), (2, 2, 4))])
+def test_permute_then_unpermute_is_the_identity(grid, cell):
+    order = grid_tile_order(*grid, *cell)
+    n = math.prod(grid)
+    assert torch.equal(order.sort().values, torch.arange(n))  # a permutation
+    x = torch.randn(1, 2, n, 4)
+    assert torch.equal(x[:, :, order][:, :, inverse_order(order)], x)
+    assert torch.equal(inverse_order(order)[order], torch.arange(n))
+
+
+def test_cells_are_contiguous_in_the_order():
+    order = grid_tile_order(4, 8, 8, 2, 4, 8)
+    coords = grid_coordinates(4, 8, 8, order)
+    cells = coords // torch.tensor([2, 4, 8])
+    first = cells.reshape(-1, 64, 3)  # each run of 64 positions is one cell
+    assert (first == first[:, :1]).all()
+    assert torch.equal(grid_coordinates(4, 8, 8)[order], coords)
+
+
+def test_with_the_order_a_3d_window_mask_is_block_structured():
+    grid, cell = (4, 8, 32), (2, 4, 8)  # 64-token cells tile the grid
+    order = grid_tile_order(*grid, *cell)
+    ordered = _cell_neighbours(grid_coordinates(*grid, order), cell)
+    raster = _cell_neighbours(grid_coordinates(*grid), cell)
+    assert _block_constant(ordered, 64, 64) and _block_constant(ordered, 64, 32)
+    assert not _block_constant(raster, 64, 64)
+
+
+def test_grid_arguments_are_checked_by_name():
+    with pytest.raises(ValueError, match="tile_h=0"):
+        grid_tile_order(2, 4, 4, 1, 0, 4)
+    with pytest.raises(ValueError, match="height=-1"):
+        grid_coordinates(2, -1, 4)
+
+
+# --- static selection ----------------------------------------------------------------------------
+
+
+def _window_token_mask(coords, window):
+    return ((coords[:, None] - coords[None, :]).abs() <= torch.tensor(window)).all(dim=-1)
+
+
+def _tiles_of(token_mask, block_m, block_n):
+    n_q, n_k = token_mask.shape
+    padded = torch.nn.functional.pad(token_mask, (0, -n_k % block_n, 0, -n_q % block_m))
+    return padded.reshape(padded.shape[0] // block_m, block_m, padded.shape[1] // block_n, block_n).any(dim=(1, 3))
+
+
+def test_static_is_exact_on_whole_cells_and_a_superset_otherwise():
+    grid, cell, window = (4, 8, 32), (2, 4, 8), (0, 1, 3)
+    order = grid_tile_order(*grid, *cell)
+    mask = select_static(grid, window, block_m=64, block_n=64, order=order)
+    want = _tiles_of(_window_token_mask(grid_coordinates(*grid, order), window), 64, 64)
+    assert torch.equal(mask.keep[0, 0], want)
+    assert mask.density == pytest.approx(want.float().mean().item()) and mask.density < 1
+    raster = select_static((3, 5, 12), window, block_m=64, block_n=32)  # tiles cross rows and frames
+    exact = _tiles_of(_window_token_mask(grid_coordinates(3, 5, 12), window), 64, 32)
+    assert (raster.keep[0, 0] | ~exact).all()  # never drops a tile holding a pair in the window
+
+
+def test_static_keeps_text_dense():
+    grid, window = (4, 8, 16), (1, 2, 2)
+    mask = select_static(grid, window, block_m=64, block_n=64, dense_prefix=70, dense_suffix=10)
+    n = 70 + 512 + 10
+    assert (mask.n_q, mask.keep.shape[-1]) == (n, math.ceil(n / 64))
+    assert mask.keep[0, 0, :2].all() and mask.keep[0, 0, :, :2].all()  # tokens 0..69: tiles 0 and 1
+    assert mask.keep[0, 0, -1].all() and mask.keep[0, 0, :, -1].all()
+    assert not mask.keep[0, 0, 2, 8]  # frame 0 against frame 3: beyond the window
+
+
+def test_the_order_lowers_density_once_windows_are_about_a_cell_wide():
+    """Raster tiles are rows (here one row of 64 columns): a window reaches every column; 8x8 cells
+    cover the window's box with less waste. Windows smaller than a cell favour rows (docs/sparse.md)."""
+    grid, window = (4, 16, 64), (1, 4, 8)
+    raster = select_static(grid, window, block_m=64, block_n=64)
+    cells = select_static(grid, window, block_m=64, block_n=64, order=grid_tile_order(*grid, 1, 8, 8))
+    assert cells.density < 0.8 * raster.density
+    small = (1, 1, 1)
+    assert (select_static(grid, small, block_m=64, block_n=64).density
+            < select_static(grid, small, block_m=64, block_n=64, order=grid_tile_order(*grid, 1, 8, 8)).density)
+
+
+def test_static_at_density_picks_the_closest_window():
+    grid = (8, 16, 32)
+    mask, window = select_static_at_density(grid, 0.3, block_m=64, block_n=64,
+                                            order=grid_tile_order(*grid, 2, 4, 8))
+    assert abs(mask.density - 0.3) < 0.1
+    assert mask.density == select_static(grid, window, block_m=64, block_n=64,
+                                         order=grid_tile_order(*grid, 2, 4, 8)).density
+    with pytest.raises(ValueError, match="window="):
+        select_static(grid, (1, 2), block_m=64, block_n=64)
+
+
+# --- forced tiles --------------------------------------------------------------------------------
+
+
+def test_forced_tiles_diagonal_local_sinks_and_text():
+    forced = forced_tiles(256, 256, 64, 32, local_tiles=1, sink_tiles=1)
+    # query tile 1 holds tokens 64..127 = key tiles 2, 3; widened by one each side: 1..4; plus sink 0
+    assert torch.nonzero(forced[1]).flatten().tolist() == [0, 1, 2, 3, 4]
+    text = forced_tiles(256, 256, 64, 64, dense_prefix=65, dense_suffix=1)
+    assert text[:2].all() and text[:, :2].all() and text[3].all() and text[:, 3].all()
+    assert not forced_tiles(128, 256, 64, 64).any()  # cross-attention: no diagonal
+    with pytest.raises(ValueError, match="exceed the sequence"):
+        forced_tiles(128, 128, 64, 64, dense_prefix=100, dense_suffix=100)
+    with pytest.raises(ValueError, match="sink_tiles=-1"):
+        forced_tiles(128, 128, 64, 64, sink_tiles=-1)
+
+
+# --- dynamic selection ---------------------------------------------------------------------------
+
+
+def _clustered(n=512, d=32, heads=2, block=64, noise=0.3, seed=0):
+    """Each 64-token tile is one cluster (self-similar tokens); query tile i's cluster matches key
+    tile (i + 2) mod T strongly and the others weakly."""
+    gen = torch.Generator().manual_seed(seed)
+    tiles = n // block
+    centres = torch.nn.functional.normalize(torch.randn(heads, tiles, d, generator=gen), dim=-1) * 4
+    q = centres.repeat_interleave(block, dim=1)[None] + noise * torch.randn(1, heads, n, d, generator=gen)
+    partner = centres.roll(2, dims=1)  # key tile j carries query tile (j - 2)'s centre
+    k = partner.repeat_interleave(block, dim=1)[None] + noise * torch.randn(1, heads, n, d, generator=gen)
+    return q, k
+
+
+def test_dynamic_keeps_the_planted_partner_and_the_forced_tiles():
+    q, k = _clustered()
+    mask = select_dynamic(q, k, block_m=64, block_n=64, top_p=0.5, sink_tiles=1)
+    tiles = mask.keep.shape[-1]
+    for i in range(tiles):
+        kept = set(torch.nonzero(mask.keep[0, 0, i]).flatten().tolist())
+        assert {(i + 2) % tiles, i, 0} <= kept
+    assert mask.density < 0.5
+
+
+def test_top_p_one_keeps_every_tile_and_density_grows_with_top_p():
+    q, k = _clustered()
+    scores = TileScores(q, k, block_m=64, block_n=32)
+    densities = [scores.keep(p).density for p in (0.0, 0.5, 0.9, 0.999)]
+    assert densities == sorted(densities)
+    assert scores.keep(1.0).density == 1.0
+    assert (scores.keep(0.0).keep.sum(-1) >= 1).all()  # never an empty query tile
+
+
+def test_tiles_that_are_not_self_similar_are_kept_whole():
+    gen = torch.Generator().manual_seed(1)
+    q, k = _clustered()
+    q[:, :, 64:128] = torch.randn(1, 2, 64, 32, generator=gen) * 4  # query tile 1: unrelated tokens
+    k[:, :, 256:320] = torch.randn(1, 2, 64, 32, generator=gen) * 4  # key tile 4 likewise
+    mask = select_dynamic(q, k, block_m=64, block_n=64, top_p=0.5)
+    assert mask.keep[:, :, 1].all() and mask.keep[:, :, :, 4].all()
+    assert not mask.keep[:, :, 2].all()
+    assert select_dynamic(q, k, block_m=64, block_n=64, top_p=0.5, min_similarity=0.0).density < mask.density
+
+
+def test_dynamic_never_keeps_a_tile_of_padding_and_keeps_text_dense():
+    q, k = _clustered()
+    key_mask = torch.ones(1, 512, dtype=torch.bool)
+    key_mask[0, 448:] = False  # key tile 7 is padding only
+    mask = select_dynamic(q, k, block_m=64, block_n=64, top_p=1.0, key_mask=key_mask, dense_suffix=64)
+    assert not mask.keep[..., 7].any()  # even in the dense text rows
+    assert mask.keep[..., 7, :7].all()
+    text = select_dynamic(q, k, block_m=64, block_n=64, top_p=0.3, dense_prefix=100)
+    assert text.keep[..., :2, :].all() and text.keep[..., :, :2].all()
+
+
+def test_dynamic_at_density_stays_at_or_below_the_target():
+    q, k = _clustered(n=1024)
+    for density in (0.15, 0.3, 0.6):
+        mask = select_dynamic_at_density(q, k, density, block_m=64, block_n=64, sink_tiles=0)
+        assert mask.density <= density and mask.density > density - 0.1
+    with pytest.raises(ValueError, match="density=0"):
+        select_dynamic_at_density(q, k, 0, block_m=64, block_n=64)
+    with pytest.raises(ValueError, match="top_p=1.5"):
+        select_dynamic(q, k, block_m=64, block_n=64, top_p=1.5)
