@@ -27,15 +27,17 @@ import torch
 from sagevideo.kernels.reference import sageattn_reference
 
 
-def _check_block(name: str, value: object) -> None:
+def _check_block(name: str, value: object, unit: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"tile mask: {name}={value!r} must be a positive int")
+        raise ValueError(f"tile mask: {name}={value!r} must be a positive int{unit}")
 
 
-def _check_lengths(n_q: object, n_k: object) -> None:
-    for name, value in (("n_q", n_q), ("n_k", n_k)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"tile mask: {name}={value!r} must be a positive int (tokens)")
+def _check_geometry(block_m: object, block_n: object, n_q: object, n_k: object) -> None:
+    """Both forms' tiles and sequence lengths: positive ints."""
+    _check_block("block_m", block_m)
+    _check_block("block_n", block_n)
+    _check_block("n_q", n_q, " (tokens)")
+    _check_block("n_k", n_k, " (tokens)")
 
 
 @dataclass(frozen=True)
@@ -50,9 +52,7 @@ class TileMask:
     n_k: int
 
     def __post_init__(self) -> None:
-        _check_block("block_m", self.block_m)
-        _check_block("block_n", self.block_n)
-        _check_lengths(self.n_q, self.n_k)
+        _check_geometry(self.block_m, self.block_n, self.n_q, self.n_k)
         if not isinstance(self.keep, torch.Tensor) or self.keep.dtype != torch.bool:
             raise ValueError(f"tile mask: keep must be a bool tensor, got "
                              f"{getattr(self.keep, 'dtype', type(self.keep).__name__)}")
@@ -147,9 +147,7 @@ class TileLists:
     n_k: int
 
     def __post_init__(self) -> None:
-        _check_block("block_m", self.block_m)
-        _check_block("block_n", self.block_n)
-        _check_lengths(self.n_q, self.n_k)
+        _check_geometry(self.block_m, self.block_n, self.n_q, self.n_k)
         if self.n_tiles != math.ceil(self.n_k / self.block_n):
             raise ValueError(f"tile lists: n_tiles={self.n_tiles} but {self.n_k} keys make "
                              f"{math.ceil(self.n_k / self.block_n)} tiles of {self.block_n}")
