@@ -110,13 +110,13 @@ class ABConfig(RunOptions, RecipeOptions):
     def build(cls, job_file: Any = None, /, **fields: Any) -> ABConfig:
         """An ABConfig from one (with `fields` over it) or from the job file and fields; InputError
         naming each bad option."""
-        from sagevideo.jobs.problems import group_problems, value_problems
+        from sagevideo.jobs.problems import options_error
 
         data = {**dict(job_file), **fields} if isinstance(job_file, ABConfig) else {"job_file": job_file, **fields}
         try:
             return cls(**data)
         except ValidationError as err:
-            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
+            raise options_error(err) from None
 
 
 def job_file_arm_fields(job_file: Path) -> list[str]:

@@ -22,7 +22,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 from sagevideo.choices import resolve_device
 from sagevideo.errors import InputError
 from sagevideo.jobs.config import RunOptions
-from sagevideo.jobs.problems import group_problems, option_place, value_problems
+from sagevideo.jobs.problems import group_problems, option_place, options_error
 from sagevideo.jobs.recipe import RecipeOptions
 from sagevideo.jobs.specs import DEFAULT_PROMPTS, Frames, Guidance, Pixels, Seed, Steps, collect_jobs
 from sagevideo.jobs.text_files import read_prompts_file
@@ -85,7 +85,7 @@ class CalibrateConfig(RunOptions, RecipeOptions):
         try:
             return cls(**data)
         except ValidationError as err:
-            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
+            raise options_error(err) from None
 
 
 def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: Any) -> Any:

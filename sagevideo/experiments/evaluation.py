@@ -9,7 +9,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sagevideo.errors import InputError
 from sagevideo.jobs.config import DeviceOptions
 
 LpipsNet = Literal["alex", "vgg"]
@@ -61,12 +60,12 @@ class EvalSettings(DeviceOptions, WeightsOptions):
     @classmethod
     def build(cls, **fields: Any) -> Any:
         """A config of this class from `fields`; InputError naming each bad one."""
-        from sagevideo.jobs.problems import group_problems, value_problems
+        from sagevideo.jobs.problems import options_error
 
         try:
             return cls(**fields)
         except ValidationError as err:
-            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
+            raise options_error(err) from None
 
 
 class EvalConfig(EvalSettings):

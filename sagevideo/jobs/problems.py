@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sagevideo.errors import InputError
 from sagevideo.jobs.bounds import capped
 from sagevideo.jobs.bounds import shown as shown_value
 
@@ -73,6 +74,12 @@ def option_place(field: str, value: Any) -> str:
 def value_problems(err: ValidationError) -> list[tuple[str, str, str]]:
     """(field, option with its value, what is wrong) per problem of a validation error of options."""
     return [(field.split(".", 1)[0], option_place(field, got), msg) for field, msg, got in _parts_with_input(err)]
+
+
+def options_error(err: ValidationError) -> InputError:
+    """One InputError naming every bad option of a config's validation error at once
+    ('--steps 0: ...', grouped as `group_problems` says them)."""
+    return InputError(group_problems([(place, text) for _, place, text in value_problems(err)]))
 
 
 def _parts_with_input(err: ValidationError) -> list[tuple[str, str, Any]]:

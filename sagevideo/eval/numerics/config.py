@@ -8,7 +8,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from sagevideo.choices import Granularity
-from sagevideo.errors import InputError
 
 Preset = Literal["random", "k-offset", "q-outlier", "peaky", "near-uniform", "padded", "large"]  # presets.PRESETS
 SimPV = Literal["fp16", "fp8", "fp32", "int8-naive"]  # simulate.SIM_PV_MODES
@@ -57,12 +56,12 @@ class SimulateConfig(BaseModel):
     @classmethod
     def build(cls, **options: Any) -> SimulateConfig:
         """InputError naming every bad option at once."""
-        from sagevideo.jobs.problems import group_problems, value_problems
+        from sagevideo.jobs.problems import options_error
 
         try:
             return cls(**options)
         except ValidationError as err:
-            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
+            raise options_error(err) from None
 
     @property
     def pv_modes(self) -> list[str]:

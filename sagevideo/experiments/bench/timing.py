@@ -159,12 +159,12 @@ class BenchOptions(DeviceOptions):
     @classmethod
     def build(cls, **options: Any) -> Self:
         """InputError naming every bad option at once."""
-        from sagevideo.jobs.problems import group_problems, value_problems
+        from sagevideo.jobs.problems import options_error
 
         try:
             return cls(**options)
         except ValidationError as err:
-            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
+            raise options_error(err) from None
 
 
 class ModelSizeOptions(BaseModel):

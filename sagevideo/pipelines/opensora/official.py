@@ -65,12 +65,12 @@ class ConvertOpenSoraConfig(BaseModel):
     @classmethod
     def build(cls, **options: Any) -> ConvertOpenSoraConfig:
         """A config from keyword options; InputError naming every bad option at once."""
-        from sagevideo.jobs.problems import group_problems, value_problems
+        from sagevideo.jobs.problems import options_error
 
         try:
             return cls(**options)
         except ValidationError as err:
-            raise InputError(group_problems([(place, text) for _, place, text in value_problems(err)])) from None
+            raise options_error(err) from None
 
 
 def convert_opensora(config: ConvertOpenSoraConfig | None = None, /, log: Callable[[str], None] = lambda line: None,
