@@ -364,7 +364,7 @@ def test_variant_installs_routes_and_restores(variant):
 def test_install_lets_torchs_compile_cache_keep_graphs_with_sagevideo_attention(tiny_pipe):
     """The record op's with_effects operator is marked cacheable (a user's own marks kept), so a
     user who compiles the installed model gets torch's FX-graph cache (without the mark it bypassed
-    every such graph: tests/pipelines/test_recipe.py shows the cache at work)."""
+    every such graph: tests/pipelines/recipe/test_compile_cache.py shows the cache at work)."""
     import torch._inductor.config as inductor_config
 
     from sagevideo.attention.records import WITH_EFFECTS
