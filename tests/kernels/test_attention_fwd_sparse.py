@@ -236,6 +236,17 @@ def test_lists_of_one_row_serve_every_batch_row_and_head():
     assert torch.equal(shared[0], expanded[0]) and torch.equal(shared[1], expanded[1])
 
 
+def test_lists_of_width_zero_give_zeros_and_minus_infinite_lse():
+    """No query tile visits anything: `TileMask.to_lists` makes lists of width 0; every row is 0, LSE -inf."""
+    q, k, v, _ = _inputs("random", (1, 2, 100, 64), seed=15)
+    plan = _plan("fp16")
+    lists = TileMask(torch.zeros(1, 1, 1, 2, dtype=torch.bool, device=DEVICE), plan.block_m, plan.block_n, 100,
+                     100).to_lists()
+    assert lists.indices.shape[-1] == 0
+    out, lse = _kernel(q, k, v, lists, plan)
+    assert (out == 0).all() and torch.isneginf(lse).all()
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda i, c: (i, None), "pass both key_tiles and tile_counts"),
     (lambda i, c: (i.long(), c), "key_tiles must be a 4-D int32 tensor"),
