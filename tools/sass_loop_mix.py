@@ -10,6 +10,7 @@ prediction a change can be checked against before any GPU time is spent.
     python3 tools/sass_loop_mix.py --kernels plain --pv fp16
     python3 tools/sass_loop_mix.py --kernels plain --sass /tmp/sass   # also write the SASS files
     python3 tools/sass_loop_mix.py --kernels plain --dims 64 --tile 64x128 --launch 4x3
+    python3 tools/sass_loop_mix.py --kernels plain --sparse       # the block-sparse (tile-list) launch
 
 Run it in a process without TRITON_INTERPRET (the interpreter cannot compile).
 """
@@ -29,12 +30,13 @@ MMA_OPCODES = ("HGMMA", "IGMMA", "QGMMA")
 
 def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = None,
                   warps_stages: tuple[int, int] | None = None, by_add: bool | None = None,
-                  maxnreg: int | None = None):
+                  maxnreg: int | None = None, sparse: bool = False):
     """The plain kernel for the `pv` plan at `block_d` (or another `tile` (BLOCK_M, BLOCK_N) and
     `warps_stages`; `by_add`: scores converted by an integer add or not, `maxnreg`: a register cap,
-    0 none; None: both as the sm90 plan), with the specializations a real launch gets (16-byte
-    aligned pointers, sizes and strides divisible by 16): without them Triton cannot prove alignment
-    and loads K/V byte by byte, which no launch does."""
+    0 none; None: both as the sm90 plan; `sparse`: the block-sparse launch, MODE "sparse", whose
+    scores are converted exactly), with the specializations a real launch gets (16-byte aligned
+    pointers, sizes and strides divisible by 16): without them Triton cannot prove alignment and
+    loads K/V byte by byte, which no launch does."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -45,18 +47,23 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
     block_m, block_n = tile or tiles(pv, block_d)
     num_warps, num_stages = warps_stages or launch("sm90", block_d, pv)
     pointers = ("QQ", "QScale", "QShift", "KQ", "KScale", "KScaleMax", "Work", "V", "VQ", "VScale", "VRange",
-                "Mask", "MaskPrefix", "Out", "Lse")
+                "Mask", "MaskPrefix", "Out", "Lse", "KeyTiles", "Counts", "Order")
     types = ("*i8", "*fp32", "*fp32", "*i8", "*fp32", "*i32", "*i32", "*bf16", "*fp8e4nv", "*fp32", "*fp32", "*u8",
-             "*i32", "*bf16", "*fp32")
+             "*i32", "*bf16", "*fp32", "*i32", "*i32", "*i32")
+    list_strides = ("stride_tb", "stride_th", "stride_tm", "stride_cb", "stride_ch", "stride_cm")
     ints = ("stride_vb", "stride_vh", "stride_vn", "stride_ob", "stride_oh", "stride_om", "mask_stride_b",
-            "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD")
+            *list_strides, "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD", "N_ITEMS")
     signature = {**dict(zip(pointers, types, strict=True)), **dict.fromkeys(ints, "i32")}
     constexprs = dict(HEAD_DIM=block_d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                       CAUSAL=False, HAS_MASK=False, PER_TOKEN_K=False, FP8_PV=pv == "fp8", STORE_LSE=False,
                       WIDE_OFFSETS=False,
                       MODE="add" if (scores_by_add("sm90", block_d, pv) if by_add is None else by_add) else "exact")
+    if sparse:
+        constexprs["MODE"] = "sparse"
     signature.update(dict.fromkeys(constexprs, "constexpr"))
-    aligned = [*pointers, *(n for n in ints if n not in ("mask_stride_b", "H", "H_KV"))]
+    # a list row's stride is its width (any), the counts' and items' counts any
+    unaligned = ("mask_stride_b", "H", "H_KV", "N_ITEMS", *list_strides)
+    aligned = [*pointers, *(n for n in ints if n not in unaligned)]
     names = _attn_fwd_kernel.arg_names
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     source = ASTSource(fn=_attn_fwd_kernel, signature=signature, constexprs=constexprs, attrs=attrs)
@@ -68,7 +75,7 @@ def compile_plain(block_d: int, pv: str = "fp8", tile: tuple[int, int] | None = 
 
 
 def compile_gluon(block_d: int, pv: str = "fp8", tile=None, warps_stages=None, by_add: bool | None = None,
-                  maxnreg: int | None = None):
+                  maxnreg: int | None = None, sparse: bool = False):
     """The Gluon kernel with the sm90 plan's ring stages (FP8 PV only; the plain kernel's options do
     not apply)."""
     from sagevideo.kernels.attention_sm90 import compile_for_sm90
@@ -146,6 +153,8 @@ def main() -> None:
                         help="plain kernel: register cap per thread (0: none) instead of the plan's")
     parser.add_argument("--scores-by-add", choices=("plan", "on", "off"), default="plan",
                         help="int32 scores to fp32 by an integer add (on) or I2F (off); plan: as the sm90 plan")
+    parser.add_argument("--sparse", action="store_true",
+                        help="plain kernel: the block-sparse launch (tile lists, persistent grid)")
     args = parser.parse_args()
     tile = tuple(map(int, args.tile.split("x"))) if args.tile else None
     warps_stages = tuple(map(int, args.launch.split("x"))) if args.launch else None
@@ -159,10 +168,13 @@ def main() -> None:
         parser.error("--maxnreg applies to the plain kernel: use --kernels plain")
     if args.pv == "fp16" and "gluon" in args.kernels.split(","):
         parser.error("the Gluon kernel has FP8 PV only: use --kernels plain with --pv fp16")
+    if args.sparse and "gluon" in args.kernels.split(","):
+        parser.error("the Gluon kernel takes no tile lists: use --kernels plain with --sparse")
+    variant += "-sparse" if args.sparse else ""
     compilers = {"plain": compile_plain, "gluon": compile_gluon}
     for name in args.kernels.split(","):
         for block_d in map(int, args.dims.split(",")):
-            compiled = compilers[name](block_d, args.pv, tile, warps_stages, by_add, args.maxnreg)
+            compiled = compilers[name](block_d, args.pv, tile, warps_stages, by_add, args.maxnreg, args.sparse)
             sass = disassemble(compiled.asm["cubin"])
             label = f"{name}{variant} d{block_d} {args.pv}"
             print(f"{label}: {resources(compiled)}")

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from sagevideo.attention import records
+from sagevideo.attention import records, sparse
 from sagevideo.attention.backends import CHOICES as BACKENDS
 from sagevideo.attention.backends import GLUON, KEY_PADDING_MASK, AttentionCall, Backend, choose
 from sagevideo.choices import GRANULARITIES, auto_pv
 from sagevideo.kernels import plans
+from sagevideo.kernels.sparse_reference import TileLists, TileMask
 
 # torch's own SDPA, the builtin `torch.nn.functional.scaled_dot_product_attention` is bound to: every
 # full-precision path calls it, so that `F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention`
@@ -242,6 +243,7 @@ def sageattn(
     backend: str = "auto",
     rotate_qk: bool = True,
     enable_gqa: bool = False,
+    tile_mask: TileMask | TileLists | None = None,
     _guard_counter: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantized scaled-dot-product attention with SDPA semantics (SDPA's own signature:
@@ -267,6 +269,14 @@ def sageattn(
     on SDPA under backend="auto" and raises for "triton" or "reference". backend="auto" uses
     Triton when it can, else SDPA with a one-time warning; the backend that ran is readable
     through `sagevideo.last_backend()`.
+
+    tile_mask (block-sparse attention, docs/sparse.md): a `TileMask` or `TileLists`
+    (`sagevideo.kernels.sparse_reference`) for these q/k lengths, (B, H) or broadcast from 1, in the
+    kernel plan's tiles (`plans.tiles(pv, head_dim)`) or in multiples of them (refined here). Each
+    query tile attends only the key tiles it keeps; rows left with no valid key are 0 (LSE -inf).
+    The Triton kernel never loads the skipped tiles; the reference emulates it; SDPA runs with the
+    mask's token mask (B·H·Nq·Nk bytes). Density 1 runs dense. The record carries the density
+    (`BackendChoice.density`); eagerly it is read once per call (a host sync).
     """
     _check_options(tensor_layout, qk_granularity, pv, backend)
     _check_tensors(q, k, v, tensor_layout, enable_gqa)
@@ -279,10 +289,11 @@ def sageattn(
     attn_mask = broadcast_dims_dropped(attn_mask)
     if is_causal and attn_mask is not None:
         raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
+    tiles = sparse.sparse_call(tile_mask, q, k)
     chosen, reason = choose(backend, _kernel_call(q, attn_mask, n_k, pv, rotate_qk))
     out, lse = _attend(q, k, v, attn_mask, is_causal=is_causal, scale=scale, qk_granularity=qk_granularity, pv=pv,
                        smooth_k=smooth_k, return_lse=return_lse, rotate_qk=rotate_qk, requested=backend,
-                       chosen=chosen, reason=reason, counter=_guard_counter)
+                       chosen=chosen, reason=reason, counter=_guard_counter, tiles=tiles)
     if tensor_layout == "NHD":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
@@ -305,30 +316,30 @@ def _attend(
     chosen: Backend,
     reason: str,
     counter: torch.Tensor | None = None,
+    tiles: sparse.SparseCall | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The `chosen` backend's attention on validated HND q (B, H, Nq, D), k/v (B, H_kv, Nk, D) with
     H_kv dividing H, attn_mask after `broadcast_dims_dropped` (a key-padding one unless SDPA runs),
     recorded as asked for by `requested`. Returns (out (B, H, Nq, D) in q's dtype, LSE or None).
     counter: an installed layer's guard counter (int32 0-dim) the call adds its count to; None for a
-    direct call, whose count its record keeps (`records.note_flagged`)."""
+    direct call, whose count its record keeps (`records.note_flagged`).
+    tiles: a block-sparse call's tile mask (`sparse.sparse_call`), or None."""
     heads, n_k, head_dim = q.shape[1], k.shape[2], q.shape[3]
     gqa = k.shape[1] != heads
-    ran = chosen.value
     # the quantized backends take the mask as (B', Nk) key padding (their checks passed)
     key_mask = None if attn_mask is None or chosen is Backend.SDPA else _as_key_mask(attn_mask, n_k)
-    plan = None
-    if chosen is Backend.TRITON:
-        from sagevideo.kernels.dispatch import kernel_for
-
-        plan = kernel_for(q.device, head_dim, pv, is_causal=is_causal, has_mask=key_mask is not None,
-                          per_token=qk_granularity == "token", return_lse=return_lse).plan
-        if plan.kernel == "gluon":
-            ran = GLUON  # recorded: the warp-specialized sm90 kernel computed this call
-    _record(requested, ran, None if chosen is Backend.SDPA else pv, reason)
+    active = None if tiles is None or tiles.dense else tiles  # density 1 runs the dense path
+    plan, ran, note = _kernel_plan(chosen, q.device, head_dim, pv, active, is_causal=is_causal,
+                                   has_mask=key_mask is not None, per_token=qk_granularity == "token",
+                                   return_lse=return_lse)
+    # the mask in the backend's tiles: one the plan's tiles cannot take raises here (at any density),
+    # before any launch
+    operand = _sparse_operand(tiles, chosen, plan, pv, head_dim)
+    _record(requested, ran, None if chosen is Backend.SDPA else pv, reason, tiles, note)
 
     def compute(q, k, v):
         if chosen is Backend.SDPA:
-            return (*_sdpa(q, k, v, attn_mask, is_causal, scale, return_lse, gqa), None)
+            return (*_sdpa(q, k, v, attn_mask, is_causal, scale, return_lse, gqa, operand), None)
         if chosen is Backend.REFERENCE:
             from sagevideo.kernels.reference import reference_attention
 
@@ -336,14 +347,14 @@ def _attend(
             k_all, v_all = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v)) if gqa else (k, v)
             # One op: opaque to torch.compile (no recompile per sequence length), one event for profilers.
             out, lse, flagged = reference_attention(q, k_all, v_all, key_mask, scale, block_m, block_n, is_causal,
-                                                    qk_granularity, pv, smooth_k, rotate_qk, return_lse)
+                                                    qk_granularity, pv, smooth_k, rotate_qk, return_lse, operand)
             return out, lse if return_lse else None, flagged
         from sagevideo.kernels.op import sageattn_triton
 
         return sageattn_triton(
             q, k, v, plan, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
             per_token=qk_granularity == "token", smooth_k=smooth_k, rotate_qk=rotate_qk,
-            return_lse=return_lse,
+            return_lse=return_lse, tile_lists=operand,
         )
 
     if chosen is not Backend.SDPA and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -358,6 +369,37 @@ def _attend(
             counter.add_(flagged)
         records.note_flagged(flagged, None if counter is not None else _describe(q, pv, qk_granularity))
     return out, lse
+
+
+def _kernel_plan(chosen: Backend, device: torch.device, head_dim: int, pv: str, active: sparse.SparseCall | None,
+                 **call: bool) -> tuple[plans.KernelPlan | None, str, str]:
+    """(the Triton plan or None, the backend recorded as ran, the record's note): on a Gluon plan, the
+    Gluon kernel computes the call where it takes it ("gluon"); a block-sparse call runs the plain
+    kernel, noted with the reason (`dispatch.kernel_for`)."""
+    if chosen is not Backend.TRITON:
+        return None, chosen.value, ""
+    from sagevideo.kernels.dispatch import kernel_for
+
+    choice = kernel_for(device, head_dim, pv, sparse=active is not None, **call)
+    # recorded: the warp-specialized sm90 kernel computed this call
+    ran = GLUON if choice.plan.kernel == "gluon" else chosen.value
+    return choice.plan, ran, choice.reason if active is not None else ""
+
+
+def _sparse_operand(tiles: sparse.SparseCall | None, chosen: Backend, plan: plans.KernelPlan | None, pv: str,
+                    head_dim: int):
+    """What the backend takes of a block-sparse call: the Triton kernel's lists and the reference's key
+    tiles in their plan's tiles, SDPA the call itself (its token mask); None for dense attention and
+    density 1. A mask the plan's tiles do not fit is refused at any density (not only once it is sparse)."""
+    if tiles is None:
+        return None
+    if chosen is Backend.TRITON:
+        operand = sparse.kernel_operand(tiles, plan.block_m, plan.block_n)
+    elif chosen is Backend.REFERENCE:
+        operand = sparse.reference_operand(tiles, *plans.tiles(pv, head_dim))
+    else:
+        operand = tiles
+    return None if tiles.dense else operand
 
 
 def _check_options(layout: str, granularity: str, pv: str, backend: str) -> None:
@@ -385,14 +427,17 @@ class _ForwardOnly(torch.autograd.Function):
         raise RuntimeError(BACKWARD_ERROR)
 
 
-def _record(requested: str, ran: str, pv: str | None, reason: str) -> None:
+def _record(requested: str, ran: str, pv: str | None, reason: str, tiles: sparse.SparseCall | None = None,
+            note: str = "") -> None:
     """Report one dispatch decision (`records`), and warn once per fallback reason. Inside a graph
-    torch.compile traces, an effectful op reports (and warns) each time the compiled graph runs."""
+    torch.compile traces, an effectful op reports (and warns) each time the compiled graph runs.
+    tiles: a block-sparse call's mask, whose density the record carries; note: `BackendChoice.note`."""
+    density = None if tiles is None else tiles.recorded_density
     if torch.compiler.is_compiling():
-        records.report_from_graph(requested, ran, pv, reason)
+        records.report_from_graph(requested, ran, pv, reason, density, note)
     else:
         flagged = records.FlaggedTiles() if pv is not None else None  # quantized calls count for the guard
-        records.report(records.BackendChoice(requested, ran, pv, reason, flagged))
+        records.report(records.BackendChoice(requested, ran, pv, reason, flagged, density, note))
         records.warn_fallback_once(reason)
 
 
@@ -512,15 +557,24 @@ def _sdpa(
     scale: float,
     return_lse: bool,
     gqa: bool = False,
+    tiles: sparse.SparseCall | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Full-precision SDPA on HND q/k/v; the mask as SDPA's 4-D broadcast (a 1-D (Nk,) mask, which
-    the kernels take, SDPA's kernels reject)."""
+    the kernels take, SDPA's kernels reject). tiles: a block-sparse call, run with its token mask
+    (`sparse.sdpa_mask`); its rows with no key left are 0 with LSE -inf, as the kernels give them."""
     if attn_mask is not None and attn_mask.dim() < 4:
         attn_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    has_key = None
+    if tiles is not None:
+        attn_mask, has_key = sparse.sdpa_mask(attn_mask, tiles, q.shape[2], k.shape[2], is_causal)
+        is_causal = False  # in the mask
     out = TORCH_SDPA(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
     if return_lse and gqa:
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     lse = _lse_full_precision(q, k, attn_mask, is_causal, scale) if return_lse else None
+    if has_key is not None:
+        out = out.masked_fill(~has_key[..., None], 0)
+        lse = None if lse is None else lse.masked_fill(~has_key, float("-inf"))
     return out, lse
 
 

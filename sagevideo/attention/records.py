@@ -86,6 +86,10 @@ class BackendChoice:
     pv: PV precision that ran ("fp16", "fp8"), or None for full-precision SDPA.
     reason: why a fallback happened (empty when the requested backend ran).
     flagged: the run-time guard's count for a quantized call (`peaky_tiles`), None for SDPA.
+    density: a block-sparse call's tile-mask density (visited / all key tiles; 1.0 ran dense), NaN
+    where a compiled graph ran it (reading it there would sync each run), None for dense attention.
+    note: why the kernel that ran is not the plan's first choice, where that is no fallback (a
+    block-sparse call on a Gluon plan runs the plain Triton kernel), else ''.
     """
 
     requested: str
@@ -93,6 +97,8 @@ class BackendChoice:
     pv: str | None
     reason: str = ""
     flagged: FlaggedTiles | None = field(default=None, compare=False, repr=False)
+    density: float | None = None
+    note: str = ""
 
     @property
     def peaky_tiles(self) -> int | None:
@@ -258,15 +264,16 @@ def warn_fallback_once(reason: str) -> None:
 
 
 @torch.library.custom_op("sagevideo::record_backend", mutates_args=())
-def _record_backend_op(requested: str, ran: str, pv: str, reason: str) -> None:
+def _record_backend_op(requested: str, ran: str, pv: str, reason: str, density: float = -1.0, note: str = "") -> None:
     # Runs each time the compiled graph does: the warning is given here, at run time, because a
-    # warnings.warn while Dynamo traces would break the graph.
-    report(BackendChoice(requested, ran, pv or None, reason, FlaggedTiles() if ran != "sdpa" else None))
+    # warnings.warn while Dynamo traces would break the graph. density -1: dense attention.
+    report(BackendChoice(requested, ran, pv or None, reason, FlaggedTiles() if ran != "sdpa" else None,
+                         None if density == -1.0 else density, note))
     warn_fallback_once(reason)
 
 
 @_record_backend_op.register_fake
-def _(requested: str, ran: str, pv: str, reason: str) -> None:
+def _(requested: str, ran: str, pv: str, reason: str, density: float = -1.0, note: str = "") -> None:
     return None
 
 
@@ -305,9 +312,10 @@ def allow_caching_graphs_with_records() -> None:
     inductor_config.unsafe_marked_cacheable_functions = marked
 
 
-def report_from_graph(requested: str, ran: str, pv: str | None, reason: str) -> None:
+def report_from_graph(requested: str, ran: str, pv: str | None, reason: str, density: float | None = None,
+                      note: str = "") -> None:
     """`report`, called while torch.compile traces: puts the reporting op into the graph."""
-    torch.ops.sagevideo.record_backend(requested, ran, pv or "", reason)
+    torch.ops.sagevideo.record_backend(requested, ran, pv or "", reason, -1.0 if density is None else density, note)
 
 
 def report_unrouted(reason: str) -> None:

@@ -1,9 +1,11 @@
 """Triton attention forward: INT8 QK into int32, fp32 online softmax with exp2, FP16 or FP8 PV.
 
-One kernel body with `tl.constexpr` switches (causal, key mask, FP8 PV, LSE) and an inner-loop
-helper, after Triton's fused-attention tutorial. Grid: (query tiles, B·H); each program streams
-the key/value tiles of its head. Inputs come from `quantize.quantize_inputs`; the 16-bit PV
-path reads V directly from the caller's tensor (no copy).
+One kernel body with `tl.constexpr` switches (causal, key mask, FP8 PV, LSE, block-sparse lists) and
+an inner-loop helper, after Triton's fused-attention tutorial. Grid: (query tiles, B·H); each program
+streams the key/value tiles of its head. Block-sparse calls (`tile_lists`) run a persistent grid over
+(B·H, query tile) items, longest list first, each visiting only its listed key tiles. Inputs come
+from `quantize.quantize_inputs` (over every valid key, sparse or not); the 16-bit PV path reads V
+directly from the caller's tensor (no copy).
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ def _attn_tile(
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
     PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr, SCORES_BY_ADD: tl.constexpr,
-    WIDE_OFFSETS: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr, KEYLESS_ROWS: tl.constexpr,
 ):
     """One key tile: scores, online-softmax update and the PV product. Returns (acc, l_i, m_i).
-    WIDE_OFFSETS: offsets may pass 2^31 (int64 math; the host decides).
+    WIDE_OFFSETS: offsets may pass 2^31 (int64 math; the host decides). KEYLESS_ROWS: a row may
+    have seen no valid key yet after this tile (a key mask, or a sparse list under causality).
 
     MASKED tiles check key bounds, the key mask and causality; the others skip all checks.
     In FP8 mode P is computed pre-scaled by 448 (log2(448) folded into the max), so P fills the
@@ -93,9 +96,10 @@ def _attn_tile(
             tile_max = tl.max(s_int, axis=1).to(tl.float32)
         m_new = tl.maximum(m_i, tile_max * row_scale)
     m_sub = m_new
-    if HAS_MASK:
+    if KEYLESS_ROWS:
         # Rows that have seen no valid key yet keep m = -inf; subtract 0 there (no NaN). Without a
-        # key mask every row sees key 0 in its first tile, so m is finite from then on.
+        # key mask every row sees key 0 in its first tile, so m is finite from then on (a sparse
+        # list's first tile holds a valid key for every row too, unless causality masks it).
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_sub)
     if FP8_PV:
@@ -131,15 +135,60 @@ def _attn_tile(
 
 
 @triton.jit
+def _listed_key_tiles(
+    acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask, row, count, lo, hi,
+    offs_m, offs_d, stride_vn, N_K, N_PAD,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
+    WIDE_OFFSETS: tl.constexpr,
+):
+    """Block-sparse: the key tiles of one query tile's list (`row`: `count` ascending int32 tile
+    indices); the others are never loaded. Returns (acc, l_i, m_i).
+
+    The list ascends, so its tiles before `lo` (no checks needed) come first, then the checked ones
+    below `hi`, then (causal) those wholly after the tile's last query, which are left out as the
+    dense loops leave them. Counting the first two groups (a scalar pass over the list, far cheaper
+    than one tile) keeps the dense path's two loops, checked and unchecked, with the same arithmetic
+    per tile: a full list computes what the dense loops do, bit for bit."""
+    unchecked = tl.zeros_like(count)
+    visited = tl.zeros_like(count)
+    for j in range(0, count):
+        start_n = tl.load(row + j) * BLOCK_N
+        unchecked += (start_n < lo).to(tl.int32)
+        visited += (start_n < hi).to(tl.int32)
+    for j in range(0, unchecked):
+        acc, l_i, m_i = _attn_tile(
+            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
+            tl.load(row + j) * BLOCK_N, offs_m, offs_d, stride_vn, N_K, N_PAD,
+            HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, False,
+            WIDE_OFFSETS, HAS_MASK,
+        )
+    for j in range(unchecked, visited):
+        # causal: a listed diagonal tile may hold no key at or before some of the rows, and it may
+        # be their first (the tiles before it skipped): such rows still have m = -inf after it
+        acc, l_i, m_i = _attn_tile(
+            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
+            tl.load(row + j) * BLOCK_N, offs_m, offs_d, stride_vn, N_K, N_PAD,
+            HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, False,
+            WIDE_OFFSETS, HAS_MASK or CAUSAL,
+        )
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _query_tile(
     tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, VRange, Mask, MaskPrefix, Out, Lse,
+    KeyTiles, Counts,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
+    stride_tb, stride_th, stride_tm, stride_cb, stride_ch, stride_cm,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
-    STORE_LSE: tl.constexpr, SCORES_BY_ADD: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
+    STORE_LSE: tl.constexpr, SCORES_BY_ADD: tl.constexpr, WIDE_OFFSETS: tl.constexpr, SPARSE: tl.constexpr,
 ):
-    """Query tile `tile` of head `bh` against every key tile, normalised and stored (with its LSE).
+    """Query tile `tile` of head `bh` against every key tile (SPARSE: the key tiles of its list,
+    KeyTiles/Counts at (b, h, tile) through their strides, 0 where one list serves every batch row
+    or head), normalised and stored (with its LSE).
     Query head h reads K/V head h // (H // H_KV) (grouped-query attention when H_KV < H).
     WIDE_OFFSETS (B·H·N·D past 2^31: long videos, large batches): `bh` is int64, so are the
     per-(batch, head) bases and the row offsets that can pass 2^31; otherwise all int32."""
@@ -171,20 +220,29 @@ def _query_tile(
         lo = tl.minimum(lo, (tile * BLOCK_M // BLOCK_N) * BLOCK_N)
     if HAS_MASK:
         lo = tl.minimum(lo, (tl.load(MaskPrefix + b) // BLOCK_N) * BLOCK_N)
-    for start_n in range(0, lo, BLOCK_N):
-        acc, l_i, m_i = _attn_tile(
+    if SPARSE:
+        count = tl.load(Counts + b * stride_cb + h * stride_ch + tile * stride_cm)
+        acc, l_i, m_i = _listed_key_tiles(
             acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
-            start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
-            HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
-            WIDE_OFFSETS,
+            KeyTiles + b * stride_tb + h * stride_th + tile * stride_tm, count, lo, hi,
+            offs_m, offs_d, stride_vn, N_K, N_PAD,
+            HEAD_DIM, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, WIDE_OFFSETS,
         )
-    for start_n in range(lo, hi, BLOCK_N):
-        acc, l_i, m_i = _attn_tile(
-            acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
-            start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
-            HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
-            WIDE_OFFSETS,
-        )
+    else:
+        for start_n in range(0, lo, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(
+                acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
+                start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
+                HEAD_DIM, BLOCK_N, BLOCK_D, False, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
+                WIDE_OFFSETS, HAS_MASK,
+            )
+        for start_n in range(lo, hi, BLOCK_N):
+            acc, l_i, m_i = _attn_tile(
+                acc, l_i, m_i, q, q_scale, kq, k_scale, v, vq, mask,
+                start_n, offs_m, offs_d, stride_vn, N_K, N_PAD,
+                HEAD_DIM, BLOCK_N, BLOCK_D, True, CAUSAL, HAS_MASK, PER_TOKEN_K, FP8_PV, SCORES_BY_ADD,
+                WIDE_OFFSETS, HAS_MASK,
+            )
 
     # l = 0 exactly when a row has no valid key (output 0). A NaN l (NaN inputs) must reach the
     # output as NaN, not pass for "no key" and leave acc unnormalized.
@@ -220,10 +278,12 @@ def _query_tile(
 @triton.jit
 def _attn_fwd_kernel(
     QQ, QScale, QShift, KQ, KScale, KScaleMax, Work, V, VQ, VScale, VRange, Mask, MaskPrefix, Out, Lse,
+    KeyTiles, Counts, Order,
     stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om,
     mask_stride_b,
-    H, H_KV, N_Q, N_K, M_PAD, N_PAD,
+    stride_tb, stride_th, stride_tm, stride_cb, stride_ch, stride_cm,
+    H, H_KV, N_Q, N_K, M_PAD, N_PAD, N_ITEMS,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PER_TOKEN_K: tl.constexpr, FP8_PV: tl.constexpr,
     STORE_LSE: tl.constexpr, MODE: tl.constexpr, WIDE_OFFSETS: tl.constexpr,
@@ -233,19 +293,37 @@ def _attn_fwd_kernel(
     stay at most SCORES_BY_ADD_MAX_SCALE against its head (KScaleMax: the head's largest K scale,
     int32 bits) and appends the others to Work ([count, items...], item = bh·M_TILES + tile); then
     "worklist", a persistent grid, computes those exactly. No host sync: the second launch reads
-    the count on the GPU (and returns at once when it is 0)."""
+    the count on the GPU (and returns at once when it is 0).
+    "sparse" (block-sparse lists, exact conversion): a persistent grid; each program claims the next
+    item of Order (N_ITEMS items, bh·M_TILES + tile, sorted longest list first on the device) with an
+    atomic on Work (one int32, 0 at launch) until none is left, so the longest query tiles start
+    first and the short ones fill the gaps, whatever each program's pace."""
     m_tiles = M_PAD // BLOCK_M
-    if MODE == "worklist":
+    if MODE == "sparse":
+        i = tl.atomic_add(Work, 1)
+        while i < N_ITEMS:
+            item = tl.load(Order + i)
+            if WIDE_OFFSETS:
+                item = item.to(tl.int64)
+            _query_tile(item % m_tiles, item // m_tiles, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, VRange, Mask,
+                        MaskPrefix, Out, Lse, KeyTiles, Counts,
+                        stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
+                        stride_tb, stride_th, stride_tm, stride_cb, stride_ch, stride_cm,
+                        H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
+                        PER_TOKEN_K, FP8_PV, STORE_LSE, False, WIDE_OFFSETS, True)
+            i = tl.atomic_add(Work, 1)
+    elif MODE == "worklist":
         count = tl.load(Work)
         for i in range(tl.program_id(0), count, tl.num_programs(0)):
             item = tl.load(Work + 1 + i)
             if WIDE_OFFSETS:
                 item = item.to(tl.int64)
             _query_tile(item % m_tiles, item // m_tiles, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, VRange, Mask,
-                        MaskPrefix, Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                        mask_stride_b,
+                        MaskPrefix, Out, Lse, KeyTiles, Counts,
+                        stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
+                        stride_tb, stride_th, stride_tm, stride_cb, stride_ch, stride_cm,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
-                        PER_TOKEN_K, FP8_PV, STORE_LSE, False, WIDE_OFFSETS)
+                        PER_TOKEN_K, FP8_PV, STORE_LSE, False, WIDE_OFFSETS, False)
     else:
         tile = tl.program_id(0)
         bh = tl.program_id(1)
@@ -263,10 +341,11 @@ def _attn_fwd_kernel(
                 tl.store(Work + 1 + slot, (bh * m_tiles + tile).to(tl.int32))
         if MODE == "exact" or add_ok:
             _query_tile(tile, bh, QQ, QScale, QShift, KQ, KScale, V, VQ, VScale, VRange, Mask,
-                        MaskPrefix, Out, Lse, stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                        mask_stride_b,
+                        MaskPrefix, Out, Lse, KeyTiles, Counts,
+                        stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om, mask_stride_b,
+                        stride_tb, stride_th, stride_tm, stride_cb, stride_ch, stride_cm,
                         H, H_KV, N_Q, N_K, M_PAD, N_PAD, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D, CAUSAL, HAS_MASK,
-                        PER_TOKEN_K, FP8_PV, STORE_LSE, MODE == "add", WIDE_OFFSETS)
+                        PER_TOKEN_K, FP8_PV, STORE_LSE, MODE == "add", WIDE_OFFSETS, False)
 
 
 def attention_forward(
@@ -281,26 +360,58 @@ def attention_forward(
     per_token: bool,
     n_q: int,
     n_k: int,
+    tile_lists: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch the attention kernel, writing `out` (B, H, Nq, D) view and `lse` (B·H, Nq) fp32.
     A plan with scores_by_add launches it twice (see `_attn_fwd_kernel`'s MODE) and needs
-    `prepared.k_scale_max`, which the preparation tracks for such plans."""
+    `prepared.k_scale_max`, which the preparation tracks for such plans.
+
+    tile_lists (block-sparse; `sparse_reference.TileLists`' tensors in the plan's tiles): indices
+    int32 (B or 1, H or 1, M_TILES, W), each query tile's key tiles ascending then -1, and counts
+    int32 (B or 1, H or 1, M_TILES); every other key tile is never loaded. One persistent launch,
+    longest list first (`_launch_sparse`)."""
     batch, heads, _, _ = out.shape
     m_pad = prepared.q_codes.shape[1]
-    by_add = plan.scores_by_add and not per_token
     masks = None if key_mask is None else (key_mask, valid_prefix(key_mask, batch, n_k))
-    if not by_add:
-        _launch(prepared, v, masks, out, lse, plan, "exact", None, (m_pad // plan.block_m, batch * heads),
-                is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
+    shape = dict(is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
+    if tile_lists is not None:
+        _launch_sparse(prepared, v, masks, out, lse, plan, tile_lists, **shape)
+        return
+    if not (plan.scores_by_add and not per_token):
+        _launch(prepared, v, masks, out, lse, plan, "exact", None, (m_pad // plan.block_m, batch * heads), **shape)
         return
     if prepared.k_scale_max is None:
         raise ValueError("a scores_by_add plan needs the K scales' maxima: quantize the inputs with that plan")
     items = m_pad // plan.block_m * batch * heads
     work = torch.zeros(1 + items, device=out.device, dtype=torch.int32)
-    _launch(prepared, v, masks, out, lse, plan, "add", work, (m_pad // plan.block_m, batch * heads),
-            is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
-    _launch(prepared, v, masks, out, lse, plan, "worklist", work, (min(items, _persistent_programs(out)),),
-            is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
+    _launch(prepared, v, masks, out, lse, plan, "add", work, (m_pad // plan.block_m, batch * heads), **shape)
+    _launch(prepared, v, masks, out, lse, plan, "worklist", work, (min(items, _persistent_programs(out)),), **shape)
+
+
+def _launch_sparse(prepared: QuantizedInputs, v: torch.Tensor, masks: tuple[torch.Tensor, torch.Tensor] | None,
+                   out: torch.Tensor, lse: torch.Tensor | None, plan: KernelPlan,
+                   tile_lists: tuple[torch.Tensor, torch.Tensor], **shape) -> None:
+    """The block-sparse launch: items (bh, query tile) ordered by their list's length, longest first,
+    sorted on the device (no host sync; ties keep (b, h, tile) order, neighbours sharing K/V in L2).
+
+    Scores are converted exactly even where the plan has scores_by_add: the add is a speed choice
+    (+2% measured, FP8 d64 on the H200, dense) whose safety check sends peaky query tiles to a
+    second, exact pass. Inside the persistent loop that would inline the whole tile loop twice (one
+    copy per conversion) for a gain not measured under the sparse schedule; the exact conversion is
+    also what the reference computes, so sparse results match it as the dense exact path does."""
+    batch, heads = out.shape[:2]
+    m_tiles = prepared.q_codes.shape[1] // plan.block_m
+    indices, counts = tile_lists
+    if indices.shape[-1] == 0:  # no query tile lists any key tile: the kernel loads no entry
+        indices = torch.full((*indices.shape[:-1], 1), -1, device=indices.device, dtype=torch.int32)
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    indices = indices.expand(batch, heads, m_tiles, indices.shape[-1])
+    counts = counts.expand(batch, heads, m_tiles)
+    order = torch.argsort(counts.reshape(-1), descending=True, stable=True).to(torch.int32)
+    claimed = torch.zeros(1, device=out.device, dtype=torch.int32)
+    _launch(prepared, v, masks, out, lse, plan, "sparse", claimed, (min(order.numel(), _persistent_programs(out)),),
+            lists=(indices, counts, order), **shape)
 
 
 def valid_prefix(key_mask: torch.Tensor, batch: int, n_k: int) -> torch.Tensor:
@@ -325,8 +436,10 @@ def _extent(t: torch.Tensor) -> int:
 def _launch(prepared: QuantizedInputs, v: torch.Tensor, masks: tuple[torch.Tensor, torch.Tensor] | None,
             out: torch.Tensor, lse: torch.Tensor | None, plan: KernelPlan, mode: str, work: torch.Tensor | None,
             grid: tuple,
-            *, is_causal: bool, per_token: bool, n_q: int, n_k: int) -> None:
-    """One launch in `mode`; masks: (key mask (B', Nk) uint8, its `valid_prefix`) or None."""
+            *, is_causal: bool, per_token: bool, n_q: int, n_k: int,
+            lists: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+    """One launch in `mode`; masks: (key mask (B', Nk) uint8, its `valid_prefix`) or None; lists
+    ("sparse"): (indices (B, H, M_TILES, W), counts (B, H, M_TILES), order (B·H·M_TILES,)), int32."""
     batch, heads, _, head_dim = out.shape
     m_pad = prepared.q_codes.shape[1]
     n_pad = prepared.k_codes.shape[1]
@@ -335,6 +448,8 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, masks: tuple[torch.Tenso
     mask_stride_b = 0 if masks is None or mask.shape[0] == 1 else mask.stride(0)
     registers = {} if plan.max_registers is None else {"maxnreg": plan.max_registers}
     placeholder = prepared.k_scale  # a pointer the mode never reads
+    indices, counts, order = lists if lists is not None else (placeholder, placeholder, placeholder)
+    list_strides = (*indices.stride()[:3], *counts.stride()) if lists is not None else (0,) * 6
     wrap_triton(_attn_fwd_kernel)[grid](
         prepared.q_codes, prepared.q_scale,
         prepared.q_shift if prepared.q_shift is not None else prepared.q_scale,
@@ -343,10 +458,12 @@ def _launch(prepared: QuantizedInputs, v: torch.Tensor, masks: tuple[torch.Tenso
         prepared.v_fp8_t if fp8_pv else prepared.k_codes,
         prepared.v_scale if fp8_pv else prepared.k_scale, prepared.v_range,
         mask, prefix, out, lse if lse is not None else prepared.q_scale,
+        indices, counts, order,
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
         mask_stride_b,
-        heads, prepared.k_codes.shape[0] // batch, n_q, n_k, m_pad, n_pad,
+        *list_strides,
+        heads, prepared.k_codes.shape[0] // batch, n_q, n_k, m_pad, n_pad, order.numel() if lists is not None else 0,
         HEAD_DIM=head_dim, BLOCK_M=plan.block_m, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         CAUSAL=is_causal, HAS_MASK=masks is not None, PER_TOKEN_K=per_token,
         FP8_PV=fp8_pv, STORE_LSE=lse is not None, MODE=mode,

@@ -2,8 +2,9 @@
 
 `plans.select_plan` gives a device's plan for a head dim and PV mode (it may name the Gluon sm90
 kernel); a call the Gluon kernel does not implement (`op.gluon_runs`: causal, key mask, per-token
-K scales, LSE) runs the plain-Triton kernel with the same tiles. Callers above (`attention`, and
-through it `sagevideo env`) ask here instead of combining the plan rules themselves.
+K scales, LSE, block-sparse tile lists) runs the plain-Triton kernel with the same tiles. Callers
+above (`attention`, and through it `sagevideo env`) ask here instead of combining the plan rules
+themselves.
 """
 
 from __future__ import annotations
@@ -37,16 +38,19 @@ def kernel_for(
     has_mask: bool = False,
     per_token: bool = False,
     return_lse: bool = False,
+    sparse: bool = False,
 ) -> KernelChoice:
     """The kernel and plan that compute a call on `device` (its checks passed: `backends.choose` gave
-    the Triton backend); ValueError naming why when the kernels have no plan there."""
-    from sagevideo.kernels.op import gluon_runs
+    the Triton backend); ValueError naming why when the kernels have no plan there. A block-sparse
+    call (`sparse`) on a Gluon plan gets the plain-Triton plan with its reason (`op.GLUON_TAKES_NO_LISTS`)."""
+    from sagevideo.kernels.op import GLUON_TAKES_NO_LISTS, gluon_runs
 
     choice = select_plan(device, head_dim, pv)
     if choice.plan is None:
         raise ValueError(f"no kernel plan for head dim {head_dim}, pv={pv} on {device}: {choice.reason}")
     if choice.plan.kernel == "gluon" and not gluon_runs(
-        choice.plan, is_causal=is_causal, has_mask=has_mask, per_token=per_token, return_lse=return_lse
+        choice.plan, is_causal=is_causal, has_mask=has_mask, per_token=per_token, return_lse=return_lse,
+        sparse=sparse,
     ):
-        return KernelChoice(plain_triton(choice.plan), choice.reason)
+        return KernelChoice(plain_triton(choice.plan), GLUON_TAKES_NO_LISTS if sparse else choice.reason)
     return KernelChoice(choice.plan, choice.reason)

@@ -2,10 +2,10 @@
 preparation (smoothing, rotation, INT8/FP8 quantization) and the attention launch.
 
 - `torch.ops.sagevideo.sageattn_fwd`, a `torch.library.triton_op`: the plain-Triton kernel, every
-  call the kernels take. `torch.compile(fullgraph=True)` traces through it, and Inductor sees its
-  Triton kernels (`wrap_triton`), instead of graph-breaking on Python.
+  call the kernels take, block-sparse ones too (optional tile-list tensors). `torch.compile(fullgraph=True)`
+  traces through it, and Inductor sees its Triton kernels (`wrap_triton`), instead of graph-breaking on Python.
 - `torch.ops.sagevideo.sageattn_fwd_gluon`, a `torch.library.custom_op` with a fake (shapes only):
-  the warp-specialized Gluon sm90 kernel (FP8 PV; no mask, causal, per-token K scales or LSE).
+  the warp-specialized Gluon sm90 kernel (FP8 PV; no mask, causal, per-token K scales, LSE or tile lists).
   Opaque to torch.compile: Inductor calls it as an extern kernel and does not trace into it. The
   Gluon launch cannot go through `wrap_triton`: Inductor re-emits a user kernel's source under
   `@triton.jit` (not `@gluon.jit`), and its arguments here are Gluon tensor descriptors with shared-
@@ -32,19 +32,22 @@ from sagevideo.kernels.rotation import hadamard_pm1
 
 def attention_kernel(prepared, v: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
                      lse: torch.Tensor | None, plan: KernelPlan, *, is_causal: bool, per_token: bool,
-                     n_q: int, n_k: int) -> None:
+                     n_q: int, n_k: int, tile_lists: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """The attention kernel `plan.kernel` names, on prepared inputs (no quantization): the plain
     Triton one, or the Gluon sm90 one (callers ensure `gluon_runs`). Eager only for "gluon" (the
     benchmarks time kernels with it); compiled code reaches the Gluon kernel through
-    `sageattn_fwd_gluon`."""
+    `sageattn_fwd_gluon`. tile_lists (block-sparse): the plain kernel only."""
     if plan.kernel == "gluon":
+        if tile_lists is not None:
+            raise ValueError("the Gluon sm90 kernel takes no tile lists: run block-sparse calls with "
+                             "plans.plain_triton(plan)")
         from sagevideo.kernels import attention_sm90
 
         attention_sm90.attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n_q, n_k=n_k,
                                               num_stages=plan.num_stages)
     else:
         attention_forward(prepared, v, key_mask, out, lse, plan, is_causal=is_causal, per_token=per_token,
-                          n_q=n_q, n_k=n_k)
+                          n_q=n_q, n_k=n_k, tile_lists=tile_lists)
 
 
 @triton_op("sagevideo::sageattn_fwd", mutates_args=())
@@ -69,8 +72,14 @@ def sageattn_fwd(
     kernel: str,
     scores_by_add: bool,
     max_registers: int,
+    key_tiles: torch.Tensor | None = None,
+    tile_counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q/k/v (B, H, N, D) views with unit head-dim stride; key_mask (B', Nk) uint8.
+    key_tiles/tile_counts (block-sparse, both or neither): a `sparse_reference.TileLists`' tensors in
+    the plan's tiles, int32 (B or 1, H or 1, ceil(Nq/block_m), W) and (B or 1, H or 1, ceil(Nq/block_m));
+    each query tile visits only its listed key tiles (indices below ceil(Nk/block_n), ascending,
+    then -1: validated where the lists are built, not here, since that reads them).
 
     Returns (out like q, lse (B, H, Nq) fp32; an empty tensor unless return_lse, the run-time guard's
     count of query tiles past INT8's accuracy: int32 0-dim, `guard.flagged_tiles`).
@@ -85,6 +94,7 @@ def sageattn_fwd(
                       max_registers or None)
     batch, heads, n_q, _ = q.shape
     n_k = k.shape[2]
+    tile_lists = _checked_lists(key_tiles, tile_counts, q, block_m)
     prepared = quantize_inputs(
         q, k, v, key_mask, rotation, plan,
         sm_scale=sm_scale, per_token=per_token, smooth_k=smooth_k, need_shift=return_lse,
@@ -92,8 +102,30 @@ def sageattn_fwd(
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
     attention_kernel(prepared, v, key_mask, out, lse if return_lse else None, plan,
-                     is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k)
+                     is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k, tile_lists=tile_lists)
     return out, lse, _flagged(prepared, plan, q.shape[3], per_token)
+
+
+def _checked_lists(key_tiles: torch.Tensor | None, tile_counts: torch.Tensor | None, q: torch.Tensor,
+                   block_m: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(key_tiles, tile_counts), or None for dense attention; ValueError for lists that do not fit q's
+    (B, H) or the plan's query tiles (shapes only: also while torch.compile traces)."""
+    if key_tiles is None and tile_counts is None:
+        return None
+    if key_tiles is None or tile_counts is None:
+        raise ValueError("sageattn_fwd: pass both key_tiles and tile_counts (block-sparse) or neither (dense)")
+    batch, heads, n_q, _ = q.shape
+    m_tiles = -(-n_q // block_m)
+    for name, t, dims in (("key_tiles", key_tiles, 4), ("tile_counts", tile_counts, 3)):
+        if t.dtype != torch.int32 or t.dim() != dims or t.device != q.device:
+            raise ValueError(f"sageattn_fwd: {name} must be a {dims}-D int32 tensor on {q.device}, got "
+                             f"{tuple(t.shape)} {t.dtype} on {t.device}")
+    b, h, m = key_tiles.shape[:3]
+    if b not in (1, batch) or h not in (1, heads) or m != m_tiles or tuple(tile_counts.shape) != (b, h, m):
+        raise ValueError(f"sageattn_fwd: tile lists of shape {tuple(key_tiles.shape)} with counts "
+                         f"{tuple(tile_counts.shape)} do not fit {batch} x {heads} heads of {n_q} queries in "
+                         f"{m_tiles} query tiles of {block_m}: expected (B or 1, H or 1, {m_tiles}, ·)")
+    return key_tiles, tile_counts
 
 
 def _flagged(prepared, plan: KernelPlan, head_dim: int, per_token: bool) -> torch.Tensor:
@@ -115,9 +147,11 @@ def sageattn_triton(
     smooth_k: bool,
     rotate_qk: bool,
     return_lse: bool,
+    tile_lists: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Run the Triton path on HND views; copies only tensors whose head dim is not contiguous.
     Returns (out, lse or None, the guard's flagged query tiles: int32 0-dim on the device).
+    tile_lists: (key tiles, counts) of a block-sparse call in the plan's tiles (`sageattn_fwd`).
 
     `plan.kernel` "gluon" runs `sageattn_fwd_gluon` and must already be checked against the call
     (`gluon_runs`); a call it does not implement raises here rather than run another kernel than
@@ -129,7 +163,7 @@ def sageattn_triton(
         from sagevideo.kernels.attention_sm90 import supports
 
         problem = supports(pv=plan.pv, is_causal=is_causal, has_mask=key_mask is not None, per_token=per_token,
-                           return_lse=return_lse)
+                           return_lse=return_lse) or (GLUON_TAKES_NO_LISTS if tile_lists is not None else "")
         if problem:
             raise ValueError(f"sageattn_triton: a Gluon plan for a call the Gluon kernel does not take ({problem}); "
                              "check gluon_runs and pass plans.plain_triton(plan) instead")
@@ -142,18 +176,23 @@ def sageattn_triton(
     out, lse, flagged = torch.ops.sagevideo.sageattn_fwd(
         q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
         plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.kernel,
-        plan.scores_by_add, plan.max_registers or 0,
+        plan.scores_by_add, plan.max_registers or 0, *(tile_lists or (None, None)),
     )
     return out, (lse if return_lse else None), flagged
 
 
-def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> bool:
+GLUON_TAKES_NO_LISTS = "the Gluon sm90 kernel takes no tile lists yet: block-sparse calls run the plain Triton kernel"
+
+
+def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool,
+               sparse: bool = False) -> bool:
     """Whether the Gluon sm90 kernel computes this call under `plan` (else the plain-Triton one):
-    the plan names it and the kernel implements the call (`attention_sm90.supports`). The same
+    the plan names it and the kernel implements the call (`attention_sm90.supports`; no block-sparse
+    lists, `GLUON_TAKES_NO_LISTS`). The same
     answer eagerly and while torch.compile traces: compiled graphs call the Gluon kernel through the
     opaque op `sageattn_fwd_gluon`, so the backend recorded ("gluon") is what the graph runs.
     """
-    if plan.kernel != "gluon":
+    if plan.kernel != "gluon" or sparse:
         return False
     from sagevideo.kernels.attention_sm90 import supports
 
@@ -215,7 +254,8 @@ def _fake_sageattn_fwd_gluon(q, k, v, rotation, sm_scale, smooth_k, pv, arch, bl
 
 def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
                        pv, arch, block_d, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
-                       max_registers):
+                       max_registers, key_tiles=None, tile_counts=None):
+    _checked_lists(key_tiles, tile_counts, q, block_m)
     batch, heads, n_q, _ = q.shape
     lse = q.new_empty(batch, heads, n_q if return_lse else 0, dtype=torch.float32)
     return torch.empty_like(q), lse, q.new_empty((), dtype=torch.int32)

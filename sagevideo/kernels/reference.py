@@ -317,20 +317,23 @@ def reference_attention(
     smooth_k: bool,
     rotate_qk: bool,
     return_lse: bool,
+    key_tiles: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`sageattn_reference` as one op: (out like q, LSE (B, H, Nq) fp32, empty unless return_lse,
     the guard's flagged query tiles, int32 0-dim). Opaque to torch.compile (its loop over key tiles
-    would unroll per sequence length and recompile for every new one), and one named event for profilers."""
+    would unroll per sequence length and recompile for every new one), and one named event for profilers.
+    key_tiles: a block-sparse call's tile mask in (block_m, block_n) tiles (`sageattn_reference`)."""
     out, lse, flagged = sageattn_reference(
         q, k, v, sm_scale=sm_scale, block_m=block_m, block_n=block_n, is_causal=is_causal, key_mask=key_mask,
         qk_granularity=qk_granularity, pv=pv, smooth_k=smooth_k, rotate_qk=rotate_qk, return_lse=return_lse,
-        count_flagged=True,
+        count_flagged=True, key_tiles=key_tiles,
     )
     return out, lse if lse is not None else q.new_empty(0, dtype=torch.float32), flagged
 
 
 @reference_attention.register_fake
-def _(q, k, v, key_mask, sm_scale, block_m, block_n, is_causal, qk_granularity, pv, smooth_k, rotate_qk, return_lse):
+def _(q, k, v, key_mask, sm_scale, block_m, block_n, is_causal, qk_granularity, pv, smooth_k, rotate_qk, return_lse,
+      key_tiles=None):
     lse_shape = q.shape[:3] if return_lse else (0,)
     return (torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32),
             q.new_empty((), dtype=torch.int32))

@@ -40,6 +40,16 @@ def _check_geometry(block_m: object, block_n: object, n_q: object, n_k: object) 
     _check_block("n_k", n_k, " (tokens)")
 
 
+def _check_fits(n_q: int, n_k: int, lead: tuple[int, ...], q: torch.Tensor, k: torch.Tensor) -> None:
+    """Either form's fit to q (B, H, Nq, D) and k (B, H_kv, Nk, D): its lengths, its (B, H) broadcast."""
+    if q.shape[2] != n_q or k.shape[2] != n_k:
+        raise ValueError(f"tile mask: built for {n_q} query / {n_k} key tokens, the inputs have "
+                         f"{q.shape[2]} / {k.shape[2]}")
+    b, h = lead
+    if b not in (1, q.shape[0]) or h not in (1, q.shape[1]):
+        raise ValueError(f"tile mask: its (B, H) = ({b}, {h}) does not broadcast to ({q.shape[0]}, {q.shape[1]})")
+
+
 @dataclass(frozen=True)
 class TileMask:
     """Dense form. keep: bool (B or 1, H or 1, ceil(n_q/block_m), ceil(n_k/block_n)); block_m/block_n:
@@ -96,10 +106,7 @@ class TileMask:
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """ValueError unless the mask fits q (B, H, Nq, D) and k (B, H, Nk, D)."""
-        if q.shape[2] != self.n_q or k.shape[2] != self.n_k:
-            raise ValueError(f"tile mask: built for {self.n_q} query / {self.n_k} key tokens, the inputs have "
-                             f"{q.shape[2]} / {k.shape[2]}")
-        self.expand(q.shape[0], q.shape[1])
+        _check_fits(self.n_q, self.n_k, tuple(self.keep.shape[:2]), q, k)
 
     def token_mask(self, rows: slice | None = None) -> torch.Tensor:
         """bool (B, H, rows, Nk): the mask per token pair, for query rows `rows` (all by default)."""
@@ -123,13 +130,20 @@ class TileMask:
 
     def to_lists(self) -> TileLists:
         """The compact form: visited key tiles ascending, padded with -1, and their counts."""
-        counts = self.keep.sum(dim=-1, dtype=torch.int32)
+        indices, counts = self.padded_lists()
         max_keep = int(counts.max()) if counts.numel() else 0
+        return TileLists(indices[..., :max_keep].contiguous(), counts, self.n_tiles, self.block_m, self.block_n,
+                         self.n_q, self.n_k)
+
+    def padded_lists(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The compact form's tensors padded to every key tile: indices int32 (B, H, M_tiles, N_tiles),
+        counts int32 (B, H, M_tiles). Nothing is read on the host (the longest list is not looked
+        for), so a torch.compile graph stays whole; the kernels read only `count` entries a row."""
+        counts = self.keep.sum(dim=-1, dtype=torch.int32)
         # a stable sort of "skipped" puts the kept tiles first, in ascending order
-        order = torch.sort((~self.keep).to(torch.int8), dim=-1, stable=True).indices[..., :max_keep]
-        slot = torch.arange(max_keep, device=self.keep.device)
-        indices = torch.where(slot < counts[..., None], order, -1).to(torch.int32)
-        return TileLists(indices.contiguous(), counts, self.n_tiles, self.block_m, self.block_n, self.n_q, self.n_k)
+        order = torch.sort((~self.keep).to(torch.int8), dim=-1, stable=True).indices
+        slot = torch.arange(self.n_tiles, device=self.keep.device)
+        return torch.where(slot < counts[..., None], order, -1).to(torch.int32).contiguous(), counts
 
 
 @dataclass(frozen=True)
@@ -179,6 +193,10 @@ class TileLists:
     def density(self) -> float:
         return float(self.counts.double().mean()) / self.n_tiles
 
+    def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """ValueError unless the lists fit q (B, H, Nq, D) and k (B, H, Nk, D)."""
+        _check_fits(self.n_q, self.n_k, tuple(self.counts.shape[:2]), q, k)
+
     def to_mask(self) -> TileMask:
         """The dense form."""
         *lead, max_keep = self.indices.shape
@@ -187,6 +205,28 @@ class TileLists:
         column = torch.where(self.indices < 0, self.n_tiles, self.indices).long()
         keep.scatter_(-1, column, True)
         return TileMask(keep[..., : self.n_tiles].contiguous(), self.block_m, self.block_n, self.n_q, self.n_k)
+
+
+def in_tiles(tile_mask: TileMask | TileLists, block_m: int, block_n: int) -> TileMask | TileLists:
+    """`tile_mask` in a kernel plan's (block_m, block_n) tiles: itself where they are its own, refined
+    (`TileMask.at_tiles`, as a TileMask) where they divide its own, else ValueError naming both."""
+    if (tile_mask.block_m, tile_mask.block_n) == (block_m, block_n):
+        return tile_mask
+    if tile_mask.block_m % block_m or tile_mask.block_n % block_n:
+        raise ValueError(f"tile mask: built in {tile_mask.block_m}x{tile_mask.block_n} tiles, but this call's "
+                         f"kernel plan computes in {block_m}x{block_n} tiles, which do not divide them; build the "
+                         f"mask in {block_m}x{block_n} tiles (or in multiples of both: `TileMask.at_tiles` refines "
+                         "those)")
+    mask = tile_mask if isinstance(tile_mask, TileMask) else tile_mask.to_mask()
+    return mask.at_tiles(block_m, block_n)
+
+
+def kernel_lists(tile_mask: TileMask | TileLists) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernels take, (key tiles int32 (B', H', M_tiles, W), counts int32 (B', H', M_tiles)):
+    a TileLists' own tensors, a TileMask's `padded_lists` (no host read)."""
+    if isinstance(tile_mask, TileLists):
+        return tile_mask.indices, tile_mask.counts
+    return tile_mask.padded_lists()
 
 
 def masked_attention_exact(

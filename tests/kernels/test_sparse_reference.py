@@ -13,6 +13,8 @@ from sagevideo.kernels.reference import sageattn_reference
 from sagevideo.kernels.sparse_reference import (
     TileLists,
     TileMask,
+    in_tiles,
+    kernel_lists,
     masked_attention_exact,
     sparse_sageattn_reference,
 )
@@ -242,3 +244,38 @@ def test_an_off_by_one_tile_mask_breaks_the_contract(pv):
     assert error_stats(exact, good).cos_worst >= FLOORS[pv]
     bad = sparse_sageattn_reference(q, k, v, _shift_one_tile(mask), pv=pv, rotate_qk=True)[0]
     assert error_stats(exact, bad).cos_worst < FLOORS[pv] - 0.01
+
+
+# --- the forms the kernels take ------------------------------------------------------------------
+
+
+def test_padded_lists_are_the_lists_padded_to_every_key_tile():
+    mask = _random_mask((2, 3, 300, 64), 64, 32, 0.3, seed=9, keep_diagonal=False)
+    lists = mask.to_lists()
+    indices, counts = mask.padded_lists()
+    assert indices.shape == (2, 3, mask.m_tiles, mask.n_tiles) and indices.dtype == torch.int32
+    assert torch.equal(counts, lists.counts)
+    assert torch.equal(indices[..., : lists.indices.shape[-1]], lists.indices)
+    assert (indices[..., lists.indices.shape[-1]:] == -1).all()
+    assert kernel_lists(lists) == (lists.indices, lists.counts)
+    assert all(torch.equal(a, b) for a, b in zip(kernel_lists(mask), (indices, counts), strict=True))
+
+
+def test_in_tiles_keeps_matching_tiles_refines_dividing_ones_and_names_both_otherwise():
+    mask = _random_mask((1, 2, 300, 64), 128, 128, 0.5, seed=10, keep_diagonal=False)
+    lists = mask.to_lists()
+    assert in_tiles(lists, 128, 128) is lists
+    fine = in_tiles(lists, 64, 128)
+    assert isinstance(fine, TileMask) and torch.equal(fine.token_mask(), mask.token_mask())
+    with pytest.raises(ValueError, match=r"built in 128x128 tiles, but this call's kernel plan computes in 96x128"):
+        in_tiles(mask, 96, 128)
+
+
+def test_lists_for_other_inputs_are_refused():
+    q = torch.randn(2, 4, 128, 16)
+    lists = TileMask.full(1, 4, 128, 192, 64, 64).to_lists()
+    with pytest.raises(ValueError, match="built for 128 query / 192 key tokens, the inputs have 128 / 128"):
+        lists.check_inputs(q, q)
+    with pytest.raises(ValueError, match=r"\(B, H\) = \(1, 3\) does not broadcast to \(2, 4\)"):
+        TileMask.full(1, 3, 128, 128, 64, 64).to_lists().check_inputs(q, q)
+    TileMask.full(1, 4, 128, 128, 64, 64).to_lists().check_inputs(q, q)

@@ -1,0 +1,87 @@
+"""Block-sparse calls at the user boundary (`sageattn(tile_mask=...)`, issue 36, docs/sparse.md):
+the tile mask checked against the inputs before any launch, put in the tiles of the backend that
+computes the call, and the full-precision fallback restricted to the same mask.
+
+Every backend computes the mask as `kernels.sparse_reference` defines it: the Triton kernel takes
+its compact lists in the plan's tiles, the reference its dense form in the same tiles, SDPA its
+token mask combined with any attention mask and causality (never silently dense). Rows that visit
+no valid key are 0 with LSE -inf on each. A mask of density 1 runs the dense path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from sagevideo.kernels.sparse_reference import TileLists, TileMask, in_tiles, kernel_lists
+
+
+@dataclass(frozen=True)
+class SparseCall:
+    """A call's tile mask (a TileMask or TileLists that fits its q and k) and its density (visited /
+    all key tiles), None inside a torch.compile graph: reading it syncs with the device, which a graph
+    cannot do without breaking (there the sparse path runs at any density, bit for bit the dense one
+    at density 1)."""
+
+    tile_mask: TileMask | TileLists
+    density: float | None
+
+    @property
+    def dense(self) -> bool:
+        """Every key tile kept: the dense path computes the call."""
+        return self.density == 1.0
+
+    @property
+    def recorded_density(self) -> float:
+        """What the call's record says: the density, NaN where it was not read."""
+        return math.nan if self.density is None else self.density
+
+
+def sparse_call(tile_mask: object, q: torch.Tensor, k: torch.Tensor) -> SparseCall | None:
+    """The call of `tile_mask` (None: dense attention) on HND q (B, H, Nq, D), k (B, H_kv, Nk, D);
+    TypeError/ValueError, before any launch, for a mask that is not one or was built for other inputs.
+    Eagerly, its density is read once (one host sync per sparse call)."""
+    if tile_mask is None:
+        return None
+    if not isinstance(tile_mask, TileMask | TileLists):
+        raise TypeError(f"sageattn: tile_mask must be a TileMask or TileLists (sagevideo.kernels.sparse_reference), "
+                        f"got {type(tile_mask).__name__}")
+    held = tile_mask.keep if isinstance(tile_mask, TileMask) else tile_mask.counts
+    if held.device != q.device:
+        raise ValueError(f"sageattn: tile_mask is on {held.device}, q on {q.device}")
+    tile_mask.check_inputs(q, k)
+    return SparseCall(tile_mask, None if torch.compiler.is_compiling() else tile_mask.density)
+
+
+def kernel_operand(call: SparseCall, block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernel's (key tiles, counts) in its plan's tiles (`sparse_reference.in_tiles`: a
+    ValueError names both tile sizes where the plan's do not divide the mask's)."""
+    return kernel_lists(in_tiles(call.tile_mask, block_m, block_n))
+
+
+def reference_operand(call: SparseCall, block_m: int, block_n: int) -> torch.Tensor:
+    """The reference's key tiles: bool (B or 1, H or 1, M_tiles, N_tiles) in its (block_m, block_n) tiles."""
+    mask = in_tiles(call.tile_mask, block_m, block_n)
+    return (mask if isinstance(mask, TileMask) else mask.to_mask()).keep
+
+
+def sdpa_mask(attn_mask: torch.Tensor | None, call: SparseCall, n_q: int, n_k: int,
+              is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA's mask for a sparse call: the tile mask's token mask (bool (B', H', Nq, Nk): B'·H'·Nq·Nk
+    bytes), with causality (top-left) and with attn_mask (4-D; bool: both must allow, float: -inf
+    where the tile mask drops a key). Returns (mask, has_key (B'', H'', Nq) bool): the rows with a key
+    left; the others must come out 0 with LSE -inf, as the quantized backends give them."""
+    tile_mask = call.tile_mask if isinstance(call.tile_mask, TileMask) else call.tile_mask.to_mask()
+    allowed = tile_mask.token_mask()
+    if is_causal:
+        allowed = allowed & torch.ones(n_q, n_k, dtype=torch.bool, device=allowed.device).tril()
+    if attn_mask is None:
+        mask = allowed
+    elif attn_mask.dtype == torch.bool:
+        mask = allowed & attn_mask
+    else:
+        mask = attn_mask.masked_fill(~allowed, float("-inf"))
+    has_key = (mask if mask.dtype == torch.bool else mask > float("-inf")).any(dim=-1)
+    return mask, has_key

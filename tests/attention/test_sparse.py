@@ -1,0 +1,198 @@
+"""Block-sparse calls through `sageattn(tile_mask=...)` (`attention/sparse.py`): every backend computes
+the mask as the reference defines it, masks that do not fit are refused before any launch, density 1
+runs dense, the records carry the density, and a Gluon plan's sparse call runs the plain kernel with
+its reason. (The kernel itself: tests/kernels/test_attention_fwd_sparse.py.)"""
+
+import math
+
+import pytest
+import torch
+
+from sagevideo import last_backend, record_backends, sageattn
+from sagevideo.attention.accuracy import error_stats
+from sagevideo.eval.numerics.presets import make_inputs
+from sagevideo.kernels import plans
+from sagevideo.kernels.sparse_reference import TileMask, masked_attention_exact, sparse_sageattn_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+N = 200  # partial last tiles in every plan's tiles
+
+
+def _qkv(shape=(1, 2, N, 64), dtype=torch.float16, seed=0, preset="k-offset"):
+    x = make_inputs(preset, shape, seed)
+    return tuple(t.to(DEVICE, dtype) for t in (x.q, x.k, x.v))
+
+
+def _coarse_mask(heads=2, n=N, seed=0):
+    """128x128 tiles (both plans' tiles divide them): heads of different densities, head 0's last query
+    tile visiting nothing."""
+    gen = torch.Generator().manual_seed(seed)
+    tiles = math.ceil(n / 128)
+    keep = torch.rand(1, heads, tiles, tiles, generator=gen) < torch.linspace(0.3, 0.9, heads)[None, :, None, None]
+    keep[:, :, 0, 0] = True
+    keep[:, 0, -1] = False
+    return TileMask(keep.to(DEVICE), 128, 128, n, n)
+
+
+def test_the_kernel_computes_the_sparse_reference_and_records_the_density():
+    """A coarse mask refined at the boundary to the plan's 128x64 tiles; NHD layout; LSE."""
+    q, k, v = _qkv()
+    mask = _coarse_mask()
+    nhd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+    out, lse = sageattn(*nhd, tensor_layout="NHD", tile_mask=mask.to_lists(), backend="triton", return_lse=True)
+    choice = last_backend()
+    assert (choice.label, choice.density, choice.note) == ("triton/fp16", pytest.approx(mask.density), "")
+    ref, ref_lse = sparse_sageattn_reference(q, k, v, mask.at_tiles(*plans.tiles("fp16", 64)), rotate_qk=True,
+                                             return_lse=True)
+    out = out.transpose(1, 2)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)) and (out[:, 0, 128:] == 0).all()
+    assert (out.float() - ref.float()).abs().max() < 2e-3
+    assert (lse - ref_lse)[torch.isfinite(ref_lse)].abs().max() < 1e-3
+
+
+def test_the_reference_backend_runs_the_sparse_reference():
+    q, k, v = _qkv(seed=1)
+    mask = _coarse_mask(seed=1)
+    out = sageattn(q, k, v, tile_mask=mask, backend="reference", pv="fp8")
+    assert last_backend().label == "reference/fp8" and last_backend().density == pytest.approx(mask.density)
+    want, _ = sparse_sageattn_reference(q, k, v, mask.at_tiles(*plans.tiles("fp8", 64)), pv="fp8", rotate_qk=True)
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("case", ["fp32-inputs", "float-mask", "causal", "grouped-kv"])
+def test_the_sdpa_fallback_computes_the_mask_not_dense_attention(case):
+    """backend="auto" falls back to SDPA (fp32 inputs, or a float mask the kernels do not take): the tile
+    mask's token mask with any attention mask and causality, rows left without a key 0 with LSE -inf,
+    against exact masked attention."""
+    heads = 4 if case == "grouped-kv" else 2
+    q, k, v = _qkv((1, heads, N, 64), dtype=torch.float32, seed=2)
+    mask = _coarse_mask(heads, seed=2)
+    kw, exact_kw = {}, {}
+    if case == "float-mask":
+        q, k, v = (t.half() for t in (q, k, v))
+        bias = torch.zeros(1, 1, 1, N, device=DEVICE, dtype=torch.float16)
+        bias[..., 150:] = float("-inf")  # key padding, spelled as an additive mask
+        kw["attn_mask"], exact_kw["key_mask"] = bias, torch.isfinite(bias[0, 0])
+    if case == "causal":
+        kw["is_causal"] = exact_kw["is_causal"] = True
+    if case == "grouped-kv":
+        k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
+        kw["enable_gqa"] = True
+    out, lse = sageattn(q, k, v, tile_mask=mask, return_lse=True, **kw)
+    assert last_backend().ran == "sdpa" and last_backend().is_fallback
+    assert last_backend().density == pytest.approx(mask.density)
+    k_all, v_all = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
+    exact, exact_lse = masked_attention_exact(q, k_all, v_all, mask, return_lse=True, **exact_kw)
+    keyless = torch.isinf(exact_lse)
+    assert keyless.any() and torch.equal(torch.isinf(lse), keyless) and (out[keyless] == 0).all()
+    assert (out.double() - exact).abs().max() < (2e-3 if out.dtype == torch.float16 else 1e-5)
+
+
+def test_density_one_runs_the_dense_kernel(monkeypatch):
+    from sagevideo.kernels import attention_fwd
+
+    q, k, v = _qkv(seed=3)
+    dense = sageattn(q, k, v, backend="triton")
+    monkeypatch.setattr(attention_fwd, "_launch_sparse", lambda *a, **kw: pytest.fail("the sparse launch ran"))
+    full = TileMask.full(1, 1, N, N, 128, 128, device=DEVICE)
+    assert torch.equal(sageattn(q, k, v, tile_mask=full, backend="triton"), dense)
+    assert last_backend().density == 1.0
+
+
+def _masks_that_do_not_fit():
+    ok = _coarse_mask()
+    return [
+        pytest.param(ok.keep, TypeError, "tile_mask must be a TileMask or TileLists", id="not-a-mask"),
+        pytest.param(TileMask.full(1, 2, 256, N, 128, 128), ValueError,
+                     f"built for 256 query / {N} key tokens, the inputs have {N} / {N}", id="lengths"),
+        pytest.param(TileMask.full(1, 3, N, N, 128, 128), ValueError, r"\(B, H\) = \(1, 3\) does not broadcast",
+                     id="heads"),
+        pytest.param(TileMask.full(1, 2, N, N, 96, 128).to_lists(), ValueError,
+                     "built in 96x128 tiles, but this call's kernel plan computes in 128x64", id="tiles"),
+        pytest.param(TileMask(ok.keep.to("meta"), 128, 128, N, N), ValueError, "tile_mask is on meta", id="device"),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("mask, error, message", _masks_that_do_not_fit())
+def test_masks_that_do_not_fit_the_call_are_refused_before_any_launch(monkeypatch, backend, mask, error, message):
+    from sagevideo.kernels import op, reference
+
+    monkeypatch.setattr(op, "quantize_inputs", lambda *a, **kw: pytest.fail("the preparation ran"))
+    monkeypatch.setattr(reference, "sageattn_reference", lambda *a, **kw: pytest.fail("the reference ran"))
+    q, k, v = _qkv()
+    with record_backends() as log, pytest.raises(error, match=message):
+        sageattn(q, k, v, tile_mask=mask, backend=backend)
+    assert log.choices == []  # nothing recorded: nothing ran
+
+
+def test_a_gluon_plan_runs_a_sparse_call_on_the_plain_kernel_and_records_why(hopper_on_cpu):
+    """FP8 PV at d128 on an H200 names the Gluon kernel, which takes no lists: the plain kernel (its plan,
+    the same tiles) computes the sparse call, recorded "triton" with the reason in its note."""
+    from sagevideo.kernels.op import GLUON_TAKES_NO_LISTS
+
+    q, k, v = _qkv((1, 1, 128, 128), seed=4)
+    keep = torch.tensor([[True], [False]], device=DEVICE)[None, None]  # 64x128 tiles: query tile 1 visits none
+    mask = TileMask(keep, 64, 128, 128, 128)
+    out = sageattn(q, k, v, tile_mask=mask, pv="fp8", backend="triton")
+    choice = last_backend()
+    assert (choice.label, choice.note, choice.density) == ("triton/fp8", GLUON_TAKES_NO_LISTS, 0.5)
+    want, _ = sparse_sageattn_reference(q, k, v, mask, pv="fp8", rotate_qk=True)
+    assert error_stats(want.masked_fill(want == 0, 1), out.masked_fill(out == 0, 1)).cos_worst > 0.99
+    assert (out[:, :, 64:] == 0).all()
+
+
+@pytest.fixture
+def hopper_on_cpu(monkeypatch):
+    """CPU tensors planned as on an H200 (sm90: the Gluon kernel for FP8 PV at d128), computed by the
+    interpreter (tests/kernels/test_op.py's simulation, without the Gluon launch: a sparse call never
+    reaches it)."""
+    if torch.cuda.is_available():
+        pytest.skip("simulates an H200 on CPU under TRITON_INTERPRET")
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(plans, "arch_of", lambda device: ("sm90", ""))
+    monkeypatch.setattr(plans, "gluon_sm90_compile_problem", lambda block_d, stages: "")
+    monkeypatch.delenv(plans.SM90_KERNEL_ENV, raising=False)
+
+
+def test_a_compiled_sparse_call_is_one_graph_and_records_an_unread_density():
+    """torch.compile(fullgraph=True): the lists go into the op with no host read (the density is not
+    read in a graph: recorded NaN), the same output as the eager call."""
+    from torch._dynamo.utils import counters
+
+    q, k, v = _qkv(seed=5)
+    lists = _coarse_mask(seed=5).to_lists()
+
+    def attend(q, k, v):
+        return sageattn(q, k, v, tile_mask=lists, backend="triton") * 2
+
+    eager = attend(q, k, v)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(attend, fullgraph=True, backend="eager" if DEVICE == "cpu" else "inductor")
+    with record_backends() as log:
+        out = compiled(q, k, v)
+    assert dict(counters["graph_break"]) == {}
+    assert torch.equal(out, eager)
+    assert [c.label for c in log.choices] == ["triton/fp16"] and math.isnan(log.choices[0].density)
+    torch._dynamo.reset()
+
+
+# ---- on the GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_sparse_calls_meet_the_contract_on_gpu(pv, head_dim):
+    """sageattn(tile_mask=...) at 1x4x4096 against exact masked attention: the dense floors, worst head;
+    on the H200 the FP8 d128 call (a Gluon plan) runs the plain kernel, recorded with its reason."""
+    shape = (1, 4, 4096, head_dim)
+    q, k, v = _qkv(shape, seed=6)
+    mask = _coarse_mask(4, 4096, seed=6)
+    out = sageattn(q, k, v, tile_mask=mask, pv=pv, backend="triton")
+    choice = last_backend()
+    assert choice.ran == "triton" and choice.density == pytest.approx(mask.density)
+    stats = error_stats(masked_attention_exact(q, k, v, mask), out)
+    assert stats.nonfinite == 0 and stats.cos_worst >= {"fp16": 0.999, "fp8": 0.998}[pv], stats
