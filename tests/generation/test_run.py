@@ -369,38 +369,46 @@ STOP_S = 10.0  # from the signal to the process's end: the stop itself takes wel
 
 
 @pytest.mark.slow
-def test_a_signal_at_any_stage_of_a_job_stops_the_run_within_seconds_and_nothing_is_recorded_failed(tmp_path):
+def test_a_signal_at_any_stage_of_a_job_stops_the_run_within_seconds_and_nothing_is_recorded_failed(
+    tmp_path, monkeypatch
+):
     """Run after run of one batch, each signalled once at one stage of its next job
     (tests/helpers/signal_stage.py), and each resuming the last: every run exits 128 + the signal
     within seconds of it, with the summary; every job it finished is recorded done (the signalled
     one only when its commit had begun), none failed, no staged file is left; a last run, not
     signalled, finishes the batch with every job recorded done once. Before, a SIGTERM whose
     exception was lost in the read-back (as CPython's fork hooks lost it under imageio's reader)
-    let the run render on to the end, and the job was recorded failed ("holds 0 of 9 frames")."""
+    let the run render on to the end, and the job was recorded failed ("holds 0 of 9 frames").
+    The runs are the CLI in this process, the signal sent to it (one process less per run: a
+    process of its own each costs seconds of imports); a real process's exit status and signals
+    are the tests above."""
+    from tests.helpers import signal_stage
+
     out = tmp_path / "out"
     prompts = [arg for i in range(len(SIGNAL_STAGES)) for arg in ("-p", f"job{i} a red fox")]
-    args = [*prompts, "--out", str(out), "--steps", "2", "--attention", "full", "--no-progress"]
+    args = ["generate", *prompts, "--out", str(out), "--steps", "2", "--attention", "full", "--no-progress"]
     sent = tmp_path / "sent"
     for i, (stage, name, committed) in enumerate(SIGNAL_STAGES):
         sent.unlink(missing_ok=True)
-        run = subprocess.run(
-            [sys.executable, "-m", "tests.helpers.signal_stage", stage, name, f"job{i}", *args],
-            capture_output=True, text=True, env={**ENV, "SIGNAL_STAGE_SENT": str(sent)}, cwd=ROOT, timeout=300,
-        )
+        with monkeypatch.context() as patched:
+            signal_stage.arm(stage, name, f"job{i}", sent, patched.setattr, patched.setenv)
+            run = CliRunner().invoke(app, args)
         ended = time.time()
-        assert run.returncode == 128 + getattr(signal, name), (stage, run.stdout, run.stderr)
+        assert run.exit_code == 128 + getattr(signal, name), (stage, run.output, run.exception)
+        assert isinstance(run.exception, SystemExit), (stage, run.exception)  # no other exception escaped
         assert ended - float(sent.read_text()) < STOP_S, stage
-        assert "Traceback" not in run.stderr, (stage, run.stderr)
+        assert "Traceback" not in run.output, (stage, run.output)
         records = manifest_lines(out) if (out / "manifest.jsonl").exists() else []
         assert [r["status"] for r in records] == ["done"] * (i + committed), (stage, records[-1:])
         assert len({r["job_id"] for r in records}) == len(records)  # each job committed once
         state = "interrupted" if name == "SIGINT" else f"terminated ({name})"
-        assert re.match(rf"sagevideo: {re.escape(state)} after \d+ done, \d+ skipped, 0 failed", run.stdout), stage
-        assert run.stdout.strip().endswith("re-run the same command to resume")
+        assert re.search(rf"^sagevideo: {re.escape(state)} after \d+ done, \d+ skipped, 0 failed", run.output,
+                         re.MULTILINE), (stage, run.output)
+        assert run.output.strip().endswith("re-run the same command to resume")
         left = sorted(os.listdir(out))
         assert left == sorted([*(["manifest.jsonl"] if records else []), *(r["outputs"][0] for r in records)]), stage
-    last = subprocess.run(generate_cli(*args), capture_output=True, text=True, env=ENV, timeout=300)
-    assert last.returncode == 0, last.stderr
+    last = CliRunner().invoke(app, args)
+    assert last.exit_code == 0, last.output
     records = manifest_lines(out)
     assert [r["status"] for r in records] == ["done"] * len(SIGNAL_STAGES)
     assert len({r["job_id"] for r in records}) == len(SIGNAL_STAGES)

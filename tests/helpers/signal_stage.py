@@ -1,9 +1,9 @@
-"""`sagevideo generate` that signals itself at one stage of one job (for tests/generation/test_run.py).
+"""A `sagevideo generate` run that signals its own process at one stage of one job (for
+tests/generation/test_run.py): `arm(stage, signal, part, sent, patch, setenv)` with monkeypatch's
+setattr/setenv, then the CLI in the test's process.
 
-    python -m tests.helpers.signal_stage STAGE SIGNAL PROMPT_PART [generate's arguments...]
-
-The signal (SIGTERM, SIGINT or SIGHUP) goes to this process once, at STAGE of the job whose prompt
-contains PROMPT_PART; the time it was sent is written to the file $SIGNAL_STAGE_SENT. Stages:
+The signal (SIGTERM, SIGINT or SIGHUP) goes to the process once, at STAGE of the job whose prompt
+contains `part`; the time it was sent is written to the file `sent`. Stages:
 - denoise: after the job's first denoising step (its on_step);
 - decode: as the VAE's decoder starts (a forward pre-hook);
 - encode, read-back: sent by ffmpeg itself (a wrapper script as IMAGEIO_FFMPEG_EXE) while this
@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
-def main(stage: str, name: str, part: str, args: list[str]) -> None:
+def arm(stage: str, name: str, part: str, sent: Path, patch: Callable[[Any, str, Any], None],
+        setenv: Callable[[str, str], None]) -> None:
+    """Make the process signal itself once at `stage` of the job whose prompt holds `part`: sagevideo's
+    functions replaced through `patch(owner, name, value)`, the encoder through `setenv`."""
     signum = getattr(signal, name)
-    sent = Path(os.environ["SIGNAL_STAGE_SENT"])
     fired = [False]
 
     def send() -> None:
@@ -64,9 +67,10 @@ def main(stage: str, name: str, part: str, args: list[str]) -> None:
             for hook in hooks:
                 hook.remove()
 
-    host.PipelineHost.run, runner.run_job = run, run_job
+    patch(host.PipelineHost, "run", run)
+    patch(runner, "run_job", run_job)
     if stage in ("encode", "read-back"):
-        _ffmpeg_that_signals(stage, signum, part, sent)
+        setenv("IMAGEIO_FFMPEG_EXE", _ffmpeg_that_signals(stage, signum, part, sent))
     if stage == "read-back-lost":
         import sagevideo.outputs.video as video
 
@@ -82,7 +86,7 @@ def main(stage: str, name: str, part: str, args: list[str]) -> None:
                 pass  # ... and a library that swallows what it raised
             return 0
 
-        video.count_frames = count_frames
+        patch(video, "count_frames", count_frames)
     if stage in ("commit", "manifest"):
         import sagevideo.outputs.manifest as manifest
         import sagevideo.outputs.staging as staging
@@ -95,15 +99,11 @@ def main(stage: str, name: str, part: str, args: list[str]) -> None:
                 send()
             return real(*a, **kw)
 
-        setattr(owner, attr, signal_then)
-
-    from sagevideo.cli.app import app
-
-    app(prog_name="sagevideo", args=["generate", *args])
+        patch(owner, attr, signal_then)
 
 
-def _ffmpeg_that_signals(stage: str, signum: int, part: str, sent: Path) -> None:
-    """IMAGEIO_FFMPEG_EXE: a script that, run for this job's encode (its arguments name libx264) or
+def _ffmpeg_that_signals(stage: str, signum: int, part: str, sent: Path) -> str:
+    """For IMAGEIO_FFMPEG_EXE: a script that, run for this job's encode (its arguments name libx264) or
     read-back (its other run on the job's file), signals this process once while it waits, then
     runs the real ffmpeg."""
     import imageio_ffmpeg
@@ -123,8 +123,4 @@ fi
 exec "{real}" "$@"
 """)
     script.chmod(0o755)
-    os.environ["IMAGEIO_FFMPEG_EXE"] = str(script)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])
+    return str(script)
