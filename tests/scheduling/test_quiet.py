@@ -23,10 +23,19 @@ def quiet(monkeypatch):
     return ray_worker
 
 
-def test_raylet_lines_go_to_the_debug_log_and_worker_output_still_prints(quiet, capsys, caplog):
+def test_raylet_lines_go_to_the_debug_log_and_worker_output_still_prints(quiet, capsys, caplog, monkeypatch):
     died = "\x1b[33m(raylet)\x1b[0m A worker died or was killed while executing a task by an unexpected system error."
-    with caplog.at_level(logging.DEBUG, logger="sagevideo.ray"):
-        quiet.print_to_stdstream({"lines": [died], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    # caplog's handler on the logger itself, enabled: a test run earlier in the same process (in another
+    # order under pytest-xdist) may have disabled the logger or cut its way to the root, where caplog listens
+    logger = logging.getLogger("sagevideo.ray")
+    monkeypatch.setattr(logger, "disabled", False)
+    monkeypatch.setattr(logger, "propagate", False)  # each record reaches caplog's handler once
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="sagevideo.ray"):
+            quiet.print_to_stdstream({"lines": [died], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    finally:
+        logger.removeHandler(caplog.handler)
     assert capsys.readouterr().out == ""
     assert caplog.messages == ["raylet: (raylet) A worker died or was killed while executing a task by an unexpected "
                                "system error."]  # without the ANSI colours
