@@ -4,6 +4,10 @@
 #   make test-fast  the edit-test loop: the suite without the tests marked slow (Ray, subprocess and
 #                   multi-process runs, torch.compile; `make test` still runs them)
 #
+# Both spread the tests over TEST_WORKERS pytest-xdist processes (work stealing: a worker that runs
+# out takes tests from the other), each torch at one thread (OMP_NUM_THREADS=1: two workers of two
+# threads each on two cores would fight over them). A single-process run is plain `pytest`.
+#
 # The pins below only apply to this development venv: they take the CPU build of torch and the
 # triton wheel that lie on the CPU machines' disk (an unpinned torch pulls a multi-GB CUDA build).
 # On a GPU machine, run `make test TORCH_PINS=` to keep the torch you have.
@@ -11,6 +15,8 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_PINS ?= torch==2.13.0 triton==3.8.0
 OUT ?= outputs/demo
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist worksteal
 
 .PHONY: generate test test-fast lint clean
 
@@ -23,11 +29,11 @@ generate: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(VENV)/bin/sagevideo generate --out $(OUT)
 
 test: $(VENV)/.installed
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL)
 
 # A command-line -m replaces the one in pyproject's addopts, so "not sass" is repeated here.
 test-fast: $(VENV)/.installed
-	HF_HUB_OFFLINE=1 $(VENV)/bin/python -m pytest -q -m "not slow and not sass"
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not sass"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
