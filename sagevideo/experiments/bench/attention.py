@@ -11,6 +11,14 @@ without one, K smoothing would be untested).
 
 Shapes come as text ("2x48x17776x64": B x H x N x D, or B x H x Nq x Nk x D) or from a model
 config (`pipelines.forwards.attention_calls`: the calls one denoising step really makes).
+
+Block-sparse arms (`--density D`, docs/sparse.md): `sageattn(tile_mask=...)` per P·V mode at that
+density, and flashinfer's block-sparse attention where it is installed (a GPU), on one tile mask
+of 128x128 tiles shared by every head (flashinfer's BSR mask is one for all heads): each query tile
+keeps its diagonal tile and random others, the same number per row. Random tiles give the kernels no
+locality that real selections (3-D windows) would: a conservative mask for timing. Their accuracy is
+against fp32 attention restricted to the same mask; `x_dense` compares with the dense arm of the same
+P·V mode.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ SDPABackendName = Literal["cudnn", "flash", "efficient", "math"]
 SDPA_ON = {"cuda": ("cudnn", "flash", "efficient", "math"), "cpu": ("math",)}
 SageBackend = Literal["auto", "triton", "reference"]
 MATH_SCORES_LIMIT = 4 << 30  # bytes of fp32 scores past which SDPA's math backend is not run on a GPU
+SPARSE_TILE = 128  # block-sparse arms' mask tiles: a multiple of every kernel plan's (64, 128); flashinfer's R, C
 
 
 @dataclass(frozen=True)
@@ -93,8 +102,19 @@ class BenchAttentionConfig(BenchOptions, ModelSizeOptions):
     sdpa: list[SDPABackendName] | None = Field(None, description="SDPA backends to time (repeatable; default: "
                                                "cudnn, flash, efficient, math on a GPU, math on the CPU)")
     dtype: DType | None = Field(None, description="inputs' dtype (default bfloat16 on a GPU, float32 on the CPU)")
+    density: list[float] = Field([], description="also time block-sparse attention at this density of 128x128 "
+                                 "key tiles kept per query tile (0 < D < 1; repeatable): sageattn per P·V mode, and "
+                                 "flashinfer's block-sparse kernel on the same mask where it is installed")
     reps: int = Field(3, ge=1, description="round-robin rounds per arm (median reported)")
     budget_ms: float = Field(100.0, gt=0, description="time spent per arm and round (calls timed one by one)")
+
+    @field_validator("density")
+    @classmethod
+    def _fraction(cls, value: list[float]) -> list[float]:
+        bad = [d for d in value if not 0 < d < 1]
+        if bad:
+            raise ValueError(f"{bad[0]:g} is not a fraction of the key tiles between 0 and 1 (1 is the dense arm)")
+        return sorted(set(value))
 
     @field_validator("model")
     @classmethod
@@ -115,6 +135,7 @@ class AttentionBenchPlan:
     sdpa: list[str]
     shapes: list[tuple[AttentionShape, int | None, bool]]  # (shape, calls per step, masked in the model)
     estimate_s: float | None = None  # the run's time here (`run_budget`; None: not estimated, a GPU or small)
+    densities: tuple[float, ...] = ()  # block-sparse arms (fractions of the key tiles kept)
 
 
 def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
@@ -169,14 +190,16 @@ def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
     arms = [Arm(f"sdpa-{name}", sdpa=name) for name in sdpa] + [Arm(f"sagevideo-{m}", backend, pv=m) for m in pv]
     estimate = check_attention_run([shape for shape, _, _ in shapes], arms, device, dtype, reps=config.reps,
                                    max_hours=config.max_hours, names=names)
-    return AttentionBenchPlan(device, dtype, backend, pv, sdpa, shapes, estimate.seconds)
+    return AttentionBenchPlan(device, dtype, backend, pv, sdpa, shapes, estimate.seconds, tuple(config.density))
 
 
 class ArmResult(BaseModel):
     """One arm at one shape. ran: the SDPA backend it was pinned to, or the sageattn backend label
     that ran ("triton/fp8", "reference/fp16", "sdpa" after a fallback); ms: median of reps_ms;
     x_best_sdpa / x_cudnn: that arm's median ms / this one's (> 1: faster); note: an error, a
-    fallback's reason, or why the arm was not run."""
+    fallback's reason, or why the arm was not run. Block-sparse arms: density (key tiles kept /
+    all, the mask's; their TOPS count the kept tiles' work), x_dense (the dense sagevideo arm of the
+    same P·V mode's ms / this one's)."""
 
     name: str
     ran: str | None = None
@@ -186,6 +209,8 @@ class ArmResult(BaseModel):
     x_best_sdpa: float | None = None
     x_cudnn: float | None = None
     cos_worst: float | None = None
+    density: float | None = None
+    x_dense: float | None = None
     note: str = ""
 
 
@@ -217,16 +242,16 @@ class AttentionBenchReport(BenchReport):
 
     def table(self) -> str:
         """One line per arm, shapes one after another."""
-        head = (f"{'shape':22s} {'arm':16s} {'ms':>10s} {'TOPS':>7s} {'x best SDPA':>12s} {'x cuDNN':>8s} "
-                f"{'cos worst':>10s}  ran")
+        head = (f"{'shape':22s} {'arm':22s} {'ms':>10s} {'TOPS':>7s} {'x best SDPA':>12s} {'x cuDNN':>8s} "
+                f"{'x dense':>8s} {'cos worst':>10s}  ran")
         lines = [f"attention on {self.machine['device_name']} ({self.device}, {self.dtype}), median of {self.reps} "
                  "round-robin rounds; x: that time / this one (> 1: faster)", head]
         for shape in self.shapes:
             label = shape.label + (f" x{shape.calls}" if shape.calls else "")
             for arm in shape.arms:
-                lines.append(f"{label:22s} {arm.name:16s} {_num(arm.ms, '10.3f')} {_num(arm.tops, '7.2f')} "
+                lines.append(f"{label:22s} {arm.name:22s} {_num(arm.ms, '10.3f')} {_num(arm.tops, '7.2f')} "
                              f"{_num(arm.x_best_sdpa, '12.2f')} {_num(arm.x_cudnn, '8.2f')} "
-                             f"{_num(arm.cos_worst, '10.5f')}  {arm.ran or '-'}"
+                             f"{_num(arm.x_dense, '8.2f')} {_num(arm.cos_worst, '10.5f')}  {arm.ran or '-'}"
                              + (f"  ({arm.note})" if arm.note else ""))
                 label = ""
         return "\n".join(lines)
@@ -238,14 +263,14 @@ class AttentionBenchReport(BenchReport):
             for arm in shape.arms:
                 run.add(shape.label, arm.name, "ms", arm.ms, ran=arm.ran, reps_ms=arm.reps_ms, note=arm.note or None,
                         calls=shape.calls)
-                for metric in ("tops", "x_best_sdpa", "x_cudnn", "cos_worst"):
+                for metric in ("tops", "x_best_sdpa", "x_cudnn", "x_dense", "density", "cos_worst"):
                     run.add(shape.label, arm.name, metric, getattr(arm, metric))
 
     def summary(self) -> str:
-        """Per shape: the fastest sageattn arm against the best SDPA arm."""
+        """Per shape: the fastest dense sageattn arm against the best SDPA arm."""
         parts = []
         for shape in self.shapes:
-            sage = [a for a in shape.arms if a.name.startswith("sagevideo-") and a.ms]
+            sage = [a for a in shape.arms if a.name.startswith("sagevideo-") and a.ms and a.density is None]
             if not sage or shape.best_sdpa is None:
                 parts.append(f"{shape.label}: no sagevideo/SDPA pair measured")
                 continue
@@ -304,6 +329,93 @@ def reference_fp32(q: Any, k: Any, v: Any) -> Any:
     return out
 
 
+def random_tile_mask(shape: AttentionShape, density: float, device: str, seed: int = 0) -> Any:
+    """A `TileMask` of SPARSE_TILE x SPARSE_TILE tiles for `shape`, one for every batch row and head:
+    each query tile keeps max(1, round(density x key tiles)) tiles, its diagonal one (query tile i's
+    key tile i, the last where there are fewer key tiles) and random others (seeded)."""
+    import torch
+
+    from sagevideo.attention.sparse import TileMask
+
+    m_tiles, n_tiles = (-(-n // SPARSE_TILE) for n in (shape.n_q, shape.n_k))
+    keep_per_row = max(1, round(density * n_tiles))
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.rand(m_tiles, n_tiles, generator=gen)
+    diagonal = torch.arange(m_tiles).clamp(max=n_tiles - 1)
+    scores[torch.arange(m_tiles), diagonal] = 2.0  # above every random score: always kept
+    keep = torch.zeros(m_tiles, n_tiles, dtype=torch.bool)
+    keep.scatter_(1, scores.topk(keep_per_row, dim=1).indices, True)
+    return TileMask(keep[None, None].to(device), SPARSE_TILE, SPARSE_TILE, shape.n_q, shape.n_k)
+
+
+def masked_reference_fp32(q: Any, k: Any, v: Any, tile_mask: Any) -> Any:
+    """fp32 attention of q, k, v (B, H, N, D) restricted to `tile_mask` (one mask for all heads), one
+    query tile at a time over its kept key tiles: (B, H, Nq, D) fp32."""
+    import torch
+    import torch.nn.functional as F
+
+    out = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    bm, bn = tile_mask.block_m, tile_mask.block_n
+    for i, row in enumerate(tile_mask.keep[0, 0].cpu()):
+        kept = row.nonzero().flatten().tolist()
+        keys = torch.cat([torch.arange(j * bn, min((j + 1) * bn, k.shape[2])) for j in kept]).to(q.device)
+        rows = slice(i * bm, min((i + 1) * bm, q.shape[2]))
+        out[:, :, rows] = F.scaled_dot_product_attention(q[:, :, rows].float(), k[:, :, keys].float(),
+                                                         v[:, :, keys].float())
+    return out
+
+
+def flashinfer_block_sparse(q: Any, k: Any, v: Any, tile_mask: Any) -> Callable[[], Any]:
+    """flashinfer's block-sparse attention (BlockSparseAttentionWrapper) on q, k, v (1, H, N, D) with
+    `tile_mask` (one for all heads) as its BSR mask of block_m x block_n blocks; planned here, once.
+    ImportError where flashinfer is not installed."""
+    import flashinfer
+    import torch
+
+    if q.shape[0] != 1:
+        raise ValueError("flashinfer's block-sparse arm takes batch 1")
+    keep = tile_mask.keep[0, 0]
+    indptr = torch.cat([keep.new_zeros(1, dtype=torch.int32), keep.sum(dim=1).cumsum(0).to(torch.int32)])
+    indices = keep.nonzero()[:, 1].to(torch.int32)  # row-major: each row's kept key tiles, ascending
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=q.device)
+    wrapper = flashinfer.BlockSparseAttentionWrapper(workspace)
+    wrapper.plan(indptr, indices, q.shape[2], k.shape[2], tile_mask.block_m, tile_mask.block_n, q.shape[1],
+                 k.shape[1], q.shape[3], q_data_type=q.dtype, kv_data_type=k.dtype)
+    qn, kn, vn = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))  # (N, H, D): its NHD layout
+
+    def run():
+        return wrapper.run(qn, kn, vn).transpose(0, 1)[None]
+
+    return run
+
+
+def _sparse_arms(shape: AttentionShape, plan: AttentionBenchPlan, q: Any, k: Any, v: Any,
+                 arms: dict[str, Callable[[], Any]], results: dict[str, ArmResult]) -> dict[str, Any]:
+    """Add the block-sparse arms of `plan.densities` to `arms`/`results`; returns each arm's
+    reference (fp32 attention restricted to its mask)."""
+    from sagevideo import sageattn
+
+    references = {}
+    for density in plan.densities:
+        mask = random_tile_mask(shape, density, plan.device)
+        reference = masked_reference_fp32(q, k, v, mask)
+        for pv in plan.pv:
+            name = f"sagevideo-{pv}-d{density:g}"
+
+            def call(pv=pv, mask=mask):
+                return sageattn(q, k, v, pv=pv, backend=plan.backend, tile_mask=mask)
+
+            arms[name], references[name] = call, reference
+            results[name] = ArmResult(name=name, density=mask.density)
+        name = f"flashinfer-d{density:g}"
+        results[name] = ArmResult(name=name, ran="flashinfer", density=mask.density)
+        try:
+            arms[name], references[name] = flashinfer_block_sparse(q, k, v, mask), reference
+        except Exception as exc:  # noqa: BLE001 - not installed, or it refuses the shape: said in the row
+            results[name].note = f"not run: {(str(exc).splitlines() or [type(exc).__name__])[0]}"
+    return references
+
+
 def bench_shape(shape: AttentionShape, plan: AttentionBenchPlan, reps: int, budget_ms: float,
                 measure: Callable[[Callable[[], Any]], float] | None = None,
                 tick: Callable[[], Any] | None = None) -> ShapeResult:
@@ -335,6 +447,7 @@ def bench_shape(shape: AttentionShape, plan: AttentionBenchPlan, reps: int, budg
 
         arms[name] = call
         results[name] = ArmResult(name=name)
+    references = _sparse_arms(shape, plan, q, k, v, arms, results)
     for name, fn in list(arms.items()):  # one untimed call each: the accuracy, and what sageattn ran
         try:
             out = fn()
@@ -345,10 +458,10 @@ def bench_shape(shape: AttentionShape, plan: AttentionBenchPlan, reps: int, budg
         if name.startswith("sagevideo-"):
             choice = last_backend()
             results[name].ran, results[name].note = choice.label, choice.reason
-        results[name].cos_worst = cosine_worst(reference, out)
+        results[name].cos_worst = cosine_worst(references.get(name, reference), out)
         del out
         tick()
-    del reference
+    del reference, references
     timer = measure or (lambda fn: median_ms(fn, plan.device, budget_ms))
 
     def measured(fn: Callable[[], Any]) -> float:
@@ -361,16 +474,18 @@ def bench_shape(shape: AttentionShape, plan: AttentionBenchPlan, reps: int, budg
     for name, result in results.items():
         if name in runs:
             result.reps_ms, result.ms = runs[name], median(runs[name])
-            result.tops = tops(shape.flops, result.ms)
+            result.tops = tops(shape.flops * (result.density or 1.0), result.ms)  # block-sparse: the work done
         elif name in errors:
             result.note = errors[name]
     sdpa = {name: r.ms for name, r in results.items() if name.startswith("sdpa-") and r.ms}
     best = min(sdpa, key=sdpa.get) if sdpa else None
     cudnn = results.get("sdpa-cudnn")
-    for result in results.values():
+    for name, result in results.items():
         if result.ms:
             result.x_best_sdpa = sdpa[best] / result.ms if best else None
             result.x_cudnn = cudnn.ms / result.ms if cudnn and cudnn.ms else None
+            dense = results.get(name.rsplit("-d", 1)[0]) if result.density is not None else None
+            result.x_dense = dense.ms / result.ms if dense is not None and dense.ms else None
     return ShapeResult(label=shape.label, batch=shape.batch, heads=shape.heads, n_q=shape.n_q, n_k=shape.n_k,
                        head_dim=shape.head_dim, best_sdpa=best, arms=list(results.values()))
 

@@ -12,7 +12,9 @@ from sagevideo.experiments.bench.attention import (
     AttentionShape,
     BenchAttentionConfig,
     bench_shape,
+    masked_reference_fp32,
     parse_shape,
+    random_tile_mask,
     resolve,
     run_bench_attention,
 )
@@ -88,3 +90,44 @@ def test_cuda_without_a_gpu_is_refused():
 def test_unknown_model_names_the_option():
     with pytest.raises(InputError, match="--model cogvideox: unknown model config 'cogvideox'"):
         BenchAttentionConfig.build(model="cogvideox")
+
+
+def test_random_tile_masks_keep_the_diagonal_and_the_same_count_per_row():
+    mask = random_tile_mask(AttentionShape(1, 4, 1000, 1000, 64), 0.25, "cpu")
+    keep = mask.keep[0, 0]
+    assert mask.keep.shape == (1, 1, 8, 8) and (mask.block_m, mask.block_n) == (128, 128)  # one mask, all heads
+    assert keep.sum(dim=1).tolist() == [2] * 8 and keep.diagonal().all()
+    assert torch.equal(random_tile_mask(AttentionShape(1, 4, 1000, 1000, 64), 0.25, "cpu").keep, mask.keep)
+    cross = random_tile_mask(AttentionShape(1, 1, 1000, 300, 64), 0.5, "cpu").keep[0, 0]  # 8 query, 3 key tiles
+    assert cross.sum(dim=1).tolist() == [2] * 8  # round(0.5 x 3)
+    assert all(cross[i, min(i, 2)] for i in range(8))  # past the last key tile, the last is the "diagonal"
+
+
+def test_the_masked_reference_is_attention_over_the_kept_tokens():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 300, 16) for _ in range(3))
+    mask = random_tile_mask(AttentionShape(1, 2, 300, 300, 16), 0.5, "cpu", seed=3)
+    allowed = mask.token_mask()  # (1, 1, Nq, Nk)
+    expected = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=allowed)
+    torch.testing.assert_close(masked_reference_fp32(q, k, v, mask), expected.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_density_arms_time_sageattn_on_the_mask_and_say_why_flashinfer_did_not_run(tmp_path):
+    config = BenchAttentionConfig(shapes=["1x2x512x32"], density=[0.5, 0.25], budget_ms=2, json_out=tmp_path / "b.json")
+    (shape,) = run_bench_attention(config).shapes
+    dense = shape.arm("sagevideo-fp16")
+    for density in (0.25, 0.5):
+        sparse = shape.arm(f"sagevideo-fp16-d{density:g}")
+        assert sparse.density == density and sparse.ran == "reference/fp16"
+        assert sparse.x_dense == pytest.approx(dense.ms / sparse.ms)
+        assert sparse.tops == pytest.approx(4 * 2 * 512 * 512 * 32 * density / (sparse.ms * 1e-3) / 1e12)
+        assert 0.999 < sparse.cos_worst < 1.0  # against fp32 attention over the same tiles
+        flashinfer = shape.arm(f"flashinfer-d{density:g}")
+        assert flashinfer.ms is None and flashinfer.note.startswith("not run: ")
+    assert dense.density is None and dense.x_dense is None
+
+
+@pytest.mark.parametrize("density", [0.0, 1.0, 1.5, -0.1])
+def test_a_density_outside_0_1_is_refused(density):
+    with pytest.raises(InputError, match=rf"--density.*{density:g} is not a fraction of the key tiles between 0 and 1"):
+        BenchAttentionConfig.build(shapes=["1x2x8x32"], density=[density])
