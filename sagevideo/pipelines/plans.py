@@ -217,6 +217,27 @@ class AttentionPlan(BaseModel):
             overrides.append(Override(layers=tuple(dense_layers), mode=dense.mode, granularity=dense.granularity))
         return cls(num_steps=steps, default=dense.model_copy(update={"sparse": sparse}), overrides=tuple(overrides))
 
+    def with_sparse(self, sparse: Sparse, *, steps: int, dense_layers: tuple[str, ...] = ()) -> AttentionPlan:
+        """This plan with `sparse` on each listed layer's quantized choice from step `dense_steps(steps)`
+        on, but in `dense_layers` (`calibrate --sparse`: the precisions it measured, then the sparsity as
+        given). PlanError for a plan that does not list its layers, has step ranges or sparse choices
+        already (calibrate writes none such), or a run too short to leave a sparse step."""
+        first = dense_steps(steps)
+        if self.layers is None or self.uses_sparse or any(o.steps is not None for o in self.overrides):
+            raise PlanError("with_sparse: needs a plan that lists its layers, without step ranges or sparse choices")
+        if first >= steps:
+            raise PlanError(f"with_sparse: a run of {steps} step(s) keeps its first {first} dense: none is sparse")
+        groups: dict[Choice, list[str]] = {}
+        for layer in self.layers:
+            choice = self.choice_for(layer, None)
+            if layer not in dense_layers and choice.mode is not Mode.full:
+                groups.setdefault(choice, []).append(layer)
+        added = [Override(layers=tuple(names), steps=(first, None), mode=c.mode, granularity=c.granularity,
+                          sparse=sparse) for c, names in groups.items()]
+        data = self.model_dump(exclude={"version"})
+        data["overrides"] = [*self.overrides, *added]
+        return AttentionPlan.model_validate(data)
+
     def choice_for(self, layer: str, step: int | None) -> Choice:
         """The setting for `layer` at denoising step `step` (None: outside a tracked run)."""
         chosen = self.default

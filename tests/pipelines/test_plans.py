@@ -173,3 +173,17 @@ def test_the_sparse_default_plan_keeps_the_first_fifth_of_the_steps_and_the_give
     assert {plan.choice_for(LAYERS[0], s).sparse for s in range(11)} == {None}
     assert {plan.choice_for(LAYERS[1], s).granularity.value for s in range(11)} == {"token"}
     assert AttentionPlan.from_json(plan.to_json()) == plan
+
+
+def test_with_sparse_adds_the_setting_to_each_quantized_layer_after_the_dense_steps():
+    plan = AttentionPlan.model_validate(_plan(overrides=[{"layers": [LAYERS[0]], "mode": "full"}]))
+    sparse = Sparse.parse("dynamic:0.2")
+    made = plan.with_sparse(sparse, steps=4, dense_layers=())
+    assert [made.choice_for(LAYERS[1], s).sparse for s in range(4)] == [None, sparse, sparse, sparse]
+    assert {made.choice_for(LAYERS[0], s).label for s in range(4)} == {"full"}  # full precision stays dense
+    assert made.choice_for(LAYERS[1], 3).mode is Mode.int8_fp8 and made.version == 2
+    assert {plan.with_sparse(sparse, steps=4, dense_layers=(LAYERS[1],)).choice_for(LAYERS[1], 3).sparse} == {None}
+    with pytest.raises(PlanError, match="none is sparse"):
+        plan.with_sparse(sparse, steps=1)
+    with pytest.raises(PlanError, match="without step ranges or sparse choices"):
+        made.with_sparse(sparse, steps=4)
