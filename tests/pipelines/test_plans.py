@@ -187,3 +187,16 @@ def test_with_sparse_adds_the_setting_to_each_quantized_layer_after_the_dense_st
         plan.with_sparse(sparse, steps=1)
     with pytest.raises(PlanError, match="without step ranges or sparse choices"):
         made.with_sparse(sparse, steps=4)
+
+
+def test_a_sparse_plan_file_is_checked_like_any_plan_and_runs_through_install(tiny_pipe, tmp_path):
+    from sagevideo.generation.plan import plan_batch
+
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=Sparse.parse("static:0.3")))
+    path = plan.save(tmp_path / "p.json")
+    planned = plan_batch(["a fox"], out=tmp_path / "out", plan=path)
+    assert planned.jobs[0].plan_sha256 is not None and planned.jobs[0].job.sparse == "off"
+    with sagevideo.install(tiny_pipe, path, backend="sdpa"), sagevideo.record_backends() as log:
+        _latents(tiny_pipe, steps=2)
+    layers = log.summary()["sparse"]["layers"]
+    assert {name: d["calls"] for name, d in layers.items()} == {name: 2 for name in LAYERS}

@@ -105,3 +105,40 @@ def test_the_grid_hook_and_layouts_come_with_install_and_go_with_remove(tiny_pip
     assert len(transformer._forward_pre_hooks) == hooks
     with sagevideo.install(tiny_pipe, backend="sdpa") as handle:  # a dense plan: no grid hook
         assert handle.router.sparse is None and len(transformer._forward_pre_hooks) == hooks + 2
+
+
+@pytest.mark.slow  # torch.compile
+def test_a_model_its_user_compiles_runs_a_sparse_plan_as_eager_breaking_at_the_selection(tiny_pipe):
+    """Selection reads the device, so it runs between graphs (`torch.compiler.disable`): outputs and
+    the per-layer notes as eager; `sagevideo generate` refuses --sparse with --compile instead."""
+    from torch._dynamo.utils import counters
+
+    import sagevideo
+
+    transformer = tiny_pipe.transformer
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=STATIC))
+    gen = torch.Generator().manual_seed(0)
+    inputs = dict(hidden_states=torch.randn(2, 3, 4, 24, 24, generator=gen),  # 3x12x12 video tokens
+                  encoder_hidden_states=torch.randn(2, 32, 32, generator=gen), timestep=torch.tensor([500, 500]))
+
+    def forward():
+        with torch.no_grad():
+            return transformer(**inputs, return_dict=False)[0]
+
+    torch._dynamo.reset()
+    counters.clear()
+    with sagevideo.install(transformer, plan, backend="reference"):
+        with record_backends() as eager_log:
+            eager = forward()
+        try:
+            for block in transformer.transformer_blocks:
+                block.compile(backend="eager")
+            with record_backends() as compiled_log:
+                compiled = forward()
+        finally:
+            for block in transformer.transformer_blocks:
+                block._compiled_call_impl = None  # back to eager for the session's other tests
+    assert torch.equal(compiled, eager)
+    assert compiled_log.summary()["sparse"] == eager_log.summary()["sparse"]
+    assert 0 < eager_log.summary()["sparse"]["layers"]["transformer_blocks.1.attn1"]["density"] < 1
+    assert any("tile_mask" in reason for reason in counters["graph_break"])
