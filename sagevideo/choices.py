@@ -26,6 +26,9 @@ Compile = Literal["none", "regional"]  # regional: each transformer block compil
 CompileBackend = Literal["inductor", "aot_eager", "eager"]  # torch.compile backends (eager: Dynamo only)
 Linear = Literal["bf16", "fp8"]  # fp8: torchao float8 dynamic activation + weight, rowwise scales
 Cache = Literal["none", "first-block", "taylorseer", "pyramid-broadcast"]  # diffusers.hooks cache configs
+# Block-sparse attention's tile selection (docs/sparse.md): dynamic from pooled Q/K scores, static from
+# 3-D windows on the latent grid; written METHOD:DENSITY ("dynamic:0.15"), or "off".
+SparseMethod = Literal["dynamic", "static"]
 
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 BACKENDS: tuple[str, ...] = get_args(Backend)
@@ -38,6 +41,8 @@ COMPILES: tuple[str, ...] = get_args(Compile)
 COMPILE_BACKENDS: tuple[str, ...] = get_args(CompileBackend)
 LINEARS: tuple[str, ...] = get_args(Linear)
 CACHES: tuple[str, ...] = get_args(Cache)
+SPARSE_METHODS: tuple[str, ...] = get_args(SparseMethod)
+SPARSE_OFF = "off"
 
 FP8_CAPABILITY = (8, 9)  # Ada and newer NVIDIA GPUs have FP8 tensor cores
 
@@ -71,3 +76,31 @@ def resolve_device(device: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def parse_sparse(text: str) -> tuple[str, float] | None:
+    """A block-sparse setting's text form -> (method, density), or None for "off": METHOD:DENSITY
+    with METHOD one of SPARSE_METHODS and DENSITY in (0, 1] (kept / all key tiles), e.g.
+    "dynamic:0.15". ValueError naming the bad part and the fix."""
+    fix = f"give METHOD:DENSITY with METHOD {' or '.join(SPARSE_METHODS)} and DENSITY in (0, 1], e.g. dynamic:0.15, " \
+          f"or {SPARSE_OFF}"
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not a sparse setting; {fix}")
+    value = text.strip().lower()
+    if value == SPARSE_OFF:
+        return None
+    method, sep, density_text = value.partition(":")
+    if not sep or method not in SPARSE_METHODS:
+        raise ValueError(f"{text!r}: unknown method {method!r}; {fix}" if sep else f"{text!r}: {fix}")
+    try:
+        density = float(density_text)
+    except ValueError:
+        raise ValueError(f"{text!r}: density {density_text!r} is not a number; {fix}") from None
+    if not 0 < density <= 1:  # also NaN
+        raise ValueError(f"{text!r}: density {density_text} is outside (0, 1] (kept / all key tiles); {fix}")
+    return method, density
+
+
+def sparse_text(method: str, density: float) -> str:
+    """The text form `parse_sparse` reads back exactly: 'dynamic:0.15'."""
+    return f"{method}:{float(density)!r}"

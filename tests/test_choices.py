@@ -15,3 +15,19 @@ def test_choices_rules(monkeypatch):
     assert auto_pv("cuda") == "fp16"  # the sm89 rule is NVIDIA's
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == "cpu" and resolve_device("cuda") == "cuda"
+
+
+def test_sparse_text_reads_back_and_bad_settings_say_the_fix():
+    import pytest
+
+    from sagevideo.choices import parse_sparse, sparse_text
+
+    assert parse_sparse("dynamic:0.15") == ("dynamic", 0.15)
+    assert parse_sparse(" Static:1 ") == ("static", 1.0)
+    assert parse_sparse("off") is None
+    assert parse_sparse(sparse_text("static", 0.123456789)) == ("static", 0.123456789)
+    for bad, match in (("dense:0.1", "unknown method 'dense'"), ("dynamic", "give METHOD:DENSITY"),
+                       ("dynamic:x", "'x' is not a number"), ("dynamic:0", r"outside \(0, 1\]"),
+                       ("static:1.5", r"outside \(0, 1\]"), ("dynamic:nan", r"outside \(0, 1\]")):
+        with pytest.raises(ValueError, match=match):
+            parse_sparse(bad)

@@ -54,6 +54,7 @@ def scaled_dot_product_attention(
     backend: str = "auto",
     pv: str = "auto",
     qk_granularity: str = "block",
+    tile_mask: TileMask | TileLists | None = None,
     _guard_counter: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`torch.nn.functional.scaled_dot_product_attention` with sagevideo's quantized attention.
@@ -76,6 +77,9 @@ def scaled_dot_product_attention(
     shapes SDPA refuses) runs torch's SDPA on the arguments as given under backend="auto",
     recorded with its reason, so that it computes or raises exactly as SDPA; an explicit quantized
     backend raises instead.
+    tile_mask: block-sparse attention as `sageattn`'s (its (B, H) those of the call in the kernels'
+    form); every backend computes it, SDPA with its token mask. A call the kernels' form cannot take
+    (dropout, shapes that do not broadcast) raises ValueError with it: it is never run dense silently.
     """
     _check_options("HND", qk_granularity, "fp16" if pv == "auto" else pv, backend)
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -92,11 +96,22 @@ def scaled_dot_product_attention(
     else:
         call = _kernel_call(form.q, form.mask, form.k.shape[2], pv, rotate_qk=True)
     chosen, reason = choose(backend, call)
+    tiles = None
+    if tile_mask is not None:
+        if dropout_p or problem:
+            raise ValueError(f"scaled_dot_product_attention: this call cannot be block-sparse (tile_mask): "
+                             f"{problem or f'dropout_p={dropout_p}'}")
+        tiles = sparse.sparse_call(tile_mask, form.q, form.k)
     if chosen is not Backend.SDPA:
         out, _ = _attend(form.q, form.k, form.v, form.mask, is_causal=is_causal,
                          scale=_check_scale(scale, form.q.shape[-1]), qk_granularity=qk_granularity, pv=pv,
                          smooth_k=True, return_lse=False, rotate_qk=True, requested=backend, chosen=chosen,
-                         reason=reason, counter=_guard_counter)
+                         reason=reason, counter=_guard_counter, tiles=tiles)
+        return out.reshape(form.out_shape)
+    if tiles is not None:  # full precision restricted to the same tiles (its token mask)
+        out, _ = _sdpa(form.q, form.k, form.v, form.mask, is_causal, _check_scale(scale, form.q.shape[-1]), False,
+                       form.k.shape[1] != form.q.shape[1], None if tiles.dense else tiles)
+        _record(backend, chosen.value, None, reason, tiles)
         return out.reshape(form.out_shape)
     if isinstance(attn_mask, torch.Tensor) and attn_mask.dim() < query.dim():
         # the same mask under broadcasting; torch's own kernels reject a 1-D one (IndexError)

@@ -21,6 +21,11 @@ pinned memory behind the call and read by the first later call that finds it the
 the latest at the end of the `record_backends()` block, and warned about; an installed model's are
 read per layer at the end of each forward (`report_peaky`), as `BackendLog.peaky` and
 `summary()["peaky"]`.
+
+Installed models running a plan with block-sparse choices also note, per attention call, the layer,
+the denoising step, the density that ran (1.0 for a dense call) and why a call the plan made sparse
+ran dense (`report_sparse`), read back as `BackendLog.sparse` and `summary()["sparse"]`: per layer
+and per step the mean density, and the dense calls' reasons.
 """
 
 from __future__ import annotations
@@ -116,6 +121,18 @@ class BackendChoice:
         return bool(self.reason)
 
 
+@dataclass(frozen=True)
+class SparseNote:
+    """One attention call of an installed model under a plan with block-sparse choices: its layer,
+    denoising step (None outside a tracked run), the density that ran (visited / all key tiles; 1.0
+    dense) and, for a call its plan made sparse that ran dense, why ('' otherwise)."""
+
+    layer: str
+    step: int | None
+    density: float
+    reason: str = ""
+
+
 @dataclass
 class BackendLog:
     """All choices made inside one `record_backends()` block."""
@@ -123,6 +140,7 @@ class BackendLog:
     choices: list[BackendChoice] = field(default_factory=list)
     unrouted_reasons: list[str] = field(default_factory=list)  # one per forward that routed no call
     peaky: dict[str, int] = field(default_factory=dict)  # layer (or direct call) -> query tiles past INT8
+    sparse: list[SparseNote] = field(default_factory=list)  # calls under a plan with sparse choices
 
     @property
     def counts(self) -> dict[str, int]:
@@ -141,14 +159,37 @@ class BackendLog:
 
     def summary(self) -> dict[str, object]:
         """JSON-ready summary for manifests and reports: counts, fallbacks, "unrouted" (reason ->
-        forwards) only when some installed forward routed no attention call, and "peaky" (layer ->
-        query tiles past INT8's accuracy) only when the run-time guard counted some."""
+        forwards) only when some installed forward routed no attention call, "peaky" (layer ->
+        query tiles past INT8's accuracy) only when the run-time guard counted some, and "sparse"
+        (`sparse_summary`) only under a plan with block-sparse choices."""
         summary: dict[str, object] = {"counts": self.counts, "fallbacks": self.fallback_reasons}
         if self.unrouted_reasons:
             summary["unrouted"] = self.unrouted
         if self.peaky:
             summary["peaky"] = dict(self.peaky)
+        if self.sparse:
+            summary["sparse"] = self.sparse_summary()
         return summary
+
+    def sparse_summary(self) -> dict[str, object]:
+        """The block-sparse notes in short: "layers" (layer -> {"calls", "density": mean, "min"}),
+        "steps" (step -> mean density over its calls; "none" outside a tracked run) and "dense"
+        (reason -> calls the plan made sparse that ran dense). Densities rounded to 4 digits."""
+        layers: dict[str, list[float]] = {}
+        steps: dict[str, list[float]] = {}
+        for note in self.sparse:
+            layers.setdefault(note.layer, []).append(note.density)
+            steps.setdefault("none" if note.step is None else str(note.step), []).append(note.density)
+        return {
+            "layers": {layer: {"calls": len(d), "density": _mean(d), "min": round(min(d), 4)}
+                       for layer, d in layers.items()},
+            "steps": {step: _mean(d) for step, d in steps.items()},
+            "dense": dict(Counter(note.reason for note in self.sparse if note.reason)),
+        }
+
+
+def _mean(values: list[float]) -> float:
+    return round(sum(values) / len(values), 4)
 
 
 _state = threading.local()
@@ -245,6 +286,12 @@ def read_direct_counts(wait_for: int = 0) -> None:
 
 PEAKY_ADVICE = ("expect a worst cosine below the contract's 0.999/0.998 against full precision; run such "
                 "attention with backend='sdpa', or let `sagevideo calibrate` keep the layer in full precision")
+
+
+def report_sparse(note: SparseNote) -> None:
+    """Note one call of an installed model under a sparse plan in the active logs (eagerly)."""
+    for log in _active_logs():
+        log.sparse.append(note)
 
 
 def report_peaky(where: str, tiles: int) -> None:

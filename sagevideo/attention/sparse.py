@@ -6,16 +6,22 @@ Every backend computes the mask as `kernels.sparse_reference` defines it: the Tr
 its compact lists in the plan's tiles, the reference its dense form in the same tiles, SDPA its
 token mask combined with any attention mask and causality (never silently dense). Rows that visit
 no valid key are 0 with LSE -inf on each. A mask of density 1 runs the dense path.
+
+`select_tiles` is the attention room's entry to tile selection (`kernels.tile_select`) for the rooms
+above it (installed models): a call's mask in the tiles of the kernel plan it will run.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
+from sagevideo.kernels import plans
 from sagevideo.kernels.sparse_reference import TileLists, TileMask, in_tiles, kernel_lists
+from sagevideo.kernels.tile_select import select_dynamic_at_density, select_static_at_density
 
 
 @dataclass(frozen=True)
@@ -85,3 +91,43 @@ def sdpa_mask(attn_mask: torch.Tensor | None, call: SparseCall, n_q: int, n_k: i
         mask = attn_mask.masked_fill(~allowed, float("-inf"))
     has_key = (mask if mask.dtype == torch.bool else mask > float("-inf")).any(dim=-1)
     return mask, has_key
+
+
+def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: float, pv: str, text_first: int = 0,
+                 text_last: int = 0, grid: tuple[int, int, int] | None = None,
+                 key_mask: torch.Tensor | None = None) -> TileMask:
+    """The tile mask of a block-sparse self-attention call on HND q, k (B, H, N, D), in the tiles of
+    the kernel plan it runs (`plans.tiles(pv, D)`), chosen by `method` at a target `density`
+    (kept / all key tiles): "dynamic" (`tile_select.select_dynamic_at_density`: pooled Q/K scores,
+    one top-p for every head found by bisection, a host read per try) or "static"
+    (`select_static_at_density` on the latent `grid` (frames, height, width) in raster order, the
+    same for every batch row and head, computed once per grid and cached). Both keep the diagonal
+    tiles, the first key tile (a sink) and every tile holding one of the `text_first` first or
+    `text_last` last tokens (text), rows and columns. key_mask: bool (B' in {1, B}, N), True = a
+    valid key (padding takes no part in the pooled scores). ValueError for a call that is not one."""
+    if q.dim() != 4 or q.shape != k.shape:
+        raise ValueError(f"tile selection: q {tuple(q.shape)} and k {tuple(k.shape)} must be one self-attention's "
+                         "(B, H, N, D)")
+    block_m, block_n = plans.tiles(pv, q.shape[-1])
+    if method == "dynamic":
+        return select_dynamic_at_density(q, k, density, block_m=block_m, block_n=block_n, key_mask=key_mask,
+                                         dense_prefix=text_first, dense_suffix=text_last)
+    if method != "static":
+        raise ValueError(f"tile selection: method={method!r} is not 'dynamic' or 'static'")
+    if grid is None:
+        raise ValueError("tile selection: static selection needs the latent grid (frames, height, width)")
+    video = math.prod(grid)
+    if text_first + video + text_last != q.shape[2]:
+        raise ValueError(f"tile selection: {text_first} + {video} ({'x'.join(map(str, grid))}) + {text_last} tokens "
+                         f"do not make the call's {q.shape[2]}")
+    keep = _static_keep(tuple(grid), float(density), block_m, block_n, text_first, text_last, q.device)
+    return TileMask(keep, block_m, block_n, q.shape[2], q.shape[2])
+
+
+@functools.lru_cache(maxsize=32)
+def _static_keep(grid: tuple[int, int, int], density: float, block_m: int, block_n: int, text_first: int,
+                 text_last: int, device: torch.device) -> torch.Tensor:
+    """The static selection's bool (1, 1, M, N) tiles on `device` (one per setting: it depends on no input)."""
+    mask, _ = select_static_at_density(grid, density, block_m=block_m, block_n=block_n, dense_prefix=text_first,
+                                       dense_suffix=text_last, sink_tiles=1)
+    return mask.keep.to(device)

@@ -45,24 +45,26 @@ from sagevideo.experiments.ab_arms import ARMS_HELP
 from sagevideo.experiments.ab_folders import claim_arm_folders
 from sagevideo.jobs.config import RunOptions
 from sagevideo.jobs.recipe import RECIPE_FIELDS, RecipeOptions
+from sagevideo.jobs.sparse import SparseOptions, is_sparse
 from sagevideo.outputs.manifest import ManifestRecord
 
 log = logging.getLogger("sagevideo")
 
 ARMS = {"test": "quantized", "ref": "full", "noise": "full-repeat"}
 LABELS = {"ref": "full precision", "test": "quantized", "noise": "full precision, repeated (noise floor)"}
-_ARM_FIELDS = ("attention", "pv", "plan")
+_ARM_FIELDS = ("attention", "pv", "plan", "sparse")
 
 
-class ABConfig(RunOptions, RecipeOptions):
+class ABConfig(RunOptions, RecipeOptions, SparseOptions):
     """What `sagevideo ab` runs: the job file's prompts in three arms (see the module docstring),
     with the shared `RunOptions` (model, image: the same in every arm, device, progress); the recipe
-    options (`RecipeOptions`) are the quantized arm's; the evaluation's options are
-    `sagevideo.experiments.evaluation.EvalSettings`'s."""
+    options (`RecipeOptions`) and the block-sparse setting (`SparseOptions`) are the quantized arm's;
+    the evaluation's options are `sagevideo.experiments.evaluation.EvalSettings`'s."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    job_file: Path = Field(description="Job file (YAML/TOML/text, as for `generate`) without attention, pv or plan.")
+    job_file: Path = Field(
+        description="Job file (YAML/TOML/text, as for `generate`) without attention, pv, plan or sparse.")
     out: Path = Field(description="Folder for the three arms and the evaluation.")
     plan: Path | None = Field(None, description="Attention-plan JSON for the quantized arm.")
     pv: PVChoice | None = Field(
@@ -87,8 +89,8 @@ class ABConfig(RunOptions, RecipeOptions):
             raise InputError(f"JOB_FILE {job_file}: no such file")
         arm_fields = job_file_arm_fields(job_file)
         if arm_fields:
-            raise InputError(f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv and "
-                             f"plan per arm{per_arm}; remove them from the job file")
+            raise InputError(f"JOB_FILE {job_file} sets {', '.join(arm_fields)}: `sagevideo ab` sets attention, pv, "
+                             f"plan and sparse per arm{per_arm}; remove them from the job file")
         return job_file
 
     def every_arms_settings(self) -> dict[str, Any]:
@@ -102,7 +104,7 @@ class ABConfig(RunOptions, RecipeOptions):
     def options_beside_arms(self) -> list[str]:
         """The options given beside `arms` that each arm gives itself (--plan, --pv, the recipe's,
         --attention-probe), as flags."""
-        given = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", *RECIPE_FIELDS)
+        given = [f"--{name.replace('_', '-')}" for name in ("plan", "pv", "sparse", *RECIPE_FIELDS)
                  if getattr(self, name) != ABConfig.model_fields[name].default]
         return given + (["--attention-probe"] if self.attention_probe else [])
 
@@ -120,7 +122,7 @@ class ABConfig(RunOptions, RecipeOptions):
 
 
 def job_file_arm_fields(job_file: Path) -> list[str]:
-    """Where a YAML/TOML job file sets attention, pv or plan (ab sets those per arm), read by the job
+    """Where a YAML/TOML job file sets attention, pv, plan or sparse (ab sets those per arm), read by the job
     files' own parsers (TOML through tomllib or, on Python 3.10, tomli)."""
     from sagevideo.jobs.files import fields_set_in
 
@@ -288,6 +290,7 @@ def ab(
         "quantized_arm": str(test_dir.relative_to(out_dir)),
         "attention_probe": attention_probe,
         "recipe": recipe.label(),
+        "sparse": config.sparse if is_sparse(config.sparse) else None,
     }
     return evaluate(
         out_dir / ARMS["ref"],
@@ -310,6 +313,11 @@ def _quantized_arm(config: ABConfig) -> tuple[Any, dict[str, Any]]:
     from sagevideo.pipelines.plans import AttentionPlan, PlanError
 
     settings: dict[str, Any] = {"attention": "sage", **config.recipe.model_dump()}
+    if is_sparse(config.sparse):
+        if config.attention_probe:
+            raise InputError(f"--attention-probe with --sparse {config.sparse}: the probe re-runs the quantized jobs "
+                             "with dense attention, so it would not reproduce the sparse arm; leave one out")
+        settings["sparse"] = config.sparse
     pv, loaded_plan = config.pv, None
     if config.plan is not None:
         try:

@@ -10,7 +10,12 @@ The recipe options say under which recipe attention is measured: `--linear fp8` 
 `--linear-keep`) are applied before capture, since FP8 linears change the Q/K/V that attention
 sees; `--compile` is accepted and not applied (compiling does not change what attention sees, and
 the probe measures in Python), a note in the plan says so; `--cache` is refused (a step cache
-skips the forwards whose attention is measured). The plan's `recipe` records the settings."""
+skips the forwards whose attention is measured). The plan's `recipe` records the settings.
+
+`--sparse` is written into the plan, not measured: each layer keeps the precision calibration chose,
+and its quantized choice becomes block-sparse from step ceil(steps/5) on, but in each denoiser's
+first sparse layer (`AttentionPlan.with_sparse`); `sagevideo ab --plan` judges it. Proposing
+per-layer sparse settings from the captured Q/K/V is a later stage (docs/sparse.md)."""
 
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from sagevideo.errors import InputError
 from sagevideo.jobs.config import RunOptions
 from sagevideo.jobs.problems import group_problems, option_place, options_error
 from sagevideo.jobs.recipe import RecipeOptions
+from sagevideo.jobs.sparse import SparseOptions, is_sparse
 from sagevideo.jobs.specs import DEFAULT_PROMPTS, Frames, Guidance, Pixels, Seed, Steps, collect_jobs
 from sagevideo.jobs.text_files import read_prompts_file
 
@@ -44,10 +50,11 @@ def _cosine(value: Any) -> Any:
     return value
 
 
-class CalibrateConfig(RunOptions, RecipeOptions):
+class CalibrateConfig(RunOptions, RecipeOptions, SparseOptions):
     """Every option of a calibration, in the CLI's order (then the shared `RunOptions`: model, image
     (every prompt starts from it), device, progress); the recipe options (`RecipeOptions`) say under
-    which recipe attention is measured (see `calibrate`)."""
+    which recipe attention is measured (see `calibrate`); `--sparse` (`SparseOptions`) is written into
+    the plan, not measured (see `calibrate`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -138,6 +145,9 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
         raise InputError(group_problems(problems))
     _check_memory(source, jobs, device)
     n_steps = jobs[0].steps
+    if is_sparse(config.sparse) and n_steps <= _dense_steps(n_steps):
+        raise InputError(f"--sparse {config.sparse} with {n_steps} step(s): the first ceil(steps/5) steps stay dense, "
+                         "so no step would be sparse; give --steps 2 or more")
     captured = None
     if config.capture_steps is not None:
         bad = [s for s in config.capture_steps if not -n_steps <= s < n_steps]
@@ -147,7 +157,13 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
             )
         captured = {s % n_steps for s in config.capture_steps}
     return _run(source, jobs, out, captured, config.threshold, device, n_steps, save_qkv, config.progress,
-                image_shas, measured, recipe_record(config.recipe, measured))
+                image_shas, measured, recipe_record(config.recipe, measured), config.sparse)
+
+
+def _dense_steps(steps: int) -> int:
+    from sagevideo.pipelines.plans import dense_steps
+
+    return dense_steps(steps)
 
 
 def _measured_recipe(given: Any, source: Any, device: str) -> tuple[Any, list[tuple[str, str]]]:
@@ -199,10 +215,11 @@ def _check_memory(source, jobs, device: str) -> None:
 
 
 def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress, image_shas=None,
-         recipe=None, plan_recipe=None):
+         recipe=None, plan_recipe=None, sparse=None):
     """Generate every prompt's latents through the one generation path (a `PipelineHost` whose
     attention hook installs the probing router; `recipe`'s FP8 linears applied after it, before the
-    first step), then choose and save the plan (its `recipe`: `plan_recipe`)."""
+    first step), then choose and save the plan (its `recipe`: `plan_recipe`; `sparse`: `--sparse`'s
+    text, written into it)."""
     import sys
 
     from tqdm.auto import tqdm
@@ -237,6 +254,12 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
         finally:
             host.close()
         result = calibration_result(probe, host.pipe, threshold=threshold, num_steps=n_steps)
+        if is_sparse(sparse):
+            from sagevideo.pipelines.plans import Sparse
+            from sagevideo.pipelines.sparse import first_sparse_layers
+
+            result.plan = result.plan.with_sparse(Sparse.parse(sparse), steps=n_steps,
+                                                  dense_layers=first_sparse_layers(host.pipe))
     finally:
         bar.close()
     if plan_recipe is not None:

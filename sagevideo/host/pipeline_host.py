@@ -37,6 +37,7 @@ from sagevideo.host.deadline import deadline
 from sagevideo.host.result import RankResult
 from sagevideo.jobs.identity import JobIdentity
 from sagevideo.jobs.recipe import Recipe
+from sagevideo.jobs.sparse import is_sparse
 from sagevideo.jobs.specs import JobSpec
 from sagevideo.outputs.manifest import Handoff, ManifestRecord, now_iso
 from sagevideo.pipelines.loading import ModelSource
@@ -136,6 +137,7 @@ def base_record(ctx: RunContext, pj: PlannedJob) -> ManifestRecord:
         backend=pj.backend,
         plan=j.plan,
         plan_sha256=pj.plan_sha256,
+        sparse=j.sparse if is_sparse(j.sparse) and pj.backend else None,
         image=j.image,
         image_sha256=pj.image_sha256,
         device=ctx.device,
@@ -247,7 +249,7 @@ class PipelineHost:
             from sagevideo.jobs.images import read_image
 
             image = read_image(pj.job.image, pj.image_sha256)
-        self._set_attention(pj.backend, pj.job.pv, pj.job.plan)
+        self._set_attention(pj.backend, pj.job.pv, self._plan_of(pj))
         self._apply_recipe(pj.job.steps)
         with self._mid_denoise_failpoint(pj, attempt), deadline(time_limit):
             return runner.run_job(
@@ -350,9 +352,20 @@ class PipelineHost:
             self._handle = None
         self._attention = None
 
-    def _set_attention(self, backend: str | None, pv: str | None, plan: str | None = None) -> None:
+    def _plan_of(self, pj: PlannedJob) -> Any:
+        """The plan a job runs: its plan file's path, or with `sparse` (and no plan file: refused when
+        planned) the plan `--sparse` builds (`pipelines.sparse.job_plan`), or None (uniform `pv`)."""
+        job = pj.job
+        if not is_sparse(job.sparse) or pj.backend is None:
+            return job.plan
+        from sagevideo.pipelines.sparse import job_plan
+
+        return job_plan(self.pipe, job.pv, job.sparse, job.steps)
+
+    def _set_attention(self, backend: str | None, pv: str | None, plan: Any = None) -> None:
         """Install attention for (backend, pv, plan) through the attention hook, only on change.
-        With a plan, the plan says which attention each layer and step runs; without, `pv` everywhere."""
+        With a plan (a path, or an `AttentionPlan`), the plan says which attention each layer and step
+        runs; without, `pv` everywhere."""
         if self._attention == (backend, pv, plan):
             return
         if self._handle is not None:

@@ -16,7 +16,8 @@ keywords raise TypeError, as for any Python call.
 The options that several commands take are declared once here as groups the configs inherit, as
 the recipe's are (`sagevideo.jobs.recipe.RecipeOptions`): `DeviceOptions` (where a run happens:
 generate, ab, eval, calibrate, profile, bench) and `RunOptions` (the model, its input image and the
-progress bar, with the device: generate, ab, calibrate).
+progress bar, with the device: generate, ab, calibrate); `sagevideo.jobs.sparse.SparseOptions`
+(`--sparse`) is a group of its own (generate, ab, calibrate).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from sagevideo.choices import Attention, AttentionGuard, Backend, Device, DType,
 from sagevideo.errors import InputError
 from sagevideo.jobs.problems import group_problems, value_problems
 from sagevideo.jobs.recipe import RecipeOptions, expand_recipe
+from sagevideo.jobs.sparse import SparseOptions
 from sagevideo.jobs.specs import Frames, Guidance, JobSpec, NotBool, Pixels, Seed, Steps
 
 
@@ -87,11 +89,11 @@ class RunOptions(DeviceOptions):
     progress: bool = Field(True, description="Show the progress bar.")
 
 
-class GenerateConfig(RunOptions, RecipeOptions):
+class GenerateConfig(RunOptions, RecipeOptions, SparseOptions):
     """Every option of a batch (see the module docstring); the fields are in the CLI's order: its
-    own, then the shared run options (`RunOptions`), then the recipe's (`RecipeOptions`) in their
-    own help panel. `COMMAND_LINE` says how the command line spells the fields that are not plain
-    `--<name>` options.
+    own, then the shared run options (`RunOptions`), then the recipe's (`RecipeOptions`) and the
+    block-sparse setting (`SparseOptions`: `--sparse`, also a job field) in their own help panels.
+    `COMMAND_LINE` says how the command line spells the fields that are not plain `--<name>` options.
 
     plan: an attention-plan JSON for every job that names none (checked to exist and fit the
     model, recorded in the manifest with its hash). image: the input image of every job that

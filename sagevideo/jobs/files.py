@@ -17,7 +17,8 @@ YAML (TOML is the same with `[recipe]` and `[defaults]` tables and `[[jobs]]` ta
       - a bare string is a job with just a prompt
 
 Job fields are `sagevideo.jobs.specs.JobSpec`'s: prompt, negative_prompt, seed, frames, resolution (or
-height/width), steps, guidance, attention (sage/full), pv (fp16/fp8), plan, image, name, output. A
+height/width), steps, guidance, attention (sage/full), pv (fp16/fp8), plan, sparse (block-sparse
+attention, `--sparse`'s text: dynamic:0.15, static:0.25 or off), image, name, output. A
 YAML file may also be a bare list of jobs. Relative `plan` and `image` paths are relative to the job
 file's folder.
 Any other extension is read as plain text: one prompt per line, blank lines and '#' lines skipped;

@@ -3,7 +3,8 @@
 Both hash the job's fields and `settings`, what else changes its output: the model's fingerprint
 (its content: `sagevideo.pipelines.fingerprint`; plus the name of a built-in tiny model, never a
 folder's path), backend, dtype, fps, the attention plan's and input image's content hashes, the
-speed recipe. The job comes with plan and image left out (their content is among the settings).
+speed recipe. The job comes with plan and image left out (their content is among the settings); its
+block-sparse setting counts only when on.
 - job id (16 hex digits): also the job's name and output, so two named jobs are two records;
   not frames_png, an output form (PNG frames are added to a finished job, not re-rendered);
 - render key (16 hex digits): only what decides the pixels (no name, output or frames_png):
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from sagevideo.jobs.sparse import is_sparse
 from sagevideo.jobs.specs import JobSpec
 
 OUTPUT_FORMS = {"frames_png"}  # what a job writes besides its mp4; never part of what it is
@@ -67,6 +69,8 @@ class JobIdentity:
 
 def _digest(job: JobSpec, settings: Mapping[str, Any], exclude: set[str]) -> str:
     exclude = set(exclude) | ({"image"} if job.image is None else set())
+    if not is_sparse(job.sparse):  # counted only when on: ids of dense jobs stay what they were
+        exclude.add("sparse")
     fields = job.model_dump(exclude=exclude)
     payload = json.dumps({"job": fields, "settings": dict(settings)}, sort_keys=True, ensure_ascii=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -32,6 +32,7 @@ from sagevideo.choices import PV, Attention
 from sagevideo.errors import InputError  # noqa: F401 - many rooms import it from here
 from sagevideo.jobs.bounds import shown as shown_value
 from sagevideo.jobs.problems import field_problems, where
+from sagevideo.jobs.sparse import SparseText
 
 DEFAULT_PROMPTS = (
     "a red panda eating bamboo in a misty forest, cinematic lighting",
@@ -67,8 +68,9 @@ class JobSpec(BaseModel):
 
     height/width/frames/steps left as None take the model's defaults (tiny: 64x64 px, 9 frames,
     2 steps); `resolution="WIDTHxHEIGHT"` (or [width, height]) is another way to give both.
-    attention/pv left as None take the batch's setting. plan: path of an attention-plan JSON
-    (recorded in the manifest). image: path of the input image of an image-to-video model
+    attention/pv/sparse left as None take the batch's setting. plan: path of an attention-plan JSON
+    (recorded in the manifest). sparse: block-sparse attention ("dynamic:0.15", "off":
+    `sagevideo.jobs.sparse`). image: path of the input image of an image-to-video model
     (`sagevideo.jobs.images`: known by its content's SHA-256, which is part of the job's id and
     recorded in the manifest with the path). name: optional name, sanitized and suffixed with
     the job id's start; output: exact output file stem (`<output>.mp4`), a plain file name that is refused,
@@ -89,6 +91,7 @@ class JobSpec(BaseModel):
     attention: Attention | None = None
     pv: PV | None = None
     plan: str | None = None
+    sparse: SparseText | None = None
     image: str | None = None
     name: str | None = None
     output: str | None = None

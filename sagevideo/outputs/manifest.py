@@ -24,11 +24,16 @@ frames, height, width, steps, guidance, name, model, model_fingerprint, family (
 `sagevideo.pipelines.families`: "cogvideox", "wan", ...; None on lines written before it was recorded),
 attention ("sage"/"full"),
 pv, backend (the one the processors were given: --backend auto on CPU becomes "reference"; None
-for "full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), image (the
+for "full"), plan (attention-plan path or None), plan_sha256 (its first 16 hex digits), sparse (the
+job's block-sparse setting, `--sparse` text such as "dynamic:0.15"; None when off and on lines
+written before it existed: an optional field, no schema change), image (the
 input image's absolute path, image-to-video jobs; None otherwise), image_sha256 (its full SHA-256,
 64 hex digits, as `sha256sum` prints it: what the job was made from; lines written before the
 field existed have neither, which reads as None), device,
-dtype, fps, backends (what ran: `record_backends().summary()`), timings (load_s, denoise_s,
+dtype, fps, backends (what ran: `record_backends().summary()`; under a block-sparse setting its
+"sparse" gives per layer the calls, mean and least density that ran, per step the mean density, and
+the reasons of calls the plan made sparse that ran dense: `attention.records.BackendLog.sparse_summary`),
+timings (load_s, denoise_s,
 first_step_s (inside denoise_s: step 1 with text encoding, compilation and warm-up), decode_s,
 write_s), outputs (paths relative to the output folder: the mp4, then the PNG frames
 folder for frames_png jobs), attempts (runs it took: more than 1 when a worker died under it),
@@ -124,6 +129,7 @@ class BackendsSummary(TypedDict, total=False):
     counts: dict[str, int]
     fallbacks: dict[str, int]
     unrouted: Any
+    sparse: Any  # under a block-sparse setting: per layer and step the density that ran, dense calls' reasons
 
 
 @with_config(ConfigDict(extra="allow"))
@@ -186,6 +192,7 @@ class ManifestRecord(BaseModel):
     backend: str | None = None
     plan: str | None = None
     plan_sha256: str | None = None
+    sparse: str | None = None
     image: str | None = None
     image_sha256: str | None = None
     device: str | None = None

@@ -67,6 +67,7 @@ def check_batch(
     jobs = [(_resolve_job(source, j), label, item) for j, label, item in batch.jobs]
     checked.jobs = [(j, label) for j, label, _ in jobs]
     checked.problems += _family_problems(source, jobs, batch.defaults, settings.model)
+    checked.problems += _sparse_problems(jobs, batch, settings.gpus_per_job)
     checked.plan_shas, plan_problems, plan_notes = check_plans(source, jobs, batch.defaults)
     checked.image_shas, image_problems, image_notes = check_images(source, jobs, batch.defaults)
     checked.problems += plan_problems + image_problems + _recipe_problems(batch.recipe, source, jobs, device, dtype,
@@ -92,6 +93,23 @@ def _family_problems(
     for j, label, item in [(_resolve_job(source, stand_in), f"--model {model} defaults", {}), *jobs]:
         for problem in source.problems(j):
             problems.append(place_problem(label, item, problem.split(":", 1)[0], problem, defaults))
+    return problems
+
+
+def _sparse_problems(jobs: list[LabelledJob], batch: LoadedBatch, gpus_per_job: int) -> list[Problem]:
+    """`--sparse` where a resolved job cannot run it (with attention full, with a plan file: at the
+    job or the option it came from) and run settings it does not compose with (`jobs.sparse`)."""
+    from sagevideo.jobs.sparse import is_sparse, job_sparse_problem, run_sparse_problems
+
+    problems = []
+    for j, label, item in jobs:
+        problem = job_sparse_problem(j.sparse, j.attention, j.plan)
+        if problem:
+            problems.append(place_problem(label, item, "sparse", problem, batch.defaults))
+    given = [j for j, _, _ in jobs if is_sparse(j.sparse)]
+    for option, text in run_sparse_problems(bool(given), batch.recipe.recipe.compile, gpus_per_job):
+        name = option.split()[0].removeprefix("--").replace("-", "_")
+        problems.append(batch.recipe.place(name, option, text) if name == "compile" else (option, text))
     return problems
 
 

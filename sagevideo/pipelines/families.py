@@ -20,6 +20,8 @@ asked of the family:
   which `sagevideo.pipelines.runner.run_job` wraps with its checks and timings;
 - attention routes: upstream processor class -> sagevideo processor class (`install`), and the
   layers whose materialized masks are key padding (`key_padding_layers`, `pipelines.masks`);
+- block-sparse attention: `sparse_layout` (which layers may be sparse, where their text sits, and
+  the latent grid of a forward: `SparseLayout`);
 - sequence parallelism: `shard` (Ulysses hooks) and `degree_problem` (heads and tokens).
 
 A family that is registered but does not `generate` (HunyuanVideo 1.5, LTX-Video: their routes
@@ -33,6 +35,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
 from pathlib import Path
@@ -55,6 +58,31 @@ REGISTRY: dict[str, str] = {
     "hunyuanvideo15": "sagevideo.pipelines.hunyuanvideo15.family",
     "ltx": "sagevideo.pipelines.ltx.family",
 }
+
+
+TEXT_FIRST, TEXT_LAST = "first", "last"  # where joint attention's text sits in the sequence
+
+
+@dataclass(frozen=True)
+class SparseLayout:
+    """What block-sparse tile selection needs of one transformer, declared by its family.
+
+    text: layer name (as `install` names it, without a denoiser's prefix) -> where the text tokens of
+    its self-attention sequence sit: TEXT_FIRST ([text; video]), TEXT_LAST ([video; text]) or None
+    (video only). Layers absent (cross-attention, text-only layers) are never sparse.
+    grid: (transformer, forward args, forward kwargs) -> the latent grid (frames, height, width) of
+    the video tokens after patching, in the sequence's raster order, or None when the inputs do not
+    say (read before each forward, outside any compiled graph)."""
+
+    text: dict[str, str | None]
+    grid: Callable[[Any, tuple, dict], tuple[int, int, int] | None]
+
+
+def forward_input(args: tuple, kwargs: dict, name: str, index: int = 0) -> Any:
+    """A forward's input `name`, given by keyword or at position `index` (None when absent)."""
+    if name in kwargs:
+        return kwargs[name]
+    return args[index] if len(args) > index else None
 
 
 class ModelFamily:
@@ -181,6 +209,13 @@ class ModelFamily:
         of other families (exact class)."""
         return {}
 
+    # --- block-sparse attention ---
+
+    def sparse_layout(self, transformer: Any) -> SparseLayout | None:
+        """The `SparseLayout` of `transformer` when it is this family's (exact class), else None
+        (its layers then never run sparse: a sparse plan records them dense with the reason)."""
+        return None
+
     # --- sequence parallelism ---
 
     def shardable(self, source: ModelSource) -> str | None:
@@ -245,6 +280,15 @@ def processor_routes() -> dict[type, Any]:
     for family in every():
         routes.update(family.processor_routes())
     return routes
+
+
+def sparse_layout(transformer: Any) -> SparseLayout | None:
+    """The `SparseLayout` the registered families declare for `transformer`, or None."""
+    for family in every():
+        layout = family.sparse_layout(transformer)
+        if layout is not None:
+            return layout
+    return None
 
 
 def key_padding_layers(transformer: Any) -> dict[str, Any]:

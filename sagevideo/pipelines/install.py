@@ -304,11 +304,16 @@ def _warn_if_sdpa_replaced() -> None:
 
 
 def plan_router(
-    transformer: Any, plan: AttentionPlan | str | Path | None, pv: str | None, backend: str
+    transformer: Any, plan: AttentionPlan | str | Path | None, pv: str | None, backend: str, *, sharded: bool = False
 ) -> AttentionRouter:
-    """The router for `plan` (an AttentionPlan, a JSON path, or None for `default_plan`)."""
+    """The router for `plan` (an AttentionPlan, a JSON path, or None for `default_plan`). sharded: for
+    Ulysses sequence parallelism, which does not run block-sparse choices yet (ValueError for a plan
+    that has some: never dense in silence)."""
     if plan is not None and not isinstance(plan, AttentionPlan):
         plan = AttentionPlan.load(plan)
+    if sharded and plan is not None and plan.uses_sparse:
+        raise ValueError("sequence parallelism does not run block-sparse plan choices yet (each rank would select "
+                         "tiles over its heads after the all-to-all); run the sparse plan on one GPU per job")
     return AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
 
 
@@ -341,6 +346,7 @@ def install_router(
         planned.append((InstalledDenoiser(component, transformer, prefix, originals, label=label, wrapped=wrapped),
                         layers))
     router.plan.validate_for([name for _, layers in planned for name in layers.values()])
+    grids = _sparse_grids(router, planned)
     router = _with_key_padding(router, planned)
 
     handle = InstalledAttention([d for d, _ in planned], router, AttentionGuard(router, guard))
@@ -361,6 +367,8 @@ def install_router(
         router.clock.follow(pipe_or_transformer)
         for denoiser in handle.denoisers:
             denoiser.hooks.append(denoiser.transformer.register_forward_pre_hook(_ClockSync(router.clock)))
+    for denoiser, hook in grids:
+        denoiser.hooks.append(denoiser.transformer.register_forward_pre_hook(hook, with_kwargs=True))
     for denoiser in handle.denoisers:
         denoiser.hooks.append(denoiser.transformer.register_forward_pre_hook(handle.guard.pre_hook))
         denoiser.hooks.append(denoiser.transformer.register_forward_hook(handle.guard.post_hook, with_kwargs=True))
@@ -380,6 +388,24 @@ class _ClockSync:
     @torch.compiler.disable  # bookkeeping outside any graph: a compiled model calls it eagerly
     def __call__(self, module: Any, args: Any) -> None:
         self.clock.sync()
+
+
+def _sparse_grids(router: AttentionRouter, planned: list[tuple[InstalledDenoiser, dict[str, str]]]) -> list:
+    """For a plan with block-sparse choices: the sparse layers' text positions into the router's
+    `SparseRouting`, and (denoiser, `GridHook`) for each denoiser whose family declares a layout
+    (`families.sparse_layout`); [] for a dense plan (nothing is added)."""
+    from sagevideo.pipelines.families import sparse_layout
+    from sagevideo.pipelines.sparse import GridHook
+
+    if getattr(router, "sparse", None) is None:
+        return []
+    hooks = []
+    for denoiser, _ in planned:
+        layout = sparse_layout(denoiser.transformer)
+        if layout is not None:
+            router.sparse.text.update({denoiser.prefix + name: text for name, text in layout.text.items()})
+            hooks.append((denoiser, GridHook(router.sparse, layout)))
+    return hooks
 
 
 def _with_key_padding(router: AttentionRouter, planned: list[tuple[InstalledDenoiser, dict[str, str]]]) -> Any:

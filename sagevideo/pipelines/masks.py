@@ -93,6 +93,7 @@ class KeyPaddingRouter(AttentionRouter):
     def __init__(self, inner: AttentionRouter, forms: dict[str, KeyPadding]):
         self.inner = inner
         self.plan, self.backend, self.clock = inner.plan, inner.backend, inner.clock
+        self.sparse = inner.sparse
         self.forms = forms
 
     def choice(self, layer: str):

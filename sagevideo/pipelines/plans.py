@@ -2,7 +2,7 @@
 
 A plan is frozen data (validated with pydantic, saved as JSON):
 
-    {"version": 1,
+    {"version": 1,                                      # 2 when a choice is block-sparse
      "model": "CogVideoXTransformer3DModel",            # informative
      "layers": ["transformer_blocks.0.attn1", ...],     # the layers the plan was made for
      "num_steps": 50,                                   # optional: bounds for step ranges
@@ -15,8 +15,14 @@ attention sees): the settings it measured under and a note on what it did not ap
 plain recipe).
 
 Modes: "full" (SDPA, full precision), "int8-fp16" (INT8 QK, 16-bit PV), "int8-fp8" (INT8 QK,
-FP8 PV); granularity "block" or "token" (Q/K scales per tile or per token). Overrides apply in
-order, the last match wins; `steps` is a half-open range [start, stop) of denoising step
+FP8 PV); granularity "block" or "token" (Q/K scales per tile or per token). A quantized choice may
+be block-sparse (docs/sparse.md): `"sparse": {"method": "dynamic", "density": 0.15}` (pooled Q/K
+scores pick each query tile's key tiles at that share of all tiles, always keeping the diagonal
+tiles, a sink tile and the text rows and columns) or `"method": "static"` (3-D windows on the
+family's latent grid, the window whose density is closest); a "full" choice cannot be. Plans with a
+sparse choice are version 2 (written so when the version is left out); version 1 plans read as
+they always did. Overrides apply in order, the last match wins (the whole choice: an override
+without `sparse` is dense); `steps` is a half-open range [start, stop) of denoising step
 indices (stop may be null: to the end). `validate_for(layers, num_steps)` rejects unknown layer
 names and out-of-range steps before anything runs.
 """
@@ -24,13 +30,17 @@ names and out-of-range steps before anything runs.
 from __future__ import annotations
 
 import json
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-PLAN_VERSION = 1
+from sagevideo.choices import SparseMethod, parse_sparse, sparse_text
+
+READ_VERSIONS = (1, 2)  # 1: no sparse choices; 2: sparse choices allowed
+SPARSE_VERSION = 2  # what a plan with a block-sparse choice is
 
 
 class Mode(str, Enum):
@@ -53,26 +63,72 @@ class PlanError(ValueError):
     """A plan that cannot be used: bad JSON, bad field, unknown layer, step out of range."""
 
 
+class Sparse(BaseModel):
+    """Block-sparse attention of a quantized choice: the tile selection `method` and its target
+    `density` (kept / all key tiles of a call, in (0, 1]; the forced tiles may keep more)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    method: SparseMethod
+    density: float
+
+    @field_validator("density")
+    @classmethod
+    def _check_density(cls, density: float) -> float:
+        if not 0 < density <= 1:  # also NaN
+            raise ValueError(f"density {density} must lie in (0, 1] (kept / all key tiles), e.g. 0.15")
+        return density
+
+    @property
+    def text(self) -> str:
+        """The text form `--sparse` takes: 'dynamic:0.15'."""
+        return sparse_text(self.method, self.density)
+
+    @classmethod
+    def parse(cls, text: str) -> Sparse | None:
+        """`--sparse` text -> a Sparse, None for "off"; ValueError naming the fix."""
+        parsed = parse_sparse(text)
+        return None if parsed is None else cls(method=parsed[0], density=parsed[1])
+
+
+def _no_sparse_in_full(mode: Mode, sparse: Sparse | None) -> None:
+    if sparse is not None and mode is Mode.full:
+        raise ValueError("sparse: a 'full' choice runs full-precision SDPA, which is never block-sparse; "
+                         "remove sparse or give a quantized mode (int8-fp16, int8-fp8)")
+
+
 class Choice(BaseModel):
-    """One attention setting."""
+    """One attention setting; `sparse`: block-sparse attention (quantized modes only), None dense."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     mode: Mode
     granularity: Granularity = Granularity.block
+    sparse: Sparse | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        _no_sparse_in_full(self.mode, self.sparse)
+        return self
 
     @property
     def label(self) -> str:
-        return self.mode.value if self.mode is Mode.full else f"{self.mode.value}/{self.granularity.value}"
+        base = self.mode.value if self.mode is Mode.full else f"{self.mode.value}/{self.granularity.value}"
+        return base if self.sparse is None else f"{base}+sparse {self.sparse.text}"
 
 
 class Override(BaseModel):
-    """`mode`/`granularity` for `layers` (all when omitted) during `steps` [start, stop)."""
+    """`mode`/`granularity`/`sparse` for `layers` (all when omitted) during `steps` [start, stop)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     layers: tuple[str, ...] | None = None
     steps: tuple[int, int | None] | None = None
     mode: Mode
     granularity: Granularity = Granularity.block
+    sparse: Sparse | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        _no_sparse_in_full(self.mode, self.sparse)
+        return self
 
     @field_validator("steps")
     @classmethod
@@ -94,14 +150,14 @@ class Override(BaseModel):
 
     @property
     def choice(self) -> Choice:
-        return Choice(mode=self.mode, granularity=self.granularity)
+        return Choice(mode=self.mode, granularity=self.granularity, sparse=self.sparse)
 
 
 class AttentionPlan(BaseModel):
     """Per-layer, per-step attention settings. Immutable; see the module docstring for JSON."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    version: int = PLAN_VERSION
+    version: int = 1  # left out: 2 when a choice is sparse (`_default_version`)
     model: str | None = None
     layers: tuple[str, ...] | None = None
     num_steps: int | None = Field(default=None, ge=1)
@@ -109,10 +165,26 @@ class AttentionPlan(BaseModel):
     overrides: tuple[Override, ...] = ()
     recipe: dict[str, Any] | None = None  # the speed recipe calibration measured under (informative)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_version(cls, data: Any) -> Any:
+        """A plan that leaves its version out is version 2 when it has a sparse choice, else 1 (so a
+        dense plan stays readable by a sagevideo that knows version 1 only)."""
+        if isinstance(data, dict) and "version" not in data:
+            entries = [data.get("default"), *(data.get("overrides") or ())]
+            sparse = any((e.get("sparse") if isinstance(e, dict) else getattr(e, "sparse", None)) is not None
+                         for e in entries if e is not None)
+            data = {**data, "version": SPARSE_VERSION if sparse else 1}
+        return data
+
     @model_validator(mode="after")
     def _check(self):
-        if self.version != PLAN_VERSION:
-            raise ValueError(f"plan version {self.version} is not supported (this sagevideo reads {PLAN_VERSION})")
+        if self.version not in READ_VERSIONS:
+            raise ValueError(f"plan version {self.version} is not supported (this sagevideo reads versions "
+                             f"{', '.join(map(str, READ_VERSIONS))})")
+        if self.version < SPARSE_VERSION and self.uses_sparse:
+            raise ValueError(f"version: a plan with sparse choices is version {SPARSE_VERSION}; set \"version\": "
+                             f"{SPARSE_VERSION} (or leave it out)")
         known = set(self.layers) if self.layers is not None else None
         for i, o in enumerate(self.overrides):
             if known is not None and o.layers is not None:
@@ -127,6 +199,44 @@ class AttentionPlan(BaseModel):
     def uniform(cls, mode: Mode | str, granularity: Granularity | str = "block") -> AttentionPlan:
         """The same attention everywhere."""
         return cls(default=Choice(mode=Mode(mode), granularity=Granularity(granularity)))
+
+    @property
+    def uses_sparse(self) -> bool:
+        """Whether some choice of the plan is block-sparse."""
+        return self.default.sparse is not None or any(o.sparse is not None for o in self.overrides)
+
+    @classmethod
+    def sparse_default(cls, choice: Choice, sparse: Sparse, *, steps: int, dense_layers: tuple[str, ...] = ()
+                       ) -> AttentionPlan:
+        """The plan `--sparse` builds for a job without a plan file: `choice` made `sparse` everywhere
+        but the first `dense_steps(steps)` steps and `dense_layers` (each denoiser's first attention
+        layer), which run `choice` dense."""
+        dense = Choice(mode=choice.mode, granularity=choice.granularity)
+        overrides = [Override(steps=(0, dense_steps(steps)), mode=dense.mode, granularity=dense.granularity)]
+        if dense_layers:
+            overrides.append(Override(layers=tuple(dense_layers), mode=dense.mode, granularity=dense.granularity))
+        return cls(num_steps=steps, default=dense.model_copy(update={"sparse": sparse}), overrides=tuple(overrides))
+
+    def with_sparse(self, sparse: Sparse, *, steps: int, dense_layers: tuple[str, ...] = ()) -> AttentionPlan:
+        """This plan with `sparse` on each listed layer's quantized choice from step `dense_steps(steps)`
+        on, but in `dense_layers` (`calibrate --sparse`: the precisions it measured, then the sparsity as
+        given). PlanError for a plan that does not list its layers, has step ranges or sparse choices
+        already (calibrate writes none such), or a run too short to leave a sparse step."""
+        first = dense_steps(steps)
+        if self.layers is None or self.uses_sparse or any(o.steps is not None for o in self.overrides):
+            raise PlanError("with_sparse: needs a plan that lists its layers, without step ranges or sparse choices")
+        if first >= steps:
+            raise PlanError(f"with_sparse: a run of {steps} step(s) keeps its first {first} dense: none is sparse")
+        groups: dict[Choice, list[str]] = {}
+        for layer in self.layers:
+            choice = self.choice_for(layer, None)
+            if layer not in dense_layers and choice.mode is not Mode.full:
+                groups.setdefault(choice, []).append(layer)
+        added = [Override(layers=tuple(names), steps=(first, None), mode=c.mode, granularity=c.granularity,
+                          sparse=sparse) for c, names in groups.items()]
+        data = self.model_dump(exclude={"version"})
+        data["overrides"] = [*self.overrides, *added]
+        return AttentionPlan.model_validate(data)
 
     def choice_for(self, layer: str, step: int | None) -> Choice:
         """The setting for `layer` at denoising step `step` (None: outside a tracked run)."""
@@ -166,6 +276,7 @@ class AttentionPlan(BaseModel):
         return problems
 
     def to_json(self) -> str:
+        """JSON of the plan (fields left at None omitted: a dense plan's has no `sparse` key)."""
         return self.model_dump_json(indent=2, exclude_none=True)
 
     def save(self, path: str | Path) -> Path:
@@ -183,7 +294,8 @@ class AttentionPlan(BaseModel):
             return cls.model_validate(data)
         except ValidationError as err:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'plan'}: {e['msg']}" for e in err.errors()
+                f"{'.'.join(str(p) for p in e['loc']) or 'plan'}: {e['msg'].removeprefix('Value error, ')}"
+                for e in err.errors()
             )
             raise PlanError(f"{source}: {problems}") from None
 
@@ -193,3 +305,9 @@ class AttentionPlan(BaseModel):
         if not path.is_file():
             raise PlanError(f"plan file {path} does not exist (write one with `sagevideo calibrate ... --out {path}`)")
         return cls.from_json(path.read_text(), source=str(path))
+
+
+def dense_steps(steps: int) -> int:
+    """How many first steps `--sparse` keeps dense by default: a fifth of them, rounded up (the
+    early, high-noise steps lay out the video; sparsity there costs the most)."""
+    return math.ceil(steps / 5)

@@ -6,6 +6,10 @@ transformer. `StepClock` counts denoising steps from the pipeline's scheduler (r
 work the same when the transformer is `torch.compile`d. Without a pipeline the step is None and
 only step-less plan entries apply.
 
+A plan's block-sparse choices (`plans.Sparse`) are computed through `SparseRouting`
+(`pipelines.sparse`): the call's tile mask, chosen eagerly, goes to the attention call as
+`tile_mask`; a router whose plan has sparse choices notes every call's layer, step and density.
+
 Under `torch.compile` nothing a graph reads may change per layer or per step, or Dynamo recompiles
 for each: `router.route(layer)` gives each layer a `LayerRoute` whose choice the clock re-resolves
 outside the compiled code whenever the step changes, so a graph depends only on the choice
@@ -22,7 +26,8 @@ import torch
 
 from sagevideo.attention.functional import BACKENDS, key_padding_problem, scaled_dot_product_attention
 from sagevideo.choices import PVS as PV_MODES
-from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode
+from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
+from sagevideo.pipelines.sparse import SparseRouting
 
 
 class StepClock:
@@ -111,8 +116,9 @@ class LayerRoute:
     """One attention layer as compiled code sees it: its name (for reports and routers that need
     it) and the plan's choice for it at the current step, kept up to date by its router's clock.
 
-    Compiled graphs read only `mode` and `granularity` (enum members: layers with equal choices
-    share one graph) and `name` never. `flagged`: the layer's running count of query tiles past
+    Compiled graphs read only `mode`, `granularity` and `sparse` (enum members and a frozen model:
+    layers with equal choices share one graph) and `name` only for a sparse call's selection, which
+    runs outside the graph. `flagged`: the layer's running count of query tiles past
     INT8's accuracy (the run-time guard's, int32 0-dim on the model's device): every quantized
     call adds its count on the device (a graph input like a buffer, so one graph still serves every
     layer); `pipelines.guard` reads the counts at the end of each forward."""
@@ -121,6 +127,7 @@ class LayerRoute:
         self.name = name
         self.mode: Mode = choice.mode
         self.granularity = choice.granularity
+        self.sparse: Sparse | None = choice.sparse
         self.flagged = torch.zeros((), dtype=torch.int32)
 
     def counter_on(self, device: torch.device) -> torch.Tensor:
@@ -130,7 +137,7 @@ class LayerRoute:
         return self.flagged
 
     def set(self, choice: Choice) -> None:
-        self.mode, self.granularity = choice.mode, choice.granularity
+        self.mode, self.granularity, self.sparse = choice.mode, choice.granularity, choice.sparse
 
     def __repr__(self) -> str:
         return f"LayerRoute({self.name!r}, {self.mode.value}/{self.granularity.value})"
@@ -145,6 +152,9 @@ class AttentionRouter:
     well as keys) runs SDPA recorded as a fallback with its reason under every backend: an explicit
     backend names the kernel for the calls the kernels can compute; the model's mask does not make
     the run fail.
+    sparse: the `SparseRouting` of a plan with block-sparse choices (`install` gives it the layers'
+    text positions and the grid of each forward; without them every call runs dense, noted with
+    the reason), None for a dense plan.
     """
 
     def __init__(self, plan: AttentionPlan, backend: str = "auto"):
@@ -154,6 +164,7 @@ class AttentionRouter:
         self._routes: dict[str, LayerRoute] = {}
         self.forced_full: set[str] = set()  # layers the run-time guard moved to full precision
         self.clock.on_change.append(self._resolve_routes)
+        self.sparse = SparseRouting() if plan.uses_sparse else None
 
     def choice(self, layer: str) -> Choice:
         if layer in self.forced_full:
@@ -189,7 +200,7 @@ class AttentionRouter:
         if type(self).__call__ is not AttentionRouter.__call__:
             return self(route.name, q, k, v, **kwargs)
         return self._attend_with(route.mode, route.granularity.value, q, k, v,
-                                 counter=route.counter_on(q.device), **kwargs)
+                                 counter=route.counter_on(q.device), layer=route.name, sparse=route.sparse, **kwargs)
 
     def __call__(
         self,
@@ -209,10 +220,12 @@ class AttentionRouter:
         choice = self.choice(layer)
         return self._attend_with(choice.mode, choice.granularity.value, q, k, v, attn_mask=attn_mask,
                                  is_causal=is_causal, sm_scale=sm_scale, dropout_p=dropout_p, enable_gqa=enable_gqa,
-                                 counter=self.route(layer).counter_on(q.device))
+                                 counter=self.route(layer).counter_on(q.device), layer=layer, sparse=choice.sparse)
 
     def _attend_with(self, mode: Mode, granularity: str, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None,
-                     dropout_p=0.0, enable_gqa=False, counter: torch.Tensor | None = None) -> torch.Tensor:
+                     dropout_p=0.0, enable_gqa=False, counter: torch.Tensor | None = None, layer: str = "",
+                     sparse: Sparse | None = None) -> torch.Tensor:
+        tile_mask = self._tile_mask(mode, layer, sparse, q, k, attn_mask, plain=not dropout_p)
         if mode is Mode.full:  # torch's SDPA on the call as made (sageattn would refuse what SDPA broadcasts)
             return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
                                                 backend="sdpa")
@@ -221,8 +234,20 @@ class AttentionRouter:
             backend = "auto"  # SDPA, recorded with the mask's reason (the kernels' first unmet constraint)
         return scaled_dot_product_attention(
             q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
-            pv=mode.pv, qk_granularity=granularity, backend=backend, _guard_counter=counter,
+            pv=mode.pv, qk_granularity=granularity, backend=backend, tile_mask=tile_mask, _guard_counter=counter,
         )
+
+    def _tile_mask(self, mode: Mode, layer: str, sparse: Sparse | None, q, k, attn_mask, plain: bool) -> Any:
+        """A sparse call's tile mask (`SparseRouting.tile_mask`), else None, noting dense calls under a
+        plan with sparse choices (eagerly: inside a compiled graph only sparse calls are noted)."""
+        if self.sparse is None:
+            return None
+        if sparse is None or mode is Mode.full:
+            if not torch.compiler.is_compiling():
+                self.sparse.note_dense(layer, self.clock.step)
+            return None
+        return self.sparse.tile_mask(layer, sparse, q, k, pv=mode.pv, step=self.clock.step, attn_mask=attn_mask,
+                                     plain=plain)
 
 
 class RoutedProcessor:

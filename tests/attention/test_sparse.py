@@ -196,3 +196,57 @@ def test_sparse_calls_meet_the_contract_on_gpu(pv, head_dim):
     assert choice.ran == "triton" and choice.density == pytest.approx(mask.density)
     stats = error_stats(masked_attention_exact(q, k, v, mask), out)
     assert stats.nonfinite == 0 and stats.cos_worst >= {"fp16": 0.999, "fp8": 0.998}[pv], stats
+
+
+# --- the SDPA-signature call and tile selection for installed models (issue 36 stage 4a) ---
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+def test_the_sdpa_signature_call_computes_the_tile_mask_as_sageattn(backend):
+    from sagevideo.attention.functional import scaled_dot_product_attention
+
+    q, k, v = (t.float() if backend == "sdpa" else t for t in _qkv(seed=2))
+    mask = _coarse_mask(seed=2)
+    with record_backends() as log:
+        got = scaled_dot_product_attention(q, k, v, backend=backend, pv="fp16", tile_mask=mask)
+        want = sageattn(q, k, v, backend=backend, pv="fp16", tile_mask=mask)
+    assert torch.equal(got, want)
+    assert [c.density for c in log.choices] == [pytest.approx(mask.density)] * 2
+    if backend == "sdpa":  # full precision restricted to the mask, not dense attention
+        assert not torch.allclose(got, sageattn(q, k, v, backend="sdpa"), atol=1e-3)
+
+
+def test_a_call_that_cannot_be_sparse_is_refused_not_run_dense():
+    from sagevideo.attention.functional import scaled_dot_product_attention
+
+    q, k, v = _qkv(seed=3)
+    with pytest.raises(ValueError, match="cannot be block-sparse .*dropout_p=0.5"):
+        scaled_dot_product_attention(q, k, v, dropout_p=0.5, tile_mask=_coarse_mask())
+
+
+def test_select_tiles_keeps_text_dense_in_the_plan_tiles_and_caches_static_masks():
+    """Static on the grid, dynamic on planted structure (random q/k are not self-similar per tile,
+    so the dynamic selection keeps everything there: pooling would misjudge them)."""
+    from sagevideo.attention.sparse import select_tiles
+    from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
+    from sagevideo.kernels.tile_select import forced_tiles
+
+    grid, text = (3, 16, 16), 40
+    n = text + math.prod(grid)
+    x = planted_inputs(PlantedSpec(batch=1, heads=2, frames=3, height=16, width=16, head_dim=64, text_prefix=text,
+                                   global_tokens=0))
+    q, k = x.q, x.k
+    static = select_tiles(q, k, method="static", density=0.2, pv="fp8", text_last=text, grid=grid)
+    assert (static.block_m, static.block_n) == plans.tiles("fp8", 64) and static.keep.shape[:2] == (1, 1)
+    again = select_tiles(q, k, method="static", density=0.2, pv="fp8", text_last=text, grid=grid)
+    assert again.keep is static.keep  # one selection per setting: it depends on no input
+    dynamic = select_tiles(q, k, method="dynamic", density=0.3, pv="fp16", text_first=text)
+    assert (dynamic.block_m, dynamic.block_n) == plans.tiles("fp16", 64) and dynamic.keep.shape[:2] == (1, 2)
+    for mask, first, last in ((static, 0, text), (dynamic, text, 0)):
+        assert 0 < mask.density < 1
+        forced = forced_tiles(n, n, mask.block_m, mask.block_n, dense_prefix=first, dense_suffix=last)
+        assert mask.keep[:, :, forced].all()  # text rows and columns, and the diagonal
+    with pytest.raises(ValueError, match="do not make the call's"):
+        select_tiles(q, k, method="static", density=0.2, pv="fp8", grid=grid)
+    with pytest.raises(ValueError, match="needs the latent grid"):
+        select_tiles(q, k, method="static", density=0.2, pv="fp8")

@@ -339,3 +339,47 @@ def test_a_yaml_job_file_named_txt_exits_2_and_makes_no_video(tmp_path):
     assert result.stderr.startswith(f"sagevideo generate: error: {shots} line 1: looks like a YAML/TOML job "
                                     "file ('defaults: {steps: 2}' (and 1 more such line)) but is read as one prompt")
     assert "name it .yaml" in result.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--sparse", "dense:0.2"], "--sparse dense:0.2: 'dense:0.2': unknown method 'dense'; give METHOD:DENSITY with "
+         "METHOD dynamic or static and DENSITY in (0, 1], e.g. dynamic:0.15, or off"),
+        (["--sparse", "dynamic:1.5"], "--sparse dynamic:1.5: 'dynamic:1.5': density 1.5 is outside (0, 1]"),
+        (["--sparse", "static:0.2", "--attention", "full"], "--sparse static:0.2: static:0.2 with attention full: full "
+         "precision runs stock SDPA, which is never block-sparse; use sparse off or attention sage"),
+        (["--sparse", "dynamic:0.15", "--compile", "regional", "--compile-backend", "eager"],
+         "--compile regional: does not compose with --sparse yet: tile selection reads the device"),
+        (["--sparse", "dynamic:0.15", "--gpus-per-job", "2"],
+         "--gpus-per-job 2: does not compose with --sparse yet: Ulysses ranks do not select tiles"),
+    ],
+)
+def test_cli_refuses_a_sparse_setting_that_cannot_run_before_loading(tmp_path, no_model_load, extra, message):
+    args = ["generate", "--out", str(tmp_path / "out"), "--device", "cpu", "-p", "a cat", *extra]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert f"sagevideo generate: error: {message}" in result.stderr
+    assert not (tmp_path / "out" / "manifest.jsonl").exists()
+
+
+def test_a_job_file_sets_sparse_per_job_and_a_plan_beside_it_is_refused(tmp_path, no_model_load):
+    from sagevideo.pipelines.plans import AttentionPlan
+
+    plan = AttentionPlan.uniform("int8-fp16").save(tmp_path / "plan.json")
+    path = write(tmp_path, "jobs.yaml", f"""\
+        defaults:
+          sparse: static:0.25
+        jobs:
+          - prompt: a cat
+          - prompt: a dog
+            sparse: off
+          - prompt: a fox
+            plan: {plan}
+        """)
+    result = CliRunner().invoke(app, ["generate", str(path), "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (  # job 3 only: the others run (job 2 dense), once the plan conflict is solved
+        f"sagevideo generate: error: {path} line 2 (defaults): sparse: static:0.25 with plan {plan}: a plan file's own "
+        "settings rule; put the sparse setting in the plan (\"sparse\": {\"method\": ..., \"density\": ...} on its "
+        "quantized choices) or leave sparse off")

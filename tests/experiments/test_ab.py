@@ -204,9 +204,11 @@ def test_the_configs_option_checks_name_what_each_arm_gives_itself(tmp_path):
                             image=tmp_path / "i.png", device="cpu")
     assert config.options_beside_arms() == ["--pv", "--linear", "--attention-probe"]
     assert ABConfig.build(job, out=tmp_path).options_beside_arms() == []
+    assert ABConfig.build(job, out=tmp_path, sparse="static:0.2").options_beside_arms() == ["--sparse"]
     assert config.every_arms_settings() == {"model": "tiny", "backend": "auto", "device": "cpu",
                                             "image": tmp_path / "i.png"}
-    with pytest.raises(Refused, match=r"sets job 1: pv: `sagevideo ab` sets attention, pv and plan per arm \(x\);"):
+    with pytest.raises(Refused, match=r"sets job 1: pv: `sagevideo ab` sets attention, pv, plan and sparse per arm "
+                                      r"\(x\);"):
         config.checked_job_file(" (x)")
     with pytest.raises(Refused, match="no such file"):
         ABConfig.build(tmp_path / "missing.yaml", out=tmp_path).checked_job_file()
@@ -233,4 +235,20 @@ def test_a_job_file_setting_attention_is_refused_before_any_arm_even_without_tom
     jobs.write_text(toml if file_name.endswith(".toml") else yaml)
     with pytest.raises(InputError, match=r"sets defaults\.pv, job 1: attention: `sagevideo ab` sets attention, pv"):
         ab(jobs, out=tmp_path / "out", device="cpu", arms=arms, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_sparse_is_the_quantized_arms_and_never_the_job_files(tmp_path, no_model_load):
+    from sagevideo.errors import InputError
+    from sagevideo.experiments.ab import ABConfig, _quantized_arm, ab
+
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("jobs:\n  - prompt: a\n    sparse: dynamic:0.15\n")
+    with pytest.raises(InputError, match=r"sets job 1: sparse: `sagevideo ab` sets attention, pv, plan and sparse"):
+        ab(jobs, out=tmp_path / "out", device="cpu", progress=False)
+    jobs.write_text("jobs:\n  - prompt: a\n")
+    _, settings = _quantized_arm(ABConfig.build(jobs, out=tmp_path / "out", sparse="static:0.25"))
+    assert settings["sparse"] == "static:0.25" and settings["attention"] == "sage"
+    with pytest.raises(InputError, match="--attention-probe with --sparse static:0.25: the probe re-runs"):
+        ab(jobs, out=tmp_path / "out", device="cpu", progress=False, sparse="static:0.25", attention_probe=True)
     assert not (tmp_path / "out").exists()

@@ -66,3 +66,24 @@ def test_a_plain_calibration_writes_the_plan_as_before(tmp_path):
     out = tmp_path / "plan.json"
     calibrate(["a fox"], out=out, device="cpu", progress=False, capture_steps=[-1])
     assert "recipe" not in json.loads(out.read_text())
+
+
+@pytest.mark.slow  # a 3-step calibration (about 10 s on CPU)
+def test_sparse_is_written_into_the_calibrated_plan_after_the_first_fifth_and_first_layer(tmp_path):
+    from sagevideo.pipelines.plans import AttentionPlan, Sparse
+
+    out = tmp_path / "plan.json"
+    result = calibrate(["a fox"], out=out, device="cpu", progress=False, capture_steps=[-1], steps=3,
+                       sparse="static:0.3")
+    plan = AttentionPlan.load(out)
+    assert plan == result.plan and plan.version == 2
+    sparse = Sparse(method="static", density=0.3)
+    assert [plan.choice_for("transformer_blocks.1.attn1", s).sparse for s in range(3)] == [None, sparse, sparse]
+    assert {plan.choice_for("transformer_blocks.0.attn1", s).sparse for s in range(3)} == {None}
+    # the precisions calibration chose stay each layer's
+    assert plan.choice_for("transformer_blocks.1.attn1", 2).mode == result.chosen["transformer_blocks.1.attn1"].mode
+
+
+def test_sparse_with_no_step_left_to_be_sparse_is_refused_before_loading(tmp_path, no_model_load):
+    with pytest.raises(InputError, match="--sparse static:0.3 with 1 step"):
+        calibrate(["a fox"], out=tmp_path / "plan.json", device="cpu", progress=False, steps=1, sparse="static:0.3")

@@ -6,14 +6,17 @@ import re
 import socket
 
 import imageio.v2 as imageio
+import numpy as np
+import pytest
 
 import sagevideo
 from sagevideo.jobs.specs import DEFAULT_PROMPTS
 
 RECORD_FIELDS = set(
     "schema job_id status error prompt negative_prompt seed frames height width steps guidance name model family "
-    "model_fingerprint attention pv backend plan plan_sha256 image image_sha256 device dtype fps backends timings "
-    "outputs attempts retries worker started created sagevideo_version recipe scheduler render_key reused".split()
+    "model_fingerprint attention pv backend plan plan_sha256 sparse image image_sha256 device dtype fps backends "
+    "timings outputs attempts retries worker started created sagevideo_version recipe scheduler render_key "
+    "reused".split()
 )
 
 
@@ -75,3 +78,38 @@ def test_a_recipe_runs_through_generate_and_is_recorded_in_the_manifest(tmp_path
     assert record["backends"]["counts"] == {"reference/fp16": 2 * 3 - 2}  # 2 layers, skipped steps run only block 0
     plain = sagevideo.generate("a red panda", out=tmp_path / "plain", steps=3, progress=False)[0]
     assert plain["recipe"] is None and plain["job_id"] != record["job_id"]  # a cache changes the video: its own id
+
+
+def test_sparse_off_plans_the_batch_that_leaving_it_out_plans(tmp_path):
+    from sagevideo.generation.plan import plan_batch
+
+    plain = plan_batch(["a fox"], out=tmp_path / "a")
+    off = plan_batch(["a fox"], out=tmp_path / "b", sparse="off")
+    assert [j.job for j in off.jobs] == [j.job for j in plain.jobs] and off.jobs[0].job.sparse == "off"
+    assert [j.job_id for j in off.jobs] == [j.job_id for j in plain.jobs]
+    on = plan_batch(["a fox"], out=tmp_path / "c", sparse="dynamic:0.15")
+    assert on.jobs[0].job.sparse == "dynamic:0.15" and on.jobs[0].job_id != plain.jobs[0].job_id
+
+
+@pytest.mark.slow  # two tiny videos
+def test_sparse_off_makes_the_same_video_bit_for_bit(tmp_path):
+    plain = sagevideo.generate("a red panda", out=tmp_path / "plain", progress=False)[0]
+    off = sagevideo.generate("a red panda", out=tmp_path / "off", progress=False, sparse="off")[0]
+    assert off["job_id"] == plain["job_id"] and off["sparse"] is None and "sparse" not in off["backends"]
+    frames = [np.stack(imageio.mimread(tmp_path / name / r["outputs"][0])) for name, r in (("plain", plain),
+                                                                                          ("off", off))]
+    assert np.array_equal(*frames)
+
+
+@pytest.mark.slow  # the quantization emulation at 658 tokens
+def test_sparse_runs_through_generate_and_is_recorded_per_layer_and_step(tmp_path):
+    out = tmp_path / "out"
+    (record,) = sagevideo.generate("a red panda", out=out, steps=3, height=192, width=192, sparse="static:0.3",
+                                   progress=False)
+    assert record["status"] == "done", record["error"]
+    assert manifest_lines(out) == [record] and record["sparse"] == "static:0.3"
+    assert record["backends"]["counts"] == {"reference/fp16": 6} and record["backends"]["fallbacks"] == {}
+    sparse = record["backends"]["sparse"]
+    assert sparse["layers"]["transformer_blocks.0.attn1"] == {"calls": 3, "density": 1.0, "min": 1.0}
+    assert sparse["layers"]["transformer_blocks.1.attn1"]["min"] < 1.0
+    assert sparse["steps"]["0"] == 1.0 and sparse["steps"]["1"] < 1.0 and sparse["dense"] == {}

@@ -37,7 +37,7 @@ def test_every_option_is_a_generate_flag_with_the_configs_default_and_help():
 def test_job_defaults_are_the_options_that_are_job_fields():
     assert set(JOB_DEFAULTS) == {
         "seed", "frames", "height", "width", "steps", "guidance", "negative_prompt", "attention", "pv", "plan", "image",
-        "frames_png",
+        "frames_png", "sparse",
     }
     assert all(name in JobSpec.model_fields for name in JOB_DEFAULTS)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sagevideo
-from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Override, PlanError
+from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Override, PlanError, Sparse, dense_steps
 
 LAYERS = ("transformer_blocks.0.attn1", "transformer_blocks.1.attn1")
 
@@ -120,3 +120,83 @@ def test_quantized_pipeline_output_stays_close_to_full_precision(tiny_pipe):
             quant = _latents(tiny_pipe)
         cos = torch.nn.functional.cosine_similarity(full.flatten(), quant.flatten(), dim=0)
         assert cos > 0.999, (pv, cos)
+
+
+# --- block-sparse choices (issue 36 stage 4a) ---
+
+SPARSE = {"method": "dynamic", "density": 0.15}
+
+
+def test_a_sparse_plan_round_trips_as_version_2_and_a_dense_one_stays_version_1(tmp_path):
+    plan = AttentionPlan.model_validate(_plan(default={"mode": "int8-fp8", "sparse": SPARSE},
+                                              overrides=[{"steps": [0, 1], "mode": "int8-fp8"},
+                                                         {"layers": [LAYERS[1]], "mode": "int8-fp16",
+                                                          "sparse": {"method": "static", "density": 0.5}}]))
+    assert plan.version == 2 and plan.uses_sparse
+    loaded = AttentionPlan.load(plan.save(tmp_path / "sparse.json"))
+    assert loaded == plan
+    assert json.loads((tmp_path / "sparse.json").read_text())["default"]["sparse"] == SPARSE
+    assert plan.choice_for(LAYERS[0], 0).sparse is None  # the later override wins as a whole: dense
+    assert plan.choice_for(LAYERS[0], 2).sparse == Sparse(method="dynamic", density=0.15)
+    assert plan.choice_for(LAYERS[1], 2).label == "int8-fp16/block+sparse static:0.5"
+    dense = AttentionPlan.model_validate(_plan())  # an old plan: loads and writes as it always did
+    assert dense.version == 1 and not dense.uses_sparse
+    assert "sparse" not in dense.to_json() and json.loads(dense.to_json())["version"] == 1
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"default": {"mode": "full", "sparse": SPARSE}}, r"default: sparse: a 'full' choice .* quantized mode"),
+        ({"overrides": [{"mode": "full", "sparse": SPARSE}]}, r"overrides\.0: sparse: a 'full' choice"),
+        ({"version": 1, "default": {"mode": "int8-fp8", "sparse": SPARSE}}, r"version 2; set \"version\": 2"),
+        ({"default": {"mode": "int8-fp8", "sparse": {"method": "random", "density": 0.1}}},
+         r"default\.sparse\.method: Input should be 'dynamic' or 'static'"),
+        ({"default": {"mode": "int8-fp8", "sparse": {"method": "static", "density": 0}}},
+         r"default\.sparse\.density: density 0\.0 must lie in \(0, 1\]"),
+        ({"default": {"mode": "int8-fp8", "sparse": {"method": "static"}}},
+         r"default\.sparse\.density: Field required"),
+        ({"version": 3}, r"version 3 is not supported \(this sagevideo reads versions 1, 2\)"),
+    ],
+)
+def test_bad_sparse_settings_name_the_field_and_the_fix(change, match):
+    with pytest.raises(PlanError, match=match):
+        AttentionPlan.from_json(json.dumps(_plan(**change)))
+
+
+def test_the_sparse_default_plan_keeps_the_first_fifth_of_the_steps_and_the_given_layers_dense():
+    sparse = Sparse.parse("static:0.25")
+    plan = AttentionPlan.sparse_default(Choice(mode=Mode.int8_fp8, granularity="token"), sparse, steps=11,
+                                        dense_layers=(LAYERS[0],))
+    assert dense_steps(11) == 3 and dense_steps(5) == 1 and dense_steps(1) == 1
+    assert [plan.choice_for(LAYERS[1], s).sparse for s in range(11)] == [None] * 3 + [sparse] * 8
+    assert {plan.choice_for(LAYERS[0], s).sparse for s in range(11)} == {None}
+    assert {plan.choice_for(LAYERS[1], s).granularity.value for s in range(11)} == {"token"}
+    assert AttentionPlan.from_json(plan.to_json()) == plan
+
+
+def test_with_sparse_adds_the_setting_to_each_quantized_layer_after_the_dense_steps():
+    plan = AttentionPlan.model_validate(_plan(overrides=[{"layers": [LAYERS[0]], "mode": "full"}]))
+    sparse = Sparse.parse("dynamic:0.2")
+    made = plan.with_sparse(sparse, steps=4, dense_layers=())
+    assert [made.choice_for(LAYERS[1], s).sparse for s in range(4)] == [None, sparse, sparse, sparse]
+    assert {made.choice_for(LAYERS[0], s).label for s in range(4)} == {"full"}  # full precision stays dense
+    assert made.choice_for(LAYERS[1], 3).mode is Mode.int8_fp8 and made.version == 2
+    assert {plan.with_sparse(sparse, steps=4, dense_layers=(LAYERS[1],)).choice_for(LAYERS[1], 3).sparse} == {None}
+    with pytest.raises(PlanError, match="none is sparse"):
+        plan.with_sparse(sparse, steps=1)
+    with pytest.raises(PlanError, match="without step ranges or sparse choices"):
+        made.with_sparse(sparse, steps=4)
+
+
+def test_a_sparse_plan_file_is_checked_like_any_plan_and_runs_through_install(tiny_pipe, tmp_path):
+    from sagevideo.generation.plan import plan_batch
+
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=Sparse.parse("static:0.3")))
+    path = plan.save(tmp_path / "p.json")
+    planned = plan_batch(["a fox"], out=tmp_path / "out", plan=path)
+    assert planned.jobs[0].plan_sha256 is not None and planned.jobs[0].job.sparse == "off"
+    with sagevideo.install(tiny_pipe, path, backend="sdpa"), sagevideo.record_backends() as log:
+        _latents(tiny_pipe, steps=2)
+    layers = log.summary()["sparse"]["layers"]
+    assert {name: d["calls"] for name, d in layers.items()} == {name: 2 for name in LAYERS}

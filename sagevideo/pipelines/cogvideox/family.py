@@ -15,6 +15,8 @@ the job's size (`ModelFamily.prepare_image`), which the pipeline encodes as the 
 - loading: a `CogVideoXDPMScheduler` (CogVideoX-5B's) becomes `noise_first.NoiseFirstDPMScheduler`,
   the same steps with their CPU noise drawn while the device still runs the forward;
 - attention: `CogVideoXAttnProcessor2_0` -> `SageCogVideoXAttnProcessor`, one `attn1` per block;
+  block-sparse: every `attn1` ([text; video], text first), the grid of the latents (B, F, C, H, W)
+  after the patch (and the temporal patch of CogVideoX 1.5);
 - sequence parallelism: `sequence_parallel.shard_cogvideox` (the [text; video] sequence cut into
   equal shards), degrees that divide the heads and text + video tokens.
 Nothing here imports torch or diffusers at import time.
@@ -29,7 +31,15 @@ from types import SimpleNamespace
 from typing import Any
 
 from sagevideo.jobs.specs import JobSpec
-from sagevideo.pipelines.families import ModelFamily, latent_call_options, size_problems, ulysses_degree_problem
+from sagevideo.pipelines.families import (
+    TEXT_FIRST,
+    ModelFamily,
+    SparseLayout,
+    forward_input,
+    latent_call_options,
+    size_problems,
+    ulysses_degree_problem,
+)
 from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
@@ -228,6 +238,16 @@ class CogVideoXFamily(ModelFamily):
 
         return {CogVideoXAttnProcessor2_0: SageCogVideoXAttnProcessor}
 
+    def sparse_layout(self, transformer: Any) -> SparseLayout | None:
+        if type(transformer).__name__ != "CogVideoXTransformer3DModel":
+            return None
+        from diffusers import CogVideoXTransformer3DModel
+
+        if type(transformer) is not CogVideoXTransformer3DModel:
+            return None
+        return SparseLayout({key.removesuffix(".processor"): TEXT_FIRST for key in transformer.attn_processors},
+                            _latent_grid)
+
     # --- sequence parallelism ---
 
     def shardable(self, source: ModelSource) -> str | None:
@@ -273,3 +293,14 @@ def _tokenizer(model: str, fingerprint: str) -> Any:
 
 
 FAMILY = CogVideoXFamily()
+
+
+def _latent_grid(transformer: Any, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
+    """The video tokens' grid of a CogVideoX forward: latents (B, F, C, H, W), patched by `patch_size`
+    in space and `patch_size_t` (CogVideoX 1.5; None: 1) in time, tokens in (frame, row, column) order."""
+    latents = forward_input(args, kwargs, "hidden_states")
+    if latents is None or latents.dim() != 5:
+        return None
+    p, p_t = transformer.config.patch_size, transformer.config.patch_size_t or 1
+    frames, _, height, width = latents.shape[1:]
+    return frames // p_t, height // p, width // p

@@ -16,7 +16,9 @@ calibrate and `--gpus-per-job` need to know of it. Registered in `sagevideo.pipe
   text: it runs in the kernels. The token refiner's 2 layers mask queries as well as keys
   (B, H, 256, 256): SDPA, recorded as a fallback with that reason (under every backend);
 - layer names: `context_embedder.token_refiner.refiner_blocks.N.attn`, `transformer_blocks.N.attn`,
-  `single_transformer_blocks.N.attn` (install's order);
+  `single_transformer_blocks.N.attn` (install's order); block-sparse: the dual- and single-stream
+  layers ([video; text], text last; the refiner never), the grid of the latents (B, C, F, H, W)
+  after the patch;
 - sequence parallelism: `sequence_parallel.shard_hunyuanvideo` (text replicated, video split),
   degrees that divide the heads and the video tokens.
 Nothing here imports torch or diffusers at import time.
@@ -31,7 +33,15 @@ from typing import Any
 
 from sagevideo.errors import InputError
 from sagevideo.jobs.specs import JobSpec
-from sagevideo.pipelines.families import ModelFamily, latent_call_options, size_problems, ulysses_degree_problem
+from sagevideo.pipelines.families import (
+    TEXT_LAST,
+    ModelFamily,
+    SparseLayout,
+    forward_input,
+    latent_call_options,
+    size_problems,
+    ulysses_degree_problem,
+)
 from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
@@ -255,6 +265,17 @@ class HunyuanVideoFamily(ModelFamily):
         latents = latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor
         return pipe.vae.decode(latents, return_dict=False)[0]  # (1, 3, F, H, W) in [-1, 1]
 
+    def sparse_layout(self, transformer: Any) -> SparseLayout | None:
+        if type(transformer).__name__ != TRANSFORMER_CLASS:
+            return None
+        from diffusers import HunyuanVideoTransformer3DModel
+
+        if type(transformer) is not HunyuanVideoTransformer3DModel:
+            return None
+        layers = (key.removesuffix(".processor") for key in transformer.attn_processors)
+        return SparseLayout({layer: TEXT_LAST for layer in layers if not layer.startswith("context_embedder.")},
+                            _latent_grid)
+
     # --- sequence parallelism ---
 
     def shardable(self, source: ModelSource) -> str | None:
@@ -276,3 +297,13 @@ class HunyuanVideoFamily(ModelFamily):
 
 
 FAMILY = HunyuanVideoFamily()
+
+
+def _latent_grid(transformer: Any, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
+    """The video tokens' grid of a HunyuanVideo forward: latents (B, C, F, H, W) over its patch."""
+    latents = forward_input(args, kwargs, "hidden_states")
+    if latents is None or latents.dim() != 5:
+        return None
+    p, p_t = transformer.config.patch_size, transformer.config.patch_size_t
+    frames, height, width = latents.shape[2:]
+    return frames // p_t, height // p, width // p

@@ -132,7 +132,7 @@ def shard_hunyuanvideo(pipe_or_transformer: Any, *, group=None, plan=None, pv: s
         )
     rank, world = ulysses_rank([transformer], group)
     state: dict[str, int] = {}
-    router = UlyssesRouter(plan_router(transformer, plan, pv, backend), group=group, state=state)
+    router = UlyssesRouter(plan_router(transformer, plan, pv, backend, sharded=True), group=group, state=state)
 
     def before_forward(module, args, kwargs):
         hidden = kwargs.get("hidden_states", args[0] if args else None)

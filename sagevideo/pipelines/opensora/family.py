@@ -15,7 +15,8 @@
   resized to cover the video and center-cropped, as the official sampler does (no aspect refusal);
 - attention: `OpenSoraAttnProcessor` -> `SageOpenSoraAttnProcessor`, one `attn` per block; plans
   name layers `transformer_blocks.{i}.attn` (official `double_blocks.{i}`) and
-  `single_transformer_blocks.{j}.attn` (official `single_blocks.{j}`);
+  `single_transformer_blocks.{j}.attn` (official `single_blocks.{j}`); block-sparse: every layer
+  ([text; image], text first), the grid read from the forward's `img_ids` (t, h, w positions);
 - generation: the pipeline's three-branch guidance loop with diffusers' per-step callback, and its
   VAE decode (the official spatial tiling);
 - sequence parallelism: `sequence_parallel.shard_opensora` (text replicated on every rank, image
@@ -31,7 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from sagevideo.jobs.specs import JobSpec
-from sagevideo.pipelines.families import ModelFamily, latent_call_options, patch_grid, size_problems
+from sagevideo.pipelines.families import (
+    TEXT_FIRST,
+    ModelFamily,
+    SparseLayout,
+    forward_input,
+    latent_call_options,
+    patch_grid,
+    size_problems,
+)
 from sagevideo.pipelines.loading import ModelSource, fingerprint, folder_fingerprint
 
 TINY = "tiny-opensora"
@@ -250,6 +259,16 @@ class OpenSoraFamily(ModelFamily):
 
         return {OpenSoraAttnProcessor: SageOpenSoraAttnProcessor}
 
+    def sparse_layout(self, transformer: Any) -> SparseLayout | None:
+        if type(transformer).__name__ != "OpenSoraTransformer3DModel":
+            return None
+        from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
+
+        if type(transformer) is not OpenSoraTransformer3DModel:
+            return None
+        return SparseLayout({key.removesuffix(".processor"): TEXT_FIRST for key in transformer.attn_processors},
+                            _latent_grid)
+
     # --- sequence parallelism ---
 
     def shard(self, pipe_or_transformer: Any, *, group: Any = None, plan: Any = None, pv: str | None = None,
@@ -270,3 +289,14 @@ class OpenSoraFamily(ModelFamily):
 
 
 FAMILY = OpenSoraFamily()
+
+
+def _latent_grid(transformer: Any, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
+    """The image tokens' grid of an Open-Sora forward, from `img_ids` (B, L, 3) (t, h, w positions in
+    `packing.pack_latents` order): their largest values + 1 (one host read, before the forward),
+    None unless they fill that grid."""
+    ids = forward_input(args, kwargs, "img_ids", 1)
+    if ids is None or ids.dim() != 3 or ids.shape[-1] != 3:
+        return None
+    grid = tuple(int(n) + 1 for n in ids[0].amax(dim=0).tolist())
+    return grid if grid[0] * grid[1] * grid[2] == ids.shape[1] else None

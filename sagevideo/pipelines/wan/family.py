@@ -18,6 +18,8 @@ Wan 2.2 (A14B text- and image-to-video, TI2V-5B). Registered in `sagevideo.pipel
   inside each denoiser's forward; layers `blocks.N.attn1` (self-attention over the video tokens)
   and `blocks.N.attn2` (cross-attention to the text, and to the image tokens of Wan 2.1 I2V: two
   calls of one layer), those of `transformer_2` prefixed `transformer_2.` as `install` names them;
+  block-sparse: the `attn1` layers (video only; `attn2` never), the grid of the latents
+  (B, C, F, H, W) after the (t, h, w) patch;
 - sequence parallelism: `sequence_parallel.shard_wan` (sagevideo's Ulysses around the
   interception: video tokens split, text replicated), degrees that divide the heads and the video
   tokens.
@@ -34,7 +36,14 @@ from typing import Any
 
 from sagevideo.errors import InputError
 from sagevideo.jobs.specs import JobSpec
-from sagevideo.pipelines.families import ModelFamily, latent_call_options, patch_grid, size_problems
+from sagevideo.pipelines.families import (
+    ModelFamily,
+    SparseLayout,
+    forward_input,
+    latent_call_options,
+    patch_grid,
+    size_problems,
+)
 from sagevideo.pipelines.loading import (
     ModelSource,
     fingerprint,
@@ -334,6 +343,16 @@ class WanFamily(ModelFamily):
         inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
         return vae.decode(latents / inverse_std + mean, return_dict=False)[0]  # (1, 3, F, H, W) in [-1, 1]
 
+    def sparse_layout(self, transformer: Any) -> SparseLayout | None:
+        if type(transformer).__name__ != TRANSFORMER_CLASS:
+            return None
+        from diffusers import WanTransformer3DModel
+
+        if type(transformer) is not WanTransformer3DModel:
+            return None
+        layers = (key.removesuffix(".processor") for key in transformer.attn_processors)
+        return SparseLayout({layer: None for layer in layers if layer.endswith(".attn1")}, _latent_grid)
+
     # --- sequence parallelism ---
 
     def shardable(self, source: ModelSource) -> str | None:
@@ -462,3 +481,13 @@ def _counter(model: str, fingerprint: str):
 
 
 FAMILY = WanFamily()
+
+
+def _latent_grid(transformer: Any, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
+    """The video tokens' grid of a Wan forward: latents (B, C, F, H, W) over the (t, h, w) patch."""
+    latents = forward_input(args, kwargs, "hidden_states")
+    if latents is None or latents.dim() != 5:
+        return None
+    p_t, p_h, p_w = transformer.config.patch_size
+    frames, height, width = latents.shape[2:]
+    return frames // p_t, height // p_h, width // p_w

@@ -27,3 +27,11 @@ def test_cogvideox_1_5_counts_padded_latent_frames(tmp_path):
     ]
     thirteen_pairs = JobSpec(prompt="x", frames=97, height=752, width=1360)  # 226 + 13 x 3995 = 3 x 17387
     assert degree_problems(source, [(thirteen_pairs, "job 1")], 3) == []
+
+
+def test_a_sparse_run_skips_video_tiles_and_keeps_text_first_steps_and_first_layer_dense(tiny_pipe, monkeypatch):
+    """[text; video]: 32 text + 3x12x12 video tokens in 128x64 tiles (issue 36 stage 4a)."""
+    from tests.helpers.sparse import check_sparse_run, sparse_run
+
+    summary, selections = sparse_run(tiny_pipe, monkeypatch, size=192)
+    check_sparse_run(tiny_pipe, summary, selections, text_first=32, text_last=0)

@@ -323,3 +323,12 @@ def test_on_ray_and_over_two_ranks_the_videos_are_one_process_s(generated, ray_l
     assert all(r["worker"]["ranks"] == 2 for r in sharded.values())
     # rank 0 records every call, as one process does: the quantized job's calls are the same
     assert sharded["sage"]["backends"] == next(r.backends for r in records if r.outputs == ["sage.mp4"])
+
+
+def test_a_sparse_run_keeps_the_text_after_the_video_dense_and_the_refiner_never_sparse(hunyuan_pipe, monkeypatch):
+    """[video; text]: 3x8x8 video + 32 text tokens; the token refiner's text-only layers stay dense."""
+    from tests.helpers.sparse import check_sparse_run, sparse_run
+
+    summary, selections = sparse_run(hunyuan_pipe, monkeypatch, size=128)
+    refiner = {f"context_embedder.token_refiner.refiner_blocks.{i}.attn" for i in range(2)}
+    check_sparse_run(hunyuan_pipe, summary, selections, text_first=0, text_last=32, never=refiner)

@@ -193,3 +193,11 @@ def test_images_are_one_for_all_prompts_or_one_per_prompt(pipe):
     picture = Image.new("RGB", (32, 32), (200, 30, 30))
     with pytest.raises(ValueError, match="2 images for 1 prompts; give one image, or one per prompt"):
         pipe("a cat", image=[picture, picture], height=32, width=32, num_frames=1, num_inference_steps=1)
+
+
+def test_a_sparse_run_skips_image_tiles_and_keeps_the_text_first_dense(pipe, monkeypatch):
+    """[text; image] in both block kinds: 32 text + 3x12x12 image tokens (issue 36 stage 4a)."""
+    from tests.helpers.sparse import check_sparse_run, sparse_run
+
+    summary, selections = sparse_run(pipe, monkeypatch, size=192)
+    check_sparse_run(pipe, summary, selections, text_first=32, text_last=0)

@@ -308,3 +308,19 @@ def test_ab_probes_every_layer_of_both_denoisers_at_the_steps_each_runs(tmp_path
         assert 0.99 < layer["cos_worst"] < 1.0
     assert data["arms"]["test"]["settings"]["backends_ran"] == {"reference/fp16": 2 * CALLS_PER_STEP}
 
+
+
+def test_a_sparse_run_makes_self_attention_sparse_and_never_cross_attention(wan_pipes, monkeypatch):
+    """Video-only self-attention (3x12x12 tokens) sparse after the first step and layer; attn2 dense."""
+    from tests.helpers.sparse import check_sparse_run, sparse_run
+
+    pipe = wan_pipes["tiny-wan"]
+    summary, selections = sparse_run(pipe, monkeypatch, size=192)
+    check_sparse_run(pipe, summary, selections, text_first=0, text_last=0,
+                     never={"blocks.0.attn2", "blocks.1.attn2"})
+
+
+def test_each_denoiser_keeps_its_first_self_attention_dense_under_sparse(wan_pipes):
+    from sagevideo.pipelines.sparse import first_sparse_layers
+
+    assert first_sparse_layers(wan_pipes["tiny-wan22"]) == ("blocks.0.attn1", "transformer_2.blocks.0.attn1")

@@ -1,0 +1,90 @@
+"""`--sparse`: block-sparse attention as a run's setting (pydantic, no torch; docs/sparse.md).
+
+One option, declared once in `SparseOptions`, which the configs of generate, ab and calibrate
+inherit as they inherit the recipe's options; a job file gives it per job (`sparse:` in `defaults:`
+or a job, a `JobSpec` field). Its text form is `sagevideo.choices.parse_sparse`'s: METHOD:DENSITY
+("dynamic:0.15", "static:0.25") or "off" (the default: dense, nothing changes). Values are kept in
+their canonical text (`sparse_text`), so equal settings compare equal.
+
+With it and no plan file, a job runs the plan `sagevideo.pipelines.sparse.job_plan` builds: its
+quantized attention block-sparse, but for the first ceil(steps/5) steps and each denoiser's first
+attention layer. With a plan file the plan's own settings rule, and giving both is refused
+(`sparse_problems`), as are `--attention full` (full precision is never sparse), `--compile` (tile
+selection reads the device between the compiled graphs) and `--gpus-per-job` > 1 (Ulysses ranks do
+not select tiles yet): each before anything loads.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, BeforeValidator, Field
+
+from sagevideo.choices import SPARSE_OFF, parse_sparse, sparse_text
+
+
+def _canonical(value: Any) -> Any:
+    """A setting's canonical text ('dynamic:0.15', 'off'); False (YAML reads `off` as false) is off;
+    ValueError naming the fix for anything else."""
+    if value is None:
+        return None
+    if value is False:
+        return SPARSE_OFF
+    if not isinstance(value, str):
+        raise ValueError(f"sparse {value!r}: give METHOD:DENSITY (e.g. dynamic:0.15, static:0.25) or off")
+    parsed = parse_sparse(value)
+    return SPARSE_OFF if parsed is None else sparse_text(*parsed)
+
+
+SparseText = Annotated[str, BeforeValidator(_canonical)]  # a job field's and the option's value type
+
+SPARSE_HELP = (
+    "Block-sparse attention in the quantized layers: METHOD:DENSITY, dynamic (pooled Q/K scores choose each query "
+    "tile's key tiles) or static (3-D windows on the latent grid), DENSITY in (0, 1] the share of key tiles kept, "
+    "e.g. dynamic:0.15; off: dense. Without a plan the first ceil(steps/5) steps and each denoiser's first "
+    "attention layer stay dense, and text rows and columns always do; recorded per layer in the manifest. Not with "
+    "--plan (put sparse in the plan), --attention full, --compile or --gpus-per-job > 1 (docs/sparse.md)."
+)
+
+
+class SparseOptions(BaseModel):
+    """The block-sparse setting, declared once for generate, ab and calibrate (each inherits it)."""
+
+    cli_panel: ClassVar[str] = "Block-sparse attention (docs/sparse.md)"
+
+    sparse: SparseText = Field(SPARSE_OFF, description=SPARSE_HELP)
+
+
+def is_sparse(value: str | None) -> bool:
+    """Whether a (canonical) setting asks for block-sparse attention."""
+    return value is not None and value != SPARSE_OFF
+
+
+def job_sparse_problem(sparse: str | None, attention: str | None, plan: str | None) -> str | None:
+    """Why a resolved job cannot run `sparse` ('sparse: ...' with the fix), or None."""
+    if not is_sparse(sparse):
+        return None
+    if attention == "full":
+        return (f"sparse: {sparse} with attention full: full precision runs stock SDPA, which is never block-sparse; "
+                "use sparse off or attention sage")
+    if plan:
+        return (f"sparse: {sparse} with plan {plan}: a plan file's own settings rule; put the sparse setting in the "
+                "plan (\"sparse\": {\"method\": ..., \"density\": ...} on its quantized choices) or leave sparse off")
+    return None
+
+
+def run_sparse_problems(sparse_given: bool, compile_: str, gpus_per_job: int) -> list[tuple[str, str]]:
+    """(option, problem) for run settings that do not compose with block-sparse jobs (sparse_given:
+    some job asks for it)."""
+    if not sparse_given:
+        return []
+    problems = []
+    if compile_ != "none":
+        problems.append((f"--compile {compile_}", (
+            "does not compose with --sparse yet: tile selection reads the device (host syncs), which would split "
+            "every compiled block's graph; use --compile none with --sparse (the fused selection is to come)")))
+    if gpus_per_job > 1:
+        problems.append((f"--gpus-per-job {gpus_per_job}", (
+            "does not compose with --sparse yet: Ulysses ranks do not select tiles over their heads; use "
+            "--gpus-per-job 1 with --sparse")))
+    return problems

@@ -1,0 +1,144 @@
+"""Block-sparse plan choices inside a router (`pipelines/sparse.py`, issue 36 stage 4a): every call
+under a sparse plan is noted with its density, a call that cannot be sparse runs dense with the
+reason (never in silence), Ulysses refuses sparse plans, `job_plan`'s defaults. The runs of each
+family: the family test folders (`tests/helpers/sparse.py`)."""
+
+import math
+
+import pytest
+import torch
+
+from sagevideo.attention.records import record_backends
+from sagevideo.pipelines.families import TEXT_FIRST, TEXT_LAST
+from sagevideo.pipelines.install import plan_router
+from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
+from sagevideo.pipelines.routing import AttentionRouter
+from sagevideo.pipelines.sparse import NO_GRID, NOT_PLAIN, NOT_SPARSE_LAYER, grid_mismatch, job_plan
+
+STATIC = Sparse(method="static", density=0.3)
+GRID = (2, 8, 16)  # 256 video tokens
+
+
+def _router(text: dict, grid=GRID) -> AttentionRouter:
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=STATIC),
+                         overrides=({"layers": ["dense"], "mode": "int8-fp16"},))
+    router = AttentionRouter(plan, backend="sdpa")
+    router.sparse.text.update(text)
+    router.sparse.grid = grid
+    return router
+
+
+def _qkv(n: int, heads: int = 2):
+    gen = torch.Generator().manual_seed(n)
+    return (torch.randn(1, heads, n, 64, generator=gen) for _ in range(3))
+
+
+def test_sparse_calls_run_their_mask_and_every_call_is_noted_with_its_density():
+    text = 40
+    router = _router({"joint": TEXT_LAST, "dense": TEXT_LAST})
+    q, k, v = _qkv(text + math.prod(GRID))
+    with record_backends() as log:
+        sparse_out = router("joint", q, k, v)
+        dense_out = router("dense", q, k, v)  # the plan's dense choice for this layer
+    joint, dense = log.sparse
+    assert (joint.layer, joint.step, joint.reason) == ("joint", None, "") and 0 < joint.density < 1
+    assert (dense.layer, dense.density, dense.reason) == ("dense", 1.0, "")
+    assert log.choices[0].density == pytest.approx(joint.density) and log.choices[1].density is None
+    assert not torch.allclose(sparse_out, dense_out, atol=1e-3)
+    summary = log.summary()["sparse"]
+    assert summary == {"layers": {"joint": {"calls": 1, "density": round(joint.density, 4),
+                                            "min": round(joint.density, 4)},
+                                  "dense": {"calls": 1, "density": 1.0, "min": 1.0}},
+                       "steps": {"none": round((joint.density + 1) / 2, 4)}, "dense": {}}
+
+
+@pytest.mark.parametrize("case", ["not-a-sparse-layer", "no-grid", "mismatch", "text-in-a-video-layer", "dropout",
+                                  "grouped-heads"])
+def test_a_call_that_cannot_be_sparse_runs_dense_with_the_reason(case):
+    n = math.prod(GRID) + (0 if case == "text-in-a-video-layer" else 40)
+    text = {"video": None} if case == "text-in-a-video-layer" else {"joint": TEXT_FIRST}
+    router = _router({} if case == "not-a-sparse-layer" else text, grid=None if case == "no-grid" else GRID)
+    q, k, v = _qkv({"mismatch": math.prod(GRID) - 8, "text-in-a-video-layer": n + 8}.get(case, n))
+    kwargs = {"dropout_p": 0.5} if case == "dropout" else {}
+    if case == "grouped-heads":
+        k, v, kwargs = k[:, :1], v[:, :1], {"enable_gqa": True}
+    layer = "video" if case == "text-in-a-video-layer" else "joint"
+    with record_backends() as log:
+        out = router(layer, q, k, v, **kwargs)
+    want = {"not-a-sparse-layer": NOT_SPARSE_LAYER, "no-grid": NO_GRID, "dropout": NOT_PLAIN,
+            "grouped-heads": NOT_PLAIN, "mismatch": grid_mismatch(q.shape[2], GRID, TEXT_FIRST),
+            "text-in-a-video-layer": grid_mismatch(q.shape[2], GRID, None)}[case]
+    assert [(n.density, n.reason) for n in log.sparse] == [(1.0, want)]
+    assert log.summary()["sparse"]["dense"] == {want: 1}
+    if case != "dropout":  # dense attention, as the plan's mode computes it without the mask
+        assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] == 1))
+
+
+def test_a_dense_plan_notes_nothing_and_installs_no_sparse_routing():
+    router = AttentionRouter(AttentionPlan.uniform("int8-fp16"), backend="sdpa")
+    assert router.sparse is None
+    with record_backends() as log:
+        router("a", *_qkv(64))
+    assert log.sparse == [] and "sparse" not in log.summary()
+
+
+def test_sequence_parallelism_refuses_a_sparse_plan_and_off_builds_no_plan():
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp8, sparse=STATIC))
+    with pytest.raises(ValueError, match="sequence parallelism does not run block-sparse plan choices yet"):
+        plan_router(None, plan, "fp8", "auto", sharded=True)
+    assert plan_router(None, plan, "fp8", "auto").sparse is not None
+    with pytest.raises(ValueError, match="--sparse off builds no plan"):
+        job_plan(None, "fp16", "off", 5)
+
+
+def test_the_grid_hook_and_layouts_come_with_install_and_go_with_remove(tiny_pipe):
+    import sagevideo
+
+    plan = job_plan(tiny_pipe, "fp8", "dynamic:0.2", steps=10)
+    assert plan.overrides[0].steps == (0, 2) and plan.overrides[1].layers == ("transformer_blocks.0.attn1",)
+    transformer = tiny_pipe.transformer
+    hooks = len(transformer._forward_pre_hooks)
+    with sagevideo.install(tiny_pipe, plan, backend="sdpa") as handle:
+        assert handle.router.sparse.text == {"transformer_blocks.0.attn1": TEXT_FIRST,
+                                             "transformer_blocks.1.attn1": TEXT_FIRST}
+        assert len(transformer._forward_pre_hooks) == hooks + 3  # clock sync, grid, guard's
+    assert len(transformer._forward_pre_hooks) == hooks
+    with sagevideo.install(tiny_pipe, backend="sdpa") as handle:  # a dense plan: no grid hook
+        assert handle.router.sparse is None and len(transformer._forward_pre_hooks) == hooks + 2
+
+
+@pytest.mark.slow  # torch.compile
+def test_a_model_its_user_compiles_runs_a_sparse_plan_as_eager_breaking_at_the_selection(tiny_pipe):
+    """Selection reads the device, so it runs between graphs (`torch.compiler.disable`): outputs and
+    the per-layer notes as eager; `sagevideo generate` refuses --sparse with --compile instead."""
+    from torch._dynamo.utils import counters
+
+    import sagevideo
+
+    transformer = tiny_pipe.transformer
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=STATIC))
+    gen = torch.Generator().manual_seed(0)
+    inputs = dict(hidden_states=torch.randn(2, 3, 4, 24, 24, generator=gen),  # 3x12x12 video tokens
+                  encoder_hidden_states=torch.randn(2, 32, 32, generator=gen), timestep=torch.tensor([500, 500]))
+
+    def forward():
+        with torch.no_grad():
+            return transformer(**inputs, return_dict=False)[0]
+
+    torch._dynamo.reset()
+    counters.clear()
+    with sagevideo.install(transformer, plan, backend="reference"):
+        with record_backends() as eager_log:
+            eager = forward()
+        try:
+            for block in transformer.transformer_blocks:
+                block.compile(backend="eager")
+            with record_backends() as compiled_log:
+                compiled = forward()
+        finally:
+            for block in transformer.transformer_blocks:
+                block._compiled_call_impl = None  # back to eager for the session's other tests
+    assert torch.equal(compiled, eager)
+    assert compiled_log.summary()["sparse"] == eager_log.summary()["sparse"]
+    assert 0 < eager_log.summary()["sparse"]["layers"]["transformer_blocks.1.attn1"]["density"] < 1
+    assert any("tile_mask" in reason for reason in counters["graph_break"])
