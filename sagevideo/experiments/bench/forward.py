@@ -20,6 +20,14 @@ the output's cosine against eager cuDNN (fp64) and the attention backends that r
 
 The model is one of `pipelines.forwards.CONFIGS` at real size with random weights (the time
 depends on the shapes, not the values), or a tiny one.
+
+`--sparse METHOD:DENSITY` makes the sage recipes block-sparse as a sparse step of `generate
+--sparse` runs them (`pipelines.sparse.job_plan` on the bare transformer: every layer its family
+may make sparse but the first, text rows and columns dense); each recipe's record gives the mean
+density its calls reached. Eager recipes only for now: the tile selection reads the device between
+the blocks, which compiled blocks cannot take. Random weights make attention near-uniform, so the
+density dynamic selection reaches here says nothing of a real model's (static windows reach the
+density asked); the time is what matters here.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from sagevideo.experiments.bench.timing import (
     resolve_device_dtype,
     synchronizer,
 )
+from sagevideo.jobs.sparse import SparseOptions, is_sparse
 
 SCHEMA = "sagevideo.bench.forward"
 DEFAULT_RECIPES = ("eager-cudnn", "eager-sage", "compile-cudnn", "compile-sage", "fp8-compile-sage")
@@ -83,8 +92,9 @@ def parse_recipe_name(name: str) -> dict[str, str]:
     return {"linear": recipe.linear, "compile": recipe.compile, "cache": recipe.cache, "attention": attention}
 
 
-class BenchForwardConfig(BenchOptions, ModelConfigOptions):
-    """Which recipes, on which transformer config (`ModelConfigOptions`), where (`BenchOptions`)."""
+class BenchForwardConfig(BenchOptions, ModelConfigOptions, SparseOptions):
+    """Which recipes, on which transformer config (`ModelConfigOptions`), where (`BenchOptions`),
+    block-sparse or not (`SparseOptions`: the sage recipes')."""
 
     recipes: list[str] = Field(["default"], description=f"comma list of {RECIPE_NAME_FORM}, or "
                                f"default: {','.join(DEFAULT_RECIPES)} (fp8 left out where it cannot run)")
@@ -157,6 +167,7 @@ def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
         raise InputError("\n".join(problems))
     if not names:
         raise InputError("--recipes: none of them can run here: " + "; ".join(f"{n}: {w}" for n, w in left_out.items()))
+    _check_sparse_recipes(config.sparse, names)
     from sagevideo.experiments.run_budget import check_model_run
 
     steps = {"stock": 0, "sage": 0}
@@ -183,6 +194,8 @@ class RecipeResult(BaseModel):
     fp8_layers: int = 0
     compiled_blocks: int = 0
     compile_cache_lookups: dict[str, int] = {}  # the first call's: a warm start hits, a cold one misses
+    sparse: str | None = None  # a sage recipe's block-sparse setting (`--sparse`)
+    density: float | None = None  # ... and the mean density its sparse-plan calls reached (dense ones count 1)
     skipped: str | None = None
 
 
@@ -221,14 +234,15 @@ class ForwardBenchReport(BenchReport):
 def recipe_rows(run: Any, shape: str, results: list[RecipeResult]) -> None:
     """Add the recipes' figures to `run` (a `results.Run`): variant recipe-NAME, metrics ms,
     x_eager_cudnn, x_compile_cudnn, x_eager_sdpa (where eager-sdpa ran), output_cos_vs_eager_cudnn,
-    first_call_s (the backends, the SDPA backends torch picked and the recipe in the ms row's extra);
-    skipped recipes have no rows."""
+    first_call_s (the backends, the SDPA backends torch picked and the recipe in the ms row's extra),
+    and density for block-sparse sage recipes (variant recipe-NAME[sparse=SETTING]); skipped recipes
+    have no rows."""
     for r in results:
         if r.skipped:
             continue
-        variant = f"recipe-{r.name}"
+        variant = f"recipe-{r.name}" + (f"[sparse={r.sparse}]" if r.sparse else "")
         run.add(shape, variant, "ms", r.ms, backends=r.backends, recipe=r.recipe, sdpa_backends=r.sdpa_backends)
-        for metric in ("x_eager_cudnn", "x_compile_cudnn", "x_eager_sdpa", "output_cos_vs_eager_cudnn"):
+        for metric in ("x_eager_cudnn", "x_compile_cudnn", "x_eager_sdpa", "output_cos_vs_eager_cudnn", "density"):
             run.add(shape, variant, metric, getattr(r, metric))
         run.add(shape, variant, "first_call_s", r.first_call_s, unit="s")
 
@@ -247,10 +261,27 @@ def recipe_table(results: list[RecipeResult]) -> list[str]:
             lines.append(f"{r.name:18s} not run: {r.skipped}")
             continue
         ran = r.backends or (f"stock SDPA {r.sdpa_backends}" if r.sdpa_backends else "none (stock SDPA)")
+        if r.sparse:
+            ran = f"{ran}; sparse {r.sparse}, density {number(r.density, '5.3f').strip()}"
         lines.append(f"{r.name:18s} {number(r.ms, '9.1f')} {number(r.x_eager_cudnn, '14.2f')} "
                      f"{number(r.x_compile_cudnn, '16.2f')} " + (f"{number(r.x_eager_sdpa, '13.2f')} " if sdpa else "")
                      + f"{number(r.output_cos_vs_eager_cudnn, '13.5f')} {number(r.first_call_s, '13.1f')}  {ran}")
     return lines
+
+
+def _check_sparse_recipes(sparse: str, names: list[str]) -> None:
+    """With a block-sparse `sparse`: InputError unless some of the (parsed) recipes is an eager sage
+    one, or if a compiled sage one is."""
+    if not is_sparse(sparse):
+        return
+    specs = {name: parse_recipe_name(name) for name in names}
+    compiled = [n for n, spec in specs.items() if spec["attention"] == "sage" and spec["compile"] != "none"]
+    if compiled:
+        raise InputError(f"--sparse {sparse} with {', '.join(compiled)}: the tile selection reads the device between "
+                         "the blocks, which compiled blocks cannot take yet; time eager recipes (e.g. eager-sage, "
+                         "fp8-eager-sage) with --sparse")
+    if not any(spec["attention"] == "sage" for spec in specs.values()):
+        raise InputError(f"--sparse {sparse}: applies to sage recipes, none named; add e.g. eager-sage to --recipes")
 
 
 def recipe_backends(device: str, compile_backend: str | None = None, backend: str = "auto") -> tuple[str, str]:
@@ -260,16 +291,24 @@ def recipe_backends(device: str, compile_backend: str | None = None, backend: st
     return compile_backend or ("inductor" if gpu else "eager"), backend if backend != "auto" or gpu else "reference"
 
 
-def apply_recipe_name(model: Any, name: str, *, backend: str, compile_backend: str) -> tuple[Any, Any]:
+def apply_recipe_name(model: Any, name: str, *, backend: str, compile_backend: str,
+                      sparse: str | None = None) -> tuple[Any, Any]:
     """Make `model` run as recipe `name` (`RECIPE_NAME_FORM`): sagevideo attention installed with
-    `backend` for a sage recipe, then `pipelines.recipe.apply_recipe` of the recipe text the name
-    stands for. Returns (the install's handle, None for cudnn; the AppliedRecipe)."""
+    `backend` for a sage recipe (block-sparse as a sparse step of `generate --sparse` where `sparse`
+    is a setting), then `pipelines.recipe.apply_recipe` of the recipe text the name stands for.
+    Returns (the install's handle, None for cudnn; the AppliedRecipe)."""
     import sagevideo
+    from sagevideo.choices import auto_pv
     from sagevideo.jobs.recipe import parse_recipe
     from sagevideo.pipelines.recipe import apply_recipe
+    from sagevideo.pipelines.sparse import job_plan
 
     attention, text = recipe_name_text(name)
-    handle = sagevideo.install(model, backend=backend) if attention == "sage" else None
+    handle = None
+    if attention == "sage":
+        # a bare transformer has no step: the plan's step-less entries (every layer sparse but the first) apply
+        plan = job_plan(model, auto_pv(next(model.parameters()).device), sparse, steps=5) if is_sparse(sparse) else None
+        handle = sagevideo.install(model, plan, backend=backend)
     recipe = parse_recipe(",".join(filter(None, (text, f"compile_backend={compile_backend}"))))
     return handle, apply_recipe(model, recipe)
 
@@ -326,10 +365,11 @@ def sdpa_cudnn_first(device: str) -> Iterator[None]:
 
 
 def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtype: str, repeats: int,
-                compile_backend: str, backend: str,
+                compile_backend: str, backend: str, sparse: str | None = None,
                 progress: Callable[[str], None] | None = None, bar: bool = False) -> list[RecipeResult]:
     """Each recipe on a fresh `build()` (a `pipelines.forwards.StepForwards`: model and forwards),
     in order; a recipe this machine cannot run (fp8 without FP8 tensor cores) is returned skipped.
+    sparse: the sage recipes' block-sparse setting (`--sparse`), None or "off" for dense.
     bar: a progress bar of the denoising steps run, with its ETA (long CPU runs)."""
     import sys
 
@@ -351,7 +391,9 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
             continue
         torch._dynamo.reset()  # a fresh model each recipe: nothing compiled for the last one may be reused
         step = build()
-        handle, applied = apply_recipe_name(step.model, name, backend=backend, compile_backend=compile_backend)
+        sage_sparse = sparse if spec["attention"] == "sage" and is_sparse(sparse) else None
+        handle, applied = apply_recipe_name(step.model, name, backend=backend, compile_backend=compile_backend,
+                                            sparse=sage_sparse)
         run = _counted(step.run, steps_bar.update)
         recipe = applied.recipe
         order = stock_attention_order(spec["attention"], device)
@@ -368,7 +410,8 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
         outputs[name] = torch.cat([o.float().flatten().cpu() for o in out])
         result = RecipeResult(name=name, recipe=recipe.label(), ms=seconds * 1e3, first_call_s=first_call_s,
                               backends=dict(log.counts), sdpa_backends=picked, fp8_layers=len(applied.fp8_layers),
-                              compiled_blocks=applied.compiled_blocks, compile_cache_lookups=lookups)
+                              compiled_blocks=applied.compiled_blocks, compile_cache_lookups=lookups,
+                              sparse=sage_sparse, density=_mean_density(log) if sage_sparse else None)
         if "eager-cudnn" in outputs:
             result.output_cos_vs_eager_cudnn = output_cosine(outputs["eager-cudnn"], outputs[name])
         results.append(result)
@@ -396,6 +439,13 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
                 if r.ms:
                     setattr(r, field, by_name[base].ms / r.ms)
     return results
+
+
+def _mean_density(log: Any) -> float | None:
+    """The mean density of the calls a sparse plan routed (a `record_backends` log), None if none."""
+    layers = log.summary().get("sparse", {}).get("layers", {})
+    calls = sum(entry["calls"] for entry in layers.values())
+    return sum(entry["density"] * entry["calls"] for entry in layers.values()) / calls if calls else None
 
 
 def _counted(fn: Callable[[], Any], done: Callable[[], Any]) -> Callable[[], Any]:
@@ -428,7 +478,8 @@ def run_bench_forward(config: BenchForwardConfig, progress: Callable[[str], None
 
     long = plan.estimate_s is not None and plan.estimate_s > LONG_S
     results = run_recipes(plan.recipes, build, device=plan.device, dtype=plan.dtype, repeats=config.repeats,
-                          compile_backend=plan.compile_backend, backend=plan.backend, progress=progress, bar=long)
+                          compile_backend=plan.compile_backend, backend=plan.backend, sparse=config.sparse,
+                          progress=progress, bar=long)
     results += [RecipeResult(name=name, skipped=why) for name, why in plan.left_out.items()]
     report = ForwardBenchReport(date=now(), device=plan.device, dtype=plan.dtype, machine=machine(plan.device),
                                 model=config.model, size=config.size(), compile_backend=plan.compile_backend,

@@ -121,3 +121,32 @@ def test_default_leaves_out_what_the_cpu_cannot_run_and_a_named_one_is_refused()
 def test_bad_recipe_names_are_refused(recipes, message):
     with pytest.raises(InputError, match=message):
         resolve(BenchForwardConfig(recipes=recipes))
+
+
+def test_sparse_makes_the_sage_recipes_block_sparse_and_records_their_density(tmp_path):
+    """A sparse step as `generate --sparse` runs it (static windows: random weights leave dynamic
+    selection nothing to drop); the stock recipe is untouched."""
+    from sagevideo.experiments.bench.results import Run
+
+    config = BenchForwardConfig.build(model="tiny-wan", recipes=["eager-cudnn", "eager-sage"], sparse="static:0.3",
+                                      repeats=1, frames=33, resolution="128x128")
+    report = run_bench_forward(config)
+    stock, sage = report.recipes
+    assert (stock.sparse, stock.density) == (None, None)
+    assert sage.sparse == "static:0.3" and 0 < sage.density < 1  # cross-attention and the first layer count 1
+    assert sage.output_cos_vs_eager_cudnn > 0.99
+    assert "sparse static:0.3, density " in report.table()
+    run = Run(bench="bench_forward", gpu="cpu", commit=None, date="2026-01-01", source="test")
+    report.result_rows(run)
+    rows = {(r.variant, r.metric): r.value for r in run.rows}
+    assert rows["recipe-eager-sage[sparse=static:0.3]", "density"] == pytest.approx(sage.density)
+    assert ("recipe-eager-cudnn", "density") not in rows
+
+
+@pytest.mark.parametrize(("recipes", "message"), [
+    (["eager-sage", "compile-sage"], "--sparse dynamic:0.15 with compile-sage: the tile selection reads the device"),
+    (["eager-cudnn"], "--sparse dynamic:0.15: applies to sage recipes, none named"),
+])
+def test_sparse_is_refused_where_it_cannot_run_before_any_model_is_built(recipes, message):
+    with pytest.raises(InputError, match=message):
+        resolve(BenchForwardConfig.build(model="tiny-wan", recipes=recipes, sparse="dynamic:0.15"))
