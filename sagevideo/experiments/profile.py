@@ -4,13 +4,16 @@ Runs the transformer forwards of one denoising step (`pipelines.forwards.build_s
 guidance branch the pipeline makes, at the model's real size with random weights, or a tiny one)
 under `torch.profiler`, once to warm up and once measured, and splits the measured self time of
 every op (device time on a GPU, CPU time on the CPU) into attention (SDPA and its kernels,
-sagevideo's ops), linears (aten::linear / addmm / mm / _scaled_mm and what they call) and the
-rest: an op counts under the first category met from the outermost op that called it down.
+sagevideo's ops), block-sparse tile selection (whatever runs inside a sparse call's selection
+range, `pipelines.sparse.SELECTION_RANGE`: 0 for dense runs), linears (aten::linear / addmm / mm /
+_scaled_mm and what they call) and the rest: an op counts under the first category met from the
+outermost op that called it down, selection before any other.
 Amdahl's bound of each lever: a part with share s made k times faster makes the step at most
 1 / ((1 - s) + s / k) times faster.
 
 With `recipe` (a `bench forward` recipe name, e.g. fp8-compile-sage) the model runs as that recipe
-makes it: sagevideo attention installed, torchao FP8 linears, regional torch.compile. Inside
+makes it: sagevideo attention installed (block-sparse with `--sparse`, as `bench forward --sparse`
+runs it: eager sage recipes), torchao FP8 linears, regional torch.compile. Inside
 compiled graphs no aten op surrounds most kernels, so there each kernel's device time is counted by
 its name: sagevideo's own kernels (`attention.backends.DEVICE_KERNELS`) and SDPA's as attention,
 GEMM libraries' and Inductor's matmul templates as linears, with the FP8 activations' scale
@@ -34,12 +37,14 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from sagevideo.errors import InputError
 from sagevideo.experiments.bench.timing import BenchOptions, ModelConfigOptions
+from sagevideo.jobs.sparse import SparseOptions, is_sparse
 
-CATEGORIES = ("attention", "linear", "rest")
+CATEGORIES = ("attention", "selection", "linear", "rest")
 SPEEDUPS = (2.0, 3.0, math.inf)
 _ATTENTION_OPS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention", "sagevideo::")
 _LINEAR_OPS = ("aten::linear", "aten::addmm", "aten::mm", "aten::_scaled_mm", "aten::matmul", "aten::bmm")
 _BOOKKEEPING = ("sagevideo::record_backend", "sagevideo::note_attention")  # records, not attention time
+_SELECTION = "sagevideo::select_tiles"  # `pipelines.sparse.SELECTION_RANGE`: a sparse call's tile selection
 # Kernel names, where no classified op surrounds a kernel (compiled graphs). Attention is matched
 # first: CUTLASS's memory-efficient attention kernels are named fmha_cutlass*.
 _ATTENTION_KERNELS = ("fmha", "flash", "sdpa", "attention")
@@ -51,10 +56,11 @@ _LINEAR_KERNELS = ("gemm", "nvjet", "xmma", "cutlass", "triton_tem_fused_mm", "t
 TOP_KERNELS = 12
 
 
-class ProfileConfig(ModelConfigOptions, BenchOptions):
+class ProfileConfig(ModelConfigOptions, BenchOptions, SparseOptions):
     """What to profile: a transformer config (`ModelConfigOptions`: `pipelines.forwards.CONFIGS`,
-    its video size), where and how long it may take (`BenchOptions`); every field is an option of
-    `sagevideo profile` but dtype (None: bf16 on a GPU, fp32 on the CPU)."""
+    its video size), where and how long it may take (`BenchOptions`), block-sparse or not
+    (`SparseOptions`, with an eager sage recipe); every field is an option of `sagevideo profile` but
+    dtype (None: bf16 on a GPU, fp32 on the CPU)."""
 
     steps: int = Field(1, ge=1, description="denoising steps measured (after one warm-up step)")
     recipe: str | None = Field(None, description="run the model as this bench forward recipe, "
@@ -148,16 +154,19 @@ def amdahl(share: float, speedup: float) -> float:
 
 def report_from_seconds(seconds: dict[str, float], **fields) -> ProfileReport:
     """A report from per-category seconds (a measured profile or a synthetic one)."""
-    total = sum(seconds[c] for c in CATEGORIES)
+    seconds = {c: seconds.get(c, 0.0) for c in CATEGORIES}  # a category never met took no time
+    total = sum(seconds.values())
     if total <= 0:
         raise ValueError("the profile recorded no op time")
     shares = {c: seconds[c] / total for c in CATEGORIES}
     bounds = {c: {_k(k): amdahl(shares[c], k) for k in SPEEDUPS} for c in CATEGORIES if c != "rest"}
-    return ProfileReport(seconds={c: seconds[c] for c in CATEGORIES}, shares=shares, bounds=bounds, **fields)
+    return ProfileReport(seconds=seconds, shares=shares, bounds=bounds, **fields)
 
 
 def category_of(names: list[str]) -> str:
     """The category of an op whose callers, outermost first, and itself are `names`."""
+    if _SELECTION in names:  # inside an attention layer, but not attention's kernels
+        return "selection"
     for name in names:
         if any(part in name for part in _ATTENTION_OPS) and name not in _BOOKKEEPING:
             return "attention"
@@ -239,6 +248,10 @@ def run_profile(config: ProfileConfig) -> ProfileReport:
     dtype_name = config.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     dtype = getattr(torch, dtype_name)
     _check_recipe(config.recipe, device, dtype)  # before building: the model may take minutes
+    if is_sparse(config.sparse):
+        from sagevideo.experiments.bench.forward import check_sparse_recipes
+
+        check_sparse_recipes(config.sparse, [config.recipe] if config.recipe else [], option="--recipe")
     from sagevideo.outputs.files import writable_file
 
     for path, option, example in ((config.json_out, "--json", "profile.json"), (config.plot, "--plot", "profile.png")):
@@ -251,7 +264,7 @@ def run_profile(config: ProfileConfig) -> ProfileReport:
     steps = {"sage" if sage else "stock": 1 + config.steps}  # the warm-up and the measured steps
     estimate = check_model_run(config.model, size, device, dtype_name, steps=steps, max_hours=config.max_hours)
     step = build_step(config.model, device, dtype, **size)
-    with _as_recipe(step.model, config.recipe, device), \
+    with _as_recipe(step.model, config.recipe, device, config.sparse), \
             tqdm(total=1 + config.steps, desc="profile", unit="step", file=sys.stderr, disable=not estimate.long,
                  dynamic_ncols=True) as bar:
         use_device = device.startswith("cuda")
@@ -298,8 +311,9 @@ def _check_recipe(name: str | None, device: str, dtype) -> None:
 
 
 @contextlib.contextmanager
-def _as_recipe(model, name: str | None, device: str) -> Iterator[None]:
-    """Run `model` as recipe `name` makes it (as `bench forward` does), or stock when None."""
+def _as_recipe(model, name: str | None, device: str, sparse: str | None = None) -> Iterator[None]:
+    """Run `model` as recipe `name` makes it (as `bench forward` does, block-sparse with a `sparse`
+    setting), or stock when None."""
     if name is None:
         yield
         return
@@ -312,7 +326,7 @@ def _as_recipe(model, name: str | None, device: str) -> Iterator[None]:
     )
 
     compile_backend, backend = recipe_backends(device)
-    _, applied = apply_recipe_name(model, name, backend=backend, compile_backend=compile_backend)
+    _, applied = apply_recipe_name(model, name, backend=backend, compile_backend=compile_backend, sparse=sparse)
     with stock_attention_order(parse_recipe_name(name)["attention"], device), cache_context(model, applied.recipe):
         yield
 

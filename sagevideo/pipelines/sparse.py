@@ -42,6 +42,8 @@ NOT_SPARSE_LAYER = "a layer its family never makes sparse (cross-attention or te
 NO_GRID = "no latent grid for this forward (the transformer is not of a family that declares one)"
 NOT_PLAIN = "a call the kernels cannot take block-sparse (dropout, grouped K/V heads, another shape)"
 
+SELECTION_RANGE = "sagevideo::select_tiles"  # the profiler range of a call's tile selection
+
 
 def grid_mismatch(n: int, grid: tuple[int, int, int], text: str | None) -> str:
     """The reason a call of `n` tokens does not hold the latent grid's video tokens (+ text)."""
@@ -83,8 +85,9 @@ class SparseRouting:
         if isinstance(text, str):
             report_sparse(SparseNote(layer, step, 1.0, text))
             return None
-        mask = select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
-                            text_last=text[1], grid=self.grid, key_mask=_key_mask(attn_mask, k.shape[2]))
+        with torch.profiler.record_function(SELECTION_RANGE):  # `sagevideo profile` counts it apart
+            mask = select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
+                                text_last=text[1], grid=self.grid, key_mask=_key_mask(attn_mask, k.shape[2]))
         report_sparse(SparseNote(layer, step, mask.density))
         return mask
 

@@ -62,7 +62,8 @@ def test_kernel_events_are_not_counted_twice():
     events = [sdpa, event("aten::_cudnn_attention", 800.0, parent=sdpa), event("aten::mm", 700.0),
               event("aten::add", 200.0), event("cudnn_attention_kernel", 800.0, DeviceType.CUDA),
               event("sm90_gemm_kernel", 700.0, DeviceType.CUDA), event("elementwise_kernel", 200.0, DeviceType.CUDA)]
-    assert split_events(events, use_device=True) == pytest.approx({"attention": 8e-4, "linear": 7e-4, "rest": 2e-4})
+    assert split_events(events, use_device=True) == pytest.approx({"attention": 8e-4, "selection": 0.0,
+                                                                   "linear": 7e-4, "rest": 2e-4})
 
 
 def test_kernels_outside_any_classified_op_count_by_their_names():
@@ -89,7 +90,7 @@ def test_kernels_outside_any_classified_op_count_by_their_names():
     graph.id, mm.id, buffer.id = 1, 2, 2
     kernels = {}
     assert split_events([graph, mm, buffer], use_device=True, kernels=kernels) == pytest.approx(
-        {"attention": 6e-4, "linear": 7e-4, "rest": 1e-4})
+        {"attention": 6e-4, "selection": 0.0, "linear": 7e-4, "rest": 1e-4})
     assert kernels["triton_poi_fused_addmm_gelu_3"] == ["rest", pytest.approx(1e-4), 1]
     assert kernels["triton_poi_fused_1"] == ["linear", pytest.approx(4e-4), 1]  # inside aten::_scaled_mm, once
 
@@ -149,3 +150,35 @@ def test_a_recipe_this_machine_cannot_run_is_refused_before_building(monkeypatch
 def test_a_recipe_naming_a_cache_runs_in_the_caches_context():
     report = run_profile(ProfileConfig(model="tiny-cogvideox", recipe="eager-cudnn-first-block", device="cpu"))
     assert report.recipe == "eager-cudnn-first-block" and abs(sum(report.shares.values()) - 1) < 1e-9
+
+
+def test_a_sparse_calls_tile_selection_is_its_own_part():
+    """Whatever runs inside the selection range counts as selection, even inside an attention layer."""
+    from sagevideo.pipelines.sparse import SELECTION_RANGE
+
+    assert category_of(["aten::scaled_dot_product_attention", SELECTION_RANGE, "aten::mm"]) == "selection"
+    assert category_of(["aten::linear", SELECTION_RANGE]) == "selection"
+    report = report_from_seconds({"attention": 0.6, "linear": 0.4}, model="m", device="cpu", steps=1,
+                                 forwards_per_step=1, tokens=1)
+    assert report.seconds["selection"] == 0.0 and report.shares["rest"] == 0.0  # parts never met took no time
+
+
+@pytest.mark.slow  # two profiles of a 576-token tiny Wan step on the reference emulation
+def test_a_sparse_step_on_the_cpu_shows_its_selection():
+    report = run_profile(ProfileConfig.build(model="tiny-wan", recipe="eager-sage", sparse="static:0.3", frames=33,
+                                             resolution="128x128"))
+    assert report.seconds["selection"] > 0 and report.seconds["attention"] > 0
+    assert "selection" in report.table()
+    dense = run_profile(ProfileConfig.build(model="tiny-wan", recipe="eager-sage", frames=33, resolution="128x128"))
+    assert dense.seconds["selection"] == 0.0
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"sparse": "static:0.3"}, "--sparse static:0.3: applies to sage recipes, none named; e.g. --recipe eager-sage"),
+    ({"sparse": "static:0.3", "recipe": "eager-cudnn"}, "--sparse static:0.3: applies to sage recipes"),
+])
+def test_sparse_profiles_are_refused_where_they_cannot_run(options, message):
+    from sagevideo.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        run_profile(ProfileConfig.build(model="tiny-wan", **options))

@@ -167,7 +167,7 @@ def resolve(config: BenchForwardConfig) -> ForwardBenchPlan:
         raise InputError("\n".join(problems))
     if not names:
         raise InputError("--recipes: none of them can run here: " + "; ".join(f"{n}: {w}" for n, w in left_out.items()))
-    _check_sparse_recipes(config.sparse, names)
+    check_sparse_recipes(config.sparse, names)
     from sagevideo.experiments.run_budget import check_model_run
 
     steps = {"stock": 0, "sage": 0}
@@ -269,9 +269,9 @@ def recipe_table(results: list[RecipeResult]) -> list[str]:
     return lines
 
 
-def _check_sparse_recipes(sparse: str, names: list[str]) -> None:
+def check_sparse_recipes(sparse: str, names: list[str], option: str = "--recipes") -> None:
     """With a block-sparse `sparse`: InputError unless some of the (parsed) recipes is an eager sage
-    one, or if a compiled sage one is."""
+    one, or if a compiled sage one is; `option` names where the recipes were given."""
     if not is_sparse(sparse):
         return
     specs = {name: parse_recipe_name(name) for name in names}
@@ -281,7 +281,7 @@ def _check_sparse_recipes(sparse: str, names: list[str]) -> None:
                          "the blocks, which compiled blocks cannot take yet; time eager recipes (e.g. eager-sage, "
                          "fp8-eager-sage) with --sparse")
     if not any(spec["attention"] == "sage" for spec in specs.values()):
-        raise InputError(f"--sparse {sparse}: applies to sage recipes, none named; add e.g. eager-sage to --recipes")
+        raise InputError(f"--sparse {sparse}: applies to sage recipes, none named; e.g. {option} eager-sage")
 
 
 def recipe_backends(device: str, compile_backend: str | None = None, backend: str = "auto") -> tuple[str, str]:
