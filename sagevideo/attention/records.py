@@ -125,12 +125,14 @@ class BackendChoice:
 class SparseNote:
     """One attention call of an installed model under a plan with block-sparse choices: its layer,
     denoising step (None outside a tracked run), the density that ran (visited / all key tiles; 1.0
-    dense) and, for a call its plan made sparse that ran dense, why ('' otherwise)."""
+    dense) and, for a call its plan made sparse that ran dense, why ('' otherwise). planned: whether
+    the plan made the call sparse (False: a step or layer the plan keeps dense)."""
 
     layer: str
     step: int | None
     density: float
     reason: str = ""
+    planned: bool = False
 
 
 @dataclass
@@ -172,20 +174,35 @@ class BackendLog:
         return summary
 
     def sparse_summary(self) -> dict[str, object]:
-        """The block-sparse notes in short: "layers" (layer -> {"calls", "density": mean, "min"}),
-        "steps" (step -> mean density over its calls; "none" outside a tracked run) and "dense"
-        (reason -> calls the plan made sparse that ran dense). Densities rounded to 4 digits."""
-        layers: dict[str, list[float]] = {}
+        """The block-sparse notes in short: "layers" (layer -> {"calls", "density": mean, "min"}, and
+        where the plan made calls sparse, "sparse_calls" and "sparse_density" (their mean), and
+        "dense" (reason -> those of them that ran dense) when any did), "steps" (step -> mean density
+        over its calls; "none" outside a tracked run) and "dense" (reason -> calls the plan made sparse
+        that ran dense). Densities rounded to 4 digits."""
+        layers: dict[str, list[SparseNote]] = {}
         steps: dict[str, list[float]] = {}
         for note in self.sparse:
-            layers.setdefault(note.layer, []).append(note.density)
+            layers.setdefault(note.layer, []).append(note)
             steps.setdefault("none" if note.step is None else str(note.step), []).append(note.density)
         return {
-            "layers": {layer: {"calls": len(d), "density": _mean(d), "min": round(min(d), 4)}
-                       for layer, d in layers.items()},
+            "layers": {layer: _layer_summary(notes) for layer, notes in layers.items()},
             "steps": {step: _mean(d) for step, d in steps.items()},
             "dense": dict(Counter(note.reason for note in self.sparse if note.reason)),
         }
+
+
+def _layer_summary(notes: list[SparseNote]) -> dict[str, object]:
+    """One layer's entry of `BackendLog.sparse_summary`."""
+    densities = [note.density for note in notes]
+    entry: dict[str, object] = {"calls": len(notes), "density": _mean(densities), "min": round(min(densities), 4)}
+    planned = [note for note in notes if note.planned]
+    if planned:
+        entry["sparse_calls"] = len(planned)
+        entry["sparse_density"] = _mean([note.density for note in planned])
+    reasons = Counter(note.reason for note in planned if note.reason)
+    if reasons:
+        entry["dense"] = dict(reasons)
+    return entry
 
 
 def _mean(values: list[float]) -> float:

@@ -24,8 +24,9 @@ DOC = """Measure each attention layer's error per mode on real prompts and write
     The speed recipe: --linear fp8 (--linear-keep) is applied before measuring (FP8 linears change
     what attention sees); --compile is accepted and not applied (noted in the plan); --cache is
     refused (it skips the forwards whose attention is measured). The plan's "recipe" records it.
-    --sparse is written into the plan (the first fifth of the steps and the first layer dense), not
-    measured: judge the plan with `sagevideo ab --plan`.
+    --sparse METHOD:DENSITY measures each layer's sparse error against the same mode dense at DENSITY,
+    2x and 4x DENSITY, and writes per layer the sparsest that keeps --sparse-budget (the first fifth
+    of the steps, the first layer and over-budget layers dense): judge the plan with `sagevideo ab --plan`.
 
     Exit codes: 0 done, 2 bad input (nothing was loaded)."""
 
@@ -52,10 +53,14 @@ def run(values: dict[str, Any]) -> None:
     if recipe is not None:
         note = f"; {recipe['note']}" if "note" in recipe else ""
         typer.echo(f"sagevideo calibrate: measured with --linear {recipe['linear']} (the plan's recipe){note}")
-    if result.plan.uses_sparse:
-        first = next(o.steps[0] for o in result.plan.overrides if o.sparse is not None)
-        typer.echo(f"sagevideo calibrate: --sparse {config.sparse} written into the plan from step {first} on, not "
-                   "measured; judge it with `sagevideo ab --plan` on your prompts")
+    if result.sparse is not None:
+        typer.echo(f"sagevideo calibrate: {result.sparse.note()}")
+        if result.sparse.dense:
+            typer.echo(f"sagevideo calibrate: dense layers:\n{result.sparse.dense_note()}")
+        if result.plan.uses_sparse:
+            first = next(o.steps[0] for o in result.plan.overrides if o.sparse is not None)
+            typer.echo(f"sagevideo calibrate: sparse from step {first} on; judge the plan with `sagevideo ab --plan` "
+                       "on your own model and prompts (random weights say nothing about sparsity)")
     if result.peaky_note():
         typer.echo(f"sagevideo calibrate: {result.peaky_note()}")
 

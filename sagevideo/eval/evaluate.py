@@ -15,9 +15,11 @@ metrics.json (schema "sagevideo.eval.metrics", version 1), top level:
   schema, schema_version, created, sagevideo_version, arms{ref,test,noise}: folder, label,
   settings; pairs[]: prompt, seed, frames, height, width, videos, diff_video; n_pairs, n_prompts;
   bootstrap{}; metrics{key: entry}; skipped{key: reason}; failed{key: reason} (the skipped ones
-  whose weights are present but could not be loaded); verdicts[]; attention_probe;
-  notes[]; versions{}; not_written{file: reason} (files of --out that could not be written before
-  metrics.json, e.g. difference videos on a full disk: their pairs' diff_video is null).
+  whose weights are present but could not be loaded); verdicts[]; attention_probe; sparse (null
+  unless the test arm ran block-sparse layers: `results.sparse_layers`, per layer the density
+  reached and, with the probe, the attention error); notes[]; versions{}; not_written{file: reason}
+  (files of --out that could not be written before metrics.json, e.g. difference videos on a full
+  disk: their pairs' diff_video is null).
 Metric entry: name, kind ("paired": a comparison of two videos; "per_arm": a value per video of
 each arm; "set": a distance between the arms' frame sets), unit, higher_is_better, description,
 n, n_prompts; ref/test/noise ({mean, ci95, ...}, per_arm only); difference (per_arm: test − ref;
@@ -39,7 +41,7 @@ from sagevideo.errors import EvalInputError, MetricModelError, PairingError
 from sagevideo.eval.entries import paired_entry, per_arm_entry, set_entries
 from sagevideo.eval.metric_runner import MetricRunner
 from sagevideo.eval.pairing import Arm, Pair, load_arm, pair_arms, setting_notes
-from sagevideo.eval.results import arm_settings, probe_line, versions, write_outputs
+from sagevideo.eval.results import arm_settings, probe_line, sparse_layers, versions, write_outputs
 from sagevideo.eval.stats import Bootstrap
 from sagevideo.eval.weights import LPIPS_FILES, METRICS
 from sagevideo.outputs.encoder import encoder_problem
@@ -209,6 +211,7 @@ def evaluate(
         "failed": runner.failed,
         "verdicts": verdicts,
         "attention_probe": attention_probe,
+        "sparse": sparse_layers(arms["test"], attention_probe),
         "notes": all_notes,
         "versions": versions(),
         "not_written": runner.not_written,

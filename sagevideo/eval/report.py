@@ -191,6 +191,30 @@ def _probe_section(result: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _sparse_section(result: dict[str, Any]) -> str:
+    """Per layer of a test arm that ran block-sparse layers: the density reached and the quality cost."""
+    sparse = result.get("sparse")
+    if not sparse:
+        return ""
+    probed = any("probe_cos_worst" in row for row in sparse["layers"])
+    head = ("<tr><th>layer</th><th>calls</th><th>sparse calls</th><th>density (sparse calls)</th><th>least density</th>"
+            "<th>density (all calls)</th><th>planned sparse, ran dense</th>"
+            + ("<th>cosine worst vs fp32 dense</th><th>rel-L1 worst</th><th>floor cosine worst</th>" if probed else "")
+            + "</tr>")
+    rows = [head]
+    for row in sparse["layers"]:
+        dense = "; ".join(f"{n}× {reason}" for reason, n in row["dense"].items()) or "–"
+        cells = [_e(row["layer"]), row["calls"], row["sparse_calls"], _num(row["sparse_density"], 4),
+                 _num(row["min_density"], 4), _num(row["density"], 4), _e(dense)]
+        if probed:
+            cells += [_num(row.get("probe_cos_worst"), 6), _num(row.get("probe_rel_l1_worst")),
+                      _num(row.get("probe_floor_cos_worst"), 6)]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return (f"<h2>Block-sparse attention per layer</h2><p>Density: {_e(sparse['density_is'])}. Quality cost: "
+            f"{_e(sparse['quality_cost'])}.</p><table>{''.join(rows)}</table>"
+            f"<p class='note'>{_e(sparse['note'])}</p>")
+
+
 def _videos_section(result: dict[str, Any]) -> str:
     labels = {role: arm["label"] for role, arm in result["arms"].items()}
     per_pair: dict[int, list[str]] = {}
@@ -307,6 +331,7 @@ Created {_e(result["created"])}; machine-readable: <a href="metrics.json">metric
 {_metric_table(result)}
 <h2>Attention error per layer</h2>
 {_probe_section(result)}
+{_sparse_section(result)}
 {figures}
 <h2>Videos</h2>
 <p class="small">Each row: {_e(labels["ref"])} | {_e(labels["test"])} | amplified absolute difference.</p>

@@ -72,6 +72,61 @@ def arm_settings(arm: Arm) -> dict[str, Any]:
     return settings
 
 
+SPARSE_HONESTY = (
+    "A sparse plan's quality is judged on your own model and prompts: random-weight models (the tiny ones) have "
+    "near-uniform attention, so their videos and errors say nothing about what sparsity costs a trained model.")
+
+
+def sparse_layers(arm: Arm, probe: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Per layer of an arm that ran block-sparse layers (its manifests' `backends.sparse`, summed over
+    videos): calls, the calls the plan made sparse and their mean density, the least density, why
+    planned calls ran dense, and with the attention probe the layer's error against fp32 dense
+    attention (quantization and sparsity together) beside the full-precision floor. None when no
+    record has sparse notes."""
+    merged = _merged_sparse_layers(arm)
+    if not merged:
+        return None
+    probed = {layer["layer"]: layer for layer in (probe or {}).get("layers") or []}
+    rows = []
+    for row in merged.values():
+        total, sparse_total = row.pop("_sum"), row.pop("_sparse_sum")
+        row["density"] = round(total / row["calls"], 4)
+        row["sparse_density"] = round(sparse_total / row["sparse_calls"], 4) if row["sparse_calls"] else None
+        if row["layer"] in probed:
+            p = probed[row["layer"]]
+            row.update(probe_cos_worst=p["cos_worst"], probe_rel_l1_worst=p["rel_l1_worst"],
+                       probe_floor_cos_worst=p.get("floor_cos_worst"))
+        rows.append(row)
+    return {
+        "layers": rows,
+        "density_is": "kept / all key tiles per call; sparse_density over the calls the plan made sparse, density over "
+                      "every call (dense steps and layers count 1)",
+        "quality_cost": ("the video metrics above, against full precision beside the noise floor; per layer, with "
+                         "--attention-probe, the error against fp32 dense attention" if probed else
+                         "the video metrics above, against full precision beside the noise floor (per-layer attention "
+                         "error: run ab with --attention-probe)"),
+        "note": SPARSE_HONESTY,
+    }
+
+
+def _merged_sparse_layers(arm: Arm) -> dict[str, dict[str, Any]]:
+    """Layer -> its `backends.sparse` entries summed over the arm's videos (densities as sums, for means)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for video in arm.videos.values():
+        for name, entry in (((video.record.backends or {}).get("sparse") or {}).get("layers") or {}).items():
+            row = merged.setdefault(name, {"layer": name, "calls": 0, "sparse_calls": 0, "_sum": 0.0,
+                                           "_sparse_sum": 0.0, "min_density": 1.0, "dense": {}})
+            planned = entry.get("sparse_calls", 0)
+            row["calls"] += entry["calls"]
+            row["_sum"] += entry["density"] * entry["calls"]
+            row["sparse_calls"] += planned
+            row["_sparse_sum"] += entry.get("sparse_density", 0.0) * planned
+            row["min_density"] = min(row["min_density"], entry["min"])
+            for reason, n in (entry.get("dense") or {}).items():
+                row["dense"][reason] = row["dense"].get(reason, 0) + n
+    return merged
+
+
 def write_outputs(result: dict[str, Any], out_dir: Path, not_written: dict[str, str]) -> None:
     """The figures, metrics.json, then report.html, each whole or not at all: a file that cannot be
     written (a full disk) loses none of the others, and metrics.json lists what was not written

@@ -22,7 +22,10 @@ With a plan, the quantized arm's recorded attention calls are compared with what
 (`plan_check`): `generate` installs each job's plan, so a mismatch means the arm did not run the
 plan, and ab stops (`ABFailed`) rather than evaluate it as if it had. With `attention_probe` the
 quantized jobs are re-run with a probing router (`sagevideo.experiments.probe.rerun_arm`, through
-the same generation path), which also checks that the arm is reproduced exactly.
+the same generation path), which also checks that the arm is reproduced exactly; with `--sparse` (or
+a sparse plan) it re-runs the sparse plan, so each layer's error includes what sparsity costs.
+When the quantized arm ran block-sparse layers, metrics.json's `sparse` and the report give per
+layer the density reached and the quality cost (`sagevideo.eval.results.sparse_layers`).
 
 With `arms` (`--arm NAME=SETTINGS`, repeatable) the quantized arm is replaced by recipe arms,
 each evaluated against full precision: `sagevideo.experiments.ab_arms` (docs/recipe.md); a job
@@ -314,9 +317,6 @@ def _quantized_arm(config: ABConfig) -> tuple[Any, dict[str, Any]]:
 
     settings: dict[str, Any] = {"attention": "sage", **config.recipe.model_dump()}
     if is_sparse(config.sparse):
-        if config.attention_probe:
-            raise InputError(f"--attention-probe with --sparse {config.sparse}: the probe re-runs the quantized jobs "
-                             "with dense attention, so it would not reproduce the sparse arm; leave one out")
         settings["sparse"] = config.sparse
     pv, loaded_plan = config.pv, None
     if config.plan is not None:

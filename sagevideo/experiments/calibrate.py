@@ -12,10 +12,12 @@ sees; `--compile` is accepted and not applied (compiling does not change what at
 the probe measures in Python), a note in the plan says so; `--cache` is refused (a step cache
 skips the forwards whose attention is measured). The plan's `recipe` records the settings.
 
-`--sparse` is written into the plan, not measured: each layer keeps the precision calibration chose,
-and its quantized choice becomes block-sparse from step ceil(steps/5) on, but in each denoiser's
-first sparse layer (`AttentionPlan.with_sparse`); `sagevideo ab --plan` judges it. Proposing
-per-layer sparse settings from the captured Q/K/V is a later stage (docs/sparse.md)."""
+`--sparse METHOD:DENSITY` is measured (docs/sparse.md, stage 4b): at the captured steps from
+ceil(steps/5) on, each layer's tiles are selected at DENSITY, 2x and 4x DENSITY, and the sparse output
+of each mode compared with the same mode's dense output; per layer, on the mode calibration chose,
+the sparsest density whose worst cosine meets `--sparse-budget` (default 0.99) is written into the
+plan from step ceil(steps/5) on; over-budget layers, full-precision ones and each denoiser's first
+sparse layer stay dense (`pipelines.calibrate.choose_sparse`); `sagevideo ab --plan` judges the plan."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from sagevideo.errors import InputError
 from sagevideo.jobs.config import RunOptions
 from sagevideo.jobs.problems import group_problems, option_place, options_error
 from sagevideo.jobs.recipe import RecipeOptions
-from sagevideo.jobs.sparse import SparseOptions, is_sparse
+from sagevideo.jobs.sparse import SparseBudgetOptions, SparseOptions, is_sparse
 from sagevideo.jobs.specs import DEFAULT_PROMPTS, Frames, Guidance, Pixels, Seed, Steps, collect_jobs
 from sagevideo.jobs.text_files import read_prompts_file
 
@@ -50,11 +52,11 @@ def _cosine(value: Any) -> Any:
     return value
 
 
-class CalibrateConfig(RunOptions, RecipeOptions, SparseOptions):
+class CalibrateConfig(RunOptions, RecipeOptions, SparseOptions, SparseBudgetOptions):
     """Every option of a calibration, in the CLI's order (then the shared `RunOptions`: model, image
     (every prompt starts from it), device, progress); the recipe options (`RecipeOptions`) say under
-    which recipe attention is measured (see `calibrate`); `--sparse` (`SparseOptions`) is written into
-    the plan, not measured (see `calibrate`)."""
+    which recipe attention is measured (see `calibrate`); `--sparse` (`SparseOptions`) and its budget
+    (`SparseBudgetOptions`) give the densities measured per layer and the error they may cost."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -145,9 +147,6 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
         raise InputError(group_problems(problems))
     _check_memory(source, jobs, device)
     n_steps = jobs[0].steps
-    if is_sparse(config.sparse) and n_steps <= _dense_steps(n_steps):
-        raise InputError(f"--sparse {config.sparse} with {n_steps} step(s): the first ceil(steps/5) steps stay dense, "
-                         "so no step would be sparse; give --steps 2 or more")
     captured = None
     if config.capture_steps is not None:
         bad = [s for s in config.capture_steps if not -n_steps <= s < n_steps]
@@ -156,14 +155,29 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
                 f"--capture-steps {bad} are outside the run's {n_steps} steps (0..{n_steps - 1}, or -1 for the last)"
             )
         captured = {s % n_steps for s in config.capture_steps}
+    _check_sparse(config, n_steps, captured)
     return _run(source, jobs, out, captured, config.threshold, device, n_steps, save_qkv, config.progress,
-                image_shas, measured, recipe_record(config.recipe, measured), config.sparse)
+                image_shas, measured, recipe_record(config.recipe, measured), config.sparse,
+                config.sparse_budget)
 
 
-def _dense_steps(steps: int) -> int:
+def _check_sparse(config: CalibrateConfig, n_steps: int, captured: set[int] | None) -> None:
+    """InputError for sparse settings calibration cannot measure: a budget without --sparse, a run with
+    no sparse step, or captured steps that are all in the dense first fifth."""
     from sagevideo.pipelines.plans import dense_steps
 
-    return dense_steps(steps)
+    if not is_sparse(config.sparse):
+        if config.sparse_budget is not None:
+            raise InputError(f"--sparse-budget {config.sparse_budget}: only with --sparse METHOD:DENSITY (the "
+                             "densities it judges); give both or neither")
+        return
+    first = dense_steps(n_steps)
+    if n_steps <= first:
+        raise InputError(f"--sparse {config.sparse} with {n_steps} step(s): the first ceil(steps/5) steps stay dense, "
+                         "so no step would be sparse; give --steps 2 or more")
+    if captured is not None and max(captured) < first:
+        raise InputError(f"--capture-steps {sorted(captured)} with --sparse {config.sparse}: the plan is sparse from "
+                         f"step {first} on, so no captured step would measure it; capture a later step too (e.g. -1)")
 
 
 def _measured_recipe(given: Any, source: Any, device: str) -> tuple[Any, list[tuple[str, str]]]:
@@ -215,17 +229,18 @@ def _check_memory(source, jobs, device: str) -> None:
 
 
 def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress, image_shas=None,
-         recipe=None, plan_recipe=None, sparse=None):
+         recipe=None, plan_recipe=None, sparse=None, sparse_budget=None):
     """Generate every prompt's latents through the one generation path (a `PipelineHost` whose
     attention hook installs the probing router; `recipe`'s FP8 linears applied after it, before the
     first step), then choose and save the plan (its `recipe`: `plan_recipe`; `sparse`: `--sparse`'s
-    text, written into it)."""
+    text, whose ladder is measured and proposed per layer under `sparse_budget`)."""
     import sys
 
     from tqdm.auto import tqdm
 
     from sagevideo.host.pipeline_host import PipelineHost, PlannedJob, RouterAttention, RunContext
-    from sagevideo.pipelines.calibrate import calibration_result, probing_router
+    from sagevideo.pipelines.calibrate import DEFAULT_SPARSE_BUDGET, calibration_result, probing_router
+    from sagevideo.pipelines.plans import Sparse
 
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     bar = tqdm(total=len(jobs) * n_steps, unit="step", desc="calibrate", disable=not progress, file=sys.stderr,
@@ -242,7 +257,8 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
                              recipe=recipe)
         host = PipelineHost(context)
         probe = probing_router(host.pipe, capture_steps=captured, save_qkv=tensors,
-                               on_measure=measured if progress else None)
+                               on_measure=measured if progress else None,
+                               sparse=Sparse.parse(sparse) if is_sparse(sparse) else None, num_steps=n_steps)
         host.attention = RouterAttention(probe)
         try:
             for number, job in enumerate(jobs, start=1):
@@ -253,13 +269,8 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
                 host.generate(pj, on_step=lambda step, steps: bar.update(1), decode=False)
         finally:
             host.close()
-        result = calibration_result(probe, host.pipe, threshold=threshold, num_steps=n_steps)
-        if is_sparse(sparse):
-            from sagevideo.pipelines.plans import Sparse
-            from sagevideo.pipelines.sparse import first_sparse_layers
-
-            result.plan = result.plan.with_sparse(Sparse.parse(sparse), steps=n_steps,
-                                                  dense_layers=first_sparse_layers(host.pipe))
+        result = calibration_result(probe, host.pipe, threshold=threshold, num_steps=n_steps,
+                                    sparse_budget=DEFAULT_SPARSE_BUDGET if sparse_budget is None else sparse_budget)
     finally:
         bar.close()
     if plan_recipe is not None:

@@ -12,7 +12,10 @@ itself sits at.
 size, steps, guidance) through the one generation path: a `PipelineHost` whose attention hook
 installs the router (`RouterAttention`), writing each video staged into a temporary folder, as a
 batch worker would. Each re-run video, encoded like the arm's, is compared with the arm's file:
-`reproduced` says whether the probe saw exactly the run that made the quantized videos.
+`reproduced` says whether the probe saw exactly the run that made the quantized videos. A
+`--sparse` arm's jobs re-run the plan `--sparse` built for each (`pipelines.sparse.job_plan`), so the
+probe measures the block-sparse calls against fp32 dense attention: the error of quantization and
+sparsity together.
 """
 
 from __future__ import annotations
@@ -229,20 +232,22 @@ def rerun_arm(
     source = loading.resolve_model(model or first["model"])
     backend = first.get("backend") or "reference"
     pv = first.get("pv") or "fp16"
-    if plan is None:
-        plan = AttentionPlan.uniform(f"int8-{pv}")
-    elif not isinstance(plan, AttentionPlan):
+    if plan is not None and not isinstance(plan, AttentionPlan):
         plan = AttentionPlan.load(plan)
     recorder = ProbeRecorder()
-    router = ProbeRouter(plan, backend, recorder) if probe else AttentionRouter(plan, backend)
     reproduced, prompts = [], []
     with tempfile.TemporaryDirectory(prefix="sagevideo-probe-") as tmp:
         ctx = RunContext(out=Path(tmp), source=source, device=first["device"], dtype=first["dtype"],
                          fps=first.get("fps") or 8, recipe=_rerun_recipe(first.get("recipe")))
-        host = PipelineHost(ctx, attention=RouterAttention(router, pv=pv, backend=backend))
+        host = PipelineHost(ctx)
+        plan_of = _plan_of_records(host.pipe, plan, pv)
+        plan = plan_of(first)
+        router = ProbeRouter(plan, backend, recorder) if probe else AttentionRouter(plan, backend)
+        host.attention = RouterAttention(router, pv=pv, backend=backend)
         try:
             for index, record in enumerate(records):
                 recorder.prompt_index = index
+                router.plan = plan_of(record)  # a --sparse job's plan depends on its steps: the clock re-resolves
                 prompts.append(record["prompt"])
                 if progress is not None:
                     progress(f"re-run {index + 1}/{len(records)}: {record['prompt'][:40]}")
@@ -283,6 +288,22 @@ def rerun_arm(
     out["plan"] = plan.model_dump(mode="json")
     out["backend"] = backend
     return out
+
+
+def _plan_of_records(pipe: Any, plan: AttentionPlan | None, pv: str) -> Any:
+    """record -> the plan its job ran: `plan` when given, else the one `--sparse` built for it
+    (`pipelines.sparse.job_plan`: its dense first steps depend on the job's steps), else `pv` everywhere."""
+    from sagevideo.jobs.sparse import is_sparse
+    from sagevideo.pipelines.sparse import job_plan
+
+    def plan_of(record: dict[str, Any]) -> AttentionPlan:
+        if plan is not None:
+            return plan
+        if is_sparse(record.get("sparse")):
+            return job_plan(pipe, pv, record["sparse"], int(record["steps"]))
+        return AttentionPlan.uniform(f"int8-{pv}")
+
+    return plan_of
 
 
 def _rerun_recipe(recorded: dict[str, Any] | None) -> Any:

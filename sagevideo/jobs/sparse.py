@@ -55,6 +55,23 @@ class SparseOptions(BaseModel):
     sparse: SparseText = Field(SPARSE_OFF, description=SPARSE_HELP)
 
 
+def _budget(value: Any) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 < value <= 1:  # also NaN
+        raise ValueError("not a cosine in (0, 1]; the default is 0.99")
+    return value
+
+
+class SparseBudgetOptions(BaseModel):
+    """The error budget under which `calibrate --sparse` proposes per-layer densities (calibrate only)."""
+
+    cli_panel: ClassVar[str] = SparseOptions.cli_panel
+
+    sparse_budget: Annotated[float | None, BeforeValidator(_budget)] = Field(
+        None, description="With --sparse: the worst cosine (over heads, calls and captured steps) a layer's sparse "
+        "output must keep against the same mode's dense output; per layer the sparsest of DENSITY, 2x and 4x "
+        "DENSITY that meets it is proposed, dense where none does (default 0.99).")
+
+
 def is_sparse(value: str | None) -> bool:
     """Whether a (canonical) setting asks for block-sparse attention."""
     return value is not None and value != SPARSE_OFF

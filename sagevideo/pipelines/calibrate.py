@@ -6,6 +6,14 @@ full-precision run), and at the captured steps it also runs each candidate mode 
 Q/K/V and compares it with an fp32 reference, keeping the worst over heads, calls and steps.
 The plan then picks, per layer, the fastest candidate whose worst cosine meets the threshold,
 and full precision where none does.
+
+Block-sparse proposals (`sparse_ladder`, docs/sparse.md stage 4b): given a `--sparse` setting, at
+the captured steps the plan would run sparse (from `dense_steps(steps)` on) the router also selects
+each layer's tiles at a small ladder of densities (the given one, then 2x and 4x denser) and runs
+every candidate mode on them, comparing each with the same mode's dense output on the same Q/K/V:
+the error sparsity adds. Per layer, on the mode chosen for it, the sparsest density whose worst
+cosine meets the budget (`DEFAULT_SPARSE_BUDGET` unless given) is proposed; a layer that meets it
+at no density, that its family never makes sparse, or a denoiser's first sparse layer stays dense.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ import torch
 
 from sagevideo.attention.accuracy import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
 from sagevideo.attention.functional import TORCH_SDPA, sageattn
-from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override
+from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override, Sparse, dense_steps
 from sagevideo.pipelines.routing import AttentionRouter
+from sagevideo.pipelines.sparse import SparseRouting
 
 # Fastest first (H200 measurements, docs/benchmarks-history.md): FP8 PV beats 16-bit PV; per-tile scales
 # beat per-token ones. Full precision is what remains when no candidate is accurate enough.
@@ -29,6 +38,10 @@ CANDIDATES = (
     Choice(mode=Mode.int8_fp16, granularity=Granularity.token),
 )
 FULL = Choice(mode=Mode.full)
+# The worst cosine (over heads, calls and captured steps) a layer's sparse output must keep against
+# the same mode's dense output. Looser than the quantization floors (0.998-0.999): sparsity is the
+# larger saving, and `ab` judges the whole plan against full precision with a noise floor.
+DEFAULT_SPARSE_BUDGET = 0.99
 
 
 @dataclass
@@ -52,6 +65,66 @@ class WorstError:
 
 
 @dataclass
+class SparseWorst(WorstError):
+    """`WorstError` of one (layer, mode, density) of the sparse ladder against the mode's dense output,
+    and the mean density the selection reached (static selection takes the closest window)."""
+
+    density_sum: float = 0.0
+
+    @property
+    def density(self) -> float:
+        return self.density_sum / self.calls if self.calls else float("nan")
+
+
+def sparse_ladder(sparse: Sparse) -> tuple[Sparse, ...]:
+    """The densities calibration measures for `sparse`, sparsest first: its own, then 2x and 4x
+    denser where below 1 (dense)."""
+    densities = [sparse.density]
+    for factor in (2, 4):
+        denser = round(sparse.density * factor, 4)
+        if denser < 1.0:
+            densities.append(denser)
+    return tuple(Sparse(method=sparse.method, density=d) for d in dict.fromkeys(densities))
+
+
+@dataclass
+class SparseProposal:
+    """What calibration proposes for block-sparse attention: `chosen` (layer -> Sparse), `dense`
+    (layer -> why it stays dense), the `budget` (worst cosine against dense) and the measured
+    `errors` (layer -> mode label -> density -> SparseWorst)."""
+
+    budget: float
+    ladder: tuple[Sparse, ...]
+    errors: dict[str, dict[str, dict[float, SparseWorst]]]
+    chosen: dict[str, Sparse] = field(default_factory=dict)
+    dense: dict[str, str] = field(default_factory=dict)
+    modes: dict[str, str] = field(default_factory=dict)  # layer -> the mode label its error is read on
+
+    def worst(self) -> tuple[str, SparseWorst] | None:
+        """The sparse layer with the lowest worst cosine at its chosen density, None when none is sparse."""
+        picked = [(name, self.errors[name][self.modes[name]][s.density]) for name, s in self.chosen.items()]
+        return min(picked, key=lambda item: item[1].cos) if picked else None
+
+    def note(self) -> str:
+        """One line: how many layers are sparse at which density, which stay dense, the worst layer."""
+        counts = Counter(s.density for s in self.chosen.values())
+        at = ", ".join(f"{n} at {d:g}" for d, n in sorted(counts.items())) or "none"
+        line = (f"block-sparse ({self.ladder[0].method}, densities {', '.join(f'{s.density:g}' for s in self.ladder)}"
+                f"; budget: worst cosine >= {self.budget:g} against the same mode dense): {len(self.chosen)} "
+                f"layer(s) sparse ({at}), {len(self.dense)} dense")
+        worst = self.worst()
+        if worst is not None:
+            name, w = worst
+            line += (f"; worst sparse layer {name}: cosine {w.cos:.5f}, rel-L1 {w.rel_l1:.4f} at density "
+                     f"{self.chosen[name].density:g} (reached {w.density:.3f}, {self.modes[name]}, step {w.step})")
+        return line
+
+    def dense_note(self) -> str:
+        """The layers kept dense and why, one per line ('' when none)."""
+        return "\n".join(f"  {name}: {why}" for name, why in self.dense.items())
+
+
+@dataclass
 class CalibrationResult:
     """errors[layer][choice label] -> WorstError; plan: the chosen plan; threshold: cosine floor;
     score_std[layer]: the largest score standard deviation seen (`attention.accuracy.score_std`)."""
@@ -61,6 +134,7 @@ class CalibrationResult:
     threshold: float
     chosen: dict[str, Choice] = field(default_factory=dict)
     score_std: dict[str, float] = field(default_factory=dict)
+    sparse: SparseProposal | None = None  # with a `--sparse` setting: the per-layer proposal
 
     @property
     def peaky(self) -> dict[str, str]:
@@ -99,10 +173,12 @@ class CalibrationResult:
 
 
 class ProbingRouter(AttentionRouter):
-    """Returns full-precision attention; at captured steps also measures every candidate."""
+    """Returns full-precision attention; at captured steps also measures every candidate, and with a
+    sparse `ladder`, at captured steps from `sparse_from` on, each candidate on the ladder's tiles."""
 
     def __init__(
-        self, backend: str, capture_steps: set[int] | None, save_qkv: dict | None = None, on_measure=None
+        self, backend: str, capture_steps: set[int] | None, save_qkv: dict | None = None, on_measure=None,
+        ladder: tuple[Sparse, ...] = (), sparse_from: int = 0,
     ):
         super().__init__(AttentionPlan.uniform(Mode.full), backend)
         self.capture_steps = capture_steps
@@ -110,6 +186,11 @@ class ProbingRouter(AttentionRouter):
         self.score_std: dict[str, float] = {}
         self.save_qkv = save_qkv
         self.on_measure = on_measure  # on_measure(layer, step) before each measured call: progress
+        self.ladder, self.sparse_from = ladder, sparse_from
+        self.sparse_errors: dict[str, dict[str, dict[float, SparseWorst]]] = {}
+        self.not_sparse: dict[str, str] = {}  # layer -> why its calls cannot be sparse
+        if ladder:  # install gives it the layers' text positions and each forward's grid
+            self.sparse = SparseRouting()
 
     def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None, dropout_p=0.0,
                  enable_gqa=False):
@@ -123,25 +204,80 @@ class ProbingRouter(AttentionRouter):
         ref = TORCH_SDPA(q.float(), k.float(), v.float(), **sdpa)
         self.score_std[layer] = max(self.score_std.get(layer, 0.0), score_std(q, k, sm_scale=sm_scale))
         errs = self.errors.setdefault(layer, {c.label: WorstError() for c in CANDIDATES})
-        scratch = torch.zeros((), dtype=torch.int32, device=q.device)
+        call = dict(attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, enable_gqa=enable_gqa)
+        dense = {}
         for choice in CANDIDATES:
             worst = errs[choice.label]
             try:
-                test = sageattn(
-                    q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, pv=choice.mode.pv,
-                    qk_granularity=choice.granularity.value, backend=self.backend, enable_gqa=enable_gqa,
-                    _guard_counter=scratch,  # a measured mode, not a direct call: its error is measured here
-                )
+                dense[choice] = test = self._candidate(choice, q, k, v, call)
             except ValueError as err:  # e.g. a mask the kernels cannot honour: never choose this mode here
                 worst.unsupported = str(err)
                 continue
             worst.update(ref, test, step)
+        if self.ladder and (step is None or step >= self.sparse_from):
+            self._measure_sparse(layer, step, q, k, v, call, dense, plain=not dropout_p)
         if self.save_qkv is not None:
             key = f"{layer}.step{step}" if step is not None else layer
             if f"{key}.q" not in self.save_qkv:
                 for role, t in zip("qkv", (q, k, v), strict=True):
                     self.save_qkv[f"{key}.{role}"] = t.detach().to("cpu", torch.float32).contiguous()
         return out
+
+    def _candidate(self, choice: Choice, q, k, v, call: dict, tile_mask=None) -> torch.Tensor:
+        """`choice`'s attention on the call (on `tile_mask`'s tiles when given)."""
+        scratch = torch.zeros((), dtype=torch.int32, device=q.device)
+        return sageattn(q, k, v, pv=choice.mode.pv, qk_granularity=choice.granularity.value, backend=self.backend,
+                        tile_mask=tile_mask, **call,
+                        _guard_counter=scratch)  # a measured mode, not a direct call: its error is measured here
+
+    def _measure_sparse(self, layer: str, step: int | None, q, k, v, call: dict, dense: dict, plain: bool) -> None:
+        """Each ladder density's tiles (one selection per P·V mode: the tiles are the mode's), each
+        candidate on them against its own dense output."""
+        masks: dict[tuple[str, float], object] = {}
+        errs = self.sparse_errors.setdefault(layer, {})
+        for choice, dense_out in dense.items():
+            for setting in self.ladder:
+                key = (choice.mode.pv, setting.density)
+                if key not in masks:
+                    masks[key] = self.sparse.select(layer, setting, q, k, pv=choice.mode.pv,
+                                                    attn_mask=call["attn_mask"], plain=plain)
+                mask = masks[key]
+                if isinstance(mask, str):
+                    self.not_sparse[layer] = mask
+                    return
+                worst = errs.setdefault(choice.label, {}).setdefault(setting.density, SparseWorst())
+                worst.update(dense_out, self._candidate(choice, q, k, v, call, tile_mask=mask), step)
+                worst.density_sum += mask.density
+
+
+def choose_sparse(probe: ProbingRouter, chosen: dict[str, Choice], budget: float,
+                  dense_layers: tuple[str, ...]) -> SparseProposal:
+    """Per layer, on its chosen mode, the sparsest ladder density whose worst cosine against dense
+    meets `budget`; dense (with the reason) where none does, where the layer runs full precision or
+    cannot be sparse, and in `dense_layers` (each denoiser's first sparse layer)."""
+    proposal = SparseProposal(budget, probe.ladder, probe.sparse_errors)
+    for layer, choice in chosen.items():
+        measured = probe.sparse_errors.get(layer, {}).get(choice.label, {})
+        if choice.mode is Mode.full:
+            proposal.dense[layer] = "full precision (never block-sparse)"
+        elif layer in dense_layers:
+            proposal.dense[layer] = "the denoiser's first sparse layer (kept dense by default)"
+        elif layer in probe.not_sparse:
+            proposal.dense[layer] = probe.not_sparse[layer]
+        elif not measured:
+            proposal.dense[layer] = "no captured call at a step the plan would make sparse"
+        else:
+            proposal.modes[layer] = choice.label
+            ok = [s for s in probe.ladder if s.density in measured and measured[s.density].cos >= budget]
+            if ok and measured[ok[0].density].density >= 1.0:  # e.g. text and diagonal tiles cover a small call
+                proposal.dense[layer] = f"nothing to skip: the selection kept every tile at density {ok[0].density:g}"
+            elif ok:
+                proposal.chosen[layer] = ok[0]
+            else:
+                densest = probe.ladder[-1].density
+                proposal.dense[layer] = (f"over budget: worst cosine {measured[densest].cos:.5f} < {budget:g} even at "
+                                         f"density {densest:g}")
+    return proposal
 
 
 def choose_plan(
@@ -166,21 +302,36 @@ def choose_plan(
 
 def probing_router(
     pipe, *, backend: str | None = None, capture_steps: set[int] | None = None, save_qkv: dict | None = None,
-    on_measure=None,
+    on_measure=None, sparse: Sparse | None = None, num_steps: int | None = None,
 ) -> ProbingRouter:
     """The probing router for calibrating `pipe`. backend defaults to "triton" on CUDA and
     "reference" (the exact emulation) on CPU, never "auto", which could silently measure SDPA.
-    on_measure(layer, step) is called before each measured attention call (a progress display)."""
+    on_measure(layer, step) is called before each measured attention call (a progress display).
+    sparse: also measure `sparse_ladder(sparse)` at the steps a run of `num_steps` would make sparse."""
     if backend is None:
         backend = "triton" if pipe.transformer.device.type == "cuda" else "reference"
-    return ProbingRouter(backend, capture_steps, save_qkv, on_measure)
+    if sparse is None:
+        return ProbingRouter(backend, capture_steps, save_qkv, on_measure)
+    if num_steps is None:
+        raise ValueError("probing_router: sparse needs num_steps (the first ceil(steps/5) steps stay dense)")
+    return ProbingRouter(backend, capture_steps, save_qkv, on_measure, ladder=sparse_ladder(sparse),
+                         sparse_from=dense_steps(num_steps))
 
 
 def calibration_result(
-    probe: ProbingRouter, pipe, *, threshold: float = 0.999, num_steps: int | None = None
+    probe: ProbingRouter, pipe, *, threshold: float = 0.999, num_steps: int | None = None,
+    sparse_budget: float = DEFAULT_SPARSE_BUDGET,
 ) -> CalibrationResult:
-    """The per-layer errors a probing router measured, and the plan they choose."""
+    """The per-layer errors a probing router measured, and the plan they choose (with the router's
+    sparse ladder: each layer's proposed density from step ceil(num_steps/5) on, `choose_sparse`)."""
+    from sagevideo.pipelines.sparse import first_sparse_layers
+
     if not probe.errors:
         raise RuntimeError("calibration captured no attention call: check --capture-steps against --steps")
     plan, chosen = choose_plan(probe.errors, threshold, type(pipe.transformer).__name__, num_steps)
-    return CalibrationResult(probe.errors, plan, threshold, chosen, probe.score_std)
+    result = CalibrationResult(probe.errors, plan, threshold, chosen, probe.score_std)
+    if probe.ladder:
+        result.sparse = choose_sparse(probe, chosen, sparse_budget, first_sparse_layers(pipe))
+        if result.sparse.chosen:
+            result.plan = plan.with_sparse_layers(result.sparse.chosen, steps=num_steps)
+    return result

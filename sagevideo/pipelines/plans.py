@@ -222,18 +222,25 @@ class AttentionPlan(BaseModel):
         on, but in `dense_layers` (`calibrate --sparse`: the precisions it measured, then the sparsity as
         given). PlanError for a plan that does not list its layers, has step ranges or sparse choices
         already (calibrate writes none such), or a run too short to leave a sparse step."""
+        return self.with_sparse_layers({layer: sparse for layer in self.layers or () if layer not in dense_layers},
+                                       steps=steps)
+
+    def with_sparse_layers(self, settings: dict[str, Sparse], *, steps: int) -> AttentionPlan:
+        """This plan with each layer of `settings` block-sparse as given on its quantized choice from
+        step `dense_steps(steps)` on (`calibrate --sparse`: per layer the setting it measured; layers
+        left out, and full-precision ones, stay dense). PlanError as `with_sparse`."""
         first = dense_steps(steps)
         if self.layers is None or self.uses_sparse or any(o.steps is not None for o in self.overrides):
             raise PlanError("with_sparse: needs a plan that lists its layers, without step ranges or sparse choices")
         if first >= steps:
             raise PlanError(f"with_sparse: a run of {steps} step(s) keeps its first {first} dense: none is sparse")
-        groups: dict[Choice, list[str]] = {}
+        groups: dict[tuple[Choice, Sparse], list[str]] = {}
         for layer in self.layers:
             choice = self.choice_for(layer, None)
-            if layer not in dense_layers and choice.mode is not Mode.full:
-                groups.setdefault(choice, []).append(layer)
+            if layer in settings and choice.mode is not Mode.full:
+                groups.setdefault((choice, settings[layer]), []).append(layer)
         added = [Override(layers=tuple(names), steps=(first, None), mode=c.mode, granularity=c.granularity,
-                          sparse=sparse) for c, names in groups.items()]
+                          sparse=sparse) for (c, sparse), names in groups.items()]
         data = self.model_dump(exclude={"version"})
         data["overrides"] = [*self.overrides, *added]
         return AttentionPlan.model_validate(data)

@@ -73,22 +73,31 @@ class SparseRouting:
             return grid_mismatch(n, self.grid, position)
         return (text, 0) if position == TEXT_FIRST else (0, text) if position == TEXT_LAST else (0, 0)
 
-    @torch.compiler.disable  # reads the device: eagerly, between two graphs of a compiled model
-    def tile_mask(self, layer: str, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *, pv: str,
-                  step: int | None, attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
-        """The tile mask of one call of `layer` (HND q, k (B, H, N, D)) its plan makes `sparse`, in
-        the tiles of PV mode `pv`, or None (dense) with the reason noted. plain: whether the call is
-        one the kernels take block-sparse (no dropout, as many K/V heads as query heads)."""
+    def select(self, layer: str, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *, pv: str,
+               attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
+        """The tile mask `sparse` selects for one call of `layer` (HND q, k (B, H, N, D)) in the tiles
+        of PV mode `pv`, or the reason (str) the call cannot be sparse; notes nothing (calibration
+        measures masks it does not run). plain: whether the call is one the kernels take block-sparse
+        (no dropout, as many K/V heads as query heads)."""
         text = self._text_tokens(layer, q.shape[2])
         if not isinstance(text, str) and (not plain or q.dim() != 4 or q.shape != k.shape):
             text = NOT_PLAIN
         if isinstance(text, str):
-            report_sparse(SparseNote(layer, step, 1.0, text))
-            return None
+            return text
         with torch.profiler.record_function(SELECTION_RANGE):  # `sagevideo profile` counts it apart
-            mask = select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
+            return select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
                                 text_last=text[1], grid=self.grid, key_mask=_key_mask(attn_mask, k.shape[2]))
-        report_sparse(SparseNote(layer, step, mask.density))
+
+    @torch.compiler.disable  # reads the device: eagerly, between two graphs of a compiled model
+    def tile_mask(self, layer: str, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *, pv: str,
+                  step: int | None, attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
+        """The tile mask of one call of `layer` its plan makes `sparse` (`select`), or None (dense)
+        with the reason noted."""
+        mask = self.select(layer, sparse, q, k, pv=pv, attn_mask=attn_mask, plain=plain)
+        if isinstance(mask, str):
+            report_sparse(SparseNote(layer, step, 1.0, mask, planned=True))
+            return None
+        report_sparse(SparseNote(layer, step, mask.density, planned=True))
         return mask
 
     @torch.compiler.disable

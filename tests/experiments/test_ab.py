@@ -249,6 +249,33 @@ def test_sparse_is_the_quantized_arms_and_never_the_job_files(tmp_path, no_model
     jobs.write_text("jobs:\n  - prompt: a\n")
     _, settings = _quantized_arm(ABConfig.build(jobs, out=tmp_path / "out", sparse="static:0.25"))
     assert settings["sparse"] == "static:0.25" and settings["attention"] == "sage"
-    with pytest.raises(InputError, match="--attention-probe with --sparse static:0.25: the probe re-runs"):
-        ab(jobs, out=tmp_path / "out", device="cpu", progress=False, sparse="static:0.25", attention_probe=True)
-    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # renders two arms at 192 px, re-runs the sparse one with the probe, evaluates
+def test_a_sparse_arm_reports_per_layer_density_and_the_probes_error(tmp_path):
+    """--sparse with --attention-probe: the probe re-runs the plan --sparse built (reproducing the arm
+    exactly) and metrics.json / report.html give per layer the density reached and the error against
+    fp32 dense attention (static selection: dynamic keeps every tile of random weights)."""
+    from tests.helpers.evalkit import single_thread
+
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text("defaults:\n  height: 192\n  width: 192\n  frames: 9\n  steps: 3\njobs:\n  - a red fox\n")
+    out = tmp_path / "out"
+    with single_thread():
+        result = CliRunner().invoke(app, [
+            "ab", str(jobs), "--out", str(out), "--sparse", "static:0.3", "--attention-probe", "--no-noise-floor",
+            "--no-progress", "--metrics", "psnr", "--weights", str(tmp_path / "w")])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "metrics.json").read_text())
+    assert data["attention_probe"]["reproduced"]["all_identical"] is True
+    rows = {row["layer"]: row for row in data["sparse"]["layers"]}
+    assert set(rows) == set(LAYERS)
+    first, later = rows[LAYERS[0]], rows[LAYERS[1]]
+    assert (first["calls"], first["sparse_calls"], first["density"], first["sparse_density"]) == (3, 0, 1.0, None)
+    assert later["calls"] == 3 and later["sparse_calls"] == 2 and 0 < later["sparse_density"] < 1  # steps 1, 2
+    assert later["density"] == pytest.approx((1 + 2 * later["sparse_density"]) / 3, abs=1e-3) and later["dense"] == {}
+    assert later["probe_cos_worst"] < 1.0 and later["probe_floor_cos_worst"] == pytest.approx(1.0, abs=1e-9)
+    assert "judged on your own model" in data["sparse"]["note"]
+    html = (out / "report.html").read_text()
+    assert "Block-sparse attention per layer" in html and f"{later['sparse_density']:.4f}" in html
+    assert "judged on your own model" in html

@@ -68,20 +68,49 @@ def test_a_plain_calibration_writes_the_plan_as_before(tmp_path):
     assert "recipe" not in json.loads(out.read_text())
 
 
-@pytest.mark.slow  # a 3-step calibration (about 10 s on CPU)
-def test_sparse_is_written_into_the_calibrated_plan_after_the_first_fifth_and_first_layer(tmp_path):
+@pytest.mark.slow  # a 3-step calibration with the sparse ladder at 192 px, then the plan generated (about 3 s)
+def test_calibrate_sparse_proposes_per_layer_densities_and_the_plan_runs_through_generate(tmp_path):
+    """Static selection (dynamic keeps every tile of random weights). A lax budget makes the second
+    layer sparse from step 1 on (the first layer and step 0 stay dense); generate runs that plan and
+    its manifest records the density reached per layer."""
+    from sagevideo.generation.generate import generate
+    from sagevideo.outputs.manifest import Manifest
     from sagevideo.pipelines.plans import AttentionPlan, Sparse
 
     out = tmp_path / "plan.json"
-    result = calibrate(["a fox"], out=out, device="cpu", progress=False, capture_steps=[-1], steps=3,
-                       sparse="static:0.3")
+    size = {"height": 192, "width": 192, "frames": 9, "steps": 3}
+    result = calibrate(["a fox"], out=out, device="cpu", progress=False, capture_steps=[-1], sparse="static:0.3",
+                       sparse_budget=0.9, **size)
     plan = AttentionPlan.load(out)
     assert plan == result.plan and plan.version == 2
+    first, later = "transformer_blocks.0.attn1", "transformer_blocks.1.attn1"
     sparse = Sparse(method="static", density=0.3)
-    assert [plan.choice_for("transformer_blocks.1.attn1", s).sparse for s in range(3)] == [None, sparse, sparse]
-    assert {plan.choice_for("transformer_blocks.0.attn1", s).sparse for s in range(3)} == {None}
-    # the precisions calibration chose stay each layer's
-    assert plan.choice_for("transformer_blocks.1.attn1", 2).mode == result.chosen["transformer_blocks.1.attn1"].mode
+    assert result.sparse.chosen == {later: sparse} and "first sparse layer" in result.sparse.dense[first]
+    worst = result.sparse.errors[later][result.chosen[later].label][0.3]
+    assert 0.9 <= worst.cos < 1.0 and worst.step == 2 and 0 < worst.density < 1  # met on the captured step
+    assert [plan.choice_for(later, s).sparse for s in range(3)] == [None, sparse, sparse]
+    assert {plan.choice_for(first, s).sparse for s in range(3)} == {None}
+    assert plan.choice_for(later, 2).mode == result.chosen[later].mode  # the precision calibration chose
+    generate(["a fox"], out=tmp_path / "videos", plan=out, device="cpu", progress=False, **size)
+    (record,) = Manifest(tmp_path / "videos" / "manifest.jsonl").records()
+    layers = record.backends["sparse"]["layers"]
+    assert layers[first] == {"calls": 3, "density": 1.0, "min": 1.0}
+    assert layers[later]["sparse_calls"] == 2 and 0 < layers[later]["sparse_density"] < 1
+
+
+def test_sparse_budget_values_are_refused_before_loading(tmp_path, no_model_load):
+    def run(**options):
+        return calibrate(["a fox"], out=tmp_path / "plan.json", device="cpu", progress=False, steps=5, **options)
+
+    for bad in (0, 1.5, -0.1, float("nan"), "high"):
+        with pytest.raises(InputError, match="sparse-budget|sparse_budget"):
+            run(sparse="static:0.3", sparse_budget=bad)
+    with pytest.raises(InputError, match="--sparse-budget 0.95: only with --sparse METHOD:DENSITY"):
+        run(sparse_budget=0.95)
+    with pytest.raises(InputError, match=r"--capture-steps \[0\] with --sparse static:0.3: the plan is sparse from "
+                                         r"step 1 on"):
+        run(sparse="static:0.3", capture_steps=[0])
+    assert not (tmp_path / "plan.json").exists()
 
 
 def test_sparse_with_no_step_left_to_be_sparse_is_refused_before_loading(tmp_path, no_model_load):

@@ -46,7 +46,9 @@ def check_sparse_run(pipe, summary, selections, *, text_first: int, text_last: i
     sparse_layers = set(summary["layers"]) - set(first) - never
     assert sparse_layers and all(summary["layers"][name]["min"] < 1.0 for name in sparse_layers)
     for name in never:
-        assert summary["layers"][name] == {"calls": summary["layers"][name]["calls"], "density": 1.0, "min": 1.0}
+        entry = summary["layers"][name]
+        assert (entry["density"], entry["min"], entry["sparse_density"]) == (1.0, 1.0, 1.0)
+        assert entry["dense"] == {NOT_SPARSE_LAYER: entry["sparse_calls"]} and entry["sparse_calls"] < entry["calls"]
     assert set(summary["dense"]) == ({NOT_SPARSE_LAYER} if never else set())  # planned sparse, run dense
     assert selections
     for options, mask in selections:

@@ -98,3 +98,66 @@ def test_the_probing_router_runs_torchs_sdpa_also_under_the_global_replacement(m
     assert torch.equal(out, TORCH_SDPA(q.half(), k.half(), v.half()))
     errors = router.errors["blocks.0.attn"]
     assert 0.99 < min(errors[c.label].cos for c in CANDIDATES) < 1.0  # measured against the fp32 reference
+
+
+@pytest.mark.slow  # three steps with the sparse ladder (about 10 s on CPU)
+def test_sparse_proposals_meet_the_budget_on_the_captured_calls_and_keep_the_rest_dense(tiny_pipe):
+    """The ladder measured at the sparse steps (from ceil(3/5) = 1 on) on the tiny CogVideoX at 192 px
+    (static selection: dynamic keeps every tile of random weights); backend "sdpa" computes each mode
+    in full precision restricted to the tiles, so the error is the sparsity's alone, cheaply."""
+    from sagevideo.pipelines.calibrate import sparse_ladder
+    from sagevideo.pipelines.plans import Sparse
+
+    setting = Sparse(method="static", density=0.2)
+    assert [s.density for s in sparse_ladder(setting)] == [0.2, 0.4, 0.8]
+    assert [s.density for s in sparse_ladder(Sparse(method="static", density=0.3))] == [0.3, 0.6]
+    probe = probing_router(tiny_pipe, backend="sdpa", sparse=setting, num_steps=3)
+    with install_router(tiny_pipe, probe):
+        tiny_pipe("a red panda", num_frames=9, height=192, width=192, num_inference_steps=3, output_type="latent",
+                  generator=torch.Generator().manual_seed(0), max_sequence_length=32)
+    first, later = "transformer_blocks.0.attn1", "transformer_blocks.1.attn1"
+    errors = probe.sparse_errors[later]
+    assert set(errors) == {c.label for c in CANDIDATES}
+    measured = errors["int8-fp8/block"]
+    assert set(measured) == {0.2, 0.4, 0.8} and all(w.calls == 2 for w in measured.values())  # steps 1 and 2
+    assert all(0.0 < w.density < 1.0 and w.cos < 1.0 for w in measured.values())
+    assert measured[0.8].cos >= measured[0.2].cos  # denser keeps more (here the same window: a small grid)
+    lax = measured[0.2].cos - 1e-6
+    result = calibration_result(probe, tiny_pipe, num_steps=3, sparse_budget=lax)
+    assert result.sparse.chosen == {later: setting}  # the sparsest density within the budget
+    assert "first sparse layer" in result.sparse.dense[first]
+    plan = result.plan
+    assert [plan.choice_for(later, s).sparse for s in range(3)] == [None, setting, setting]
+    assert {plan.choice_for(first, s).sparse for s in range(3)} == {None}
+    assert result.sparse.worst()[0] == later and "1 layer(s) sparse (1 at 0.2)" in result.sparse.note()
+    strict = calibration_result(probe, tiny_pipe, num_steps=3, sparse_budget=1.0)
+    assert strict.sparse.chosen == {} and strict.sparse.dense[later].startswith("over budget: worst cosine")
+    assert not strict.plan.uses_sparse  # over-budget layers stay dense: the plan is the dense one
+
+
+def test_the_sparsest_density_within_the_budget_is_chosen_on_the_layers_own_mode():
+    """choose_sparse on measured errors: per layer the chosen mode's ladder, sparsest first."""
+    from sagevideo.pipelines.calibrate import ProbingRouter, SparseWorst, choose_sparse, sparse_ladder
+    from sagevideo.pipelines.plans import Choice, Sparse
+
+    probe = ProbingRouter("sdpa", None, ladder=sparse_ladder(Sparse(method="dynamic", density=0.1)))
+    fp8, fp16 = CANDIDATES[0], CANDIDATES[1]
+
+    def worst(cos, density):
+        return SparseWorst(cos=cos, calls=1, density_sum=density)
+
+    probe.sparse_errors = {
+        "a": {fp8.label: {0.1: worst(0.95, 0.1), 0.2: worst(0.992, 0.2), 0.4: worst(0.999, 0.4)},
+              fp16.label: {0.1: worst(0.995, 0.1), 0.2: worst(0.996, 0.2), 0.4: worst(0.999, 0.4)}},
+        "b": {fp16.label: {0.1: worst(0.995, 0.1), 0.2: worst(0.996, 0.2), 0.4: worst(0.999, 0.4)}},
+        "c": {fp8.label: {0.1: worst(0.9, 0.1), 0.2: worst(0.95, 0.2), 0.4: worst(0.98, 0.4)}},
+        "d": {fp8.label: {0.1: worst(1.0, 1.0), 0.2: worst(1.0, 1.0), 0.4: worst(1.0, 1.0)}},
+    }
+    probe.not_sparse["e"] = "a layer its family never makes sparse (cross-attention or text only)"
+    chosen = {"a": fp8, "b": fp16, "c": fp8, "d": fp8, "e": fp8, "f": Choice(mode=Mode.full), "g": fp8}
+    proposal = choose_sparse(probe, chosen, 0.99, dense_layers=("g",))
+    assert {name: s.density for name, s in proposal.chosen.items()} == {"a": 0.2, "b": 0.1}
+    assert proposal.dense["c"] == "over budget: worst cosine 0.98000 < 0.99 even at density 0.4"
+    assert proposal.dense["d"].startswith("nothing to skip") and proposal.dense["e"].startswith("a layer its family")
+    assert proposal.dense["f"].startswith("full precision") and "first sparse layer" in proposal.dense["g"]
+    assert proposal.worst()[0] == "a" and "2 layer(s) sparse (1 at 0.1, 1 at 0.2), 5 dense" in proposal.note()

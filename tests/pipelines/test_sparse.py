@@ -47,7 +47,8 @@ def test_sparse_calls_run_their_mask_and_every_call_is_noted_with_its_density():
     assert not torch.allclose(sparse_out, dense_out, atol=1e-3)
     summary = log.summary()["sparse"]
     assert summary == {"layers": {"joint": {"calls": 1, "density": round(joint.density, 4),
-                                            "min": round(joint.density, 4)},
+                                            "min": round(joint.density, 4), "sparse_calls": 1,
+                                            "sparse_density": round(joint.density, 4)},
                                   "dense": {"calls": 1, "density": 1.0, "min": 1.0}},
                        "steps": {"none": round((joint.density + 1) / 2, 4)}, "dense": {}}
 
@@ -70,6 +71,7 @@ def test_a_call_that_cannot_be_sparse_runs_dense_with_the_reason(case):
             "text-in-a-video-layer": grid_mismatch(q.shape[2], GRID, None)}[case]
     assert [(n.density, n.reason) for n in log.sparse] == [(1.0, want)]
     assert log.summary()["sparse"]["dense"] == {want: 1}
+    assert log.summary()["sparse"]["layers"][layer]["dense"] == {want: 1}  # and per layer
     if case != "dropout":  # dense attention, as the plan's mode computes it without the mask
         assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] == 1))
 
