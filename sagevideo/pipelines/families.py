@@ -78,6 +78,14 @@ class SparseLayout:
     grid: Callable[[Any, tuple, dict], tuple[int, int, int] | None]
 
 
+def is_exactly(obj: Any, module: str, name: str) -> bool:
+    """Whether `obj` is an instance of exactly class `module.name` (not a subclass, which may change
+    what a family relies on); the module is imported only when the class name already matches."""
+    if type(obj).__name__ != name:
+        return False
+    return type(obj) is getattr(importlib.import_module(module), name)
+
+
 def forward_input(args: tuple, kwargs: dict, name: str, index: int = 0) -> Any:
     """A forward's input `name`, given by keyword or at position `index` (None when absent)."""
     if name in kwargs:

@@ -85,3 +85,16 @@ def test_the_models_that_take_an_image_are_listed_from_the_registry():
         "tiny-cogvideox-i2v, tiny-opensora, tiny-wan-i2v, tiny-wan22-ti2v, or a CogVideoXImageToVideoPipeline, "
         "OpenSoraPipeline or WanImageToVideoPipeline folder"
     )
+
+
+def test_is_exactly_takes_the_class_itself_not_a_subclass_and_imports_only_on_a_name_match():
+    from collections import OrderedDict
+
+    from sagevideo.pipelines.families import is_exactly
+
+    class Derived(OrderedDict):
+        pass
+
+    assert is_exactly(OrderedDict(), "collections", "OrderedDict")
+    assert not is_exactly(Derived(), "collections", "OrderedDict")
+    assert not is_exactly(OrderedDict(), "no_such_module_anywhere", "Other")  # never imported: no ImportError

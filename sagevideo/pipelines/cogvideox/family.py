@@ -36,6 +36,7 @@ from sagevideo.pipelines.families import (
     ModelFamily,
     SparseLayout,
     forward_input,
+    is_exactly,
     latent_call_options,
     size_problems,
     ulysses_degree_problem,
@@ -239,11 +240,7 @@ class CogVideoXFamily(ModelFamily):
         return {CogVideoXAttnProcessor2_0: SageCogVideoXAttnProcessor}
 
     def sparse_layout(self, transformer: Any) -> SparseLayout | None:
-        if type(transformer).__name__ != "CogVideoXTransformer3DModel":
-            return None
-        from diffusers import CogVideoXTransformer3DModel
-
-        if type(transformer) is not CogVideoXTransformer3DModel:
+        if not is_exactly(transformer, "diffusers", "CogVideoXTransformer3DModel"):
             return None
         return SparseLayout({key.removesuffix(".processor"): TEXT_FIRST for key in transformer.attn_processors},
                             _latent_grid)

@@ -38,6 +38,7 @@ from sagevideo.pipelines.families import (
     ModelFamily,
     SparseLayout,
     forward_input,
+    is_exactly,
     latent_call_options,
     size_problems,
     ulysses_degree_problem,
@@ -266,11 +267,7 @@ class HunyuanVideoFamily(ModelFamily):
         return pipe.vae.decode(latents, return_dict=False)[0]  # (1, 3, F, H, W) in [-1, 1]
 
     def sparse_layout(self, transformer: Any) -> SparseLayout | None:
-        if type(transformer).__name__ != TRANSFORMER_CLASS:
-            return None
-        from diffusers import HunyuanVideoTransformer3DModel
-
-        if type(transformer) is not HunyuanVideoTransformer3DModel:
+        if not is_exactly(transformer, "diffusers", TRANSFORMER_CLASS):
             return None
         layers = (key.removesuffix(".processor") for key in transformer.attn_processors)
         return SparseLayout({layer: TEXT_LAST for layer in layers if not layer.startswith("context_embedder.")},

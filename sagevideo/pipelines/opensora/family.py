@@ -37,6 +37,7 @@ from sagevideo.pipelines.families import (
     ModelFamily,
     SparseLayout,
     forward_input,
+    is_exactly,
     latent_call_options,
     patch_grid,
     size_problems,
@@ -260,11 +261,7 @@ class OpenSoraFamily(ModelFamily):
         return {OpenSoraAttnProcessor: SageOpenSoraAttnProcessor}
 
     def sparse_layout(self, transformer: Any) -> SparseLayout | None:
-        if type(transformer).__name__ != "OpenSoraTransformer3DModel":
-            return None
-        from sagevideo.pipelines.opensora.transformer import OpenSoraTransformer3DModel
-
-        if type(transformer) is not OpenSoraTransformer3DModel:
+        if not is_exactly(transformer, "sagevideo.pipelines.opensora.transformer", "OpenSoraTransformer3DModel"):
             return None
         return SparseLayout({key.removesuffix(".processor"): TEXT_FIRST for key in transformer.attn_processors},
                             _latent_grid)

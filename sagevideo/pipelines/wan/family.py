@@ -40,6 +40,7 @@ from sagevideo.pipelines.families import (
     ModelFamily,
     SparseLayout,
     forward_input,
+    is_exactly,
     latent_call_options,
     patch_grid,
     size_problems,
@@ -344,11 +345,7 @@ class WanFamily(ModelFamily):
         return vae.decode(latents / inverse_std + mean, return_dict=False)[0]  # (1, 3, F, H, W) in [-1, 1]
 
     def sparse_layout(self, transformer: Any) -> SparseLayout | None:
-        if type(transformer).__name__ != TRANSFORMER_CLASS:
-            return None
-        from diffusers import WanTransformer3DModel
-
-        if type(transformer) is not WanTransformer3DModel:
+        if not is_exactly(transformer, "diffusers", TRANSFORMER_CLASS):
             return None
         layers = (key.removesuffix(".processor") for key in transformer.attn_processors)
         return SparseLayout({layer: None for layer in layers if layer.endswith(".attn1")}, _latent_grid)
