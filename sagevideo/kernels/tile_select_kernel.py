@@ -4,24 +4,29 @@ twin of `tile_select.TileScores.keep`, from the per-tile statistics the quantiza
 tensors) directly. Nothing is read on the host: the lists are as wide as the key tiles (known from
 the shapes), the counts stay on the device.
 
-`_select_tiles_kernel`, grid (query-tile groups, B·H): each program takes ROWS query tiles of one
-head and holds their whole rows of key tiles in registers (T_PAD, the key tiles rounded up to a
-power of two):
-1. scores = pooled q · pooled k · sm_scale + log(valid keys) (fp32 dot, `input_precision="ieee"`:
-   TF32 would move the probabilities by ~1e-3, enough to flip tiles near the threshold), softmax
-   over the key tiles;
-2. forced tiles (`tile_select.forced_tiles`: diagonal ± local, sinks, text rows and columns; and
-   the rows and columns of tiles that are not self-similar), never a tile without a valid key;
-3. the top-p threshold per query tile without a sort: the reference keeps the non-forced tiles in
-   descending probability while the mass before each (the forced tiles' and the higher ones') is
-   below top_p. That mass, as a function of a probability value t, G(t) = forced mass + the mass of
-   the non-forced tiles above t, only falls as t rises, also in fp32 (a fixed-order sum of
-   non-negative terms with more of them zeroed cannot grow). A bisection on t's bit pattern
-   (31 steps: non-negative fp32 values order like their bits) finds the smallest t with
-   G(t) < top_p exactly; the tiles above it are kept, and among tiles of exactly that probability
-   (ties) the reference's stable sort keeps the lower key tiles first, which a prefix sum over the
-   tied tiles in key order reproduces;
-4. the kept tiles compacted in ascending order (a prefix count gives each its slot), -1 after them.
+Two launches:
+1. `_tile_scores_kernel`, grid (query-tile blocks, key-tile blocks, B·H): the tile scores
+   pooled q · pooled k · sm_scale + log(valid keys), a small GEMM (fp32 dot, `input_precision="ieee"`:
+   TF32 would move the probabilities by ~1e-3, enough to flip tiles near the threshold), into an
+   fp32 (B·H, M_TILES, N_TILES) buffer (as large as the lists);
+2. `_select_tiles_kernel`, grid (query-tile groups, B·H): each program holds ROWS whole rows of
+   scores in registers (T_PAD, the key tiles rounded up to a power of two; ROWS·T_PAD fixed, so
+   registers do not grow with the sequence) and does the rest:
+   - the softmax over the key tiles;
+   - forced tiles (`tile_select.forced_tiles`: diagonal ± local, sinks, text rows and columns; and
+     the rows and columns of tiles that are not self-similar), never a tile without a valid key;
+   - the top-p threshold per query tile without a sort: the reference keeps the non-forced tiles
+     in descending probability while the mass before each (the forced tiles' and the higher ones')
+     is below top_p. That mass, as a function of a probability value t, G(t) = forced mass + the
+     mass of the non-forced tiles above t, only falls as t rises, also in fp32 (a fixed-order sum
+     of non-negative terms with more of them zeroed cannot grow). A bisection on t's bit pattern
+     (31 steps: non-negative fp32 values order like their bits) finds the smallest t with
+     G(t) < top_p exactly; the tiles above it are kept, and among tiles of exactly that probability
+     (ties) the reference's stable sort keeps the lower key tiles first, which a prefix sum over
+     the tied tiles in key order reproduces;
+   - the kept tiles compacted in ascending order (a prefix count gives each its slot), -1 after them.
+One launch for both was the first design (ROWS = 16 rows of scores from one tl.dot): compiled for
+sm_90 at Wan's 591-1,182 key tiles it spilled, and at 2,048 needed more shared memory than an SM has.
 
 Numerics against `TileScores`: the same formulas in fp32, summed in other orders (pooling, the
 score dot, the softmax sum, the threshold's masses), so a query tile whose threshold mass or a
@@ -46,8 +51,10 @@ from sagevideo.kernels.sparse_reference import TileLists
 from sagevideo.kernels.tile_select import DynamicSelection
 
 INF_BITS_CONST = tl.constexpr(INF_BITS)
-ROWS = 16  # query tiles per program: tl.dot's smallest M on the tensor-core-less fp32 path too
-D_CHUNK = 16  # channels per dot step: a (D_CHUNK, T_PAD) slice of the key means at a time
+SCORE_M, SCORE_N, SCORE_D = 32, 64, 16  # the scores GEMM's blocks (query tiles, key tiles, channels)
+SCORE_WARPS = 4
+SELECT_ELEMENTS = 4096  # scores a selection program holds (ROWS x T_PAD): 16 fp32 registers a thread
+MAX_ROWS = 16
 SELECT_WARPS = 8
 
 
@@ -90,15 +97,44 @@ def _threshold(probs, free, forced_mass, top_p, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _select_tiles_kernel(
-    QMean, QSim, KMean, KSim, KCount, Indices, Counts,
-    H, H_KV, M_TILES, N_TILES, N_Q, sm_scale, top_p, min_similarity,
-    LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, D_CHUNK: tl.constexpr,
-    ROWS: tl.constexpr, T_PAD: tl.constexpr, DIAGONAL: tl.constexpr,
+def _tile_scores_kernel(
+    QMean, KMean, KCount, Scores,
+    H, H_KV, M_TILES, N_TILES, sm_scale,
+    BLOCK_D: tl.constexpr, SCORE_M: tl.constexpr, SCORE_N: tl.constexpr, SCORE_D: tl.constexpr,
 ):
-    """Lists of query tiles group·ROWS .. +ROWS of head bh (module docstring). Indices int32
-    (bh, M_TILES, N_TILES): kept key tiles ascending, then -1; Counts int32 (bh, M_TILES)."""
+    """Scores (bh, M_TILES, N_TILES) fp32 = pooled q · pooled k · sm_scale + log(valid keys) (-inf for
+    a key tile without any) of SCORE_M query tiles against SCORE_N key tiles of head bh."""
+    bh = tl.program_id(2).to(tl.int64)
+    bh_kv = (bh // H) * H_KV + (bh % H) // (H // H_KV)
+    rows = tl.program_id(0) * SCORE_M + tl.arange(0, SCORE_M)
+    cols = tl.program_id(1) * SCORE_N + tl.arange(0, SCORE_N)
+    row_ok = rows < M_TILES
+    col_ok = cols < N_TILES
+    q_rows = bh * M_TILES + rows
+    k_cols = bh_kv * N_TILES + cols
+    acc = tl.zeros((SCORE_M, SCORE_N), dtype=tl.float32)
+    for d0 in range(0, BLOCK_D, SCORE_D):
+        offs_d = d0 + tl.arange(0, SCORE_D)
+        q = tl.load(QMean + q_rows[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        k = tl.load(KMean + k_cols[None, :] * BLOCK_D + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+        acc += tl.dot(q, k, input_precision="ieee")
+    count = tl.load(KCount + k_cols, mask=col_ok, other=0.0)
+    # a tile with no valid key: log 0 = -inf, probability 0 (the maximum keeps log off 0: no warning)
+    log_count = tl.where(count > 0, tl.log(tl.maximum(count, 1.0)), float("-inf"))
+    tl.store(Scores + q_rows[:, None] * N_TILES + cols[None, :], acc * sm_scale + log_count[None, :],
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _select_tiles_kernel(
+    Scores, QSim, KSim, KCount, Indices, Counts,
+    H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity,
+    LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, T_PAD: tl.constexpr,
+    DIAGONAL: tl.constexpr,
+):
+    """Lists of query tiles group·ROWS .. +ROWS of head bh from their scores (module docstring).
+    Indices int32 (bh, M_TILES, N_TILES): kept key tiles ascending, then -1; Counts int32 (bh, M_TILES)."""
     group = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     bh_kv = (bh // H) * H_KV + (bh % H) // (H // H_KV)
@@ -108,17 +144,9 @@ def _select_tiles_kernel(
     col_ok = cols < N_TILES
     q_rows = bh * M_TILES + rows
     k_cols = bh_kv * N_TILES + cols
-
-    scores = tl.zeros((ROWS, T_PAD), dtype=tl.float32)
-    for d0 in range(0, BLOCK_D, D_CHUNK):
-        offs_d = d0 + tl.arange(0, D_CHUNK)
-        q = tl.load(QMean + q_rows[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        k = tl.load(KMean + k_cols[None, :] * BLOCK_D + offs_d[:, None], mask=col_ok[None, :], other=0.0)
-        scores += tl.dot(q, k, input_precision="ieee")
+    scores = tl.load(Scores + q_rows[:, None] * N_TILES + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                     other=float("-inf"))
     count = tl.load(KCount + k_cols, mask=col_ok, other=0.0)
-    # a tile with no valid key: log 0 = -inf, probability 0 (the maximum keeps log off 0: no warning)
-    log_count = tl.where(count > 0, tl.log(tl.maximum(count, 1.0)), float("-inf"))
-    scores = scores * sm_scale + log_count[None, :]
     peak = tl.max(scores, axis=1)
     e = tl.exp(scores - tl.where(peak > float("-inf"), peak, 0.0)[:, None])
     # the sum is >= 1 where a key tile has a valid key (its peak gives exp(0)); a row without any gets
@@ -172,22 +200,28 @@ def select_lists(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The selection's lists from pooled statistics in (block_m, block_n) tiles (`PooledTiles` of
     q (B, H, Nq, ·) and k (B, H_kv, Nk, ·)): (key tiles int32 (B, H, M_TILES, N_TILES), ascending then -1;
-    counts int32 (B, H, M_TILES)), what `attention_fwd` takes. One launch, no host read."""
+    counts int32 (B, H, M_TILES)), what `attention_fwd` takes. Two launches, no host read."""
     selection.check_tokens(n_q, n_k)
     m_tiles, n_tiles = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
     block_d = pooled.q_mean.shape[-1]
     dev = pooled.q_mean.device
+    scores = torch.empty(batch * heads, m_tiles, n_tiles, device=dev, dtype=torch.float32)
+    wrap_triton(_tile_scores_kernel)[(triton.cdiv(m_tiles, SCORE_M), triton.cdiv(n_tiles, SCORE_N), batch * heads)](
+        pooled.q_mean, pooled.k_mean, pooled.k_count, scores, heads, kv_heads, m_tiles, n_tiles, sm_scale,
+        BLOCK_D=block_d, SCORE_M=SCORE_M, SCORE_N=SCORE_N, SCORE_D=min(SCORE_D, block_d), num_warps=SCORE_WARPS,
+    )
     indices = torch.empty(batch, heads, m_tiles, n_tiles, device=dev, dtype=torch.int32)
     counts = torch.empty(batch, heads, m_tiles, device=dev, dtype=torch.int32)
+    t_pad = triton.next_power_of_2(n_tiles)
+    rows = max(1, min(MAX_ROWS, SELECT_ELEMENTS // t_pad))
     prefix, suffix = selection.dense_prefix, selection.dense_suffix
-    wrap_triton(_select_tiles_kernel)[(triton.cdiv(m_tiles, ROWS), batch * heads)](
-        pooled.q_mean, pooled.q_similarity, pooled.k_mean, pooled.k_similarity, pooled.k_count, indices, counts,
-        heads, kv_heads, m_tiles, n_tiles, n_q, sm_scale, selection.top_p, selection.min_similarity,
+    wrap_triton(_select_tiles_kernel)[(triton.cdiv(m_tiles, rows), batch * heads)](
+        scores, pooled.q_similarity, pooled.k_similarity, pooled.k_count, indices, counts,
+        heads, kv_heads, m_tiles, n_tiles, n_q, selection.top_p, selection.min_similarity,
         selection.local_tiles, selection.sink_tiles,
         math.ceil(prefix / block_m), math.ceil(prefix / block_n),
         (n_q - suffix) // block_m if suffix else m_tiles, (n_k - suffix) // block_n if suffix else n_tiles,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, D_CHUNK=min(D_CHUNK, block_d), ROWS=ROWS,
-        T_PAD=triton.next_power_of_2(n_tiles), DIAGONAL=n_q == n_k, num_warps=SELECT_WARPS,
+        BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=n_q == n_k, num_warps=SELECT_WARPS,
     )
     return indices, counts
 

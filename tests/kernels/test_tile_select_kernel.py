@@ -246,6 +246,19 @@ def test_the_kernel_lists_equal_the_reference_selection(name):
     assert densities == sorted(densities) and densities[0] < densities[-2] < densities[-1]
 
 
+def test_rows_per_program_change_no_list(monkeypatch):
+    """A selection program holds SELECT_ELEMENTS scores (fewer query tiles per program at longer
+    sequences): one query tile per program gives the same lists."""
+    from sagevideo.kernels import tile_select_kernel
+
+    case = _random_case()
+    top_p = case.top_ps((0.7,))[0]
+    many = case.kernel(top_p)
+    monkeypatch.setattr(tile_select_kernel, "SELECT_ELEMENTS", 16)  # 24 key tiles: T_PAD 32, one row
+    one = case.kernel(top_p)
+    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+
+
 def test_forced_and_non_self_similar_tiles_are_kept():
     """top_p = 0 on the random case keeps the forced tiles: the diagonal ± 1, the sink, the text rows and
     columns, the rows and columns of the tiles that are not self-similar; never key tile 11 of batch
