@@ -8,6 +8,7 @@ loads are in flight together are the predictions a change can be checked against
     python3 tools/sass_prep_mix.py                 # d64 and d128, the sm90 FP8 plans, rotation on
     python3 tools/sass_prep_mix.py --pv fp16 --no-rotate --sass /tmp/sass
     python3 tools/sass_prep_mix.py --pool          # with the tile selection's pooling (POOL) on
+    python3 tools/sass_prep_mix.py --pool --spread # and the key tiles' spread (POOL_SPREAD)
     python3 tools/sass_prep_mix.py --select        # the tile selection's two kernels, per key-tile count
 
 Run it in a process without TRITON_INTERPRET (the interpreter cannot compile).
@@ -40,7 +41,7 @@ def registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage")).group(1))
 
 
-def kernels(block_d: int, pv: str, rotate: bool, pool: bool = False):
+def kernels(block_d: int, pv: str, rotate: bool, pool: bool = False, spread: bool = False):
     """(name, compiled kernel, elements per program) of each preparation kernel for the sm90 plan,
     launched as `plans.prep_plan` says (one K/V tile and the most Q tiles per program); pool: the K and
     Q programs also pool each tile for the tile selection (`quantize._pool_tile`)."""
@@ -64,11 +65,12 @@ def kernels(block_d: int, pv: str, rotate: bool, pool: bool = False):
         qz._quantize_kv_kernel,
         {"K": "*bf16", "V": "*bf16", "Mask": "*u8", "KMean": "*fp32", "KMeanRot": "*fp32", "VScale": "*fp32",
          "Rot": "*bf16", "KQ": "*i8", "KScale": "*fp32", "VQ": "*fp8e4nv", "KScaleMax": "*i32",
-         "PoolShift": "*fp32", "KPoolMean": "*fp32", "KPoolSim": "*fp32", "KPoolCount": "*fp32", **strides,
+         "PoolShift": "*fp32", "KPoolMean": "*fp32", "KPoolSim": "*fp32", "KPoolCount": "*fp32",
+         "KPoolSpread": "*fp32", **strides,
          "stride_mb": "i32", "H": "i32", "N_K": "i32", "N_PAD": "i32"},
         dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_N=block_n, TILES_PER_PROGRAM=prep.kv_tiles_per_program,
              HAS_MASK=False, SMOOTH_K=True, ROTATE=rotate, PER_TOKEN=False, FP8_V=fp8_v,
-             TRACK_MAX=plan.scores_by_add, POOL=pool),
+             TRACK_MAX=plan.scores_by_add, POOL=pool, POOL_SPREAD=pool and spread),
         prep.kv_warps,
     )
     q = compile_sm90(
@@ -106,9 +108,9 @@ def selection_kernels(block_d: int, pv: str, key_tiles=(591, 1182, 2048, 4096)):
         rows = max(1, min(ts.MAX_ROWS, ts.SELECT_ELEMENTS // t_pad))
         found.append((f"select_tiles ({count} key tiles, {rows} rows)", compile_sm90(
             ts._select_tiles_kernel,
-            {"Scores": "*fp32", "QSim": "*fp32", "KSim": "*fp32", "KCount": "*fp32", "Indices": "*i32",
-             "Counts": "*i32", **dict.fromkeys(("H", "H_KV", "M_TILES", "N_TILES", "N_Q"), "i32"),
-             "top_p": "fp32", "min_similarity": "fp32",
+            {"Scores": "*fp32", "QSim": "*fp32", "KSim": "*fp32", "KSpread": "*fp32", "KCount": "*fp32",
+             "Indices": "*i32", "Counts": "*i32", **dict.fromkeys(("H", "H_KV", "M_TILES", "N_TILES", "N_Q"), "i32"),
+             "top_p": "fp32", "min_similarity": "fp32", "max_spread": "fp32",
              **dict.fromkeys(("LOCAL", "SINKS", "PREFIX_Q", "PREFIX_K", "SUFFIX_Q", "SUFFIX_K"), "i32")},
             dict(BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=True), ts.SELECT_WARPS)))
     return found
@@ -122,6 +124,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=10, help="opcodes shown per kernel")
     parser.add_argument("--sass", type=Path, help="folder to write each kernel's full SASS into")
     parser.add_argument("--pool", action="store_true", help="with the tile selection's pooling on")
+    parser.add_argument("--spread", action="store_true", help="with --pool: the key tiles' spread too")
     parser.add_argument("--select", action="store_true", help="the tile selection's kernels instead")
     args = parser.parse_args()
     if args.select:
@@ -133,7 +136,8 @@ def main() -> None:
                       f"{compiled.metadata.shared} B shared, {compiled.metadata.num_warps} warps")
         return
     for block_d in map(int, args.dims.split(",")):
-        for name, compiled, elements in kernels(block_d, args.pv, rotate=not args.no_rotate, pool=args.pool):
+        for name, compiled, elements in kernels(block_d, args.pv, rotate=not args.no_rotate, pool=args.pool,
+                                                  spread=args.spread):
             sass = disassemble(compiled.asm["cubin"])
             if args.sass:
                 args.sass.mkdir(parents=True, exist_ok=True)

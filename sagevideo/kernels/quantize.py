@@ -130,12 +130,13 @@ def mma_key_order(x):
 
 
 @triton.jit
-def _pool_tile(x, ok):
+def _pool_tile(x, ok, SPREAD: tl.constexpr):
     """`tile_select._pool_tiles` of one tile held in registers: x (ROWS, BLOCK_D) fp32, ok (ROWS,)
     its valid rows. Returns (mean over valid rows (BLOCK_D,), valid count, mean cosine of the valid
-    rows to the mean; 1 for a tile with no valid row). torch's cosine divides each vector by its
-    clamped norm before the dot; here the dot is divided once per row by the product of the clamped
-    norms: the same formula, rounded differently (an ulp or so)."""
+    rows to the mean, spread: the largest distance of a valid row from the mean over the mean
+    distance (SPREAD, else 1); 1 and 1 for a tile with no valid row). torch's cosine divides each
+    vector by its clamped norm before the dot; here the dot is divided once per row by the product
+    of the clamped norms: the same formula, rounded differently (an ulp or so)."""
     x = tl.where(ok[:, None], x, 0.0)
     count = tl.sum(ok.to(tl.float32), axis=0)
     denom = tl.maximum(count, 1.0)
@@ -144,7 +145,15 @@ def _pool_tile(x, ok):
     m_norm = tl.maximum(tl.sqrt_rn(tl.sum(mean * mean, axis=0)), COSINE_EPS_CONST)
     cos = tl.math.div_rn(tl.sum(x * mean[None, :], axis=1), x_norm * m_norm)
     similarity = tl.math.div_rn(tl.sum(tl.where(ok, cos, 0.0), axis=0), denom)
-    return mean, count, tl.where(count > 0, similarity, 1.0)
+    spread = 1.0
+    if SPREAD:
+        # from the differences themselves, not |x|² - 2x·m + |m|², which cancels in tight tiles
+        off = tl.where(ok[:, None], x - mean[None, :], 0.0)
+        distance = tl.sqrt_rn(tl.sum(off * off, axis=1))
+        mean_distance = tl.math.div_rn(tl.sum(distance, axis=0), denom)
+        spread = tl.where((count > 0) & (mean_distance > 0),
+                          tl.math.div_rn(tl.max(distance, axis=0), tl.maximum(mean_distance, COSINE_EPS_CONST)), 1.0)
+    return mean, count, tl.where(count > 0, similarity, 1.0), spread
 
 
 @triton.jit
@@ -246,7 +255,7 @@ def _kv_stats_finalize_kernel(
 def _quantize_kv_kernel(
     K, V, Mask, KMean, KMeanRot, VScale, Rot,
     KQ, KScale, VQ, KScaleMax,
-    PoolShift, KPoolMean, KPoolSim, KPoolCount,
+    PoolShift, KPoolMean, KPoolSim, KPoolCount, KPoolSpread,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb,
@@ -254,12 +263,13 @@ def _quantize_kv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
     PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, TRACK_MAX: tl.constexpr, POOL: tl.constexpr = False,
+    POOL_SPREAD: tl.constexpr = False,
 ):
     """TRACK_MAX: also raise KScaleMax[head] (int32 bits of a non-negative fp32, zero-initialised) to
     the largest K scale of the head (NaN counts as 0), for the attention kernel's scores-by-add guard.
     POOL: also write each tile's `_pool_tile` statistics of K − PoolShift (mean(K) over valid keys,
-    before any rotation) to KPoolMean (bh, N_PAD/BLOCK_N, BLOCK_D), KPoolSim and KPoolCount
-    (bh, N_PAD/BLOCK_N), fp32."""
+    before any rotation) to KPoolMean (bh, N_PAD/BLOCK_N, BLOCK_D), KPoolSim, KPoolCount and
+    KPoolSpread (bh, N_PAD/BLOCK_N), fp32; the spread only with POOL_SPREAD (it costs registers), else 1."""
     group = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 bases: B·H·N·D may pass 2^31
     b = bh // H
@@ -308,11 +318,13 @@ def _quantize_kv_kernel(
                 tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], v8_t)
             if POOL:
                 # the tile as the selection pools it: smoothed, not rotated, padded keys left out
-                pooled, count, similarity = _pool_tile(k16.to(tl.float32) - pool_shift[None, :], ok)
+                pooled, count, similarity, spread = _pool_tile(k16.to(tl.float32) - pool_shift[None, :], ok,
+                                                               POOL_SPREAD)
                 tile = bh * (N_PAD // BLOCK_N) + start_n // BLOCK_N
                 tl.store(KPoolMean + tile * BLOCK_D + offs_d, pooled)
                 tl.store(KPoolSim + tile, similarity)
                 tl.store(KPoolCount + tile, count)
+                tl.store(KPoolSpread + tile, spread)
             if ROTATE:
                 # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries,
                 # so the products are exact and the fp32 sums match an fp32 rotation).
@@ -399,7 +411,7 @@ def _quantize_q_kernel(
             tl.store(QShift + bh * M_PAD + offs_m, shift, mask=in_pad)
         if POOL:
             if start_m < M_PAD:
-                pooled, _, similarity = _pool_tile(q16.to(tl.float32), offs_m < N_Q)
+                pooled, _, similarity, _ = _pool_tile(q16.to(tl.float32), offs_m < N_Q, False)
                 tile = bh * (M_PAD // BLOCK_M) + start_m // BLOCK_M
                 tl.store(QPoolMean + tile * BLOCK_D + offs_d, pooled)
                 tl.store(QPoolSim + tile, similarity)
@@ -413,7 +425,8 @@ class PooledTiles:
     q_mean (bh, M_TILES, block_d) fp32: each query tile's mean token (over its tokens before Nq);
     q_similarity (bh, M_TILES) fp32: mean cosine of those tokens to it;
     k_mean (bh_kv, N_TILES, block_d), k_similarity (bh_kv, N_TILES) fp32: the same over valid keys;
-    k_count (bh_kv, N_TILES) fp32: valid keys per tile (a tile with none: mean 0, similarity 1).
+    k_count (bh_kv, N_TILES) fp32: valid keys per tile (a tile with none: mean 0, similarity 1);
+    k_spread (bh_kv, N_TILES) fp32: a key tile's largest distance from its mean over the mean distance.
     Channels past the head dim are 0."""
 
     q_mean: torch.Tensor
@@ -421,6 +434,7 @@ class PooledTiles:
     k_mean: torch.Tensor
     k_similarity: torch.Tensor
     k_count: torch.Tensor
+    k_spread: torch.Tensor
 
 
 @dataclass
@@ -457,7 +471,7 @@ def _pooled_buffers(bh: int, bh_kv: int, m_tiles: int, n_tiles: int, block_d: in
         return torch.empty(*shape, device=dev, dtype=torch.float32)
 
     return PooledTiles(empty(bh, m_tiles, block_d), empty(bh, m_tiles), empty(bh_kv, n_tiles, block_d),
-                       empty(bh_kv, n_tiles), empty(bh_kv, n_tiles))
+                       empty(bh_kv, n_tiles), empty(bh_kv, n_tiles), empty(bh_kv, n_tiles))
 
 
 def quantize_inputs(
@@ -474,6 +488,7 @@ def quantize_inputs(
     need_shift: bool,
     prep: PrepPlan | None = None,
     pool: bool = False,
+    pool_spread: bool = False,
 ) -> QuantizedInputs:
     """Launch the preparation kernels. q/k/v HND views with unit stride on the head dim (k/v may have
     fewer heads than q, a divisor of them: grouped-query attention);
@@ -481,7 +496,8 @@ def quantize_inputs(
     None. prep: the launch shape (None: `plans.prep_plan(plan)`; benchmarks pass others). For a
     plain-kernel plan with scores_by_add, also each head's largest K scale (its guard reads it).
     pool: also the tile selection's per-tile statistics (`QuantizedInputs.pooled`), written by the
-    same K and Q programs; the codes, scales and everything else are the same as without."""
+    same K and Q programs; the codes, scales and everything else are the same as without.
+    pool_spread: with pool, the key tiles' spread too (1 without)."""
     prep = prep or prep_plan(plan)
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
@@ -536,14 +552,15 @@ def quantize_inputs(
     wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, kv_per_program), bh_kv)](
         k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
         k_codes, k_scale, v_fp8_t if fp8_v else k_codes, k_scale_max if track_k_scale_max else k_count,
-        pool_shift, *((pooled.k_mean, pooled.k_similarity, pooled.k_count) if pool else (k_count,) * 3),
+        pool_shift,
+        *((pooled.k_mean, pooled.k_similarity, pooled.k_count, pooled.k_spread) if pool else (k_count,) * 4),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         stride_mb,
         kv_heads, n_k, n_pad,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=kv_per_program,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-        PER_TOKEN=per_token, FP8_V=fp8_v, TRACK_MAX=track_k_scale_max, POOL=pool,
+        PER_TOKEN=per_token, FP8_V=fp8_v, TRACK_MAX=track_k_scale_max, POOL=pool, POOL_SPREAD=pool and pool_spread,
         num_warps=prep.kv_warps,
     )
 

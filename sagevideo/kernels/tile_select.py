@@ -9,7 +9,10 @@ Two ways, both returning a `sparse_reference.TileMask` (its `density` = kept / a
   neighbours each side, in token order), the first `sink_tiles` key tiles, the text rows and columns
   of joint attention (`dense_prefix`/`dense_suffix` tokens), and the rows and columns of tiles whose
   tokens are not self-similar (mean cosine of a tile's tokens to its mean token below
-  `min_similarity`): a mean misjudges such a tile, so it is not judged.
+  `min_similarity`): a mean misjudges such a tile, so it is not judged. Optionally (`max_spread`)
+  also the columns of key tiles where one token stands out: its distance from the tile's mean token
+  over the mean distance above `max_spread` (a single global key in a tile of 64-128 barely moves
+  the mean, so mean pooling alone drops the mass every query gives it; docs/sparse.md).
 - static (`select_static`): spatio-temporal windows on the model's latent grid (frames, height,
   width): a query tile keeps the key tiles holding a token within the window of one of its own, with
   tiles in a token order that makes 3-D neighbourhoods contiguous (`grid_tile_order`).
@@ -39,8 +42,9 @@ GRID_AXES = 3
 
 def _pool_tiles(x: torch.Tensor, block: int, valid: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """Per tile of `block` rows of x (B, H, N, D) fp32, over valid rows (valid (B', N) bool or None):
-    (mean token (B, H, T, D), valid count (B' or 1, 1, T), mean cosine of tokens to the mean (B, H, T);
-    1 for a tile with no valid token, which is never kept for its own sake)."""
+    (mean token (B, H, T, D), valid count (B' or 1, 1, T), mean cosine of tokens to the mean (B, H, T),
+    spread (B, H, T): the largest distance of a token from the mean over the mean distance; 1 for a
+    tile with no valid token, which is never kept for its own sake, or whose tokens are all equal)."""
     batch, heads, n, d = x.shape
     tiles = math.ceil(n / block)
     weight = torch.ones(1, n, device=x.device) if valid is None else valid.to(x.device, torch.float32)
@@ -51,7 +55,11 @@ def _pool_tiles(x: torch.Tensor, block: int, valid: torch.Tensor | None) -> tupl
     mean = (x * weight[..., None]).sum(dim=3) / count.clamp(min=1)[..., None]
     cos = torch.nn.functional.cosine_similarity(x, mean[:, :, :, None], dim=-1, eps=COSINE_EPS)
     similarity = (cos * weight).sum(dim=-1) / count.clamp(min=1)
-    return mean, count, torch.where(count > 0, similarity, 1.0)
+    distance = (x - mean[:, :, :, None]).norm(dim=-1)
+    mean_distance = (distance * weight).sum(dim=-1) / count.clamp(min=1)
+    spread = torch.where(weight > 0, distance, 0.0).amax(dim=-1) / mean_distance
+    spread = torch.where((count > 0) & (mean_distance > 0), spread, 1.0)
+    return mean, count, torch.where(count > 0, similarity, 1.0), spread
 
 
 def _check_counts(local_tiles: int, sink_tiles: int, dense_prefix: int, dense_suffix: int) -> None:
@@ -100,8 +108,9 @@ def forced_tiles(
 class DynamicSelection:
     """The dynamic selection's settings (`TileScores`; the device kernel takes the same): top_p in
     [0, 1] (1 keeps every tile with a valid key; 0 only the forced tiles and each query tile's top
-    one), `local_tiles`/`sink_tiles`/`dense_prefix`/`dense_suffix` as `forced_tiles`, and
-    `min_similarity`: tiles whose mean token cosine is below it are kept, row and column."""
+    one), `local_tiles`/`sink_tiles`/`dense_prefix`/`dense_suffix` as `forced_tiles`,
+    `min_similarity`: tiles whose mean token cosine is below it are kept, row and column, and
+    `max_spread` (inf: off): key tiles whose spread (`_pool_tiles`) is above it are kept, column."""
 
     top_p: float = 0.9
     local_tiles: int = 0
@@ -109,13 +118,21 @@ class DynamicSelection:
     min_similarity: float = 0.5
     dense_prefix: int = 0
     dense_suffix: int = 0
+    max_spread: float = math.inf
 
     def __post_init__(self) -> None:
         if not isinstance(self.top_p, int | float) or not 0 <= self.top_p <= 1:
             raise ValueError(f"tile selection: top_p={self.top_p!r} must lie in [0, 1]")
         if not isinstance(self.min_similarity, int | float) or not math.isfinite(self.min_similarity):
             raise ValueError(f"tile selection: min_similarity={self.min_similarity!r} must be a finite number")
+        if not isinstance(self.max_spread, int | float) or not self.max_spread > 0:
+            raise ValueError(f"tile selection: max_spread={self.max_spread!r} must be a number > 0 (inf: off)")
         _check_counts(self.local_tiles, self.sink_tiles, self.dense_prefix, self.dense_suffix)
+
+    @property
+    def uses_spread(self) -> bool:
+        """Whether the key tiles' spread decides anything (max_spread finite)."""
+        return math.isfinite(self.max_spread)
 
     def check_tokens(self, n_q: int, n_k: int) -> None:
         """ValueError unless the text fits n_q query and n_k key tokens."""
@@ -124,7 +141,7 @@ class DynamicSelection:
     def scores_options(self) -> dict:
         """`TileScores`' keyword arguments for these settings (all but top_p)."""
         return {"local_tiles": self.local_tiles, "sink_tiles": self.sink_tiles, "min_similarity": self.min_similarity,
-                "dense_prefix": self.dense_prefix, "dense_suffix": self.dense_suffix}
+                "dense_prefix": self.dense_prefix, "dense_suffix": self.dense_suffix, "max_spread": self.max_spread}
 
 
 class TileScores:
@@ -135,7 +152,8 @@ class TileScores:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, *, block_m: int, block_n: int,
                  sm_scale: float | None = None, key_mask: torch.Tensor | None = None, local_tiles: int = 0,
-                 sink_tiles: int = 1, min_similarity: float = 0.5, dense_prefix: int = 0, dense_suffix: int = 0):
+                 sink_tiles: int = 1, min_similarity: float = 0.5, dense_prefix: int = 0, dense_suffix: int = 0,
+                 max_spread: float = math.inf):
         if q.dim() != 4 or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
             raise ValueError(f"tile selection: q {tuple(q.shape)} and k {tuple(k.shape)} must be (B, H, N, D) "
                              "with the same B, H and D")
@@ -150,15 +168,15 @@ class TileScores:
             keep = valid[:, None, :, None]
             mean = torch.where(keep, kf, 0.0).sum(dim=2, keepdim=True) / keep.sum(dim=2, keepdim=True).clamp(min=1)
             kf = torch.where(keep, kf - mean, 0.0)
-        q_mean, _, q_similarity = _pool_tiles(q.float(), block_m, None)
-        k_mean, k_count, k_similarity = _pool_tiles(kf, block_n, valid)
-        self.q_similarity, self.k_similarity = q_similarity, k_similarity
+        q_mean, _, q_similarity, _ = _pool_tiles(q.float(), block_m, None)
+        k_mean, k_count, k_similarity, k_spread = _pool_tiles(kf, block_n, valid)
+        self.q_similarity, self.k_similarity, self.k_spread = q_similarity, k_similarity, k_spread
         scores = (q_mean @ k_mean.transpose(-1, -2)) * scale + torch.log(k_count)[:, :, None, :]
         probs = torch.softmax(scores, dim=-1)  # a tile with no valid key: log 0 = -inf, probability 0
         forced = forced_tiles(self.n_q, self.n_k, block_m, block_n, local_tiles=local_tiles, sink_tiles=sink_tiles,
                               dense_prefix=dense_prefix, dense_suffix=dense_suffix, device=q.device)
         forced = (forced | (q_similarity < min_similarity)[..., :, None]
-                  | (k_similarity < min_similarity)[..., None, :])
+                  | ((k_similarity < min_similarity) | (k_spread > max_spread))[..., None, :])
         has_keys = (k_count > 0)[:, :, None, :].expand_as(probs)
         forced = forced & has_keys  # a tile of padding only is never worth a visit
         self.probs = probs

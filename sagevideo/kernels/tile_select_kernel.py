@@ -14,7 +14,8 @@ Two launches:
    registers do not grow with the sequence) and does the rest:
    - the softmax over the key tiles;
    - forced tiles (`tile_select.forced_tiles`: diagonal ± local, sinks, text rows and columns; and
-     the rows and columns of tiles that are not self-similar), never a tile without a valid key;
+     the rows and columns of tiles that are not self-similar, and the columns of key tiles where
+     one key stands out, `max_spread`), never a tile without a valid key;
    - the top-p threshold per query tile without a sort: the reference keeps the non-forced tiles
      in descending probability while the mass before each (the forced tiles' and the higher ones')
      is below top_p. That mass, as a function of a probability value t, G(t) = forced mass + the
@@ -60,14 +61,14 @@ SELECT_WARPS = 8
 
 @triton.jit
 def _forced_tiles(
-    rows, cols, q_sim, k_sim, useful, min_similarity,
+    rows, cols, q_sim, k_sim, k_spread, useful, min_similarity, max_spread,
     N_Q, LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIAGONAL: tl.constexpr,
 ):
     """bool (ROWS, T_PAD): `tile_select.forced_tiles` of query tiles `rows` against key tiles `cols`,
-    the rows (q_sim) and columns (k_sim) of tiles that are not self-similar, and only tiles with a
-    valid key (`useful`). PREFIX_*: text tiles at the start (0: none); SUFFIX_*: the first text tile
-    at the end (the tile count: none)."""
+    the rows (q_sim) and columns (k_sim) of tiles that are not self-similar, the columns of key tiles
+    whose spread is above max_spread, and only tiles with a valid key (`useful`). PREFIX_*: text
+    tiles at the start (0: none); SUFFIX_*: the first text tile at the end (the tile count: none)."""
     forced = (cols[None, :] < SINKS) | (cols[None, :] < PREFIX_K) | (cols[None, :] >= SUFFIX_K)
     forced = forced | ((rows < PREFIX_Q) | (rows >= SUFFIX_Q))[:, None]
     if DIAGONAL:
@@ -76,7 +77,7 @@ def _forced_tiles(
         lo = first // BLOCK_N - LOCAL
         hi = last // BLOCK_N + LOCAL
         forced = forced | ((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]))
-    forced = forced | (q_sim < min_similarity)[:, None] | (k_sim < min_similarity)[None, :]
+    forced = forced | (q_sim < min_similarity)[:, None] | ((k_sim < min_similarity) | (k_spread > max_spread))[None, :]
     return forced & useful[None, :]
 
 
@@ -127,8 +128,8 @@ def _tile_scores_kernel(
 
 @triton.jit
 def _select_tiles_kernel(
-    Scores, QSim, KSim, KCount, Indices, Counts,
-    H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity,
+    Scores, QSim, KSim, KSpread, KCount, Indices, Counts,
+    H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity, max_spread,
     LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, T_PAD: tl.constexpr,
     DIAGONAL: tl.constexpr,
@@ -156,8 +157,9 @@ def _select_tiles_kernel(
     useful = col_ok & (count > 0)
     q_sim = tl.load(QSim + q_rows, mask=row_ok, other=1.0)
     k_sim = tl.load(KSim + k_cols, mask=col_ok, other=1.0)
-    forced = _forced_tiles(rows, cols, q_sim, k_sim, useful, min_similarity, N_Q, LOCAL, SINKS, PREFIX_Q, PREFIX_K,
-                           SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
+    k_spread = tl.load(KSpread + k_cols, mask=col_ok, other=1.0)
+    forced = _forced_tiles(rows, cols, q_sim, k_sim, k_spread, useful, min_similarity, max_spread, N_Q, LOCAL, SINKS,
+                           PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
     free = ~forced & col_ok
     forced_mass = tl.sum(tl.where(forced, probs, 0.0), axis=1)
     t = _threshold(probs, free, forced_mass, top_p, ROWS)
@@ -216,8 +218,8 @@ def select_lists(
     rows = max(1, min(MAX_ROWS, SELECT_ELEMENTS // t_pad))
     prefix, suffix = selection.dense_prefix, selection.dense_suffix
     wrap_triton(_select_tiles_kernel)[(triton.cdiv(m_tiles, rows), batch * heads)](
-        scores, pooled.q_similarity, pooled.k_similarity, pooled.k_count, indices, counts,
-        heads, kv_heads, m_tiles, n_tiles, n_q, selection.top_p, selection.min_similarity,
+        scores, pooled.q_similarity, pooled.k_similarity, pooled.k_spread, pooled.k_count, indices, counts,
+        heads, kv_heads, m_tiles, n_tiles, n_q, selection.top_p, selection.min_similarity, selection.max_spread,
         selection.local_tiles, selection.sink_tiles,
         math.ceil(prefix / block_m), math.ceil(prefix / block_n),
         (n_q - suffix) // block_m if suffix else m_tiles, (n_k - suffix) // block_n if suffix else n_tiles,
@@ -243,7 +245,7 @@ def select_tiles(
     # launch shape: its K/V-stats split sets mean(K)'s last bits, so the pooled K is the attending call's
     prep_for = dataclasses.replace(plan, pv="fp16", kernel="triton")
     prepared = quantize_inputs(q, k, k, key_mask, None, prep_for, sm_scale=sm_scale, per_token=False, smooth_k=True,
-                               need_shift=False, pool=True, prep=prep_plan(plan))
+                               need_shift=False, pool=True, pool_spread=selection.uses_spread, prep=prep_plan(plan))
     batch, heads, n_q, _ = q.shape
     n_k = k.shape[2]
     indices, counts = select_lists(prepared.pooled, selection, batch=batch, heads=heads, kv_heads=k.shape[1],

@@ -91,7 +91,8 @@ class Case:
         mask = None if self.key_mask is None else self.key_mask.to(torch.uint8)
         launch = dataclasses.replace(prep_plan(plan), kv_tiles_per_program=8, min_programs_per_head=1)
         return quantize_inputs(q, k, k, mask, None, plan, sm_scale=q.shape[-1] ** -0.5, per_token=False,
-                               smooth_k=True, need_shift=False, pool=True, prep=launch).pooled
+                               smooth_k=True, need_shift=False, pool=True, pool_spread=self.selection.uses_spread,
+                               prep=launch).pooled
 
     def kernel(self, top_p, **change):
         """The selection kernel's (key tiles, counts) on the pooled statistics."""
@@ -113,19 +114,25 @@ def _scores(q, k, key_mask, plan, selection):
                       sm_scale=q.shape[-1] ** -0.5, key_mask=key_mask, **selection.scores_options())
 
 
-def _min_similarity_with_margin(scores, wanted):
-    """A min_similarity near `wanted` at least MARGIN from every tile's similarity."""
-    values = torch.cat([scores.q_similarity.flatten(), scores.k_similarity.flatten()]).double()
-    for step in range(200):
+def _with_margin(values, wanted, margin=MARGIN):
+    """A threshold near `wanted` at least `margin` (relative above 1) from every value."""
+    values = values.flatten().double()
+    for step in range(400):
         for candidate in (wanted + 0.002 * step, wanted - 0.002 * step):
-            if (values - candidate).abs().min() > MARGIN:
+            if ((values - candidate).abs() / max(1.0, candidate)).min() > margin:
                 return candidate
-    raise AssertionError("no min_similarity with a margin")
+    raise AssertionError(f"no threshold near {wanted} with a margin")
 
 
-def _case(q, k, key_mask, plan, selection, similarity_near=0.5):
+def _case(q, k, key_mask, plan, selection, similarity_near=0.5, spread_near=None):
+    """The inputs with min_similarity (and max_spread, where asked for) moved to a margin from every
+    tile's similarity (spread)."""
     scores = _scores(q, k, key_mask, plan, selection)
-    selection = dataclasses.replace(selection, min_similarity=_min_similarity_with_margin(scores, similarity_near))
+    change = {"min_similarity": _with_margin(torch.cat([scores.q_similarity.flatten(),
+                                                        scores.k_similarity.flatten()]), similarity_near)}
+    if spread_near is not None:
+        change["max_spread"] = _with_margin(scores.k_spread, spread_near)
+    selection = dataclasses.replace(selection, **change)
     return Case(q, k, key_mask, plan, selection, _scores(q, k, key_mask, plan, selection))
 
 
@@ -144,18 +151,19 @@ def _random_case():
 @functools.cache
 def _planted_case():
     """Planted structure (3-D windows, a temporal-stripe head, sinks, global keys) on a 4 x 8 x 16 grid in
-    32-token cells, 32 x 32 tiles, no forced tiles but the diagonal."""
+    32-token cells, 32 x 32 tiles, forced: the diagonal and the key tiles where one key stands out."""
     spec = PlantedSpec(1, 2, 4, 8, 16, 64, stripe_every=2, sinks=2, global_tokens=2, sharpness=6.0)
     x = planted_inputs(spec, order=grid_tile_order(4, 8, 16, 1, 4, 8), device=DEVICE)
     q, k = (t.to(torch.float16) for t in (x.q, x.k))
-    return _case(q, k, None, _plan(32, 32), DynamicSelection(sink_tiles=0), similarity_near=0.3)
+    return _case(q, k, None, _plan(32, 32), DynamicSelection(sink_tiles=0), similarity_near=0.3, spread_near=1.9)
 
 
 @functools.cache
 def _cross_case():
-    """Cross-attention (320 queries, 448 keys: no diagonal) with 4 query heads on 2 K heads, text tokens first."""
+    """Cross-attention (320 queries, 448 keys: no diagonal) with 4 query heads on 2 K heads, text tokens first,
+    the key tiles of the largest spreads kept."""
     q, k = _tiled(1, (0.5, 2.0, 1.0, 4.0), 320, 448, seed=1, kv_heads=2)
-    return _case(q, k, None, _plan(64, 32), DynamicSelection(sink_tiles=2, dense_prefix=20))
+    return _case(q, k, None, _plan(64, 32), DynamicSelection(sink_tiles=2, dense_prefix=20), spread_near=1.2)
 
 
 CASES = {"random": _random_case, "planted": _planted_case, "cross-gqa": _cross_case}
@@ -190,20 +198,22 @@ def test_the_quantization_pass_pools_what_pool_tiles_defines(case):
     prepared = quantize_inputs(
         q, k, v, None if key_mask is None else key_mask.to(torch.uint8),
         hadamard_pm1(64, q.device, q.dtype) if case == "rotated-key-padding" else None, plan, sm_scale=0.125,
-        per_token=False, smooth_k=case == "rotated-key-padding", need_shift=True, pool=True)
+        per_token=False, smooth_k=case == "rotated-key-padding", need_shift=True, pool=True, pool_spread=True)
     pooled = prepared.pooled
-    q_mean, _, q_similarity = _pool_tiles(q.float(), plan.block_m, None)
-    k_mean, k_count, k_similarity = _pool_tiles(_smoothed(k, key_mask), plan.block_n, key_mask)
+    q_mean, _, q_similarity, _ = _pool_tiles(q.float(), plan.block_m, None)
+    k_mean, k_count, k_similarity, k_spread = _pool_tiles(_smoothed(k, key_mask), plan.block_n, key_mask)
     close = dict(rtol=1e-5, atol=2e-6)
     torch.testing.assert_close(pooled.q_mean.reshape(q_mean.shape), q_mean, **close)
     torch.testing.assert_close(pooled.q_similarity.reshape(q_similarity.shape), q_similarity, **close)
     torch.testing.assert_close(pooled.k_mean.reshape(k_mean.shape), k_mean, **close)
     torch.testing.assert_close(pooled.k_similarity.reshape(k_similarity.shape), k_similarity, **close)
+    torch.testing.assert_close(pooled.k_spread.reshape(k_spread.shape), k_spread, **close)
     assert torch.equal(pooled.k_count.reshape(batch, heads, -1), k_count.expand(batch, heads, -1))
     assert (k_similarity < 0.5).any() and (k_similarity > 0.9).any()  # both kinds of tile are there
     if key_mask is not None:
         assert (pooled.k_count.reshape(batch, heads, -1)[1, :, 2:] == 0).all()
         assert (pooled.k_similarity.reshape(batch, heads, -1)[1, :, 2:] == 1).all()
+        assert (pooled.k_spread.reshape(batch, heads, -1)[1, :, 2:] == 1).all()
     else:
         assert (prepared.k_mean == 0).all()  # the attention's K stays unsmoothed; only the pooling subtracts
 
@@ -346,6 +356,9 @@ def test_selection_settings_are_checked_by_name():
         DynamicSelection(top_p=1.5)
     with pytest.raises(ValueError, match="local_tiles=-1"):
         DynamicSelection(local_tiles=-1)
+    with pytest.raises(ValueError, match="max_spread=0"):
+        DynamicSelection(max_spread=0)
+    assert not DynamicSelection().uses_spread and DynamicSelection(max_spread=2.0).uses_spread
     with pytest.raises(ValueError, match="exceed the sequence"):
         DynamicSelection(dense_prefix=300).check_tokens(256, 256)
 
