@@ -200,15 +200,20 @@ class TileScores:
         keep = torch.zeros_like(kept_sorted).scatter_(-1, self._order, kept_sorted)
         return TileMask(keep, self.block_m, self.block_n, self.n_q, self.n_k)
 
-    def nearest_boundary(self, top_p: float) -> float:
-        """How far top_p lies from the nearest mass a query tile's threshold compares with (over the
-        tiles it decides: not forced, with a valid key, not the top one); inf where none. A selection
-        that sums the same masses in another order (the device kernel) agrees with `keep(top_p)`
-        where this exceeds their rounding difference."""
+    def row_margins(self, top_p: float) -> torch.Tensor:
+        """fp32 (B, H, M_tiles): per query tile, how far top_p lies from the nearest mass its threshold
+        compares with (over the tiles it decides: not forced, with a valid key, not the top one); inf
+        where none. A selection that sums the same masses in another order (the device kernel) agrees
+        with `keep(top_p)` on the query tiles where this exceeds their rounding difference."""
         decided = self._useful_sorted & ~self._forced_sorted
         decided[..., 0] = False
-        gaps = (self._mass_before - top_p).abs()[decided]
-        return float(gaps.min()) if gaps.numel() else math.inf
+        gaps = torch.where(decided, (self._mass_before - top_p).abs(), math.inf)
+        return gaps.amin(dim=-1) if gaps.shape[-1] else gaps.sum(dim=-1)
+
+    def nearest_boundary(self, top_p: float) -> float:
+        """The smallest `row_margins` (inf where no query tile decides anything)."""
+        margins = self.row_margins(top_p)
+        return float(margins.min()) if margins.numel() else math.inf
 
 
 def select_dynamic(q: torch.Tensor, k: torch.Tensor, *, top_p: float = 0.9, **options) -> TileMask:

@@ -169,8 +169,11 @@ def _cross_case():
 CASES = {"random": _random_case, "planted": _planted_case, "cross-gqa": _cross_case}
 
 
-def _assert_same_lists(kernel, reference):
+def _assert_same_lists(kernel, reference, rows=None):
+    """Identical lists and counts (on the query tiles `rows`, bool (B, H, M), where given)."""
     (indices, counts), (want_indices, want_counts) = kernel, reference
+    if rows is not None:
+        indices, want_indices, counts, want_counts = indices[rows], want_indices[rows], counts[rows], want_counts[rows]
     differ = int((counts != want_counts).sum())
     assert differ == 0 and torch.equal(indices, want_indices), (
         f"{differ} query tiles keep another number of key tiles; lists differ in "
@@ -425,15 +428,19 @@ def test_the_one_go_op_compiles_into_one_graph():
 @pytest.mark.gpu
 @pytest.mark.parametrize("pv", ["fp16", "fp8"])
 def test_the_kernel_lists_equal_the_reference_on_gpu(pv):
-    """Planted inputs at 1 x 8 x 8,192 tokens (d128, the plan's own tiles, 8 x 16 x 64 grid in 2 x 8 x 8 cells):
-    the fused path's lists equal the reference's at top_p with a margin."""
-    spec = PlantedSpec(1, 8, 8, 16, 64, 128, text_prefix=0)
+    """Planted inputs at 1 x 8 x 8,192 tokens (d128, the plan's own tiles, 8 x 16 x 64 grid in 2 x 8 x 8
+    cells, global keys kept by max_spread): the fused path's lists equal the reference's on every query
+    tile whose threshold lies MARGIN from its boundaries (with a thousand query tiles, some have a
+    boundary near any top_p: those are left out, and must be under a tenth)."""
+    spec = PlantedSpec(1, 8, 8, 16, 64, 128)
     x = planted_inputs(spec, order=grid_tile_order(8, 16, 64, 2, 8, 8), device=DEVICE)
     q, k = (t.to(torch.float16) for t in (x.q, x.k))
     plan = plain_triton(select_plan(q.device, 128, pv).plan)
-    case = _case(q, k, None, plan, DynamicSelection(local_tiles=1))
-    for top_p in case.top_ps((0.5, 0.8, 0.95)):
-        _assert_same_lists(case.kernel(top_p), case.reference(top_p))
+    case = _case(q, k, None, plan, DynamicSelection(local_tiles=1), spread_near=1.9)
+    for top_p in (0.5, 0.8, 0.95):
+        rows = case.scores.row_margins(top_p) > MARGIN
+        assert rows.float().mean() > 0.9
+        _assert_same_lists(case.kernel(top_p), case.reference(top_p), rows)
 
 
 @pytest.mark.gpu
