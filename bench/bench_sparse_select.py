@@ -14,12 +14,14 @@ CPU at small sizes, GPU at the real ones (the fp64 passes are minutes there):
     python -m bench.bench_sparse_select --shape small                       # CPU, seconds
     python -m bench.bench_sparse_select --shape wan-720p --device cuda --json OUT.json
     python -m bench.bench_sparse_select --shape wan-720p --heads 8 --device cuda  # a head subset
+    python -m bench.bench_sparse_select --shape small --max-spread 1.9      # key tiles where one key stands out kept
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -43,7 +45,7 @@ def cell_for(block: int) -> tuple[int, int, int]:
 
 
 def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, global_tokens: int | None,
-        seed: int) -> list[dict]:
+        seed: int, max_spread: float = math.inf) -> list[dict]:
     from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs, selection_quality
     from sagevideo.kernels.plans import tiles
     from sagevideo.kernels.tile_select import grid_tile_order, select_dynamic_at_density, select_static_at_density
@@ -56,15 +58,17 @@ def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, 
     order = grid_tile_order(*grid, *cell_for(max(block_m, block_n)))
     inputs = planted_inputs(spec, order=order, device=device)
     rows = []
+    spread = None if math.isinf(max_spread) else max_spread  # JSON has no inf
     for density in densities:
         started = time.perf_counter()
         dynamic = select_dynamic_at_density(inputs.q, inputs.k, density, block_m=block_m, block_n=block_n,
-                                            sm_scale=inputs.sm_scale, dense_prefix=prefix, dense_suffix=suffix)
+                                            sm_scale=inputs.sm_scale, dense_prefix=prefix, dense_suffix=suffix,
+                                            max_spread=max_spread)
         selected = time.perf_counter() - started
         static, window = select_static_at_density(grid, density, block_m=block_m, block_n=block_n, order=order,
                                                   dense_prefix=prefix, dense_suffix=suffix, sink_tiles=1,
                                                   device=device)
-        for name, mask, detail in (("dynamic", dynamic, {"select_s": round(selected, 3)}),
+        for name, mask, detail in (("dynamic", dynamic, {"select_s": round(selected, 3), "max_spread": spread}),
                                    ("static", static, {"window": list(window)})):
             quality = selection_quality(inputs, mask)
             rows.append({"shape": shape_name, "heads": spec.heads, "tiles": f"{block_m}x{block_n}",
@@ -88,18 +92,21 @@ def main(argv=None) -> int:
     parser.add_argument("--pv", choices=("fp16", "fp8"), default="fp8", help="the plan whose tiles select")
     parser.add_argument("--global-tokens", type=int, default=None, help="planted global keys (default: PlantedSpec's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-spread", type=float, default=math.inf,
+                        help="dynamic selection: keep the key tiles whose spread is above this (default: off)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     add_results_option(parser)
     args = parser.parse_args(argv)
     densities = [float(d) for d in args.densities.split(",")]
     rows = run(args.shape, densities, device=args.device, heads=args.heads, pv=args.pv,
-               global_tokens=args.global_tokens, seed=args.seed)
+               global_tokens=args.global_tokens, seed=args.seed, max_spread=args.max_spread)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.append_results:
         results = start_run("bench_sparse_select", gpu_name() if args.device.startswith("cuda") else "cpu", argv)
         for row in rows:
-            variant = f"{row['selection']}[target={row['target']},tiles={row['tiles']},heads={row['heads']}]"
+            spread = f",max_spread={row['max_spread']}" if row.get("max_spread") is not None else ""
+            variant = f"{row['selection']}[target={row['target']},tiles={row['tiles']},heads={row['heads']}{spread}]"
             for metric in ("density", "mass_mean", "mass_worst_row", "mass_worst_head", "cos_worst", "cos_mean"):
                 results.add(row["shape"], variant, metric, row[metric])
         results.append(args.append_results)

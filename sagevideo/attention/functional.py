@@ -28,6 +28,7 @@ from sagevideo.attention.backends import GLUON, KEY_PADDING_MASK, AttentionCall,
 from sagevideo.choices import GRANULARITIES, auto_pv
 from sagevideo.kernels import plans
 from sagevideo.kernels.sparse_reference import TileLists, TileMask
+from sagevideo.kernels.tile_select import DynamicSelection
 
 # torch's own SDPA, the builtin `torch.nn.functional.scaled_dot_product_attention` is bound to: every
 # full-precision path calls it, so that `F.scaled_dot_product_attention = sagevideo.scaled_dot_product_attention`
@@ -258,7 +259,7 @@ def sageattn(
     backend: str = "auto",
     rotate_qk: bool = True,
     enable_gqa: bool = False,
-    tile_mask: TileMask | TileLists | None = None,
+    tile_mask: TileMask | TileLists | DynamicSelection | None = None,
     _guard_counter: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantized scaled-dot-product attention with SDPA semantics (SDPA's own signature:
@@ -292,6 +293,12 @@ def sageattn(
     The Triton kernel never loads the skipped tiles; the reference emulates it; SDPA runs with the
     mask's token mask (B·H·Nq·Nk bytes). Density 1 runs dense. The record carries the density
     (`BackendChoice.density`); eagerly it is read once per call (a host sync).
+    A `DynamicSelection` (`sagevideo.kernels.tile_select`) instead has the call choose its tiles from
+    q and k in the plan's tiles (docs/sparse.md, stage 3): the Triton kernels select on the device
+    inside the preparation, in the same op as the attention (no host sync; the record's density is
+    NaN, not read); the reference and SDPA use the PyTorch selection. attn_mask may then only be a
+    key-padding mask (padded keys never count). `sagevideo.attention.sparse.select_tile_lists` makes the
+    lists alone.
     """
     _check_options(tensor_layout, qk_granularity, pv, backend)
     _check_tensors(q, k, v, tensor_layout, enable_gqa)
@@ -305,6 +312,9 @@ def sageattn(
     if is_causal and attn_mask is not None:
         raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
     tiles = sparse.sparse_call(tile_mask, q, k)
+    if tiles is not None and tiles.dynamic and key_padding_problem(attn_mask, n_k):
+        raise ValueError("sageattn: a DynamicSelection tile_mask takes no attn_mask but a boolean key-padding one "
+                         f"(the selection leaves padded keys out): {key_padding_problem(attn_mask, n_k)}")
     chosen, reason = choose(backend, _kernel_call(q, attn_mask, n_k, pv, rotate_qk))
     out, lse = _attend(q, k, v, attn_mask, is_causal=is_causal, scale=scale, qk_granularity=qk_granularity, pv=pv,
                        smooth_k=smooth_k, return_lse=return_lse, rotate_qk=rotate_qk, requested=backend,
@@ -344,6 +354,10 @@ def _attend(
     # the quantized backends take the mask as (B', Nk) key padding (their checks passed)
     key_mask = None if attn_mask is None or chosen is Backend.SDPA else _as_key_mask(attn_mask, n_k)
     active = None if tiles is None or tiles.dense else tiles  # density 1 runs the dense path
+    if tiles is not None and tiles.dynamic and chosen is not Backend.TRITON:
+        # the PyTorch selection (the kernels' definition) in the tiles the backend computes in
+        padding = None if attn_mask is None else _as_key_mask(attn_mask, n_k)
+        tiles = active = sparse.selected(tiles, q, k, padding, scale, *plans.tiles(pv, head_dim))
     plan, ran, note = _kernel_plan(chosen, q.device, head_dim, pv, active, is_causal=is_causal,
                                    has_mask=key_mask is not None, per_token=qk_granularity == "token",
                                    return_lse=return_lse)
@@ -364,13 +378,13 @@ def _attend(
             out, lse, flagged = reference_attention(q, k_all, v_all, key_mask, scale, block_m, block_n, is_causal,
                                                     qk_granularity, pv, smooth_k, rotate_qk, return_lse, operand)
             return out, lse if return_lse else None, flagged
-        from sagevideo.kernels.op import sageattn_triton
+        from sagevideo.kernels.op import sageattn_triton, sageattn_triton_select
 
-        return sageattn_triton(
-            q, k, v, plan, sm_scale=scale, is_causal=is_causal, key_mask=key_mask,
-            per_token=qk_granularity == "token", smooth_k=smooth_k, rotate_qk=rotate_qk,
-            return_lse=return_lse, tile_lists=operand,
-        )
+        call = dict(sm_scale=scale, is_causal=is_causal, key_mask=key_mask, per_token=qk_granularity == "token",
+                    smooth_k=smooth_k, rotate_qk=rotate_qk, return_lse=return_lse)
+        if isinstance(operand, DynamicSelection):
+            return sageattn_triton_select(q, k, v, plan, operand, **call)[:3]
+        return sageattn_triton(q, k, v, plan, tile_lists=operand, **call)
 
     if chosen is not Backend.SDPA and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         out, lse, flagged = _ForwardOnly.apply(compute, return_lse, q, k, v)

@@ -9,6 +9,11 @@ no valid key are 0 with LSE -inf on each. A mask of density 1 runs the dense pat
 
 `select_tiles` is the attention room's entry to tile selection (`kernels.tile_select`) for the rooms
 above it (installed models): a call's mask in the tiles of the kernel plan it will run.
+
+A `DynamicSelection` in place of a mask has the call choose its tiles from its own q and k
+(`kernels.tile_select`): the Triton kernels in one op, inside the preparation (no host sync, the
+density not read); the reference and SDPA with the PyTorch selection, its definition, in the same
+tiles. `select_tile_lists` makes the lists alone, to reuse or inspect.
 """
 
 from __future__ import annotations
@@ -19,20 +24,32 @@ from dataclasses import dataclass
 
 import torch
 
+from sagevideo.attention import backends
+from sagevideo.attention.backends import AttentionCall, Backend
 from sagevideo.kernels import plans
 from sagevideo.kernels.sparse_reference import TileLists, TileMask, in_tiles, kernel_lists
-from sagevideo.kernels.tile_select import select_dynamic_at_density, select_static_at_density
+from sagevideo.kernels.tile_select import (
+    DynamicSelection,
+    TileScores,
+    select_dynamic_at_density,
+    select_static_at_density,
+)
 
 
 @dataclass(frozen=True)
 class SparseCall:
-    """A call's tile mask (a TileMask or TileLists that fits its q and k) and its density (visited /
-    all key tiles), None inside a torch.compile graph: reading it syncs with the device, which a graph
-    cannot do without breaking (there the sparse path runs at any density, bit for bit the dense one
-    at density 1)."""
+    """A call's tile mask (a TileMask or TileLists that fits its q and k, or the DynamicSelection that
+    makes one from them) and its density (visited / all key tiles), None inside a torch.compile graph:
+    reading it syncs with the device, which a graph cannot do without breaking (there the sparse path
+    runs at any density, bit for bit the dense one at density 1); None for a dynamic selection too."""
 
-    tile_mask: TileMask | TileLists
+    tile_mask: TileMask | TileLists | DynamicSelection
     density: float | None
+
+    @property
+    def dynamic(self) -> bool:
+        """The call selects its own tiles."""
+        return isinstance(self.tile_mask, DynamicSelection)
 
     @property
     def dense(self) -> bool:
@@ -51,9 +68,12 @@ def sparse_call(tile_mask: object, q: torch.Tensor, k: torch.Tensor) -> SparseCa
     Eagerly, its density is read once (one host sync per sparse call)."""
     if tile_mask is None:
         return None
+    if isinstance(tile_mask, DynamicSelection):
+        tile_mask.check_tokens(q.shape[2], k.shape[2])
+        return SparseCall(tile_mask, None)
     if not isinstance(tile_mask, TileMask | TileLists):
-        raise TypeError(f"sageattn: tile_mask must be a TileMask or TileLists (sagevideo.kernels.sparse_reference), "
-                        f"got {type(tile_mask).__name__}")
+        raise TypeError(f"sageattn: tile_mask must be a TileMask or TileLists (sagevideo.kernels.sparse_reference) "
+                        f"or a DynamicSelection (sagevideo.kernels.tile_select), got {type(tile_mask).__name__}")
     held = tile_mask.keep if isinstance(tile_mask, TileMask) else tile_mask.counts
     if held.device != q.device:
         raise ValueError(f"sageattn: tile_mask is on {held.device}, q on {q.device}")
@@ -61,10 +81,51 @@ def sparse_call(tile_mask: object, q: torch.Tensor, k: torch.Tensor) -> SparseCa
     return SparseCall(tile_mask, None if torch.compiler.is_compiling() else tile_mask.density)
 
 
-def kernel_operand(call: SparseCall, block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def kernel_operand(call: SparseCall, block_m: int,
+                   block_n: int) -> tuple[torch.Tensor, torch.Tensor] | DynamicSelection:
     """The Triton kernel's (key tiles, counts) in its plan's tiles (`sparse_reference.in_tiles`: a
-    ValueError names both tile sizes where the plan's do not divide the mask's)."""
+    ValueError names both tile sizes where the plan's do not divide the mask's), or the selection the
+    op makes them with."""
+    if call.dynamic:
+        return call.tile_mask
     return kernel_lists(in_tiles(call.tile_mask, block_m, block_n))
+
+
+def selected(call: SparseCall, q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None, sm_scale: float,
+             block_m: int, block_n: int) -> SparseCall:
+    """A dynamic call's tiles from the PyTorch selection (the backends other than the kernels'), in
+    (block_m, block_n) tiles: q (B, H, Nq, D), k (B, H_kv, Nk, D), key_mask (B', Nk) bool or None."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    selection = call.tile_mask
+    scores = TileScores(q, k, block_m=block_m, block_n=block_n, sm_scale=sm_scale, key_mask=key_mask,
+                        **selection.scores_options())
+    return SparseCall(scores.keep(selection.top_p), None)
+
+
+def select_tile_lists(q: torch.Tensor, k: torch.Tensor, selection: DynamicSelection, *, pv: str = "fp16",
+                 sm_scale: float | None = None, key_mask: torch.Tensor | None = None) -> TileLists:
+    """The tiles `selection` keeps for HND q (B, H, Nq, D) against k (B, H_kv, Nk, D) (key_mask (B', Nk)
+    bool, True = valid), in the tiles of the plan that attends with `pv` (`plans.tiles`), as lists
+    `sageattn(tile_mask=...)` takes: on the device without a host read where the Triton kernels run
+    (`kernels.dispatch.select_tiles`), else the PyTorch selection (its definition). The lists are as
+    wide as the key tiles. Use them for several calls (a layer's neighbouring steps, say); a single
+    call that selects and attends is `sageattn(tile_mask=selection)`."""
+    if not isinstance(selection, DynamicSelection):
+        raise TypeError(f"select_tile_lists: selection must be a DynamicSelection, got {type(selection).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3] or (
+            k.shape[1] == 0 or q.shape[1] % k.shape[1]):
+        raise ValueError(f"select_tile_lists: q {tuple(q.shape)} and k {tuple(k.shape)} must be (B, H, N, D) with the "
+                         "same B and D, K's heads dividing q's")
+    selection.check_tokens(q.shape[2], k.shape[2])
+    scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    if not backends.problem(Backend.TRITON, AttentionCall(q.device, q.dtype, q.shape[-1], pv=pv, rotate_qk=False)):
+        from sagevideo.kernels.dispatch import select_tiles as on_device
+
+        return on_device(q, k, selection, pv=pv, sm_scale=scale, key_mask=key_mask)
+    block_m, block_n = plans.tiles(pv, q.shape[-1])
+    call = selected(SparseCall(selection, None), q, k, key_mask, scale, block_m, block_n)
+    indices, counts = call.tile_mask.padded_lists()
+    return TileLists.from_device(indices, counts, block_m, block_n, q.shape[2], k.shape[2])
 
 
 def reference_operand(call: SparseCall, block_m: int, block_n: int) -> torch.Tensor:

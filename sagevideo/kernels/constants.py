@@ -38,6 +38,10 @@ SCORE_BIAS_BITS = 0x4B400000
 # far off already; their query tiles take the exact conversion instead of overflowing to inf.
 SCORES_BY_ADD_MAX_SCALE = 2.0**-7
 
+# Floor of a vector's norm in the tile selection's cosine (torch.nn.functional.cosine_similarity's
+# eps, as `tile_select` calls it): a zero vector then has cosine 0, not NaN.
+COSINE_EPS = 1e-12
+
 NAN_BITS = 0x7FC00000  # fp32 quiet NaN
 INF_BITS = 0x7F800000  # fp32 +inf; |x|'s bits at or above it: inf or NaN
 

@@ -4,7 +4,7 @@
 kernel); a call the Gluon kernel does not implement (`op.gluon_runs`: causal, key mask, per-token
 K scales, LSE, block-sparse tile lists) runs the plain-Triton kernel with the same tiles. Callers
 above (`attention`, and through it `sagevideo env`) ask here instead of combining the plan rules
-themselves.
+themselves. `select_tiles` is the device tile selection in the tiles of the plan a call would run.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from sagevideo.kernels.plans import KernelPlan, plain_triton, select_plan
+from sagevideo.kernels.sparse_reference import TileLists
+from sagevideo.kernels.tile_select import DynamicSelection
 
 
 @dataclass(frozen=True)
@@ -54,3 +56,16 @@ def kernel_for(
     ):
         return KernelChoice(plain_triton(choice.plan), GLUON_TAKES_NO_LISTS if sparse else choice.reason)
     return KernelChoice(choice.plan, choice.reason)
+
+
+def select_tiles(q: torch.Tensor, k: torch.Tensor, selection: DynamicSelection, *, pv: str, sm_scale: float,
+                 key_mask: torch.Tensor | None = None) -> TileLists:
+    """The dynamic tile selection (`tile_select_kernel.select_tiles`) of HND q (B, H, Nq, D) against
+    k (B, H_kv, Nk, D) on the device, in the tiles of the plan a block-sparse call with `pv` runs
+    (key_mask (B', Nk) bool, True = valid). Nothing is read back; ValueError where no plan runs."""
+    from sagevideo.kernels import tile_select_kernel
+
+    plan = kernel_for(q.device, q.shape[-1], pv, has_mask=key_mask is not None, sparse=True).plan
+    q, k = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k))
+    mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
+    return tile_select_kernel.select_tiles(q, k, plan, selection, sm_scale=sm_scale, key_mask=mask)

@@ -4,6 +4,10 @@ preparation (smoothing, rotation, INT8/FP8 quantization) and the attention launc
 - `torch.ops.sagevideo.sageattn_fwd`, a `torch.library.triton_op`: the plain-Triton kernel, every
   call the kernels take, block-sparse ones too (optional tile-list tensors). `torch.compile(fullgraph=True)`
   traces through it, and Inductor sees its Triton kernels (`wrap_triton`), instead of graph-breaking on Python.
+- `torch.ops.sagevideo.sageattn_fwd_select`, the same with the tile lists chosen on the device in
+  one go (`tile_select.DynamicSelection`'s fields): the preparation also pools Q and K per tile, the
+  selection kernel (`tile_select_kernel`) writes the lists, the block-sparse launch reads them; the
+  lists come back too (for the record, or to reuse at a neighbouring step). No host sync.
 - `torch.ops.sagevideo.sageattn_fwd_gluon`, a `torch.library.custom_op` with a fake (shapes only):
   the warp-specialized Gluon sm90 kernel (FP8 PV; no mask, causal, per-token K scales, LSE or tile lists).
   Opaque to torch.compile: Inductor calls it as an extern kernel and does not trace into it. The
@@ -28,6 +32,8 @@ from sagevideo.kernels.guard_count import count_flagged_tiles
 from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.quantize import quantize_inputs
 from sagevideo.kernels.rotation import hadamard_pm1
+from sagevideo.kernels.tile_select import DynamicSelection
+from sagevideo.kernels.tile_select_kernel import select_lists
 
 
 def attention_kernel(prepared, v: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
@@ -92,18 +98,79 @@ def sageattn_fwd(
                          "kernel is torch.ops.sagevideo.sageattn_fwd_gluon")
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
                       max_registers or None)
+    tile_lists = _checked_lists(key_tiles, tile_counts, q, block_m)
+    out, lse, flagged, _ = _forward(q, k, v, key_mask, rotation, plan, sm_scale=sm_scale, is_causal=is_causal,
+                                    per_token=per_token, smooth_k=smooth_k, return_lse=return_lse,
+                                    tile_lists=tile_lists)
+    return out, lse, flagged
+
+
+def _forward(q, k, v, key_mask, rotation, plan: KernelPlan, *, sm_scale: float, is_causal: bool, per_token: bool,
+             smooth_k: bool, return_lse: bool, tile_lists=None, selection: DynamicSelection | None = None):
+    """Preparation then the plain kernel: dense, with given lists, or with the lists `selection`
+    makes from the preparation's pooled statistics. Returns (out, lse, flagged, the lists or None)."""
     batch, heads, n_q, _ = q.shape
     n_k = k.shape[2]
-    tile_lists = _checked_lists(key_tiles, tile_counts, q, block_m)
     prepared = quantize_inputs(
         q, k, v, key_mask, rotation, plan,
-        sm_scale=sm_scale, per_token=per_token, smooth_k=smooth_k, need_shift=return_lse,
+        sm_scale=sm_scale, per_token=per_token, smooth_k=smooth_k, need_shift=return_lse, pool=selection is not None,
+        pool_spread=selection is not None and selection.uses_spread,
     )
+    if selection is not None:
+        tile_lists = select_lists(prepared.pooled, selection, batch=batch, heads=heads, kv_heads=k.shape[1],
+                                  n_q=n_q, n_k=n_k, block_m=plan.block_m, block_n=plan.block_n, sm_scale=sm_scale)
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
     attention_kernel(prepared, v, key_mask, out, lse if return_lse else None, plan,
                      is_causal=is_causal, per_token=per_token, n_q=n_q, n_k=n_k, tile_lists=tile_lists)
-    return out, lse, _flagged(prepared, plan, q.shape[3], per_token)
+    return out, lse, _flagged(prepared, plan, q.shape[3], per_token), tile_lists
+
+
+@triton_op("sagevideo::sageattn_fwd_select", mutates_args=())
+def sageattn_fwd_select(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: torch.Tensor | None,
+    rotation: torch.Tensor | None,
+    sm_scale: float,
+    is_causal: bool,
+    per_token: bool,
+    smooth_k: bool,
+    return_lse: bool,
+    pv: str,
+    arch: str,
+    block_d: int,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    kernel: str,
+    scores_by_add: bool,
+    max_registers: int,
+    top_p: float,
+    local_tiles: int,
+    sink_tiles: int,
+    min_similarity: float,
+    dense_prefix: int,
+    dense_suffix: int,
+    max_spread: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sageattn_fwd` whose tile lists the call chooses itself, on the device: the dynamic selection
+    (`tile_select.DynamicSelection`: top_p .. max_spread) of these q and k in the plan's tiles.
+    Returns (out, lse, flagged as `sageattn_fwd`, key tiles int32 (B, H, ceil(Nq/block_m),
+    ceil(Nk/block_n)) ascending then -1, counts int32 (B, H, ceil(Nq/block_m))). The plain kernel only."""
+    if kernel != "triton":
+        raise ValueError(f"sageattn_fwd_select runs the plain-Triton kernel, not kernel={kernel!r}")
+    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
+                      max_registers or None)
+    selection = DynamicSelection(top_p, local_tiles, sink_tiles, min_similarity, dense_prefix, dense_suffix,
+                                 max_spread)
+    out, lse, flagged, (indices, counts) = _forward(
+        q, k, v, key_mask, rotation, plan, sm_scale=sm_scale, is_causal=is_causal, per_token=per_token,
+        smooth_k=smooth_k, return_lse=return_lse, selection=selection,
+    )
+    return out, lse, flagged, indices, counts
 
 
 def _checked_lists(key_tiles: torch.Tensor | None, tile_counts: torch.Tensor | None, q: torch.Tensor,
@@ -179,6 +246,38 @@ def sageattn_triton(
         plan.scores_by_add, plan.max_registers or 0, *(tile_lists or (None, None)),
     )
     return out, (lse if return_lse else None), flagged
+
+
+def sageattn_triton_select(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: KernelPlan,
+    selection: DynamicSelection,
+    *,
+    sm_scale: float,
+    is_causal: bool,
+    key_mask: torch.Tensor | None,
+    per_token: bool,
+    smooth_k: bool,
+    rotate_qk: bool,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """`sageattn_triton` for a call that chooses its own tiles (`sageattn_fwd_select`, a plain-kernel
+    plan). Returns (out, lse or None, flagged, (key tiles, counts) as the selection made them)."""
+    if plan.kernel != "triton":
+        raise ValueError(f"sageattn_triton_select: {GLUON_TAKES_NO_LISTS}; pass plans.plain_triton(plan)")
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    rotation = hadamard_pm1(plan.block_d, q.device, q.dtype) if rotate_qk else None
+    mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
+    out, lse, flagged, indices, counts = torch.ops.sagevideo.sageattn_fwd_select(
+        q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
+        plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.kernel,
+        plan.scores_by_add, plan.max_registers or 0, float(selection.top_p), selection.local_tiles,
+        selection.sink_tiles, float(selection.min_similarity), selection.dense_prefix, selection.dense_suffix,
+        float(selection.max_spread),
+    )
+    return out, (lse if return_lse else None), flagged, (indices, counts)
 
 
 GLUON_TAKES_NO_LISTS = "the Gluon sm90 kernel takes no tile lists yet: block-sparse calls run the plain Triton kernel"
@@ -261,6 +360,19 @@ def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_tok
     return torch.empty_like(q), lse, q.new_empty((), dtype=torch.int32)
 
 
+def _fake_sageattn_fwd_select(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
+                              pv, arch, block_d, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
+                              max_registers, top_p, local_tiles, sink_tiles, min_similarity, dense_prefix,
+                              dense_suffix, max_spread):
+    out, lse, flagged = _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k,
+                                           return_lse, pv, arch, block_d, block_m, block_n, num_warps, num_stages,
+                                           kernel, scores_by_add, max_registers)
+    batch, heads, n_q, _ = q.shape
+    m_tiles, n_tiles = -(-n_q // block_m), -(-k.shape[2] // block_n)
+    return (out, lse, flagged, q.new_empty(batch, heads, m_tiles, n_tiles, dtype=torch.int32),
+            q.new_empty(batch, heads, m_tiles, dtype=torch.int32))
+
+
 def _register_interpreter_fake() -> None:
     """Under TRITON_INTERPRET the kernels are interpreted Python that reads data pointers, which fake
     tensors lack; give tracing an explicit fake so torch.compile tests can run on CPU."""
@@ -268,6 +380,7 @@ def _register_interpreter_fake() -> None:
 
     if interpreter_enabled():
         sageattn_fwd.register_fake(_fake_sageattn_fwd)
+        sageattn_fwd_select.register_fake(_fake_sageattn_fwd_select)
 
 
 _register_interpreter_fake()

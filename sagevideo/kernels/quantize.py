@@ -20,6 +20,10 @@ Four launches before the attention kernel:
    the prologue's extra shared memory and registers cost the main loop 5-20% (docs/benchmarks-history.md,
    "the preparation pass").
 
+Block-sparse tile selection (`POOL`, off for dense calls: their launches are unchanged): steps 3
+and 4 also write each tile's pooled statistics (`PooledTiles`, `_pool_tile`) from the tile they
+already hold in registers, for `tile_select_kernel` (docs/sparse.md, stage 3).
+
 Launch shapes (warps, splits, tiles per program) come from a `plans.PrepPlan`, never from module state.
 
 Numerics are documented in `reference.py`, which emulates them exactly.
@@ -34,7 +38,16 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from sagevideo.kernels.constants import FP8_MAX, INF_BITS, INT8_MAX, LOG2E, NAN_BITS, ROUNDING_MAGIC, TINY_AMAX
+from sagevideo.kernels.constants import (
+    COSINE_EPS,
+    FP8_MAX,
+    INF_BITS,
+    INT8_MAX,
+    LOG2E,
+    NAN_BITS,
+    ROUNDING_MAGIC,
+    TINY_AMAX,
+)
 from sagevideo.kernels.plans import KernelPlan, PrepPlan, prep_plan
 
 ROUNDING_MAGIC_CONST = tl.constexpr(ROUNDING_MAGIC)
@@ -43,6 +56,7 @@ INF_BITS_CONST = tl.constexpr(INF_BITS)
 TINY_AMAX_CONST = tl.constexpr(TINY_AMAX)
 INT8_MAX_CONST = tl.constexpr(INT8_MAX)
 FP8_MAX_CONST = tl.constexpr(FP8_MAX)
+COSINE_EPS_CONST = tl.constexpr(COSINE_EPS)
 
 
 @triton.jit
@@ -113,6 +127,33 @@ def mma_key_order(x):
     x = tl.reshape(x, (R, N // 32, 2, 2, 4, 2))
     x = tl.permute(x, (0, 1, 2, 4, 3, 5))
     return tl.reshape(x, (R, N))
+
+
+@triton.jit
+def _pool_tile(x, ok, SPREAD: tl.constexpr):
+    """`tile_select._pool_tiles` of one tile held in registers: x (ROWS, BLOCK_D) fp32, ok (ROWS,)
+    its valid rows. Returns (mean over valid rows (BLOCK_D,), valid count, mean cosine of the valid
+    rows to the mean, spread: the largest distance of a valid row from the mean over the mean
+    distance (SPREAD, else 1); 1 and 1 for a tile with no valid row). torch's cosine divides each
+    vector by its clamped norm before the dot; here the dot is divided once per row by the product
+    of the clamped norms: the same formula, rounded differently (an ulp or so)."""
+    x = tl.where(ok[:, None], x, 0.0)
+    count = tl.sum(ok.to(tl.float32), axis=0)
+    denom = tl.maximum(count, 1.0)
+    mean = tl.math.div_rn(tl.sum(x, axis=0), denom)
+    x_norm = tl.maximum(tl.sqrt_rn(tl.sum(x * x, axis=1)), COSINE_EPS_CONST)
+    m_norm = tl.maximum(tl.sqrt_rn(tl.sum(mean * mean, axis=0)), COSINE_EPS_CONST)
+    cos = tl.math.div_rn(tl.sum(x * mean[None, :], axis=1), x_norm * m_norm)
+    similarity = tl.math.div_rn(tl.sum(tl.where(ok, cos, 0.0), axis=0), denom)
+    spread = 1.0
+    if SPREAD:
+        # from the differences themselves, not |x|² - 2x·m + |m|², which cancels in tight tiles
+        off = tl.where(ok[:, None], x - mean[None, :], 0.0)
+        distance = tl.sqrt_rn(tl.sum(off * off, axis=1))
+        mean_distance = tl.math.div_rn(tl.sum(distance, axis=0), denom)
+        spread = tl.where((count > 0) & (mean_distance > 0),
+                          tl.math.div_rn(tl.max(distance, axis=0), tl.maximum(mean_distance, COSINE_EPS_CONST)), 1.0)
+    return mean, count, tl.where(count > 0, similarity, 1.0), spread
 
 
 @triton.jit
@@ -214,16 +255,21 @@ def _kv_stats_finalize_kernel(
 def _quantize_kv_kernel(
     K, V, Mask, KMean, KMeanRot, VScale, Rot,
     KQ, KScale, VQ, KScaleMax,
+    PoolShift, KPoolMean, KPoolSim, KPoolCount, KPoolSpread,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_mb,
     H, N_K, N_PAD,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
-    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, TRACK_MAX: tl.constexpr,
+    PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, TRACK_MAX: tl.constexpr, POOL: tl.constexpr = False,
+    POOL_SPREAD: tl.constexpr = False,
 ):
     """TRACK_MAX: also raise KScaleMax[head] (int32 bits of a non-negative fp32, zero-initialised) to
-    the largest K scale of the head (NaN counts as 0), for the attention kernel's scores-by-add guard."""
+    the largest K scale of the head (NaN counts as 0), for the attention kernel's scores-by-add guard.
+    POOL: also write each tile's `_pool_tile` statistics of K − PoolShift (mean(K) over valid keys,
+    before any rotation) to KPoolMean (bh, N_PAD/BLOCK_N, BLOCK_D), KPoolSim, KPoolCount and
+    KPoolSpread (bh, N_PAD/BLOCK_N), fp32; the spread only with POOL_SPREAD (it costs registers), else 1."""
     group = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 bases: B·H·N·D may pass 2^31
     b = bh // H
@@ -244,6 +290,8 @@ def _quantize_kv_kernel(
         # multiply by the reciprocal (one rounding, like the reference): a division per element
         # would be a third of this kernel's instructions
         v_inv = tl.math.div_rn(1.0, tl.load(VScale + bh * BLOCK_D + offs_d))
+    if POOL:
+        pool_shift = tl.load(PoolShift + bh * BLOCK_D + offs_d)
     for t in range(0, TILES_PER_PROGRAM):
         start_n = (group * TILES_PER_PROGRAM + t) * BLOCK_N
         if start_n < N_PAD:
@@ -268,6 +316,15 @@ def _quantize_kv_kernel(
                 # the same way, which makes P's conversion into the MMA operand free.
                 v8_t = mma_key_order(tl.trans(v8))
                 tl.store(VQ + bh * BLOCK_D * N_PAD + offs_d[:, None] * N_PAD + offs_n[None, :], v8_t)
+            if POOL:
+                # the tile as the selection pools it: smoothed, not rotated, padded keys left out
+                pooled, count, similarity, spread = _pool_tile(k16.to(tl.float32) - pool_shift[None, :], ok,
+                                                               POOL_SPREAD)
+                tile = bh * (N_PAD // BLOCK_N) + start_n // BLOCK_N
+                tl.store(KPoolMean + tile * BLOCK_D + offs_d, pooled)
+                tl.store(KPoolSim + tile, similarity)
+                tl.store(KPoolCount + tile, count)
+                tl.store(KPoolSpread + tile, spread)
             if ROTATE:
                 # (K − mean)·R = K·R − mean·R: rotate the 16-bit K on the tensor cores (±1 entries,
                 # so the products are exact and the fp32 sums match an fp32 rotation).
@@ -299,7 +356,8 @@ def _quantize_q_tile(
     """INT8 codes (BLOCK_M, BLOCK_D), scales (BLOCK_M,) of one Q tile, in log2 score units
     (sm_scale·log2(e) folded in, and 1/BLOCK_D when rotated: R Rᵀ = BLOCK_D·I); rows past N_Q are
     zero. mean (BLOCK_D,) mean(K) when NEED_SHIFT; rot (BLOCK_D, BLOCK_D) when ROTATE.
-    shift (BLOCK_M,): sm_scale·q·mean(K) when NEED_SHIFT (LSE), else zeros."""
+    shift (BLOCK_M,): sm_scale·q·mean(K) when NEED_SHIFT (LSE), else zeros. Also returns the tile
+    as loaded (16-bit, rows past N_Q zero), which the caller pools when selecting tiles."""
     rows = tl.arange(0, BLOCK_M)
     m_ok = start_m + rows < N_Q
     # the tile's first row in int64 (the token stride may be H·D); offsets within the tile in int32
@@ -318,18 +376,20 @@ def _quantize_q_tile(
     # qk_scale goes into the scale, not into each element (the codes of q and q·qk_scale are the
     # same up to rounding); fp32 even when a compiler passes the scalar as fp64
     codes, scale = _quantize_int8(q, tl.cast(qk_scale, tl.float32), PER_TOKEN, ROW_LOCAL_NONFINITE=True)
-    return codes, scale, shift.to(tl.float32)
+    return codes, scale, shift.to(tl.float32), q16
 
 
 @triton.jit
 def _quantize_q_kernel(
-    Q, KMean, Rot, QQ, QScale, QShift,
+    Q, KMean, Rot, QQ, QScale, QShift, QPoolMean, QPoolSim,
     stride_qb, stride_qh, stride_qn,
     H, H_KV, N_Q, M_PAD, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
-    ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_SHIFT: tl.constexpr,
+    ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_SHIFT: tl.constexpr, POOL: tl.constexpr = False,
 ):
-    """H_KV: K/V heads (mean(K) of query head h is K/V head h // (H // H_KV)'s)."""
+    """H_KV: K/V heads (mean(K) of query head h is K/V head h // (H // H_KV)'s).
+    POOL: also write each tile's `_pool_tile` statistics of Q (as given: not rotated, not scaled) to
+    QPoolMean (bh, M_PAD/BLOCK_M, BLOCK_D) and QPoolSim (bh, M_PAD/BLOCK_M), fp32."""
     group = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 bases: B·H·N·D may pass 2^31
     offs_d = tl.arange(0, BLOCK_D)
@@ -340,7 +400,7 @@ def _quantize_q_kernel(
     for t in range(0, TILES_PER_PROGRAM):
         start_m = (group * TILES_PER_PROGRAM + t) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        codes, scale, shift = _quantize_q_tile(
+        codes, scale, shift, q16 = _quantize_q_tile(
             Q, mean, rot, bh // H, bh % H, start_m, offs_d, stride_qb, stride_qh, stride_qn,
             N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, ROTATE, PER_TOKEN, STORE_SHIFT,
         )
@@ -349,6 +409,32 @@ def _quantize_q_kernel(
         tl.store(QScale + bh * M_PAD + offs_m, scale, mask=in_pad)
         if STORE_SHIFT:
             tl.store(QShift + bh * M_PAD + offs_m, shift, mask=in_pad)
+        if POOL:
+            if start_m < M_PAD:
+                pooled, _, similarity, _ = _pool_tile(q16.to(tl.float32), offs_m < N_Q, False)
+                tile = bh * (M_PAD // BLOCK_M) + start_m // BLOCK_M
+                tl.store(QPoolMean + tile * BLOCK_D + offs_d, pooled)
+                tl.store(QPoolSim + tile, similarity)
+
+
+@dataclass
+class PooledTiles:
+    """Per-tile statistics of Q and K for the tile selection (`tile_select_kernel`), as
+    `tile_select.TileScores` pools them: Q as given, K minus its mean over valid keys, neither rotated.
+
+    q_mean (bh, M_TILES, block_d) fp32: each query tile's mean token (over its tokens before Nq);
+    q_similarity (bh, M_TILES) fp32: mean cosine of those tokens to it;
+    k_mean (bh_kv, N_TILES, block_d), k_similarity (bh_kv, N_TILES) fp32: the same over valid keys;
+    k_count (bh_kv, N_TILES) fp32: valid keys per tile (a tile with none: mean 0, similarity 1);
+    k_spread (bh_kv, N_TILES) fp32: a key tile's largest distance from its mean over the mean distance.
+    Channels past the head dim are 0."""
+
+    q_mean: torch.Tensor
+    q_similarity: torch.Tensor
+    k_mean: torch.Tensor
+    k_similarity: torch.Tensor
+    k_count: torch.Tensor
+    k_spread: torch.Tensor
 
 
 @dataclass
@@ -364,6 +450,7 @@ class QuantizedInputs:
     v_range (bh_kv, 2, block_d) fp32: V's min and max per channel over the valid keys (+inf, -inf
     where a batch row has none); the attention kernels clamp their output to it (`bounds.py`).
     k_scale_max (bh_kv,) int32: bits of each head's largest K scale (fp32), or None (not tracked).
+    pooled: the tile selection's per-tile statistics (`PooledTiles`), or None (not asked for).
     """
 
     q_codes: torch.Tensor
@@ -376,6 +463,15 @@ class QuantizedInputs:
     v_scale: torch.Tensor | None
     v_range: torch.Tensor
     k_scale_max: torch.Tensor | None = None
+    pooled: PooledTiles | None = None
+
+
+def _pooled_buffers(bh: int, bh_kv: int, m_tiles: int, n_tiles: int, block_d: int, dev) -> PooledTiles:
+    def empty(*shape):
+        return torch.empty(*shape, device=dev, dtype=torch.float32)
+
+    return PooledTiles(empty(bh, m_tiles, block_d), empty(bh, m_tiles), empty(bh_kv, n_tiles, block_d),
+                       empty(bh_kv, n_tiles), empty(bh_kv, n_tiles), empty(bh_kv, n_tiles))
 
 
 def quantize_inputs(
@@ -391,12 +487,17 @@ def quantize_inputs(
     smooth_k: bool,
     need_shift: bool,
     prep: PrepPlan | None = None,
+    pool: bool = False,
+    pool_spread: bool = False,
 ) -> QuantizedInputs:
     """Launch the preparation kernels. q/k/v HND views with unit stride on the head dim (k/v may have
     fewer heads than q, a divisor of them: grouped-query attention);
     key_mask (B', Nk) uint8 with B' in {1, B}; rotation (block_d, block_d) ±1 (16-bit or fp32) or
     None. prep: the launch shape (None: `plans.prep_plan(plan)`; benchmarks pass others). For a
-    plain-kernel plan with scores_by_add, also each head's largest K scale (its guard reads it)."""
+    plain-kernel plan with scores_by_add, also each head's largest K scale (its guard reads it).
+    pool: also the tile selection's per-tile statistics (`QuantizedInputs.pooled`), written by the
+    same K and Q programs; the codes, scales and everything else are the same as without.
+    pool_spread: with pool, the key tiles' spread too (1 without)."""
     prep = prep or prep_plan(plan)
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
@@ -415,6 +516,11 @@ def quantize_inputs(
     v_lo = torch.empty(bh_kv * num_splits, bd, device=dev, dtype=torch.float32)
     v_hi = torch.empty(bh_kv * num_splits, bd, device=dev, dtype=torch.float32)
     k_mean = torch.zeros(bh_kv, bd, device=dev, dtype=torch.float32)
+    # the selection pools K minus its mean even where the attention does not smooth: there the mean
+    # goes to a buffer of its own (k_mean stays 0, which the LSE shift reads)
+    stats_mean = smooth_k or pool
+    pool_shift = k_mean if smooth_k or not pool else torch.zeros(bh_kv, bd, device=dev, dtype=torch.float32)
+    pooled = _pooled_buffers(bh, bh_kv, m_pad // bm, n_pad // bn, bd, dev) if pool else None
     k_mean_rot = torch.empty(bh_kv, bd, device=dev, dtype=torch.float32) if rotation is not None else k_mean
     v_range = torch.empty(bh_kv, 2, bd, device=dev, dtype=torch.float32)
     v_scale = torch.empty(bh_kv, bd, device=dev, dtype=torch.float32) if fp8_v else None
@@ -428,13 +534,13 @@ def quantize_inputs(
         stride_mb,
         kv_heads, n_k, tokens_per_split, num_splits,
         HEAD_DIM=head_dim, BLOCK_D=bd, CHUNK=prep.stats_chunk,
-        HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, num_warps=prep.stats_warps,
+        HAS_MASK=key_mask is not None, SMOOTH_K=stats_mean, num_warps=prep.stats_warps,
     )
     wrap_triton(_kv_stats_finalize_kernel)[(bh_kv,)](
-        k_sum, k_count, v_lo, v_hi, rot_arg, k_mean, k_mean_rot, v_range, v_scale if fp8_v else k_mean,
+        k_sum, k_count, v_lo, v_hi, rot_arg, pool_shift, k_mean_rot, v_range, v_scale if fp8_v else k_mean,
         num_splits,
         BLOCK_D=bd, SPLIT_CHUNK=prep.finalize_chunk,
-        SMOOTH_K=smooth_k, ROTATE=rotation is not None, FP8_V=fp8_v,
+        SMOOTH_K=stats_mean, ROTATE=rotation is not None, FP8_V=fp8_v,
     )
 
     k_codes = torch.empty(bh_kv, n_pad, bd, device=dev, dtype=torch.int8)
@@ -446,13 +552,15 @@ def quantize_inputs(
     wrap_triton(_quantize_kv_kernel)[(triton.cdiv(n_pad // bn, kv_per_program), bh_kv)](
         k, v, mask_arg, k_mean, k_mean_rot, v_scale if fp8_v else k_mean, rot_arg,
         k_codes, k_scale, v_fp8_t if fp8_v else k_codes, k_scale_max if track_k_scale_max else k_count,
+        pool_shift,
+        *((pooled.k_mean, pooled.k_similarity, pooled.k_count, pooled.k_spread) if pool else (k_count,) * 4),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         stride_mb,
         kv_heads, n_k, n_pad,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=kv_per_program,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
-        PER_TOKEN=per_token, FP8_V=fp8_v, TRACK_MAX=track_k_scale_max,
+        PER_TOKEN=per_token, FP8_V=fp8_v, TRACK_MAX=track_k_scale_max, POOL=pool, POOL_SPREAD=pool and pool_spread,
         num_warps=prep.kv_warps,
     )
 
@@ -463,11 +571,12 @@ def quantize_inputs(
     q_per_program = prep.tiles_per_program(m_pad // bm, prep.q_tiles_per_program)
     wrap_triton(_quantize_q_kernel)[(triton.cdiv(m_pad // bm, q_per_program), bh)](
         q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
+        *((pooled.q_mean, pooled.q_similarity) if pool else (q_scale,) * 2),
         q.stride(0), q.stride(1), q.stride(2),
         heads, kv_heads, n_q, m_pad, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm, TILES_PER_PROGRAM=q_per_program,
-        ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift,
+        ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift, POOL=pool,
         num_warps=prep.q_warps,
     )
     return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, v_range,
-                           k_scale_max)
+                           k_scale_max, pooled)

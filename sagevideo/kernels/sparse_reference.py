@@ -20,7 +20,7 @@ kernels do for rows whose every key is masked.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -150,7 +150,9 @@ class TileMask:
 class TileLists:
     """Compact form. indices: int32 (B or 1, H or 1, M_tiles, max_keep), the visited key tiles of each
     query tile, strictly ascending, then -1; counts: int32 (B, H, M_tiles), how many are visited;
-    n_tiles: key tiles in all (ceil(n_k/block_n))."""
+    n_tiles: key tiles in all (ceil(n_k/block_n)).
+    check_entries: also check the entries (counts in range, padding, ascending), which reads them on
+    the host; False for lists a selection made on the device (`from_device`): only shapes and dtypes."""
 
     indices: torch.Tensor
     counts: torch.Tensor
@@ -159,6 +161,14 @@ class TileLists:
     block_n: int
     n_q: int
     n_k: int
+    check_entries: bool = field(default=True, repr=False, compare=False)
+
+    @classmethod
+    def from_device(cls, indices: torch.Tensor, counts: torch.Tensor, block_m: int, block_n: int, n_q: int,
+                    n_k: int) -> TileLists:
+        """Lists built on the device (`tile_select_kernel`, `TileMask.padded_lists`), correct by
+        construction: wrapped without reading them (no host sync)."""
+        return cls(indices, counts, math.ceil(n_k / block_n), block_m, block_n, n_q, n_k, check_entries=False)
 
     def __post_init__(self) -> None:
         _check_geometry(self.block_m, self.block_n, self.n_q, self.n_k)
@@ -176,6 +186,10 @@ class TileLists:
         if tuple(self.counts.shape) != tuple(self.indices.shape[:3]):
             raise ValueError(f"tile lists: counts has shape {tuple(self.counts.shape)}, expected "
                              f"{tuple(self.indices.shape[:3])} (indices' first three dims)")
+        if self.check_entries:
+            self._check_entries()
+
+    def _check_entries(self) -> None:
         max_keep = self.indices.shape[3]
         if self.counts.numel() and (int(self.counts.min()) < 0 or int(self.counts.max()) > max_keep):
             raise ValueError(f"tile lists: counts must lie in [0, {max_keep}] (max_keep)")

@@ -9,7 +9,10 @@ Two ways, both returning a `sparse_reference.TileMask` (its `density` = kept / a
   neighbours each side, in token order), the first `sink_tiles` key tiles, the text rows and columns
   of joint attention (`dense_prefix`/`dense_suffix` tokens), and the rows and columns of tiles whose
   tokens are not self-similar (mean cosine of a tile's tokens to its mean token below
-  `min_similarity`): a mean misjudges such a tile, so it is not judged.
+  `min_similarity`): a mean misjudges such a tile, so it is not judged. Optionally (`max_spread`)
+  also the columns of key tiles where one token stands out: its distance from the tile's mean token
+  over the mean distance above `max_spread` (a single global key in a tile of 64-128 barely moves
+  the mean, so mean pooling alone drops the mass every query gives it; docs/sparse.md).
 - static (`select_static`): spatio-temporal windows on the model's latent grid (frames, height,
   width): a query tile keeps the key tiles holding a token within the window of one of its own, with
   tiles in a token order that makes 3-D neighbourhoods contiguous (`grid_tile_order`).
@@ -19,16 +22,19 @@ offset, and an offset would make every key tile look self-similar.
 Text positions per family (where `dense_prefix`/`dense_suffix` come from): CogVideoX and Open-Sora
 put the text first, HunyuanVideo after the video, Wan's self-attention has none.
 
-The fused GPU version (pooling inside the quantization pass, no host sync) is a later stage; this
-is its definition.
+This is the definition. The device version (`tile_select_kernel`: pooling inside the quantization
+pass, selection without a sort or a host sync) computes the same in fp32 in other summation orders.
+Ties in the estimated mass are broken by key tile: the lower tile ranks first (a stable sort).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
+from sagevideo.kernels.constants import COSINE_EPS
 from sagevideo.kernels.sparse_reference import TileMask
 
 GRID_AXES = 3
@@ -36,8 +42,9 @@ GRID_AXES = 3
 
 def _pool_tiles(x: torch.Tensor, block: int, valid: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
     """Per tile of `block` rows of x (B, H, N, D) fp32, over valid rows (valid (B', N) bool or None):
-    (mean token (B, H, T, D), valid count (B' or 1, 1, T), mean cosine of tokens to the mean (B, H, T);
-    1 for a tile with no valid token, which is never kept for its own sake)."""
+    (mean token (B, H, T, D), valid count (B' or 1, 1, T), mean cosine of tokens to the mean (B, H, T),
+    spread (B, H, T): the largest distance of a token from the mean over the mean distance; 1 for a
+    tile with no valid token, which is never kept for its own sake, or whose tokens are all equal)."""
     batch, heads, n, d = x.shape
     tiles = math.ceil(n / block)
     weight = torch.ones(1, n, device=x.device) if valid is None else valid.to(x.device, torch.float32)
@@ -46,9 +53,26 @@ def _pool_tiles(x: torch.Tensor, block: int, valid: torch.Tensor | None) -> tupl
     weight = torch.nn.functional.pad(weight, (0, pad)).reshape(weight.shape[0], 1, tiles, block)
     count = weight.sum(dim=-1)
     mean = (x * weight[..., None]).sum(dim=3) / count.clamp(min=1)[..., None]
-    cos = torch.nn.functional.cosine_similarity(x, mean[:, :, :, None], dim=-1, eps=1e-12)
+    cos = torch.nn.functional.cosine_similarity(x, mean[:, :, :, None], dim=-1, eps=COSINE_EPS)
     similarity = (cos * weight).sum(dim=-1) / count.clamp(min=1)
-    return mean, count, torch.where(count > 0, similarity, 1.0)
+    distance = (x - mean[:, :, :, None]).norm(dim=-1)
+    mean_distance = (distance * weight).sum(dim=-1) / count.clamp(min=1)
+    spread = torch.where(weight > 0, distance, 0.0).amax(dim=-1) / mean_distance
+    spread = torch.where((count > 0) & (mean_distance > 0), spread, 1.0)
+    return mean, count, torch.where(count > 0, similarity, 1.0), spread
+
+
+def _check_counts(local_tiles: int, sink_tiles: int, dense_prefix: int, dense_suffix: int) -> None:
+    for name, value in (("local_tiles", local_tiles), ("sink_tiles", sink_tiles), ("dense_prefix", dense_prefix),
+                        ("dense_suffix", dense_suffix)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"tile selection: {name}={value!r} must be an int >= 0")
+
+
+def _check_text(dense_prefix: int, dense_suffix: int, n_q: int, n_k: int) -> None:
+    if dense_prefix + dense_suffix > min(n_q, n_k):
+        raise ValueError(f"tile selection: dense_prefix + dense_suffix = {dense_prefix + dense_suffix} text tokens "
+                         f"exceed the sequence ({n_q} query / {n_k} key tokens)")
 
 
 def forced_tiles(
@@ -59,13 +83,8 @@ def forced_tiles(
     holding a query tile's own positions, widened by `local_tiles` each side) only for self-attention
     (n_q == n_k); the first `sink_tiles` key tiles; every tile of a query or key tile that holds one
     of the first `dense_prefix` or last `dense_suffix` tokens (text), rows and columns."""
-    for name, value in (("local_tiles", local_tiles), ("sink_tiles", sink_tiles), ("dense_prefix", dense_prefix),
-                        ("dense_suffix", dense_suffix)):
-        if value < 0:
-            raise ValueError(f"tile selection: {name}={value} must be >= 0")
-    if dense_prefix + dense_suffix > min(n_q, n_k):
-        raise ValueError(f"tile selection: dense_prefix + dense_suffix = {dense_prefix + dense_suffix} text tokens "
-                         f"exceed the sequence ({n_q} query / {n_k} key tokens)")
+    _check_counts(local_tiles, sink_tiles, dense_prefix, dense_suffix)
+    _check_text(dense_prefix, dense_suffix, n_q, n_k)
     m_tiles, n_tiles = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
     forced = torch.zeros(m_tiles, n_tiles, dtype=torch.bool, device=device)
     if n_q == n_k:
@@ -85,6 +104,46 @@ def forced_tiles(
     return forced
 
 
+@dataclass(frozen=True)
+class DynamicSelection:
+    """The dynamic selection's settings (`TileScores`; the device kernel takes the same): top_p in
+    [0, 1] (1 keeps every tile with a valid key; 0 only the forced tiles and each query tile's top
+    one), `local_tiles`/`sink_tiles`/`dense_prefix`/`dense_suffix` as `forced_tiles`,
+    `min_similarity`: tiles whose mean token cosine is below it are kept, row and column, and
+    `max_spread` (inf: off): key tiles whose spread (`_pool_tiles`) is above it are kept, column."""
+
+    top_p: float = 0.9
+    local_tiles: int = 0
+    sink_tiles: int = 1
+    min_similarity: float = 0.5
+    dense_prefix: int = 0
+    dense_suffix: int = 0
+    max_spread: float = math.inf
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.top_p, int | float) or not 0 <= self.top_p <= 1:
+            raise ValueError(f"tile selection: top_p={self.top_p!r} must lie in [0, 1]")
+        if not isinstance(self.min_similarity, int | float) or not math.isfinite(self.min_similarity):
+            raise ValueError(f"tile selection: min_similarity={self.min_similarity!r} must be a finite number")
+        if not isinstance(self.max_spread, int | float) or not self.max_spread > 0:
+            raise ValueError(f"tile selection: max_spread={self.max_spread!r} must be a number > 0 (inf: off)")
+        _check_counts(self.local_tiles, self.sink_tiles, self.dense_prefix, self.dense_suffix)
+
+    @property
+    def uses_spread(self) -> bool:
+        """Whether the key tiles' spread decides anything (max_spread finite)."""
+        return math.isfinite(self.max_spread)
+
+    def check_tokens(self, n_q: int, n_k: int) -> None:
+        """ValueError unless the text fits n_q query and n_k key tokens."""
+        _check_text(self.dense_prefix, self.dense_suffix, n_q, n_k)
+
+    def scores_options(self) -> dict:
+        """`TileScores`' keyword arguments for these settings (all but top_p)."""
+        return {"local_tiles": self.local_tiles, "sink_tiles": self.sink_tiles, "min_similarity": self.min_similarity,
+                "dense_prefix": self.dense_prefix, "dense_suffix": self.dense_suffix, "max_spread": self.max_spread}
+
+
 class TileScores:
     """The dynamic selection's estimate of each key tile's attention mass for q (B, H, Nq, D) and
     k (B, H, Nk, D) (key_mask (B', Nk) bool, True = valid), sorted per query tile with the forced
@@ -93,7 +152,8 @@ class TileScores:
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, *, block_m: int, block_n: int,
                  sm_scale: float | None = None, key_mask: torch.Tensor | None = None, local_tiles: int = 0,
-                 sink_tiles: int = 1, min_similarity: float = 0.5, dense_prefix: int = 0, dense_suffix: int = 0):
+                 sink_tiles: int = 1, min_similarity: float = 0.5, dense_prefix: int = 0, dense_suffix: int = 0,
+                 max_spread: float = math.inf):
         if q.dim() != 4 or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
             raise ValueError(f"tile selection: q {tuple(q.shape)} and k {tuple(k.shape)} must be (B, H, N, D) "
                              "with the same B, H and D")
@@ -108,14 +168,15 @@ class TileScores:
             keep = valid[:, None, :, None]
             mean = torch.where(keep, kf, 0.0).sum(dim=2, keepdim=True) / keep.sum(dim=2, keepdim=True).clamp(min=1)
             kf = torch.where(keep, kf - mean, 0.0)
-        q_mean, _, q_similarity = _pool_tiles(q.float(), block_m, None)
-        k_mean, k_count, k_similarity = _pool_tiles(kf, block_n, valid)
+        q_mean, _, q_similarity, _ = _pool_tiles(q.float(), block_m, None)
+        k_mean, k_count, k_similarity, k_spread = _pool_tiles(kf, block_n, valid)
+        self.q_similarity, self.k_similarity, self.k_spread = q_similarity, k_similarity, k_spread
         scores = (q_mean @ k_mean.transpose(-1, -2)) * scale + torch.log(k_count)[:, :, None, :]
         probs = torch.softmax(scores, dim=-1)  # a tile with no valid key: log 0 = -inf, probability 0
         forced = forced_tiles(self.n_q, self.n_k, block_m, block_n, local_tiles=local_tiles, sink_tiles=sink_tiles,
                               dense_prefix=dense_prefix, dense_suffix=dense_suffix, device=q.device)
         forced = (forced | (q_similarity < min_similarity)[..., :, None]
-                  | (k_similarity < min_similarity)[..., None, :])
+                  | ((k_similarity < min_similarity) | (k_spread > max_spread))[..., None, :])
         has_keys = (k_count > 0)[:, :, None, :].expand_as(probs)
         forced = forced & has_keys  # a tile of padding only is never worth a visit
         self.probs = probs
@@ -129,12 +190,30 @@ class TileScores:
 
     def keep(self, top_p: float) -> TileMask:
         """Per query tile the forced tiles, then the fewest others whose estimated mass (with the
-        forced tiles') reaches top_p; at least its top tile (a query tile never goes empty)."""
+        forced tiles') reaches top_p; at least its top tile (a query tile never goes empty).
+        top_p >= 1 keeps every tile with a valid key (a sum in fp32 may reach 1 before the last tile)."""
         below = self._mass_before < top_p
         below[..., 0] = True
+        if top_p >= 1:
+            below[:] = True
         kept_sorted = (below & self._useful_sorted) | self._forced_sorted
         keep = torch.zeros_like(kept_sorted).scatter_(-1, self._order, kept_sorted)
         return TileMask(keep, self.block_m, self.block_n, self.n_q, self.n_k)
+
+    def row_margins(self, top_p: float) -> torch.Tensor:
+        """fp32 (B, H, M_tiles): per query tile, how far top_p lies from the nearest mass its threshold
+        compares with (over the tiles it decides: not forced, with a valid key, not the top one); inf
+        where none. A selection that sums the same masses in another order (the device kernel) agrees
+        with `keep(top_p)` on the query tiles where this exceeds their rounding difference."""
+        decided = self._useful_sorted & ~self._forced_sorted
+        decided[..., 0] = False
+        gaps = torch.where(decided, (self._mass_before - top_p).abs(), math.inf)
+        return gaps.amin(dim=-1) if gaps.shape[-1] else gaps.sum(dim=-1)
+
+    def nearest_boundary(self, top_p: float) -> float:
+        """The smallest `row_margins` (inf where no query tile decides anything)."""
+        margins = self.row_margins(top_p)
+        return float(margins.min()) if margins.numel() else math.inf
 
 
 def select_dynamic(q: torch.Tensor, k: torch.Tensor, *, top_p: float = 0.9, **options) -> TileMask:

@@ -179,6 +179,72 @@ def test_a_compiled_sparse_call_is_one_graph_and_records_an_unread_density():
     torch._dynamo.reset()
 
 
+# ---- calls that select their own tiles (DynamicSelection) ---------------------------------------
+
+
+def _structured(heads=2, n=384, seed=0, dtype=torch.float16):
+    """q, k, v whose 128-query / 64-key tiles are self-similar and where each query tile attends two key
+    tiles most (the fp16 plan's tiles at d64)."""
+    gen = torch.Generator().manual_seed(seed)
+    centres = torch.randn(heads, n // 64, 64, generator=gen)
+    picks = torch.randint(0, n // 64, (heads, n // 128, 2), generator=gen)
+    q = torch.stack([centres[h][picks[h]].sum(dim=1) for h in range(heads)]).repeat_interleave(128, dim=1)
+    k = centres.repeat_interleave(64, dim=1)
+    q, k = (t[None] + 0.3 * torch.randn(1, heads, n, 64, generator=gen) for t in (q, k))
+    v = torch.randn(1, heads, n, 64, generator=gen)
+    return tuple(t.to(DEVICE, dtype) for t in (q, k, v))
+
+
+def test_a_dynamic_selection_selects_and_attends_in_one_triton_call():
+    """sageattn(tile_mask=DynamicSelection): the kernels select inside the preparation; the output is
+    the one of the same call with the lists `select_tile_lists` makes (the same pooling, the same lists); the
+    record's density is NaN (not read: no host sync)."""
+    from sagevideo.attention.sparse import select_tile_lists
+    from sagevideo.kernels.tile_select import DynamicSelection
+
+    q, k, v = _structured()
+    key_mask = torch.ones(1, 1, 1, 384, dtype=torch.bool, device=DEVICE)
+    key_mask[..., 350:] = False
+    selection = DynamicSelection(top_p=0.5, sink_tiles=0)
+    out, lse = sageattn(q, k, v, tile_mask=selection, attn_mask=key_mask, backend="triton", return_lse=True)
+    choice = last_backend()
+    assert choice.label == "triton/fp16" and math.isnan(choice.density)
+    lists = select_tile_lists(q, k, selection, key_mask=key_mask[:, 0, 0])
+    assert 0 < lists.density < 1 and not lists.check_entries
+    want, want_lse = sageattn(q, k, v, tile_mask=lists, attn_mask=key_mask, backend="triton", return_lse=True)
+    assert last_backend().density == pytest.approx(lists.density)
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+def test_the_other_backends_select_with_the_pytorch_definition(backend):
+    """The reference and SDPA take the PyTorch selection (`TileScores`) in the plan's tiles: the same as
+    passing its mask; `select_tile_lists` without the kernels (fp32 inputs) gives its lists."""
+    from sagevideo.attention.sparse import select_tile_lists
+    from sagevideo.kernels.tile_select import DynamicSelection, select_dynamic
+
+    q, k, v = _structured(seed=1, dtype=torch.float16 if backend == "reference" else torch.float32)
+    selection = DynamicSelection(top_p=0.5, sink_tiles=0)
+    mask = select_dynamic(q, k, block_m=128, block_n=64, **{"top_p": 0.5, **selection.scores_options()})
+    assert 0 < mask.density < 1
+    out = sageattn(q, k, v, tile_mask=selection, backend=backend)
+    assert last_backend().ran == backend and math.isnan(last_backend().density)
+    assert torch.equal(out, sageattn(q, k, v, tile_mask=mask, backend=backend))
+    lists = select_tile_lists(q.float(), k.float(), selection)
+    assert torch.equal(lists.to_mask().keep, mask.keep)
+
+
+def test_a_dynamic_selection_takes_only_a_key_padding_mask_and_text_that_fits():
+    from sagevideo.kernels.tile_select import DynamicSelection
+
+    q, k, v = _structured()
+    bias = torch.zeros(1, 1, 384, 384, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(ValueError, match="takes no attn_mask but a boolean key-padding one"):
+        sageattn(q, k, v, tile_mask=DynamicSelection(), attn_mask=bias)
+    with pytest.raises(ValueError, match="exceed the sequence"):
+        sageattn(q, k, v, tile_mask=DynamicSelection(dense_prefix=400))
+
+
 # ---- on the GPU ---------------------------------------------------------------------------------
 
 
@@ -250,3 +316,23 @@ def test_select_tiles_keeps_text_dense_in_the_plan_tiles_and_caches_static_masks
         select_tiles(q, k, method="static", density=0.2, pv="fp8", grid=grid)
     with pytest.raises(ValueError, match="needs the latent grid"):
         select_tiles(q, k, method="static", density=0.2, pv="fp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_a_dynamic_selection_meets_the_contract_on_gpu(pv):
+    """sageattn(tile_mask=DynamicSelection) on planted inputs (1 x 4 x 8,192 tokens, d128, 2x8x8 cells):
+    against exact attention restricted to the lists the same selection makes, the dense floors."""
+    from sagevideo.attention.sparse import select_tile_lists
+    from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
+    from sagevideo.kernels.tile_select import DynamicSelection, grid_tile_order
+
+    x = planted_inputs(PlantedSpec(1, 4, 8, 16, 64, 128), order=grid_tile_order(8, 16, 64, 2, 8, 8), device=DEVICE)
+    q, k, v = (t.half() for t in (x.q, x.k, x.v))
+    selection = DynamicSelection(top_p=0.9, local_tiles=1)
+    out = sageattn(q, k, v, tile_mask=selection, pv=pv, backend="triton")
+    lists = select_tile_lists(q, k, selection, pv=pv)
+    assert 0 < lists.density < 1
+    stats = error_stats(masked_attention_exact(q, k, v, lists.to_mask()), out)
+    print(f"\ndynamic selection pv={pv}: density {lists.density:.3f}, {stats}")
+    assert stats.nonfinite == 0 and stats.cos_worst >= {"fp16": 0.999, "fp8": 0.998}[pv], stats

@@ -182,7 +182,7 @@ def test_device_kernel_names_are_the_kernel_modules_jitted_kernels():
     import importlib
 
     found = set()
-    for module in ("attention_fwd", "attention_sm90", "quantize"):
+    for module in ("attention_fwd", "attention_sm90", "quantize", "tile_select_kernel"):
         mod = importlib.import_module(f"sagevideo.kernels.{module}")
         for name, value in vars(mod).items():
             if name.endswith("_kernel") and hasattr(value, "fn"):  # a triton / gluon JITFunction

@@ -209,3 +209,13 @@ def test_dynamic_at_density_stays_at_or_below_the_target():
         select_dynamic_at_density(q, k, 0, block_m=64, block_n=64)
     with pytest.raises(ValueError, match="top_p=1.5"):
         select_dynamic(q, k, block_m=64, block_n=64, top_p=1.5)
+
+
+def test_top_p_one_keeps_every_tile_even_where_the_mass_sums_to_one_early():
+    """With one key tile holding nearly all of a query tile's mass, the fp32 running sum reaches 1 before
+    the last tiles; top_p = 1 still keeps every tile with a valid key (as documented, and as the device
+    kernel does)."""
+    q, k = _clustered()
+    scores = TileScores(q * 20, k, block_m=64, block_n=64, sink_tiles=0)
+    assert (scores.nearest_boundary(1.0) == 0.0) and scores.keep(0.999999).density < 1  # a mass of exactly 1
+    assert scores.keep(1.0).density == 1.0

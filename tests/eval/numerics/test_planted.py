@@ -1,12 +1,14 @@
 """Planted-structure inputs and the quality metrics of a tile selection on them (small sizes; the
 figures at real shapes come from bench/bench_sparse_select.py)."""
 
+import math
+
 import pytest
 import torch
 
 from sagevideo.eval.numerics.planted import PlantedSpec, dense_and_masked, planted_inputs, selection_quality
 from sagevideo.kernels.sparse_reference import TileMask, masked_attention_exact
-from sagevideo.kernels.tile_select import grid_tile_order, select_dynamic_at_density, select_static
+from sagevideo.kernels.tile_select import TileScores, grid_tile_order, select_dynamic_at_density, select_static
 
 GRID = (8, 16, 32)  # 4096 video tokens, 64 tiles of 64
 CELL = (2, 4, 8)
@@ -82,3 +84,21 @@ def test_single_global_tokens_escape_mean_pooling():
                                                            sm_scale=x.sm_scale)).mass.mean
             for x in (with_globals, plain)]
     assert kept[0] < kept[1] - 0.03
+
+
+def test_keeping_the_key_tiles_where_one_key_stands_out_recovers_the_global_tokens():
+    """`max_spread` keeps the columns of key tiles where one key lies far from the tile's mean (the
+    spread: largest over mean distance): the planted global keys' tiles (and the sinks'), no other
+    tile; at the same density the worst query row keeps far more of its mass."""
+    spec = PlantedSpec(1, 1, 4, 8, 32, 64, stripe_every=0)
+    order = grid_tile_order(*spec.grid, *CELL)
+    x = planted_inputs(spec, order=order)
+    special = (x.k[0, 0, :, -2:].abs() > 1).any(dim=-1).reshape(-1, 64).any(dim=-1)  # sink and global channels
+    scores = TileScores(x.q, x.k, block_m=64, block_n=64, sm_scale=x.sm_scale, max_spread=1.9)
+    assert torch.equal(scores.k_spread[0, 0] > 1.9, special) and special.sum() >= 3
+    plain = planted_inputs(PlantedSpec(1, 1, 4, 8, 32, 64, stripe_every=0, global_tokens=0), order=order)
+    assert (TileScores(plain.q, plain.k, block_m=64, block_n=64).k_spread[0, 0] > 1.9).sum() == 1  # the sinks
+    worst = [selection_quality(x, select_dynamic_at_density(x.q, x.k, 0.3, block_m=64, block_n=64,
+                                                            sm_scale=x.sm_scale, max_spread=spread)).mass.worst_row
+             for spread in (math.inf, 1.9)]
+    assert worst[1] > worst[0] + 0.1

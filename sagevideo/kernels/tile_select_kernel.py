@@ -1,0 +1,253 @@
+"""Dynamic tile selection on the device (block-sparse attention, docs/sparse.md stage 3): the kernel
+twin of `tile_select.TileScores.keep`, from the per-tile statistics the quantization pass pools
+(`quantize.PooledTiles`), writing the attention kernel's lists (`sparse_reference.TileLists`'
+tensors) directly. Nothing is read on the host: the lists are as wide as the key tiles (known from
+the shapes), the counts stay on the device.
+
+Two launches:
+1. `_tile_scores_kernel`, grid (query-tile blocks, key-tile blocks, B·H): the tile scores
+   pooled q · pooled k · sm_scale + log(valid keys), a small GEMM (fp32 dot, `input_precision="ieee"`:
+   TF32 would move the probabilities by ~1e-3, enough to flip tiles near the threshold), into an
+   fp32 (B·H, M_TILES, N_TILES) buffer (as large as the lists);
+2. `_select_tiles_kernel`, grid (query-tile groups, B·H): each program holds ROWS whole rows of
+   scores in registers (T_PAD, the key tiles rounded up to a power of two; ROWS·T_PAD fixed, so
+   registers do not grow with the sequence) and does the rest:
+   - the softmax over the key tiles;
+   - forced tiles (`tile_select.forced_tiles`: diagonal ± local, sinks, text rows and columns; and
+     the rows and columns of tiles that are not self-similar, and the columns of key tiles where
+     one key stands out, `max_spread`), never a tile without a valid key;
+   - the top-p threshold per query tile without a sort: the reference keeps the non-forced tiles
+     in descending probability while the mass before each (the forced tiles' and the higher ones')
+     is below top_p. That mass, as a function of a probability value t, G(t) = forced mass + the
+     mass of the non-forced tiles above t, only falls as t rises, also in fp32 (a fixed-order sum
+     of non-negative terms with more of them zeroed cannot grow). A bisection on t's bit pattern
+     (31 steps: non-negative fp32 values order like their bits) finds the smallest t with
+     G(t) < top_p exactly; the tiles above it are kept, and among tiles of exactly that probability
+     (ties) the reference's stable sort keeps the lower key tiles first, which a prefix sum over
+     the tied tiles in key order reproduces;
+   - the kept tiles compacted in ascending order (a prefix count gives each its slot), -1 after them.
+One launch for both was the first design (ROWS = 16 rows of scores from one tl.dot): compiled for
+sm_90 at Wan's 591-1,182 key tiles it spilled, and at 2,048 needed more shared memory than an SM has.
+
+Numerics against `TileScores`: the same formulas in fp32, summed in other orders (pooling, the
+score dot, the softmax sum, the threshold's masses), so a query tile whose threshold mass or a
+tile's similarity lies within rounding (~1e-6) of top_p or min_similarity may decide differently;
+the tests choose thresholds with a margin (`TileScores.nearest_boundary`) and then compare exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from sagevideo.kernels.constants import INF_BITS
+from sagevideo.kernels.plans import KernelPlan, prep_plan
+from sagevideo.kernels.quantize import PooledTiles, quantize_inputs
+from sagevideo.kernels.sparse_reference import TileLists
+from sagevideo.kernels.tile_select import DynamicSelection
+
+INF_BITS_CONST = tl.constexpr(INF_BITS)
+SCORE_M, SCORE_N, SCORE_D = 32, 64, 16  # the scores GEMM's blocks (query tiles, key tiles, channels)
+SCORE_WARPS = 4
+SELECT_ELEMENTS = 4096  # scores a selection program holds (ROWS x T_PAD): 16 fp32 registers a thread
+MAX_ROWS = 16
+SELECT_WARPS = 8
+
+
+@triton.jit
+def _forced_tiles(
+    rows, cols, q_sim, k_sim, k_spread, useful, min_similarity, max_spread,
+    N_Q, LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIAGONAL: tl.constexpr,
+):
+    """bool (ROWS, T_PAD): `tile_select.forced_tiles` of query tiles `rows` against key tiles `cols`,
+    the rows (q_sim) and columns (k_sim) of tiles that are not self-similar, the columns of key tiles
+    whose spread is above max_spread, and only tiles with a valid key (`useful`). PREFIX_*: text
+    tiles at the start (0: none); SUFFIX_*: the first text tile at the end (the tile count: none)."""
+    forced = (cols[None, :] < SINKS) | (cols[None, :] < PREFIX_K) | (cols[None, :] >= SUFFIX_K)
+    forced = forced | ((rows < PREFIX_Q) | (rows >= SUFFIX_Q))[:, None]
+    if DIAGONAL:
+        first = rows * BLOCK_M
+        last = tl.minimum(first + BLOCK_M, N_Q) - 1
+        lo = first // BLOCK_N - LOCAL
+        hi = last // BLOCK_N + LOCAL
+        forced = forced | ((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]))
+    forced = forced | (q_sim < min_similarity)[:, None] | ((k_sim < min_similarity) | (k_spread > max_spread))[None, :]
+    return forced & useful[None, :]
+
+
+@triton.jit
+def _threshold(probs, free, forced_mass, top_p, ROWS: tl.constexpr):
+    """Per row (ROWS,) fp32: the smallest probability value t with forced_mass + Σ free probs > t
+    below top_p (bisection on t's bits; +inf where none: the forced tiles already reach top_p)."""
+    lo = tl.zeros((ROWS,), dtype=tl.int32)
+    hi = tl.full((ROWS,), INF_BITS_CONST, dtype=tl.int32)
+    for _ in range(31):  # 2^31 > INF_BITS: the interval closes
+        mid = lo + (hi - lo) // 2
+        t = mid.to(tl.float32, bitcast=True)
+        mass = forced_mass + tl.sum(tl.where(free & (probs > t[:, None]), probs, 0.0), axis=1)
+        below = mass < top_p
+        hi = tl.where(below, mid, hi)
+        lo = tl.where(below, lo, mid + 1)
+    return lo.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile_scores_kernel(
+    QMean, KMean, KCount, Scores,
+    H, H_KV, M_TILES, N_TILES, sm_scale,
+    BLOCK_D: tl.constexpr, SCORE_M: tl.constexpr, SCORE_N: tl.constexpr, SCORE_D: tl.constexpr,
+):
+    """Scores (bh, M_TILES, N_TILES) fp32 = pooled q · pooled k · sm_scale + log(valid keys) (-inf for
+    a key tile without any) of SCORE_M query tiles against SCORE_N key tiles of head bh."""
+    bh = tl.program_id(2).to(tl.int64)
+    bh_kv = (bh // H) * H_KV + (bh % H) // (H // H_KV)
+    rows = tl.program_id(0) * SCORE_M + tl.arange(0, SCORE_M)
+    cols = tl.program_id(1) * SCORE_N + tl.arange(0, SCORE_N)
+    row_ok = rows < M_TILES
+    col_ok = cols < N_TILES
+    q_rows = bh * M_TILES + rows
+    k_cols = bh_kv * N_TILES + cols
+    acc = tl.zeros((SCORE_M, SCORE_N), dtype=tl.float32)
+    for d0 in range(0, BLOCK_D, SCORE_D):
+        offs_d = d0 + tl.arange(0, SCORE_D)
+        q = tl.load(QMean + q_rows[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        k = tl.load(KMean + k_cols[None, :] * BLOCK_D + offs_d[:, None], mask=col_ok[None, :], other=0.0)
+        acc += tl.dot(q, k, input_precision="ieee")
+    count = tl.load(KCount + k_cols, mask=col_ok, other=0.0)
+    # a tile with no valid key: log 0 = -inf, probability 0 (the maximum keeps log off 0: no warning)
+    log_count = tl.where(count > 0, tl.log(tl.maximum(count, 1.0)), float("-inf"))
+    tl.store(Scores + q_rows[:, None] * N_TILES + cols[None, :], acc * sm_scale + log_count[None, :],
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _select_tiles_kernel(
+    Scores, QSim, KSim, KSpread, KCount, Indices, Counts,
+    H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity, max_spread,
+    LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, T_PAD: tl.constexpr,
+    DIAGONAL: tl.constexpr,
+):
+    """Lists of query tiles group·ROWS .. +ROWS of head bh from their scores (module docstring).
+    Indices int32 (bh, M_TILES, N_TILES): kept key tiles ascending, then -1; Counts int32 (bh, M_TILES)."""
+    group = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    bh_kv = (bh // H) * H_KV + (bh % H) // (H // H_KV)
+    rows = group * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M_TILES
+    cols = tl.arange(0, T_PAD)
+    col_ok = cols < N_TILES
+    q_rows = bh * M_TILES + rows
+    k_cols = bh_kv * N_TILES + cols
+    scores = tl.load(Scores + q_rows[:, None] * N_TILES + cols[None, :], mask=row_ok[:, None] & col_ok[None, :],
+                     other=float("-inf"))
+    count = tl.load(KCount + k_cols, mask=col_ok, other=0.0)
+    peak = tl.max(scores, axis=1)
+    e = tl.exp(scores - tl.where(peak > float("-inf"), peak, 0.0)[:, None])
+    # the sum is >= 1 where a key tile has a valid key (its peak gives exp(0)); a row without any gets
+    # probabilities 0 instead of torch's NaN: neither keeps anything there
+    probs = tl.math.div_rn(e, tl.maximum(tl.sum(e, axis=1), 1.0)[:, None])
+
+    useful = col_ok & (count > 0)
+    q_sim = tl.load(QSim + q_rows, mask=row_ok, other=1.0)
+    k_sim = tl.load(KSim + k_cols, mask=col_ok, other=1.0)
+    k_spread = tl.load(KSpread + k_cols, mask=col_ok, other=1.0)
+    forced = _forced_tiles(rows, cols, q_sim, k_sim, k_spread, useful, min_similarity, max_spread, N_Q, LOCAL, SINKS,
+                           PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
+    free = ~forced & col_ok
+    forced_mass = tl.sum(tl.where(forced, probs, 0.0), axis=1)
+    t = _threshold(probs, free, forced_mass, top_p, ROWS)
+    above = free & (probs > t[:, None])
+    mass_above = forced_mass + tl.sum(tl.where(above, probs, 0.0), axis=1)
+    is_tied = free & (probs == t[:, None])
+    tied = tl.where(is_tied, probs, 0.0)
+    tied_before = tl.cumsum(tied, axis=1) - tied  # ties in key-tile order: the lower ones rank first
+    kept = above | (is_tied & (mass_above[:, None] + tied_before < top_p)) | forced
+    # the reference's first-ranked tile is always kept: without forced tiles, the lowest tile of the
+    # highest probability (only top_p = 0 needs this; a probability of 0 is a tie above too)
+    top = tl.max(tl.where(free, probs, -1.0), axis=1)
+    first = tl.min(tl.where(free & (probs == top[:, None]), cols[None, :], T_PAD), axis=1)
+    no_forced = tl.max(forced.to(tl.int32), axis=1) == 0
+    kept = kept | ((cols[None, :] == first[:, None]) & no_forced[:, None])
+    kept = tl.where(top_p >= 1.0, True, kept) & useful[None, :]
+
+    slot = tl.cumsum(kept.to(tl.int32), axis=1) - 1
+    n_kept = tl.sum(kept.to(tl.int32), axis=1)
+    lists = Indices + q_rows[:, None] * N_TILES
+    live = row_ok[:, None] & col_ok[None, :]
+    padding = tl.full((ROWS, T_PAD), -1, dtype=tl.int32)
+    tl.store(lists + cols[None, :], padding, mask=live & (cols[None, :] >= n_kept[:, None]))
+    tl.store(lists + slot, cols[None, :] + tl.zeros((ROWS, T_PAD), dtype=tl.int32), mask=live & kept)
+    tl.store(Counts + q_rows, n_kept, mask=row_ok)
+
+
+def select_lists(
+    pooled: PooledTiles,
+    selection: DynamicSelection,
+    *,
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    n_q: int,
+    n_k: int,
+    block_m: int,
+    block_n: int,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selection's lists from pooled statistics in (block_m, block_n) tiles (`PooledTiles` of
+    q (B, H, Nq, ·) and k (B, H_kv, Nk, ·)): (key tiles int32 (B, H, M_TILES, N_TILES), ascending then -1;
+    counts int32 (B, H, M_TILES)), what `attention_fwd` takes. Two launches, no host read."""
+    selection.check_tokens(n_q, n_k)
+    m_tiles, n_tiles = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
+    block_d = pooled.q_mean.shape[-1]
+    dev = pooled.q_mean.device
+    scores = torch.empty(batch * heads, m_tiles, n_tiles, device=dev, dtype=torch.float32)
+    wrap_triton(_tile_scores_kernel)[(triton.cdiv(m_tiles, SCORE_M), triton.cdiv(n_tiles, SCORE_N), batch * heads)](
+        pooled.q_mean, pooled.k_mean, pooled.k_count, scores, heads, kv_heads, m_tiles, n_tiles, sm_scale,
+        BLOCK_D=block_d, SCORE_M=SCORE_M, SCORE_N=SCORE_N, SCORE_D=min(SCORE_D, block_d), num_warps=SCORE_WARPS,
+    )
+    indices = torch.empty(batch, heads, m_tiles, n_tiles, device=dev, dtype=torch.int32)
+    counts = torch.empty(batch, heads, m_tiles, device=dev, dtype=torch.int32)
+    t_pad = triton.next_power_of_2(n_tiles)
+    rows = max(1, min(MAX_ROWS, SELECT_ELEMENTS // t_pad))
+    prefix, suffix = selection.dense_prefix, selection.dense_suffix
+    wrap_triton(_select_tiles_kernel)[(triton.cdiv(m_tiles, rows), batch * heads)](
+        scores, pooled.q_similarity, pooled.k_similarity, pooled.k_spread, pooled.k_count, indices, counts,
+        heads, kv_heads, m_tiles, n_tiles, n_q, selection.top_p, selection.min_similarity, selection.max_spread,
+        selection.local_tiles, selection.sink_tiles,
+        math.ceil(prefix / block_m), math.ceil(prefix / block_n),
+        (n_q - suffix) // block_m if suffix else m_tiles, (n_k - suffix) // block_n if suffix else n_tiles,
+        BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=n_q == n_k, num_warps=SELECT_WARPS,
+    )
+    return indices, counts
+
+
+def select_tiles(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    plan: KernelPlan,
+    selection: DynamicSelection,
+    *,
+    sm_scale: float,
+    key_mask: torch.Tensor | None = None,
+) -> TileLists:
+    """The dynamic selection of q (B, H, Nq, D) against k (B, H_kv, Nk, D) (unit head-dim stride;
+    key_mask (B', Nk) uint8) in `plan`'s tiles, on the device, as `TileLists` of width ceil(Nk/block_n)
+    (not read back). This runs the whole preparation for its pooled statistics and drops the codes;
+    a call that also attends selects inside its own preparation instead (`op.sageattn_fwd_select`)."""
+    # the 16-bit-PV preparation (no FP8 V pass; V's range is taken of k and dropped) with the plan's own
+    # launch shape: its K/V-stats split sets mean(K)'s last bits, so the pooled K is the attending call's
+    prep_for = dataclasses.replace(plan, pv="fp16", kernel="triton")
+    prepared = quantize_inputs(q, k, k, key_mask, None, prep_for, sm_scale=sm_scale, per_token=False, smooth_k=True,
+                               need_shift=False, pool=True, pool_spread=selection.uses_spread, prep=prep_plan(plan))
+    batch, heads, n_q, _ = q.shape
+    n_k = k.shape[2]
+    indices, counts = select_lists(prepared.pooled, selection, batch=batch, heads=heads, kv_heads=k.shape[1],
+                                   n_q=n_q, n_k=n_k, block_m=plan.block_m, block_n=plan.block_n, sm_scale=sm_scale)
+    return TileLists.from_device(indices, counts, plan.block_m, plan.block_n, n_q, n_k)

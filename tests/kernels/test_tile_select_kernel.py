@@ -1,0 +1,468 @@
+"""The device tile selection (`tile_select_kernel`) and the per-tile statistics the quantization pass
+pools for it (`quantize_inputs(pool=True)`), against the PyTorch definition (`tile_select`), under
+the CPU interpreter or on the GPU.
+
+Exactness: the kernels compute the definition's formulas in fp32 in other summation orders, so a
+threshold lying within rounding (~1e-6) of a mass the reference compares, or of a tile's
+similarity, may decide a tile differently. The tests choose top_p at least MARGIN away from every
+such mass (`TileScores.nearest_boundary`) and min_similarity at least MARGIN away from every tile's
+similarity, and then require identical lists and counts. Ties (equal estimated masses) are exact in
+both, and both rank the lower key tile first.
+"""
+
+import dataclasses
+import functools
+import math
+
+import pytest
+import torch
+
+from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
+from sagevideo.kernels import dispatch
+from sagevideo.kernels.plans import plain_triton, prep_plan, select_plan
+from sagevideo.kernels.quantize import quantize_inputs
+from sagevideo.kernels.rotation import hadamard_pm1
+from sagevideo.kernels.sparse_reference import TileLists
+from sagevideo.kernels.tile_select import DynamicSelection, TileScores, _pool_tiles, grid_tile_order
+from sagevideo.kernels.tile_select_kernel import select_lists
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MARGIN = 1e-4
+
+
+def _plan(block_m=64, block_n=32, pv="fp16", head_dim=64):
+    """A plain-kernel plan with the given tiles: small tiles give many tiles at the interpreter's sizes."""
+    plan = plain_triton(select_plan(torch.device(DEVICE), head_dim, pv).plan)
+    return dataclasses.replace(plan, block_m=block_m, block_n=block_n)
+
+
+def _smoothed(k, key_mask):
+    """K as `TileScores` pools it: minus its mean over valid keys, padded keys 0 (fp32)."""
+    kf = k.float()
+    keep = torch.ones_like(kf[..., :1], dtype=torch.bool) if key_mask is None else key_mask[:, None, :, None]
+    mean = torch.where(keep, kf, 0.0).sum(dim=2, keepdim=True) / keep.sum(dim=2, keepdim=True).clamp(min=1)
+    return torch.where(keep, kf - mean, 0.0)
+
+
+def _tiled(batch, sharpness, n_q, n_k=None, *, seed, kv_heads=None, noisy=(), block_m=64, block_n=32, d=64):
+    """fp16 q (B, H, Nq, d), k (B, H_kv, Nk, d), H = len(sharpness): each key tile's tokens share a centre,
+    each query tile's a mix of three of its K head's key-tile centres (so it attends those most); tokens
+    are their centre plus noise (self-similar tiles), queries scaled by their head's sharpness; but the token
+    ranges `noisy`, which hold unrelated tokens (tiles there are not self-similar). K carries an offset
+    every token shares (smoothing removes it)."""
+    gen = torch.Generator().manual_seed(seed)
+    heads, n_k = len(sharpness), n_k or n_q
+    kv_heads = kv_heads or heads
+    m_tiles, n_tiles = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
+    k_centres = torch.randn(kv_heads, n_tiles, d, generator=gen)
+    picks = torch.randint(0, n_tiles, (heads, m_tiles, 3), generator=gen)
+    weights = torch.rand(heads, m_tiles, 3, 1, generator=gen)
+    mixes = [(k_centres[h * kv_heads // heads][picks[h]] * weights[h]).sum(dim=1) for h in range(heads)]
+    q = torch.stack(mixes).repeat_interleave(block_m, dim=1)[None, :, :n_q]
+    k = k_centres.repeat_interleave(block_n, dim=1)[None, :, :n_k]
+    q = (q + 0.4 * torch.randn(batch, heads, n_q, d, generator=gen)) * torch.tensor(sharpness)[:, None, None]
+    k = k + 0.4 * torch.randn(batch, kv_heads, n_k, d, generator=gen)
+    for start, stop in noisy:
+        q[:, :, start:stop] = 2 * torch.randn(batch, heads, stop - start, d, generator=gen)
+        k[:, :, start:stop] = 2 * torch.randn(batch, kv_heads, stop - start, d, generator=gen)
+    return q.to(DEVICE, torch.float16), (k + 1.5).to(DEVICE, torch.float16)
+
+
+@dataclasses.dataclass
+class Case:
+    """Inputs, their settings and the reference's scores (fp16 q (B, H, Nq, D), k (B, H_kv, Nk, D))."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    key_mask: torch.Tensor | None
+    plan: object
+    selection: DynamicSelection
+    scores: TileScores
+
+    def reference(self, top_p, **change):
+        scores = self.scores if not change else _scores(self.q, self.k, self.key_mask, self.plan,
+                                                         dataclasses.replace(self.selection, **change))
+        return scores.keep(top_p).padded_lists()
+
+    @functools.cached_property
+    def pooled(self):
+        """The fused path's statistics: the preparation with pooling, once per case."""
+        q, k, plan = self.q, self.k, self.plan
+        mask = None if self.key_mask is None else self.key_mask.to(torch.uint8)
+        launch = dataclasses.replace(prep_plan(plan), kv_tiles_per_program=8, min_programs_per_head=1)
+        return quantize_inputs(q, k, k, mask, None, plan, sm_scale=q.shape[-1] ** -0.5, per_token=False,
+                               smooth_k=True, need_shift=False, pool=True, pool_spread=self.selection.uses_spread,
+                               prep=launch).pooled
+
+    def kernel(self, top_p, **change):
+        """The selection kernel's (key tiles, counts) on the pooled statistics."""
+        q, k, plan = self.q, self.k, self.plan
+        return select_lists(self.pooled, dataclasses.replace(self.selection, top_p=top_p, **change),
+                            batch=q.shape[0], heads=q.shape[1], kv_heads=k.shape[1], n_q=q.shape[2],
+                            n_k=k.shape[2], block_m=plan.block_m, block_n=plan.block_n, sm_scale=q.shape[-1] ** -0.5)
+
+    def top_ps(self, wanted):
+        """Per wanted value, the nearest top_p (in steps of 0.005) at least MARGIN from every boundary."""
+        grid = [round(0.005 * i, 3) for i in range(1, 200)]
+        usable = [p for p in grid if self.scores.nearest_boundary(p) > MARGIN]
+        return [min(usable, key=lambda p, w=w: abs(p - w)) for w in wanted]
+
+
+def _scores(q, k, key_mask, plan, selection):
+    group = q.shape[1] // k.shape[1]
+    return TileScores(q, k.repeat_interleave(group, dim=1), block_m=plan.block_m, block_n=plan.block_n,
+                      sm_scale=q.shape[-1] ** -0.5, key_mask=key_mask, **selection.scores_options())
+
+
+def _with_margin(values, wanted, margin=MARGIN):
+    """A threshold near `wanted` at least `margin` (relative above 1) from every value."""
+    values = values.flatten().double()
+    for step in range(400):
+        for candidate in (wanted + 0.002 * step, wanted - 0.002 * step):
+            if ((values - candidate).abs() / max(1.0, candidate)).min() > margin:
+                return candidate
+    raise AssertionError(f"no threshold near {wanted} with a margin")
+
+
+def _case(q, k, key_mask, plan, selection, similarity_near=0.5, spread_near=None):
+    """The inputs with min_similarity (and max_spread, where asked for) moved to a margin from every
+    tile's similarity (spread)."""
+    scores = _scores(q, k, key_mask, plan, selection)
+    change = {"min_similarity": _with_margin(torch.cat([scores.q_similarity.flatten(),
+                                                        scores.k_similarity.flatten()]), similarity_near)}
+    if spread_near is not None:
+        change["max_spread"] = _with_margin(scores.k_spread, spread_near)
+    selection = dataclasses.replace(selection, **change)
+    return Case(q, k, key_mask, plan, selection, _scores(q, k, key_mask, plan, selection))
+
+
+@functools.cache
+def _random_case():
+    """2 x 3 heads of different sharpness, 384 tokens in 32 x 16 tiles (12 x 24), keys 330.. of batch row 1
+    padded (key tiles 21-23 only padding, tile 20 partly), 20 text tokens first and 12 last, unrelated
+    tokens (not self-similar) in query tile 3 and key tile 16, a sink tile and one local tile each side."""
+    q, k = _tiled(2, (0.3, 1.0, 3.0), 384, seed=0, noisy=((96, 128), (256, 272)), block_m=32, block_n=16)
+    key_mask = torch.ones(2, 384, dtype=torch.bool, device=DEVICE)
+    key_mask[1, 330:] = False
+    selection = DynamicSelection(local_tiles=1, sink_tiles=1, dense_prefix=20, dense_suffix=12)
+    return _case(q, k, key_mask, _plan(32, 16), selection)
+
+
+@functools.cache
+def _planted_case():
+    """Planted structure (3-D windows, a temporal-stripe head, sinks, global keys) on a 4 x 8 x 16 grid in
+    32-token cells, 32 x 32 tiles, forced: the diagonal and the key tiles where one key stands out."""
+    spec = PlantedSpec(1, 2, 4, 8, 16, 64, stripe_every=2, sinks=2, global_tokens=2, sharpness=6.0)
+    x = planted_inputs(spec, order=grid_tile_order(4, 8, 16, 1, 4, 8), device=DEVICE)
+    q, k = (t.to(torch.float16) for t in (x.q, x.k))
+    return _case(q, k, None, _plan(32, 32), DynamicSelection(sink_tiles=0), similarity_near=0.3, spread_near=1.9)
+
+
+@functools.cache
+def _cross_case():
+    """Cross-attention (320 queries, 448 keys: no diagonal) with 4 query heads on 2 K heads, text tokens first,
+    the key tiles of the largest spreads kept."""
+    q, k = _tiled(1, (0.5, 2.0, 1.0, 4.0), 320, 448, seed=1, kv_heads=2)
+    return _case(q, k, None, _plan(64, 32), DynamicSelection(sink_tiles=2, dense_prefix=20), spread_near=1.2)
+
+
+CASES = {"random": _random_case, "planted": _planted_case, "cross-gqa": _cross_case}
+
+
+def _assert_same_lists(kernel, reference, rows=None):
+    """Identical lists and counts (on the query tiles `rows`, bool (B, H, M), where given)."""
+    (indices, counts), (want_indices, want_counts) = kernel, reference
+    if rows is not None:
+        indices, want_indices, counts, want_counts = indices[rows], want_indices[rows], counts[rows], want_counts[rows]
+    differ = int((counts != want_counts).sum())
+    assert differ == 0 and torch.equal(indices, want_indices), (
+        f"{differ} query tiles keep another number of key tiles; lists differ in "
+        f"{int((indices != want_indices).any(dim=-1).sum())} query tiles")
+
+
+# --- the pooled statistics ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["rotated-key-padding", "unsmoothed-grouped-kv"])
+def test_the_quantization_pass_pools_what_pool_tiles_defines(case):
+    """Per tile: Q's mean token and mean cosine to it (rows past Nq left out), and K's (minus its mean
+    over valid keys, before the rotation, also where the attention does not smooth K), valid-key
+    counts; a tile of padding only: mean 0, similarity 1. Grouped K/V heads are pooled once each."""
+    batch, heads, n = (2, 2, 200)
+    q, k = _tiled(batch, (1.0, 2.0), n, seed=3, noisy=((64, 128),), block_m=128, block_n=64)
+    v = torch.randn_like(k)
+    key_mask = None
+    if case == "rotated-key-padding":
+        key_mask = torch.ones(batch, n, dtype=torch.bool, device=DEVICE)
+        key_mask[1, 120:] = False  # batch row 1: key tiles 2.. (of 64) padding only
+    else:
+        q = torch.cat([q, 2 * q], dim=1)
+    plan = _plan(128, 64)
+    prepared = quantize_inputs(
+        q, k, v, None if key_mask is None else key_mask.to(torch.uint8),
+        hadamard_pm1(64, q.device, q.dtype) if case == "rotated-key-padding" else None, plan, sm_scale=0.125,
+        per_token=False, smooth_k=case == "rotated-key-padding", need_shift=True, pool=True, pool_spread=True)
+    pooled = prepared.pooled
+    q_mean, _, q_similarity, _ = _pool_tiles(q.float(), plan.block_m, None)
+    k_mean, k_count, k_similarity, k_spread = _pool_tiles(_smoothed(k, key_mask), plan.block_n, key_mask)
+    close = dict(rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(pooled.q_mean.reshape(q_mean.shape), q_mean, **close)
+    torch.testing.assert_close(pooled.q_similarity.reshape(q_similarity.shape), q_similarity, **close)
+    torch.testing.assert_close(pooled.k_mean.reshape(k_mean.shape), k_mean, **close)
+    torch.testing.assert_close(pooled.k_similarity.reshape(k_similarity.shape), k_similarity, **close)
+    torch.testing.assert_close(pooled.k_spread.reshape(k_spread.shape), k_spread, **close)
+    assert torch.equal(pooled.k_count.reshape(batch, heads, -1), k_count.expand(batch, heads, -1))
+    assert (k_similarity < 0.5).any() and (k_similarity > 0.9).any()  # both kinds of tile are there
+    if key_mask is not None:
+        assert (pooled.k_count.reshape(batch, heads, -1)[1, :, 2:] == 0).all()
+        assert (pooled.k_similarity.reshape(batch, heads, -1)[1, :, 2:] == 1).all()
+        assert (pooled.k_spread.reshape(batch, heads, -1)[1, :, 2:] == 1).all()
+    else:
+        assert (prepared.k_mean == 0).all()  # the attention's K stays unsmoothed; only the pooling subtracts
+
+
+def test_pooling_leaves_every_other_output_of_the_preparation_bit_identical():
+    """The POOL switch adds stores and changes nothing the attention reads (dense calls take POOL off):
+    FP8 V, K and Q codes and scales, the LSE shift, with and without smoothing."""
+    q, k = _tiled(2, (1.0, 2.0), 200, seed=4)
+    v = torch.randn_like(q)
+    key_mask = torch.ones(2, 200, dtype=torch.uint8, device=DEVICE)
+    key_mask[0, 150:] = 0
+    plan = plain_triton(select_plan(torch.device(DEVICE), 64, "fp8").plan)
+    runs = [quantize_inputs(q, k, v, key_mask, hadamard_pm1(64, q.device, q.dtype), plan, sm_scale=0.125,
+                            per_token=False, smooth_k=smooth, need_shift=True, pool=pool)
+            for smooth in (True, False) for pool in (False, True)]
+    for plain, pooled in (runs[:2], runs[2:]):
+        assert plain.pooled is None and pooled.pooled is not None
+        for field in dataclasses.fields(plain):
+            a, b = getattr(plain, field.name), getattr(pooled, field.name)
+            if field.name == "pooled" or a is None:
+                continue
+            if a.dtype == torch.float8_e4m3fn:
+                a, b = a.view(torch.uint8), b.view(torch.uint8)
+            assert torch.equal(a, b), field.name
+
+
+# --- the selection ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_kernel_lists_equal_the_reference_selection(name):
+    """Several top_p (with a margin to every boundary), 0 (forced tiles and each query tile's top one)
+    and 1 (every tile with a valid key): the device lists equal `TileScores.keep`'s, entry for entry."""
+    case = CASES[name]()
+    densities = []
+    for top_p in (0.0, *case.top_ps((0.3, 0.6, 0.85, 0.97)), 1.0):
+        reference = case.reference(top_p)
+        _assert_same_lists(case.kernel(top_p), reference)
+        densities.append(float(reference[1].double().mean()) / reference[0].shape[-1])
+    assert densities == sorted(densities) and densities[0] < densities[-2] < densities[-1]
+
+
+def test_rows_per_program_change_no_list(monkeypatch):
+    """A selection program holds SELECT_ELEMENTS scores (fewer query tiles per program at longer
+    sequences): one query tile per program gives the same lists."""
+    from sagevideo.kernels import tile_select_kernel
+
+    case = _random_case()
+    top_p = case.top_ps((0.7,))[0]
+    many = case.kernel(top_p)
+    monkeypatch.setattr(tile_select_kernel, "SELECT_ELEMENTS", 16)  # 24 key tiles: T_PAD 32, one row
+    one = case.kernel(top_p)
+    assert torch.equal(one[0], many[0]) and torch.equal(one[1], many[1])
+
+
+def test_forced_and_non_self_similar_tiles_are_kept():
+    """top_p = 0 on the random case keeps the forced tiles: the diagonal ± 1, the sink, the text rows and
+    columns, the rows and columns of the tiles that are not self-similar; never key tile 11 of batch
+    row 1 (padding only), even in text rows; and nothing else but each query tile's top tile where
+    nothing is forced (none here)."""
+    case = _random_case()
+    indices, counts = case.kernel(0.0)
+    keep = TileLists.from_device(indices, counts, 32, 16, 384, 384).to_mask().keep
+    assert keep[..., :, :2].all()  # the sink and the text prefix's key tiles
+    assert keep[..., :, 16].all()  # the noisy key tile
+    assert keep[0, ..., 23].all() and not keep[1, ..., 21:].any()  # the text suffix's key tile, where not padding
+    for batch, valid in ((0, 24), (1, 21)):
+        assert keep[batch, :, 0, :valid].all() and keep[batch, :, 11, :valid].all()  # text rows
+        assert keep[batch, :, 3, :valid].all()  # the noisy query tile
+        for i in range(12):  # query tile i: key tiles 2i, 2i+1 and one each side
+            assert keep[batch, :, i, max(0, 2 * i - 1): min(valid, 2 * i + 3)].all()
+    assert int(keep.sum()) == int(case.scores.forced.sum())  # nothing but forced tiles
+
+
+def test_one_tile_off_fails_the_comparison():
+    """Two top_p values a boundary apart: the reference keeps exactly one tile more at the second; the
+    kernel follows it there, and its lists compared with the first's reference fail. A local window
+    narrowed by one tile (forced tiles missing; at top_p = 0, where nothing else keeps them) fails too."""
+    case = _random_case()
+    grid = [p for p in (round(0.005 * i, 3) for i in range(1, 200)) if case.scores.nearest_boundary(p) > MARGIN]
+    kept = {p: int(case.reference(p)[1].sum()) for p in grid}
+    low, high = next((a, b) for a, b in zip(grid, grid[1:], strict=False) if kept[b] - kept[a] == 1)
+    kernel = case.kernel(high)
+    _assert_same_lists(kernel, case.reference(high))
+    with pytest.raises(AssertionError, match="1 query tiles keep another number"):
+        _assert_same_lists(kernel, case.reference(low))
+    with pytest.raises(AssertionError, match="query tiles keep another number"):
+        _assert_same_lists(case.kernel(0.0, local_tiles=0), case.reference(0.0))
+
+
+def test_ties_rank_the_lower_key_tile_first():
+    """Key tile 9 made a copy of key tile 3: every query tile scores them equally (an exact tie in both).
+    At a top_p where the reference keeps one of the two, it keeps tile 3 (its stable sort), and so does
+    the kernel (a prefix sum over the tied tiles in key order)."""
+    q, k = _tiled(1, (1.0, 3.0), 384, seed=5)
+    k[:, :, 9 * 32: 10 * 32] = k[:, :, 3 * 32: 4 * 32]
+    case = _case(q, k, None, _plan(64, 32), DynamicSelection(sink_tiles=0))
+    probs, forced = case.scores.probs, case.scores.forced
+    assert torch.equal(probs[..., 3], probs[..., 9])
+    decided = ~forced[..., 3] & ~forced[..., 9]  # not query tiles 1 and 4, whose diagonals hold them
+    split = next((p for p in case.top_ps([0.01 * i for i in range(5, 100)])
+                  if (case.scores.keep(p).keep[..., 3] & ~case.scores.keep(p).keep[..., 9] & decided).any()), None)
+    assert split is not None, "no top_p keeps one of the tied tiles without the other"
+    keep = case.scores.keep(split).keep
+    assert not (keep[..., 9] & ~keep[..., 3] & decided).any()
+    _assert_same_lists(case.kernel(split), case.reference(split))
+
+
+def test_batch_rows_without_a_valid_key_list_nothing():
+    q, k = _tiled(2, (1.0, 1.0), 192, seed=6)
+    key_mask = torch.ones(2, 192, dtype=torch.bool, device=DEVICE)
+    key_mask[1] = False
+    case = _case(q, k, key_mask, _plan(64, 32), DynamicSelection(local_tiles=1, dense_prefix=10))
+    for top_p in (0.0, 0.5, 1.0):
+        indices, counts = case.kernel(top_p)
+        _assert_same_lists((indices, counts), case.reference(top_p))
+        assert (counts[1] == 0).all() and (indices[1] == -1).all() and (counts[0] > 0).all()
+
+
+def test_the_selection_reads_nothing_on_the_host(monkeypatch):
+    """No tensor is read back in Python while selecting (item, bool, int, float, tolist raise here): the
+    lists' width is the key tiles' count, known from the shapes."""
+    case = _random_case()
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("a host read while selecting tiles")
+
+    for name in ("item", "__bool__", "__int__", "__float__", "__index__", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    selection = dataclasses.replace(case.selection, top_p=0.6)
+    plan = _plan(128, 64)  # the device plan's tiles at d64 / fp16: the kernels' entry
+    lists = dispatch.select_tiles(case.q, case.k, selection, pv=plan.pv, sm_scale=0.125, key_mask=case.key_mask)
+    monkeypatch.undo()
+    assert lists.indices.shape == (2, 3, 3, 6) and not lists.check_entries
+    assert lists.to_mask().keep.any()
+
+
+def test_selection_settings_are_checked_by_name():
+    with pytest.raises(ValueError, match="top_p=1.5"):
+        DynamicSelection(top_p=1.5)
+    with pytest.raises(ValueError, match="local_tiles=-1"):
+        DynamicSelection(local_tiles=-1)
+    with pytest.raises(ValueError, match="max_spread=0"):
+        DynamicSelection(max_spread=0)
+    assert not DynamicSelection().uses_spread and DynamicSelection(max_spread=2.0).uses_spread
+    with pytest.raises(ValueError, match="exceed the sequence"):
+        DynamicSelection(dense_prefix=300).check_tokens(256, 256)
+
+
+# --- selecting and attending in one call --------------------------------------------------------
+
+
+def _one_go(q, k, v, plan, selection, key_mask=None):
+    from sagevideo.kernels.op import sageattn_triton_select
+
+    return sageattn_triton_select(q, k, v, plan, selection, sm_scale=q.shape[-1] ** -0.5, is_causal=False,
+                                  key_mask=key_mask, per_token=False, smooth_k=True, rotate_qk=True, return_lse=True)
+
+
+def test_the_op_selects_and_attends_in_one_call():
+    """`sageattn_fwd_select`: its lists are those the kernels' entry selects on the same inputs (the same
+    pooling, in the same preparation), and its output and LSE are the block-sparse op's with those lists,
+    bit for bit."""
+    from sagevideo.kernels.op import sageattn_triton
+
+    q, k = _tiled(2, (1.0, 3.0), 256, seed=8, block_m=128, block_n=64)
+    v = torch.randn_like(k)
+    key_mask = torch.ones(2, 256, dtype=torch.bool, device=DEVICE)
+    key_mask[1, 200:] = False
+    plan = plain_triton(select_plan(q.device, 64, "fp16").plan)
+    selection = DynamicSelection(top_p=0.5, dense_prefix=16)
+    out, lse, _, (indices, counts) = _one_go(q, k, v, plan, selection, key_mask)
+    lists = dispatch.select_tiles(q, k, selection, pv="fp16", sm_scale=0.125, key_mask=key_mask)
+    assert torch.equal(indices, lists.indices) and torch.equal(counts, lists.counts)
+    assert 0 < lists.density < 1
+    want_out, want_lse, _ = sageattn_triton(q, k, v, plan, sm_scale=0.125, is_causal=False, key_mask=key_mask,
+                                            per_token=False, smooth_k=True, rotate_qk=True, return_lse=True,
+                                            tile_lists=(indices, counts))
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+@pytest.mark.slow
+def test_the_one_go_op_compiles_into_one_graph():
+    """torch.compile(fullgraph=True) traces the selecting op (no host read to break the graph) and
+    computes the eager result."""
+    from torch._dynamo.utils import counters
+
+    q, k = _tiled(1, (1.0, 2.0), 192, seed=9, block_m=128, block_n=64)
+    v = torch.randn_like(k)
+    plan = plain_triton(select_plan(q.device, 64, "fp16").plan)
+    selection = DynamicSelection(top_p=0.6)
+
+    def attend(q, k, v):
+        out, _, _, (indices, counts) = _one_go(q, k, v, plan, selection)
+        return out * 2, counts
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(attend, fullgraph=True, backend="eager" if DEVICE == "cpu" else "inductor")
+    got, want = compiled(q, k, v), attend(q, k, v)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert dict(counters["graph_break"]) == {}
+    torch._dynamo.reset()
+
+
+# --- on the GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_the_kernel_lists_equal_the_reference_on_gpu(pv):
+    """Planted inputs at 1 x 8 x 8,192 tokens (d128, the plan's own tiles, 8 x 16 x 64 grid in 2 x 8 x 8
+    cells, global keys kept by max_spread): the fused path's lists equal the reference's on every query
+    tile whose threshold lies MARGIN from its boundaries (with a thousand query tiles, some have a
+    boundary near any top_p: those are left out, and must be under a tenth)."""
+    spec = PlantedSpec(1, 8, 8, 16, 64, 128)
+    x = planted_inputs(spec, order=grid_tile_order(8, 16, 64, 2, 8, 8), device=DEVICE)
+    q, k = (t.to(torch.float16) for t in (x.q, x.k))
+    plan = plain_triton(select_plan(q.device, 128, pv).plan)
+    case = _case(q, k, None, plan, DynamicSelection(local_tiles=1), spread_near=1.9)
+    for top_p in (0.5, 0.8, 0.95):
+        rows = case.scores.row_margins(top_p) > MARGIN
+        assert rows.float().mean() > 0.9
+        _assert_same_lists(case.kernel(top_p), case.reference(top_p), rows)
+
+
+@pytest.mark.gpu
+def test_selecting_and_attending_never_synchronize_on_gpu():
+    """torch's sync debug mode raises on any device-to-host synchronization: none while selecting, nor in
+    the call that selects and attends."""
+    from sagevideo.kernels.op import sageattn_triton_select
+
+    q, k = _tiled(1, (1.0,) * 8, 8192, seed=7, d=128)
+    v = torch.randn_like(q)
+    plan = plain_triton(select_plan(q.device, 128, "fp8").plan)
+    selection = DynamicSelection(top_p=0.8, local_tiles=1)
+    # kernels compiled and the rotation cached before the check (a first launch may read the device)
+    dispatch.select_tiles(q, k, selection, pv="fp8", sm_scale=128**-0.5)
+    _one_go(q, k, v, plan, selection)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lists = dispatch.select_tiles(q, k, selection, pv="fp8", sm_scale=128**-0.5)
+        out, _, _, _ = sageattn_triton_select(q, k, v, plan, selection, sm_scale=128**-0.5, is_causal=False,
+                                              key_mask=None, per_token=False, smooth_k=True, rotate_qk=True,
+                                              return_lse=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(out).all() and 0 < lists.density < 1
