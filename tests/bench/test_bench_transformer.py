@@ -36,6 +36,7 @@ def test_tiny_run_on_cpu_appends_its_rows(tmp_path, capsys):
     assert one(rows, variant="sagevideo-fp16", metric="ms").extra["backends"] == {"reference/fp16": 6}
 
 
+@pytest.mark.slow  # every recipe of the tiny transformer, compiled ones included (3 s)
 def test_recipes_run_side_by_side_on_cpu_and_become_rows(tmp_path, capsys):
     path = tmp_path / "results.jsonl"
     argv = ["--tiny", "--recipes", "eager-cudnn,eager-sage,fp8-compile-sage,compile-sage", "--repeats", "1",

@@ -66,6 +66,7 @@ def test_the_noise_first_arm_is_stock_with_sagevideos_scheduler(tmp_path):
     assert report["ratios"]["stock-noise-first_x_stock_video"] > 0
 
 
+@pytest.mark.slow  # two bench runs of tiny videos (9 s)
 def test_a_second_run_in_the_same_work_folder_measures_afresh(tmp_path):
     """An arm's output folder is new each run: generate would otherwise skip the jobs the first
     run made and the arm would report that run's timings. The second worker's start-up comes from

@@ -246,7 +246,9 @@ def test_pooling_leaves_every_other_output_of_the_preparation_bit_identical():
 # --- the selection ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+# "random" (the largest case, 4 s in the interpreter) runs in `make test` only; the others in test-fast too
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "random" else name
+                                  for name in sorted(CASES)])
 def test_the_kernel_lists_equal_the_reference_selection(name):
     """Several top_p (with a margin to every boundary), 0 (forced tiles and each query tile's top one)
     and 1 (every tile with a valid key): the device lists equal `TileScores.keep`'s, entry for entry."""
@@ -259,6 +261,7 @@ def test_the_kernel_lists_equal_the_reference_selection(name):
     assert densities == sorted(densities) and densities[0] < densities[-2] < densities[-1]
 
 
+@pytest.mark.slow  # the selection kernel twice more under the interpreter (4 s)
 def test_rows_per_program_change_no_list(monkeypatch):
     """A selection program holds SELECT_ELEMENTS scores (fewer query tiles per program at longer
     sequences): one query tile per program gives the same lists."""

@@ -64,6 +64,7 @@ def test_tiny_opensora_is_known_from_configs_alone():
 # --- job constraints, before loading ----------------------------------------------------------
 
 
+@pytest.mark.slow  # a Python process of its own (4 s)
 def test_planning_a_batch_does_not_import_diffusers(tmp_path):
     """The job checks (aspect table, prompt tokens, degree rule) run on the driver from configs."""
     code = (
