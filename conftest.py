@@ -16,11 +16,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def pytest_collection_modifyitems(config, items):
     import pytest
 
-    # Test files holding slow tests (multi-process runs, compiles) first, each file's tests in their
-    # order: `make test`'s two workers then start on the longest tests, rather than one of them meeting
-    # a minute-long test at the end while the other has nothing left.
-    slow_files = {item.path for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200: pytest -m gpu)")
