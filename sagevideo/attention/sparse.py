@@ -27,7 +27,13 @@ import torch
 from sagevideo.attention import backends
 from sagevideo.attention.backends import AttentionCall, Backend
 from sagevideo.kernels import plans
-from sagevideo.kernels.sparse_reference import TileLists, TileMask, in_tiles, kernel_lists
+from sagevideo.kernels.sparse_reference import (
+    TileLists,
+    TileMask,
+    in_tiles,
+    kernel_lists,
+    masked_attention_exact,  # noqa: F401 - the sparse oracle for rooms above
+)
 from sagevideo.kernels.tile_select import (
     DynamicSelection,
     TileScores,

@@ -17,7 +17,7 @@ density, and flashinfer's block-sparse attention where it is installed (a GPU), 
 of 128x128 tiles shared by every head (flashinfer's BSR mask is one for all heads): each query tile
 keeps its diagonal tile and random others, the same number per row. Random tiles give the kernels no
 locality that real selections (3-D windows) would: a conservative mask for timing. Their accuracy is
-against fp32 attention restricted to the same mask; `x_dense` compares with the dense arm of the same
+against exact (fp64) attention restricted to the same mask; `x_dense` compares with the dense arm of the same
 P·V mode.
 """
 
@@ -348,23 +348,6 @@ def random_tile_mask(shape: AttentionShape, density: float, device: str, seed: i
     return TileMask(keep[None, None].to(device), SPARSE_TILE, SPARSE_TILE, shape.n_q, shape.n_k)
 
 
-def masked_reference_fp32(q: Any, k: Any, v: Any, tile_mask: Any) -> Any:
-    """fp32 attention of q, k, v (B, H, N, D) restricted to `tile_mask` (one mask for all heads), one
-    query tile at a time over its kept key tiles: (B, H, Nq, D) fp32."""
-    import torch
-    import torch.nn.functional as F
-
-    out = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    bm, bn = tile_mask.block_m, tile_mask.block_n
-    for i, row in enumerate(tile_mask.keep[0, 0].cpu()):
-        kept = row.nonzero().flatten().tolist()
-        keys = torch.cat([torch.arange(j * bn, min((j + 1) * bn, k.shape[2])) for j in kept]).to(q.device)
-        rows = slice(i * bm, min((i + 1) * bm, q.shape[2]))
-        out[:, :, rows] = F.scaled_dot_product_attention(q[:, :, rows].float(), k[:, :, keys].float(),
-                                                         v[:, :, keys].float())
-    return out
-
-
 def flashinfer_block_sparse(q: Any, k: Any, v: Any, tile_mask: Any) -> Callable[[], Any]:
     """flashinfer's block-sparse attention (BlockSparseAttentionWrapper) on q, k, v (1, H, N, D) with
     `tile_mask` (one for all heads) as its BSR mask of block_m x block_n blocks; planned here, once.
@@ -392,13 +375,14 @@ def flashinfer_block_sparse(q: Any, k: Any, v: Any, tile_mask: Any) -> Callable[
 def _sparse_arms(shape: AttentionShape, plan: AttentionBenchPlan, q: Any, k: Any, v: Any,
                  arms: dict[str, Callable[[], Any]], results: dict[str, ArmResult]) -> dict[str, Any]:
     """Add the block-sparse arms of `plan.densities` to `arms`/`results`; returns each arm's
-    reference (fp32 attention restricted to its mask)."""
+    reference (exact attention restricted to its mask, `masked_attention_exact`)."""
     from sagevideo import sageattn
+    from sagevideo.attention.sparse import masked_attention_exact
 
     references = {}
     for density in plan.densities:
         mask = random_tile_mask(shape, density, plan.device)
-        reference = masked_reference_fp32(q, k, v, mask)
+        reference = masked_attention_exact(q, k, v, mask)
         for pv in plan.pv:
             name = f"sagevideo-{pv}-d{density:g}"
 
