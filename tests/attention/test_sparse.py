@@ -145,15 +145,12 @@ def test_a_gluon_plan_runs_a_sparse_call_on_the_plain_kernel_and_records_why(hop
 @pytest.fixture
 def hopper_on_cpu(monkeypatch):
     """CPU tensors planned as on an H200 (sm90: the Gluon kernel for FP8 PV at d128), computed by the
-    interpreter (tests/kernels/test_op.py's simulation, without the Gluon launch: a sparse call never
-    reaches it)."""
+    interpreter (`tests.helpers.hopper`, without the Gluon launch: a sparse call never reaches it)."""
     if torch.cuda.is_available():
         pytest.skip("simulates an H200 on CPU under TRITON_INTERPRET")
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(plans, "arch_of", lambda device: ("sm90", ""))
-    monkeypatch.setattr(plans, "gluon_sm90_compile_problem", lambda block_d, stages: "")
-    monkeypatch.delenv(plans.SM90_KERNEL_ENV, raising=False)
+    from tests.helpers.hopper import plan_cpu_calls_as_h200
+
+    plan_cpu_calls_as_h200(monkeypatch)
 
 
 def test_a_compiled_sparse_call_is_one_graph_and_records_an_unread_density():

@@ -18,6 +18,7 @@ import torch
 
 from sagevideo import last_backend, record_backends, sageattn
 from sagevideo.kernels import plans
+from tests.helpers.hopper import plan_cpu_calls_as_h200
 
 INTERPRETED = not torch.cuda.is_available()
 
@@ -36,11 +37,7 @@ def simulated_h200(monkeypatch):
         pytest.skip("simulates an H200 on CPU under TRITON_INTERPRET (the GPU runs the real kernel)")
     from sagevideo.kernels import attention_fwd, attention_sm90
 
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
-    monkeypatch.setattr(plans, "arch_of", lambda device: ("sm90", ""))
-    monkeypatch.setattr(plans, "gluon_sm90_compile_problem", lambda block_d, stages: "")
-    monkeypatch.delenv(plans.SM90_KERNEL_ENV, raising=False)
+    plan_cpu_calls_as_h200(monkeypatch)
     launches = []
 
     def plain_kernel_instead(prepared, out, *, block_n, n_q, n_k, num_stages):
