@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""The device tile selection's share of a dynamic block-sparse call, at a real shape.
+
+On planted-structure inputs (`eval/numerics/planted.py`; random inputs are not self-similar, so the
+selection keeps every tile of them), a top_p is chosen by bisection so that the selection keeps the
+target density; then, side by side in one process (median of interleaved rounds, CUDA events):
+
+- `dense`: `sageattn` without a tile mask;
+- `lists`: `sageattn(tile_mask=lists)` with the selection's lists computed beforehand;
+- `select+attend`: `sageattn(tile_mask=DynamicSelection(top_p))`, the one op that pools, selects and attends;
+- `select`: `attention.sparse.select_tile_lists` alone (quantization with pooling, scores, selection).
+
+share = (select+attend - lists) / select+attend: what choosing the tiles adds to the call.
+
+    python -m bench.bench_sparse_share --shape wan-720p --pv fp8 --density 0.15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file: `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.bench_sparse_select import SHAPES, cell_for  # noqa: E402
+
+
+def top_p_for_density(q, k, density: float, pv: str, sm_scale: float, steps: int = 14) -> tuple[float, object]:
+    """The top_p whose device selection keeps about `density` of the tiles, by bisection (host loop)."""
+    from sagevideo.attention.sparse import select_tile_lists
+    from sagevideo.kernels.tile_select import DynamicSelection
+
+    low, high = 0.0, 1.0
+    best = None
+    for _ in range(steps):
+        middle = (low + high) / 2
+        lists = select_tile_lists(q, k, DynamicSelection(top_p=middle), pv=pv, sm_scale=sm_scale)
+        if best is None or abs(lists.density - density) < abs(best[1].density - density):
+            best = (middle, lists)
+        if lists.density > density:
+            high = middle
+        else:
+            low = middle
+    return best
+
+
+def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cuda") -> dict:
+    import torch
+
+    from sagevideo import sageattn
+    from sagevideo.attention.sparse import select_tile_lists
+    from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
+    from sagevideo.experiments.bench.timing import median, median_ms
+    from sagevideo.kernels.plans import tiles
+    from sagevideo.kernels.tile_select import DynamicSelection, grid_tile_order
+
+    batch, heads, grid, head_dim, prefix, suffix = SHAPES[shape_name]
+    block_m, block_n = tiles(pv, head_dim)
+    spec = PlantedSpec(batch, heads, *grid, head_dim, text_prefix=prefix, text_suffix=suffix)
+    inputs = planted_inputs(spec, order=grid_tile_order(*grid, *cell_for(max(block_m, block_n))), device=device)
+    q, k, v = (t.to(torch.bfloat16) for t in (inputs.q, inputs.k, inputs.v))
+    scale = inputs.sm_scale
+    top_p, lists = top_p_for_density(q, k, density, pv, scale)
+    selection = DynamicSelection(top_p=top_p)
+    arms = {
+        "dense": lambda: sageattn(q, k, v, pv=pv, sm_scale=scale),
+        "lists": lambda: sageattn(q, k, v, pv=pv, sm_scale=scale, tile_mask=lists),
+        "select+attend": lambda: sageattn(q, k, v, pv=pv, sm_scale=scale, tile_mask=selection),
+        "select": lambda: select_tile_lists(q, k, selection, pv=pv, sm_scale=scale),
+    }
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(rounds):
+        for name, fn in arms.items():
+            times[name].append(median_ms(fn, device, budget_ms=200))
+    ms = {name: median(values) for name, values in times.items()}
+    row = {"shape": shape_name, "q": list(q.shape), "pv": pv, "target": density, "density": round(lists.density, 4),
+           "top_p": round(top_p, 5), "tiles": f"{block_m}x{block_n}",
+           "device": torch.cuda.get_device_name() if device == "cuda" else device,
+           "ms": {name: round(value, 3) for name, value in ms.items()},
+           "share": round((ms["select+attend"] - ms["lists"]) / ms["select+attend"], 4),
+           "select_over_call": round(ms["select"] / ms["select+attend"], 4),
+           "x_dense": round(ms["dense"] / ms["select+attend"], 3)}
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="wan-720p")
+    parser.add_argument("--density", type=float, action="append", help="target density (repeatable; default 0.15)")
+    parser.add_argument("--pv", choices=("fp16", "fp8"), action="append", help="P·V mode (repeatable; default fp8)")
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (the PyTorch selection)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median is reported)")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = []
+    for pv in args.pv or ["fp8"]:
+        for density in args.density or [0.15]:
+            rows.append(run(args.shape, density, pv, args.rounds, args.device))
+            row = rows[-1]
+            print(f"{row['shape']} pv={pv} density {row['density']:.3f} (top_p {row['top_p']}): "
+                  + "  ".join(f"{name} {value:.2f} ms" for name, value in row["ms"].items())
+                  + f"  | selection share {row['share']:.1%}, select alone {row['select_over_call']:.1%} of the call, "
+                  f"{row['x_dense']:.2f}x dense", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
