@@ -144,11 +144,12 @@ def planted_inputs(spec: PlantedSpec, *, order: torch.Tensor | None = None,
 @dataclass(frozen=True)
 class MassStats:
     """Attention mass the kept tiles hold: mean over every (batch, head, query row), the worst row,
-    and the worst head's mean."""
+    the worst head's mean, and each head's mean (over batch rows and query rows)."""
 
     mean: float
     worst_row: float
     worst_head: float
+    per_head: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,8 @@ class SelectionQuality:
     def as_dict(self) -> dict[str, float]:
         return {"density": self.density, "mass_mean": self.mass.mean, "mass_worst_row": self.mass.worst_row,
                 "mass_worst_head": self.mass.worst_head, "cos_worst": self.error.cos_worst,
-                "cos_mean": self.error.cos_mean, "rel_l1_worst": self.error.rel_l1_worst}
+                "cos_mean": self.error.cos_mean, "rel_l1_worst": self.error.rel_l1_worst,
+                "mass_per_head": list(self.mass.per_head)}
 
 
 def dense_and_masked(
@@ -197,6 +199,6 @@ def selection_quality(inputs: PlantedInputs, tile_mask: TileMask, *, chunk_rows:
     """(a) and (b) of a tile mask on planted inputs."""
     dense, masked, mass = dense_and_masked(inputs.q, inputs.k, inputs.v, tile_mask, sm_scale=inputs.sm_scale,
                                            chunk_rows=chunk_rows)
-    stats = MassStats(mean=float(mass.mean()), worst_row=float(mass.min()),
-                      worst_head=float(mass.mean(dim=2).min()))
+    stats = MassStats(mean=float(mass.mean()), worst_row=float(mass.min()), worst_head=float(mass.mean(dim=2).min()),
+                      per_head=tuple(round(float(m), 4) for m in mass.mean(dim=(0, 2))))
     return SelectionQuality(density=tile_mask.density, mass=stats, error=error_stats(dense, masked))

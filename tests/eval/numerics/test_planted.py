@@ -51,6 +51,11 @@ def test_the_full_mask_keeps_all_mass_and_the_masked_pass_is_exact_masked_attent
     _, masked, mass = dense_and_masked(x.q, x.k, x.v, mask, sm_scale=x.sm_scale, chunk_rows=50)
     assert torch.allclose(masked, masked_attention_exact(x.q, x.k, x.v, mask), atol=1e-10)
     assert (mass > 0).all() and (mass <= 1 + 1e-12).all()
+    quality = selection_quality(x, mask)
+    assert len(quality.mass.per_head) == 2 and min(quality.mass.per_head) == pytest.approx(quality.mass.worst_head,
+                                                                                          abs=1e-4)
+    assert sum(quality.mass.per_head) / 2 == pytest.approx(quality.mass.mean, abs=1e-4)
+    assert quality.as_dict()["mass_per_head"] == list(quality.mass.per_head)
 
 
 def test_dynamic_selection_meets_the_targets_at_density_025_on_small_inputs(without_globals):
