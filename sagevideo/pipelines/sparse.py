@@ -29,6 +29,7 @@ quantized attention, the first ceil(steps/5) steps and each denoiser's first spa
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -112,9 +113,13 @@ class SparseRouting:
         if isinstance(text, str):
             return text
         if sparse.method == "dynamic" and (attn_mask is None or _key_mask(attn_mask, k.shape[2]) is not None):
-            return dynamic_selection(sparse.density, text_first=text[0], text_last=text[1])
-        return select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
-                            text_last=text[1], grid=self.grid)
+            return dynamic_selection(sparse.density, text_first=text[0], text_last=text[1])  # selected in the call
+        # `sagevideo profile` counts the selection apart (eagerly: a graph holds no profiler range)
+        ranged = contextlib.nullcontext() if torch.compiler.is_compiling() else torch.profiler.record_function(
+            SELECTION_RANGE)
+        with ranged:
+            return select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
+                                text_last=text[1], grid=self.grid)
 
     def tile_mask(self, layer: str, position: str | None, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *,
                   pv: str, step: int | None, attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
