@@ -2,7 +2,10 @@
 """What block-sparse tile selection keeps of attention with planted structure, per density.
 
 For each density, the dynamic selection (`tile_select.select_dynamic_at_density`: pooled Q/K tile
-scores, one top-p for every head) and the static one (`select_static_at_density`: the 3-D window on
+scores, one top-p for every head, found by bisection with host reads), the same scores at a per-row
+density ("dynamic-rows", `TileScores.keep_per_row`: each query tile keeps its forced tiles and its
+most probable others up to ceil(density x its key tiles); what installed models run, no host read)
+and the static one (`select_static_at_density`: the 3-D window on
 the latent grid closest to the density) on planted inputs (`eval/numerics/planted.py`: 3-D local
 windows, temporal stripes, sinks, global tokens), video tokens in the grid's cell order
 (`grid_tile_order`). Reported, exact in fp64 against dense attention: the attention mass the kept
@@ -48,7 +51,12 @@ def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, 
         seed: int, max_spread: float = math.inf) -> list[dict]:
     from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs, selection_quality
     from sagevideo.kernels.plans import tiles
-    from sagevideo.kernels.tile_select import grid_tile_order, select_dynamic_at_density, select_static_at_density
+    from sagevideo.kernels.tile_select import (
+        grid_tile_order,
+        select_dynamic_at_density,
+        select_dynamic_per_row,
+        select_static_at_density,
+    )
 
     batch, all_heads, grid, head_dim, prefix, suffix = SHAPES[shape_name]
     block_m, block_n = tiles(pv, head_dim)
@@ -61,14 +69,19 @@ def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, 
     spread = None if math.isinf(max_spread) else max_spread  # JSON has no inf
     for density in densities:
         started = time.perf_counter()
-        dynamic = select_dynamic_at_density(inputs.q, inputs.k, density, block_m=block_m, block_n=block_n,
-                                            sm_scale=inputs.sm_scale, dense_prefix=prefix, dense_suffix=suffix,
-                                            max_spread=max_spread)
+        options = dict(block_m=block_m, block_n=block_n, sm_scale=inputs.sm_scale, dense_prefix=prefix,
+                       dense_suffix=suffix, max_spread=max_spread)
+        dynamic = select_dynamic_at_density(inputs.q, inputs.k, density, **options)
         selected = time.perf_counter() - started
+        started = time.perf_counter()
+        per_row = select_dynamic_per_row(inputs.q, inputs.k, density, **options)
+        selected_rows = time.perf_counter() - started
         static, window = select_static_at_density(grid, density, block_m=block_m, block_n=block_n, order=order,
                                                   dense_prefix=prefix, dense_suffix=suffix, sink_tiles=1,
                                                   device=device)
         for name, mask, detail in (("dynamic", dynamic, {"select_s": round(selected, 3), "max_spread": spread}),
+                                   ("dynamic-rows", per_row, {"select_s": round(selected_rows, 3),
+                                                              "max_spread": spread}),
                                    ("static", static, {"window": list(window)})):
             quality = selection_quality(inputs, mask)
             rows.append({"shape": shape_name, "heads": spec.heads, "tiles": f"{block_m}x{block_n}",
@@ -78,7 +91,7 @@ def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, 
 
 
 def _line(row: dict) -> str:
-    return (f"{row['shape']:<11} {row['selection']:<8} target {row['target']:<5} density {row['density']:.3f}  "
+    return (f"{row['shape']:<11} {row['selection']:<12} target {row['target']:<5} density {row['density']:.3f}  "
             f"mass mean {row['mass_mean']:.4f} worst row {row['mass_worst_row']:.4f} "
             f"worst head {row['mass_worst_head']:.4f}  cos worst {row['cos_worst']:.4f} mean {row['cos_mean']:.4f}")
 

@@ -106,13 +106,17 @@ def selection_kernels(block_d: int, pv: str, key_tiles=(591, 1182, 2048, 4096)):
     for count in key_tiles:
         t_pad = triton.next_power_of_2(count)
         rows = max(1, min(ts.MAX_ROWS, ts.SELECT_ELEMENTS // t_pad))
-        found.append((f"select_tiles ({count} key tiles, {rows} rows)", compile_sm90(
-            ts._select_tiles_kernel,
-            {"Scores": "*fp32", "QSim": "*fp32", "KSim": "*fp32", "KSpread": "*fp32", "KCount": "*fp32",
-             "Indices": "*i32", "Counts": "*i32", **dict.fromkeys(("H", "H_KV", "M_TILES", "N_TILES", "N_Q"), "i32"),
-             "top_p": "fp32", "min_similarity": "fp32", "max_spread": "fp32",
-             **dict.fromkeys(("LOCAL", "SINKS", "PREFIX_Q", "PREFIX_K", "SUFFIX_Q", "SUFFIX_K"), "i32")},
-            dict(BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=True), ts.SELECT_WARPS)))
+        for by_count in (False, True):  # top_p, or a per-row density
+            found.append((f"select_tiles ({count} key tiles, {rows} rows{', per-row density' if by_count else ''})",
+                          compile_sm90(
+                ts._select_tiles_kernel,
+                {"Scores": "*fp32", "QSim": "*fp32", "KSim": "*fp32", "KSpread": "*fp32", "KCount": "*fp32",
+                 "Indices": "*i32", "Counts": "*i32",
+                 **dict.fromkeys(("H", "H_KV", "M_TILES", "N_TILES", "N_Q"), "i32"),
+                 **dict.fromkeys(("top_p", "min_similarity", "max_spread", "density"), "fp32"),
+                 **dict.fromkeys(("LOCAL", "SINKS", "PREFIX_Q", "PREFIX_K", "SUFFIX_Q", "SUFFIX_K"), "i32")},
+                dict(BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=True, BY_COUNT=by_count),
+                ts.SELECT_WARPS)))
     return found
 
 

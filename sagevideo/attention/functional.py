@@ -295,10 +295,12 @@ def sageattn(
     (`BackendChoice.density`); eagerly it is read once per call (a host sync).
     A `DynamicSelection` (`sagevideo.kernels.tile_select`) instead has the call choose its tiles from
     q and k in the plan's tiles (docs/sparse.md, stage 3): the Triton kernels select on the device
-    inside the preparation, in the same op as the attention (no host sync; the record's density is
-    NaN, not read); the reference and SDPA use the PyTorch selection. attn_mask may then only be a
-    key-padding mask (padded keys never count). `sagevideo.attention.sparse.select_tile_lists` makes the
-    lists alone.
+    inside the preparation, in the same op as the attention (no host sync while selecting; eagerly the
+    record's density is read once after the call, inside a compiled graph it is NaN); the reference
+    and SDPA use the PyTorch selection. It selects by top_p or by a per-row density (`density=`: each
+    query tile keeps about that share of its key tiles, compiled graphs stay whole). attn_mask may
+    then only be a key-padding mask (padded keys never count).
+    `sagevideo.attention.sparse.select_tile_lists` makes the lists alone.
     """
     _check_options(tensor_layout, qk_granularity, pv, backend)
     _check_tensors(q, k, v, tensor_layout, enable_gqa)
@@ -364,7 +366,7 @@ def _attend(
     # the mask in the backend's tiles: one the plan's tiles cannot take raises here (at any density),
     # before any launch
     operand = _sparse_operand(tiles, chosen, plan, pv, head_dim)
-    _record(requested, ran, None if chosen is Backend.SDPA else pv, reason, tiles, note)
+    made: list[torch.Tensor] = []  # a dynamic selection's counts, as the kernels made them
 
     def compute(q, k, v):
         if chosen is Backend.SDPA:
@@ -383,7 +385,9 @@ def _attend(
         call = dict(sm_scale=scale, is_causal=is_causal, key_mask=key_mask, per_token=qk_granularity == "token",
                     smooth_k=smooth_k, rotate_qk=rotate_qk, return_lse=return_lse)
         if isinstance(operand, DynamicSelection):
-            return sageattn_triton_select(q, k, v, plan, operand, **call)[:3]
+            out, lse, flagged, (_, counts) = sageattn_triton_select(q, k, v, plan, operand, **call)
+            made.append(counts)
+            return out, lse, flagged
         return sageattn_triton(q, k, v, plan, tile_lists=operand, **call)
 
     if chosen is not Backend.SDPA and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -391,6 +395,9 @@ def _attend(
         lse = lse if return_lse else None
     else:
         out, lse, flagged = compute(q, k, v)
+    if made:
+        tiles = sparse.made_by_kernels(tiles, made[0], -(-n_k // plan.block_n))
+    _record(requested, ran, None if chosen is Backend.SDPA else pv, reason, tiles, note)
     if flagged is not None:
         # The guard's count stays on the device: an installed model's layer accumulates it and reads
         # it at the end of the forward; a direct call's is read at the next call.

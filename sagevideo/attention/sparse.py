@@ -38,6 +38,7 @@ from sagevideo.kernels.tile_select import (
     DynamicSelection,
     TileScores,
     select_dynamic_at_density,
+    select_dynamic_per_row,
     select_static_at_density,
 )
 
@@ -105,7 +106,17 @@ def selected(call: SparseCall, q: torch.Tensor, k: torch.Tensor, key_mask: torch
     selection = call.tile_mask
     scores = TileScores(q, k, block_m=block_m, block_n=block_n, sm_scale=sm_scale, key_mask=key_mask,
                         **selection.scores_options())
-    return SparseCall(scores.keep(selection.top_p), None)
+    mask = selection.keep(scores)
+    return SparseCall(mask, None if torch.compiler.is_compiling() else mask.density)
+
+
+def made_by_kernels(call: SparseCall, counts: torch.Tensor, n_tiles: int) -> SparseCall:
+    """A dynamic call once the kernels selected: its density read from their counts (int32 (B, H, M),
+    of n_tiles key tiles each) eagerly, for the record; inside a compiled graph the call unchanged
+    (density not read)."""
+    if torch.compiler.is_compiling():
+        return call
+    return SparseCall(call.tile_mask, float(counts.double().sum()) / (counts.numel() * n_tiles))
 
 
 def select_tile_lists(q: torch.Tensor, k: torch.Tensor, selection: DynamicSelection, *, pv: str = "fp16",
@@ -160,25 +171,36 @@ def sdpa_mask(attn_mask: torch.Tensor | None, call: SparseCall, n_q: int, n_k: i
     return mask, has_key
 
 
+DYNAMIC_RULES = ("per-row", "global")
+
+
 def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: float, pv: str, text_first: int = 0,
                  text_last: int = 0, grid: tuple[int, int, int] | None = None,
-                 key_mask: torch.Tensor | None = None) -> TileMask:
+                 key_mask: torch.Tensor | None = None, rule: str = "per-row") -> TileMask:
     """The tile mask of a block-sparse self-attention call on HND q, k (B, H, N, D), in the tiles of
     the kernel plan it runs (`plans.tiles(pv, D)`), chosen by `method` at a target `density`
-    (kept / all key tiles): "dynamic" (`tile_select.select_dynamic_at_density`: pooled Q/K scores,
-    one top-p for every head found by bisection, a host read per try) or "static"
-    (`select_static_at_density` on the latent `grid` (frames, height, width) in raster order, the
-    same for every batch row and head, computed once per grid and cached). Both keep the diagonal
-    tiles, the first key tile (a sink) and every tile holding one of the `text_first` first or
-    `text_last` last tokens (text), rows and columns. key_mask: bool (B' in {1, B}, N), True = a
-    valid key (padding takes no part in the pooled scores). ValueError for a call that is not one."""
+    (kept / all key tiles): "dynamic" with `rule` "per-row" (`TileScores.keep_per_row`: each query
+    tile keeps its forced tiles and its most probable others up to max(1, ceil(density · its valid
+    key tiles)); no host read) or "global" (`tile_select.select_dynamic_at_density`: one top-p for
+    every head found by bisection, a host read per try), or "static" (`select_static_at_density` on
+    the latent `grid` (frames, height, width) in raster order, the same for every batch row and head,
+    computed once per setting and a constant to torch.compile). All keep the diagonal tiles, the
+    first key tile (a sink) and every tile holding one of the `text_first` first or `text_last` last
+    tokens (text), rows and columns. key_mask: bool (B' in {1, B}, N), True = a valid key (padding
+    takes no part in the pooled scores). ValueError for a call that is not one. Installed models'
+    dynamic calls pass `dynamic_selection` to the call instead, which selects on the device."""
     if q.dim() != 4 or q.shape != k.shape:
         raise ValueError(f"tile selection: q {tuple(q.shape)} and k {tuple(k.shape)} must be one self-attention's "
                          "(B, H, N, D)")
     block_m, block_n = plans.tiles(pv, q.shape[-1])
     if method == "dynamic":
-        return select_dynamic_at_density(q, k, density, block_m=block_m, block_n=block_n, key_mask=key_mask,
-                                         dense_prefix=text_first, dense_suffix=text_last)
+        if rule not in DYNAMIC_RULES:
+            raise ValueError(f"tile selection: rule={rule!r} is not one of {DYNAMIC_RULES}")
+        options = dict(block_m=block_m, block_n=block_n, key_mask=key_mask, dense_prefix=text_first,
+                       dense_suffix=text_last)
+        if rule == "per-row":
+            return select_dynamic_per_row(q, k, density, **options)
+        return select_dynamic_at_density(q, k, density, **options)
     if method != "static":
         raise ValueError(f"tile selection: method={method!r} is not 'dynamic' or 'static'")
     if grid is None:
@@ -187,8 +209,24 @@ def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: floa
     if text_first + video + text_last != q.shape[2]:
         raise ValueError(f"tile selection: {text_first} + {video} ({'x'.join(map(str, grid))}) + {text_last} tokens "
                          f"do not make the call's {q.shape[2]}")
-    keep = _static_keep(tuple(grid), float(density), block_m, block_n, text_first, text_last, q.device)
+    keep = _static_constant(tuple(grid), float(density), block_m, block_n, text_first, text_last, q.device)
     return TileMask(keep, block_m, block_n, q.shape[2], q.shape[2])
+
+
+def dynamic_selection(density: float, *, text_first: int = 0, text_last: int = 0) -> DynamicSelection:
+    """What an installed model's dynamic call at `density` passes as `sageattn(tile_mask=...)`: the
+    per-row density with the same forced tiles as `select_tiles` (the diagonal, one sink tile, the
+    text rows and columns). The call selects on the device in its own preparation where the Triton
+    kernels run, else with the PyTorch definition: no host read, so compiled graphs stay whole."""
+    return DynamicSelection(density=density, sink_tiles=1, dense_prefix=text_first, dense_suffix=text_last)
+
+
+@torch.compiler.assume_constant_result  # no input decides it: a constant to torch.compile, no graph break
+def _static_constant(grid: tuple[int, int, int], density: float, block_m: int, block_n: int, text_first: int,
+                     text_last: int, device: torch.device) -> torch.Tensor:
+    """`_static_keep`, which torch.compile calls while tracing and keeps as a constant (a cached function
+    it would trace into instead, reading the density of each window it tries)."""
+    return _static_keep(grid, density, block_m, block_n, text_first, text_last, device)
 
 
 @functools.lru_cache(maxsize=32)

@@ -9,9 +9,11 @@ their canonical text (`sparse_text`), so equal settings compare equal.
 With it and no plan file, a job runs the plan `sagevideo.pipelines.sparse.job_plan` builds: its
 quantized attention block-sparse, but for the first ceil(steps/5) steps and each denoiser's first
 attention layer. With a plan file the plan's own settings rule, and giving both is refused
-(`sparse_problems`), as are `--attention full` (full precision is never sparse), `--compile` (tile
-selection reads the device between the compiled graphs) and `--gpus-per-job` > 1 (Ulysses ranks do
-not select tiles yet): each before anything loads.
+(`sparse_problems`), as are `--attention full` (full precision is never sparse) and `--gpus-per-job`
+> 1 (Ulysses ranks do not select tiles yet): each before anything loads. `--compile` composes: the
+selection reads nothing on the host (a dynamic call selects a per-row density inside itself, a static
+mask is a constant), so compiled blocks keep whole graphs; compiled calls are not noted per layer in
+the manifest's `backends.sparse` (their backend records are).
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ SPARSE_HELP = (
     "Block-sparse attention in the quantized layers: METHOD:DENSITY, dynamic (pooled Q/K scores choose each query "
     "tile's key tiles) or static (3-D windows on the latent grid), DENSITY in (0, 1] the share of key tiles kept, "
     "e.g. dynamic:0.15; off: dense. Without a plan the first ceil(steps/5) steps and each denoiser's first "
-    "attention layer stay dense, and text rows and columns always do; recorded per layer in the manifest. Not with "
-    "--plan (put sparse in the plan), --attention full, --compile or --gpus-per-job > 1 (docs/sparse.md)."
+    "attention layer stay dense, and text rows and columns always do; recorded per layer in the manifest (eager "
+    "calls). dynamic keeps about DENSITY of each query tile's key tiles (its most probable ones). Not with --plan "
+    "(put sparse in the plan), --attention full or --gpus-per-job > 1 (docs/sparse.md)."
 )
 
 
@@ -95,11 +98,7 @@ def run_sparse_problems(sparse_given: bool, compile_: str, gpus_per_job: int) ->
     some job asks for it)."""
     if not sparse_given:
         return []
-    problems = []
-    if compile_ != "none":
-        problems.append((f"--compile {compile_}", (
-            "does not compose with --sparse yet: tile selection reads the device (host syncs), which would split "
-            "every compiled block's graph; use --compile none with --sparse (the fused selection is to come)")))
+    problems = []  # --compile composes: the selection reads nothing on the host (docs/sparse.md)
     if gpus_per_job > 1:
         problems.append((f"--gpus-per-job {gpus_per_job}", (
             "does not compose with --sparse yet: Ulysses ranks do not select tiles over their heads; use "

@@ -155,17 +155,19 @@ def sageattn_fwd_select(
     dense_prefix: int,
     dense_suffix: int,
     max_spread: float,
+    density: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`sageattn_fwd` whose tile lists the call chooses itself, on the device: the dynamic selection
-    (`tile_select.DynamicSelection`: top_p .. max_spread) of these q and k in the plan's tiles.
+    (`tile_select.DynamicSelection`: top_p .. density) of these q and k in the plan's tiles.
     Returns (out, lse, flagged as `sageattn_fwd`, key tiles int32 (B, H, ceil(Nq/block_m),
     ceil(Nk/block_n)) ascending then -1, counts int32 (B, H, ceil(Nq/block_m))). The plain kernel only."""
     if kernel != "triton":
         raise ValueError(f"sageattn_fwd_select runs the plain-Triton kernel, not kernel={kernel!r}")
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
                       max_registers or None)
-    selection = DynamicSelection(top_p, local_tiles, sink_tiles, min_similarity, dense_prefix, dense_suffix,
-                                 max_spread)
+    selection = DynamicSelection(top_p=top_p, local_tiles=local_tiles, sink_tiles=sink_tiles,
+                                 min_similarity=min_similarity, dense_prefix=dense_prefix, dense_suffix=dense_suffix,
+                                 max_spread=max_spread, density=density)
     out, lse, flagged, (indices, counts) = _forward(
         q, k, v, key_mask, rotation, plan, sm_scale=sm_scale, is_causal=is_causal, per_token=per_token,
         smooth_k=smooth_k, return_lse=return_lse, selection=selection,
@@ -275,7 +277,7 @@ def sageattn_triton_select(
         plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.kernel,
         plan.scores_by_add, plan.max_registers or 0, float(selection.top_p), selection.local_tiles,
         selection.sink_tiles, float(selection.min_similarity), selection.dense_prefix, selection.dense_suffix,
-        float(selection.max_spread),
+        float(selection.max_spread), None if selection.density is None else float(selection.density),
     )
     return out, (lse if return_lse else None), flagged, (indices, counts)
 
@@ -363,7 +365,7 @@ def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_tok
 def _fake_sageattn_fwd_select(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
                               pv, arch, block_d, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
                               max_registers, top_p, local_tiles, sink_tiles, min_similarity, dense_prefix,
-                              dense_suffix, max_spread):
+                              dense_suffix, max_spread, density=None):
     out, lse, flagged = _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k,
                                            return_lse, pv, arch, block_d, block_m, block_n, num_warps, num_stages,
                                            kernel, scores_by_add, max_registers)

@@ -5,7 +5,9 @@ Two ways, both returning a `sparse_reference.TileMask` (its `density` = kept / a
   tile (their mean tokens), each query tile scores every key tile by pooled q·k·sm_scale (plus the
   log of the tile's valid key count, so a partial or padded tile weighs what its keys do), a softmax
   over key tiles estimates the attention mass per tile, and a query tile keeps the fewest tiles
-  whose estimated mass reaches `top_p`. Always kept: the diagonal tiles (with `local_tiles`
+  whose estimated mass reaches `top_p`, or (`density`, `TileScores.keep_per_row`) its
+  highest-mass tiles up to a count set by its own key tiles: a density that needs no search, so
+  nothing is read on the host (compiled graphs stay whole). Always kept: the diagonal tiles (with `local_tiles`
   neighbours each side, in token order), the first `sink_tiles` key tiles, the text rows and columns
   of joint attention (`dense_prefix`/`dense_suffix` tokens), and the rows and columns of tiles whose
   tokens are not self-similar (mean cosine of a tile's tokens to its mean token below
@@ -38,6 +40,10 @@ from sagevideo.kernels.constants import COSINE_EPS
 from sagevideo.kernels.sparse_reference import TileMask
 
 GRID_AXES = 3
+DEFAULT_TOP_P = 0.9
+# Per-row density's tile count is ceil(density · n · DENSITY_SLACK) in fp32: the slack absorbs the
+# density's own rounding (fp32(0.15) · 20 = 3.0000001), so that a product meant as an integer gives it.
+DENSITY_SLACK = 1.0 - 2.0**-20
 
 
 def _pool_tiles(x: torch.Tensor, block: int, valid: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
@@ -106,28 +112,47 @@ def forced_tiles(
 
 @dataclass(frozen=True)
 class DynamicSelection:
-    """The dynamic selection's settings (`TileScores`; the device kernel takes the same): top_p in
-    [0, 1] (1 keeps every tile with a valid key; 0 only the forced tiles and each query tile's top
-    one), `local_tiles`/`sink_tiles`/`dense_prefix`/`dense_suffix` as `forced_tiles`,
-    `min_similarity`: tiles whose mean token cosine is below it are kept, row and column, and
-    `max_spread` (inf: off): key tiles whose spread (`_pool_tiles`) is above it are kept, column."""
+    """The dynamic selection's settings (`TileScores`; the device kernel takes the same).
 
-    top_p: float = 0.9
+    How many free (not forced) tiles a query tile keeps, one of:
+    - top_p in [0, 1] (`TileScores.keep`): the fewest whose estimated mass, with the forced tiles',
+      reaches it (1 keeps every tile with a valid key; 0 only the forced tiles and each query tile's
+      top one); a density then needs a search over top_p (`select_dynamic_at_density`, host reads);
+    - density in (0, 1] (`TileScores.keep_per_row`; it rules when given, and top_p must stay at its
+      default): each query tile keeps its forced tiles and its highest-mass others up to
+      max(1, ceil(density · its key tiles with a valid key)) tiles in all: no search, no host read.
+    `local_tiles`/`sink_tiles`/`dense_prefix`/`dense_suffix` as `forced_tiles`, `min_similarity`:
+    tiles whose mean token cosine is below it are kept, row and column, and `max_spread` (inf: off):
+    key tiles whose spread (`_pool_tiles`) is above it are kept, column."""
+
+    top_p: float = DEFAULT_TOP_P
     local_tiles: int = 0
     sink_tiles: int = 1
     min_similarity: float = 0.5
     dense_prefix: int = 0
     dense_suffix: int = 0
     max_spread: float = math.inf
+    density: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.top_p, int | float) or not 0 <= self.top_p <= 1:
             raise ValueError(f"tile selection: top_p={self.top_p!r} must lie in [0, 1]")
+        if self.density is not None:
+            if isinstance(self.density, bool) or not isinstance(self.density, int | float) or not 0 < self.density <= 1:
+                raise ValueError(f"tile selection: density={self.density!r} must lie in (0, 1] (None: by top_p)")
+            if self.top_p != DEFAULT_TOP_P:
+                raise ValueError(f"tile selection: give top_p ({self.top_p!r}) or density ({self.density!r}), not "
+                                 "both: a per-row density decides how many tiles each query tile keeps by itself")
         if not isinstance(self.min_similarity, int | float) or not math.isfinite(self.min_similarity):
             raise ValueError(f"tile selection: min_similarity={self.min_similarity!r} must be a finite number")
         if not isinstance(self.max_spread, int | float) or not self.max_spread > 0:
             raise ValueError(f"tile selection: max_spread={self.max_spread!r} must be a number > 0 (inf: off)")
         _check_counts(self.local_tiles, self.sink_tiles, self.dense_prefix, self.dense_suffix)
+
+    @property
+    def per_row(self) -> bool:
+        """Whether a per-row density (not top_p) decides the free tiles."""
+        return self.density is not None
 
     @property
     def uses_spread(self) -> bool:
@@ -139,9 +164,21 @@ class DynamicSelection:
         _check_text(self.dense_prefix, self.dense_suffix, n_q, n_k)
 
     def scores_options(self) -> dict:
-        """`TileScores`' keyword arguments for these settings (all but top_p)."""
+        """`TileScores`' keyword arguments for these settings (all but top_p and density)."""
         return {"local_tiles": self.local_tiles, "sink_tiles": self.sink_tiles, "min_similarity": self.min_similarity,
                 "dense_prefix": self.dense_prefix, "dense_suffix": self.dense_suffix, "max_spread": self.max_spread}
+
+    def keep(self, scores: TileScores) -> TileMask:
+        """The tiles these settings keep of `scores` (made with `scores_options()`): by density or top_p."""
+        return scores.keep_per_row(self.density) if self.per_row else scores.keep(self.top_p)
+
+
+def tiles_at_density(density: float, valid: torch.Tensor) -> torch.Tensor:
+    """int64 like `valid` (a count of key tiles with a valid key, any int dtype and shape): the tiles a
+    query tile keeps at a per-row density, max(1, ceil(density · valid · DENSITY_SLACK)), each product
+    rounded to fp32 as the device kernel rounds it (the same count bit for bit)."""
+    scaled = torch.tensor(density, dtype=torch.float32, device=valid.device) * valid.to(torch.float32)
+    return torch.ceil(scaled * DENSITY_SLACK).to(torch.int64).clamp(min=1)
 
 
 class TileScores:
@@ -181,6 +218,7 @@ class TileScores:
         forced = forced & has_keys  # a tile of padding only is never worth a visit
         self.probs = probs
         self.forced = forced
+        self.has_keys = has_keys
         order = torch.argsort(probs + 2.0 * forced, dim=-1, descending=True, stable=True)
         sorted_probs = probs.gather(-1, order)
         self._mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # of the tiles ranked above
@@ -199,6 +237,46 @@ class TileScores:
         kept_sorted = (below & self._useful_sorted) | self._forced_sorted
         keep = torch.zeros_like(kept_sorted).scatter_(-1, self._order, kept_sorted)
         return TileMask(keep, self.block_m, self.block_n, self.n_q, self.n_k)
+
+    def _per_row_ranks(self, density: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(free: bool (B, H, M, N), each free tile's rank among its query tile's free tiles, int64 like
+        free (0 = highest probability, ties to the lower key tile), how many free tiles each query
+        tile keeps at `density`, int64 (B, H, M))."""
+        if isinstance(density, bool) or not isinstance(density, int | float) or not 0 < density <= 1:
+            raise ValueError(f"tile selection: density={density!r} must lie in (0, 1]")
+        free = self.has_keys & ~self.forced
+        budget = tiles_at_density(density, self.has_keys.sum(dim=-1)) - self.forced.sum(dim=-1)
+        # tiles that are not free rank after every free one (a probability is >= 0, NaN only in rows
+        # without a valid key, where nothing is free)
+        order = torch.argsort(torch.where(free, self.probs, -1.0), dim=-1, descending=True, stable=True)
+        ranks = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+        rank = torch.empty_like(order).scatter_(-1, order, ranks)
+        return free, rank, budget.clamp(min=0)
+
+    def keep_per_row(self, density: float) -> TileMask:
+        """The selection at a per-row density in (0, 1]: each query tile keeps its forced tiles and
+        then its free tiles (with a valid key, not forced) in descending estimated mass, ties to the
+        lower key tile, until it holds k = max(1, ceil(density · n)) tiles in all, n its key tiles
+        with a valid key (`tiles_at_density`); forced tiles are kept even beyond k. A query tile's
+        count is therefore max(forced, min(k, n)) and depends on no other query tile or head: nothing
+        to search, so the device kernel needs no host read."""
+        free, rank, budget = self._per_row_ranks(density)
+        keep = self.forced | (free & (rank < budget[..., None]))
+        return TileMask(keep, self.block_m, self.block_n, self.n_q, self.n_k)
+
+    def per_row_margins(self, density: float) -> torch.Tensor:
+        """fp32 (B, H, M_tiles): per query tile at a per-row density, the relative gap (p_kept - p_next)
+        / p_kept between the least probable free tile it keeps and the most probable one it drops; inf
+        where it keeps none or drops none; 0 for a tie. A selection whose probabilities differ by rounding (the
+        device kernel) agrees with `keep_per_row` on the query tiles where this exceeds it."""
+        free, rank, budget = self._per_row_ranks(density)
+        probs = torch.where(free, self.probs, math.nan)
+        ranked = torch.full_like(probs, math.nan).scatter_(-1, rank, probs)  # free probabilities, descending
+        at = budget[..., None]
+        kept = ranked.gather(-1, (at - 1).clamp(min=0)).squeeze(-1)
+        dropped = ranked.gather(-1, at.clamp(max=ranked.shape[-1] - 1)).squeeze(-1)
+        gap = torch.where(kept > 0, (kept - dropped) / kept, 0.0)  # both 0: a tie (underflow)
+        return torch.where((budget == 0) | (budget >= free.sum(dim=-1)), math.inf, gap)
 
     def row_margins(self, top_p: float) -> torch.Tensor:
         """fp32 (B, H, M_tiles): per query tile, how far top_p lies from the nearest mass its threshold
@@ -222,6 +300,13 @@ def select_dynamic(q: torch.Tensor, k: torch.Tensor, *, top_p: float = 0.9, **op
     if not 0 < top_p <= 1:
         raise ValueError(f"tile selection: top_p={top_p} must lie in (0, 1]")
     return TileScores(q, k, **options).keep(top_p)
+
+
+def select_dynamic_per_row(q: torch.Tensor, k: torch.Tensor, density: float, **options) -> TileMask:
+    """Dynamic selection at a per-row density (`TileScores.keep_per_row`): each query tile keeps its
+    forced tiles and its highest-mass others up to max(1, ceil(density · its valid key tiles)) in all.
+    options: `TileScores`' (block_m, block_n required)."""
+    return TileScores(q, k, **options).keep_per_row(density)
 
 
 def select_dynamic_at_density(q: torch.Tensor, k: torch.Tensor, density: float, *, steps: int = 30,

@@ -25,6 +25,12 @@ Two launches:
      G(t) < top_p exactly; the tiles above it are kept, and among tiles of exactly that probability
      (ties) the reference's stable sort keeps the lower key tiles first, which a prefix sum over
      the tied tiles in key order reproduces;
+   - or (BY_COUNT, `DynamicSelection.density`) a count per query tile, `TileScores.keep_per_row`:
+     the forced tiles and the free tiles (with a valid key) of the highest probabilities up to k =
+     max(1, ceil(density · valid key tiles)) in all. The same bisection on t's bits, now on the count
+     of free tiles above t (monotone too), finds the budget-th largest probability; the tied tiles at
+     it are kept in key order while a prefix count leaves room. No mass is summed, so the count is
+     exact and only ranks within rounding of each other may differ from the reference;
    - the kept tiles compacted in ascending order (a prefix count gives each its slot), -1 after them.
 One launch for both was the first design (ROWS = 16 rows of scores from one tl.dot): compiled for
 sm_90 at Wan's 591-1,182 key tiles it spilled, and at 2,048 needed more shared memory than an SM has.
@@ -33,6 +39,8 @@ Numerics against `TileScores`: the same formulas in fp32, summed in other orders
 score dot, the softmax sum, the threshold's masses), so a query tile whose threshold mass or a
 tile's similarity lies within rounding (~1e-6) of top_p or min_similarity may decide differently;
 the tests choose thresholds with a margin (`TileScores.nearest_boundary`) and then compare exactly.
+At a per-row density, two free tiles whose probabilities lie within rounding of each other at the
+count's edge may swap (`TileScores.per_row_margins`); exact ties do not.
 """
 
 from __future__ import annotations
@@ -49,9 +57,10 @@ from sagevideo.kernels.constants import INF_BITS
 from sagevideo.kernels.plans import KernelPlan, prep_plan
 from sagevideo.kernels.quantize import PooledTiles, quantize_inputs
 from sagevideo.kernels.sparse_reference import TileLists
-from sagevideo.kernels.tile_select import DynamicSelection
+from sagevideo.kernels.tile_select import DENSITY_SLACK, DynamicSelection
 
 INF_BITS_CONST = tl.constexpr(INF_BITS)
+DENSITY_SLACK_CONST = tl.constexpr(DENSITY_SLACK)
 SCORE_M, SCORE_N, SCORE_D = 32, 64, 16  # the scores GEMM's blocks (query tiles, key tiles, channels)
 SCORE_WARPS = 4
 SELECT_ELEMENTS = 4096  # scores a selection program holds (ROWS x T_PAD): 16 fp32 registers a thread
@@ -98,6 +107,41 @@ def _threshold(probs, free, forced_mass, top_p, ROWS: tl.constexpr):
 
 
 @triton.jit
+def _count_threshold(probs, free, budget, ROWS: tl.constexpr):
+    """Per row (ROWS,) fp32: the smallest probability value t with fewer than `budget` (int32 (ROWS,))
+    free tiles above it, i.e. the budget-th largest free probability (bisection on t's bits, as
+    `_threshold`; 0 where fewer tiles are free, +inf where budget is 0)."""
+    lo = tl.zeros((ROWS,), dtype=tl.int32)
+    hi = tl.full((ROWS,), INF_BITS_CONST, dtype=tl.int32)
+    for _ in range(31):
+        mid = lo + (hi - lo) // 2
+        t = mid.to(tl.float32, bitcast=True)
+        count = tl.sum((free & (probs > t[:, None])).to(tl.int32), axis=1)
+        below = count < budget
+        hi = tl.where(below, mid, hi)
+        lo = tl.where(below, lo, mid + 1)
+    return lo.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr):
+    """bool (ROWS, T_PAD): `TileScores.keep_per_row`: the forced tiles, then free tiles (with a valid
+    key, not forced) in descending probability, ties to the lower key tile, up to k = max(1,
+    ceil(density · valid key tiles · DENSITY_SLACK)) tiles in all (fp32, as `tiles_at_density`)."""
+    free = ~forced & useful[None, :]
+    valid = tl.sum(useful.to(tl.int32), axis=0).to(tl.float32)
+    k = tl.maximum(tl.ceil(density * valid * DENSITY_SLACK_CONST), 1.0).to(tl.int32)
+    budget = tl.maximum(k - tl.sum(forced.to(tl.int32), axis=1), 0)
+    t = _count_threshold(probs, free, budget, ROWS)
+    above = free & (probs > t[:, None])
+    is_tied = free & (probs == t[:, None])
+    tied = is_tied.to(tl.int32)
+    tied_before = tl.cumsum(tied, axis=1) - tied  # ties in key-tile order: the lower ones rank first
+    room = budget - tl.sum(above.to(tl.int32), axis=1)
+    return forced | above | (is_tied & (tied_before < room[:, None]))
+
+
+@triton.jit
 def _tile_scores_kernel(
     QMean, KMean, KCount, Scores,
     H, H_KV, M_TILES, N_TILES, sm_scale,
@@ -129,12 +173,13 @@ def _tile_scores_kernel(
 @triton.jit
 def _select_tiles_kernel(
     Scores, QSim, KSim, KSpread, KCount, Indices, Counts,
-    H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity, max_spread,
+    H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity, max_spread, density,
     LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, T_PAD: tl.constexpr,
-    DIAGONAL: tl.constexpr,
+    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr,
 ):
-    """Lists of query tiles group·ROWS .. +ROWS of head bh from their scores (module docstring).
+    """Lists of query tiles group·ROWS .. +ROWS of head bh from their scores (module docstring); the
+    free tiles by top_p, or with BY_COUNT by a per-row density (`_keep_by_count`).
     Indices int32 (bh, M_TILES, N_TILES): kept key tiles ascending, then -1; Counts int32 (bh, M_TILES)."""
     group = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -160,22 +205,25 @@ def _select_tiles_kernel(
     k_spread = tl.load(KSpread + k_cols, mask=col_ok, other=1.0)
     forced = _forced_tiles(rows, cols, q_sim, k_sim, k_spread, useful, min_similarity, max_spread, N_Q, LOCAL, SINKS,
                            PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
-    free = ~forced & col_ok
-    forced_mass = tl.sum(tl.where(forced, probs, 0.0), axis=1)
-    t = _threshold(probs, free, forced_mass, top_p, ROWS)
-    above = free & (probs > t[:, None])
-    mass_above = forced_mass + tl.sum(tl.where(above, probs, 0.0), axis=1)
-    is_tied = free & (probs == t[:, None])
-    tied = tl.where(is_tied, probs, 0.0)
-    tied_before = tl.cumsum(tied, axis=1) - tied  # ties in key-tile order: the lower ones rank first
-    kept = above | (is_tied & (mass_above[:, None] + tied_before < top_p)) | forced
-    # the reference's first-ranked tile is always kept: without forced tiles, the lowest tile of the
-    # highest probability (only top_p = 0 needs this; a probability of 0 is a tie above too)
-    top = tl.max(tl.where(free, probs, -1.0), axis=1)
-    first = tl.min(tl.where(free & (probs == top[:, None]), cols[None, :], T_PAD), axis=1)
-    no_forced = tl.max(forced.to(tl.int32), axis=1) == 0
-    kept = kept | ((cols[None, :] == first[:, None]) & no_forced[:, None])
-    kept = tl.where(top_p >= 1.0, True, kept) & useful[None, :]
+    if BY_COUNT:
+        kept = _keep_by_count(probs, forced, useful, density, ROWS)
+    else:
+        free = ~forced & col_ok
+        forced_mass = tl.sum(tl.where(forced, probs, 0.0), axis=1)
+        t = _threshold(probs, free, forced_mass, top_p, ROWS)
+        above = free & (probs > t[:, None])
+        mass_above = forced_mass + tl.sum(tl.where(above, probs, 0.0), axis=1)
+        is_tied = free & (probs == t[:, None])
+        tied = tl.where(is_tied, probs, 0.0)
+        tied_before = tl.cumsum(tied, axis=1) - tied  # ties in key-tile order: the lower ones rank first
+        kept = above | (is_tied & (mass_above[:, None] + tied_before < top_p)) | forced
+        # the reference's first-ranked tile is always kept: without forced tiles, the lowest tile of the
+        # highest probability (only top_p = 0 needs this; a probability of 0 is a tie above too)
+        top = tl.max(tl.where(free, probs, -1.0), axis=1)
+        first = tl.min(tl.where(free & (probs == top[:, None]), cols[None, :], T_PAD), axis=1)
+        no_forced = tl.max(forced.to(tl.int32), axis=1) == 0
+        kept = kept | ((cols[None, :] == first[:, None]) & no_forced[:, None])
+        kept = tl.where(top_p >= 1.0, True, kept) & useful[None, :]
 
     slot = tl.cumsum(kept.to(tl.int32), axis=1) - 1
     n_kept = tl.sum(kept.to(tl.int32), axis=1)
@@ -220,10 +268,11 @@ def select_lists(
     wrap_triton(_select_tiles_kernel)[(triton.cdiv(m_tiles, rows), batch * heads)](
         scores, pooled.q_similarity, pooled.k_similarity, pooled.k_spread, pooled.k_count, indices, counts,
         heads, kv_heads, m_tiles, n_tiles, n_q, selection.top_p, selection.min_similarity, selection.max_spread,
-        selection.local_tiles, selection.sink_tiles,
+        float(selection.density or 1.0), selection.local_tiles, selection.sink_tiles,
         math.ceil(prefix / block_m), math.ceil(prefix / block_n),
         (n_q - suffix) // block_m if suffix else m_tiles, (n_k - suffix) // block_n if suffix else n_tiles,
-        BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=n_q == n_k, num_warps=SELECT_WARPS,
+        BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=n_q == n_k, BY_COUNT=selection.per_row,
+        num_warps=SELECT_WARPS,
     )
     return indices, counts
 

@@ -405,6 +405,7 @@ def _sparse_grids(router: AttentionRouter, planned: list[tuple[InstalledDenoiser
         if layout is not None:
             router.sparse.text.update({denoiser.prefix + name: text for name, text in layout.text.items()})
             hooks.append((denoiser, GridHook(router.sparse, layout)))
+    router.sparse_layers_changed()
     return hooks
 
 

@@ -116,9 +116,9 @@ class LayerRoute:
     """One attention layer as compiled code sees it: its name (for reports and routers that need
     it) and the plan's choice for it at the current step, kept up to date by its router's clock.
 
-    Compiled graphs read only `mode`, `granularity` and `sparse` (enum members and a frozen model:
-    layers with equal choices share one graph) and `name` only for a sparse call's selection, which
-    runs outside the graph. `flagged`: the layer's running count of query tiles past
+    Compiled graphs read only `mode`, `granularity`, `sparse` and `text` (enum members, a frozen
+    model and the layer's text position: layers with equal choices share one graph); `name` only outside them (notes).
+    `flagged`: the layer's running count of query tiles past
     INT8's accuracy (the run-time guard's, int32 0-dim on the model's device): every quantized
     call adds its count on the device (a graph input like a buffer, so one graph still serves every
     layer); `pipelines.guard` reads the counts at the end of each forward."""
@@ -128,6 +128,7 @@ class LayerRoute:
         self.mode: Mode = choice.mode
         self.granularity = choice.granularity
         self.sparse: Sparse | None = choice.sparse
+        self.text: str | None = None  # its text position for sparse calls (`SparseRouting.text_of`)
         self.flagged = torch.zeros((), dtype=torch.int32)
 
     def counter_on(self, device: torch.device) -> torch.Tensor:
@@ -186,11 +187,20 @@ class AttentionRouter:
         route = self._routes.get(layer)
         if route is None:
             route = self._routes[layer] = LayerRoute(layer, self.choice(layer))
+            route.text = self._text_of(layer)
         return route
+
+    def _text_of(self, layer: str) -> str | None:
+        return None if self.sparse is None else self.sparse.text_of(layer)
 
     def _resolve_routes(self) -> None:
         for route in self._routes.values():
             route.set(self.choice(route.name))
+            route.text = self._text_of(route.name)
+
+    def sparse_layers_changed(self) -> None:
+        """Bring the routes' text positions up to date after `sparse.text` changed (install)."""
+        self._resolve_routes()
 
     def attend(
         self, route: LayerRoute, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs
@@ -200,7 +210,8 @@ class AttentionRouter:
         if type(self).__call__ is not AttentionRouter.__call__:
             return self(route.name, q, k, v, **kwargs)
         return self._attend_with(route.mode, route.granularity.value, q, k, v,
-                                 counter=route.counter_on(q.device), layer=route.name, sparse=route.sparse, **kwargs)
+                                 counter=route.counter_on(q.device), layer=route.name, sparse=route.sparse,
+                                 text=route.text, **kwargs)
 
     def __call__(
         self,
@@ -220,33 +231,40 @@ class AttentionRouter:
         choice = self.choice(layer)
         return self._attend_with(choice.mode, choice.granularity.value, q, k, v, attn_mask=attn_mask,
                                  is_causal=is_causal, sm_scale=sm_scale, dropout_p=dropout_p, enable_gqa=enable_gqa,
-                                 counter=self.route(layer).counter_on(q.device), layer=layer, sparse=choice.sparse)
+                                 counter=self.route(layer).counter_on(q.device), layer=layer, sparse=choice.sparse,
+                                 text=self._text_of(layer))
 
     def _attend_with(self, mode: Mode, granularity: str, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None,
                      dropout_p=0.0, enable_gqa=False, counter: torch.Tensor | None = None, layer: str = "",
-                     sparse: Sparse | None = None) -> torch.Tensor:
-        tile_mask = self._tile_mask(mode, layer, sparse, q, k, attn_mask, plain=not dropout_p)
+                     sparse: Sparse | None = None, text: str | None = None) -> torch.Tensor:
+        tile_mask = self._tile_mask(mode, layer, text, sparse, q, k, attn_mask, plain=not dropout_p)
         if mode is Mode.full:  # torch's SDPA on the call as made (sageattn would refuse what SDPA broadcasts)
             return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
                                                 backend="sdpa")
         backend = self.backend
         if backend in ("triton", "reference") and not dropout_p and key_padding_problem(attn_mask, k.shape[-2]):
             backend = "auto"  # SDPA, recorded with the mask's reason (the kernels' first unmet constraint)
-        return scaled_dot_product_attention(
+        out = scaled_dot_product_attention(
             q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
             pv=mode.pv, qk_granularity=granularity, backend=backend, tile_mask=tile_mask, _guard_counter=counter,
         )
+        if tile_mask is not None and not torch.compiler.is_compiling():
+            self.sparse.note_sparse(layer, self.clock.step)
+        return out
 
-    def _tile_mask(self, mode: Mode, layer: str, sparse: Sparse | None, q, k, attn_mask, plain: bool) -> Any:
-        """A sparse call's tile mask (`SparseRouting.tile_mask`), else None, noting dense calls under a
-        plan with sparse choices (eagerly: inside a compiled graph only sparse calls are noted)."""
+    def _tile_mask(self, mode: Mode, layer: str, text: str | None, sparse: Sparse | None, q, k, attn_mask,
+                   plain: bool) -> Any:
+        """A sparse call's tile mask (`SparseRouting.tile_mask`; `text`: the layer's text position),
+        else None, noting dense calls under a plan with sparse choices (eagerly: inside a compiled
+        graph no call is noted)."""
         if self.sparse is None:
             return None
         if sparse is None or mode is Mode.full:
             if not torch.compiler.is_compiling():
                 self.sparse.note_dense(layer, self.clock.step)
             return None
-        return self.sparse.tile_mask(layer, sparse, q, k, pv=mode.pv, step=self.clock.step, attn_mask=attn_mask,
+        step = None if torch.compiler.is_compiling() else self.clock.step  # a step in a graph would specialize it
+        return self.sparse.tile_mask(layer, text, sparse, q, k, pv=mode.pv, step=step, attn_mask=attn_mask,
                                      plain=plain)
 
 

@@ -9,17 +9,19 @@ density). Where the choice of an installed layer at the current step is, its rou
   Open-Sora: first; HunyuanVideo: last; Wan's self-attention: none; cross-attention and text-only
   layers never), and the latent grid of the running forward (read by a forward pre-hook on each
   denoiser, outside any compiled graph);
-- the tiles are those of the kernel plan the call runs (`attention.sparse.select_tiles`); text rows
-  and columns stay dense, as do the diagonal tiles and a sink tile;
+- the tiles are those of the kernel plan the call runs (`attention.sparse`); text rows and columns
+  stay dense, as do the diagonal tiles and a sink tile;
 - a call that cannot be sparse (a layer its family keeps dense, no grid, a sequence that is not
   the grid's video plus text, dropout, grouped K/V heads) runs dense, noted with the reason; every
   call under a plan with sparse choices is noted with its layer, step and density
   (`attention.records.report_sparse`: the manifest's `backends.sparse`).
 
-Selection reads the device (the density; the dynamic selection's bisection), so it runs eagerly,
-outside compiled graphs (`torch.compiler.disable`): a model compiled by its user breaks its graph
-at each sparse call and stays correct; `sagevideo generate` refuses `--sparse` with `--compile`
-before loading. The fused selection without host reads is stage 3.
+Nothing here reads the device, so a model compiled by its user keeps whole graphs (no break at a
+sparse call): a dynamic call passes `attention.sparse.dynamic_selection` (a per-row density: each
+query tile keeps about that share of its key tiles), which the call selects on the device inside
+its own preparation (the PyTorch definition where the Triton kernels do not run); a static call's
+mask depends on no input and is a constant to torch.compile. Calls are noted eagerly only, with the
+density the call read back (`records.last_backend`); inside a compiled graph they are not noted.
 
 `job_plan` is the plan `--sparse` builds for a job without a plan file: the setting on the job's
 quantized attention, the first ceil(steps/5) steps and each denoiser's first sparse layer dense.
@@ -27,14 +29,15 @@ quantized attention, the first ceil(steps/5) steps and each denoiser's first spa
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
 import torch
 
 from sagevideo.attention.functional import broadcast_dims_dropped, key_padding_problem
-from sagevideo.attention.records import SparseNote, report_sparse
-from sagevideo.attention.sparse import select_tiles
+from sagevideo.attention.records import SparseNote, last_backend, report_sparse
+from sagevideo.attention.sparse import dynamic_selection, select_tiles
 from sagevideo.pipelines.families import TEXT_FIRST, TEXT_LAST, SparseLayout
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
 
@@ -43,6 +46,7 @@ NO_GRID = "no latent grid for this forward (the transformer is not of a family t
 NOT_PLAIN = "a call the kernels cannot take block-sparse (dropout, grouped K/V heads, another shape)"
 
 SELECTION_RANGE = "sagevideo::select_tiles"  # the profiler range of a call's tile selection
+NOT_SPARSE = "not-sparse"  # a layer's text position where its family never makes it sparse
 
 
 def grid_mismatch(n: int, grid: tuple[int, int, int], text: str | None) -> str:
@@ -61,44 +65,79 @@ class SparseRouting:
         self.text: dict[str, str | None] = dict(text or {})
         self.grid: tuple[int, int, int] | None = None
 
-    def _text_tokens(self, layer: str, n: int) -> tuple[int, int] | str:
-        """(text tokens first, text tokens last) of a call of `n` tokens of `layer`, or why it cannot be sparse."""
-        if layer not in self.text:
+    def text_of(self, layer: str) -> str | None:
+        """The text position of `layer` (prefixed name): TEXT_FIRST, TEXT_LAST, None (no text), or
+        NOT_SPARSE for a layer its family never makes sparse. Routes keep it, so that compiled code
+        reads a value layers share rather than each layer's name (one graph for every layer)."""
+        return self.text.get(layer, NOT_SPARSE)
+
+    def _text_tokens(self, position: str | None, n: int) -> tuple[int, int] | str:
+        """(text tokens first, text tokens last) of a call of `n` tokens of a layer whose text sits at
+        `position` (`text_of`), or why it cannot be sparse."""
+        if position == NOT_SPARSE:
             return NOT_SPARSE_LAYER
         if self.grid is None:
             return NO_GRID
-        position = self.text[layer]
         text = n - math.prod(self.grid)
         if text < 0 or (position is None and text):
             return grid_mismatch(n, self.grid, position)
         return (text, 0) if position == TEXT_FIRST else (0, text) if position == TEXT_LAST else (0, 0)
 
+    def _checked(self, position: str | None, q: torch.Tensor, k: torch.Tensor, plain: bool) -> tuple[int, int] | str:
+        text = self._text_tokens(position, q.shape[2])
+        if not isinstance(text, str) and (not plain or q.dim() != 4 or q.shape != k.shape):
+            return NOT_PLAIN
+        return text
+
     def select(self, layer: str, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *, pv: str,
                attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
-        """The tile mask `sparse` selects for one call of `layer` (HND q, k (B, H, N, D)) in the tiles
-        of PV mode `pv`, or the reason (str) the call cannot be sparse; notes nothing (calibration
+        """The tile mask (`TileMask`) `sparse` selects for one call of `layer` (HND q, k (B, H, N, D))
+        in the tiles of PV mode `pv`, the rule installed calls run (a per-row density for dynamic
+        selection), or the reason (str) the call cannot be sparse; notes nothing (calibration
         measures masks it does not run). plain: whether the call is one the kernels take block-sparse
         (no dropout, as many K/V heads as query heads)."""
-        text = self._text_tokens(layer, q.shape[2])
-        if not isinstance(text, str) and (not plain or q.dim() != 4 or q.shape != k.shape):
-            text = NOT_PLAIN
+        text = self._checked(self.text_of(layer), q, k, plain)
         if isinstance(text, str):
             return text
         with torch.profiler.record_function(SELECTION_RANGE):  # `sagevideo profile` counts it apart
             return select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
                                 text_last=text[1], grid=self.grid, key_mask=_key_mask(attn_mask, k.shape[2]))
 
-    @torch.compiler.disable  # reads the device: eagerly, between two graphs of a compiled model
-    def tile_mask(self, layer: str, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *, pv: str,
-                  step: int | None, attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
-        """The tile mask of one call of `layer` its plan makes `sparse` (`select`), or None (dense)
-        with the reason noted."""
-        mask = self.select(layer, sparse, q, k, pv=pv, attn_mask=attn_mask, plain=plain)
+    def call_mask(self, position: str | None, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *, pv: str,
+                  attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
+        """What one call of a layer at text `position` passes as `tile_mask` (no host read): for dynamic
+        selection the per-row `DynamicSelection` the call selects with (a `TileMask` of the same rule
+        where attn_mask is not key padding, which the one-call selection does not take), for static
+        the grid's constant mask; or the reason (str) the call cannot be sparse."""
+        text = self._checked(position, q, k, plain)
+        if isinstance(text, str):
+            return text
+        if sparse.method == "dynamic" and (attn_mask is None or _key_mask(attn_mask, k.shape[2]) is not None):
+            return dynamic_selection(sparse.density, text_first=text[0], text_last=text[1])  # selected in the call
+        # `sagevideo profile` counts the selection apart (eagerly: a graph holds no profiler range)
+        ranged = contextlib.nullcontext() if torch.compiler.is_compiling() else torch.profiler.record_function(
+            SELECTION_RANGE)
+        with ranged:
+            return select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
+                                text_last=text[1], grid=self.grid)
+
+    def tile_mask(self, layer: str, position: str | None, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *,
+                  pv: str, step: int | None, attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
+        """The tile mask of one call of `layer` (text at `position`) its plan makes `sparse`
+        (`call_mask`), or None (dense) with the reason noted (eagerly)."""
+        mask = self.call_mask(position, sparse, q, k, pv=pv, attn_mask=attn_mask, plain=plain)
         if isinstance(mask, str):
-            report_sparse(SparseNote(layer, step, 1.0, mask, planned=True))
+            if not torch.compiler.is_compiling():
+                report_sparse(SparseNote(layer, step, 1.0, mask, planned=True))
             return None
-        report_sparse(SparseNote(layer, step, mask.density, planned=True))
         return mask
+
+    def note_sparse(self, layer: str, step: int | None) -> None:
+        """Note the sparse call just made (eagerly: the density its record read)."""
+        if not torch.compiler.is_compiling():
+            choice = last_backend()
+            density = math.nan if choice is None or choice.density is None else choice.density
+            report_sparse(SparseNote(layer, step, density, planned=True))
 
     @torch.compiler.disable
     def note_dense(self, layer: str, step: int | None) -> None:

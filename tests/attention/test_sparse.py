@@ -153,13 +153,17 @@ def hopper_on_cpu(monkeypatch):
     plan_cpu_calls_as_h200(monkeypatch)
 
 
-def test_a_compiled_sparse_call_is_one_graph_and_records_an_unread_density():
-    """torch.compile(fullgraph=True): the lists go into the op with no host read (the density is not
-    read in a graph: recorded NaN), the same output as the eager call."""
+@pytest.mark.parametrize("given", ["lists", "per-row density"])
+def test_a_compiled_sparse_call_is_one_graph_and_records_an_unread_density(given):
+    """torch.compile(fullgraph=True): the lists go into the op, or the call selects at a per-row density
+    inside its op, with no host read (the density is not read in a graph: recorded NaN), the same
+    output as the eager call."""
     from torch._dynamo.utils import counters
 
+    from sagevideo.kernels.tile_select import DynamicSelection
+
     q, k, v = _qkv(seed=5)
-    lists = _coarse_mask(seed=5).to_lists()
+    lists = _coarse_mask(seed=5).to_lists() if given == "lists" else DynamicSelection(density=0.4, min_similarity=0)
 
     def attend(q, k, v):
         return sageattn(q, k, v, tile_mask=lists, backend="triton") * 2
@@ -192,40 +196,46 @@ def _structured(heads=2, n=384, seed=0, dtype=torch.float16):
     return tuple(t.to(DEVICE, dtype) for t in (q, k, v))
 
 
-def test_a_dynamic_selection_selects_and_attends_in_one_triton_call():
+@pytest.mark.parametrize("rule", ["top_p", "per-row density"])
+def test_a_dynamic_selection_selects_and_attends_in_one_triton_call(rule):
     """sageattn(tile_mask=DynamicSelection): the kernels select inside the preparation; the output is
     the one of the same call with the lists `select_tile_lists` makes (the same pooling, the same lists); the
-    record's density is NaN (not read: no host sync)."""
+    record's density is read once after the call (eagerly; a compiled graph's is NaN)."""
     from sagevideo.attention.sparse import select_tile_lists
     from sagevideo.kernels.tile_select import DynamicSelection
 
     q, k, v = _structured()
     key_mask = torch.ones(1, 1, 1, 384, dtype=torch.bool, device=DEVICE)
     key_mask[..., 350:] = False
-    selection = DynamicSelection(top_p=0.5, sink_tiles=0)
+    selection = DynamicSelection(sink_tiles=0, **({"top_p": 0.5} if rule == "top_p" else {"density": 0.3}))
     out, lse = sageattn(q, k, v, tile_mask=selection, attn_mask=key_mask, backend="triton", return_lse=True)
     choice = last_backend()
-    assert choice.label == "triton/fp16" and math.isnan(choice.density)
     lists = select_tile_lists(q, k, selection, key_mask=key_mask[:, 0, 0])
+    assert choice.label == "triton/fp16" and choice.density == pytest.approx(lists.density)
     assert 0 < lists.density < 1 and not lists.check_entries
     want, want_lse = sageattn(q, k, v, tile_mask=lists, attn_mask=key_mask, backend="triton", return_lse=True)
     assert last_backend().density == pytest.approx(lists.density)
     assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
+@pytest.mark.parametrize("rule", ["top_p", "per-row density"])
 @pytest.mark.parametrize("backend", ["reference", "sdpa"])
-def test_the_other_backends_select_with_the_pytorch_definition(backend):
+def test_the_other_backends_select_with_the_pytorch_definition(backend, rule):
     """The reference and SDPA take the PyTorch selection (`TileScores`) in the plan's tiles: the same as
     passing its mask; `select_tile_lists` without the kernels (fp32 inputs) gives its lists."""
     from sagevideo.attention.sparse import select_tile_lists
-    from sagevideo.kernels.tile_select import DynamicSelection, select_dynamic
+    from sagevideo.kernels.tile_select import DynamicSelection, select_dynamic, select_dynamic_per_row
 
     q, k, v = _structured(seed=1, dtype=torch.float16 if backend == "reference" else torch.float32)
-    selection = DynamicSelection(top_p=0.5, sink_tiles=0)
-    mask = select_dynamic(q, k, block_m=128, block_n=64, **{"top_p": 0.5, **selection.scores_options()})
+    if rule == "top_p":
+        selection = DynamicSelection(top_p=0.5, sink_tiles=0)
+        mask = select_dynamic(q, k, block_m=128, block_n=64, **{"top_p": 0.5, **selection.scores_options()})
+    else:
+        selection = DynamicSelection(density=0.3, sink_tiles=0)
+        mask = select_dynamic_per_row(q, k, 0.3, block_m=128, block_n=64, **selection.scores_options())
     assert 0 < mask.density < 1
     out = sageattn(q, k, v, tile_mask=selection, backend=backend)
-    assert last_backend().ran == backend and math.isnan(last_backend().density)
+    assert last_backend().ran == backend and last_backend().density == pytest.approx(mask.density)
     assert torch.equal(out, sageattn(q, k, v, tile_mask=mask, backend=backend))
     lists = select_tile_lists(q.float(), k.float(), selection)
     assert torch.equal(lists.to_mask().keep, mask.keep)

@@ -349,8 +349,6 @@ def test_a_yaml_job_file_named_txt_exits_2_and_makes_no_video(tmp_path):
         (["--sparse", "dynamic:1.5"], "--sparse dynamic:1.5: 'dynamic:1.5': density 1.5 is outside (0, 1]"),
         (["--sparse", "static:0.2", "--attention", "full"], "--sparse static:0.2: static:0.2 with attention full: full "
          "precision runs stock SDPA, which is never block-sparse; use sparse off or attention sage"),
-        (["--sparse", "dynamic:0.15", "--compile", "regional", "--compile-backend", "eager"],
-         "--compile regional: does not compose with --sparse yet: tile selection reads the device"),
         (["--sparse", "dynamic:0.15", "--gpus-per-job", "2"],
          "--gpus-per-job 2: does not compose with --sparse yet: Ulysses ranks do not select tiles"),
     ],

@@ -35,4 +35,5 @@ def test_what_sparse_does_not_compose_with_is_said_with_the_fix():
     assert "put the sparse setting in the plan" in job_sparse_problem("static:0.2", "sage", "p.json")
     assert run_sparse_problems(False, "regional", 4) == []
     options = [option for option, _ in run_sparse_problems(True, "regional", 2)]
-    assert options == ["--compile regional", "--gpus-per-job 2"]
+    assert options == ["--gpus-per-job 2"]  # --compile composes: the selection reads nothing on the host
+    assert run_sparse_problems(True, "regional", 1) == []

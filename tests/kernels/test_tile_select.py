@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
+from sagevideo.kernels import tile_select
 from sagevideo.kernels.tile_select import (
+    DynamicSelection,
     TileScores,
     forced_tiles,
     grid_coordinates,
@@ -14,8 +16,10 @@ from sagevideo.kernels.tile_select import (
     inverse_order,
     select_dynamic,
     select_dynamic_at_density,
+    select_dynamic_per_row,
     select_static,
     select_static_at_density,
+    tiles_at_density,
 )
 
 
@@ -219,3 +223,95 @@ def test_top_p_one_keeps_every_tile_even_where_the_mass_sums_to_one_early():
     scores = TileScores(q * 20, k, block_m=64, block_n=64, sink_tiles=0)
     assert (scores.nearest_boundary(1.0) == 0.0) and scores.keep(0.999999).density < 1  # a mass of exactly 1
     assert scores.keep(1.0).density == 1.0
+
+
+# --- a per-row density --------------------------------------------------------------------------
+
+
+def _per_row_scores():
+    """Scores of clustered q/k (2 heads, 8 x 16 tiles of 64 x 32), key tiles 14-15 padding only and tile 13
+    partly, a text prefix of 40 tokens: forced and free tiles in every query tile."""
+    q, k = _clustered(n=512)
+    key_mask = torch.ones(1, 512, dtype=torch.bool)
+    key_mask[0, 430:] = False
+    return TileScores(q, k, block_m=64, block_n=32, key_mask=key_mask, sink_tiles=1, dense_prefix=40,
+                      min_similarity=0.0)
+
+
+def _assert_per_row_rule(scores, mask, density):
+    """Each query tile keeps its forced tiles and max(forced, min(k, valid)) tiles in all, the kept free
+    tiles of at least the mass of the dropped ones, never a tile of padding only."""
+    keep, forced, valid = mask.keep, scores.forced, scores.has_keys
+    k = tiles_at_density(density, valid.sum(dim=-1))
+    want = torch.maximum(forced.sum(dim=-1), torch.minimum(k, valid.sum(dim=-1)))
+    assert torch.equal(keep.sum(dim=-1), want), "a query tile keeps another count than the rule's"
+    assert not (keep & ~valid).any() and (keep | ~forced).all()
+    free = valid & ~forced
+    least_kept = torch.where(keep & free, scores.probs, math.inf).amin(dim=-1)
+    most_dropped = torch.where(~keep & free, scores.probs, -math.inf).amax(dim=-1)
+    assert (least_kept >= most_dropped).all()
+
+
+@pytest.mark.parametrize("density", [1e-3, 0.1, 0.25, 0.5, 0.9, 1.0])
+def test_a_per_row_density_keeps_forced_tiles_then_the_most_probable_up_to_its_count(density):
+    scores = _per_row_scores()
+    mask = scores.keep_per_row(density)
+    _assert_per_row_rule(scores, mask, density)
+    assert not mask.keep[..., 14:].any()  # padding only, even in the text rows
+    if density == 1.0:
+        assert torch.equal(mask.keep, scores.has_keys)
+    if density == 1e-3:
+        assert torch.equal(mask.keep, scores.forced)  # k = 1: the diagonal alone covers it
+
+
+@pytest.mark.parametrize("off_by", [-1, 1])
+def test_a_count_one_off_fails_the_rule(monkeypatch, off_by):
+    """The rule's check is sharp: a selection with k - 1 or k + 1 tiles fails it."""
+    scores = _per_row_scores()
+    right = tiles_at_density
+    monkeypatch.setattr(tile_select, "tiles_at_density", lambda d, valid: (right(d, valid) + off_by).clamp(min=0))
+    with pytest.raises(AssertionError, match="another count"):
+        _assert_per_row_rule(scores, scores.keep_per_row(0.5), 0.5)
+
+
+def test_the_count_is_a_ceiling_with_at_least_one_tile():
+    valid = torch.tensor([0, 1, 7, 20, 591, 4096])
+    assert tiles_at_density(0.15, valid).tolist() == [1, 1, 2, 3, 89, 615]  # fp32(0.15) x 20 is 3.0000001
+    assert tiles_at_density(1.0, valid).tolist() == [1, 1, 7, 20, 591, 4096]
+    assert tiles_at_density(1e-6, valid).tolist() == [1] * 6
+    assert tiles_at_density(0.5, torch.tensor([3, 4])).tolist() == [2, 2]
+
+
+def test_a_per_row_density_breaks_ties_toward_the_lower_key_tile():
+    """Key tile 9 a copy of key tile 3 (equal probabilities): where the count takes one of the two, it
+    takes tile 3 (as the top-p path's stable sort)."""
+    q, k = _clustered(n=512)
+    k[:, :, 9 * 32:10 * 32] = k[:, :, 3 * 32:4 * 32]
+    scores = TileScores(q, k, block_m=64, block_n=32, sink_tiles=0, min_similarity=0.0)
+    assert torch.equal(scores.probs[..., 3], scores.probs[..., 9])
+    free = ~scores.forced[..., 3] & ~scores.forced[..., 9]
+    split = [d for d in (i / 16 for i in range(1, 16))
+             if (scores.keep_per_row(d).keep[..., 3] ^ scores.keep_per_row(d).keep[..., 9])[free].any()]
+    assert split, "no density keeps one of the tied tiles without the other"
+    for density in split:
+        keep = scores.keep_per_row(density).keep
+        assert not (keep[..., 9] & ~keep[..., 3] & free).any()
+    assert (scores.per_row_margins(split[0])[free & (scores.keep_per_row(split[0]).keep[..., 3]
+                                                     ^ scores.keep_per_row(split[0]).keep[..., 9])] == 0).all()
+
+
+def test_per_row_selection_settings():
+    q, k = _clustered()
+    selection = DynamicSelection(density=0.25, sink_tiles=0)
+    assert selection.per_row and not DynamicSelection().per_row
+    scores = TileScores(q, k, block_m=64, block_n=64, **selection.scores_options())
+    assert torch.equal(selection.keep(scores).keep, select_dynamic_per_row(q, k, 0.25, block_m=64, block_n=64,
+                                                                          sink_tiles=0).keep)
+    assert torch.equal(DynamicSelection(top_p=0.5).keep(scores).keep, scores.keep(0.5).keep)
+    for bad in (0, 1.5, True, "0.2"):
+        with pytest.raises(ValueError, match="density="):
+            DynamicSelection(density=bad)
+    with pytest.raises(ValueError, match="top_p .* or density .* not both"):
+        DynamicSelection(top_p=0.5, density=0.2)
+    with pytest.raises(ValueError, match="density=0"):
+        scores.keep_per_row(0)

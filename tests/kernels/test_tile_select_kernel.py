@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
-from sagevideo.kernels import dispatch
+from sagevideo.kernels import dispatch, tile_select
 from sagevideo.kernels.plans import plain_triton, prep_plan, select_plan
 from sagevideo.kernels.quantize import quantize_inputs
 from sagevideo.kernels.rotation import hadamard_pm1
@@ -100,6 +100,14 @@ class Case:
         return select_lists(self.pooled, dataclasses.replace(self.selection, top_p=top_p, **change),
                             batch=q.shape[0], heads=q.shape[1], kv_heads=k.shape[1], n_q=q.shape[2],
                             n_k=k.shape[2], block_m=plan.block_m, block_n=plan.block_n, sm_scale=q.shape[-1] ** -0.5)
+
+    def kernel_per_row(self, density, **change):
+        """The selection kernel's (key tiles, counts) at a per-row density."""
+        selection = dataclasses.replace(self.selection, density=density, **change)
+        q, k, plan = self.q, self.k, self.plan
+        return select_lists(self.pooled, selection, batch=q.shape[0], heads=q.shape[1], kv_heads=k.shape[1],
+                            n_q=q.shape[2], n_k=k.shape[2], block_m=plan.block_m, block_n=plan.block_n,
+                            sm_scale=q.shape[-1] ** -0.5)
 
     def top_ps(self, wanted):
         """Per wanted value, the nearest top_p (in steps of 0.005) at least MARGIN from every boundary."""
@@ -328,6 +336,52 @@ def test_ties_rank_the_lower_key_tile_first():
     _assert_same_lists(case.kernel(split), case.reference(split))
 
 
+# "random" runs in `make test` only, as above
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "random" else name
+                                  for name in sorted(CASES)])
+def test_the_kernel_lists_at_a_per_row_density_equal_the_reference(name):
+    """BY_COUNT: per query tile the forced tiles and the most probable others up to max(1, ceil(density x
+    valid key tiles)), entry for entry as `TileScores.keep_per_row` (no query tile has two free tiles
+    within MARGIN of each other at its count's edge: `per_row_margins`), from a density below one tile
+    (the forced tiles alone) to 1 (every tile with a valid key)."""
+    case = CASES[name]()
+    densities = []
+    for density in (1e-3, 0.2, 0.35, 0.5, 0.8, 1.0):
+        assert (case.scores.per_row_margins(density) > MARGIN).all()
+        reference = case.scores.keep_per_row(density).padded_lists()
+        _assert_same_lists(case.kernel_per_row(density), reference)
+        densities.append(float(reference[1].double().mean()) / reference[0].shape[-1])
+    assert densities == sorted(densities) and densities[0] < densities[3] < densities[-1]
+    assert torch.equal(case.kernel_per_row(1e-3)[1], case.scores.forced.sum(dim=-1).int())
+
+
+@pytest.mark.parametrize("off_by", [-1, 1])
+def test_a_per_row_count_one_off_fails_the_comparison(monkeypatch, off_by):
+    """The reference with k - 1 or k + 1 tiles per query tile: the kernel's lists no longer match it (in
+    every query tile where the count is not held by the forced tiles or the valid tiles)."""
+    case = _planted_case()
+    kernel = case.kernel_per_row(0.5)
+    _assert_same_lists(kernel, case.scores.keep_per_row(0.5).padded_lists())
+    right = tile_select.tiles_at_density
+    monkeypatch.setattr(tile_select, "tiles_at_density", lambda d, valid: right(d, valid) + off_by)
+    with pytest.raises(AssertionError, match="query tiles keep another number"):
+        _assert_same_lists(kernel, case.scores.keep_per_row(0.5).padded_lists())
+
+
+def test_a_per_row_density_ranks_tied_tiles_by_key_tile():
+    """Key tile 9 a copy of key tile 3: at a density where the reference keeps one of the two, it is
+    tile 3, and the kernel's count bisection and prefix count over the tied tiles keep the same."""
+    q, k = _tiled(1, (1.0, 3.0), 384, seed=5)
+    k[:, :, 9 * 32: 10 * 32] = k[:, :, 3 * 32: 4 * 32]
+    case = _case(q, k, None, _plan(64, 32), DynamicSelection(sink_tiles=0))
+    decided = ~case.scores.forced[..., 3] & ~case.scores.forced[..., 9]
+    split = next((d for d in (i / 32 for i in range(1, 32))
+                  if (case.scores.keep_per_row(d).keep[..., 3] & ~case.scores.keep_per_row(d).keep[..., 9]
+                      & decided).any()), None)
+    assert split is not None, "no density keeps one of the tied tiles without the other"
+    _assert_same_lists(case.kernel_per_row(split), case.scores.keep_per_row(split).padded_lists())
+
+
 def test_batch_rows_without_a_valid_key_list_nothing():
     q, k = _tiled(2, (1.0, 1.0), 192, seed=6)
     key_mask = torch.ones(2, 192, dtype=torch.bool, device=DEVICE)
@@ -337,11 +391,17 @@ def test_batch_rows_without_a_valid_key_list_nothing():
         indices, counts = case.kernel(top_p)
         _assert_same_lists((indices, counts), case.reference(top_p))
         assert (counts[1] == 0).all() and (indices[1] == -1).all() and (counts[0] > 0).all()
+    for density in (0.01, 0.5, 1.0):
+        indices, counts = case.kernel_per_row(density)
+        _assert_same_lists((indices, counts), case.scores.keep_per_row(density).padded_lists())
+        assert (counts[1] == 0).all() and (indices[1] == -1).all() and (counts[0] > 0).all()
 
 
-def test_the_selection_reads_nothing_on_the_host(monkeypatch):
+@pytest.mark.parametrize("rule", ["top_p", "per-row density"])
+def test_the_selection_reads_nothing_on_the_host(monkeypatch, rule):
     """No tensor is read back in Python while selecting (item, bool, int, float, tolist raise here): the
-    lists' width is the key tiles' count, known from the shapes."""
+    lists' width is the key tiles' count, known from the shapes; a per-row density's count is made on
+    the device."""
     case = _random_case()
 
     def refuse(self, *args, **kwargs):
@@ -349,7 +409,7 @@ def test_the_selection_reads_nothing_on_the_host(monkeypatch):
 
     for name in ("item", "__bool__", "__int__", "__float__", "__index__", "tolist"):
         monkeypatch.setattr(torch.Tensor, name, refuse)
-    selection = dataclasses.replace(case.selection, top_p=0.6)
+    selection = dataclasses.replace(case.selection, **({"top_p": 0.6} if rule == "top_p" else {"density": 0.5}))
     plan = _plan(128, 64)  # the device plan's tiles at d64 / fp16: the kernels' entry
     lists = dispatch.select_tiles(case.q, case.k, selection, pv=plan.pv, sm_scale=0.125, key_mask=case.key_mask)
     monkeypatch.undo()
@@ -379,7 +439,8 @@ def _one_go(q, k, v, plan, selection, key_mask=None):
                                   key_mask=key_mask, per_token=False, smooth_k=True, rotate_qk=True, return_lse=True)
 
 
-def test_the_op_selects_and_attends_in_one_call():
+@pytest.mark.parametrize("rule", ["top_p", "per-row density"])
+def test_the_op_selects_and_attends_in_one_call(rule):
     """`sageattn_fwd_select`: its lists are those the kernels' entry selects on the same inputs (the same
     pooling, in the same preparation), and its output and LSE are the block-sparse op's with those lists,
     bit for bit."""
@@ -390,7 +451,7 @@ def test_the_op_selects_and_attends_in_one_call():
     key_mask = torch.ones(2, 256, dtype=torch.bool, device=DEVICE)
     key_mask[1, 200:] = False
     plan = plain_triton(select_plan(q.device, 64, "fp16").plan)
-    selection = DynamicSelection(top_p=0.5, dense_prefix=16)
+    selection = DynamicSelection(dense_prefix=16, **({"top_p": 0.5} if rule == "top_p" else {"density": 0.4}))
     out, lse, _, (indices, counts) = _one_go(q, k, v, plan, selection, key_mask)
     lists = dispatch.select_tiles(q, k, selection, pv="fp16", sm_scale=0.125, key_mask=key_mask)
     assert torch.equal(indices, lists.indices) and torch.equal(counts, lists.counts)
@@ -402,7 +463,8 @@ def test_the_op_selects_and_attends_in_one_call():
 
 
 @pytest.mark.slow
-def test_the_one_go_op_compiles_into_one_graph():
+@pytest.mark.parametrize("rule", ["top_p", "per-row density"])
+def test_the_one_go_op_compiles_into_one_graph(rule):
     """torch.compile(fullgraph=True) traces the selecting op (no host read to break the graph) and
     computes the eager result."""
     from torch._dynamo.utils import counters
@@ -410,7 +472,7 @@ def test_the_one_go_op_compiles_into_one_graph():
     q, k = _tiled(1, (1.0, 2.0), 192, seed=9, block_m=128, block_n=64)
     v = torch.randn_like(k)
     plan = plain_triton(select_plan(q.device, 64, "fp16").plan)
-    selection = DynamicSelection(top_p=0.6)
+    selection = DynamicSelection(**({"top_p": 0.6} if rule == "top_p" else {"density": 0.5}))
 
     def attend(q, k, v):
         out, _, _, (indices, counts) = _one_go(q, k, v, plan, selection)

@@ -23,9 +23,9 @@ depends on the shapes, not the values), or a tiny one.
 
 `--sparse METHOD:DENSITY` makes the sage recipes block-sparse as a sparse step of `generate
 --sparse` runs them (`pipelines.sparse.job_plan` on the bare transformer: every layer its family
-may make sparse but the first, text rows and columns dense); each recipe's record gives the mean
-density its calls reached. Eager recipes only for now: the tile selection reads the device between
-the blocks, which compiled blocks cannot take. Random weights make attention near-uniform, so the
+may make sparse but the first, text rows and columns dense); each eager recipe's record gives the
+mean density its calls reached (compiled recipes run sparse in whole graphs, but their calls are not
+noted: no density). Random weights make attention near-uniform, so the
 density dynamic selection reaches here says nothing of a real model's (static windows reach the
 density asked); the time is what matters here.
 """
@@ -270,16 +270,12 @@ def recipe_table(results: list[RecipeResult]) -> list[str]:
 
 
 def check_sparse_recipes(sparse: str, names: list[str], option: str = "--recipes") -> None:
-    """With a block-sparse `sparse`: InputError unless some of the (parsed) recipes is an eager sage
-    one, or if a compiled sage one is; `option` names where the recipes were given."""
+    """With a block-sparse `sparse`: InputError unless some of the (parsed) recipes is a sage one
+    (eager or compiled: the selection reads nothing on the host); `option` names where the recipes
+    were given."""
     if not is_sparse(sparse):
         return
     specs = {name: parse_recipe_name(name) for name in names}
-    compiled = [n for n, spec in specs.items() if spec["attention"] == "sage" and spec["compile"] != "none"]
-    if compiled:
-        raise InputError(f"--sparse {sparse} with {', '.join(compiled)}: the tile selection reads the device between "
-                         "the blocks, which compiled blocks cannot take yet; time eager recipes (e.g. eager-sage, "
-                         "fp8-eager-sage) with --sparse")
     if not any(spec["attention"] == "sage" for spec in specs.values()):
         raise InputError(f"--sparse {sparse}: applies to sage recipes, none named; e.g. {option} eager-sage")
 

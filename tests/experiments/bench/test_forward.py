@@ -144,9 +144,13 @@ def test_sparse_makes_the_sage_recipes_block_sparse_and_records_their_density(tm
 
 
 @pytest.mark.parametrize(("recipes", "message"), [
-    (["eager-sage", "compile-sage"], "--sparse dynamic:0.15 with compile-sage: the tile selection reads the device"),
     (["eager-cudnn"], "--sparse dynamic:0.15: applies to sage recipes, none named; e.g. --recipes eager-sage"),
 ])
 def test_sparse_is_refused_where_it_cannot_run_before_any_model_is_built(recipes, message):
     with pytest.raises(InputError, match=message):
         resolve(BenchForwardConfig.build(model="tiny-wan", recipes=recipes, sparse="dynamic:0.15"))
+
+
+def test_sparse_takes_compiled_sage_recipes():
+    """The selection reads nothing on the host, so compiled recipes run sparse in whole graphs."""
+    resolve(BenchForwardConfig.build(model="tiny-wan", recipes=["eager-sage", "compile-sage"], sparse="dynamic:0.15"))
