@@ -419,7 +419,9 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
                      f"{result.backends or 'stock SDPA'}")
         if handle is not None:
             handle.remove()
-        del step, out
+        # every reference to this recipe's model goes before the next is built: two real-size models
+        # at once do not fit an 80 GB card (Wan 14B: 28 GB of bf16 weights each, plus activations)
+        del step, out, run, handle, applied
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -154,3 +154,23 @@ def test_sparse_is_refused_where_it_cannot_run_before_any_model_is_built(recipes
 def test_sparse_takes_compiled_sage_recipes():
     """The selection reads nothing on the host, so compiled recipes run sparse in whole graphs."""
     resolve(BenchForwardConfig.build(model="tiny-wan", recipes=["eager-sage", "compile-sage"], sparse="dynamic:0.15"))
+
+
+def test_each_recipes_model_is_released_before_the_next_is_built():
+    """Only one model at a time: two real-size ones do not fit an 80 GB card."""
+    import weakref
+
+    from sagevideo.experiments.bench.forward import run_recipes
+    from sagevideo.pipelines.forwards import build_step
+
+    built, alive_at_build = [], []
+
+    def build():
+        alive_at_build.append(sum(ref() is not None for ref in built))
+        step = build_step("tiny-cogvideox", "cpu", torch.float32)
+        built.append(weakref.ref(step.model))
+        return step
+
+    run_recipes(["eager-cudnn", "eager-sage", "eager-cudnn"], build, device="cpu", dtype="float32", repeats=1,
+                compile_backend="eager", backend="reference")
+    assert alive_at_build == [0, 0, 0]
