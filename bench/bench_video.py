@@ -12,6 +12,9 @@ decode included, in arms run one after another in this process:
   quantized attention plus the recipe (default regional compile + FP8 linears), timings from the
   manifest records: the first video (compilation lands in its first step) and the later ones;
 - sage-cache: the same with `cache=first-block` (--cache-threshold): speed-up and steps skipped;
+- sage-sparse: the same with `sparse=--sparse` (block-sparse attention, default dynamic:0.15; the
+  first fifth of the steps and the first sparse layer dense, docs/sparse.md): what doing less
+  attention work gives on a whole video (its quality is `ab`'s to judge, on a real model);
 - sage-edges: the same with `linear_bf16_steps=0;-1` (the first and last step with bf16 weights,
   needs `linear=fp8` in --recipe): what the high-precision steps cost;
 - second-worker: `sagevideo generate` in a new process with the sage recipe and 2 steps, after the
@@ -30,6 +33,7 @@ synchronized; the VAE decode after it is the arm's decode_s). The JSON is rewrit
 keeps what it measured.
 
     python -m bench.bench_video --json video.json [--arms sage,stock,second-worker,sage-cache]
+    python -m bench.bench_video --json video.json --arms stock,sage,sage-sparse --sparse dynamic:0.15
     python -m bench.bench_video --tiny              # CPU smoke test (built-in tiny model)
     python -m bench.bench_video --arms stock --steps 12 --profile-steps 4   # where a step's idle time goes
 
@@ -54,7 +58,8 @@ from bench.results import add_results_option, start_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "a red panda climbing a tree in the rain, cinematic lighting"
-ARMS = ("sage", "stock", "second-worker", "sage-cache", "sage-edges", "stock-compiled", "stock-noise-first")
+ARMS = ("sage", "stock", "second-worker", "sage-cache", "sage-sparse", "sage-edges", "stock-compiled",
+        "stock-noise-first")
 DEFAULT_ARMS = "sage,stock,second-worker,sage-cache"
 DEFAULT_RECIPE = "compile=regional,linear=fp8"
 TINY_RECIPE = "compile=regional,compile_backend=eager"
@@ -159,8 +164,9 @@ def _steady(denoise_s: float, first_step_s: float, steps: int) -> float | None:
     return (denoise_s - first_step_s) / (steps - 1) if steps > 1 else None
 
 
-def sage_arm(folder: Path, out: Path, args: argparse.Namespace, recipe: str) -> dict:
-    """--videos videos (seeds 0, 1, ...) in one `sagevideo.generate` call with `recipe`, from the
+def sage_arm(folder: Path, out: Path, args: argparse.Namespace, recipe: str, sparse: str | None = None) -> dict:
+    """--videos videos (seeds 0, 1, ...) in one `sagevideo.generate` call with `recipe` (and the
+    block-sparse setting `sparse`, e.g. "dynamic:0.15"), from the
     manifest records' timings: the first video (it pays compilation in step 1) and, with more than
     one, the later ones (`later_video_s`, their mean: what each further video of a batch costs)."""
     import sagevideo
@@ -169,7 +175,7 @@ def sage_arm(folder: Path, out: Path, args: argparse.Namespace, recipe: str) -> 
     start = time.perf_counter()
     records = sagevideo.generate(jobs, model=str(folder), out=out, frames=args.frames, height=args.height,
                                  width=args.width, steps=args.steps, guidance=GUIDANCE, device=args.device,
-                                 recipe=recipe, progress=False)
+                                 recipe=recipe, progress=False, **({"sparse": sparse} if sparse else {}))
     wall = time.perf_counter() - start
     failed = [r for r in records if r["status"] != "done"]
     if failed:
@@ -222,7 +228,7 @@ def ratios(arms: dict) -> dict:
     """Stock / sage ratios of what both arms measured."""
     found = {}
     stock = arms.get("stock")
-    for name in ("sage", "sage-cache", "sage-edges", "stock-compiled", "stock-noise-first"):
+    for name in ("sage", "sage-cache", "sage-sparse", "sage-edges", "stock-compiled", "stock-noise-first"):
         arm = arms.get(name)
         if stock is None or arm is None:
             continue
@@ -255,6 +261,7 @@ def table(report: dict) -> list[str]:
             note += f"; later videos {arm['later_video_s']:.1f} s (first step {arm['later_first_step_s']:.1f} s)"
         if arm.get("recipe_s"):
             note += f"; recipe applied in {arm['recipe_s']:.1f} s"
+        note += _sparse_note((arm.get("backends") or {}).get("sparse"))
         lines.append(f"{name:15s} {arm['video_s']:8.1f} {arm['first_step_s']:13.1f} {steady:>14s} "
                      f"{arm['load_s']:7.1f}  {note}")
     lines += [f"{k}: {v:.2f}x" for k, v in report["ratios"].items()]
@@ -265,6 +272,15 @@ def table(report: dict) -> list[str]:
             head, *gaps = gap_lines(arm["step_gap"])
             lines += [f"{name} (profiled, timings include the profiler): {head}", *gaps]
     return lines
+
+
+def _sparse_note(sparse: dict | None) -> str:
+    """The block-sparse arm's mean density per step (1.0: dense), from the manifest's backends.sparse."""
+    if not sparse:
+        return ""
+    steps = sparse.get("steps") or {}
+    return "; sparse density per step " + " ".join(f"{value:.2f}" for value in steps.values()) if steps else \
+        "; sparse calls not noted (compiled)"
 
 
 def result_rows(run, shape: str, report: dict):
@@ -287,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default=DEFAULT_ARMS, help=f"comma-separated, in order, of {', '.join(ARMS)}")
     parser.add_argument("--recipe", help=f"sage arm's recipe (default {DEFAULT_RECIPE}; --tiny: {TINY_RECIPE})")
     parser.add_argument("--cache-threshold", type=float, default=0.05, help="sage-cache arm's first-block threshold")
+    parser.add_argument("--sparse", default="dynamic:0.15", help="sage-sparse arm's block-sparse setting (METHOD:D)")
     parser.add_argument("--videos", type=int, default=2,
                         help="videos per sage arm in one generate call (the first pays compilation; the later "
                              "ones are what a batch's further videos cost)")
@@ -350,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "sage-cache":
             cached = f"{recipe},cache=first-block,cache_threshold={args.cache_threshold}"
             result = sage_arm(folder, out, args, cached)
+        elif name == "sage-sparse":
+            result = sage_arm(folder, out, args, recipe, sparse=args.sparse)
         elif name == "sage-edges":
             result = sage_arm(folder, out, args, f"{recipe},linear_bf16_steps=0;-1")
         else:

@@ -96,3 +96,15 @@ def test_a_profiled_run_adds_no_rows(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         bench_video.main(["--tiny", "--arms", "stock", "--profile-steps", "1", "--append-results", str(tmp_path / "r")])
     assert exc.value.code == 2 and "--profile-steps is a diagnosis" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # one tiny video, sparse
+def test_the_sparse_arm_runs_a_block_sparse_plan(tmp_path):
+    path = tmp_path / "r.json"
+    assert bench_video.main(["--tiny", "--steps", "3", "--videos", "1", "--arms", "sage-sparse", "--sparse",
+                             "static:0.5", "--recipe", "compile=none", "--work", str(tmp_path),
+                             "--json", str(path)]) == 0
+    arm = json.loads(path.read_text())["arms"]["sage-sparse"]
+    layers = arm["backends"]["sparse"]["layers"]
+    # the first sparse layer stays dense; the other one runs the plan's sparse calls after the first step
+    assert layers["transformer_blocks.1.attn1"]["sparse_calls"] == 2 and arm["video_s"] > 0
