@@ -4,9 +4,10 @@ Hub, torch and sagevideo caches point at empty temporary folders (set before any
 whose hub constants are read at import), HF_HUB_OFFLINE=1 makes hub lookups fail at once, and
 an autouse fixture refuses socket connections to anything but loopback.
 
-Fixtures several folders share live here: the tiny CogVideoX pipeline, `no_model_load`, and the
-evaluation fixtures (synthetic arms, tiny local metric models; helpers in tests/helpers/evalkit.py)
-that tests/eval, tests/experiments and tests/cli use. Folder conftests add what only their folder
+Fixtures several folders share live here: the tiny CogVideoX pipeline, `two_ranks` (the gloo
+tests' two processes), `no_model_load`, and the evaluation fixtures (synthetic arms, tiny local
+metric models; helpers in tests/helpers/evalkit.py) that tests/eval, tests/experiments and
+tests/cli use. Folder conftests add what only their folder
 needs (Ray in tests/scheduling, the Open-Sora checkpoint in tests/pipelines/opensora).
 """
 
@@ -64,6 +65,17 @@ def tiny_pipe():
     pipe = tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+@pytest.fixture(scope="session")
+def two_ranks():
+    """run(fn, *args): fn(rank, 2, port, *args) on two gloo-capable CPU processes that this pytest
+    process starts once and reuses (tests/helpers/two_ranks.py says why and what fn must do)."""
+    from tests.helpers.two_ranks import TwoRanks
+
+    ranks = TwoRanks()
+    yield ranks.run
+    ranks.close()
 
 
 @pytest.fixture
