@@ -4,9 +4,11 @@ Hub, torch and sagevideo caches point at empty temporary folders (set before any
 whose hub constants are read at import), HF_HUB_OFFLINE=1 makes hub lookups fail at once, and
 an autouse fixture refuses socket connections to anything but loopback.
 
-Fixtures several folders share live here: the tiny CogVideoX pipeline, `no_model_load`, and the
-evaluation fixtures (synthetic arms, tiny local metric models; helpers in tests/helpers/evalkit.py)
-that tests/eval, tests/experiments and tests/cli use. Folder conftests add what only their folder
+Fixtures several folders share live here: the tiny CogVideoX pipeline, `two_ranks` (the gloo
+tests' two processes), `ray_local` and `no_ray` (one Ray instance per pytest process),
+`no_model_load`, and the evaluation fixtures (synthetic arms, tiny local
+metric models; helpers in tests/helpers/evalkit.py) that tests/eval, tests/experiments and
+tests/cli use. Folder conftests add what only their folder
 needs (Ray in tests/scheduling, the Open-Sora checkpoint in tests/pipelines/opensora).
 """
 
@@ -64,6 +66,45 @@ def tiny_pipe():
     pipe = tiny_pipeline()
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+@pytest.fixture(scope="session")
+def two_ranks():
+    """run(fn, *args): fn(rank, 2, port, *args) on two gloo-capable CPU processes that this pytest
+    process starts once and reuses (tests/helpers/two_ranks.py says why and what fn must do)."""
+    from tests.helpers.two_ranks import TwoRanks
+
+    ranks = TwoRanks()
+    yield ranks.run
+    ranks.close()
+
+
+@pytest.fixture(scope="session")
+def shared_ray():
+    """This pytest process's local Ray instance (tests/helpers/ray_local.py), started on first use
+    by `ray_local`, stopped by `no_ray` and at the session's end."""
+    from tests.helpers.ray_local import SharedRay
+
+    shared = SharedRay()
+    yield shared
+    shared.stop()
+
+
+@pytest.fixture
+def ray_local(shared_ray, allowed_hosts):
+    """`ray` with a local instance (2 CPUs) running, shared with the other Ray tests of this
+    pytest process (sagevideo uses it as it finds it); its nodes' addresses are let through the
+    network guard."""
+    from tests.helpers.ray_local import own_addresses
+
+    allowed_hosts.update(own_addresses())
+    return shared_ray.start()
+
+
+@pytest.fixture
+def no_ray(shared_ray):
+    """No Ray instance in this process for the test (one that `ray_local` started is stopped)."""
+    shared_ray.stop()
 
 
 @pytest.fixture

@@ -8,20 +8,12 @@ tests/pipelines/cogvideox/test_sequence_parallel.py.)
 """
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from sagevideo.parallel.ulysses import check_degree
 from sagevideo.pipelines.cogvideox.sequence_parallel import check_cogvideox_degree
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _inputs(config):
@@ -87,11 +79,11 @@ def _worker(rank, world, port, out_dir):
 
 
 @pytest.mark.slow  # two processes (gloo)
-def test_two_ranks_equal_one_process(tmp_path):
+def test_two_ranks_equal_one_process(tmp_path, two_ranks):
     import sagevideo
 
     model = _model()
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    two_ranks(_worker, str(tmp_path))
     opensora, opensora_inputs = _opensora()
     for backend in BACKENDS:
         with torch.no_grad(), sagevideo.install(model, backend=backend):
@@ -151,6 +143,7 @@ def _attention_worker(rank, world, port, out_dir):
 
         out = ulysses_attention(attend_video_first, *video_first, text, chunks=chunks, text_last=True)
         torch.save((out, seen), os.path.join(out_dir, f"chunks{chunks}-text-last-rank{rank}.pt"))
+    torch.distributed.all_to_all_single = exchange  # this rank's process runs other tests' functions next
     torch.distributed.destroy_process_group()
 
 
@@ -160,13 +153,13 @@ def _full_qkv():
 
 
 @pytest.mark.slow  # two processes (gloo)
-def test_ulysses_attention_in_head_chunks_equals_full_attention(tmp_path):
+def test_ulysses_attention_in_head_chunks_equals_full_attention(tmp_path, two_ranks):
     """The pipelined exchange (heads in chunks, async all-to-alls) is pure data movement: each
     rank gets exactly full attention on its tokens, for any chunk count; attend runs once per chunk
     on strided views of the receive buffer. An output laid out like the kernels' (empty_like(q):
     token-major) is sent back as it is; a (B, hc, S, D)-contiguous one is copied once. With the
     text after the video (`text_last`, HunyuanVideo's order) attend sees [all video; text]."""
-    mp.spawn(_attention_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    two_ranks(_attention_worker, str(tmp_path))
     q, k, v = _full_qkv()
     full = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     for chunks, heads_per_call in ((1, [4]), (2, [2, 2]), (4, [1, 1, 1, 1])):

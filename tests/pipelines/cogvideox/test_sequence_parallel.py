@@ -2,18 +2,9 @@
 processes (gloo) equals one process exactly; the text/video shard ranges."""
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 # (text, video) tokens split over 2 ranks: [16 text + 16 video | 32 video], [32 text | 8 text + 24 video].
 PROCESSOR_SPLITS = ((16, 48), (40, 24))
@@ -45,7 +36,7 @@ def _processor_worker(rank, world, port, out_dir):
 
     init_from_env("gloo")
     processor = UlyssesCogVideoXAttnProcessor(backend="sdpa")
-    outs = {}
+    outs, chunks_before = {}, ulysses.HEAD_CHUNKS
     for chunks in (1, 2):
         ulysses.HEAD_CHUNKS = chunks
         for text, video, rotary, cross in _processor_cases():
@@ -57,19 +48,20 @@ def _processor_worker(rank, world, port, out_dir):
             shard_rotary = tuple(f[v0:v1] for f in freqs) if rotary else None
             outs[chunks, text, video, rotary, cross] = processor.attend_projected(
                 attn, q, k, v, None, t1 - t0, shard_rotary)
+    ulysses.HEAD_CHUNKS = chunks_before  # this rank's process runs other tests' functions next
     torch.save(outs, os.path.join(out_dir, f"processor-rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow  # two processes (gloo)
-def test_ulysses_cogvideox_processor_equals_one_process_exactly(tmp_path):
+def test_ulysses_cogvideox_processor_equals_one_process_exactly(tmp_path, two_ranks):
     """Rotary embedding written into the send buffer, shards holding text only, text and video, or
     video only: each rank's output is bit-equal to the one-process processor's for its tokens."""
     from types import SimpleNamespace
 
     from sagevideo.pipelines.cogvideox.processor import SageCogVideoXAttnProcessor
 
-    mp.spawn(_processor_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    two_ranks(_processor_worker, str(tmp_path))
     single = SageCogVideoXAttnProcessor(backend="sdpa")
     for rank in range(2):
         outs = torch.load(tmp_path / f"processor-rank{rank}.pt")

@@ -8,19 +8,11 @@ with SDPA and with the quantized reference inside.
 """
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 BACKENDS = ("sdpa", "reference")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _model():
@@ -65,10 +57,10 @@ def _worker(rank, world, port, out_dir):
 
 
 @pytest.mark.slow  # two processes (gloo)
-def test_two_ranks_equal_one_process(tmp_path):
+def test_two_ranks_equal_one_process(tmp_path, two_ranks):
     import sagevideo
 
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    two_ranks(_worker, str(tmp_path))
     model = _model()
     for backend in BACKENDS:
         with torch.no_grad(), sagevideo.install(model, backend=backend), sagevideo.record_backends() as log:

@@ -16,21 +16,13 @@ a mean of 1.5 levels of 255).
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 BACKENDS = ("sdpa", "reference")
 LAYOUTS = ("t2v", "ti2v", "i2v")  # Wan 2.1 text-to-video, TI2V-5B per-token timesteps, Wan 2.1 I2V image tokens
 TOLERANCE = {"sdpa": 1e-5, "reference": 1e-4}  # see the module docstring
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _transformer(layout: str):
@@ -83,17 +75,18 @@ def _worker(rank, world, port, out_dir):
                                         backend="reference"):
             out = model(**inputs)[0]
         results["t2v", granularity] = out, len(calls)
+    torch.distributed.all_to_all_single = exchange  # this rank's process runs other tests' functions next
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow  # two processes (gloo)
-def test_two_ranks_equal_one_process(tmp_path):
+def test_two_ranks_equal_one_process(tmp_path, two_ranks):
     import sagevideo
     from sagevideo.pipelines.plans import AttentionPlan
     from tests.helpers.wan import run_wan22, tiny_wan22_pipeline
 
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    two_ranks(_worker, str(tmp_path))
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     for layout in LAYOUTS:
         model, inputs = _transformer(layout)
@@ -194,7 +187,7 @@ def allowed_hosts() -> set[str]:
 
 
 @pytest.mark.slow  # a local Ray instance and a group of 2 gloo ranks
-def test_generate_on_ray_with_two_ranks_per_job_matches_one_process(tmp_path, monkeypatch):
+def test_generate_on_ray_with_two_ranks_per_job_matches_one_process(tmp_path, monkeypatch, no_ray):
     """tiny-wan22 (both denoisers split), `--address auto` with no cluster here: a local Ray
     instance; then the same command again resumes (nothing runs twice)."""
     import json
