@@ -55,7 +55,7 @@ def scaled_dot_product_attention(
     backend: str = "auto",
     pv: str = "auto",
     qk_granularity: str = "block",
-    tile_mask: TileMask | TileLists | None = None,
+    tile_mask: TileMask | TileLists | DynamicSelection | None = None,
     _guard_counter: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`torch.nn.functional.scaled_dot_product_attention` with sagevideo's quantized attention.
@@ -110,6 +110,7 @@ def scaled_dot_product_attention(
                          reason=reason, counter=_guard_counter, tiles=tiles)
         return out.reshape(form.out_shape)
     if tiles is not None:  # full precision restricted to the same tiles (its token mask)
+        tiles = _selected_for_sdpa(tiles, form, _check_scale(scale, form.q.shape[-1]), pv)
         out, _ = _sdpa(form.q, form.k, form.v, form.mask, is_causal, _check_scale(scale, form.q.shape[-1]), False,
                        form.k.shape[1] != form.q.shape[1], None if tiles.dense else tiles)
         _record(backend, chosen.value, None, reason, tiles)
@@ -576,6 +577,21 @@ def key_padding_problem(attn_mask: torch.Tensor | None, n_k: int) -> str:
     mask = broadcast_dims_dropped(attn_mask)
     call = AttentionCall(mask.device, torch.float16, 64, mask_dtype=mask.dtype, mask_shape=tuple(mask.shape), n_k=n_k)
     return KEY_PADDING_MASK.check(call)
+
+
+def _selected_for_sdpa(tiles: sparse.SparseCall, form: _KernelForm, scale: float, pv: str) -> sparse.SparseCall:
+    """An SDPA-signature call's tiles where SDPA computes it: a `DynamicSelection`'s made by the PyTorch
+    selection (the kernels' definition) in the tiles of `pv`'s plan, from the kernels' form of the call
+    (q (B, H, Nq, D), k (B, H_kv, Nk, D), its mask, which must be key padding); a mask as it is."""
+    if not tiles.dynamic:
+        return tiles
+    n_k = form.k.shape[2]
+    if key_padding_problem(form.mask, n_k):
+        raise ValueError("scaled_dot_product_attention: a DynamicSelection tile_mask takes no attn_mask but a "
+                         f"boolean key-padding one (the selection leaves padded keys out): "
+                         f"{key_padding_problem(form.mask, n_k)}")
+    padding = None if form.mask is None else _as_key_mask(form.mask, n_k)
+    return sparse.selected(tiles, form.q, form.k, padding, scale, *plans.tiles(pv, form.q.shape[-1]))
 
 
 def _as_key_mask(attn_mask: torch.Tensor, n_k: int) -> torch.Tensor:

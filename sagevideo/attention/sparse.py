@@ -176,19 +176,23 @@ DYNAMIC_RULES = ("per-row", "global")
 
 def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: float, pv: str, text_first: int = 0,
                  text_last: int = 0, grid: tuple[int, int, int] | None = None,
-                 key_mask: torch.Tensor | None = None, rule: str = "per-row") -> TileMask:
+                 key_mask: torch.Tensor | None = None, rule: str = "per-row", top_p: float | None = None,
+                 sm_scale: float | None = None) -> TileMask:
     """The tile mask of a block-sparse self-attention call on HND q, k (B, H, N, D), in the tiles of
     the kernel plan it runs (`plans.tiles(pv, D)`), chosen by `method` at a target `density`
     (kept / all key tiles): "dynamic" with `rule` "per-row" (`TileScores.keep_per_row`: each query
     tile keeps its forced tiles and its most probable others up to max(1, ceil(density · its valid
     key tiles)); no host read) or "global" (`tile_select.select_dynamic_at_density`: one top-p for
-    every head found by bisection, a host read per try), or "static" (`select_static_at_density` on
+    every head found by bisection, a host read per try); with `top_p` given, "dynamic" keeps that
+    estimated mass per query tile instead (`TileScores.keep`, no host read; `density` and `rule`
+    unused: a calibrated plan's rule, `scores_at`); or "static" (`select_static_at_density` on
     the latent `grid` (frames, height, width) in raster order, the same for every batch row and head,
     computed once per setting and a constant to torch.compile). All keep the diagonal tiles, the
     first key tile (a sink) and every tile holding one of the `text_first` first or `text_last` last
     tokens (text), rows and columns. key_mask: bool (B' in {1, B}, N), True = a valid key (padding
-    takes no part in the pooled scores). ValueError for a call that is not one. Installed models'
-    dynamic calls pass `dynamic_selection` to the call instead, which selects on the device."""
+    takes no part in the pooled scores; sm_scale: the dynamic scores' (None: D^-0.5). ValueError for a
+    call that is not one. Installed models' dynamic calls pass `dynamic_selection` to the call
+    instead, which selects on the device."""
     if q.dim() != 4 or q.shape != k.shape:
         raise ValueError(f"tile selection: q {tuple(q.shape)} and k {tuple(k.shape)} must be one self-attention's "
                          "(B, H, N, D)")
@@ -196,8 +200,11 @@ def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: floa
     if method == "dynamic":
         if rule not in DYNAMIC_RULES:
             raise ValueError(f"tile selection: rule={rule!r} is not one of {DYNAMIC_RULES}")
+        if top_p is not None:
+            return scores_at(q, k, pv=pv, text_first=text_first, text_last=text_last, key_mask=key_mask,
+                             sm_scale=sm_scale).keep(top_p)
         options = dict(block_m=block_m, block_n=block_n, key_mask=key_mask, dense_prefix=text_first,
-                       dense_suffix=text_last)
+                       dense_suffix=text_last, sm_scale=sm_scale)
         if rule == "per-row":
             return select_dynamic_per_row(q, k, density, **options)
         return select_dynamic_at_density(q, k, density, **options)
@@ -213,12 +220,28 @@ def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: floa
     return TileMask(keep, block_m, block_n, q.shape[2], q.shape[2])
 
 
-def dynamic_selection(density: float, *, text_first: int = 0, text_last: int = 0) -> DynamicSelection:
+def dynamic_selection(density: float, *, top_p: float | None = None, text_first: int = 0,
+                      text_last: int = 0) -> DynamicSelection:
     """What an installed model's dynamic call at `density` passes as `sageattn(tile_mask=...)`: the
-    per-row density with the same forced tiles as `select_tiles` (the diagonal, one sink tile, the
-    text rows and columns). The call selects on the device in its own preparation where the Triton
-    kernels run, else with the PyTorch definition: no host read, so compiled graphs stay whole."""
+    per-row density, or with `top_p` (a calibrated plan's) that top_p for every query tile, with the
+    same forced tiles as `select_tiles` (the diagonal, one sink tile, the text rows and columns). The
+    call selects on the device in its own preparation where the Triton kernels run, else with the
+    PyTorch definition: no host read either way, so compiled graphs stay whole."""
+    if top_p is not None:
+        return DynamicSelection(top_p=top_p, sink_tiles=1, dense_prefix=text_first, dense_suffix=text_last)
     return DynamicSelection(density=density, sink_tiles=1, dense_prefix=text_first, dense_suffix=text_last)
+
+
+def scores_at(q: torch.Tensor, k: torch.Tensor, *, pv: str, text_first: int = 0, text_last: int = 0,
+              key_mask: torch.Tensor | None = None, sm_scale: float | None = None) -> TileScores:
+    """The `TileScores` of HND q, k (B, H, N, D) that an installed dynamic call selects from
+    (`dynamic_selection`'s settings), in the tiles of the kernel plan of `pv`: `keep(top_p)` is that
+    call's selection at a top_p, cheap to repeat (calibration searches the top_p of a density).
+    key_mask: bool (B', N), True = a valid key; sm_scale: None for D^-0.5."""
+    block_m, block_n = plans.tiles(pv, q.shape[-1])
+    settings = dynamic_selection(1.0, text_first=text_first, text_last=text_last)
+    return TileScores(q, k, block_m=block_m, block_n=block_n, sm_scale=sm_scale, key_mask=key_mask,
+                      **settings.scores_options())
 
 
 @torch.compiler.assume_constant_result  # no input decides it: a constant to torch.compile, no graph break

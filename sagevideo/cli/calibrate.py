@@ -55,6 +55,9 @@ def run(values: dict[str, Any]) -> None:
         typer.echo(f"sagevideo calibrate: measured with --linear {recipe['linear']} (the plan's recipe){note}")
     if result.sparse is not None:
         typer.echo(f"sagevideo calibrate: {result.sparse.note()}")
+        if result.sparse.chosen:
+            typer.echo(f"sagevideo calibrate: sparse layers (worst over the captured calls against the same mode "
+                       f"dense):\n{result.sparse.table()}")
         if result.sparse.dense:
             typer.echo(f"sagevideo calibrate: dense layers:\n{result.sparse.dense_note()}")
         if result.plan.uses_sparse:

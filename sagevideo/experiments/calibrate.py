@@ -17,7 +17,10 @@ ceil(steps/5) on, each layer's tiles are selected at DENSITY, 2x and 4x DENSITY,
 of each mode compared with the same mode's dense output; per layer, on the mode calibration chose,
 the sparsest density whose worst cosine meets `--sparse-budget` (default 0.99) is written into the
 plan from step ceil(steps/5) on; over-budget layers, full-precision ones and each denoiser's first
-sparse layer stay dense (`pipelines.calibrate.choose_sparse`); `sagevideo ab --plan` judges the plan."""
+sparse layer stay dense (`pipelines.calibrate.choose_sparse`); `sagevideo ab --plan` judges the plan.
+With dynamic selection the prompts run twice: the first pass finds each layer's top_p per density on
+the captured calls, the second measures the layers with those top_p's, and the plan gets them
+(`Sparse.top_p`: the rule its calls run, sync-free; `pipelines.calibrate`'s docstring)."""
 
 from __future__ import annotations
 
@@ -228,6 +231,19 @@ def _check_memory(source, jobs, device: str) -> None:
         )
 
 
+def _generate_all(host, attention, jobs, backend, image_shas, bar) -> None:
+    """Every job's latents through `host` under the attention hook `attention` (one calibration pass;
+    the same seeds each pass, so a second pass sees the first pass's attention calls)."""
+    from sagevideo.host.pipeline_host import PlannedJob
+
+    host.attention = attention
+    for number, job in enumerate(jobs, start=1):
+        bar.set_postfix_str(f"prompt {number}/{len(jobs)}", refresh=True)
+        pj = PlannedJob(job=job, job_id=f"calibrate-{number}", output=f"calibrate-{number}.mp4",
+                        label=f"prompt {number}", backend=backend, image_sha256=(image_shas or {}).get(job.image))
+        host.generate(pj, on_step=lambda step, steps: bar.update(1), decode=False)
+
+
 def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress, image_shas=None,
          recipe=None, plan_recipe=None, sparse=None, sparse_budget=None):
     """Generate every prompt's latents through the one generation path (a `PipelineHost` whose
@@ -238,9 +254,10 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
 
     from tqdm.auto import tqdm
 
-    from sagevideo.host.pipeline_host import PipelineHost, PlannedJob, RouterAttention, RunContext
-    from sagevideo.pipelines.calibrate import DEFAULT_SPARSE_BUDGET, calibration_result, probing_router
+    from sagevideo.host.pipeline_host import PipelineHost, RouterAttention, RunContext
+    from sagevideo.pipelines.calibrate import DEFAULT_SPARSE_BUDGET, calibration_result, probing_router, top_p_router
     from sagevideo.pipelines.plans import Sparse
+    from sagevideo.pipelines.sparse import first_sparse_layers
 
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     bar = tqdm(total=len(jobs) * n_steps, unit="step", desc="calibrate", disable=not progress, file=sys.stderr,
@@ -259,14 +276,13 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
         probe = probing_router(host.pipe, capture_steps=captured, save_qkv=tensors,
                                on_measure=measured if progress else None,
                                sparse=Sparse.parse(sparse) if is_sparse(sparse) else None, num_steps=n_steps)
-        host.attention = RouterAttention(probe)
         try:
-            for number, job in enumerate(jobs, start=1):
-                bar.set_postfix_str(f"prompt {number}/{len(jobs)}", refresh=True)
-                pj = PlannedJob(job=job, job_id=f"calibrate-{number}", output=f"calibrate-{number}.mp4",
-                                label=f"prompt {number}", backend=probe.backend,
-                                image_sha256=(image_shas or {}).get(job.image))
-                host.generate(pj, on_step=lambda step, steps: bar.update(1), decode=False)
+            _generate_all(host, RouterAttention(probe), jobs, probe.backend, image_shas, bar)
+            second = top_p_router(probe, threshold=threshold, dense_layers=first_sparse_layers(host.pipe))
+            if second is not None:  # dynamic: the same prompts again, each layer on its calibrated top_p's
+                bar.total += len(jobs) * n_steps
+                host.close()  # the probe's router out, the second pass's in (the recipe stays applied)
+                _generate_all(host, RouterAttention(second), jobs, probe.backend, image_shas, bar)
         finally:
             host.close()
         result = calibration_result(probe, host.pipe, threshold=threshold, num_steps=n_steps,

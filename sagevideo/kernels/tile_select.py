@@ -238,6 +238,24 @@ class TileScores:
         keep = torch.zeros_like(kept_sorted).scatter_(-1, self._order, kept_sorted)
         return TileMask(keep, self.block_m, self.block_n, self.n_q, self.n_k)
 
+    def density_curve(self, steps: int) -> torch.Tensor:
+        """fp64 (steps + 1,): entry j is `keep(j / steps).density`, for every j at once (one histogram
+        instead of steps + 1 selections: what a search for the top_p of a density over many calls
+        needs). steps: a power of two up to 2**24, so that j / steps is exact in fp32, where `keep`
+        compares (mass before a tile < top_p), and floor(mass · steps) < j decides the same."""
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 0 < steps <= 2**24 or steps & (steps - 1):
+            raise ValueError(f"tile selection: steps={steps!r} must be a power of two up to 2**24")
+        decided = self._useful_sorted & ~self._forced_sorted
+        decided[..., 0] = False  # each query tile's top tile is kept at any top_p
+        always = self._forced_sorted.clone()
+        always[..., 0] |= self._useful_sorted[..., 0]
+        # a tile is kept from the first j above its mass before it: floor(mass · steps) + 1 (exact scaling)
+        first_j = (self._mass_before[decided] * steps).floor().clamp(0, steps).to(torch.int64)
+        joins = torch.bincount(first_j, minlength=steps + 1)[: steps + 1]
+        kept = always.sum().double() + torch.cat([joins.new_zeros(1), joins.cumsum(0)[:-1]]).double()
+        kept[-1] = (self._useful_sorted | self._forced_sorted).sum().double()  # top_p 1: every tile with a key
+        return kept.cpu() / self.probs.numel()
+
     def _per_row_ranks(self, density: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(free: bool (B, H, M, N), each free tile's rank among its query tile's free tiles, int64 like
         free (0 = highest probability, ties to the lower key tile), how many free tiles each query

@@ -14,12 +14,27 @@ every candidate mode on them, comparing each with the same mode's dense output o
 the error sparsity adds. Per layer, on the mode chosen for it, the sparsest density whose worst
 cosine meets the budget (`DEFAULT_SPARSE_BUDGET` unless given) is proposed; a layer that meets it
 at no density, that its family never makes sparse, or a denoiser's first sparse layer stays dense.
+
+Dynamic selection is proposed as a calibrated top_p per layer and ladder density (`Sparse.top_p`:
+one top_p per call adapts to each query tile, where a per-row density gives each the same count),
+in two passes over the same prompts and seeds (the probe returns full-precision attention, so the
+second pass sees the calls of the first):
+1. the probing router keeps, per layer and P·V mode (the tiles differ), the mean over the captured
+   calls of the density each top_p on a grid of `TOP_P_STEPS` reaches (`TopPCurve`, from the
+   `TileScores` of the installed settings: text rows and columns, a sink, the diagonal); a ladder
+   density's top_p is **the grid top_p whose mean density over the captured calls is closest to
+   it** (ties to the smaller), so on those calls the plan reaches the density on average (within
+   one grid step's change), each call more or less as its attention is sharp or diffuse;
+2. `top_p_router` (after the modes are chosen) measures each layer on its chosen mode with those
+   top_p's (the selection the plan will run) against the same mode's dense output, and records the
+   density each reached; the proposal reads these errors.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -67,13 +82,43 @@ class WorstError:
 @dataclass
 class SparseWorst(WorstError):
     """`WorstError` of one (layer, mode, density) of the sparse ladder against the mode's dense output,
-    and the mean density the selection reached (static selection takes the closest window)."""
+    the mean density the selection reached (static selection takes the closest window; a calibrated
+    top_p, the mean over the calls it measured) and the top_p it ran (None: the per-row density or a
+    static window)."""
 
     density_sum: float = 0.0
+    top_p: float | None = None
 
     @property
     def density(self) -> float:
         return self.density_sum / self.calls if self.calls else float("nan")
+
+
+# The top_p grid a layer's top_p is chosen on: j / TOP_P_STEPS (a power of two, so each is exact in
+# fp32, where selections compare); 2**-16 apart, finer than the densities' own steps at real shapes.
+TOP_P_STEPS = 2**16
+
+
+class TopPCurve:
+    """The density each top_p j / TOP_P_STEPS (j = 0..TOP_P_STEPS) reaches, summed over the calls
+    `add` saw (`TileScores.density_curve`, fp64 on the CPU: 0.5 MB whatever the call's size)."""
+
+    def __init__(self) -> None:
+        self.sums = torch.zeros(TOP_P_STEPS + 1, dtype=torch.float64)
+        self.calls = 0
+
+    def add(self, scores: Any) -> None:
+        """One call's `TileScores` (the installed settings, the mode's tiles)."""
+        self.sums += scores.density_curve(TOP_P_STEPS)
+        self.calls += 1
+
+    def top_p_for(self, density: float) -> tuple[float, float]:
+        """(top_p, the mean density it reaches over the calls): the grid top_p in (0, 1] whose mean
+        density is closest to `density`, ties to the smaller (the sparser)."""
+        means = self.sums[1:] / max(self.calls, 1)  # top_p 0 is no plan's: (0, 1] only
+        gap = (means - density).abs()
+        j = int(torch.nonzero(gap == gap.min())[0])  # the first of the closest: the smallest top_p
+        return (j + 1) / TOP_P_STEPS, float(means[j])
 
 
 def sparse_ladder(sparse: Sparse) -> tuple[Sparse, ...]:
@@ -115,9 +160,25 @@ class SparseProposal:
         worst = self.worst()
         if worst is not None:
             name, w = worst
+            rule = "" if w.top_p is None else f"top_p {w.top_p:g}, "
             line += (f"; worst sparse layer {name}: cosine {w.cos:.5f}, rel-L1 {w.rel_l1:.4f} at density "
-                     f"{self.chosen[name].density:g} (reached {w.density:.3f}, {self.modes[name]}, step {w.step})")
+                     f"{self.chosen[name].density:g} ({rule}reached {w.density:.3f}, {self.modes[name]}, "
+                     f"step {w.step})")
         return line
+
+    def table(self) -> str:
+        """One line per sparse layer: target density, its top_p (dynamic), the density reached on the
+        captured calls, worst cosine and rel-L1 against the same mode dense, the mode ('' when none)."""
+        if not self.chosen:
+            return ""
+        header = f"{'layer':40s} {'density':>7s} {'top_p':>9s} {'reached':>7s} {'cosine':>8s} {'rel-L1':>7s}   mode"
+        lines = [header, "-" * len(header)]
+        for name, sparse in self.chosen.items():
+            w = self.errors[name][self.modes[name]][sparse.density]
+            top_p = "-" if sparse.top_p is None else f"{sparse.top_p:.6f}"
+            lines.append(f"{name:40s} {sparse.density:7g} {top_p:>9s} {w.density:7.3f} {w.cos:8.5f} {w.rel_l1:7.4f}"
+                         f"   {self.modes[name]}")
+        return "\n".join(lines)
 
     def dense_note(self) -> str:
         """The layers kept dense and why, one per line ('' when none)."""
@@ -189,6 +250,7 @@ class ProbingRouter(AttentionRouter):
         self.ladder, self.sparse_from = ladder, sparse_from
         self.sparse_errors: dict[str, dict[str, dict[float, SparseWorst]]] = {}
         self.not_sparse: dict[str, str] = {}  # layer -> why its calls cannot be sparse
+        self.curves: dict[str, dict[str, TopPCurve]] = {}  # dynamic: layer -> P·V mode -> its top_p curve
         if ladder:  # install gives it the layers' text positions and each forward's grid
             self.sparse = SparseRouting()
 
@@ -215,7 +277,10 @@ class ProbingRouter(AttentionRouter):
                 continue
             worst.update(ref, test, step)
         if self.ladder and (step is None or step >= self.sparse_from):
-            self._measure_sparse(layer, step, q, k, v, call, dense, plain=not dropout_p)
+            if self.ladder[0].method == "dynamic":  # measured by `top_p_router` once the top_p's are known
+                self._add_curves(layer, q, k, call, {choice.mode.pv for choice in dense}, plain=not dropout_p)
+            else:
+                self._measure_sparse(layer, step, q, k, v, call, dense, plain=not dropout_p)
         if self.save_qkv is not None:
             key = f"{layer}.step{step}" if step is not None else layer
             if f"{key}.q" not in self.save_qkv:
@@ -225,10 +290,19 @@ class ProbingRouter(AttentionRouter):
 
     def _candidate(self, choice: Choice, q, k, v, call: dict, tile_mask=None) -> torch.Tensor:
         """`choice`'s attention on the call (on `tile_mask`'s tiles when given)."""
-        scratch = torch.zeros((), dtype=torch.int32, device=q.device)
-        return sageattn(q, k, v, pv=choice.mode.pv, qk_granularity=choice.granularity.value, backend=self.backend,
-                        tile_mask=tile_mask, **call,
-                        _guard_counter=scratch)  # a measured mode, not a direct call: its error is measured here
+        return _attend(self.backend, choice, q, k, v, call, tile_mask)
+
+    def _add_curves(self, layer: str, q, k, call: dict, pvs: set[str], plain: bool) -> None:
+        """Per P·V mode in `pvs` (its tiles), the density each top_p reaches on this call, into the layer's
+        curve; a call that cannot be sparse notes why."""
+        curves = self.curves.setdefault(layer, {})
+        for pv in sorted(pvs):
+            scores = self.sparse.scores(layer, q, k, pv=pv, attn_mask=call["attn_mask"], plain=plain,
+                                        sm_scale=call["sm_scale"])
+            if isinstance(scores, str):
+                self.not_sparse[layer] = scores
+                return
+            curves.setdefault(pv, TopPCurve()).add(scores)
 
     def _measure_sparse(self, layer: str, step: int | None, q, k, v, call: dict, dense: dict, plain: bool) -> None:
         """Each ladder density's tiles (one selection per P·V mode: the tiles are the mode's), each
@@ -250,6 +324,74 @@ class ProbingRouter(AttentionRouter):
                 worst.density_sum += mask.density
 
 
+def _attend(backend: str, choice: Choice, q, k, v, call: dict, tile_mask=None) -> torch.Tensor:
+    """`choice`'s attention on a captured call (q, k, v (B, H, N, D); `call`: its SDPA arguments) on
+    `backend`, on `tile_mask`'s tiles when given."""
+    scratch = torch.zeros((), dtype=torch.int32, device=q.device)
+    return sageattn(q, k, v, pv=choice.mode.pv, qk_granularity=choice.granularity.value, backend=backend,
+                    tile_mask=tile_mask, **call,
+                    _guard_counter=scratch)  # a measured mode, not a direct call: its error is measured here
+
+
+class TopPRouter(AttentionRouter):
+    """Calibration's second pass for dynamic selection: returns full-precision attention (the first
+    pass's run again) and, at the probe's captured sparse steps, runs each layer of `settings` (layer
+    -> (its chosen mode, its ladder with calibrated top_p's)) on the tiles each top_p selects (the
+    installed settings, in PyTorch), against the same mode's dense output, into the probe's
+    `sparse_errors` with the density reached."""
+
+    def __init__(self, probe: ProbingRouter, settings: dict[str, tuple[Choice, tuple[Sparse, ...]]]):
+        super().__init__(AttentionPlan.uniform(Mode.full), probe.backend)
+        self.probe, self.settings = probe, settings
+        self.sparse = SparseRouting()  # install gives it the layers' text positions and each forward's grid
+
+    def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None, dropout_p=0.0,
+                 enable_gqa=False):
+        sdpa = dict(attn_mask=attn_mask, is_causal=is_causal, scale=sm_scale, enable_gqa=enable_gqa)
+        out = TORCH_SDPA(q, k, v, dropout_p=dropout_p, **sdpa)
+        step, probe = self.clock.step, self.probe
+        if layer not in self.settings or (probe.capture_steps is not None and step not in probe.capture_steps) or (
+                step is not None and step < probe.sparse_from):
+            return out
+        if probe.on_measure is not None:
+            probe.on_measure(layer, step)
+        choice, ladder = self.settings[layer]
+        call = dict(attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, enable_gqa=enable_gqa)
+        dense = _attend(self.backend, choice, q, k, v, call)
+        errs = probe.sparse_errors.setdefault(layer, {}).setdefault(choice.label, {})
+        for setting in ladder:
+            mask = self.sparse.select(layer, setting, q, k, pv=choice.mode.pv, attn_mask=attn_mask,
+                                      plain=not dropout_p, sm_scale=sm_scale)
+            if isinstance(mask, str):
+                probe.not_sparse[layer] = mask
+                break
+            worst = errs.setdefault(setting.density, SparseWorst(top_p=setting.top_p))
+            worst.update(dense, _attend(self.backend, choice, q, k, v, call, mask), step)
+            worst.density_sum += mask.density
+        return out
+
+
+def top_p_router(probe: ProbingRouter, *, threshold: float = 0.999,
+                 dense_layers: tuple[str, ...] = ()) -> TopPRouter | None:
+    """The second pass of a dynamic ladder (module docstring), None for any other probe: per layer that
+    may be sparse (a quantized chosen mode, not in `dense_layers` (each denoiser's first sparse layer),
+    a top_p curve on its mode's tiles), each ladder density's calibrated top_p (`TopPCurve.top_p_for`),
+    to measure by running the same prompts under it; `calibration_result` (same threshold) then
+    proposes from what it measured."""
+    if not probe.ladder or probe.ladder[0].method != "dynamic" or not probe.errors:
+        return None
+    _, chosen = choose_plan(probe.errors, threshold, None, None)
+    skip = set(dense_layers)
+    settings = {}
+    for layer, choice in chosen.items():
+        curve = probe.curves.get(layer, {}).get(choice.mode.pv)
+        if choice.mode is Mode.full or layer in skip or layer in probe.not_sparse or curve is None:
+            continue
+        settings[layer] = (choice, tuple(s.model_copy(update={"top_p": curve.top_p_for(s.density)[0]})
+                                         for s in probe.ladder))
+    return TopPRouter(probe, settings)
+
+
 def choose_sparse(probe: ProbingRouter, chosen: dict[str, Choice], budget: float,
                   dense_layers: tuple[str, ...]) -> SparseProposal:
     """Per layer, on its chosen mode, the sparsest ladder density whose worst cosine against dense
@@ -264,6 +406,8 @@ def choose_sparse(probe: ProbingRouter, chosen: dict[str, Choice], budget: float
             proposal.dense[layer] = "the denoiser's first sparse layer (kept dense by default)"
         elif layer in probe.not_sparse:
             proposal.dense[layer] = probe.not_sparse[layer]
+        elif not measured and probe.curves.get(layer):
+            proposal.dense[layer] = "its top_p's were not measured (the second pass, `top_p_router`, did not run)"
         elif not measured:
             proposal.dense[layer] = "no captured call at a step the plan would make sparse"
         else:
@@ -272,7 +416,7 @@ def choose_sparse(probe: ProbingRouter, chosen: dict[str, Choice], budget: float
             if ok and measured[ok[0].density].density >= 1.0:  # e.g. text and diagonal tiles cover a small call
                 proposal.dense[layer] = f"nothing to skip: the selection kept every tile at density {ok[0].density:g}"
             elif ok:
-                proposal.chosen[layer] = ok[0]
+                proposal.chosen[layer] = ok[0].model_copy(update={"top_p": measured[ok[0].density].top_p})
             else:
                 densest = probe.ladder[-1].density
                 proposal.dense[layer] = (f"over budget: worst cosine {measured[densest].cos:.5f} < {budget:g} even at "

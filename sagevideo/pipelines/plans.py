@@ -18,7 +18,9 @@ Modes: "full" (SDPA, full precision), "int8-fp16" (INT8 QK, 16-bit PV), "int8-fp
 FP8 PV); granularity "block" or "token" (Q/K scales per tile or per token). A quantized choice may
 be block-sparse (docs/sparse.md): `"sparse": {"method": "dynamic", "density": 0.15}` (pooled Q/K
 scores pick each query tile's key tiles at that share of all tiles, always keeping the diagonal
-tiles, a sink tile and the text rows and columns) or `"method": "static"` (3-D windows on the
+tiles, a sink tile and the text rows and columns; with `"top_p": 0.93`, which `calibrate` writes,
+each query tile keeps the tiles that reach that estimated mass instead, the density staying the
+target it was calibrated for) or `"method": "static"` (3-D windows on the
 family's latent grid, the window whose density is closest); a "full" choice cannot be. Plans with a
 sparse choice are version 2 (written so when the version is left out); version 1 plans read as
 they always did. Overrides apply in order, the last match wins (the whole choice: an override
@@ -65,11 +67,18 @@ class PlanError(ValueError):
 
 class Sparse(BaseModel):
     """Block-sparse attention of a quantized choice: the tile selection `method` and its target
-    `density` (kept / all key tiles of a call, in (0, 1]; the forced tiles may keep more)."""
+    `density` (kept / all key tiles of a call, in (0, 1]; the forced tiles may keep more).
+
+    `top_p` (dynamic only, in (0, 1]; None: not set) is the rule a dynamic call then runs: each query
+    tile keeps the fewest tiles whose estimated mass reaches it, so query tiles with diffuse attention
+    keep more than sharp ones, with no host read. `calibrate --sparse dynamic:D` finds it per layer
+    on the captured calls (`pipelines.calibrate`); `density` then stays the target it was found for
+    (reports). Without it a dynamic call keeps `density` of each query tile's key tiles (per row)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     method: SparseMethod
     density: float
+    top_p: float | None = None
 
     @field_validator("density")
     @classmethod
@@ -78,10 +87,30 @@ class Sparse(BaseModel):
             raise ValueError(f"density {density} must lie in (0, 1] (kept / all key tiles), e.g. 0.15")
         return density
 
+    @field_validator("top_p")
+    @classmethod
+    def _check_top_p(cls, top_p: float | None) -> float | None:
+        if top_p is not None and not 0 < top_p <= 1:  # also NaN
+            raise ValueError(f"top_p {top_p} must lie in (0, 1] (the estimated attention mass each query tile "
+                             "keeps), e.g. 0.9; leave it out for the per-row density")
+        return top_p
+
+    @model_validator(mode="after")
+    def _check_method(self):
+        if self.top_p is not None and self.method != "dynamic":
+            raise ValueError(f"top_p: only dynamic selection takes a top_p (static windows depend on no input); "
+                             f"remove top_p or give method 'dynamic' (got {self.method!r})")
+        return self
+
     @property
     def text(self) -> str:
-        """The text form `--sparse` takes: 'dynamic:0.15'."""
+        """The text form `--sparse` takes: 'dynamic:0.15' (a top_p has none: it comes from calibrate)."""
         return sparse_text(self.method, self.density)
+
+    @property
+    def label(self) -> str:
+        """The text form, with the top_p when set: 'dynamic:0.15 top_p 0.93'."""
+        return self.text if self.top_p is None else f"{self.text} top_p {self.top_p:g}"
 
     @classmethod
     def parse(cls, text: str) -> Sparse | None:
@@ -112,7 +141,7 @@ class Choice(BaseModel):
     @property
     def label(self) -> str:
         base = self.mode.value if self.mode is Mode.full else f"{self.mode.value}/{self.granularity.value}"
-        return base if self.sparse is None else f"{base}+sparse {self.sparse.text}"
+        return base if self.sparse is None else f"{base}+sparse {self.sparse.label}"
 
 
 class Override(BaseModel):

@@ -17,8 +17,9 @@ density). Where the choice of an installed layer at the current step is, its rou
   (`attention.records.report_sparse`: the manifest's `backends.sparse`).
 
 Nothing here reads the device, so a model compiled by its user keeps whole graphs (no break at a
-sparse call): a dynamic call passes `attention.sparse.dynamic_selection` (a per-row density: each
-query tile keeps about that share of its key tiles), which the call selects on the device inside
+sparse call): a dynamic call passes `attention.sparse.dynamic_selection` (the plan's calibrated
+top_p where it has one: each query tile keeps the tiles that reach that estimated mass; else a
+per-row density: each query tile keeps about that share of its key tiles), which the call selects on the device inside
 its own preparation (the PyTorch definition where the Triton kernels do not run); a static call's
 mask depends on no input and is a constant to torch.compile. Calls are noted eagerly only, with the
 density the call read back (`records.last_backend`); inside a compiled graph they are not noted.
@@ -37,7 +38,7 @@ import torch
 
 from sagevideo.attention.functional import broadcast_dims_dropped, key_padding_problem
 from sagevideo.attention.records import SparseNote, last_backend, report_sparse
-from sagevideo.attention.sparse import dynamic_selection, select_tiles
+from sagevideo.attention.sparse import dynamic_selection, scores_at, select_tiles
 from sagevideo.pipelines.families import TEXT_FIRST, TEXT_LAST, SparseLayout
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
 
@@ -90,36 +91,50 @@ class SparseRouting:
         return text
 
     def select(self, layer: str, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *, pv: str,
-               attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
+               attn_mask: torch.Tensor | None = None, plain: bool = True, sm_scale: float | None = None) -> Any:
         """The tile mask (`TileMask`) `sparse` selects for one call of `layer` (HND q, k (B, H, N, D))
-        in the tiles of PV mode `pv`, the rule installed calls run (a per-row density for dynamic
-        selection), or the reason (str) the call cannot be sparse; notes nothing (calibration
-        measures masks it does not run). plain: whether the call is one the kernels take block-sparse
-        (no dropout, as many K/V heads as query heads)."""
+        in the tiles of PV mode `pv`, the rule installed calls run (for dynamic selection the plan's
+        top_p where it has one, else a per-row density), or the reason (str) the call cannot be
+        sparse; notes nothing (calibration measures masks it does not run). plain: whether the call
+        is one the kernels take block-sparse (no dropout, as many K/V heads as query heads)."""
         text = self._checked(self.text_of(layer), q, k, plain)
         if isinstance(text, str):
             return text
         with torch.profiler.record_function(SELECTION_RANGE):  # `sagevideo profile` counts it apart
             return select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
-                                text_last=text[1], grid=self.grid, key_mask=_key_mask(attn_mask, k.shape[2]))
+                                text_last=text[1], grid=self.grid, key_mask=_key_mask(attn_mask, k.shape[2]),
+                                top_p=sparse.top_p, sm_scale=sm_scale)
+
+    def scores(self, layer: str, q: torch.Tensor, k: torch.Tensor, *, pv: str, attn_mask: torch.Tensor | None = None,
+               plain: bool = True, sm_scale: float | None = None) -> Any:
+        """The `TileScores` a dynamic call of `layer` (HND q, k (B, H, N, D)) selects from in the tiles of
+        PV mode `pv` (`attention.sparse.scores_at`: the installed settings), or the reason (str) the
+        call cannot be sparse; calibration reads from them the density each top_p reaches."""
+        text = self._checked(self.text_of(layer), q, k, plain)
+        if isinstance(text, str):
+            return text
+        return scores_at(q, k, pv=pv, text_first=text[0], text_last=text[1],
+                         key_mask=_key_mask(attn_mask, k.shape[2]), sm_scale=sm_scale)
 
     def call_mask(self, position: str | None, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *, pv: str,
                   attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
         """What one call of a layer at text `position` passes as `tile_mask` (no host read): for dynamic
-        selection the per-row `DynamicSelection` the call selects with (a `TileMask` of the same rule
-        where attn_mask is not key padding, which the one-call selection does not take), for static
-        the grid's constant mask; or the reason (str) the call cannot be sparse."""
+        selection the `DynamicSelection` the call selects with (the plan's top_p where it has one,
+        else its per-row density; a `TileMask` of the same rule where attn_mask is not key padding,
+        which the one-call selection does not take), for static the grid's constant mask; or the
+        reason (str) the call cannot be sparse."""
         text = self._checked(position, q, k, plain)
         if isinstance(text, str):
             return text
         if sparse.method == "dynamic" and (attn_mask is None or _key_mask(attn_mask, k.shape[2]) is not None):
-            return dynamic_selection(sparse.density, text_first=text[0], text_last=text[1])  # selected in the call
+            return dynamic_selection(sparse.density, top_p=sparse.top_p, text_first=text[0],
+                                     text_last=text[1])  # selected in the call
         # `sagevideo profile` counts the selection apart (eagerly: a graph holds no profiler range)
         ranged = contextlib.nullcontext() if torch.compiler.is_compiling() else torch.profiler.record_function(
             SELECTION_RANGE)
         with ranged:
             return select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
-                                text_last=text[1], grid=self.grid)
+                                text_last=text[1], grid=self.grid, top_p=sparse.top_p)
 
     def tile_mask(self, layer: str, position: str | None, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *,
                   pv: str, step: int | None, attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:

@@ -289,6 +289,25 @@ def test_the_sdpa_signature_call_computes_the_tile_mask_as_sageattn(backend):
         assert not torch.allclose(got, sageattn(q, k, v, backend="sdpa"), atol=1e-3)
 
 
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+def test_the_sdpa_signature_call_takes_a_dynamic_selection_on_every_backend(backend):
+    """A `DynamicSelection` (what installed dynamic calls pass) where SDPA computes the call selects with
+    the PyTorch definition, as sageattn does; a mask that is not key padding is refused with it."""
+    from sagevideo.attention.functional import scaled_dot_product_attention
+    from sagevideo.kernels.tile_select import DynamicSelection
+
+    q, k, v = (t.float() if backend == "sdpa" else t for t in _qkv(seed=2))
+    selection = DynamicSelection(top_p=0.5, min_similarity=-1.0)
+    with record_backends() as log:
+        got = scaled_dot_product_attention(q, k, v, backend=backend, pv="fp16", tile_mask=selection)
+        want = sageattn(q, k, v, backend=backend, pv="fp16", tile_mask=selection)
+    assert torch.equal(got, want) and log.choices[0].density == pytest.approx(log.choices[1].density)
+    assert 0 < log.choices[0].density < 1
+    causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match="DynamicSelection tile_mask takes no attn_mask but a boolean key-padding"):
+        scaled_dot_product_attention(q, k, v, causal, backend="sdpa", pv="fp16", tile_mask=selection)
+
+
 def test_a_call_that_cannot_be_sparse_is_refused_not_run_dense():
     from sagevideo.attention.functional import scaled_dot_product_attention
 

@@ -116,3 +116,45 @@ def test_sparse_budget_values_are_refused_before_loading(tmp_path, no_model_load
 def test_sparse_with_no_step_left_to_be_sparse_is_refused_before_loading(tmp_path, no_model_load):
     with pytest.raises(InputError, match="--sparse static:0.3 with 1 step"):
         calibrate(["a fox"], out=tmp_path / "plan.json", device="cpu", progress=False, steps=1, sparse="static:0.3")
+
+
+@pytest.mark.slow  # two passes of a 3-step calibration at 320 px, then the plan generated (a few seconds)
+def test_calibrate_dynamic_writes_per_layer_top_ps_that_generate_runs(tmp_path, monkeypatch):
+    """`--sparse dynamic:D`: calibrate runs the prompt twice and writes the layer's calibrated top_p into
+    the plan; generate runs that top_p (one per call) and reaches the density calibrate reported. Random
+    weights' tiles are not self-similar, so both calibrate and generate judge every tile here
+    (min_similarity -1 in the installed settings, patched for both alike)."""
+    import dataclasses
+
+    import sagevideo.attention.sparse as attention_sparse
+    import sagevideo.pipelines.sparse as pipelines_sparse
+    from sagevideo.generation.generate import generate
+    from sagevideo.outputs.manifest import Manifest
+    from sagevideo.pipelines.plans import AttentionPlan
+
+    installed = attention_sparse.dynamic_selection
+
+    def judging_every_tile(*args, **kwargs):
+        return dataclasses.replace(installed(*args, **kwargs), min_similarity=-1.0)
+
+    monkeypatch.setattr(attention_sparse, "dynamic_selection", judging_every_tile)
+    monkeypatch.setattr(pipelines_sparse, "dynamic_selection", judging_every_tile)
+    out = tmp_path / "plan.json"
+    size = {"height": 320, "width": 320, "frames": 9, "steps": 3}  # text and diagonal tiles under 0.4
+    result = calibrate(["a fox"], out=out, device="cpu", progress=False, capture_steps=[-1], sparse="dynamic:0.4",
+                       sparse_budget=0.5, **size)
+    plan = AttentionPlan.load(out)
+    first, later = "transformer_blocks.0.attn1", "transformer_blocks.1.attn1"
+    sparse = result.sparse.chosen[later]
+    assert plan == result.plan and plan.choice_for(later, 2).sparse == sparse and sparse.density == 0.4
+    assert 0 < sparse.top_p < 1 and "first sparse layer" in result.sparse.dense[first]
+    worst = result.sparse.errors[later][result.chosen[later].label][0.4]
+    assert worst.top_p == sparse.top_p and worst.calls == 1 and worst.step == 2 and worst.cos < 1.0
+    assert abs(worst.density - 0.4) < 0.05  # the captured call: the top_p found for 0.4 reaches it
+    generate(["a fox"], out=tmp_path / "videos", plan=out, device="cpu", progress=False, **size)
+    (record,) = Manifest(tmp_path / "videos" / "manifest.jsonl").records()
+    layers = record.backends["sparse"]["layers"]
+    assert layers[first] == {"calls": 3, "density": 1.0, "min": 1.0}
+    assert layers[later]["sparse_calls"] == 2 and 0 < layers[later]["sparse_density"] < 1
+    # generate's own run (quantized, sparse from step 1) sees other latents than calibrate's: near, not equal
+    assert abs(layers[later]["sparse_density"] - 0.4) < 0.1

@@ -182,6 +182,28 @@ def test_top_p_one_keeps_every_tile_and_density_grows_with_top_p():
     assert (scores.keep(0.0).keep.sum(-1) >= 1).all()  # never an empty query tile
 
 
+def test_the_density_curve_is_keep_at_every_top_p_of_its_grid():
+    """density_curve(steps)[j] == keep(j / steps).density exactly, also at a mass that lies on the grid
+    (kept only from the next step: keep compares mass before < top_p), with padding, text and sinks."""
+    q, k = _clustered()
+    key_mask = torch.ones(1, 512, dtype=torch.bool)
+    key_mask[0, 448:] = False
+    scores = TileScores(q, k, block_m=64, block_n=32, key_mask=key_mask, dense_prefix=40, min_similarity=0.0)
+    steps = 256
+    curve = scores.density_curve(steps)
+    assert curve.shape == (steps + 1,) and curve.dtype == torch.float64
+    for j in range(steps + 1):
+        assert curve[j].item() == pytest.approx(scores.keep(j / steps).density, abs=1e-6), j
+    assert curve[0] < curve[steps // 2] < curve[-1] and torch.all(curve.diff() >= 0)
+    on_grid = scores._mass_before[..., 3].flatten()[0].item()  # a mass that is exactly a grid point
+    scores._mass_before[..., 3] = math.floor(on_grid * steps) / steps
+    assert scores.density_curve(steps)[math.floor(on_grid * steps)].item() == pytest.approx(
+        scores.keep(math.floor(on_grid * steps) / steps).density, abs=1e-6)
+    for bad in (0, 3, 2**25, True):
+        with pytest.raises(ValueError, match="power of two"):
+            scores.density_curve(bad)
+
+
 def test_tiles_that_are_not_self_similar_are_kept_whole():
     gen = torch.Generator().manual_seed(1)
     q, k = _clustered()

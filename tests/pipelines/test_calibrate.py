@@ -161,3 +161,74 @@ def test_the_sparsest_density_within_the_budget_is_chosen_on_the_layers_own_mode
     assert proposal.dense["d"].startswith("nothing to skip") and proposal.dense["e"].startswith("a layer its family")
     assert proposal.dense["f"].startswith("full precision") and "first sparse layer" in proposal.dense["g"]
     assert proposal.worst()[0] == "a" and "2 layer(s) sparse (1 at 0.1, 1 at 0.2), 5 dense" in proposal.note()
+
+
+PLANTED_GRID = (4, 16, 32)
+
+
+def _planted_call(sharpness: float, seed: int):
+    """Planted q, k, v (1, 2, 2048, 64) on PLANTED_GRID (no text): raster tiles self-similar enough that
+    the dynamic selection judges them; sharper attention reaches a lower density at the same top_p."""
+    from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
+
+    spec = PlantedSpec(batch=1, heads=2, frames=PLANTED_GRID[0], height=PLANTED_GRID[1], width=PLANTED_GRID[2],
+                       head_dim=64, stripe_every=2, lengthscale=(3.0, 32.0, 32.0), sharpness=sharpness, seed=seed)
+    made = planted_inputs(spec)
+    return made.q, made.k, made.v
+
+
+def test_calibrated_top_ps_reach_the_proposed_density_on_the_captured_calls_and_their_error_is_measured():
+    """A dynamic ladder in two passes over the same calls (two steps of planted attention, one sharper):
+    the proposed plan's top_p is the grid top_p whose mean density over the captured calls is the
+    target (within one grid step's change), the second pass measured exactly that rule (its error and
+    density are those of the installed selection at that top_p), and the top_p adapts per call."""
+    from sagevideo.attention.accuracy import error_stats
+    from sagevideo.attention.functional import sageattn
+    from sagevideo.attention.sparse import scores_at
+    from sagevideo.pipelines.calibrate import (
+        TOP_P_STEPS,
+        ProbingRouter,
+        choose_plan,
+        choose_sparse,
+        sparse_ladder,
+        top_p_router,
+    )
+    from sagevideo.pipelines.plans import Sparse
+
+    layer, target = "blocks.1.attn1", 0.5
+    calls = {1: _planted_call(6.0, 0), 2: _planted_call(14.0, 1)}  # step 0 stays dense (ceil(3/5) = 1)
+    probe = ProbingRouter("sdpa", None, ladder=sparse_ladder(Sparse(method="dynamic", density=target)),
+                          sparse_from=1)
+
+    def run(router):
+        router.sparse.text[layer] = None  # what install gives a video-only layer, and each forward's grid
+        router.sparse.grid = PLANTED_GRID
+        for step, (q, k, v) in calls.items():
+            router.clock.step = step
+            router(layer, q, k, v)
+
+    run(probe)
+    assert probe.sparse_errors == {} and set(probe.curves[layer]) == {"fp8", "fp16"}  # no sparse run yet
+    second = top_p_router(probe, threshold=0.999)
+    assert top_p_router(probe, threshold=0.999, dense_layers=(layer,)).settings == {}
+    run(second)
+    _, chosen = choose_plan(probe.errors, 0.999, None, None)
+    proposal = choose_sparse(probe, chosen, 0.5, dense_layers=())
+    sparse = proposal.chosen[layer]
+    assert sparse.method == "dynamic" and sparse.density == target and sparse.top_p is not None
+    pv = chosen[layer].mode.pv
+    masks = [scores_at(q, k, pv=pv).keep(sparse.top_p) for q, k, _ in calls.values()]
+    reached = sum(m.density for m in masks) / len(masks)
+    step_down = [scores_at(q, k, pv=pv).keep(sparse.top_p - 1 / TOP_P_STEPS).density for q, k, _ in calls.values()]
+    assert abs(reached - target) <= abs(sum(step_down) / 2 - target) + 1e-9  # the closest on the grid
+    assert abs(reached - target) < 0.02
+    assert masks[0].density > masks[1].density + 0.02  # one top_p: the diffuse call keeps more
+    measured = proposal.errors[layer][proposal.modes[layer]][target]
+    assert measured.top_p == sparse.top_p and measured.calls == 2 and measured.density == pytest.approx(reached)
+    worst = 1.0
+    for (q, k, v), mask in zip(calls.values(), masks, strict=True):
+        kwargs = dict(pv=pv, qk_granularity=chosen[layer].granularity.value, backend="sdpa")
+        sparse_out = sageattn(q, k, v, tile_mask=mask, **kwargs)
+        worst = min(worst, error_stats(sageattn(q, k, v, **kwargs), sparse_out).cos_worst)
+    assert measured.cos == pytest.approx(worst) and measured.cos < 1.0
+    assert f"top_p {sparse.top_p:g}" in proposal.note() and f"{sparse.top_p:.6f}" in proposal.table()

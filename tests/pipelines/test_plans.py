@@ -144,6 +144,21 @@ def test_a_sparse_plan_round_trips_as_version_2_and_a_dense_one_stays_version_1(
     assert "sparse" not in dense.to_json() and json.loads(dense.to_json())["version"] == 1
 
 
+def test_a_calibrated_top_p_round_trips_in_version_2_and_plans_without_it_load_unchanged(tmp_path):
+    calibrated = {**SPARSE, "top_p": 0.93125}
+    plan = AttentionPlan.model_validate(_plan(overrides=[{"layers": [LAYERS[1]], "steps": [1, None],
+                                                          "mode": "int8-fp8", "sparse": calibrated}]))
+    assert plan.version == 2
+    loaded = AttentionPlan.load(plan.save(tmp_path / "top_p.json"))
+    assert loaded == plan and json.loads((tmp_path / "top_p.json").read_text())["overrides"][0]["sparse"] == calibrated
+    chosen = loaded.choice_for(LAYERS[1], 2).sparse
+    assert chosen == Sparse(method="dynamic", density=0.15, top_p=0.93125)
+    assert loaded.choice_for(LAYERS[1], 2).label == "int8-fp8/block+sparse dynamic:0.15 top_p 0.93125"
+    assert chosen.text == "dynamic:0.15"  # the --sparse form: a top_p comes from calibrate only
+    old = AttentionPlan.model_validate(_plan(default={"mode": "int8-fp8", "sparse": SPARSE}))
+    assert old.default.sparse.top_p is None and "top_p" not in old.to_json()
+
+
 @pytest.mark.parametrize(
     "change, match",
     [
@@ -157,6 +172,12 @@ def test_a_sparse_plan_round_trips_as_version_2_and_a_dense_one_stays_version_1(
         ({"default": {"mode": "int8-fp8", "sparse": {"method": "static"}}},
          r"default\.sparse\.density: Field required"),
         ({"version": 3}, r"version 3 is not supported \(this sagevideo reads versions 1, 2\)"),
+        ({"default": {"mode": "int8-fp8", "sparse": {**SPARSE, "top_p": 0}}},
+         r"default\.sparse\.top_p: top_p 0\.0 must lie in \(0, 1\]"),
+        ({"default": {"mode": "int8-fp8", "sparse": {**SPARSE, "top_p": 1.5}}},
+         r"default\.sparse\.top_p: top_p 1\.5 must lie in \(0, 1\]"),
+        ({"default": {"mode": "int8-fp8", "sparse": {"method": "static", "density": 0.3, "top_p": 0.9}}},
+         r"default\.sparse: top_p: only dynamic selection takes a top_p"),
     ],
 )
 def test_bad_sparse_settings_name_the_field_and_the_fix(change, match):

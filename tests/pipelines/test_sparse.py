@@ -76,6 +76,63 @@ def test_a_call_that_cannot_be_sparse_runs_dense_with_the_reason(case):
         assert torch.equal(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] == 1))
 
 
+PLANTED_GRID = (4, 16, 32)
+
+
+def _planted(text: int = 0):
+    """Planted q, k, v (1, 2, text + 2048, 64) on PLANTED_GRID with `text` tokens first, windows wide
+    enough that raster tiles are self-similar (the selection judges them rather than keeping them)."""
+    from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
+
+    spec = PlantedSpec(batch=1, heads=2, frames=PLANTED_GRID[0], height=PLANTED_GRID[1], width=PLANTED_GRID[2],
+                       head_dim=64, text_prefix=text, stripe_every=2, lengthscale=(3.0, 32.0, 32.0))
+    made = planted_inputs(spec)
+    return made.q, made.k, made.v
+
+
+def test_a_calibrated_top_p_runs_one_top_p_per_call_in_place_of_the_per_row_density(monkeypatch):
+    """A plan's dynamic choice with a top_p: the installed call passes `DynamicSelection(top_p=...)` (no
+    per-row density; text, sink and diagonal forced as before), computes the PyTorch selection at that
+    top_p, and is noted with the density it reached. Without a top_p: the per-row density, as before."""
+    import sagevideo.pipelines.routing as routing
+    from sagevideo.attention.sparse import scores_at
+    from sagevideo.kernels.tile_select import DynamicSelection
+
+    passed = []
+    attend = routing.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        passed.append(kwargs.get("tile_mask"))
+        return attend(*args, **kwargs)
+
+    monkeypatch.setattr(routing, "scaled_dot_product_attention", spy)
+    text = 40
+    q, k, v = _planted(text)
+    calibrated = Sparse(method="dynamic", density=0.3, top_p=0.8)
+    outs, densities = [], []
+    for sparse in (calibrated, Sparse(method="dynamic", density=0.3)):
+        router = AttentionRouter(AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=sparse)), backend="sdpa")
+        router.sparse.text.update({"joint": TEXT_FIRST})
+        router.sparse.grid = PLANTED_GRID
+        with record_backends() as log:
+            outs.append(router("joint", q, k, v))
+        densities.append(log.sparse[0].density)
+    by_top_p, per_row = passed
+    assert by_top_p == DynamicSelection(top_p=0.8, sink_tiles=1, dense_prefix=text) and by_top_p.density is None
+    assert per_row == DynamicSelection(density=0.3, sink_tiles=1, dense_prefix=text)
+    mask = scores_at(q, k, pv="fp16", text_first=text).keep(0.8)
+    assert 0.5 < mask.density < 0.8 and densities[0] == pytest.approx(mask.density) and densities[1] < 0.5
+    want = sagevideo_sdpa(q, k, v, mask)
+    assert torch.equal(outs[0], want) and not torch.equal(outs[0], outs[1])
+
+
+def sagevideo_sdpa(q, k, v, mask):
+    """The sdpa backend's call on `mask`'s tiles (what the router's int8-fp16 choice computes there)."""
+    from sagevideo.attention.functional import scaled_dot_product_attention
+
+    return scaled_dot_product_attention(q, k, v, pv="fp16", backend="sdpa", tile_mask=mask)
+
+
 def test_a_dense_plan_notes_nothing_and_installs_no_sparse_routing():
     router = AttentionRouter(AttentionPlan.uniform("int8-fp16"), backend="sdpa")
     assert router.sparse is None
@@ -110,12 +167,15 @@ def test_the_grid_hook_and_layouts_come_with_install_and_go_with_remove(tiny_pip
 
 
 @pytest.mark.slow  # torch.compile
-@pytest.mark.parametrize("sparse", [STATIC, Sparse(method="dynamic", density=0.3)], ids=["static", "dynamic"])
+@pytest.mark.parametrize("sparse", [STATIC, Sparse(method="dynamic", density=0.3),
+                                    Sparse(method="dynamic", density=0.3, top_p=0.8)],
+                         ids=["static", "dynamic", "dynamic-top-p"])
 def test_a_model_its_user_compiles_runs_a_sparse_plan_in_whole_graphs(tiny_pipe, sparse):
     """Regional compile (each block `.compile(fullgraph=True)`) of a model under a sparse plan: no graph
     break (selection reads nothing on the host: the static mask is a constant, the dynamic call selects a
-    per-row density inside itself), one graph shared by the blocks, outputs bit for bit eager's. Eagerly
-    each call is noted with its density; compiled calls are not noted (their backend records are)."""
+    per-row density or a calibrated top_p inside itself), one graph shared by the blocks, outputs bit for
+    bit eager's. Eagerly each call is noted with its density; compiled calls are not noted (their backend
+    records are)."""
     from torch._dynamo.utils import counters
 
     import sagevideo
