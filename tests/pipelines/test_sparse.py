@@ -53,6 +53,32 @@ def test_sparse_calls_run_their_mask_and_every_call_is_noted_with_its_density():
                        "steps": {"none": round((joint.density + 1) / 2, 4)}, "dense": {}}
 
 
+def test_a_forwards_calls_noted_at_its_end_read_as_each_call_noted_at_once():
+    """Routes add each sparse call to their statistics on the device; `collect_sparse` (the end of a
+    forward) notes a layer's calls so that its summary (calls, mean, least, per step) is the one of each
+    call noted at once (a call by name), here two calls of one layer at two densities and a dense one."""
+    router = _router({"joint": TEXT_LAST, "dense": TEXT_LAST})
+    calls = [(grid, tuple(_qkv(40 + math.prod(grid)))) for grid in (GRID, (2, 8, 8), GRID)]
+
+    def run(by_name: bool):
+        with record_backends() as log:
+            for layer in ("joint", "dense"):
+                for grid, qkv in calls:
+                    router.sparse.grid = grid
+                    if by_name:
+                        router(layer, *qkv)
+                    else:
+                        router.attend(router.route(layer), *qkv)
+            router.collect_sparse()
+        return log
+
+    at_once, at_end = run(by_name=True), run(by_name=False)
+    densities = sorted({note.density for note in at_once.sparse if note.layer == "joint"})
+    assert len(densities) == 2 and densities[0] < 1
+    assert at_end.summary()["sparse"] == at_once.summary()["sparse"]
+    assert at_end.summary()["sparse"]["layers"]["joint"]["calls"] == 3
+
+
 @pytest.mark.parametrize("case", ["not-a-sparse-layer", "no-grid", "mismatch", "text-in-a-video-layer", "dropout",
                                   "grouped-heads"])
 def test_a_call_that_cannot_be_sparse_runs_dense_with_the_reason(case):
