@@ -25,7 +25,9 @@ read per layer at the end of each forward (`report_peaky`), as `BackendLog.peaky
 Installed models running a plan with block-sparse choices also note, per attention call, the layer,
 the denoising step, the density that ran (1.0 for a dense call) and why a call the plan made sparse
 ran dense (`report_sparse`), read back as `BackendLog.sparse` and `summary()["sparse"]`: per layer
-and per step the mean density, and the dense calls' reasons.
+and per step the mean density, and the dense calls' reasons. The notes are made at the end of each
+forward from each layer's statistics on the device (`pipelines.sparse_notes`), so compiled models
+are noted as eager ones.
 """
 
 from __future__ import annotations
@@ -327,7 +329,7 @@ PEAKY_ADVICE = ("expect a worst cosine below the contract's 0.999/0.998 against 
 
 
 def report_sparse(note: SparseNote) -> None:
-    """Note one call of an installed model under a sparse plan in the active logs (eagerly)."""
+    """Note one call of an installed model under a sparse plan in the active logs (outside compiled code)."""
     for log in _active_logs():
         log.sparse.append(note)
 

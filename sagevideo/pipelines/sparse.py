@@ -2,7 +2,7 @@
 
 A plan's choice may be sparse (`plans.Sparse`: dynamic or static tile selection at a target
 density). Where the choice of an installed layer at the current step is, its router asks
-`SparseRouting.tile_mask` for the call's mask, and `sageattn` computes the call on those tiles:
+`SparseRouting.call_mask` for the call's mask, and `sageattn` computes the call on those tiles:
 
 - what selection needs of the model comes from its family, one place per family
   (`families.SparseLayout`): which layers may be sparse and where their text sits (CogVideoX and
