@@ -279,8 +279,7 @@ def _sparse_note(sparse: dict | None) -> str:
     if not sparse:
         return ""
     steps = sparse.get("steps") or {}
-    return "; sparse density per step " + " ".join(f"{value:.2f}" for value in steps.values()) if steps else \
-        "; sparse calls not noted (compiled)"
+    return "; sparse density per step " + " ".join(f"{value:.2f}" for value in steps.values()) if steps else ""
 
 
 def result_rows(run, shape: str, report: dict):

@@ -57,6 +57,7 @@ def scaled_dot_product_attention(
     qk_granularity: str = "block",
     tile_mask: TileMask | TileLists | DynamicSelection | None = None,
     _guard_counter: torch.Tensor | None = None,
+    _sparse_counter: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`torch.nn.functional.scaled_dot_product_attention` with sagevideo's quantized attention.
 
@@ -81,6 +82,8 @@ def scaled_dot_product_attention(
     tile_mask: block-sparse attention as `sageattn`'s (its (B, H) those of the call in the kernels'
     form); every backend computes it, SDPA with its token mask. A call the kernels' form cannot take
     (dropout, shapes that do not broadcast) raises ValueError with it: it is never run dense silently.
+    _sparse_counter: an installed layer's block-sparse statistics (`sparse.add_call`) a sparse call
+    adds its density to, on the device.
     """
     _check_options("HND", qk_granularity, "fp16" if pv == "auto" else pv, backend)
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -107,13 +110,13 @@ def scaled_dot_product_attention(
         out, _ = _attend(form.q, form.k, form.v, form.mask, is_causal=is_causal,
                          scale=_check_scale(scale, form.q.shape[-1]), qk_granularity=qk_granularity, pv=pv,
                          smooth_k=True, return_lse=False, rotate_qk=True, requested=backend, chosen=chosen,
-                         reason=reason, counter=_guard_counter, tiles=tiles)
+                         reason=reason, counter=_guard_counter, tiles=tiles, sparse_counter=_sparse_counter)
         return out.reshape(form.out_shape)
     if tiles is not None:  # full precision restricted to the same tiles (its token mask)
         tiles = _selected_for_sdpa(tiles, form, _check_scale(scale, form.q.shape[-1]), pv)
         out, _ = _sdpa(form.q, form.k, form.v, form.mask, is_causal, _check_scale(scale, form.q.shape[-1]), False,
                        form.k.shape[1] != form.q.shape[1], None if tiles.dense else tiles)
-        _record(backend, chosen.value, None, reason, tiles)
+        _record(backend, chosen.value, None, reason, _sparse_density(tiles, None, 0, _sparse_counter))
         return out.reshape(form.out_shape)
     if isinstance(attn_mask, torch.Tensor) and attn_mask.dim() < query.dim():
         # the same mask under broadcasting; torch's own kernels reject a 1-D one (IndexError)
@@ -262,6 +265,7 @@ def sageattn(
     enable_gqa: bool = False,
     tile_mask: TileMask | TileLists | DynamicSelection | None = None,
     _guard_counter: torch.Tensor | None = None,
+    _sparse_counter: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Quantized scaled-dot-product attention with SDPA semantics (SDPA's own signature:
     `sagevideo.scaled_dot_product_attention`).
@@ -293,15 +297,16 @@ def sageattn(
     query tile attends only the key tiles it keeps; rows left with no valid key are 0 (LSE -inf).
     The Triton kernel never loads the skipped tiles; the reference emulates it; SDPA runs with the
     mask's token mask (B·H·Nq·Nk bytes). Density 1 runs dense. The record carries the density
-    (`BackendChoice.density`); eagerly it is read once per call (a host sync).
+    (`BackendChoice.density`); eagerly a mask's is read once per call (a host sync).
     A `DynamicSelection` (`sagevideo.kernels.tile_select`) instead has the call choose its tiles from
     q and k in the plan's tiles (docs/sparse.md, stage 3): the Triton kernels select on the device
-    inside the preparation, in the same op as the attention (no host sync while selecting; eagerly the
-    record's density is read once after the call, inside a compiled graph it is NaN); the reference
-    and SDPA use the PyTorch selection. It selects by top_p or by a per-row density (`density=`: each
+    inside the preparation, in the same op as the attention (no host sync; the record's density stays
+    on the device until read, inside a compiled graph it is NaN); the reference and SDPA use the
+    PyTorch selection. It selects by top_p or by a per-row density (`density=`: each
     query tile keeps about that share of its key tiles, compiled graphs stay whole). attn_mask may
     then only be a key-padding mask (padded keys never count).
     `sagevideo.attention.sparse.select_tile_lists` makes the lists alone.
+    _sparse_counter: as `scaled_dot_product_attention`'s.
     """
     _check_options(tensor_layout, qk_granularity, pv, backend)
     _check_tensors(q, k, v, tensor_layout, enable_gqa)
@@ -321,7 +326,8 @@ def sageattn(
     chosen, reason = choose(backend, _kernel_call(q, attn_mask, n_k, pv, rotate_qk))
     out, lse = _attend(q, k, v, attn_mask, is_causal=is_causal, scale=scale, qk_granularity=qk_granularity, pv=pv,
                        smooth_k=smooth_k, return_lse=return_lse, rotate_qk=rotate_qk, requested=backend,
-                       chosen=chosen, reason=reason, counter=_guard_counter, tiles=tiles)
+                       chosen=chosen, reason=reason, counter=_guard_counter, tiles=tiles,
+                       sparse_counter=_sparse_counter)
     if tensor_layout == "NHD":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
@@ -345,13 +351,15 @@ def _attend(
     reason: str,
     counter: torch.Tensor | None = None,
     tiles: sparse.SparseCall | None = None,
+    sparse_counter: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The `chosen` backend's attention on validated HND q (B, H, Nq, D), k/v (B, H_kv, Nk, D) with
     H_kv dividing H, attn_mask after `broadcast_dims_dropped` (a key-padding one unless SDPA runs),
     recorded as asked for by `requested`. Returns (out (B, H, Nq, D) in q's dtype, LSE or None).
     counter: an installed layer's guard counter (int32 0-dim) the call adds its count to; None for a
     direct call, whose count its record keeps (`records.note_flagged`).
-    tiles: a block-sparse call's tile mask (`sparse.sparse_call`), or None."""
+    tiles: a block-sparse call's tile mask (`sparse.sparse_call`), or None; sparse_counter: an
+    installed layer's block-sparse statistics the call adds its density to (`sparse.add_call`)."""
     heads, n_k, head_dim = q.shape[1], k.shape[2], q.shape[3]
     gqa = k.shape[1] != heads
     # the quantized backends take the mask as (B', Nk) key padding (their checks passed)
@@ -396,9 +404,9 @@ def _attend(
         lse = lse if return_lse else None
     else:
         out, lse, flagged = compute(q, k, v)
-    if made:
-        tiles = sparse.made_by_kernels(tiles, made[0], -(-n_k // plan.block_n))
-    _record(requested, ran, None if chosen is Backend.SDPA else pv, reason, tiles, note)
+    density = _sparse_density(tiles, made[0] if made else None, -(-n_k // plan.block_n) if made else 0,
+                              sparse_counter)
+    _record(requested, ran, None if chosen is Backend.SDPA else pv, reason, density, note)
     if flagged is not None:
         # The guard's count stays on the device: an installed model's layer accumulates it and reads
         # it at the end of the forward; a direct call's is read at the next call.
@@ -406,6 +414,23 @@ def _attend(
             counter.add_(flagged)
         records.note_flagged(flagged, None if counter is not None else _describe(q, pv, qk_granularity))
     return out, lse
+
+
+def _sparse_density(tiles: sparse.SparseCall | None, counts: torch.Tensor | None, n_tiles: int,
+                    counter: torch.Tensor | None) -> float | torch.Tensor | None:
+    """A call's density for its record: None for dense attention, the float where the call read it
+    (a mask, eagerly), else a float64 0-dim device tensor (from the kernels' `counts` of `n_tiles` key
+    tiles each where they selected, else from the mask), not read. A sparse call adds it to an
+    installed layer's `counter` on the device."""
+    if tiles is None:
+        return None
+    density: float | torch.Tensor | None = tiles.density
+    if counter is not None or (density is None and not torch.compiler.is_compiling()):
+        on_device = sparse.kernel_density(counts, n_tiles) if counts is not None else sparse.density_of(tiles)
+        if counter is not None:
+            sparse.add_call(counter, on_device)
+        density = on_device if density is None else density
+    return math.nan if density is None else density
 
 
 def _kernel_plan(chosen: Backend, device: torch.device, head_dim: int, pv: str, active: sparse.SparseCall | None,
@@ -464,16 +489,19 @@ class _ForwardOnly(torch.autograd.Function):
         raise RuntimeError(BACKWARD_ERROR)
 
 
-def _record(requested: str, ran: str, pv: str | None, reason: str, tiles: sparse.SparseCall | None = None,
+def _record(requested: str, ran: str, pv: str | None, reason: str, density: float | torch.Tensor | None = None,
             note: str = "") -> None:
     """Report one dispatch decision (`records`), and warn once per fallback reason. Inside a graph
     torch.compile traces, an effectful op reports (and warns) each time the compiled graph runs.
-    tiles: a block-sparse call's mask, whose density the record carries; note: `BackendChoice.note`."""
-    density = None if tiles is None else tiles.recorded_density
+    density: a block-sparse call's (`_sparse_density`; a device tensor is read when the record is asked,
+    NaN inside a graph), None for dense attention; note: `BackendChoice.note`."""
     if torch.compiler.is_compiling():
-        records.report_from_graph(requested, ran, pv, reason, density, note)
+        records.report_from_graph(requested, ran, pv, reason,
+                                  math.nan if isinstance(density, torch.Tensor) else density, note)
     else:
         flagged = records.FlaggedTiles() if pv is not None else None  # quantized calls count for the guard
+        if isinstance(density, torch.Tensor):
+            density = records.DeviceDensity(density)
         records.report(records.BackendChoice(requested, ran, pv, reason, flagged, density, note))
         records.warn_fallback_once(reason)
 

@@ -25,7 +25,9 @@ read per layer at the end of each forward (`report_peaky`), as `BackendLog.peaky
 Installed models running a plan with block-sparse choices also note, per attention call, the layer,
 the denoising step, the density that ran (1.0 for a dense call) and why a call the plan made sparse
 ran dense (`report_sparse`), read back as `BackendLog.sparse` and `summary()["sparse"]`: per layer
-and per step the mean density, and the dense calls' reasons.
+and per step the mean density, and the dense calls' reasons. The notes are made at the end of each
+forward from each layer's statistics on the device (`pipelines.sparse_notes`), so compiled models
+are noted as eager ones.
 """
 
 from __future__ import annotations
@@ -81,6 +83,21 @@ class FlaggedTiles:
         return self._count
 
 
+class DeviceDensity:
+    """A dynamic call's density (visited / all key tiles) as the call left it: a float64 0-dim tensor
+    on the device until read (reading waits for the call, so nothing reads it inside the call), then a
+    float."""
+
+    def __init__(self, density: torch.Tensor) -> None:
+        self._density: torch.Tensor | float = density
+
+    @property
+    def value(self) -> float:
+        if isinstance(self._density, torch.Tensor):
+            self._density = float(self._density)
+        return self._density
+
+
 @dataclass(frozen=True)
 class BackendChoice:
     """One dispatch decision.
@@ -92,7 +109,8 @@ class BackendChoice:
     reason: why a fallback happened (empty when the requested backend ran).
     flagged: the run-time guard's count for a quantized call (`peaky_tiles`), None for SDPA.
     density: a block-sparse call's tile-mask density (visited / all key tiles; 1.0 ran dense), NaN
-    where a compiled graph ran it (reading it there would sync each run), None for dense attention.
+    where a compiled graph ran it (reading it there would sync each run), None for dense attention;
+    a dynamic call's is read from the device when asked (`DeviceDensity`), not by the call.
     note: why the kernel that ran is not the plan's first choice, where that is no fallback (a
     block-sparse call on a Gluon plan runs the plain Triton kernel), else ''.
     """
@@ -102,8 +120,13 @@ class BackendChoice:
     pv: str | None
     reason: str = ""
     flagged: FlaggedTiles | None = field(default=None, compare=False, repr=False)
-    density: float | None = None
+    _density: float | DeviceDensity | None = None
     note: str = ""
+
+    @property
+    def density(self) -> float | None:
+        """The call's density (see the class); reading a dynamic call's waits for the call."""
+        return self._density.value if isinstance(self._density, DeviceDensity) else self._density
 
     @property
     def peaky_tiles(self) -> int | None:
@@ -306,7 +329,7 @@ PEAKY_ADVICE = ("expect a worst cosine below the contract's 0.999/0.998 against 
 
 
 def report_sparse(note: SparseNote) -> None:
-    """Note one call of an installed model under a sparse plan in the active logs (eagerly)."""
+    """Note one call of an installed model under a sparse plan in the active logs (outside compiled code)."""
     for log in _active_logs():
         log.sparse.append(note)
 

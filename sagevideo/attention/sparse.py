@@ -14,6 +14,9 @@ A `DynamicSelection` in place of a mask has the call choose its tiles from its o
 (`kernels.tile_select`): the Triton kernels in one op, inside the preparation (no host sync, the
 density not read); the reference and SDPA with the PyTorch selection, its definition, in the same
 tiles. `select_tile_lists` makes the lists alone, to reuse or inspect.
+
+An installed layer's calls add their density to its statistics on the device (`add_call`: sum,
+calls, least), which its router reads once per forward: nothing is read inside a call.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ class SparseCall:
     """A call's tile mask (a TileMask or TileLists that fits its q and k, or the DynamicSelection that
     makes one from them) and its density (visited / all key tiles), None inside a torch.compile graph:
     reading it syncs with the device, which a graph cannot do without breaking (there the sparse path
-    runs at any density, bit for bit the dense one at density 1); None for a dynamic selection too."""
+    runs at any density, bit for bit the dense one at density 1); None for a dynamic selection and the
+    mask it selected too (`density_of` gives any call's on the device)."""
 
     tile_mask: TileMask | TileLists | DynamicSelection
     density: float | None
@@ -62,11 +66,6 @@ class SparseCall:
     def dense(self) -> bool:
         """Every key tile kept: the dense path computes the call."""
         return self.density == 1.0
-
-    @property
-    def recorded_density(self) -> float:
-        """What the call's record says: the density, NaN where it was not read."""
-        return math.nan if self.density is None else self.density
 
 
 def sparse_call(tile_mask: object, q: torch.Tensor, k: torch.Tensor) -> SparseCall | None:
@@ -106,17 +105,42 @@ def selected(call: SparseCall, q: torch.Tensor, k: torch.Tensor, key_mask: torch
     selection = call.tile_mask
     scores = TileScores(q, k, block_m=block_m, block_n=block_n, sm_scale=sm_scale, key_mask=key_mask,
                         **selection.scores_options())
-    mask = selection.keep(scores)
-    return SparseCall(mask, None if torch.compiler.is_compiling() else mask.density)
+    # its density is not read (a host sync per call): `density_of` gives it on the device
+    return SparseCall(selection.keep(scores), None)
 
 
-def made_by_kernels(call: SparseCall, counts: torch.Tensor, n_tiles: int) -> SparseCall:
-    """A dynamic call once the kernels selected: its density read from their counts (int32 (B, H, M),
-    of n_tiles key tiles each) eagerly, for the record; inside a compiled graph the call unchanged
-    (density not read)."""
-    if torch.compiler.is_compiling():
-        return call
-    return SparseCall(call.tile_mask, float(counts.double().sum()) / (counts.numel() * n_tiles))
+def density_of(call: SparseCall) -> torch.Tensor:
+    """A call's density on its device, float64 0-dim, nothing read on the host: kept key tiles / all key
+    tiles over every (batch row, head, query tile), as `TileMask.density` and `TileLists.density` give
+    it (text rows and columns count as the tiles they are; a partial last tile counts as one). The
+    call's mask, not a DynamicSelection (`kernel_density` gives the kernels' selection's)."""
+    mask = call.tile_mask
+    if isinstance(mask, TileMask):
+        return mask.keep.double().mean()
+    return kernel_density(mask.counts, mask.n_tiles)
+
+
+def kernel_density(counts: torch.Tensor, n_tiles: int) -> torch.Tensor:
+    """The density of lists whose counts are `counts` (int32 (B, H, M_tiles)) of `n_tiles` key tiles each:
+    float64 0-dim on their device (not read)."""
+    return counts.double().mean() / n_tiles
+
+
+# A layer's running block-sparse statistics (`add_call`): float64 (3,) on the model's device.
+SPARSE_SUM, SPARSE_CALLS, SPARSE_MIN = range(3)
+
+
+def empty_stats(device: torch.device | str | None = None) -> torch.Tensor:
+    """Statistics before any call: sum of densities 0, calls 0, least density +inf."""
+    return torch.tensor([0.0, 0.0, math.inf], dtype=torch.float64, device=device)
+
+
+def add_call(stats: torch.Tensor, density: torch.Tensor) -> None:
+    """Add one sparse call of `density` (float64 0-dim, `density_of`) to `stats` (float64 (3,):
+    [sum of the calls' densities, calls, least density]), on the device: nothing is read, so a
+    compiled graph stays whole (an in-place update of its input, like the guard's counter)."""
+    stats.copy_(torch.stack([stats[SPARSE_SUM] + density, stats[SPARSE_CALLS] + 1,
+                             torch.minimum(stats[SPARSE_MIN], density)]))
 
 
 def select_tile_lists(q: torch.Tensor, k: torch.Tensor, selection: DynamicSelection, *, pv: str = "fp16",

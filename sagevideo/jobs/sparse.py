@@ -12,8 +12,9 @@ attention layer. With a plan file the plan's own settings rule, and giving both 
 (`sparse_problems`), as are `--attention full` (full precision is never sparse) and `--gpus-per-job`
 > 1 (Ulysses ranks do not select tiles yet): each before anything loads. `--compile` composes: the
 selection reads nothing on the host (a dynamic call selects a per-row density inside itself, a static
-mask is a constant), so compiled blocks keep whole graphs; compiled calls are not noted per layer in
-the manifest's `backends.sparse` (their backend records are).
+mask is a constant), so compiled blocks keep whole graphs; their calls are noted per layer in the
+manifest's `backends.sparse` as eager ones are (each layer's statistics kept on the device, read at
+the end of each forward).
 """
 
 from __future__ import annotations

@@ -41,15 +41,19 @@ class AttentionGuard:
 
     @torch.compiler.disable  # bookkeeping outside any graph
     def pre_hook(self, module: torch.nn.Module, args: Any) -> None:
-        """Counters to the model's device before compiled code reads them (a model moved after install)."""
+        """Counters (the guard's, the sparse statistics) to the model's device before compiled code reads
+        them (a model moved after install)."""
         param = next(module.parameters(), None)
         if param is not None:
             for route in self.router.routes.values():
                 route.counter_on(param.device)
+                route.sparse_on(param.device)
 
     @torch.compiler.disable
     def post_hook(self, module: torch.nn.Module, args: Any, kwargs: dict, output: Any) -> Any:
-        """After a forward: read the new counts; under "full" return the forward run again."""
+        """After a forward: note its block-sparse calls (`AttentionRouter.collect_sparse`), read the new
+        counts; under "full" return the forward run again."""
+        self.router.collect_sparse()
         new = self.collect()
         if not new:
             return None

@@ -8,7 +8,9 @@ only step-less plan entries apply.
 
 A plan's block-sparse choices (`plans.Sparse`) are computed through `SparseRouting`
 (`pipelines.sparse`): the call's tile mask, chosen eagerly, goes to the attention call as
-`tile_mask`; a router whose plan has sparse choices notes every call's layer, step and density.
+`tile_mask`; a router whose plan has sparse choices notes every call's layer, step and density,
+eagerly and compiled alike (`pipelines.sparse_notes`: each route's statistics on the device, read at
+the end of each forward).
 
 Under `torch.compile` nothing a graph reads may change per layer or per step, or Dynamo recompiles
 for each: `router.route(layer)` gives each layer a `LayerRoute` whose choice the clock re-resolves
@@ -20,14 +22,17 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections import Counter
 from typing import Any
 
 import torch
 
 from sagevideo.attention.functional import BACKENDS, key_padding_problem, scaled_dot_product_attention
+from sagevideo.attention.sparse import empty_stats
 from sagevideo.choices import PVS as PV_MODES
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
 from sagevideo.pipelines.sparse import SparseRouting
+from sagevideo.pipelines.sparse_notes import collect, note_dense, route_key
 
 
 class StepClock:
@@ -121,7 +126,11 @@ class LayerRoute:
     `flagged`: the layer's running count of query tiles past
     INT8's accuracy (the run-time guard's, int32 0-dim on the model's device): every quantized
     call adds its count on the device (a graph input like a buffer, so one graph still serves every
-    layer); `pipelines.guard` reads the counts at the end of each forward."""
+    layer); `pipelines.guard` reads the counts at the end of each forward.
+    Under a plan with sparse choices, `sparse_stats` (float64 (3,) on the model's device: sum of
+    densities, sparse calls, least density), which each sparse call adds to on the device,
+    `dense_calls` ((reason, planned) -> dense calls, on the host) and `sparse_key` (the route's key,
+    int64 0-dim on the CPU, by which a compiled call notes a dense one): `pipelines.sparse_notes`."""
 
     def __init__(self, name: str, choice: Choice):
         self.name = name
@@ -130,12 +139,21 @@ class LayerRoute:
         self.sparse: Sparse | None = choice.sparse
         self.text: str | None = None  # its text position for sparse calls (`SparseRouting.text_of`)
         self.flagged = torch.zeros((), dtype=torch.int32)
+        self.sparse_stats = empty_stats()
+        self.sparse_key = route_key(self)
+        self.dense_calls: Counter[tuple[str, bool]] = Counter()
 
     def counter_on(self, device: torch.device) -> torch.Tensor:
         """`flagged`, moved to `device` first if the model moved (outside compiled code only)."""
         if self.flagged.device != device and not torch.compiler.is_compiling():
             self.flagged = self.flagged.to(device)
         return self.flagged
+
+    def sparse_on(self, device: torch.device) -> torch.Tensor:
+        """`sparse_stats`, moved to `device` first if the model moved (outside compiled code only)."""
+        if self.sparse_stats.device != device and not torch.compiler.is_compiling():
+            self.sparse_stats = self.sparse_stats.to(device)
+        return self.sparse_stats
 
     def set(self, choice: Choice) -> None:
         self.mode, self.granularity, self.sparse = choice.mode, choice.granularity, choice.sparse
@@ -209,8 +227,7 @@ class AttentionRouter:
         code calls). Routers that override `__call__` (probing, sequence parallel) get their own."""
         if type(self).__call__ is not AttentionRouter.__call__:
             return self(route.name, q, k, v, **kwargs)
-        return self._attend_with(route.mode, route.granularity.value, q, k, v,
-                                 counter=route.counter_on(q.device), layer=route.name, sparse=route.sparse,
+        return self._attend_with(route.mode, route.granularity.value, q, k, v, route=route, sparse=route.sparse,
                                  text=route.text, **kwargs)
 
     def __call__(
@@ -228,16 +245,25 @@ class AttentionRouter:
     ) -> torch.Tensor:
         """q/k/v (B, H, N, D) -> (B, H, Nq, D), with the plan's setting for `layer`; SDPA's
         semantics for every argument (what the kernels cannot compute runs SDPA, recorded)."""
-        choice = self.choice(layer)
-        return self._attend_with(choice.mode, choice.granularity.value, q, k, v, attn_mask=attn_mask,
-                                 is_causal=is_causal, sm_scale=sm_scale, dropout_p=dropout_p, enable_gqa=enable_gqa,
-                                 counter=self.route(layer).counter_on(q.device), layer=layer, sparse=choice.sparse,
-                                 text=self._text_of(layer))
+        choice, route = self.choice(layer), self.route(layer)
+        out = self._attend_with(choice.mode, choice.granularity.value, q, k, v, attn_mask=attn_mask,
+                                is_causal=is_causal, sm_scale=sm_scale, dropout_p=dropout_p, enable_gqa=enable_gqa,
+                                route=route, sparse=choice.sparse, text=self._text_of(layer))
+        if self.sparse is not None and not torch.compiler.is_compiling():
+            collect([route], self.clock.step)  # a call by name (direct use, probing) is noted at once
+        return out
 
-    def _attend_with(self, mode: Mode, granularity: str, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None,
-                     dropout_p=0.0, enable_gqa=False, counter: torch.Tensor | None = None, layer: str = "",
-                     sparse: Sparse | None = None, text: str | None = None) -> torch.Tensor:
-        tile_mask = self._tile_mask(mode, layer, text, sparse, q, k, attn_mask, plain=not dropout_p)
+    def collect_sparse(self) -> None:
+        """Note the calls under a sparse plan since the last collection, per layer, at the current step
+        (`sparse_notes.collect`: one device-to-host transfer); nothing for a dense plan. Installed
+        models call it at the end of each forward, outside compiled code."""
+        if self.sparse is not None:
+            collect(list(self._routes.values()), self.clock.step)
+
+    def _attend_with(self, mode: Mode, granularity: str, q, k, v, *, route: LayerRoute, attn_mask=None,
+                     is_causal=False, sm_scale=None, dropout_p=0.0, enable_gqa=False, sparse: Sparse | None = None,
+                     text: str | None = None) -> torch.Tensor:
+        tile_mask = self._tile_mask(mode, route, text, sparse, q, k, attn_mask, plain=not dropout_p)
         if mode is Mode.full:  # torch's SDPA on the call as made (sageattn would refuse what SDPA broadcasts)
             return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
                                                 backend="sdpa")
@@ -246,26 +272,27 @@ class AttentionRouter:
             backend = "auto"  # SDPA, recorded with the mask's reason (the kernels' first unmet constraint)
         out = scaled_dot_product_attention(
             q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
-            pv=mode.pv, qk_granularity=granularity, backend=backend, tile_mask=tile_mask, _guard_counter=counter,
+            pv=mode.pv, qk_granularity=granularity, backend=backend, tile_mask=tile_mask,
+            _guard_counter=route.counter_on(q.device),
+            _sparse_counter=None if tile_mask is None else route.sparse_on(q.device),
         )
-        if tile_mask is not None and not torch.compiler.is_compiling():
-            self.sparse.note_sparse(layer, self.clock.step)
         return out
 
-    def _tile_mask(self, mode: Mode, layer: str, text: str | None, sparse: Sparse | None, q, k, attn_mask,
+    def _tile_mask(self, mode: Mode, route: LayerRoute, text: str | None, sparse: Sparse | None, q, k, attn_mask,
                    plain: bool) -> Any:
-        """A sparse call's tile mask (`SparseRouting.tile_mask`; `text`: the layer's text position),
-        else None, noting dense calls under a plan with sparse choices (eagerly: inside a compiled
-        graph no call is noted)."""
+        """A sparse call's tile mask (`SparseRouting.call_mask`; `text`: the layer's text position), else
+        None, noting dense calls under a plan with sparse choices on the route (`sparse_notes.note_dense`,
+        also inside a compiled graph: the reason is decided here, on the host)."""
         if self.sparse is None:
             return None
         if sparse is None or mode is Mode.full:
-            if not torch.compiler.is_compiling():
-                self.sparse.note_dense(layer, self.clock.step)
+            note_dense(route, "", planned=False)
             return None
-        step = None if torch.compiler.is_compiling() else self.clock.step  # a step in a graph would specialize it
-        return self.sparse.tile_mask(layer, text, sparse, q, k, pv=mode.pv, step=step, attn_mask=attn_mask,
-                                     plain=plain)
+        mask = self.sparse.call_mask(text, sparse, q, k, pv=mode.pv, attn_mask=attn_mask, plain=plain)
+        if isinstance(mask, str):  # why this call cannot be sparse: it runs dense
+            note_dense(route, mask, planned=True)
+            return None
+        return mask
 
 
 class RoutedProcessor:

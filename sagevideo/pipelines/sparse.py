@@ -2,7 +2,7 @@
 
 A plan's choice may be sparse (`plans.Sparse`: dynamic or static tile selection at a target
 density). Where the choice of an installed layer at the current step is, its router asks
-`SparseRouting.tile_mask` for the call's mask, and `sageattn` computes the call on those tiles:
+`SparseRouting.call_mask` for the call's mask, and `sageattn` computes the call on those tiles:
 
 - what selection needs of the model comes from its family, one place per family
   (`families.SparseLayout`): which layers may be sparse and where their text sits (CogVideoX and
@@ -14,15 +14,16 @@ density). Where the choice of an installed layer at the current step is, its rou
 - a call that cannot be sparse (a layer its family keeps dense, no grid, a sequence that is not
   the grid's video plus text, dropout, grouped K/V heads) runs dense, noted with the reason; every
   call under a plan with sparse choices is noted with its layer, step and density
-  (`attention.records.report_sparse`: the manifest's `backends.sparse`).
+  (`pipelines.sparse_notes`, then `attention.records.report_sparse`: the manifest's `backends.sparse`).
 
 Nothing here reads the device, so a model compiled by its user keeps whole graphs (no break at a
 sparse call): a dynamic call passes `attention.sparse.dynamic_selection` (the plan's calibrated
 top_p where it has one: each query tile keeps the tiles that reach that estimated mass; else a
 per-row density: each query tile keeps about that share of its key tiles), which the call selects on the device inside
 its own preparation (the PyTorch definition where the Triton kernels do not run); a static call's
-mask depends on no input and is a constant to torch.compile. Calls are noted eagerly only, with the
-density the call read back (`records.last_backend`); inside a compiled graph they are not noted.
+mask depends on no input and is a constant to torch.compile. Calls are noted alike eagerly and inside
+a compiled graph: each sparse call adds its density to its layer's statistics on the device, read at
+the end of each forward (`pipelines.sparse_notes`).
 
 `job_plan` is the plan `--sparse` builds for a job without a plan file: the setting on the job's
 quantized attention, the first ceil(steps/5) steps and each denoiser's first sparse layer dense.
@@ -37,7 +38,6 @@ from typing import Any
 import torch
 
 from sagevideo.attention.functional import broadcast_dims_dropped, key_padding_problem
-from sagevideo.attention.records import SparseNote, last_backend, report_sparse
 from sagevideo.attention.sparse import dynamic_selection, scores_at, select_tiles
 from sagevideo.pipelines.families import TEXT_FIRST, TEXT_LAST, SparseLayout
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
@@ -135,29 +135,6 @@ class SparseRouting:
         with ranged:
             return select_tiles(q, k, method=sparse.method, density=sparse.density, pv=pv, text_first=text[0],
                                 text_last=text[1], grid=self.grid, top_p=sparse.top_p)
-
-    def tile_mask(self, layer: str, position: str | None, sparse: Sparse, q: torch.Tensor, k: torch.Tensor, *,
-                  pv: str, step: int | None, attn_mask: torch.Tensor | None = None, plain: bool = True) -> Any:
-        """The tile mask of one call of `layer` (text at `position`) its plan makes `sparse`
-        (`call_mask`), or None (dense) with the reason noted (eagerly)."""
-        mask = self.call_mask(position, sparse, q, k, pv=pv, attn_mask=attn_mask, plain=plain)
-        if isinstance(mask, str):
-            if not torch.compiler.is_compiling():
-                report_sparse(SparseNote(layer, step, 1.0, mask, planned=True))
-            return None
-        return mask
-
-    def note_sparse(self, layer: str, step: int | None) -> None:
-        """Note the sparse call just made (eagerly: the density its record read)."""
-        if not torch.compiler.is_compiling():
-            choice = last_backend()
-            density = math.nan if choice is None or choice.density is None else choice.density
-            report_sparse(SparseNote(layer, step, density, planned=True))
-
-    @torch.compiler.disable
-    def note_dense(self, layer: str, step: int | None) -> None:
-        """Note a call the plan runs dense at this step (density 1)."""
-        report_sparse(SparseNote(layer, step, 1.0))
 
 
 def _key_mask(attn_mask: torch.Tensor | None, n_k: int) -> torch.Tensor | None:

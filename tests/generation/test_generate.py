@@ -113,3 +113,20 @@ def test_sparse_runs_through_generate_and_is_recorded_per_layer_and_step(tmp_pat
     assert sparse["layers"]["transformer_blocks.0.attn1"] == {"calls": 3, "density": 1.0, "min": 1.0}
     assert sparse["layers"]["transformer_blocks.1.attn1"]["min"] < 1.0
     assert sparse["steps"]["0"] == 1.0 and sparse["steps"]["1"] < 1.0 and sparse["dense"] == {}
+
+
+@pytest.mark.slow  # the quantization emulation at 658 tokens, twice
+def test_a_compiled_sparse_run_records_the_eager_runs_densities_per_layer_and_step(tmp_path):
+    """`generate --compile regional --sparse static:0.3`: compiled blocks note each call as eager ones do
+    (each layer's statistics on the device, read at the end of each forward), so the manifest's
+    `backends.sparse` is the eager run's."""
+    options = dict(steps=3, height=192, width=192, sparse="static:0.3", progress=False)
+    (eager,) = sagevideo.generate("a red panda", out=tmp_path / "eager", **options)
+    recipe = sagevideo.Recipe(compile="regional", compile_backend="eager")
+    (compiled,) = sagevideo.generate("a red panda", out=tmp_path / "compiled", recipe=recipe, **options)
+    assert compiled["status"] == "done", compiled["error"]
+    assert compiled["recipe"]["compiled_blocks"] == 2 and compiled["sparse"] == "static:0.3"
+    sparse = compiled["backends"]["sparse"]
+    assert sparse == eager["backends"]["sparse"]
+    assert sparse["layers"]["transformer_blocks.0.attn1"] == {"calls": 3, "density": 1.0, "min": 1.0}
+    assert 0 < sparse["layers"]["transformer_blocks.1.attn1"]["sparse_density"] < 1.0

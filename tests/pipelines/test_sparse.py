@@ -53,6 +53,32 @@ def test_sparse_calls_run_their_mask_and_every_call_is_noted_with_its_density():
                        "steps": {"none": round((joint.density + 1) / 2, 4)}, "dense": {}}
 
 
+def test_a_forwards_calls_noted_at_its_end_read_as_each_call_noted_at_once():
+    """Routes add each sparse call to their statistics on the device; `collect_sparse` (the end of a
+    forward) notes a layer's calls so that its summary (calls, mean, least, per step) is the one of each
+    call noted at once (a call by name), here two calls of one layer at two densities and a dense one."""
+    router = _router({"joint": TEXT_LAST, "dense": TEXT_LAST})
+    calls = [(grid, tuple(_qkv(40 + math.prod(grid)))) for grid in (GRID, (2, 8, 8), GRID)]
+
+    def run(by_name: bool):
+        with record_backends() as log:
+            for layer in ("joint", "dense"):
+                for grid, qkv in calls:
+                    router.sparse.grid = grid
+                    if by_name:
+                        router(layer, *qkv)
+                    else:
+                        router.attend(router.route(layer), *qkv)
+            router.collect_sparse()
+        return log
+
+    at_once, at_end = run(by_name=True), run(by_name=False)
+    densities = sorted({note.density for note in at_once.sparse if note.layer == "joint"})
+    assert len(densities) == 2 and densities[0] < 1
+    assert at_end.summary()["sparse"] == at_once.summary()["sparse"]
+    assert at_end.summary()["sparse"]["layers"]["joint"]["calls"] == 3
+
+
 @pytest.mark.parametrize("case", ["not-a-sparse-layer", "no-grid", "mismatch", "text-in-a-video-layer", "dropout",
                                   "grouped-heads"])
 def test_a_call_that_cannot_be_sparse_runs_dense_with_the_reason(case):
@@ -166,6 +192,41 @@ def test_the_grid_hook_and_layouts_come_with_install_and_go_with_remove(tiny_pip
         assert handle.router.sparse is None and len(transformer._forward_pre_hooks) == hooks + 2
 
 
+def _tiny_inputs() -> dict:
+    gen = torch.Generator().manual_seed(0)
+    return dict(hidden_states=torch.randn(2, 3, 4, 24, 24, generator=gen),  # 3x12x12 video tokens
+                encoder_hidden_states=torch.randn(2, 32, 32, generator=gen), timestep=torch.tensor([500, 500]))
+
+
+def _eager_and_compiled(tiny_pipe, plan: AttentionPlan, forwards: int = 2):
+    """The tiny CogVideoX under `plan` (backend "reference"): one eager forward, then `forwards` with each
+    block `.compile(backend="eager", fullgraph=True)`, each forward in its own `record_backends()` block.
+    Returns (eager output, compiled outputs, eager log, compiled logs, unique graphs)."""
+    from torch._dynamo.utils import counters
+
+    import sagevideo
+
+    transformer, inputs = tiny_pipe.transformer, _tiny_inputs()
+
+    def forward():
+        with torch.no_grad(), record_backends() as log:
+            return transformer(**inputs, return_dict=False)[0], log
+
+    torch._dynamo.reset()
+    counters.clear()
+    with sagevideo.install(transformer, plan, backend="reference"):
+        eager, eager_log = forward()
+        try:
+            for block in transformer.transformer_blocks:
+                block.compile(backend="eager", fullgraph=True)
+            compiled = [forward() for _ in range(forwards)]
+        finally:
+            for block in transformer.transformer_blocks:
+                block._compiled_call_impl = None  # back to eager for the session's other tests
+    return eager, [out for out, _ in compiled], eager_log, [log for _, log in compiled], \
+        counters["stats"]["unique_graphs"]
+
+
 @pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("sparse", [STATIC, Sparse(method="dynamic", density=0.3),
                                     Sparse(method="dynamic", density=0.3, top_p=0.8)],
@@ -173,47 +234,84 @@ def test_the_grid_hook_and_layouts_come_with_install_and_go_with_remove(tiny_pip
 def test_a_model_its_user_compiles_runs_a_sparse_plan_in_whole_graphs(tiny_pipe, sparse):
     """Regional compile (each block `.compile(fullgraph=True)`) of a model under a sparse plan: no graph
     break (selection reads nothing on the host: the static mask is a constant, the dynamic call selects a
-    per-row density or a calibrated top_p inside itself), one graph shared by the blocks, outputs bit for
-    bit eager's. Eagerly each call is noted with its density; compiled calls are not noted (their backend
-    records are)."""
+    per-row density or a calibrated top_p inside itself; each call adds its density to its layer's
+    statistics on the device), one graph shared by the blocks, outputs bit for bit eager's, and each
+    compiled forward noted as the eager one (layers, densities)."""
     from torch._dynamo.utils import counters
 
-    import sagevideo
-
-    transformer = tiny_pipe.transformer
+    *_, dense_graphs = _eager_and_compiled(tiny_pipe, AttentionPlan.uniform("int8-fp16"), forwards=1)
     plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=sparse))
-    gen = torch.Generator().manual_seed(0)
-    inputs = dict(hidden_states=torch.randn(2, 3, 4, 24, 24, generator=gen),  # 3x12x12 video tokens
-                  encoder_hidden_states=torch.randn(2, 32, 32, generator=gen), timestep=torch.tensor([500, 500]))
-
-    def forward():
-        with torch.no_grad():
-            return transformer(**inputs, return_dict=False)[0]
-
-    def compiled_forwards(plan):
-        torch._dynamo.reset()
-        counters.clear()
-        with sagevideo.install(transformer, plan, backend="reference"):
-            with record_backends() as eager_log:
-                eager = forward()
-            try:
-                for block in transformer.transformer_blocks:
-                    block.compile(backend="eager", fullgraph=True)
-                with record_backends() as compiled_log:
-                    compiled = (forward(), forward())
-            finally:
-                for block in transformer.transformer_blocks:
-                    block._compiled_call_impl = None  # back to eager for the session's other tests
-        return eager, compiled, eager_log, compiled_log, counters["stats"]["unique_graphs"]
-
-    _, _, _, _, dense_graphs = compiled_forwards(AttentionPlan.uniform("int8-fp16"))
-    eager, compiled, eager_log, compiled_log, graphs = compiled_forwards(plan)
+    eager, compiled, eager_log, compiled_logs, graphs = _eager_and_compiled(tiny_pipe, plan)
     assert torch.equal(compiled[0], eager) and torch.equal(compiled[1], eager)
     assert dict(counters["graph_break"]) == {}
     assert graphs == dense_graphs  # the model's own (its first block's input strides): none per layer or call
-    layers = eager_log.summary()["sparse"]["layers"]
+    summary = eager_log.summary()["sparse"]
+    layers = summary["layers"]
     assert set(layers) == {"transformer_blocks.0.attn1", "transformer_blocks.1.attn1"}
     density = layers["transformer_blocks.1.attn1"]["density"]
     # random weights: tiles are not self-similar, so the dynamic selection keeps every tile
     assert (0 < density < 1) if sparse.method == "static" else density == 1.0
-    assert compiled_log.sparse == [] and len(compiled_log.choices) == len(eager_log.choices) * 2
+    assert all(entry["sparse_calls"] == 1 for entry in layers.values())
+    for log in compiled_logs:
+        assert log.summary()["sparse"] == summary
+        assert len(log.choices) == len(eager_log.choices)
+
+
+@pytest.mark.slow  # torch.compile
+@pytest.mark.parametrize("case", ["static", "dynamic", "no-grid"])
+def test_compiled_calls_kept_dense_are_noted_as_eager_ones_with_their_reasons(tiny_pipe, monkeypatch, case):
+    """A plan that keeps a layer dense, and (no-grid) calls that cannot be sparse: compiled forwards note
+    the same layers, densities and dense reasons as the eager one (the reason decided while tracing, noted
+    by an effectful op with the route's key, never its name), with no graph break."""
+    from torch._dynamo.utils import counters
+
+    from sagevideo.pipelines.sparse import GridHook
+
+    if case == "no-grid":  # the forward's grid unknown: every call its plan makes sparse runs dense
+        monkeypatch.setattr(GridHook, "__call__", lambda self, module, args, kwargs: None)
+    sparse = Sparse(method="dynamic", density=0.3) if case == "dynamic" else STATIC
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=sparse),
+                         overrides=({"layers": ["transformer_blocks.0.attn1"], "mode": "int8-fp16"},))
+    eager, compiled, eager_log, compiled_logs, _ = _eager_and_compiled(tiny_pipe, plan)
+    assert torch.equal(compiled[0], eager) and dict(counters["graph_break"]) == {}
+    summary = eager_log.summary()["sparse"]
+    kept, planned = summary["layers"]["transformer_blocks.0.attn1"], summary["layers"]["transformer_blocks.1.attn1"]
+    assert kept == {"calls": 1, "density": 1.0, "min": 1.0}
+    assert planned["sparse_calls"] == 1
+    if case == "no-grid":
+        assert planned["dense"] == {NO_GRID: 1} and summary["dense"] == {NO_GRID: 1} and planned["density"] == 1.0
+    else:
+        assert "dense" not in planned and summary["dense"] == {}
+    for log in compiled_logs:
+        assert log.summary()["sparse"] == summary
+
+
+def test_an_installed_dynamic_call_reads_nothing_on_the_host(tiny_pipe, monkeypatch):
+    """Eagerly too, an installed model's dynamic call reads nothing back (item, bool, int, float, tolist
+    raise inside each attention call): its density goes to its layer's statistics on the device, read
+    once at the end of the forward."""
+    import sagevideo
+    from sagevideo.pipelines.routing import AttentionRouter
+
+    attend = AttentionRouter._attend_with
+
+    def refusing(self, *args, **kwargs):
+        with pytest.MonkeyPatch.context() as patch:
+            for name in ("item", "__bool__", "__int__", "__float__", "__index__", "tolist"):
+                patch.setattr(torch.Tensor, name, _refuse)
+            return attend(self, *args, **kwargs)
+
+    monkeypatch.setattr(AttentionRouter, "_attend_with", refusing)
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=Sparse(method="dynamic", density=0.3)))
+    # "sdpa": the selection and bookkeeping of the quantized backends, without the reference kernel (a CPU
+    # emulation that skips key tiles by reading them)
+    with sagevideo.install(tiny_pipe.transformer, plan, backend="sdpa"), torch.no_grad(), \
+            record_backends() as log:
+        tiny_pipe.transformer(**_tiny_inputs(), return_dict=False)
+    assert [(n.layer, n.density, n.planned) for n in log.sparse] == [
+        ("transformer_blocks.0.attn1", 1.0, True), ("transformer_blocks.1.attn1", 1.0, True)]
+    assert all(math.isnan(c.density) is False for c in log.choices)  # read when asked, after the call
+
+
+def _refuse(self, *args, **kwargs):
+    raise AssertionError("a host read inside an attention call")

@@ -23,9 +23,9 @@ depends on the shapes, not the values), or a tiny one.
 
 `--sparse METHOD:DENSITY` makes the sage recipes block-sparse as a sparse step of `generate
 --sparse` runs them (`pipelines.sparse.job_plan` on the bare transformer: every layer its family
-may make sparse but the first, text rows and columns dense); each eager recipe's record gives the
-mean density its calls reached (compiled recipes run sparse in whole graphs, but their calls are not
-noted: no density). Random weights make attention near-uniform, so the
+may make sparse but the first, text rows and columns dense); each recipe's record gives the mean
+density its calls reached (compiled recipes too: they run sparse in whole graphs and their calls are
+noted as eager ones, `pipelines.sparse_notes`). Random weights make attention near-uniform, so the
 density dynamic selection reaches here says nothing of a real model's (static windows reach the
 density asked); the time is what matters here.
 """
