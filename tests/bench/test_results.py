@@ -46,7 +46,7 @@ def test_every_row_is_valid_unique_and_written_as_append_writes_it(rows):
         assert line == json.dumps(row.to_dict(), ensure_ascii=False, separators=(",", ":"))
     keys = [(r.source, r.bench, r.shape, r.variant, r.metric) for r in rows]
     assert len(set(keys)) == len(keys)
-    assert {r.gpu for r in rows} == {"NVIDIA H200", "2x NVIDIA H200"}
+    assert {r.gpu for r in rows} == {"NVIDIA H200", "2x NVIDIA H200", "NVIDIA H100 80GB HBM3"}
 
 
 def test_every_run_the_benchmark_page_cites_has_rows_with_its_figures(rows):

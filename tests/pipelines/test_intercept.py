@@ -512,11 +512,9 @@ def test_regional_compile_with_the_interception_is_clean(name, compile_backend):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(not torch.cuda.is_available(), strict=True, reason=(
-    "Inductor's CPU codegen frees buffers before the fused reference kernel that reads them when the "
-    "effectful record ops sit between (UnboundLocalError in the generated code; without the record ops it "
-    "compiles); the GPU path (Triton op, not fused) is the gpu test below"))
 def test_regional_compile_with_the_interception_under_inductor_on_cpu():
+    """Inductor's CPU codegen with the effectful record ops in the blocks' graph (it once freed buffers
+    the fused reference kernel still read: UnboundLocalError in the generated code)."""
     from tests.helpers.regional_compile import check_regional_compile
 
     check_regional_compile("tiny-wan", "inductor", exact=False)
