@@ -79,6 +79,23 @@ def two_ranks():
 
 
 @pytest.fixture
+def sigint_delivered():
+    """SIGINT as a fresh process has it in the main thread (Python's handler, not blocked), for the
+    tests that signal their own process: a test before them in the same pytest worker (or a library
+    it ran) may leave it otherwise, and the signal would then never arrive. Put back afterwards;
+    yields the state found, for failure messages."""
+    import signal
+
+    handler = signal.getsignal(signal.SIGINT)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    found = f"SIGINT handler {handler!r}, blocked {signal.SIGINT in blocked}"
+    yield found
+    signal.signal(signal.SIGINT, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@pytest.fixture
 def no_model_load(monkeypatch):
     """Fail the test if anything tries to load a model (checks that must come before loading)."""
     import sagevideo.pipelines.loading as loading

@@ -370,7 +370,7 @@ STOP_S = 10.0  # from the signal to the process's end: the stop itself takes wel
 
 @pytest.mark.slow
 def test_a_signal_at_any_stage_of_a_job_stops_the_run_within_seconds_and_nothing_is_recorded_failed(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, sigint_delivered
 ):
     """Run after run of one batch, each signalled once at one stage of its next job
     (tests/helpers/signal_stage.py), and each resuming the last: every run exits 128 + the signal
@@ -394,7 +394,7 @@ def test_a_signal_at_any_stage_of_a_job_stops_the_run_within_seconds_and_nothing
             signal_stage.arm(stage, name, f"job{i}", sent, patched.setattr, patched.setenv)
             run = CliRunner().invoke(app, args)
         ended = time.time()
-        assert run.exit_code == 128 + getattr(signal, name), (stage, run.output, run.exception)
+        assert run.exit_code == 128 + getattr(signal, name), (stage, run.output, run.exception, sigint_delivered)
         assert isinstance(run.exception, SystemExit), (stage, run.exception)  # no other exception escaped
         assert ended - float(sent.read_text()) < STOP_S, stage
         assert "Traceback" not in run.output, (stage, run.output)

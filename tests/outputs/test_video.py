@@ -145,6 +145,9 @@ def test_a_signal_while_the_encoder_starts_stops_it_and_leaves_nothing(tmp_path,
     """Ctrl-C (or SIGTERM, with the batch's handler) landing inside Popen, after the child started:
     before, the KeyboardInterrupt came out of Popen without the process, and the encoder ran on,
     unseen, writing its partial file after the run's clean-up."""
+    import imageio_ffmpeg
+
+    imageio_ffmpeg.get_ffmpeg_exe()  # its first call in a process runs `ffmpeg -version`: not the encoder
     real_popen, started = subprocess.Popen, []
 
     def popen_then_signal(*args, **kwargs):
