@@ -80,10 +80,10 @@ def two_ranks():
 
 @pytest.fixture
 def sigint_delivered():
-    """SIGINT as a fresh process has it in the main thread (Python's handler, not blocked), for the
-    tests that signal their own process: a test before them in the same pytest worker (or a library
-    it ran) may leave it otherwise, and the signal would then never arrive. Put back afterwards;
-    yields the state found, for failure messages."""
+    """SIGINT as an interactive session has it (Python's handler, not blocked), for the tests that
+    signal their own process. A suite started in the background by a shell inherits SIGINT ignored
+    (POSIX shells ignore it for asynchronous jobs, and Python keeps an inherited SIG_IGN): the
+    signal would never arrive. Put back afterwards; yields the state found, for failure messages."""
     import signal
 
     handler = signal.getsignal(signal.SIGINT)
