@@ -320,9 +320,8 @@ def sageattn(
     if is_causal and attn_mask is not None:
         raise ValueError("pass either is_causal=True or attn_mask, not both (SDPA semantics)")
     tiles = sparse.sparse_call(tile_mask, q, k)
-    if tiles is not None and tiles.dynamic and key_padding_problem(attn_mask, n_k):
-        raise ValueError("sageattn: a DynamicSelection tile_mask takes no attn_mask but a boolean key-padding one "
-                         f"(the selection leaves padded keys out): {key_padding_problem(attn_mask, n_k)}")
+    if tiles is not None and tiles.dynamic:
+        _selection_padding(attn_mask, n_k, "sageattn")  # before any launch
     chosen, reason = choose(backend, _kernel_call(q, attn_mask, n_k, pv, rotate_qk))
     out, lse = _attend(q, k, v, attn_mask, is_causal=is_causal, scale=scale, qk_granularity=qk_granularity, pv=pv,
                        smooth_k=smooth_k, return_lse=return_lse, rotate_qk=rotate_qk, requested=backend,
@@ -367,7 +366,7 @@ def _attend(
     active = None if tiles is None or tiles.dense else tiles  # density 1 runs the dense path
     if tiles is not None and tiles.dynamic and chosen is not Backend.TRITON:
         # the PyTorch selection (the kernels' definition) in the tiles the backend computes in
-        padding = None if attn_mask is None else _as_key_mask(attn_mask, n_k)
+        padding = _selection_padding(attn_mask, n_k, "sageattn")
         tiles = active = sparse.selected(tiles, q, k, padding, scale, *plans.tiles(pv, head_dim))
     plan, ran, note = _kernel_plan(chosen, q.device, head_dim, pv, active, is_causal=is_causal,
                                    has_mask=key_mask is not None, per_token=qk_granularity == "token",
@@ -613,13 +612,18 @@ def _selected_for_sdpa(tiles: sparse.SparseCall, form: _KernelForm, scale: float
     (q (B, H, Nq, D), k (B, H_kv, Nk, D), its mask, which must be key padding); a mask as it is."""
     if not tiles.dynamic:
         return tiles
-    n_k = form.k.shape[2]
-    if key_padding_problem(form.mask, n_k):
-        raise ValueError("scaled_dot_product_attention: a DynamicSelection tile_mask takes no attn_mask but a "
-                         f"boolean key-padding one (the selection leaves padded keys out): "
-                         f"{key_padding_problem(form.mask, n_k)}")
-    padding = None if form.mask is None else _as_key_mask(form.mask, n_k)
+    padding = _selection_padding(form.mask, form.k.shape[2], "scaled_dot_product_attention")
     return sparse.selected(tiles, form.q, form.k, padding, scale, *plans.tiles(pv, form.q.shape[-1]))
+
+
+def _selection_padding(attn_mask: torch.Tensor | None, n_k: int, caller: str) -> torch.Tensor | None:
+    """A `DynamicSelection` call's key padding, (B', Nk) bool or None; ValueError (naming `caller`) for
+    a mask that is not key padding: the selection leaves padded keys out and can honour no other."""
+    problem = key_padding_problem(attn_mask, n_k)
+    if problem:
+        raise ValueError(f"{caller}: a DynamicSelection tile_mask takes no attn_mask but a boolean key-padding one "
+                         f"(the selection leaves padded keys out): {problem}")
+    return None if attn_mask is None else _as_key_mask(attn_mask, n_k)
 
 
 def _as_key_mask(attn_mask: torch.Tensor, n_k: int) -> torch.Tensor:
