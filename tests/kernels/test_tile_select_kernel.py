@@ -439,7 +439,9 @@ def _one_go(q, k, v, plan, selection, key_mask=None):
                                   key_mask=key_mask, per_token=False, smooth_k=True, rotate_qk=True, return_lse=True)
 
 
-@pytest.mark.parametrize("rule", ["top_p", "per-row density"])
+# Both rules take one path through the op (the rule is the selection kernel's, whose per-row lists are
+# compared with the reference above): the second runs with the slow tests.
+@pytest.mark.parametrize("rule", ["top_p", pytest.param("per-row density", marks=pytest.mark.slow)])
 def test_the_op_selects_and_attends_in_one_call(rule):
     """`sageattn_fwd_select`: its lists are those the kernels' entry selects on the same inputs (the same
     pooling, in the same preparation), and its output and LSE are the block-sparse op's with those lists,
