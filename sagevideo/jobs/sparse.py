@@ -10,7 +10,8 @@ With it and no plan file, a job runs the plan `sagevideo.pipelines.sparse.job_pl
 quantized attention block-sparse, but for the first ceil(steps/5) steps and each denoiser's first
 attention layer. With a plan file the plan's own settings rule, and giving both is refused
 (`sparse_problems`), as are `--attention full` (full precision is never sparse) and `--gpus-per-job`
-> 1 (Ulysses ranks do not select tiles yet): each before anything loads. `--compile` composes: the
+> 1 on a family whose Ulysses ranks do not run block-sparse choices (all but Wan, whose ranks each
+select over their own heads after the all-to-all): each before anything loads. `--compile` composes: the
 selection reads nothing on the host (a dynamic call selects a per-row density inside itself, a static
 mask is a constant), so compiled blocks keep whole graphs; their calls are noted per layer in the
 manifest's `backends.sparse` as eager ones are (each layer's statistics kept on the device, read at
@@ -47,7 +48,7 @@ SPARSE_HELP = (
     "e.g. dynamic:0.15; off: dense. Without a plan the first ceil(steps/5) steps and each denoiser's first "
     "attention layer stay dense, and text rows and columns always do; recorded per layer in the manifest (eager "
     "calls). dynamic keeps about DENSITY of each query tile's key tiles (its most probable ones). Not with --plan "
-    "(put sparse in the plan), --attention full or --gpus-per-job > 1 (docs/sparse.md)."
+    "(put sparse in the plan), --attention full or --gpus-per-job > 1 but on Wan (docs/sparse.md)."
 )
 
 
@@ -94,14 +95,13 @@ def job_sparse_problem(sparse: str | None, attention: str | None, plan: str | No
     return None
 
 
-def run_sparse_problems(sparse_given: bool, compile_: str, gpus_per_job: int) -> list[tuple[str, str]]:
+def run_sparse_problems(sparse_given: bool, gpus_per_job: int, family: str,
+                        over_ranks: bool) -> list[tuple[str, str]]:
     """(option, problem) for run settings that do not compose with block-sparse jobs (sparse_given:
-    some job asks for it)."""
-    if not sparse_given:
+    some job asks for it) on a model of `family` (its title), whose Ulysses split runs block-sparse
+    choices where `over_ranks`. --compile composes: the selection reads nothing on the host."""
+    if not sparse_given or gpus_per_job <= 1 or over_ranks:
         return []
-    problems = []  # --compile composes: the selection reads nothing on the host (docs/sparse.md)
-    if gpus_per_job > 1:
-        problems.append((f"--gpus-per-job {gpus_per_job}", (
-            "does not compose with --sparse yet: Ulysses ranks do not select tiles over their heads; use "
-            "--gpus-per-job 1 with --sparse")))
-    return problems
+    return [(f"--gpus-per-job {gpus_per_job}", (
+        f"does not compose with --sparse for {family} yet: its Ulysses ranks do not run block-sparse choices "
+        "(Wan's do); use --gpus-per-job 1 with --sparse"))]

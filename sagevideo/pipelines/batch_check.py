@@ -67,7 +67,7 @@ def check_batch(
     jobs = [(_resolve_job(source, j), label, item) for j, label, item in batch.jobs]
     checked.jobs = [(j, label) for j, label, _ in jobs]
     checked.problems += _family_problems(source, jobs, batch.defaults, settings.model)
-    checked.problems += _sparse_problems(jobs, batch, settings.gpus_per_job)
+    checked.problems += _sparse_problems(jobs, batch, settings.gpus_per_job, source)
     checked.plan_shas, plan_problems, plan_notes = check_plans(source, jobs, batch.defaults)
     checked.image_shas, image_problems, image_notes = check_images(source, jobs, batch.defaults)
     checked.problems += plan_problems + image_problems + _recipe_problems(batch.recipe, source, jobs, device, dtype,
@@ -96,10 +96,13 @@ def _family_problems(
     return problems
 
 
-def _sparse_problems(jobs: list[LabelledJob], batch: LoadedBatch, gpus_per_job: int) -> list[Problem]:
+def _sparse_problems(jobs: list[LabelledJob], batch: LoadedBatch, gpus_per_job: int,
+                     source: ModelSource) -> list[Problem]:
     """`--sparse` where a resolved job cannot run it (with attention full, with a plan file: at the
-    job or the option it came from) and run settings it does not compose with (`jobs.sparse`)."""
+    job or the option it came from) and run settings it does not compose with on `source`'s family
+    (`jobs.sparse`)."""
     from sagevideo.jobs.sparse import is_sparse, job_sparse_problem, run_sparse_problems
+    from sagevideo.pipelines.families import get
 
     problems = []
     for j, label, item in jobs:
@@ -107,9 +110,8 @@ def _sparse_problems(jobs: list[LabelledJob], batch: LoadedBatch, gpus_per_job: 
         if problem:
             problems.append(place_problem(label, item, "sparse", problem, batch.defaults))
     given = [j for j, _, _ in jobs if is_sparse(j.sparse)]
-    for option, text in run_sparse_problems(bool(given), batch.recipe.recipe.compile, gpus_per_job):
-        name = option.split()[0].removeprefix("--").replace("-", "_")
-        problems.append(batch.recipe.place(name, option, text) if name == "compile" else (option, text))
+    family = get(source.family)
+    problems += run_sparse_problems(bool(given), gpus_per_job, family.title, family.sparse_over_ranks)
     return problems
 
 

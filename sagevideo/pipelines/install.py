@@ -307,13 +307,13 @@ def plan_router(
     transformer: Any, plan: AttentionPlan | str | Path | None, pv: str | None, backend: str, *, sharded: bool = False
 ) -> AttentionRouter:
     """The router for `plan` (an AttentionPlan, a JSON path, or None for `default_plan`). sharded: for
-    Ulysses sequence parallelism, which does not run block-sparse choices yet (ValueError for a plan
-    that has some: never dense in silence)."""
+    a family's Ulysses split that does not run block-sparse choices yet (ValueError for a plan that
+    has some: never dense in silence; Wan's split runs them and passes False)."""
     if plan is not None and not isinstance(plan, AttentionPlan):
         plan = AttentionPlan.load(plan)
     if sharded and plan is not None and plan.uses_sparse:
-        raise ValueError("sequence parallelism does not run block-sparse plan choices yet (each rank would select "
-                         "tiles over its heads after the all-to-all); run the sparse plan on one GPU per job")
+        raise ValueError("this family's sequence parallelism does not run block-sparse plan choices yet (Wan's "
+                         "does); run the sparse plan on one GPU per job")
     return AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
 
 

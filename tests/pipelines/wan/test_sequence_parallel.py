@@ -23,11 +23,15 @@ import torch
 BACKENDS = ("sdpa", "reference")
 LAYOUTS = ("t2v", "ti2v", "i2v")  # Wan 2.1 text-to-video, TI2V-5B per-token timesteps, Wan 2.1 I2V image tokens
 TOLERANCE = {"sdpa": 1e-5, "reference": 1e-4}  # see the module docstring
+# Block-sparse plans over the ranks: static windows skip tiles on any weights; dynamic selection keeps
+# every tile of random weights (not self-similar), so it only shows that each rank selects and runs.
+SPARSE = ("static:0.3", "dynamic:0.3")
+SPARSE_SIZE = 24  # 3 x 12 x 12 = 432 video tokens: tiles to skip (8 x 8 latents make one tile)
 
 
-def _transformer(layout: str):
-    """The tiny Wan transformer of `layout` (fp32, eval) and its inputs: 3 latent frames of 8 x 8
-    (48 video tokens), 512 text tokens (Wan's context: the I2V processor splits image tokens off by it)."""
+def _transformer(layout: str, size: int = 8):
+    """The tiny Wan transformer of `layout` (fp32, eval) and its inputs: 3 latent frames of size x size
+    (8: 48 video tokens), 512 text tokens (Wan's context: the I2V processor splits image tokens off by it)."""
     from diffusers import WanTransformer3DModel
 
     from sagevideo.pipelines.wan.tiny import I2V_TRANSFORMER_CONFIG, TRANSFORMER_CONFIG
@@ -37,7 +41,7 @@ def _transformer(layout: str):
         torch.manual_seed(0)
         model = WanTransformer3DModel(**config).eval()
     gen = torch.Generator().manual_seed(1)
-    inputs = dict(hidden_states=torch.randn(1, config["in_channels"], 3, 8, 8, generator=gen),
+    inputs = dict(hidden_states=torch.randn(1, config["in_channels"], 3, size, size, generator=gen),
                   timestep=torch.tensor([700.0]), encoder_hidden_states=torch.randn(1, 512, 32, generator=gen),
                   return_dict=False)
     if layout == "ti2v":  # the first latent frame is the image's: timestep 0 there (WanPipeline's expand_timesteps)
@@ -52,6 +56,7 @@ def _worker(rank, world, port, out_dir):
     import sagevideo
     from sagevideo.parallel.launch import init_from_env
     from sagevideo.pipelines.plans import AttentionPlan
+    from sagevideo.pipelines.sparse import job_plan
     from sagevideo.pipelines.wan.sequence_parallel import shard_wan
     from tests.helpers.wan import run_wan22, tiny_wan22_pipeline
 
@@ -76,6 +81,11 @@ def _worker(rank, world, port, out_dir):
             out = model(**inputs)[0]
         results["t2v", granularity] = out, len(calls)
     torch.distributed.all_to_all_single = exchange  # this rank's process runs other tests' functions next
+    model, inputs = _transformer("t2v", SPARSE_SIZE)
+    for setting in SPARSE:
+        with torch.no_grad(), shard_wan(model, plan=job_plan(model, "fp16", setting, steps=5), backend="sdpa"), \
+                sagevideo.record_backends() as log:
+            results["sparse", setting] = model(**inputs)[0], log.summary()["sparse"]
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
@@ -84,6 +94,7 @@ def _worker(rank, world, port, out_dir):
 def test_two_ranks_equal_one_process(tmp_path, two_ranks):
     import sagevideo
     from sagevideo.pipelines.plans import AttentionPlan
+    from sagevideo.pipelines.sparse import job_plan
     from tests.helpers.wan import run_wan22, tiny_wan22_pipeline
 
     two_ranks(_worker, str(tmp_path))
@@ -114,6 +125,21 @@ def test_two_ranks_equal_one_process(tmp_path, two_ranks):
     for results in ranks:
         sharded, summary = results["wan22"]
         assert (sharded - single).abs().max() < TOLERANCE["reference"] and summary == log.summary()
+    # a sparse plan: each rank selects tiles over its own heads of the whole sequence, as one process does
+    model, inputs = _transformer("t2v", SPARSE_SIZE)
+    for setting in SPARSE:
+        with torch.no_grad(), sagevideo.install(model, job_plan(model, "fp16", setting, steps=5), backend="sdpa"), \
+                sagevideo.record_backends() as log:
+            single, notes = model(**inputs)[0], log.summary()["sparse"]
+        densities = {name: layer["density"] for name, layer in notes["layers"].items()}
+        assert densities["blocks.0.attn1"] == 1.0  # the first layer stays dense
+        if setting.startswith("static"):
+            assert densities["blocks.1.attn1"] < 1.0
+        for rank, results in enumerate(ranks):
+            sharded, rank_notes = results["sparse", setting]
+            assert (sharded - single).abs().max() < TOLERANCE["sdpa"], (setting, rank)
+            rank_densities = {name: layer["density"] for name, layer in rank_notes["layers"].items()}
+            assert rank_densities == pytest.approx(densities), (setting, rank)
 
 
 def test_only_self_attention_is_exchanged(wan_pipes):
