@@ -266,6 +266,12 @@ def recipe_table(results: list[RecipeResult]) -> list[str]:
         lines.append(f"{r.name:18s} {number(r.ms, '9.1f')} {number(r.x_eager_cudnn, '14.2f')} "
                      f"{number(r.x_compile_cudnn, '16.2f')} " + (f"{number(r.x_eager_sdpa, '13.2f')} " if sdpa else "")
                      + f"{number(r.output_cos_vs_eager_cudnn, '13.5f')} {number(r.first_call_s, '13.1f')}  {ran}")
+    kept_all = [r.name for r in results if r.sparse and r.sparse.startswith("dynamic") and r.density is not None
+                and round(r.density, 3) == 1.0]
+    if kept_all:  # random weights: the selection's rule (keep tiles a mean misjudges), not a failure to skip
+        lines.append(f"note: {', '.join(kept_all)} skipped no tile (density 1.000): random weights' Q/K tiles are not "
+                     "self-similar, so the dynamic selection keeps them all; time a density with --sparse static:D, "
+                     "judge a dynamic plan's quality with `sagevideo ab` on the real model")
     return lines
 
 

@@ -151,6 +151,17 @@ def test_sparse_is_refused_where_it_cannot_run_before_any_model_is_built(recipes
         resolve(BenchForwardConfig.build(model="tiny-wan", recipes=recipes, sparse="dynamic:0.15"))
 
 
+def test_a_dynamic_recipe_that_skipped_no_tile_is_said_with_the_static_alternative():
+    """On random weights the dynamic selection keeps every tile: the table says so, not only 1.000."""
+    from sagevideo.experiments.bench.forward import RecipeResult, recipe_table
+
+    dynamic = RecipeResult(name="compile-sage", ms=10.0, sparse="dynamic:0.15", density=0.99996)
+    static = RecipeResult(name="eager-sage", ms=9.0, sparse="static:0.15", density=1.0)
+    note = recipe_table([dynamic, static])[-1]
+    assert note.startswith("note: compile-sage skipped no tile (density 1.000)") and "--sparse static:D" in note
+    assert not recipe_table([dynamic.model_copy(update={"density": 0.9})])[-1].startswith("note:")
+
+
 def test_sparse_takes_compiled_sage_recipes():
     """The selection reads nothing on the host, so compiled recipes run sparse in whole graphs."""
     resolve(BenchForwardConfig.build(model="tiny-wan", recipes=["eager-sage", "compile-sage"], sparse="dynamic:0.15"))
