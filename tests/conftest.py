@@ -5,7 +5,8 @@ whose hub constants are read at import), HF_HUB_OFFLINE=1 makes hub lookups fail
 an autouse fixture refuses socket connections to anything but loopback.
 
 Fixtures several folders share live here: the tiny CogVideoX pipeline, `two_ranks` (the gloo
-tests' two processes), `no_model_load`, and the evaluation fixtures (synthetic arms, tiny local
+tests' two processes), `ray_local` and `no_ray` (one Ray instance per pytest process),
+`no_model_load`, and the evaluation fixtures (synthetic arms, tiny local
 metric models; helpers in tests/helpers/evalkit.py) that tests/eval, tests/experiments and
 tests/cli use. Folder conftests add what only their folder
 needs (Ray in tests/scheduling, the Open-Sora checkpoint in tests/pipelines/opensora).
@@ -76,6 +77,34 @@ def two_ranks():
     ranks = TwoRanks()
     yield ranks.run
     ranks.close()
+
+
+@pytest.fixture(scope="session")
+def shared_ray():
+    """This pytest process's local Ray instance (tests/helpers/ray_local.py), started on first use
+    by `ray_local`, stopped by `no_ray` and at the session's end."""
+    from tests.helpers.ray_local import SharedRay
+
+    shared = SharedRay()
+    yield shared
+    shared.stop()
+
+
+@pytest.fixture
+def ray_local(shared_ray, allowed_hosts):
+    """`ray` with a local instance (2 CPUs) running, shared with the other Ray tests of this
+    pytest process (sagevideo uses it as it finds it); its nodes' addresses are let through the
+    network guard."""
+    from tests.helpers.ray_local import own_addresses
+
+    allowed_hosts.update(own_addresses())
+    return shared_ray.start()
+
+
+@pytest.fixture
+def no_ray(shared_ray):
+    """No Ray instance in this process for the test (one that `ray_local` started is stopped)."""
+    shared_ray.stop()
 
 
 @pytest.fixture

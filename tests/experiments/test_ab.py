@@ -80,7 +80,7 @@ def test_attention_probe_per_layer_and_step(ab_run):
     s = probe["summary"]
     assert s["calls"] == 8 and s["cos_worst"] == min(layer["cos_worst"] for layer in probe["layers"])
     assert s["worst_at"]["cos"]["layer"] in LAYERS and s["worst_at"]["cos"]["step"] in (0, 1)
-    assert probe["reproduced"]["all_identical"] is True
+    assert probe["reproduced"]["all_identical"] is True, probe["reproduced"]["videos"]
     assert probe["peaky_layers"] == [] and all(0 < layer["score_std"] < 10 for layer in probe["layers"])
     figures = [f["file"] for f in json.loads((out / "metrics.json").read_text())["figures"]]
     assert "figures/attention_cosine_per_layer.png" in figures and all((out / f).is_file() for f in figures)
@@ -135,7 +135,8 @@ def test_ab_with_a_plan_evaluates_an_arm_that_ran_the_plan(tmp_path):
     assert probe[LAYERS[0]]["modes"] == ["full", "int8-fp8/block"] and probe[LAYERS[1]]["modes"] == ["int8-fp8/block"]
     assert probe[LAYERS[0]]["cos_worst_by_step"][0] == pytest.approx(1.0, abs=1e-12)  # full precision at step 0
     assert probe[LAYERS[0]]["cos_worst_by_step"][1] < 1.0
-    assert data["attention_probe"]["reproduced"]["all_identical"] is True
+    reproduced = data["attention_probe"]["reproduced"]
+    assert reproduced["all_identical"] is True, reproduced["videos"]  # max |diff| per video; None: frame counts differ
     assert "no noise-floor run" in " ".join(data["notes"])
 
 
@@ -267,7 +268,8 @@ def test_a_sparse_arm_reports_per_layer_density_and_the_probes_error(tmp_path):
             "--no-progress", "--metrics", "psnr", "--weights", str(tmp_path / "w")])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "metrics.json").read_text())
-    assert data["attention_probe"]["reproduced"]["all_identical"] is True
+    reproduced = data["attention_probe"]["reproduced"]
+    assert reproduced["all_identical"] is True, reproduced["videos"]  # max |diff| per video; None: frame counts differ
     rows = {row["layer"]: row for row in data["sparse"]["layers"]}
     assert set(rows) == set(LAYERS)
     first, later = rows[LAYERS[0]], rows[LAYERS[1]]

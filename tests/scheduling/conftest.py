@@ -1,4 +1,5 @@
-"""Ray set-up for the scheduling tests: private, offline, small.
+"""Ray set-up for the scheduling tests: private, offline, small (the instance itself is
+tests/conftest.py's `ray_local`, shared with the other Ray tests of the pytest process).
 
 Ray writes an auth token under the home folder and its sessions under /tmp/ray unless told
 otherwise, and reports usage statistics unless disabled: all three are switched off here,
@@ -15,7 +16,7 @@ import tempfile
 
 import pytest
 
-from tests.helpers.ray_local import OBJECT_STORE_BYTES, own_addresses
+from tests.helpers.ray_local import own_addresses
 
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
@@ -28,15 +29,3 @@ def allowed_hosts() -> set[str]:
     """Ray 2.60 rewrites 127.0.0.1 to this machine's own IP: allow its own addresses too
     (traffic stays on the host); tests/conftest.py's `no_network` guard uses this set."""
     return own_addresses()
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    """One local Ray instance (2 CPUs) for a whole test module; sagevideo uses it as it finds it."""
-    import ray
-
-    ray.init(
-        num_cpus=2, include_dashboard=False, logging_level="WARNING", object_store_memory=OBJECT_STORE_BYTES
-    )
-    yield ray
-    ray.shutdown()

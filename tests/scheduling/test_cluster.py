@@ -21,6 +21,9 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+# These tests start, join or refuse Ray themselves, and check that nothing is left connected.
+pytestmark = pytest.mark.usefixtures("no_ray")
+
 import sagevideo  # noqa: E402
 from sagevideo.errors import InputError  # noqa: E402
 from sagevideo.scheduling import cluster as cluster_module  # noqa: E402

@@ -252,7 +252,7 @@ def test_cli_batch_on_two_workers_with_a_killed_worker(tmp_path, ray_local, monk
     assert result.exit_code == 0, result.output
     assert "5 done, 0 skipped, 0 failed" in result.stdout
     assert "ran on " in result.stdout and "1 job(s) retried after a worker died" in result.stdout
-    assert "node(s) of the Ray cluster at " in result.stdout  # which cluster: here the module's instance
+    assert "node(s) of the Ray cluster at " in result.stdout  # which cluster: here ray_local's instance
     assert "died during the job" in result.stderr and "retrying job" in result.stderr
     assert "(raylet)" not in result.output and "Token authentication" not in result.output  # Ray's own noise
 
@@ -293,7 +293,7 @@ def test_interrupt_keeps_finished_jobs_and_rerun_resumes(tmp_path, ray_local, mo
     out = tmp_path / "out"
     monkeypatch.setattr(Manifest, "append", append)
     monkeypatch.setattr(ray, "wait", wait)
-    with pytest.raises(BatchInterrupted) as stop:  # one worker on the module's Ray instance
+    with pytest.raises(BatchInterrupted) as stop:  # one worker on ray_local's instance
         sagevideo.generate(prompts, out=out, address="auto", workers=1, steps=1, progress=False)
     report = stop.value.report
     assert report.interrupted and report.done == 1

@@ -231,5 +231,5 @@ def test_ab_with_the_attention_probe(tmp_path):
     probe = metrics["attention_probe"]
     assert [layer["layer"] for layer in probe["layers"]] == LAYERS
     assert all(layer["calls"] == 1 and 0.99 < layer["cos_worst"] <= 1.0 for layer in probe["layers"])
-    assert probe["reproduced"]["all_identical"] is True
+    assert probe["reproduced"]["all_identical"] is True, probe["reproduced"]["videos"]
     assert metrics["arms"]["test"]["settings"]["backends_ran"] == {"reference/fp16": 2}

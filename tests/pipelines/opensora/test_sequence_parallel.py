@@ -22,20 +22,7 @@ from typer.testing import CliRunner
 import sagevideo
 from sagevideo.cli.app import app
 from sagevideo.host import failpoints
-from tests.helpers.ray_local import own_addresses, private_local_ray
 from tests.helpers.sp_tolerance import MEAN_LEVELS, frames
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    """One private local Ray instance (2 CPUs) for the module."""
-    with private_local_ray() as ray:
-        yield ray
-
-
-@pytest.fixture
-def allowed_hosts():
-    return own_addresses()  # Ray's nodes listen on this machine's own address (it rewrites 127.0.0.1 to it)
 
 
 def manifest(out):

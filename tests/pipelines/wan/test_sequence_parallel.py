@@ -213,7 +213,7 @@ def allowed_hosts() -> set[str]:
 
 
 @pytest.mark.slow  # a local Ray instance and a group of 2 gloo ranks
-def test_generate_on_ray_with_two_ranks_per_job_matches_one_process(tmp_path, monkeypatch):
+def test_generate_on_ray_with_two_ranks_per_job_matches_one_process(tmp_path, monkeypatch, no_ray):
     """tiny-wan22 (both denoisers split), `--address auto` with no cluster here: a local Ray
     instance; then the same command again resumes (nothing runs twice)."""
     import json
