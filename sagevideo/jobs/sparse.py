@@ -10,8 +10,8 @@ With it and no plan file, a job runs the plan `sagevideo.pipelines.sparse.job_pl
 quantized attention block-sparse, but for the first ceil(steps/5) steps and each denoiser's first
 attention layer. With a plan file the plan's own settings rule, and giving both is refused
 (`sparse_problems`), as are `--attention full` (full precision is never sparse) and `--gpus-per-job`
-> 1 on a family whose Ulysses ranks do not run block-sparse choices (all but Wan, whose ranks each
-select over their own heads after the all-to-all): each before anything loads. `--compile` composes: the
+> 1 on a family whose Ulysses ranks do not run block-sparse choices (HunyuanVideo; the others' ranks
+each select over their own heads after the all-to-all): each before anything loads. `--compile` composes: the
 selection reads nothing on the host (a dynamic call selects a per-row density inside itself, a static
 mask is a constant), so compiled blocks keep whole graphs; their calls are noted per layer in the
 manifest's `backends.sparse` as eager ones are (each layer's statistics kept on the device, read at
@@ -48,7 +48,7 @@ SPARSE_HELP = (
     "e.g. dynamic:0.15; off: dense. Without a plan the first ceil(steps/5) steps and each denoiser's first "
     "attention layer stay dense, and text rows and columns always do; recorded per layer in the manifest (eager "
     "calls). dynamic keeps about DENSITY of each query tile's key tiles (its most probable ones). Not with --plan "
-    "(put sparse in the plan), --attention full or --gpus-per-job > 1 but on Wan (docs/sparse.md)."
+    "(put sparse in the plan), --attention full or, on HunyuanVideo, --gpus-per-job > 1 (docs/sparse.md)."
 )
 
 
@@ -103,5 +103,5 @@ def run_sparse_problems(sparse_given: bool, gpus_per_job: int, family: str,
     if not sparse_given or gpus_per_job <= 1 or over_ranks:
         return []
     return [(f"--gpus-per-job {gpus_per_job}", (
-        f"does not compose with --sparse for {family} yet: its Ulysses ranks do not run block-sparse choices "
-        "(Wan's do); use --gpus-per-job 1 with --sparse"))]
+        f"does not compose with --sparse for {family} yet: its Ulysses ranks do not run block-sparse choices; "
+        "use --gpus-per-job 1 with --sparse"))]

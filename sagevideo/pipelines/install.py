@@ -308,12 +308,12 @@ def plan_router(
 ) -> AttentionRouter:
     """The router for `plan` (an AttentionPlan, a JSON path, or None for `default_plan`). sharded: for
     a family's Ulysses split that does not run block-sparse choices yet (ValueError for a plan that
-    has some: never dense in silence; Wan's split runs them and passes False)."""
+    has some: never dense in silence; the splits that run them pass False)."""
     if plan is not None and not isinstance(plan, AttentionPlan):
         plan = AttentionPlan.load(plan)
     if sharded and plan is not None and plan.uses_sparse:
-        raise ValueError("this family's sequence parallelism does not run block-sparse plan choices yet (Wan's "
-                         "does); run the sparse plan on one GPU per job")
+        raise ValueError("this family's sequence parallelism does not run block-sparse plan choices yet; run the "
+                         "sparse plan on one GPU per job")
     return AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
 
 

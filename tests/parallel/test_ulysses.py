@@ -16,11 +16,12 @@ from sagevideo.parallel.ulysses import check_degree
 from sagevideo.pipelines.cogvideox.sequence_parallel import check_cogvideox_degree
 
 
-def _inputs(config):
+def _inputs(config, size=None):
+    """CogVideoX inputs at the config's latent size, or size x size latents."""
     gen = torch.Generator().manual_seed(1)
     from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
-    h, w, p = config.sample_height, config.sample_width, config.patch_size
+    h, w, p = size or config.sample_height, size or config.sample_width, config.patch_size
     rotary = get_3d_rotary_pos_embed(config.attention_head_dim, ((0, 0), (h // p, w // p)), (h // p, w // p), 3)
     return dict(
         hidden_states=torch.randn(2, 3, config.in_channels, h, w, generator=gen),
@@ -39,18 +40,23 @@ def _model():
 
 
 BACKENDS = ("sdpa", "reference")
+# Block-sparse plans over the ranks (`job_plan`, backend sdpa: full precision on the mask's tiles), at
+# 3 x 12 x 12 video tokens (24 x 24 latents): static windows skip tiles on any weights; dynamic
+# selection keeps every tile of random weights, so it shows only that each rank selects and runs.
+SPARSE = ("static:0.3", "dynamic:0.3")
+SPARSE_SIZE = 24
 OPENSORA_TINY = dict(hidden_size=64, num_heads=2, depth=1, depth_single_blocks=1, axes_dim=(8, 12, 12),
                      context_in_dim=32, vec_in_dim=16)
 
 
-def _opensora():
+def _opensora(size=8):
     from sagevideo.pipelines.opensora import OpenSoraTransformer3DModel
     from sagevideo.pipelines.opensora.packing import latent_ids, text_ids
 
     torch.manual_seed(0)
     model = OpenSoraTransformer3DModel(**OPENSORA_TINY).eval()
     gen = torch.Generator().manual_seed(2)
-    ids = latent_ids(1, 3, 8, 8)
+    ids = latent_ids(1, 3, size, size)
     inputs = dict(
         img=torch.randn(1, ids.shape[1], 64, generator=gen), img_ids=ids,
         txt=torch.randn(1, 8, 32, generator=gen), txt_ids=text_ids(1, 8), timesteps=torch.tensor([0.5]),
@@ -75,7 +81,28 @@ def _worker(rank, world, port, out_dir):
         with torch.no_grad(), shard_opensora(opensora, backend=backend):
             out = opensora(**opensora_inputs)
         torch.save(out, os.path.join(out_dir, f"opensora-{backend}-rank{rank}.pt"))
+    torch.save(_sparse_runs(lambda m, plan: shard_cogvideox(m, plan=plan, backend="sdpa"),
+                            lambda m, plan: shard_opensora(m, plan=plan, backend="sdpa")),
+               os.path.join(out_dir, f"sparse-rank{rank}.pt"))
     torch.distributed.destroy_process_group()
+
+
+def _sparse_runs(install_cogvideox, install_opensora):
+    """{(family, setting): (output, per-layer densities)} of each SPARSE plan under the install given."""
+    import sagevideo
+    from sagevideo.pipelines.sparse import job_plan
+
+    model, (opensora, opensora_inputs) = _model(), _opensora(SPARSE_SIZE)
+    runs = {}
+    for setting in SPARSE:
+        for family, m, install, inputs in (("cogvideox", model, install_cogvideox, _inputs(model.config, SPARSE_SIZE)),
+                                           ("opensora", opensora, install_opensora, opensora_inputs)):
+            with torch.no_grad(), install(m, job_plan(m, "fp16", setting, steps=5)), \
+                    sagevideo.record_backends() as log:
+                out = m(**inputs)
+            out = out[0] if family == "cogvideox" else out
+            runs[family, setting] = out, {n: layer["density"] for n, layer in log.summary()["sparse"]["layers"].items()}
+    return runs
 
 
 @pytest.mark.slow  # two processes (gloo)
@@ -96,6 +123,16 @@ def test_two_ranks_equal_one_process(tmp_path, two_ranks):
             sharded = torch.load(tmp_path / f"opensora-{backend}-rank{rank}.pt")
             assert sharded.shape == single_opensora.shape
             assert (sharded - single_opensora).abs().max() < 1e-5, ("opensora", backend, rank)
+    # each rank selects tiles over its own heads of the whole sequence, as one process does
+    singles = _sparse_runs(lambda m, plan: sagevideo.install(m, plan, backend="sdpa"),
+                           lambda m, plan: sagevideo.install(m, plan, backend="sdpa"))
+    for (family, setting), (single, densities) in singles.items():
+        if setting.startswith("static"):
+            assert min(densities.values()) < 1.0, family  # tiles were skipped
+        for rank in range(2):
+            sharded, rank_densities = torch.load(tmp_path / f"sparse-rank{rank}.pt")[family, setting]
+            assert (sharded - single).abs().max() < 1e-5, (family, setting, rank)
+            assert rank_densities == pytest.approx(densities), (family, setting, rank)
 
 
 def _attention_worker(rank, world, port, out_dir):
