@@ -9,9 +9,9 @@ their canonical text (`sparse_text`), so equal settings compare equal.
 With it and no plan file, a job runs the plan `sagevideo.pipelines.sparse.job_plan` builds: its
 quantized attention block-sparse, but for the first ceil(steps/5) steps and each denoiser's first
 attention layer. With a plan file the plan's own settings rule, and giving both is refused
-(`sparse_problems`), as are `--attention full` (full precision is never sparse) and `--gpus-per-job`
-> 1 on a family whose Ulysses ranks do not run block-sparse choices (HunyuanVideo; the others' ranks
-each select over their own heads after the all-to-all): each before anything loads. `--compile` composes: the
+(`sparse_problems`), as is `--attention full` (full precision is never sparse), before anything
+loads. `--gpus-per-job` > 1 composes: after Ulysses' all-to-all each rank selects tiles over its own
+heads of the whole sequence, as one process does. `--compile` composes: the
 selection reads nothing on the host (a dynamic call selects a per-row density inside itself, a static
 mask is a constant), so compiled blocks keep whole graphs; their calls are noted per layer in the
 manifest's `backends.sparse` as eager ones are (each layer's statistics kept on the device, read at
@@ -48,7 +48,7 @@ SPARSE_HELP = (
     "e.g. dynamic:0.15; off: dense. Without a plan the first ceil(steps/5) steps and each denoiser's first "
     "attention layer stay dense, and text rows and columns always do; recorded per layer in the manifest (eager "
     "calls). dynamic keeps about DENSITY of each query tile's key tiles (its most probable ones). Not with --plan "
-    "(put sparse in the plan), --attention full or, on HunyuanVideo, --gpus-per-job > 1 (docs/sparse.md)."
+    "(put sparse in the plan) or --attention full (docs/sparse.md)."
 )
 
 
@@ -93,15 +93,3 @@ def job_sparse_problem(sparse: str | None, attention: str | None, plan: str | No
         return (f"sparse: {sparse} with plan {plan}: a plan file's own settings rule; put the sparse setting in the "
                 "plan (\"sparse\": {\"method\": ..., \"density\": ...} on its quantized choices) or leave sparse off")
     return None
-
-
-def run_sparse_problems(sparse_given: bool, gpus_per_job: int, family: str,
-                        over_ranks: bool) -> list[tuple[str, str]]:
-    """(option, problem) for run settings that do not compose with block-sparse jobs (sparse_given:
-    some job asks for it) on a model of `family` (its title), whose Ulysses split runs block-sparse
-    choices where `over_ranks`. --compile composes: the selection reads nothing on the host."""
-    if not sparse_given or gpus_per_job <= 1 or over_ranks:
-        return []
-    return [(f"--gpus-per-job {gpus_per_job}", (
-        f"does not compose with --sparse for {family} yet: its Ulysses ranks do not run block-sparse choices; "
-        "use --gpus-per-job 1 with --sparse"))]

@@ -67,7 +67,7 @@ def check_batch(
     jobs = [(_resolve_job(source, j), label, item) for j, label, item in batch.jobs]
     checked.jobs = [(j, label) for j, label, _ in jobs]
     checked.problems += _family_problems(source, jobs, batch.defaults, settings.model)
-    checked.problems += _sparse_problems(jobs, batch, settings.gpus_per_job, source)
+    checked.problems += _sparse_problems(jobs, batch)
     checked.plan_shas, plan_problems, plan_notes = check_plans(source, jobs, batch.defaults)
     checked.image_shas, image_problems, image_notes = check_images(source, jobs, batch.defaults)
     checked.problems += plan_problems + image_problems + _recipe_problems(batch.recipe, source, jobs, device, dtype,
@@ -96,23 +96,13 @@ def _family_problems(
     return problems
 
 
-def _sparse_problems(jobs: list[LabelledJob], batch: LoadedBatch, gpus_per_job: int,
-                     source: ModelSource) -> list[Problem]:
+def _sparse_problems(jobs: list[LabelledJob], batch: LoadedBatch) -> list[Problem]:
     """`--sparse` where a resolved job cannot run it (with attention full, with a plan file: at the
-    job or the option it came from) and run settings it does not compose with on `source`'s family
-    (`jobs.sparse`)."""
-    from sagevideo.jobs.sparse import is_sparse, job_sparse_problem, run_sparse_problems
-    from sagevideo.pipelines.families import get
+    job or the option it came from; `jobs.sparse`)."""
+    from sagevideo.jobs.sparse import job_sparse_problem
 
-    problems = []
-    for j, label, item in jobs:
-        problem = job_sparse_problem(j.sparse, j.attention, j.plan)
-        if problem:
-            problems.append(place_problem(label, item, "sparse", problem, batch.defaults))
-    given = [j for j, _, _ in jobs if is_sparse(j.sparse)]
-    family = get(source.family)
-    problems += run_sparse_problems(bool(given), gpus_per_job, family.title, family.sparse_over_ranks)
-    return problems
+    return [place_problem(label, item, "sparse", problem, batch.defaults)
+            for j, label, item in jobs if (problem := job_sparse_problem(j.sparse, j.attention, j.plan))]
 
 
 def _recipe_problems(

@@ -100,9 +100,7 @@ class ModelFamily:
     pipeline_classes: `model_index.json` `_class_name`s it loads; tiny_models: built-in model
     names it serves ("tiny"); weight_components: folders of a model folder that must hold
     safetensors. generates: whether generate/ab/calibrate run it; sequence_parallel: whether
-    `--gpus-per-job` can split it; sparse_over_ranks: whether its split runs block-sparse plan choices
-    (each rank selects over its heads after the all-to-all; tested over two ranks). step_caches:
-    the `--cache` values its transformer takes.
+    `--gpus-per-job` can split it. step_caches: the `--cache` values its transformer takes.
     image_pipeline_classes: those of pipeline_classes that start
     from an input image (see `image_input`).
     """
@@ -114,7 +112,6 @@ class ModelFamily:
     weight_components: tuple[str, ...] = ("transformer", "vae", "text_encoder")
     generates: bool = True
     sequence_parallel: bool = False
-    sparse_over_ranks: bool = False
     image_pipeline_classes: tuple[str, ...] = ()
     # diffusers step caches (`Recipe.cache`) its transformer takes: a diffusers CacheMixin whose
     # blocks diffusers' TransformerBlockRegistry knows

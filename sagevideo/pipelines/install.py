@@ -304,16 +304,11 @@ def _warn_if_sdpa_replaced() -> None:
 
 
 def plan_router(
-    transformer: Any, plan: AttentionPlan | str | Path | None, pv: str | None, backend: str, *, sharded: bool = False
+    transformer: Any, plan: AttentionPlan | str | Path | None, pv: str | None, backend: str
 ) -> AttentionRouter:
-    """The router for `plan` (an AttentionPlan, a JSON path, or None for `default_plan`). sharded: for
-    a family's Ulysses split that does not run block-sparse choices yet (ValueError for a plan that
-    has some: never dense in silence; the splits that run them pass False)."""
+    """The router for `plan` (an AttentionPlan, a JSON path, or None for `default_plan`)."""
     if plan is not None and not isinstance(plan, AttentionPlan):
         plan = AttentionPlan.load(plan)
-    if sharded and plan is not None and plan.uses_sparse:
-        raise ValueError("this family's sequence parallelism does not run block-sparse plan choices yet; run the "
-                         "sparse plan on one GPU per job")
     return AttentionRouter(plan if plan is not None else default_plan(transformer, pv), backend)
 
 

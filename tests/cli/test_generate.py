@@ -349,9 +349,6 @@ def test_a_yaml_job_file_named_txt_exits_2_and_makes_no_video(tmp_path):
         (["--sparse", "dynamic:1.5"], "--sparse dynamic:1.5: 'dynamic:1.5': density 1.5 is outside (0, 1]"),
         (["--sparse", "static:0.2", "--attention", "full"], "--sparse static:0.2: static:0.2 with attention full: full "
          "precision runs stock SDPA, which is never block-sparse; use sparse off or attention sage"),
-        (["--sparse", "dynamic:0.15", "--gpus-per-job", "2", "--model", "tiny-hunyuanvideo"],
-         "--gpus-per-job 2: does not compose with --sparse for HunyuanVideo yet: its Ulysses ranks do not run "
-         "block-sparse choices"),
     ],
 )
 def test_cli_refuses_a_sparse_setting_that_cannot_run_before_loading(tmp_path, no_model_load, extra, message):

@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from sagevideo.jobs.identity import job_id
-from sagevideo.jobs.sparse import SparseOptions, is_sparse, job_sparse_problem, run_sparse_problems
+from sagevideo.jobs.sparse import SparseOptions, is_sparse, job_sparse_problem
 from sagevideo.jobs.specs import JobSpec
 
 
@@ -33,8 +33,3 @@ def test_what_sparse_does_not_compose_with_is_said_with_the_fix():
     assert job_sparse_problem("dynamic:0.15", "sage", None) is None
     assert "use sparse off or attention sage" in job_sparse_problem("dynamic:0.15", "full", None)
     assert "put the sparse setting in the plan" in job_sparse_problem("static:0.2", "sage", "p.json")
-    assert run_sparse_problems(False, 4, "HunyuanVideo", over_ranks=False) == []
-    ((option, text),) = run_sparse_problems(True, 2, "HunyuanVideo", over_ranks=False)
-    assert option == "--gpus-per-job 2" and text.startswith("does not compose with --sparse for HunyuanVideo yet")
-    assert run_sparse_problems(True, 1, "HunyuanVideo", over_ranks=False) == []
-    assert run_sparse_problems(True, 2, "Wan", over_ranks=True) == []  # each rank selects over its heads

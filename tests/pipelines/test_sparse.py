@@ -167,10 +167,8 @@ def test_a_dense_plan_notes_nothing_and_installs_no_sparse_routing():
     assert log.sparse == [] and "sparse" not in log.summary()
 
 
-def test_sequence_parallelism_refuses_a_sparse_plan_and_off_builds_no_plan():
+def test_a_sparse_plan_gets_sparse_routing_and_off_builds_no_plan():
     plan = AttentionPlan(default=Choice(mode=Mode.int8_fp8, sparse=STATIC))
-    with pytest.raises(ValueError, match="sequence parallelism does not run block-sparse plan choices yet"):
-        plan_router(None, plan, "fp8", "auto", sharded=True)
     assert plan_router(None, plan, "fp8", "auto").sparse is not None
     with pytest.raises(ValueError, match="--sparse off builds no plan"):
         job_plan(None, "fp16", "off", 5)

@@ -83,7 +83,6 @@ class CogVideoXFamily(ModelFamily):
     weight_components = ("transformer", "vae", "text_encoder")
     generates = True
     sequence_parallel = True
-    sparse_over_ranks = True
 
     # --- detection and loading ---
 

@@ -99,7 +99,6 @@ class OpenSoraFamily(ModelFamily):
     weight_components = ()
     generates = True
     sequence_parallel = True
-    sparse_over_ranks = True
     # diffusers' CacheMixin with its blocks registered (transformer.register_cache_blocks); pyramid
     # broadcast hooks only diffusers' own attention classes, so it would hook nothing here.
     step_caches = ("first-block", "taylorseer")

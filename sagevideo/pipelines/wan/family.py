@@ -122,7 +122,6 @@ class WanFamily(ModelFamily):
     weight_components = ("transformer", "vae", "text_encoder")  # transformer_2, image_encoder: when listed
     generates = True
     sequence_parallel = True
-    sparse_over_ranks = True
 
     # --- detection and loading ---
 

@@ -13,6 +13,11 @@ import pytest
 import torch
 
 BACKENDS = ("sdpa", "reference")
+# Block-sparse plans over the ranks (backend sdpa: full precision on the mask's tiles) at 3 x 12 x 12
+# video tokens and the text last: static windows skip tiles on any weights; dynamic selection keeps
+# every tile of random weights, so it shows only that each rank selects and runs.
+SPARSE = ("static:0.3", "dynamic:0.3")
+SPARSE_SIZE = 24
 
 
 def _model():
@@ -24,13 +29,13 @@ def _model():
     return HunyuanVideoTransformer3DModel(**TRANSFORMER_CONFIG).eval()
 
 
-def _inputs(valid_text: int = 11):
-    """Latents of 3 x 8 x 8 (48 video tokens) and 32 text tokens of which `valid_text` are real."""
+def _inputs(valid_text: int = 11, size: int = 8):
+    """Latents of 3 x size x size (8: 48 video tokens) and 32 text tokens of which `valid_text` are real."""
     gen = torch.Generator().manual_seed(1)
     mask = torch.zeros(1, 32)
     mask[:, :valid_text] = 1
     return dict(
-        hidden_states=torch.randn(1, 4, 3, 8, 8, generator=gen),
+        hidden_states=torch.randn(1, 4, 3, size, size, generator=gen),
         timestep=torch.tensor([500.0]),
         encoder_hidden_states=torch.randn(1, 32, 32, generator=gen),
         encoder_attention_mask=mask,
@@ -53,7 +58,22 @@ def _worker(rank, world, port, out_dir):
             out = model(**_inputs())[0]
             again = model(**_inputs(valid_text=32))[0]  # a new mask: not the cached one of the last forward
         torch.save((out, again, log.counts, log.fallback_reasons), os.path.join(out_dir, f"{backend}-rank{rank}.pt"))
+    sparse = _sparse_runs(model, lambda plan: shard_hunyuanvideo(model, plan=plan, backend="sdpa"))
+    torch.save(sparse, os.path.join(out_dir, f"sparse-rank{rank}.pt"))
     torch.distributed.destroy_process_group()
+
+
+def _sparse_runs(model, install):
+    """{setting: (output, per-layer densities)} of each SPARSE plan under `install(plan)`."""
+    from sagevideo.attention.records import record_backends
+    from sagevideo.pipelines.sparse import job_plan
+
+    runs = {}
+    for setting in SPARSE:
+        with torch.no_grad(), install(job_plan(model, "fp16", setting, steps=5)), record_backends() as log:
+            out = model(**_inputs(size=SPARSE_SIZE))[0]
+        runs[setting] = out, {name: layer["density"] for name, layer in log.summary()["sparse"]["layers"].items()}
+    return runs
 
 
 @pytest.mark.slow  # two processes (gloo)
@@ -76,6 +96,15 @@ def test_two_ranks_equal_one_process(tmp_path, two_ranks):
     assert log.counts == {"reference/fp16": 8, "sdpa": 4}
     (reason,) = log.fallback_reasons
     assert "(1, 2, 32, 32) is not a key-padding mask" in reason
+    # each rank selects tiles over its own heads of the whole sequence ([all video; text]), as one process does
+    for setting, (single, densities) in _sparse_runs(model, lambda plan: sagevideo.install(model, plan,
+                                                                                          backend="sdpa")).items():
+        if setting.startswith("static"):
+            assert min(densities.values()) < 1.0  # tiles were skipped
+        for rank in range(2):
+            sharded, rank_densities = torch.load(tmp_path / f"sparse-rank{rank}.pt")[setting]
+            assert (sharded - single).abs().max() < 1e-5, (setting, rank)
+            assert rank_densities == pytest.approx(densities), (setting, rank)
 
 
 @pytest.mark.parametrize("name", ["framepack", "hunyuanvideo15", "i2v"])
