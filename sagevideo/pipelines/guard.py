@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from sagevideo.errors import PeakyAttentionError
-from sagevideo.pipelines.routing import AttentionRouter
+from sagevideo.pipelines.routing import AttentionRouter, plan_router_of
 
 GUARD_MODES = ("warn", "full", "fail")
 
@@ -30,9 +30,7 @@ class AttentionGuard:
     def __init__(self, router: AttentionRouter, mode: str = "warn", label: str = "transformer"):
         if mode not in GUARD_MODES:
             raise ValueError(f"sagevideo.install: guard={mode!r} is not supported; use one of {GUARD_MODES}")
-        while isinstance(getattr(router, "inner", None), AttentionRouter):  # wrappers (key masks, Ulysses)
-            router = router.inner  # delegate choices and routes to the plan's own router
-        self.router = router
+        self.router = plan_router_of(router)  # wrappers (key masks, Ulysses) delegate choices and routes to it
         self.mode = mode
         self.label = label
         self.read: dict[str, int] = {}  # layer -> its counter's value when last read

@@ -390,8 +390,10 @@ def _sparse_grids(router: AttentionRouter, planned: list[tuple[InstalledDenoiser
     `SparseRouting`, and (denoiser, `GridHook`) for each denoiser whose family declares a layout
     (`families.sparse_layout`); [] for a dense plan (nothing is added)."""
     from sagevideo.pipelines.families import sparse_layout
+    from sagevideo.pipelines.routing import plan_router_of
     from sagevideo.pipelines.sparse import GridHook
 
+    router = plan_router_of(router)  # a wrapper's (Ulysses) calls read the plan's own router's routing
     if getattr(router, "sparse", None) is None:
         return []
     hooks = []

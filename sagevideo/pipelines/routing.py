@@ -295,6 +295,14 @@ class AttentionRouter:
         return mask
 
 
+def plan_router_of(router: Any) -> Any:
+    """The plan's own `AttentionRouter` under the wrappers that delegate to it through `inner` (key
+    masks, Ulysses): where its routes, step clock and sparse routing live."""
+    while isinstance(getattr(router, "inner", None), AttentionRouter):
+        router = router.inner
+    return router
+
+
 class RoutedProcessor:
     """Base of sagevideo's attention processors: the layer name and the router that attends.
 

@@ -80,7 +80,9 @@ def install_sharded(pipe_or_transformer: Any, router: Any, denoisers: list[Any],
     """The Ulysses install every family's `shard_*` ends with: `router` installed (`install_router`,
     the family's Ulysses processors as `routes`), then `hooks_of(transformer)` (the hook handles
     that split and gather its tokens) registered on each denoiser; a failure on the way removes
-    what was added. Returns the `SequenceParallelHandle` that undoes it all."""
+    what was added. Returns the `SequenceParallelHandle` that undoes it all. A block-sparse plan
+    needs nothing more: after the all-to-all each rank selects tiles over its own heads of the whole
+    sequence, as one process does (install's grid hook reads the unsplit input first)."""
     from sagevideo.parallel.ulysses import SequenceParallelHandle
     from sagevideo.pipelines.install import install_router
 

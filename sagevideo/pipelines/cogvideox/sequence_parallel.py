@@ -110,7 +110,7 @@ def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str 
         known=" (CogVideoX 2B/5B/1.5, text- and image-to-video)",
     )
     rank, world = ulysses_rank([transformer], group)
-    router = plan_router(transformer, plan, pv, backend)  # each rank selects tiles over its own heads
+    router = plan_router(transformer, plan, pv, backend)
     factory = functools.partial(UlyssesCogVideoXAttnProcessor, group=group)
     state: dict[str, Any] = {}
 

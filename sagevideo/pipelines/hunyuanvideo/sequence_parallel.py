@@ -69,7 +69,6 @@ class UlyssesRouter(AttentionRouter):
     def __init__(self, inner: AttentionRouter, *, group=None, state: dict | None = None):
         self.inner = inner
         self.plan, self.backend, self.clock = inner.plan, inner.backend, inner.clock
-        self.sparse = inner.sparse  # install fills its text positions; the inner router's calls read them
         self.group = group
         self.state = state if state is not None else {}
         self._mask_of: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (shard's mask, full mask)
@@ -79,12 +78,6 @@ class UlyssesRouter(AttentionRouter):
 
     def route(self, layer: str):
         return self.inner.route(layer)
-
-    def sparse_layers_changed(self) -> None:
-        self.inner.sparse_layers_changed()
-
-    def collect_sparse(self) -> None:
-        self.inner.collect_sparse()
 
     def __call__(self, layer, q, k, v, *, attn_mask=None, **kwargs):
         if not layer.startswith(SHARDED_PREFIXES) or "n" not in self.state:
@@ -139,7 +132,6 @@ def shard_hunyuanvideo(pipe_or_transformer: Any, *, group=None, plan=None, pv: s
         )
     rank, world = ulysses_rank([transformer], group)
     state: dict[str, int] = {}
-    # each rank selects tiles over its own heads of the whole sequence
     router = UlyssesRouter(plan_router(transformer, plan, pv, backend), group=group, state=state)
 
     def before_forward(module, args, kwargs):

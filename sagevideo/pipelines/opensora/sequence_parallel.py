@@ -45,7 +45,7 @@ def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str |
     (transformer,) = shard_targets("shard_opensora", pipe_or_transformer, (OpenSoraTransformer3DModel,),
                                    (OpenSoraAttnProcessor,))
     rank, world = ulysses_rank([transformer], group, heads="num_heads")
-    router = plan_router(transformer, plan, pv, backend)  # each rank selects tiles over its own heads
+    router = plan_router(transformer, plan, pv, backend)
     state: dict[str, int] = {}
     factory = functools.partial(UlyssesOpenSoraAttnProcessor, group=group, state=state)
     signature = inspect.signature(type(transformer).forward)

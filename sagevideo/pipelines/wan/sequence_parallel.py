@@ -106,7 +106,7 @@ def shard_wan(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None
 
     denoisers = shard_targets(pipe_or_transformer)
     rank, world = ulysses_rank(denoisers, group)
-    planned = plan_router(denoisers[0], plan, pv, backend)  # each rank selects tiles over its own heads
+    planned = plan_router(denoisers[0], plan, pv, backend)
     router = UlyssesWanRouter(planned.plan, backend, group=group, exchanged=self_attention_layers(pipe_or_transformer))
     return install_sharded(pipe_or_transformer, router, denoisers,
                            functools.partial(_shard_hooks, rank=rank, world=world, group=group), pv=pv, backend=backend)
