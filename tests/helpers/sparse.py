@@ -38,6 +38,11 @@ def sparse_run(pipe, monkeypatch, *, size: int, text_tokens: int = 32, sparse: s
     return log.summary()["sparse"], selections
 
 
+def layer_densities(summary) -> dict[str, float]:
+    """Layer -> the density its calls reached, from a `record_backends` summary of a sparse plan."""
+    return {name: layer["density"] for name, layer in summary["sparse"]["layers"].items()}
+
+
 def check_sparse_run(pipe, summary, selections, *, text_first: int, text_last: int, never: set[str] = frozenset()):
     """The checks of the module docstring; `never`: layers the family never makes sparse."""
     first = first_sparse_layers(pipe)

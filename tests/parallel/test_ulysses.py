@@ -91,6 +91,7 @@ def _sparse_runs(install_cogvideox, install_opensora):
     """{(family, setting): (output, per-layer densities)} of each SPARSE plan under the install given."""
     import sagevideo
     from sagevideo.pipelines.sparse import job_plan
+    from tests.helpers.sparse import layer_densities
 
     model, (opensora, opensora_inputs) = _model(), _opensora(SPARSE_SIZE)
     runs = {}
@@ -101,7 +102,7 @@ def _sparse_runs(install_cogvideox, install_opensora):
                     sagevideo.record_backends() as log:
                 out = m(**inputs)
             out = out[0] if family == "cogvideox" else out
-            runs[family, setting] = out, {n: layer["density"] for n, layer in log.summary()["sparse"]["layers"].items()}
+            runs[family, setting] = out, layer_densities(log.summary())
     return runs
 
 

@@ -67,12 +67,13 @@ def _sparse_runs(model, install):
     """{setting: (output, per-layer densities)} of each SPARSE plan under `install(plan)`."""
     from sagevideo.attention.records import record_backends
     from sagevideo.pipelines.sparse import job_plan
+    from tests.helpers.sparse import layer_densities
 
     runs = {}
     for setting in SPARSE:
         with torch.no_grad(), install(job_plan(model, "fp16", setting, steps=5)), record_backends() as log:
             out = model(**_inputs(size=SPARSE_SIZE))[0]
-        runs[setting] = out, {name: layer["density"] for name, layer in log.summary()["sparse"]["layers"].items()}
+        runs[setting] = out, layer_densities(log.summary())
     return runs
 
 

@@ -58,6 +58,7 @@ def _worker(rank, world, port, out_dir):
     from sagevideo.pipelines.plans import AttentionPlan
     from sagevideo.pipelines.sparse import job_plan
     from sagevideo.pipelines.wan.sequence_parallel import shard_wan
+    from tests.helpers.sparse import layer_densities
     from tests.helpers.wan import run_wan22, tiny_wan22_pipeline
 
     init_from_env("gloo")
@@ -85,7 +86,7 @@ def _worker(rank, world, port, out_dir):
     for setting in SPARSE:
         with torch.no_grad(), shard_wan(model, plan=job_plan(model, "fp16", setting, steps=5), backend="sdpa"), \
                 sagevideo.record_backends() as log:
-            results["sparse", setting] = model(**inputs)[0], log.summary()["sparse"]
+            results["sparse", setting] = model(**inputs)[0], layer_densities(log.summary())
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
@@ -95,6 +96,7 @@ def test_two_ranks_equal_one_process(tmp_path, two_ranks):
     import sagevideo
     from sagevideo.pipelines.plans import AttentionPlan
     from sagevideo.pipelines.sparse import job_plan
+    from tests.helpers.sparse import layer_densities
     from tests.helpers.wan import run_wan22, tiny_wan22_pipeline
 
     two_ranks(_worker, str(tmp_path))
@@ -130,15 +132,13 @@ def test_two_ranks_equal_one_process(tmp_path, two_ranks):
     for setting in SPARSE:
         with torch.no_grad(), sagevideo.install(model, job_plan(model, "fp16", setting, steps=5), backend="sdpa"), \
                 sagevideo.record_backends() as log:
-            single, notes = model(**inputs)[0], log.summary()["sparse"]
-        densities = {name: layer["density"] for name, layer in notes["layers"].items()}
+            single, densities = model(**inputs)[0], layer_densities(log.summary())
         assert densities["blocks.0.attn1"] == 1.0  # the first layer stays dense
         if setting.startswith("static"):
             assert densities["blocks.1.attn1"] < 1.0
         for rank, results in enumerate(ranks):
-            sharded, rank_notes = results["sparse", setting]
+            sharded, rank_densities = results["sparse", setting]
             assert (sharded - single).abs().max() < TOLERANCE["sdpa"], (setting, rank)
-            rank_densities = {name: layer["density"] for name, layer in rank_notes["layers"].items()}
             assert rank_densities == pytest.approx(densities), (setting, rank)
 
 
