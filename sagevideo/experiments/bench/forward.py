@@ -24,10 +24,13 @@ depends on the shapes, not the values), or a tiny one.
 `--sparse METHOD:DENSITY` makes the sage recipes block-sparse as a sparse step of `generate
 --sparse` runs them (`pipelines.sparse.job_plan` on the bare transformer: every layer its family
 may make sparse but the first, text rows and columns dense); each recipe's record gives the mean
-density its calls reached (compiled recipes too: they run sparse in whole graphs and their calls are
-noted as eager ones, `pipelines.sparse_notes`). Random weights make attention near-uniform, so the
-density dynamic selection reaches here says nothing of a real model's (static windows reach the
-density asked); the time is what matters here.
+density its sparse calls reached and how many calls the plan kept dense (the first layer, layers
+its family never makes sparse such as Wan's cross-attention, calls that could not be sparse), so
+that many small dense calls do not make a sparse model read as a dense one. Compiled recipes are
+noted too: they run sparse in whole graphs and their calls are noted as eager ones
+(`pipelines.sparse_notes`). Random weights make attention near-uniform, so the density dynamic
+selection reaches here says nothing of a real model's (static windows reach the density asked);
+the time is what matters here.
 """
 
 from __future__ import annotations
@@ -195,7 +198,9 @@ class RecipeResult(BaseModel):
     compiled_blocks: int = 0
     compile_cache_lookups: dict[str, int] = {}  # the first call's: a warm start hits, a cold one misses
     sparse: str | None = None  # a sage recipe's block-sparse setting (`--sparse`)
-    density: float | None = None  # ... and the mean density its sparse-plan calls reached (dense ones count 1)
+    density: float | None = None  # ... the mean density of the calls its plan made sparse
+    sparse_calls: int | None = None  # ... how many calls those were
+    dense_calls: int | None = None  # ... and the calls under the plan that ran dense (kept dense or could not)
     skipped: str | None = None
 
 
@@ -262,7 +267,8 @@ def recipe_table(results: list[RecipeResult]) -> list[str]:
             continue
         ran = r.backends or (f"stock SDPA {r.sdpa_backends}" if r.sdpa_backends else "none (stock SDPA)")
         if r.sparse:
-            ran = f"{ran}; sparse {r.sparse}, density {number(r.density, '5.3f').strip()}"
+            ran = (f"{ran}; sparse {r.sparse}, density {number(r.density, '5.3f').strip()} over {r.sparse_calls} "
+                   f"sparse calls, {r.dense_calls} dense")
         lines.append(f"{r.name:18s} {number(r.ms, '9.1f')} {number(r.x_eager_cudnn, '14.2f')} "
                      f"{number(r.x_compile_cudnn, '16.2f')} " + (f"{number(r.x_eager_sdpa, '13.2f')} " if sdpa else "")
                      + f"{number(r.output_cos_vs_eager_cudnn, '13.5f')} {number(r.first_call_s, '13.1f')}  {ran}")
@@ -413,7 +419,7 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
         result = RecipeResult(name=name, recipe=recipe.label(), ms=seconds * 1e3, first_call_s=first_call_s,
                               backends=dict(log.counts), sdpa_backends=picked, fp8_layers=len(applied.fp8_layers),
                               compiled_blocks=applied.compiled_blocks, compile_cache_lookups=lookups,
-                              sparse=sage_sparse, density=_mean_density(log) if sage_sparse else None)
+                              sparse=sage_sparse, **(_sparse_counts(log) if sage_sparse else {}))
         if "eager-cudnn" in outputs:
             result.output_cos_vs_eager_cudnn = output_cosine(outputs["eager-cudnn"], outputs[name])
         results.append(result)
@@ -445,11 +451,13 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
     return results
 
 
-def _mean_density(log: Any) -> float | None:
-    """The mean density of the calls a sparse plan routed (a `record_backends` log), None if none."""
-    layers = log.summary().get("sparse", {}).get("layers", {})
-    calls = sum(entry["calls"] for entry in layers.values())
-    return sum(entry["density"] * entry["calls"] for entry in layers.values()) / calls if calls else None
+def _sparse_counts(log: Any) -> dict[str, Any]:
+    """From a `record_backends` log's sparse notes: the mean density of the calls that ran sparse
+    (None if none), how many they were, and how many calls under the plan ran dense (kept dense by
+    the plan or unable to be sparse)."""
+    ran_sparse = [note.density for note in log.sparse if note.planned and not note.reason]
+    return {"density": sum(ran_sparse) / len(ran_sparse) if ran_sparse else None, "sparse_calls": len(ran_sparse),
+            "dense_calls": len(log.sparse) - len(ran_sparse)}
 
 
 def _counted(fn: Callable[[], Any], done: Callable[[], Any]) -> Callable[[], Any]:

@@ -133,9 +133,13 @@ def test_sparse_makes_the_sage_recipes_block_sparse_and_records_their_density(tm
     report = run_bench_forward(config)
     stock, sage = report.recipes
     assert (stock.sparse, stock.density) == (None, None)
-    assert sage.sparse == "static:0.3" and 0 < sage.density < 1  # cross-attention and the first layer count 1
+    assert sage.sparse == "static:0.3" and 0.2 < sage.density < 0.4  # of the sparse calls only
+    # Of each forward's four calls (two blocks' self- and cross-attention) only the second block's
+    # self-attention is sparse: the first layer stays dense, cross-attention always is.
+    calls = sum(sage.backends.values())
+    assert (sage.sparse_calls, sage.dense_calls) == (calls // 4, calls - calls // 4)
     assert sage.output_cos_vs_eager_cudnn > 0.99
-    assert "sparse static:0.3, density " in report.table()
+    assert f"sparse static:0.3, density {sage.density:.3f} over {calls // 4} sparse calls, " in report.table()
     run = Run(bench="bench_forward", gpu="cpu", commit=None, date="2026-01-01", source="test")
     report.result_rows(run)
     rows = {(r.variant, r.metric): r.value for r in run.rows}
