@@ -408,10 +408,20 @@ def _launch_sparse(prepared: QuantizedInputs, v: torch.Tensor, masks: tuple[torc
         indices = indices.contiguous()
     indices = indices.expand(batch, heads, m_tiles, indices.shape[-1])
     counts = counts.expand(batch, heads, m_tiles)
-    order = torch.argsort(counts.reshape(-1), descending=True, stable=True).to(torch.int32)
+    order = item_order(counts.reshape(-1))
     claimed = torch.zeros(1, device=out.device, dtype=torch.int32)
     _launch(prepared, v, masks, out, lse, plan, "sparse", claimed, (min(order.numel(), _persistent_programs(out)),),
             lists=(indices, counts, order), **shape)
+
+
+def item_order(counts: torch.Tensor) -> torch.Tensor:
+    """The sparse launch's schedule of items (int32 counts (items,), item = bh·M_TILES + tile) as int32
+    item ids: longest list first by classes of half an octave (lengths within a factor of sqrt 2 are
+    one class), (b, h, tile) order within a class. Exact lengths would scatter a head's neighbouring
+    query tiles across the schedule wherever their lengths differ by one (static windows do), and
+    those neighbours share most key tiles: run together they read them from L2 once."""
+    length_class = torch.floor(2.0 * torch.log2(counts.clamp(min=1).to(torch.float32)))
+    return torch.argsort(length_class, descending=True, stable=True).to(torch.int32)
 
 
 def valid_prefix(key_mask: torch.Tensor, batch: int, n_k: int) -> torch.Tensor:
