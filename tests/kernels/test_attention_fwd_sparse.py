@@ -212,8 +212,22 @@ def test_the_schedule_changes_no_result(monkeypatch):
     for programs in (1, 2, 5):
         monkeypatch.setattr(attention_fwd, "_persistent_programs", lambda t, n=programs: n)
         outs.append(_kernel(q, k, v, mask, plan))
+    monkeypatch.setattr(attention_fwd, "item_order", lambda counts: torch.arange(counts.numel() - 1, -1, -1,
+                                                                                 dtype=torch.int32))
+    outs.append(_kernel(q, k, v, mask, plan))  # shortest lists first: the order changes no result either
     for out, lse in outs[1:]:
         assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
+
+
+def test_items_run_longest_first_by_half_octave_classes_and_in_place_order_within_one():
+    """Lengths within a factor of sqrt 2 are one class: there neighbouring query tiles stay together
+    (they share key tiles in L2); a longer class always comes first; every item once."""
+    counts = torch.tensor([32, 33, 45, 46, 283, 200, 1, 0, 64, 90])
+    order = attention_fwd.item_order(counts).tolist()
+    assert order == [4, 5, 8, 9, 3, 0, 1, 2, 6, 7]  # classes 16, 15, 12 12, 11, 10 10 10, 0 0
+    assert sorted(order) == list(range(len(counts)))
+    lengths = counts[order].float()
+    assert all(a >= b / 2**0.5 for a, b in zip(lengths.tolist(), lengths.tolist()[1:], strict=False))
 
 
 def test_the_wide_offset_path_computes_what_the_narrow_one_does(monkeypatch):
