@@ -245,6 +245,30 @@ def _keep_sigterm_handler() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
+# At shutdown Ray's core worker flushes its task events (what `ray list tasks` and the dashboard
+# show) to the GCS, waiting up to 5 s for it. A private instance's GCS stops right after, and after
+# a closed terminal's SIGHUP (sent to the whole process group) it is already gone: the driver then
+# waited the whole 5 s before its summary and exit 129 (shutdown with the GCS killed: 6.1 s, 1.2 s
+# with this bound; a normal end's 1.1 s unchanged).
+TASK_EVENT_FLUSH_ENV = "RAY_task_events_shutdown_flush_timeout_ms"
+TASK_EVENT_FLUSH_MS = "100"
+
+
+@contextlib.contextmanager
+def _short_task_event_flush() -> Iterator[None]:
+    """Bound the shutdown flush of task events for the instance `ray.init` starts inside (Ray reads
+    the setting when its core worker starts; the raylet and its workers inherit it); a value the user
+    set is kept, and the environment is as before afterwards."""
+    if TASK_EVENT_FLUSH_ENV in os.environ:
+        yield
+        return
+    os.environ[TASK_EVENT_FLUSH_ENV] = TASK_EVENT_FLUSH_MS
+    try:
+        yield
+    finally:
+        os.environ.pop(TASK_EVENT_FLUSH_ENV, None)
+
+
 def pool_size(requested: int | None, device: str, cluster: Cluster, jobs: int) -> tuple[int, list[str]]:
     """(workers to start, notes). One worker per GPU on CUDA, one per node on CPU, unless asked
     otherwise; never more than the cluster can place (each takes 1 GPU, or 1 CPU) nor than jobs."""
@@ -308,7 +332,7 @@ def _start_local(cpus: int | None) -> Any:
     before = {child.pid for child in psutil.Process().children()}
     # No dashboard head (its web UI); Ray still starts each node's dashboard agent, which include_dashboard
     # does not turn off. A private instance for this batch only.
-    with _keep_sigterm_handler():
+    with _keep_sigterm_handler(), _short_task_event_flush():
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
     roots = [child for child in psutil.Process().children() if child.pid not in before]  # what ray.init started
     try:

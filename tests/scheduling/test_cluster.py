@@ -262,6 +262,24 @@ def test_sigterm_while_ray_starts_reaches_the_callers_handler(monkeypatch):
         signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.mark.parametrize("users", [None, "2500"])
+def test_a_private_instance_starts_with_a_short_task_event_flush_and_leaves_the_environment_as_it_was(
+        monkeypatch, users):
+    """Ray reads the flush bound when ray.init starts its core worker: set then (a user's value kept),
+    gone afterwards, so that a driver whose GCS a closed terminal ended exits without waiting 5 s."""
+    env = cluster_module.TASK_EVENT_FLUSH_ENV
+    if users is None:
+        monkeypatch.delenv(env, raising=False)
+    else:
+        monkeypatch.setenv(env, users)
+    seen = []
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: seen.append(os.environ.get(env)))
+    monkeypatch.setattr("sagevideo.scheduling.reaper.start", lambda roots: None)
+    cluster_module._start_local(None)
+    assert seen == [users or cluster_module.TASK_EVENT_FLUSH_MS]
+    assert os.environ.get(env) == users
+
+
 # ------------------------------------------------------------------------------------------------
 # A two-node Ray cluster on this machine (ray.cluster_utils.Cluster), joined through `address`.
 
