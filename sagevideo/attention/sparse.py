@@ -244,6 +244,16 @@ def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: floa
     return TileMask(keep, block_m, block_n, q.shape[2], q.shape[2])
 
 
+def static_mask(grid: tuple[int, int, int], density: float, *, block_m: int, block_n: int,
+                device: torch.device | str = "cpu") -> TileMask:
+    """The static selection of a self-attention over the latent `grid` alone (raster order, no text):
+    the 3-D window closest to `density` in block_m x block_n tiles, the diagonal and a sink tile kept;
+    (1, 1, M, N), one for every batch row and head (`select_tiles`' static rule at chosen tiles)."""
+    n = math.prod(grid)
+    keep = _static_keep(tuple(grid), float(density), block_m, block_n, 0, 0, torch.device(device))
+    return TileMask(keep, block_m, block_n, n, n)
+
+
 def dynamic_selection(density: float, *, top_p: float | None = None, text_first: int = 0,
                       text_last: int = 0) -> DynamicSelection:
     """What an installed model's dynamic call at `density` passes as `sageattn(tile_mask=...)`: the

@@ -344,6 +344,22 @@ def test_select_tiles_keeps_text_dense_in_the_plan_tiles_and_caches_static_masks
         select_tiles(q, k, method="static", density=0.2, pv="fp8")
 
 
+def test_static_mask_is_select_tiles_static_rule_at_the_tiles_asked():
+    """A video-only call: the same keep as select_tiles' static mask at the plan's tiles; other tiles
+    give the same window's rule at their size (bench attention's 128x128 masks)."""
+    from sagevideo.attention.sparse import select_tiles, static_mask
+    from sagevideo.kernels.tile_select import select_static_at_density
+
+    grid = (3, 16, 16)
+    q = k = torch.zeros(1, 2, math.prod(grid), 64)
+    selected = select_tiles(q, k, method="static", density=0.25, pv="fp8", grid=grid)
+    mask = static_mask(grid, 0.25, block_m=selected.block_m, block_n=selected.block_n)
+    assert torch.equal(mask.keep, selected.keep) and (mask.n_q, mask.n_k) == (768, 768)
+    wide = static_mask(grid, 0.25, block_m=128, block_n=128)
+    expected, _ = select_static_at_density(grid, 0.25, block_m=128, block_n=128, sink_tiles=1)
+    assert wide.keep.shape == (1, 1, 6, 6) and torch.equal(wide.keep, expected.keep)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("pv", ["fp16", "fp8"])
 def test_a_dynamic_selection_meets_the_contract_on_gpu(pv):

@@ -16,7 +16,12 @@ Block-sparse arms (`--density D`, docs/sparse.md): `sageattn(tile_mask=...)` per
 density, and flashinfer's block-sparse attention where it is installed (a GPU), on one tile mask
 of 128x128 tiles shared by every head (flashinfer's BSR mask is one for all heads): each query tile
 keeps its diagonal tile and random others, the same number per row. Random tiles give the kernels no
-locality that real selections (3-D windows) would: a conservative mask for timing. Their accuracy is
+locality that real selections (3-D windows) would: a conservative mask for timing. With
+`--static-grid FxHxW` the mask is instead the static 3-D window on that latent grid closest to the
+density (`tile_select.select_static_at_density` in 128x128 tiles, raster token order, the first key
+tile kept as a sink), as installed models' static plans select: windows give the per-row lengths
+and the neighbours' shared key tiles that the kernel's schedule meets in a model (arms named
+`...-dD-static`). Their accuracy is
 against exact (fp64) attention restricted to the same mask; `x_dense` compares with the dense arm of the same
 P·V mode.
 """
@@ -85,6 +90,17 @@ def parse_shape(text: str) -> AttentionShape:
     return AttentionShape(b, h, tokens[0], tokens[-1], d)
 
 
+def parse_grid(text: str) -> tuple[int, int, int]:
+    """"21x45x80" -> (frames, height, width) of a latent grid; ValueError otherwise."""
+    try:
+        dims = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) != 3 or min(dims) < 1:
+        raise ValueError(f"{text!r} is not a latent grid FxHxW of positive sizes, e.g. 21x45x80")
+    return dims  # type: ignore[return-value]
+
+
 def tops(flops: float, ms: float | None) -> float | None:
     return None if not ms else flops / (ms * 1e-3) / 1e12
 
@@ -105,6 +121,10 @@ class BenchAttentionConfig(BenchOptions, ModelSizeOptions):
     density: list[float] = Field([], description="also time block-sparse attention at this density of 128x128 "
                                  "key tiles kept per query tile (0 < D < 1; repeatable): sageattn per P·V mode, and "
                                  "flashinfer's block-sparse kernel on the same mask where it is installed")
+    static_grid: str | None = Field(None, description="latent grid FxHxW, e.g. 21x45x80: the --density arms keep "
+                                    "the static 3-D window on it closest to each density (tokens in raster order, "
+                                    "as installed models run them) instead of random tiles; every shape's Nq and "
+                                    "Nk must be F*H*W")
     reps: int = Field(3, ge=1, description="round-robin rounds per arm (median reported)")
     budget_ms: float = Field(100.0, gt=0, description="time spent per arm and round (calls timed one by one)")
 
@@ -115,6 +135,13 @@ class BenchAttentionConfig(BenchOptions, ModelSizeOptions):
         if bad:
             raise ValueError(f"{bad[0]:g} is not a fraction of the key tiles between 0 and 1 (1 is the dense arm)")
         return sorted(set(value))
+
+    @field_validator("static_grid")
+    @classmethod
+    def _grid(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_grid(value)
+        return value
 
     @field_validator("model")
     @classmethod
@@ -136,6 +163,7 @@ class AttentionBenchPlan:
     shapes: list[tuple[AttentionShape, int | None, bool]]  # (shape, calls per step, masked in the model)
     estimate_s: float | None = None  # the run's time here (`run_budget`; None: not estimated, a GPU or small)
     densities: tuple[float, ...] = ()  # block-sparse arms (fractions of the key tiles kept)
+    static_grid: tuple[int, int, int] | None = None  # their masks: static windows on this grid, else random tiles
 
 
 def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
@@ -177,6 +205,7 @@ def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
             shape = AttentionShape(call.batch, call.heads, call.n_q, call.n_k, call.head_dim)
             shapes.append((shape, call.calls, call.masked))
             names.append(f"--model {config.model}'s attention call {shape.label}")
+    grid = _static_grid(config, [shape for shape, _, _ in shapes], names)
     if backend != "auto":  # "auto" never refuses: a fallback is run and recorded as what ran
         for shape, _, _ in shapes:
             for mode in pv:
@@ -190,7 +219,25 @@ def resolve(config: BenchAttentionConfig) -> AttentionBenchPlan:
     arms = [Arm(f"sdpa-{name}", sdpa=name) for name in sdpa] + [Arm(f"sagevideo-{m}", backend, pv=m) for m in pv]
     estimate = check_attention_run([shape for shape, _, _ in shapes], arms, device, dtype, reps=config.reps,
                                    max_hours=config.max_hours, names=names)
-    return AttentionBenchPlan(device, dtype, backend, pv, sdpa, shapes, estimate.seconds, tuple(config.density))
+    return AttentionBenchPlan(device, dtype, backend, pv, sdpa, shapes, estimate.seconds, tuple(config.density),
+                              grid)
+
+
+def _static_grid(config: BenchAttentionConfig, shapes: list[AttentionShape],
+                 names: list[str]) -> tuple[int, int, int] | None:
+    """--static-grid as (frames, height, width), None when not given; InputError without --density
+    or where a shape is not a self-attention over the grid's tokens."""
+    if config.static_grid is None:
+        return None
+    grid = parse_grid(config.static_grid)
+    if not config.density:
+        raise InputError("--static-grid: shapes the --density arms' masks; give --density D too, e.g. 0.15")
+    tokens = grid[0] * grid[1] * grid[2]
+    for shape, name in zip(shapes, names, strict=True):
+        if shape.n_q != tokens or shape.n_k != tokens:
+            raise InputError(f"--static-grid {config.static_grid} ({tokens} tokens) does not match {name}: its "
+                             "queries and keys must both be the grid's tokens (a self-attention over the latent video)")
+    return grid
 
 
 class ArmResult(BaseModel):
@@ -377,21 +424,26 @@ def _sparse_arms(shape: AttentionShape, plan: AttentionBenchPlan, q: Any, k: Any
     """Add the block-sparse arms of `plan.densities` to `arms`/`results`; returns each arm's
     reference (exact attention restricted to its mask, `masked_attention_exact`)."""
     from sagevideo import sageattn
-    from sagevideo.attention.sparse import masked_attention_exact
+    from sagevideo.attention.sparse import masked_attention_exact, static_mask
 
     references = {}
+    kind = "-static" if plan.static_grid else ""
     for density in plan.densities:
-        mask = random_tile_mask(shape, density, plan.device)
+        if plan.static_grid:
+            mask = static_mask(plan.static_grid, density, block_m=SPARSE_TILE, block_n=SPARSE_TILE,
+                               device=plan.device)
+        else:
+            mask = random_tile_mask(shape, density, plan.device)
         reference = masked_attention_exact(q, k, v, mask)
         for pv in plan.pv:
-            name = f"sagevideo-{pv}-d{density:g}"
+            name = f"sagevideo-{pv}-d{density:g}{kind}"
 
             def call(pv=pv, mask=mask):
                 return sageattn(q, k, v, pv=pv, backend=plan.backend, tile_mask=mask)
 
             arms[name], references[name] = call, reference
             results[name] = ArmResult(name=name, density=mask.density)
-        name = f"flashinfer-d{density:g}"
+        name = f"flashinfer-d{density:g}{kind}"
         results[name] = ArmResult(name=name, ran="flashinfer", density=mask.density)
         try:
             arms[name], references[name] = flashinfer_block_sparse(q, k, v, mask), reference

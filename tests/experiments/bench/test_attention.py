@@ -117,6 +117,34 @@ def test_density_arms_time_sageattn_on_the_mask_and_say_why_flashinfer_did_not_r
     assert dense.density is None and dense.x_dense is None
 
 
+def test_static_grid_arms_time_the_static_window_closest_to_each_density(tmp_path):
+    """The masks installed static plans select (3-D windows on the latent grid), named apart from the
+    random-tile arms; the density reported is the mask's own, exact attention over it the reference."""
+    from sagevideo.attention.sparse import static_mask
+
+    config = BenchAttentionConfig(shapes=["1x2x2048x32"], density=[0.3], static_grid="4x16x32", budget_ms=2)
+    (shape,) = run_bench_attention(config).shapes
+    mask = static_mask((4, 16, 32), 0.3, block_m=128, block_n=128)
+    sparse = shape.arm("sagevideo-fp16-d0.3-static")
+    assert sparse.density == pytest.approx(mask.density) and 0.2 < sparse.density < 0.4
+    assert sparse.ran == "reference/fp16" and 0.999 < sparse.cos_worst < 1.0
+    assert shape.arm("flashinfer-d0.3-static").note.startswith("not run: ")
+    keep = mask.keep[0, 0]
+    assert keep.shape == (16, 16) and keep.diagonal().all() and keep[:, 0].all()  # diagonal, sink column
+    assert keep[0, -1].item() is False and keep[-1, 0].item() is True  # far tiles dropped, the sink kept
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"shapes": ["1x2x2048x32"], "static_grid": "4x16x32"}, "--static-grid: shapes the --density arms' masks"),
+    ({"shapes": ["1x2x2000x32"], "density": [0.3], "static_grid": "4x16x32"},
+     "--static-grid 4x16x32 \\(2048 tokens\\) does not match --shape 1x2x2000x32"),
+    ({"shapes": ["1x2x2048x32"], "density": [0.3], "static_grid": "4x16"}, "is not a latent grid FxHxW"),
+])
+def test_a_static_grid_that_cannot_shape_the_masks_is_refused_before_any_tensor(options, message):
+    with pytest.raises(InputError, match=message):
+        resolve(BenchAttentionConfig.build(**options))
+
+
 @pytest.mark.parametrize("density", [0.0, 1.0, 1.5, -0.1])
 def test_a_density_outside_0_1_is_refused(density):
     with pytest.raises(InputError, match=rf"--density.*{density:g} is not a fraction of the key tiles between 0 and 1"):
