@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Tile selection on planted inputs at a real shape, judged exactly on sampled query tiles (CPU).
+
+`bench_sparse_select` computes attention exactly for every query row, which at Wan's 75,600 tokens
+takes a GPU and minutes. Here only `--samples` query tiles (seeded) are computed exactly, in fp64
+against every key, so the real shape runs on a CPU in about a minute; the selections themselves are
+made over the whole sequence as installed models make them. Per selection: density (the whole
+mask's), attention mass kept (mean and worst row over the sampled rows, per head) and the output
+cosine against dense attention per head (over the sampled rows' outputs). Selections:
+
+- `oracle`: each sampled query tile keeps its round(density x key tiles) key tiles of most exact
+  mass (an upper bound for any per-row selection of that size; other rows keep nothing);
+- `dynamic`: one top-p for every head (`select_dynamic_at_density`);
+- `dynamic-rows`: the per-row density installed models run (`select_dynamic_per_row`);
+- `rows+probe`: the per-row density less the probed columns' share, plus `--probe-columns` key
+  tiles per head forced for every query tile: those of most exact mass over `--probe-rows` query
+  rows (a fixed pseudo-random draw): global keys, which pooling averages away.
+
+    python -m bench.bench_sparse_rows --heads 8 --density 0.15 --json rows.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+if not __package__:  # run as a file: `bench` from the repo root, as with -m
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.bench_sparse_select import SHAPES, cell_for  # noqa: E402
+
+
+def probe_columns(q, k, sm_scale: float, *, rows: int, columns: int, block_n: int):
+    """bool (B, H, 1, N tiles): per head the `columns` key tiles of most exact attention mass, mean
+    over `rows` query rows drawn once with a fixed seed (a constant: nothing read per call). Rows at
+    even strides fall on one position within the latent grid's cells and found no planted global key
+    at Wan's shape (their mass went to the sink tile and neighbours), so the draw is pseudo-random."""
+    import torch
+
+    n = k.shape[2]
+    tiles = -(-n // block_n)
+    picked = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:rows]
+    probs = torch.softmax((q[:, :, picked].double() @ k.double().transpose(-1, -2)) * sm_scale, dim=-1)
+    mass = torch.nn.functional.pad(probs, (0, tiles * block_n - n)).unflatten(-1, (tiles, block_n)).sum(-1).mean(2)
+    keep = torch.zeros(mass.shape, dtype=torch.bool)
+    keep.scatter_(-1, mass.topk(min(columns, tiles), dim=-1).indices, True)
+    return keep[:, :, None, :]
+
+
+class SampledRows:
+    """Exact attention of `tiles` (query tile indices) for every head: probabilities (fp64) and
+    their mass per key tile, computed once and reused by every selection."""
+
+    def __init__(self, inputs, tiles, block_m: int, block_n: int):
+        import torch
+
+        q, k = inputs.q[0].double(), inputs.k[0].double()
+        self.n, self.block_m, self.block_n = k.shape[1], block_m, block_n
+        self.n_tiles = -(-self.n // block_n)
+        self.v = inputs.v[0].double()
+        self.rows = {}
+        for head in range(q.shape[0]):
+            for tile in tiles.tolist():
+                span = slice(tile * block_m, min(self.n, (tile + 1) * block_m))
+                probs = torch.softmax((q[head, span] @ k[head].T) * inputs.sm_scale, dim=-1)
+                self.rows[head, tile] = (probs, self._per_tile(probs).sum(-1))
+
+    def _per_tile(self, probs):
+        import torch
+
+        return torch.nn.functional.pad(probs, (0, self.n_tiles * self.block_n - self.n)).unflatten(
+            -1, (self.n_tiles, self.block_n))
+
+    def oracle(self, density: float, heads: int, m_tiles: int):
+        """bool (1, H, M, N): each sampled query tile's round(density x N) key tiles of most mass."""
+        import torch
+
+        keep = torch.zeros(1, heads, m_tiles, self.n_tiles, dtype=torch.bool)
+        for (head, tile), (_, mass) in self.rows.items():
+            keep[0, head, tile, mass.sum(0).topk(max(1, round(density * self.n_tiles))).indices] = True
+        return keep
+
+    def quality(self, keep) -> dict:
+        """Mass kept (mean, worst row, per head) and output cosine per head of a (B or 1, H or 1, M, N) mask."""
+        import torch
+
+        heads = {}
+        for (head, tile), (probs, mass) in self.rows.items():
+            kept = keep[0, min(head, keep.shape[1] - 1), tile]
+            masked = (self._per_tile(probs) * kept[None, :, None]).flatten(-2)[:, : self.n]
+            masked = masked / masked.sum(-1, keepdim=True)
+            entry = heads.setdefault(head, ([], [], []))
+            entry[0].append(mass[:, kept].sum(-1))
+            entry[1].append(masked @ self.v[head])
+            entry[2].append(probs @ self.v[head])
+        mass = {h: torch.cat(e[0]) for h, e in heads.items()}
+        cos = {h: float(torch.nn.functional.cosine_similarity(torch.cat(e[1]).flatten(), torch.cat(e[2]).flatten(),
+                                                              dim=0)) for h, e in heads.items()}
+        every = torch.cat(list(mass.values()))
+        return {"mass_mean": float(every.mean()), "mass_worst_row": float(every.min()),
+                "mass_per_head": [round(float(m.mean()), 4) for m in mass.values()],
+                "cos_worst_head": min(cos.values()), "cos_per_head": [round(c, 5) for c in cos.values()]}
+
+
+def run(shape_name: str, density: float, *, heads: int | None, samples: int, probe_rows: int,
+        probe_cols: int, seed: int = 0, pv: str = "fp8") -> list[dict]:
+    import torch
+
+    from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
+    from sagevideo.kernels.plans import tiles
+    from sagevideo.kernels.tile_select import grid_tile_order, select_dynamic_at_density, select_dynamic_per_row
+
+    batch, all_heads, grid, head_dim, prefix, suffix = SHAPES[shape_name]
+    block_m, block_n = tiles(pv, head_dim)
+    spec = PlantedSpec(batch, heads or all_heads, *grid, head_dim, text_prefix=prefix, text_suffix=suffix, seed=seed)
+    inputs = planted_inputs(spec, order=grid_tile_order(*grid, *cell_for(max(block_m, block_n))))
+    n = inputs.q.shape[2]
+    m_tiles, n_tiles = -(-n // block_m), -(-n // block_n)
+    sampled = SampledRows(inputs, torch.randperm(m_tiles, generator=torch.Generator().manual_seed(seed))[:samples],
+                          block_m, block_n)
+    options = dict(block_m=block_m, block_n=block_n, sm_scale=inputs.sm_scale, dense_prefix=prefix,
+                   dense_suffix=suffix)
+    columns = probe_columns(inputs.q, inputs.k, inputs.sm_scale, rows=probe_rows, columns=probe_cols, block_n=block_n)
+    masks = {
+        "oracle": sampled.oracle(density, spec.heads, m_tiles),
+        "dynamic": select_dynamic_at_density(inputs.q, inputs.k, density, **options).keep,
+        "dynamic-rows": select_dynamic_per_row(inputs.q, inputs.k, density, **options).keep,
+        "rows+probe": select_dynamic_per_row(inputs.q, inputs.k, max(density - probe_cols / n_tiles, 1 / n_tiles),
+                                             **options).keep | columns,
+    }
+    rows = []
+    for name, keep in masks.items():
+        density_of = float(keep.float().mean()) if name != "oracle" else density
+        row = {"shape": shape_name, "heads": spec.heads, "samples": samples, "selection": name, "target": density,
+               "density": density_of, "probe": [probe_rows, probe_cols] if name == "rows+probe" else None,
+               **sampled.quality(keep)}
+        rows.append(row)
+        print(f"{name:<13} density {row['density']:.3f}  mass mean {row['mass_mean']:.4f} worst row "
+              f"{row['mass_worst_row']:.4f}  cos worst head {row['cos_worst_head']:.5f}  per head "
+              f"{' '.join(f'{c:.4f}' for c in row['cos_per_head'])}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="wan-720p")
+    parser.add_argument("--density", type=float, default=0.15)
+    parser.add_argument("--heads", type=int, default=8, help="planted heads (every 4th a temporal-stripe head)")
+    parser.add_argument("--samples", type=int, default=24, help="query tiles computed exactly")
+    parser.add_argument("--probe-rows", type=int, default=64, help="query rows whose exact mass finds global columns")
+    parser.add_argument("--probe-columns", type=int, default=8, help="key tiles forced per head by the probe")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = run(args.shape, args.density, heads=args.heads, samples=args.samples, probe_rows=args.probe_rows,
+               probe_cols=args.probe_columns, seed=args.seed)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
