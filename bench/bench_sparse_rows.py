@@ -38,14 +38,22 @@ def probe_columns(q, k, sm_scale: float, *, rows: int, columns: int, block_n: in
     at Wan's shape (their mass went to the sink tile and neighbours), so the draw is pseudo-random."""
     import torch
 
-    n = k.shape[2]
-    tiles = -(-n // block_n)
+    tiles = -(-k.shape[2] // block_n)
     picked = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:rows]
     probs = torch.softmax((q[:, :, picked].double() @ k.double().transpose(-1, -2)) * sm_scale, dim=-1)
-    mass = torch.nn.functional.pad(probs, (0, tiles * block_n - n)).unflatten(-1, (tiles, block_n)).sum(-1).mean(2)
+    mass = per_key_tile(probs, block_n).sum(-1).mean(2)
     keep = torch.zeros(mass.shape, dtype=torch.bool)
     keep.scatter_(-1, mass.topk(min(columns, tiles), dim=-1).indices, True)
     return keep[:, :, None, :]
+
+
+def per_key_tile(probs, block_n: int):
+    """probs (..., N) -> (..., N tiles, block_n), the last tile zero-padded."""
+    import torch
+
+    n = probs.shape[-1]
+    tiles = -(-n // block_n)
+    return torch.nn.functional.pad(probs, (0, tiles * block_n - n)).unflatten(-1, (tiles, block_n))
 
 
 class SampledRows:
@@ -64,13 +72,7 @@ class SampledRows:
             for tile in tiles.tolist():
                 span = slice(tile * block_m, min(self.n, (tile + 1) * block_m))
                 probs = torch.softmax((q[head, span] @ k[head].T) * inputs.sm_scale, dim=-1)
-                self.rows[head, tile] = (probs, self._per_tile(probs).sum(-1))
-
-    def _per_tile(self, probs):
-        import torch
-
-        return torch.nn.functional.pad(probs, (0, self.n_tiles * self.block_n - self.n)).unflatten(
-            -1, (self.n_tiles, self.block_n))
+                self.rows[head, tile] = (probs, per_key_tile(probs, block_n).sum(-1))
 
     def oracle(self, density: float, heads: int, m_tiles: int):
         """bool (1, H, M, N): each sampled query tile's round(density x N) key tiles of most mass."""
@@ -88,7 +90,7 @@ class SampledRows:
         heads = {}
         for (head, tile), (probs, mass) in self.rows.items():
             kept = keep[0, min(head, keep.shape[1] - 1), tile]
-            masked = (self._per_tile(probs) * kept[None, :, None]).flatten(-2)[:, : self.n]
+            masked = (per_key_tile(probs, self.block_n) * kept[None, :, None]).flatten(-2)[:, : self.n]
             masked = masked / masked.sum(-1, keepdim=True)
             entry = heads.setdefault(head, ([], [], []))
             entry[0].append(mass[:, kept].sum(-1))

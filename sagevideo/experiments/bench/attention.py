@@ -18,7 +18,7 @@ of 128x128 tiles shared by every head (flashinfer's BSR mask is one for all head
 keeps its diagonal tile and random others, the same number per row. Random tiles give the kernels no
 locality that real selections (3-D windows) would: a conservative mask for timing. With
 `--static-grid FxHxW` the mask is instead the static 3-D window on that latent grid closest to the
-density (`tile_select.select_static_at_density` in 128x128 tiles, raster token order, the first key
+density (`attention.sparse.static_mask` in 128x128 tiles, raster token order, the first key
 tile kept as a sink), as installed models' static plans select: windows give the per-row lengths
 and the neighbours' shared key tiles that the kernel's schedule meets in a model (arms named
 `...-dD-static`). Their accuracy is
@@ -80,10 +80,7 @@ class AttentionShape:
 
 def parse_shape(text: str) -> AttentionShape:
     """"2x48x17776x64" (B x H x N x D) or "1x40x75600x512x128" (B x H x Nq x Nk x D)."""
-    try:
-        dims = [int(part) for part in text.lower().split("x")]
-    except ValueError:
-        dims = []
+    dims = _sizes(text)
     if len(dims) not in (4, 5) or min(dims) < 1:
         raise ValueError(f"{text!r}: not BxHxNxD or BxHxNqxNkxD with positive sizes, e.g. 2x48x17776x64")
     b, h, *tokens, d = dims
@@ -92,13 +89,18 @@ def parse_shape(text: str) -> AttentionShape:
 
 def parse_grid(text: str) -> tuple[int, int, int]:
     """"21x45x80" -> (frames, height, width) of a latent grid; ValueError otherwise."""
-    try:
-        dims = tuple(int(part) for part in text.lower().split("x"))
-    except ValueError:
-        dims = ()
+    dims = _sizes(text)
     if len(dims) != 3 or min(dims) < 1:
         raise ValueError(f"{text!r} is not a latent grid FxHxW of positive sizes, e.g. 21x45x80")
-    return dims  # type: ignore[return-value]
+    return dims[0], dims[1], dims[2]
+
+
+def _sizes(text: str) -> list[int]:
+    """The integers of "AxBx...", [] where a part is not one."""
+    try:
+        return [int(part) for part in text.lower().split("x")]
+    except ValueError:
+        return []
 
 
 def tops(flops: float, ms: float | None) -> float | None:
