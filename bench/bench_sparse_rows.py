@@ -12,9 +12,9 @@ cosine against dense attention per head (over the sampled rows' outputs). Select
   mass (an upper bound for any per-row selection of that size; other rows keep nothing);
 - `dynamic`: one top-p for every head (`select_dynamic_at_density`);
 - `dynamic-rows`: the per-row density installed models run (`select_dynamic_per_row`);
-- `rows+probe`: the per-row density less the probed columns' share, plus `--probe-columns` key
-  tiles per head forced for every query tile: those of most exact mass over `--probe-rows` query
-  rows (a fixed pseudo-random draw): global keys, which pooling averages away.
+- `rows+probe`: the per-row density with `--probe-columns` key tiles per head forced for every query
+  tile (`DynamicSelection.probe_columns`: those of most exact mass over the probe's fixed
+  pseudo-random query rows, `tile_select.probe_rows`): global keys, which pooling averages away.
 
     python -m bench.bench_sparse_rows --heads 8 --density 0.15 --json rows.json
 """
@@ -29,22 +29,6 @@ from pathlib import Path
 if not __package__:  # run as a file: `bench` from the repo root, as with -m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_sparse_select import SHAPES, cell_for  # noqa: E402
-
-
-def probe_columns(q, k, sm_scale: float, *, rows: int, columns: int, block_n: int):
-    """bool (B, H, 1, N tiles): per head the `columns` key tiles of most exact attention mass, mean
-    over `rows` query rows drawn once with a fixed seed (a constant: nothing read per call). Rows at
-    even strides fall on one position within the latent grid's cells and found no planted global key
-    at Wan's shape (their mass went to the sink tile and neighbours), so the draw is pseudo-random."""
-    import torch
-
-    tiles = -(-k.shape[2] // block_n)
-    picked = torch.randperm(q.shape[2], generator=torch.Generator().manual_seed(0))[:rows]
-    probs = torch.softmax((q[:, :, picked].double() @ k.double().transpose(-1, -2)) * sm_scale, dim=-1)
-    mass = per_key_tile(probs, block_n).sum(-1).mean(2)
-    keep = torch.zeros(mass.shape, dtype=torch.bool)
-    keep.scatter_(-1, mass.topk(min(columns, tiles), dim=-1).indices, True)
-    return keep[:, :, None, :]
 
 
 def per_key_tile(probs, block_n: int):
@@ -105,8 +89,8 @@ class SampledRows:
                 "cos_worst_head": min(cos.values()), "cos_per_head": [round(c, 5) for c in cos.values()]}
 
 
-def run(shape_name: str, density: float, *, heads: int | None, samples: int, probe_rows: int,
-        probe_cols: int, seed: int = 0, pv: str = "fp8") -> list[dict]:
+def run(shape_name: str, density: float, *, heads: int | None, samples: int, probe_cols: int, seed: int = 0,
+        pv: str = "fp8") -> list[dict]:
     import torch
 
     from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
@@ -118,24 +102,22 @@ def run(shape_name: str, density: float, *, heads: int | None, samples: int, pro
     spec = PlantedSpec(batch, heads or all_heads, *grid, head_dim, text_prefix=prefix, text_suffix=suffix, seed=seed)
     inputs = planted_inputs(spec, order=grid_tile_order(*grid, *cell_for(max(block_m, block_n))))
     n = inputs.q.shape[2]
-    m_tiles, n_tiles = -(-n // block_m), -(-n // block_n)
+    m_tiles = -(-n // block_m)
     sampled = SampledRows(inputs, torch.randperm(m_tiles, generator=torch.Generator().manual_seed(seed))[:samples],
                           block_m, block_n)
     options = dict(block_m=block_m, block_n=block_n, sm_scale=inputs.sm_scale, dense_prefix=prefix,
                    dense_suffix=suffix)
-    columns = probe_columns(inputs.q, inputs.k, inputs.sm_scale, rows=probe_rows, columns=probe_cols, block_n=block_n)
     masks = {
         "oracle": sampled.oracle(density, spec.heads, m_tiles),
         "dynamic": select_dynamic_at_density(inputs.q, inputs.k, density, **options).keep,
         "dynamic-rows": select_dynamic_per_row(inputs.q, inputs.k, density, **options).keep,
-        "rows+probe": select_dynamic_per_row(inputs.q, inputs.k, max(density - probe_cols / n_tiles, 1 / n_tiles),
-                                             **options).keep | columns,
+        "rows+probe": select_dynamic_per_row(inputs.q, inputs.k, density, probe_columns=probe_cols, **options).keep,
     }
     rows = []
     for name, keep in masks.items():
         density_of = float(keep.float().mean()) if name != "oracle" else density
         row = {"shape": shape_name, "heads": spec.heads, "samples": samples, "selection": name, "target": density,
-               "density": density_of, "probe": [probe_rows, probe_cols] if name == "rows+probe" else None,
+               "density": density_of, "probe_columns": probe_cols if name == "rows+probe" else None,
                **sampled.quality(keep)}
         rows.append(row)
         print(f"{name:<13} density {row['density']:.3f}  mass mean {row['mass_mean']:.4f} worst row "
@@ -150,13 +132,12 @@ def main(argv=None) -> int:
     parser.add_argument("--density", type=float, default=0.15)
     parser.add_argument("--heads", type=int, default=8, help="planted heads (every 4th a temporal-stripe head)")
     parser.add_argument("--samples", type=int, default=24, help="query tiles computed exactly")
-    parser.add_argument("--probe-rows", type=int, default=64, help="query rows whose exact mass finds global columns")
     parser.add_argument("--probe-columns", type=int, default=8, help="key tiles forced per head by the probe")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
-    rows = run(args.shape, args.density, heads=args.heads, samples=args.samples, probe_rows=args.probe_rows,
-               probe_cols=args.probe_columns, seed=args.seed)
+    rows = run(args.shape, args.density, heads=args.heads, samples=args.samples, probe_cols=args.probe_columns,
+               seed=args.seed)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -4,13 +4,15 @@
 For each density, the dynamic selection (`tile_select.select_dynamic_at_density`: pooled Q/K tile
 scores, one top-p for every head, found by bisection with host reads), the same scores at a per-row
 density ("dynamic-rows", `TileScores.keep_per_row`: each query tile keeps its forced tiles and its
-most probable others up to ceil(density x its key tiles); what installed models run, no host read)
-and the static one (`select_static_at_density`: the 3-D window on
-the latent grid closest to the density) on planted inputs (`eval/numerics/planted.py`: 3-D local
-windows, temporal stripes, sinks, global tokens), video tokens in the grid's cell order
-(`grid_tile_order`). Reported, exact in fp64 against dense attention: the attention mass the kept
-tiles hold (mean, worst query row, worst head) and the output cosine of attention restricted to
-the mask (worst and mean over heads). The selection's tiles are the kernel plan's (`plans.tiles`).
+most probable others up to ceil(density x its key tiles); what installed models run, no host read),
+with `--probe-columns N` also that per-row density with N key tiles per head forced by the exact
+probe ("dynamic-rows-probe", `DynamicSelection.probe_columns`), and the static one
+(`select_static_at_density`: the 3-D window on the latent grid closest to the density) on planted
+inputs (`eval/numerics/planted.py`: 3-D local windows, temporal stripes, sinks, global tokens),
+video tokens in the grid's cell order (`grid_tile_order`). Reported, exact in fp64 against dense
+attention: the attention mass the kept tiles hold (mean, worst query row, worst head) and the output
+cosine of attention restricted to the mask (worst and mean over heads). The selection's tiles are
+the kernel plan's (`plans.tiles`).
 
 CPU at small sizes, GPU at the real ones (the fp64 passes are minutes there):
 
@@ -18,6 +20,7 @@ CPU at small sizes, GPU at the real ones (the fp64 passes are minutes there):
     python -m bench.bench_sparse_select --shape wan-720p --device cuda --json OUT.json
     python -m bench.bench_sparse_select --shape wan-720p --heads 8 --device cuda  # a head subset
     python -m bench.bench_sparse_select --shape small --max-spread 1.9      # key tiles where one key stands out kept
+    python -m bench.bench_sparse_select --shape wan-720p --heads 8 --device cuda --densities 0.15 --probe-columns 8
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def cell_for(block: int) -> tuple[int, int, int]:
 
 
 def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, global_tokens: int | None,
-        seed: int, max_spread: float = math.inf) -> list[dict]:
+        seed: int, max_spread: float = math.inf, probe_columns: int = 0) -> list[dict]:
     from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs, selection_quality
     from sagevideo.kernels.plans import tiles
     from sagevideo.kernels.tile_select import (
@@ -76,13 +79,19 @@ def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, 
         started = time.perf_counter()
         per_row = select_dynamic_per_row(inputs.q, inputs.k, density, **options)
         selected_rows = time.perf_counter() - started
+        probed = {}
+        if probe_columns:
+            started = time.perf_counter()
+            mask = select_dynamic_per_row(inputs.q, inputs.k, density, probe_columns=probe_columns, **options)
+            probed["dynamic-rows-probe"] = (mask, {"select_s": round(time.perf_counter() - started, 3),
+                                                   "max_spread": spread, "probe_columns": probe_columns})
         static, window = select_static_at_density(grid, density, block_m=block_m, block_n=block_n, order=order,
                                                   dense_prefix=prefix, dense_suffix=suffix, sink_tiles=1,
                                                   device=device)
-        for name, mask, detail in (("dynamic", dynamic, {"select_s": round(selected, 3), "max_spread": spread}),
-                                   ("dynamic-rows", per_row, {"select_s": round(selected_rows, 3),
-                                                              "max_spread": spread}),
-                                   ("static", static, {"window": list(window)})):
+        arms = {"dynamic": (dynamic, {"select_s": round(selected, 3), "max_spread": spread}),
+                "dynamic-rows": (per_row, {"select_s": round(selected_rows, 3), "max_spread": spread}),
+                **probed, "static": (static, {"window": list(window)})}
+        for name, (mask, detail) in arms.items():
             quality = selection_quality(inputs, mask)
             rows.append({"shape": shape_name, "heads": spec.heads, "tiles": f"{block_m}x{block_n}",
                          "selection": name, "target": density, **quality.as_dict(), **detail})
@@ -108,17 +117,21 @@ def main(argv=None) -> int:
     parser.add_argument("--max-spread", type=float, default=math.inf,
                         help="dynamic selection: keep the key tiles whose spread is above this (default: off)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--probe-columns", type=int, default=0,
+                        help="also the per-row density with this many key tiles per head forced by the exact probe")
     add_results_option(parser)
     args = parser.parse_args(argv)
     densities = [float(d) for d in args.densities.split(",")]
     rows = run(args.shape, densities, device=args.device, heads=args.heads, pv=args.pv,
-               global_tokens=args.global_tokens, seed=args.seed, max_spread=args.max_spread)
+               global_tokens=args.global_tokens, seed=args.seed, max_spread=args.max_spread,
+               probe_columns=args.probe_columns)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.append_results:
         results = start_run("bench_sparse_select", gpu_name() if args.device.startswith("cuda") else "cpu", argv)
         for row in rows:
             spread = f",max_spread={row['max_spread']}" if row.get("max_spread") is not None else ""
+            spread += f",probe_columns={row['probe_columns']}" if row.get("probe_columns") else ""
             variant = f"{row['selection']}[target={row['target']},tiles={row['tiles']},heads={row['heads']}{spread}]"
             for metric in ("density", "mass_mean", "mass_worst_row", "mass_worst_head", "cos_worst", "cos_mean"):
                 results.add(row["shape"], variant, metric, row[metric])

@@ -12,7 +12,7 @@ target density; then, side by side in one process (median of interleaved rounds,
 
 share = (select+attend - lists) / select+attend: what choosing the tiles adds to the call.
 
-    python -m bench.bench_sparse_share --shape wan-720p --pv fp8 --density 0.15
+    python -m bench.bench_sparse_share --shape wan-720p --pv fp8 --density 0.15 [--probe-columns 8]
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ if not __package__:  # run as a file: `bench` from the repo root, as with -m
 from bench.bench_sparse_select import SHAPES, cell_for  # noqa: E402
 
 
-def top_p_for_density(q, k, density: float, pv: str, sm_scale: float, steps: int = 14) -> tuple[float, object]:
+def top_p_for_density(q, k, density: float, pv: str, sm_scale: float, steps: int = 14,
+                      probe_columns: int = 0) -> tuple[float, object]:
     """The top_p whose device selection keeps about `density` of the tiles, by bisection (host loop)."""
     from sagevideo.attention.sparse import select_tile_lists
     from sagevideo.kernels.tile_select import DynamicSelection
@@ -36,7 +37,8 @@ def top_p_for_density(q, k, density: float, pv: str, sm_scale: float, steps: int
     best = None
     for _ in range(steps):
         middle = (low + high) / 2
-        lists = select_tile_lists(q, k, DynamicSelection(top_p=middle), pv=pv, sm_scale=sm_scale)
+        lists = select_tile_lists(q, k, DynamicSelection(top_p=middle, probe_columns=probe_columns), pv=pv,
+                                  sm_scale=sm_scale)
         if best is None or abs(lists.density - density) < abs(best[1].density - density):
             best = (middle, lists)
         if lists.density > density:
@@ -46,7 +48,7 @@ def top_p_for_density(q, k, density: float, pv: str, sm_scale: float, steps: int
     return best
 
 
-def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cuda") -> dict:
+def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cuda", probe_columns: int = 0) -> dict:
     import torch
 
     from sagevideo import sageattn
@@ -62,8 +64,8 @@ def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cu
     inputs = planted_inputs(spec, order=grid_tile_order(*grid, *cell_for(max(block_m, block_n))), device=device)
     q, k, v = (t.to(torch.bfloat16) for t in (inputs.q, inputs.k, inputs.v))
     scale = inputs.sm_scale
-    top_p, lists = top_p_for_density(q, k, density, pv, scale)
-    selection = DynamicSelection(top_p=top_p)
+    top_p, lists = top_p_for_density(q, k, density, pv, scale, probe_columns=probe_columns)
+    selection = DynamicSelection(top_p=top_p, probe_columns=probe_columns)
     arms = {
         "dense": lambda: sageattn(q, k, v, pv=pv, sm_scale=scale),
         "lists": lambda: sageattn(q, k, v, pv=pv, sm_scale=scale, tile_mask=lists),
@@ -76,7 +78,7 @@ def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cu
             times[name].append(median_ms(fn, device, budget_ms=200))
     ms = {name: median(values) for name, values in times.items()}
     row = {"shape": shape_name, "q": list(q.shape), "pv": pv, "target": density, "density": round(lists.density, 4),
-           "top_p": round(top_p, 5), "tiles": f"{block_m}x{block_n}",
+           "top_p": round(top_p, 5), "tiles": f"{block_m}x{block_n}", "probe_columns": probe_columns,
            "device": torch.cuda.get_device_name() if device == "cuda" else device,
            "ms": {name: round(value, 3) for name, value in ms.items()},
            "share": round((ms["select+attend"] - ms["lists"]) / ms["select+attend"], 4),
@@ -92,14 +94,17 @@ def main(argv=None) -> int:
     parser.add_argument("--pv", choices=("fp16", "fp8"), action="append", help="P·V mode (repeatable; default fp8)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (the PyTorch selection)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median is reported)")
+    parser.add_argument("--probe-columns", type=int, default=0,
+                        help="key tiles per head the exact probe forces (DynamicSelection.probe_columns; 0: off)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = []
     for pv in args.pv or ["fp8"]:
         for density in args.density or [0.15]:
-            rows.append(run(args.shape, density, pv, args.rounds, args.device))
+            rows.append(run(args.shape, density, pv, args.rounds, args.device, args.probe_columns))
             row = rows[-1]
-            print(f"{row['shape']} pv={pv} density {row['density']:.3f} (top_p {row['top_p']}): "
+            print(f"{row['shape']} pv={pv} probe {args.probe_columns} density {row['density']:.3f} "
+                  f"(top_p {row['top_p']}): "
                   + "  ".join(f"{name} {value:.2f} ms" for name, value in row["ms"].items())
                   + f"  | selection share {row['share']:.1%}, select alone {row['select_over_call']:.1%} of the call, "
                   f"{row['x_dense']:.2f}x dense", flush=True)

@@ -196,6 +196,21 @@ def sdpa_mask(attn_mask: torch.Tensor | None, call: SparseCall, n_q: int, n_k: i
 
 
 DYNAMIC_RULES = ("per-row", "global")
+# Installed dynamic calls force, per head, one key tile in KEY_TILES_PER_PROBE_COLUMN (at least one)
+# of most exact mass over the probe rows (`DynamicSelection.probe_columns`): global keys, which pooled
+# scores average away. Wan 720p's 591 key tiles: 9 columns, a sixteenth of a 0.15 budget; on planted
+# inputs at that shape 4-16 columns keep the same mass (docs/sparse.md, "Global columns by an exact probe").
+KEY_TILES_PER_PROBE_COLUMN = 64
+
+
+def probe_columns_for(key_tiles: int) -> int:
+    """The key tiles per head an installed dynamic call's probe forces, of `key_tiles` in all."""
+    return max(1, key_tiles // KEY_TILES_PER_PROBE_COLUMN)
+
+
+def key_tiles_of(k: torch.Tensor, pv: str) -> int:
+    """The key tiles of HND k (B, H, Nk, D) in the tiles of the kernel plan of PV mode `pv`."""
+    return math.ceil(k.shape[2] / plans.tiles(pv, k.shape[-1])[1])
 
 
 def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: float, pv: str, text_first: int = 0,
@@ -228,7 +243,8 @@ def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: floa
             return scores_at(q, k, pv=pv, text_first=text_first, text_last=text_last, key_mask=key_mask,
                              sm_scale=sm_scale).keep(top_p)
         options = dict(block_m=block_m, block_n=block_n, key_mask=key_mask, dense_prefix=text_first,
-                       dense_suffix=text_last, sm_scale=sm_scale)
+                       dense_suffix=text_last, sm_scale=sm_scale,
+                       probe_columns=probe_columns_for(key_tiles_of(k, pv)))
         if rule == "per-row":
             return select_dynamic_per_row(q, k, density, **options)
         return select_dynamic_at_density(q, k, density, **options)
@@ -254,16 +270,19 @@ def static_mask(grid: tuple[int, int, int], density: float, *, block_m: int, blo
     return TileMask(keep, block_m, block_n, n, n)
 
 
-def dynamic_selection(density: float, *, top_p: float | None = None, text_first: int = 0,
+def dynamic_selection(density: float, *, key_tiles: int, top_p: float | None = None, text_first: int = 0,
                       text_last: int = 0) -> DynamicSelection:
-    """What an installed model's dynamic call at `density` passes as `sageattn(tile_mask=...)`: the
-    per-row density, or with `top_p` (a calibrated plan's) that top_p for every query tile, with the
-    same forced tiles as `select_tiles` (the diagonal, one sink tile, the text rows and columns). The
+    """What an installed model's dynamic call at `density` over `key_tiles` key tiles (of its plan)
+    passes as `sageattn(tile_mask=...)`: the per-row density, or with `top_p` (a calibrated plan's)
+    that top_p for every query tile, with the same forced tiles as `select_tiles` (the diagonal, one
+    sink tile, the text rows and columns, the probe's `probe_columns_for(key_tiles)` columns). The
     call selects on the device in its own preparation where the Triton kernels run, else with the
     PyTorch definition: no host read either way, so compiled graphs stay whole."""
+    forced = dict(sink_tiles=1, dense_prefix=text_first, dense_suffix=text_last,
+                  probe_columns=probe_columns_for(key_tiles))
     if top_p is not None:
-        return DynamicSelection(top_p=top_p, sink_tiles=1, dense_prefix=text_first, dense_suffix=text_last)
-    return DynamicSelection(density=density, sink_tiles=1, dense_prefix=text_first, dense_suffix=text_last)
+        return DynamicSelection(top_p=top_p, **forced)
+    return DynamicSelection(density=density, **forced)
 
 
 def scores_at(q: torch.Tensor, k: torch.Tensor, *, pv: str, text_first: int = 0, text_last: int = 0,
@@ -273,7 +292,7 @@ def scores_at(q: torch.Tensor, k: torch.Tensor, *, pv: str, text_first: int = 0,
     call's selection at a top_p, cheap to repeat (calibration searches the top_p of a density).
     key_mask: bool (B', N), True = a valid key; sm_scale: None for D^-0.5."""
     block_m, block_n = plans.tiles(pv, q.shape[-1])
-    settings = dynamic_selection(1.0, text_first=text_first, text_last=text_last)
+    settings = dynamic_selection(1.0, key_tiles=key_tiles_of(k, pv), text_first=text_first, text_last=text_last)
     return TileScores(q, k, block_m=block_m, block_n=block_n, sm_scale=sm_scale, key_mask=key_mask,
                       **settings.scores_options())
 

@@ -33,7 +33,7 @@ from sagevideo.kernels.plans import KernelPlan
 from sagevideo.kernels.quantize import quantize_inputs
 from sagevideo.kernels.rotation import hadamard_pm1
 from sagevideo.kernels.tile_select import DynamicSelection
-from sagevideo.kernels.tile_select_kernel import select_lists
+from sagevideo.kernels.tile_select_kernel import select_lists, selection_probe
 
 
 def attention_kernel(prepared, v: torch.Tensor, key_mask: torch.Tensor | None, out: torch.Tensor,
@@ -117,8 +117,10 @@ def _forward(q, k, v, key_mask, rotation, plan: KernelPlan, *, sm_scale: float, 
         pool_spread=selection is not None and selection.uses_spread,
     )
     if selection is not None:
+        probe = selection_probe(q, k, key_mask, selection, block_n=plan.block_n, sm_scale=sm_scale)
         tile_lists = select_lists(prepared.pooled, selection, batch=batch, heads=heads, kv_heads=k.shape[1],
-                                  n_q=n_q, n_k=n_k, block_m=plan.block_m, block_n=plan.block_n, sm_scale=sm_scale)
+                                  n_q=n_q, n_k=n_k, block_m=plan.block_m, block_n=plan.block_n, sm_scale=sm_scale,
+                                  probe=probe)
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, n_q if return_lse else 0, device=q.device, dtype=torch.float32)
     attention_kernel(prepared, v, key_mask, out, lse if return_lse else None, plan,
@@ -156,6 +158,7 @@ def sageattn_fwd_select(
     dense_suffix: int,
     max_spread: float,
     density: float | None = None,
+    probe_columns: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`sageattn_fwd` whose tile lists the call chooses itself, on the device: the dynamic selection
     (`tile_select.DynamicSelection`: top_p .. density) of these q and k in the plan's tiles.
@@ -167,7 +170,7 @@ def sageattn_fwd_select(
                       max_registers or None)
     selection = DynamicSelection(top_p=top_p, local_tiles=local_tiles, sink_tiles=sink_tiles,
                                  min_similarity=min_similarity, dense_prefix=dense_prefix, dense_suffix=dense_suffix,
-                                 max_spread=max_spread, density=density)
+                                 max_spread=max_spread, density=density, probe_columns=probe_columns)
     out, lse, flagged, (indices, counts) = _forward(
         q, k, v, key_mask, rotation, plan, sm_scale=sm_scale, is_causal=is_causal, per_token=per_token,
         smooth_k=smooth_k, return_lse=return_lse, selection=selection,
@@ -278,6 +281,7 @@ def sageattn_triton_select(
         plan.scores_by_add, plan.max_registers or 0, float(selection.top_p), selection.local_tiles,
         selection.sink_tiles, float(selection.min_similarity), selection.dense_prefix, selection.dense_suffix,
         float(selection.max_spread), None if selection.density is None else float(selection.density),
+        selection.probe_columns,
     )
     return out, (lse if return_lse else None), flagged, (indices, counts)
 
@@ -365,7 +369,7 @@ def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_tok
 def _fake_sageattn_fwd_select(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
                               pv, arch, block_d, block_m, block_n, num_warps, num_stages, kernel, scores_by_add,
                               max_registers, top_p, local_tiles, sink_tiles, min_similarity, dense_prefix,
-                              dense_suffix, max_spread, density=None):
+                              dense_suffix, max_spread, density=None, probe_columns=0):
     out, lse, flagged = _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k,
                                            return_lse, pv, arch, block_d, block_m, block_n, num_warps, num_stages,
                                            kernel, scores_by_add, max_registers)

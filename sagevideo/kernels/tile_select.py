@@ -14,7 +14,10 @@ Two ways, both returning a `sparse_reference.TileMask` (its `density` = kept / a
   `min_similarity`): a mean misjudges such a tile, so it is not judged. Optionally (`max_spread`)
   also the columns of key tiles where one token stands out: its distance from the tile's mean token
   over the mean distance above `max_spread` (a single global key in a tile of 64-128 barely moves
-  the mean, so mean pooling alone drops the mass every query gives it; docs/sparse.md).
+  the mean, so mean pooling alone drops the mass every query gives it; docs/sparse.md). Or
+  (`probe_columns`) the columns of each head's key tiles of most exact attention mass over a probe:
+  PROBE_ROWS query rows at a fixed low-discrepancy draw (`probe_rows`), attended exactly
+  (`probe_mass`): what pooling averages away, a probe sees.
 - static (`select_static`): spatio-temporal windows on the model's latent grid (frames, height,
   width): a query tile keeps the key tiles holding a token within the window of one of its own, with
   tiles in a token order that makes 3-D neighbourhoods contiguous (`grid_tile_order`).
@@ -41,6 +44,14 @@ from sagevideo.kernels.sparse_reference import TileMask
 
 GRID_AXES = 3
 DEFAULT_TOP_P = 0.9
+# The exact probe: PROBE_ROWS query rows, row i = hash(i + 1) mod Nq with a fixed 32-bit integer hash
+# (`probe_rows`; the kernel computes the same): a pseudo-random draw with nothing to store or copy.
+# Rows at even strides, or at golden-ratio steps (mod a 128-token cell they fell on 11 positions at
+# Wan's 75,600 tokens), share few positions within the latent grid's cells and miss global keys
+# (docs/sparse.md, "Global columns by an exact probe").
+PROBE_ROWS = 64
+PROBE_HASH_MUL = 0x45D9F3B
+MASK_32 = 0xFFFFFFFF
 # Per-row density's tile count is ceil(density · n · DENSITY_SLACK) in fp32: the slack absorbs the
 # density's own rounding (fp32(0.15) · 20 = 3.0000001), so that a product meant as an integer gives it.
 DENSITY_SLACK = 1.0 - 2.0**-20
@@ -110,6 +121,48 @@ def forced_tiles(
     return forced
 
 
+def probe_rows(n_q: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """int64 (PROBE_ROWS,): the query rows the exact probe attends, hash(i + 1) mod n_q (`probe_hash`)."""
+    return probe_hash(torch.arange(1, PROBE_ROWS + 1, device=device)) % n_q
+
+
+def probe_hash(x):
+    """A 32-bit integer mix (two multiply-xorshift rounds) of int64 x in [0, 2**32), elementwise (the
+    kernel's `_probe_hash` is the same in Triton)."""
+    x = ((x >> 16) ^ x) * PROBE_HASH_MUL & MASK_32
+    x = ((x >> 16) ^ x) * PROBE_HASH_MUL & MASK_32
+    return (x >> 16) ^ x
+
+
+def probe_mass(q: torch.Tensor, k: torch.Tensor, *, block_n: int, sm_scale: float,
+               key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 (B, H, N_tiles): per head, the mean over the probe rows (`probe_rows`) of q (B, H, Nq, D)
+    of the exact attention mass each key tile of k (B, H, Nk, D) receives (key_mask (B', Nk) bool,
+    True = valid; a tile without a valid key receives 0). In fp32: each row's logsumexp per key tile,
+    then a softmax over the tiles (what the device kernel computes)."""
+    n_k = k.shape[2]
+    tiles = math.ceil(n_k / block_n)
+    rows = q[:, :, probe_rows(q.shape[2], q.device)].float()
+    scores = (rows @ k.float().transpose(-1, -2)) * sm_scale
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask.to(scores.device, torch.bool)[:, None, None, :], -math.inf)
+    scores = torch.nn.functional.pad(scores, (0, tiles * block_n - n_k), value=-math.inf)
+    tile_lse = torch.logsumexp(scores.unflatten(-1, (tiles, block_n)), dim=-1)
+    return mass_from_tile_lse(tile_lse)
+
+
+def mass_from_tile_lse(tile_lse: torch.Tensor) -> torch.Tensor:
+    """fp32 (..., N_tiles) from per-row, per-key-tile logsumexps (..., rows, N_tiles): the mean over
+    rows of the softmax over tiles (0 for a row without a valid key)."""
+    return torch.nan_to_num(torch.softmax(tile_lse, dim=-1), nan=0.0).mean(dim=-2)
+
+
+def top_columns(mass: torch.Tensor, columns: int) -> torch.Tensor:
+    """bool like mass (..., N_tiles): the `columns` tiles of most mass, ties to the lower tile."""
+    order = torch.argsort(mass, dim=-1, descending=True, stable=True)[..., :columns]
+    return torch.zeros_like(mass, dtype=torch.bool).scatter_(-1, order, True)
+
+
 @dataclass(frozen=True)
 class DynamicSelection:
     """The dynamic selection's settings (`TileScores`; the device kernel takes the same).
@@ -122,8 +175,10 @@ class DynamicSelection:
       default): each query tile keeps its forced tiles and its highest-mass others up to
       max(1, ceil(density · its key tiles with a valid key)) tiles in all: no search, no host read.
     `local_tiles`/`sink_tiles`/`dense_prefix`/`dense_suffix` as `forced_tiles`, `min_similarity`:
-    tiles whose mean token cosine is below it are kept, row and column, and `max_spread` (inf: off):
-    key tiles whose spread (`_pool_tiles`) is above it are kept, column."""
+    tiles whose mean token cosine is below it are kept, row and column, `max_spread` (inf: off):
+    key tiles whose spread (`_pool_tiles`) is above it are kept, column, and `probe_columns` (0: off):
+    per head, that many key tiles of most exact mass over the probe rows (`probe_mass`) are kept,
+    column (forced: a per-row density counts them in its tiles)."""
 
     top_p: float = DEFAULT_TOP_P
     local_tiles: int = 0
@@ -133,6 +188,7 @@ class DynamicSelection:
     dense_suffix: int = 0
     max_spread: float = math.inf
     density: float | None = None
+    probe_columns: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.top_p, int | float) or not 0 <= self.top_p <= 1:
@@ -148,6 +204,8 @@ class DynamicSelection:
         if not isinstance(self.max_spread, int | float) or not self.max_spread > 0:
             raise ValueError(f"tile selection: max_spread={self.max_spread!r} must be a number > 0 (inf: off)")
         _check_counts(self.local_tiles, self.sink_tiles, self.dense_prefix, self.dense_suffix)
+        if not isinstance(self.probe_columns, int) or isinstance(self.probe_columns, bool) or self.probe_columns < 0:
+            raise ValueError(f"tile selection: probe_columns={self.probe_columns!r} must be an int >= 0 (0: off)")
 
     @property
     def per_row(self) -> bool:
@@ -166,7 +224,8 @@ class DynamicSelection:
     def scores_options(self) -> dict:
         """`TileScores`' keyword arguments for these settings (all but top_p and density)."""
         return {"local_tiles": self.local_tiles, "sink_tiles": self.sink_tiles, "min_similarity": self.min_similarity,
-                "dense_prefix": self.dense_prefix, "dense_suffix": self.dense_suffix, "max_spread": self.max_spread}
+                "dense_prefix": self.dense_prefix, "dense_suffix": self.dense_suffix, "max_spread": self.max_spread,
+                "probe_columns": self.probe_columns}
 
     def keep(self, scores: TileScores) -> TileMask:
         """The tiles these settings keep of `scores` (made with `scores_options()`): by density or top_p."""
@@ -190,7 +249,7 @@ class TileScores:
     def __init__(self, q: torch.Tensor, k: torch.Tensor, *, block_m: int, block_n: int,
                  sm_scale: float | None = None, key_mask: torch.Tensor | None = None, local_tiles: int = 0,
                  sink_tiles: int = 1, min_similarity: float = 0.5, dense_prefix: int = 0, dense_suffix: int = 0,
-                 max_spread: float = math.inf):
+                 max_spread: float = math.inf, probe_columns: int = 0):
         if q.dim() != 4 or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]:
             raise ValueError(f"tile selection: q {tuple(q.shape)} and k {tuple(k.shape)} must be (B, H, N, D) "
                              "with the same B, H and D")
@@ -214,6 +273,9 @@ class TileScores:
                               dense_prefix=dense_prefix, dense_suffix=dense_suffix, device=q.device)
         forced = (forced | (q_similarity < min_similarity)[..., :, None]
                   | ((k_similarity < min_similarity) | (k_spread > max_spread))[..., None, :])
+        if probe_columns:
+            mass = probe_mass(q, k, block_n=block_n, sm_scale=scale, key_mask=valid)
+            forced = forced | top_columns(mass, probe_columns)[..., None, :]
         has_keys = (k_count > 0)[:, :, None, :].expand_as(probs)
         forced = forced & has_keys  # a tile of padding only is never worth a visit
         self.probs = probs

@@ -14,8 +14,8 @@ Two launches:
    registers do not grow with the sequence) and does the rest:
    - the softmax over the key tiles;
    - forced tiles (`tile_select.forced_tiles`: diagonal ± local, sinks, text rows and columns; and
-     the rows and columns of tiles that are not self-similar, and the columns of key tiles where
-     one key stands out, `max_spread`), never a tile without a valid key;
+     the rows and columns of tiles that are not self-similar, the columns of key tiles where one
+     key stands out, `max_spread`, and the probe's columns), never a tile without a valid key;
    - the top-p threshold per query tile without a sort: the reference keeps the non-forced tiles
      in descending probability while the mass before each (the forced tiles' and the higher ones')
      is below top_p. That mass, as a function of a probability value t, G(t) = forced mass + the
@@ -32,6 +32,11 @@ Two launches:
      it are kept in key order while a prefix count leaves room. No mass is summed, so the count is
      exact and only ranks within rounding of each other may differ from the reference;
    - the kept tiles compacted in ascending order (a prefix count gives each its slot), -1 after them.
+With `probe_columns`, a third launch before them, `_probe_lse_kernel`, grid (key tiles, B·H): the
+probe rows (`tile_select.probe_rows`, computed in the kernel) of q against one key tile of k, each
+row's logsumexp over the tile's valid keys (16-bit dot, fp32 accumulation) into (B·H, N_TILES, ROWS);
+a softmax over the tiles, the mean over rows and a stable sort then give each head's forced columns
+(`tile_select.probe_mass`, `top_columns`): on the device, no host read.
 One launch for both was the first design (ROWS = 16 rows of scores from one tl.dot): compiled for
 sm_90 at Wan's 591-1,182 key tiles it spilled, and at 2,048 needed more shared memory than an SM has.
 
@@ -53,13 +58,24 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from sagevideo.kernels.constants import INF_BITS
+from sagevideo.kernels.constants import INF_BITS, LOG2E
 from sagevideo.kernels.plans import KernelPlan, prep_plan
 from sagevideo.kernels.quantize import PooledTiles, quantize_inputs
 from sagevideo.kernels.sparse_reference import TileLists
-from sagevideo.kernels.tile_select import DENSITY_SLACK, DynamicSelection
+from sagevideo.kernels.tile_select import (
+    DENSITY_SLACK,
+    MASK_32,
+    PROBE_HASH_MUL,
+    PROBE_ROWS,
+    DynamicSelection,
+    mass_from_tile_lse,
+    top_columns,
+)
 
 INF_BITS_CONST = tl.constexpr(INF_BITS)
+LOG2E_CONST = tl.constexpr(LOG2E)
+PROBE_HASH_MUL_CONST = tl.constexpr(PROBE_HASH_MUL)
+MASK_32_CONST = tl.constexpr(MASK_32)
 DENSITY_SLACK_CONST = tl.constexpr(DENSITY_SLACK)
 SCORE_M, SCORE_N, SCORE_D = 32, 64, 16  # the scores GEMM's blocks (query tiles, key tiles, channels)
 SCORE_WARPS = 4
@@ -70,13 +86,14 @@ SELECT_WARPS = 8
 
 @triton.jit
 def _forced_tiles(
-    rows, cols, q_sim, k_sim, k_spread, useful, min_similarity, max_spread,
+    rows, cols, q_sim, k_sim, k_spread, probe, useful, min_similarity, max_spread,
     N_Q, LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIAGONAL: tl.constexpr,
 ):
     """bool (ROWS, T_PAD): `tile_select.forced_tiles` of query tiles `rows` against key tiles `cols`,
     the rows (q_sim) and columns (k_sim) of tiles that are not self-similar, the columns of key tiles
-    whose spread is above max_spread, and only tiles with a valid key (`useful`). PREFIX_*: text
+    whose spread is above max_spread or that the probe chose (`probe`), and only tiles with a valid
+    key (`useful`). PREFIX_*: text
     tiles at the start (0: none); SUFFIX_*: the first text tile at the end (the tile count: none)."""
     forced = (cols[None, :] < SINKS) | (cols[None, :] < PREFIX_K) | (cols[None, :] >= SUFFIX_K)
     forced = forced | ((rows < PREFIX_Q) | (rows >= SUFFIX_Q))[:, None]
@@ -86,7 +103,8 @@ def _forced_tiles(
         lo = first // BLOCK_N - LOCAL
         hi = last // BLOCK_N + LOCAL
         forced = forced | ((cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None]))
-    forced = forced | (q_sim < min_similarity)[:, None] | ((k_sim < min_similarity) | (k_spread > max_spread))[None, :]
+    forced = forced | (q_sim < min_similarity)[:, None]
+    forced = forced | ((k_sim < min_similarity) | (k_spread > max_spread) | probe)[None, :]
     return forced & useful[None, :]
 
 
@@ -171,15 +189,59 @@ def _tile_scores_kernel(
 
 
 @triton.jit
+def _probe_hash(x):
+    """`tile_select.probe_hash` of int64 x."""
+    x = ((x >> 16) ^ x) * PROBE_HASH_MUL_CONST & MASK_32_CONST
+    x = ((x >> 16) ^ x) * PROBE_HASH_MUL_CONST & MASK_32_CONST
+    return (x >> 16) ^ x
+
+
+@triton.jit
+def _probe_lse_kernel(
+    Q, K, KeyMask, TileLse,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_mb,
+    H, H_KV, N_Q, N_K, N_TILES, scale_log2,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+):
+    """TileLse (bh, N_TILES, ROWS) fp32: for probe row i, hash(i + 1) mod N_Q (`tile_select.probe_rows`), of head bh,
+    the natural logsumexp of q · k · sm_scale over key tile `tile`'s valid keys (-inf: none)."""
+    tile = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    h_kv = h // (H // H_KV)
+    i = tl.arange(0, ROWS).to(tl.int64)
+    rows = _probe_hash(i + 1) % N_Q
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + d[None, :], mask=d_ok[None, :],
+                other=0.0)
+    cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    valid = cols < N_K
+    if HAS_MASK:
+        valid = valid & (tl.load(KeyMask + b * stride_mb + cols, mask=valid, other=0) != 0)
+    k = tl.load(K + b * stride_kb + h_kv * stride_kh + cols[:, None] * stride_kn + d[None, :],
+                mask=valid[:, None] & d_ok[None, :], other=0.0)
+    s = tl.dot(q, tl.trans(k)) * scale_log2
+    s = tl.where(valid[None, :], s, float("-inf"))
+    peak = tl.max(s, axis=1)
+    seen = peak > float("-inf")
+    total = tl.sum(tl.exp2(s - tl.where(seen, peak, 0.0)[:, None]), axis=1)
+    lse = tl.where(seen, (peak + tl.log2(tl.maximum(total, 1.0))) / LOG2E_CONST, float("-inf"))
+    tl.store(TileLse + (bh * N_TILES + tile) * ROWS + i, lse)
+
+
+@triton.jit
 def _select_tiles_kernel(
-    Scores, QSim, KSim, KSpread, KCount, Indices, Counts,
+    Scores, QSim, KSim, KSpread, KCount, ProbeColumns, Indices, Counts,
     H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity, max_spread, density,
     LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, T_PAD: tl.constexpr,
-    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr,
+    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr, HAS_PROBE: tl.constexpr,
 ):
     """Lists of query tiles group·ROWS .. +ROWS of head bh from their scores (module docstring); the
-    free tiles by top_p, or with BY_COUNT by a per-row density (`_keep_by_count`).
+    free tiles by top_p, or with BY_COUNT by a per-row density (`_keep_by_count`); with HAS_PROBE the
+    key tiles ProbeColumns (uint8 (bh, N_TILES), 1 = forced) are forced too.
     Indices int32 (bh, M_TILES, N_TILES): kept key tiles ascending, then -1; Counts int32 (bh, M_TILES)."""
     group = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -203,8 +265,12 @@ def _select_tiles_kernel(
     q_sim = tl.load(QSim + q_rows, mask=row_ok, other=1.0)
     k_sim = tl.load(KSim + k_cols, mask=col_ok, other=1.0)
     k_spread = tl.load(KSpread + k_cols, mask=col_ok, other=1.0)
-    forced = _forced_tiles(rows, cols, q_sim, k_sim, k_spread, useful, min_similarity, max_spread, N_Q, LOCAL, SINKS,
-                           PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
+    if HAS_PROBE:
+        probe = tl.load(ProbeColumns + bh * N_TILES + cols, mask=col_ok, other=0) != 0
+    else:
+        probe = cols < 0
+    forced = _forced_tiles(rows, cols, q_sim, k_sim, k_spread, probe, useful, min_similarity, max_spread, N_Q,
+                           LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
     if BY_COUNT:
         kept = _keep_by_count(probs, forced, useful, density, ROWS)
     else:
@@ -235,6 +301,35 @@ def _select_tiles_kernel(
     tl.store(Counts + q_rows, n_kept, mask=row_ok)
 
 
+def probe_columns(q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None, *, columns: int, block_n: int,
+                  sm_scale: float) -> torch.Tensor:
+    """uint8 (B, H, ceil(Nk/block_n)), 1 = forced: per head the `columns` key tiles of most exact mass
+    over the probe rows (`tile_select.probe_mass`, `top_columns`) of q (B, H, Nq, D) against k (B, H_kv,
+    Nk, D) (16-bit, unit head-dim stride; key_mask (B', Nk) uint8). One launch and a few tensor ops."""
+    batch, heads, n_q, head_dim = q.shape
+    n_k = k.shape[2]
+    n_tiles = math.ceil(n_k / block_n)
+    tile_lse = torch.empty(batch * heads, n_tiles, PROBE_ROWS, device=q.device, dtype=torch.float32)
+    mask = key_mask if key_mask is not None else q  # any pointer: HAS_MASK is off
+    wrap_triton(_probe_lse_kernel)[(n_tiles, batch * heads)](
+        q, k, mask, tile_lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        0 if key_mask is None or key_mask.shape[0] == 1 else key_mask.stride(0),
+        heads, k.shape[1], n_q, n_k, n_tiles, sm_scale * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(max(head_dim, 16)), BLOCK_N=block_n, ROWS=PROBE_ROWS,
+        HAS_MASK=key_mask is not None, num_warps=4,
+    )
+    mass = mass_from_tile_lse(tile_lse.transpose(-1, -2))
+    return top_columns(mass, columns).to(torch.uint8).view(batch, heads, n_tiles)
+
+
+def selection_probe(q: torch.Tensor, k: torch.Tensor, key_mask: torch.Tensor | None, selection: DynamicSelection,
+                    *, block_n: int, sm_scale: float) -> torch.Tensor | None:
+    """`probe_columns` where `selection` probes, else None (what `select_lists` takes as `probe`)."""
+    if not selection.probe_columns:
+        return None
+    return probe_columns(q, k, key_mask, columns=selection.probe_columns, block_n=block_n, sm_scale=sm_scale)
+
+
 def select_lists(
     pooled: PooledTiles,
     selection: DynamicSelection,
@@ -247,11 +342,16 @@ def select_lists(
     block_m: int,
     block_n: int,
     sm_scale: float,
+    probe: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The selection's lists from pooled statistics in (block_m, block_n) tiles (`PooledTiles` of
-    q (B, H, Nq, ·) and k (B, H_kv, Nk, ·)): (key tiles int32 (B, H, M_TILES, N_TILES), ascending then -1;
-    counts int32 (B, H, M_TILES)), what `attention_fwd` takes. Two launches, no host read."""
+    q (B, H, Nq, ·) and k (B, H_kv, Nk, ·)) and, where the selection probes, its forced columns
+    (`probe_columns`): (key tiles int32 (B, H, M_TILES, N_TILES), ascending then -1; counts int32
+    (B, H, M_TILES)), what `attention_fwd` takes. Two launches, no host read."""
     selection.check_tokens(n_q, n_k)
+    if (probe is not None) != (selection.probe_columns > 0):
+        raise ValueError(f"tile selection: probe_columns={selection.probe_columns} needs the probe's columns "
+                         "(`probe_columns`), and only it takes them")
     m_tiles, n_tiles = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
     block_d = pooled.q_mean.shape[-1]
     dev = pooled.q_mean.device
@@ -266,13 +366,14 @@ def select_lists(
     rows = max(1, min(MAX_ROWS, SELECT_ELEMENTS // t_pad))
     prefix, suffix = selection.dense_prefix, selection.dense_suffix
     wrap_triton(_select_tiles_kernel)[(triton.cdiv(m_tiles, rows), batch * heads)](
-        scores, pooled.q_similarity, pooled.k_similarity, pooled.k_spread, pooled.k_count, indices, counts,
+        scores, pooled.q_similarity, pooled.k_similarity, pooled.k_spread, pooled.k_count,
+        pooled.k_count if probe is None else probe, indices, counts,
         heads, kv_heads, m_tiles, n_tiles, n_q, selection.top_p, selection.min_similarity, selection.max_spread,
         float(selection.density or 1.0), selection.local_tiles, selection.sink_tiles,
         math.ceil(prefix / block_m), math.ceil(prefix / block_n),
         (n_q - suffix) // block_m if suffix else m_tiles, (n_k - suffix) // block_n if suffix else n_tiles,
         BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=n_q == n_k, BY_COUNT=selection.per_row,
-        num_warps=SELECT_WARPS,
+        HAS_PROBE=probe is not None, num_warps=SELECT_WARPS,
     )
     return indices, counts
 
@@ -297,6 +398,8 @@ def select_tiles(
                                need_shift=False, pool=True, pool_spread=selection.uses_spread, prep=prep_plan(plan))
     batch, heads, n_q, _ = q.shape
     n_k = k.shape[2]
+    probe = selection_probe(q, k, key_mask, selection, block_n=plan.block_n, sm_scale=sm_scale)
     indices, counts = select_lists(prepared.pooled, selection, batch=batch, heads=heads, kv_heads=k.shape[1],
-                                   n_q=n_q, n_k=n_k, block_m=plan.block_m, block_n=plan.block_n, sm_scale=sm_scale)
+                                   n_q=n_q, n_k=n_k, block_m=plan.block_m, block_n=plan.block_n, sm_scale=sm_scale,
+                                   probe=probe)
     return TileLists.from_device(indices, counts, plan.block_m, plan.block_n, n_q, n_k)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from sagevideo.attention.functional import broadcast_dims_dropped, key_padding_problem
-from sagevideo.attention.sparse import dynamic_selection, scores_at, select_tiles
+from sagevideo.attention.sparse import dynamic_selection, key_tiles_of, scores_at, select_tiles
 from sagevideo.pipelines.families import TEXT_FIRST, TEXT_LAST, SparseLayout
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
 
@@ -127,8 +127,8 @@ class SparseRouting:
         if isinstance(text, str):
             return text
         if sparse.method == "dynamic" and (attn_mask is None or _key_mask(attn_mask, k.shape[2]) is not None):
-            return dynamic_selection(sparse.density, top_p=sparse.top_p, text_first=text[0],
-                                     text_last=text[1])  # selected in the call
+            return dynamic_selection(sparse.density, key_tiles=key_tiles_of(k, pv), top_p=sparse.top_p,
+                                     text_first=text[0], text_last=text[1])  # selected in the call
         # `sagevideo profile` counts the selection apart (eagerly: a graph holds no profiler range)
         ranged = contextlib.nullcontext() if torch.compiler.is_compiling() else torch.profiler.record_function(
             SELECTION_RANGE)

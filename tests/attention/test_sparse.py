@@ -103,11 +103,11 @@ def _masks_that_do_not_fit():
     ok = _coarse_mask()
     return [
         pytest.param(ok.keep, TypeError, "tile_mask must be a TileMask or TileLists", id="not-a-mask"),
-        pytest.param(TileMask.full(1, 2, 256, N, 128, 128), ValueError,
+        pytest.param(TileMask.full(1, 2, 256, N, 128, 128, device=DEVICE), ValueError,
                      f"built for 256 query / {N} key tokens, the inputs have {N} / {N}", id="lengths"),
-        pytest.param(TileMask.full(1, 3, N, N, 128, 128), ValueError, r"\(B, H\) = \(1, 3\) does not broadcast",
-                     id="heads"),
-        pytest.param(TileMask.full(1, 2, N, N, 96, 128).to_lists(), ValueError,
+        pytest.param(TileMask.full(1, 3, N, N, 128, 128, device=DEVICE), ValueError,
+                     r"\(B, H\) = \(1, 3\) does not broadcast", id="heads"),
+        pytest.param(TileMask.full(1, 2, N, N, 96, 128, device=DEVICE).to_lists(), ValueError,
                      "built in 96x128 tiles, but this call's kernel plan computes in 128x64", id="tiles"),
         pytest.param(TileMask(ok.keep.to("meta"), 128, 128, N, N), ValueError, "tile_mask is on meta", id="device"),
     ]
@@ -378,3 +378,26 @@ def test_a_dynamic_selection_meets_the_contract_on_gpu(pv):
     stats = error_stats(masked_attention_exact(q, k, v, lists.to_mask()), out)
     print(f"\ndynamic selection pv={pv}: density {lists.density:.3f}, {stats}")
     assert stats.nonfinite == 0 and stats.cos_worst >= {"fp16": 0.999, "fp8": 0.998}[pv], stats
+
+
+def test_installed_dynamic_calls_probe_one_column_in_64_key_tiles(monkeypatch):
+    """`dynamic_selection` sizes the probe by the call's key tiles (Wan 720p's 591: 9 columns), and
+    `scores_at` (what calibration reads) selects with the same settings: the probe's top columns forced."""
+    from sagevideo.attention.sparse import dynamic_selection, key_tiles_of, probe_columns_for, scores_at
+    from sagevideo.kernels import tile_select
+
+    assert [probe_columns_for(t) for t in (1, 63, 64, 139, 591, 4096)] == [1, 1, 1, 2, 9, 64]
+    assert dynamic_selection(0.15, key_tiles=591).probe_columns == 9
+    gen = torch.Generator().manual_seed(0)
+    centres = torch.randn(1, 2, 130, 64, generator=gen).repeat_interleave(64, dim=2)[:, :, :8300]
+    q, k = (centres + 0.05 * torch.randn(1, 2, 8300, 64, generator=gen) for _ in range(2))  # self-similar tiles
+    assert key_tiles_of(k, "fp16") == 130  # 64-key tiles at d64 with FP16 P·V
+
+    def planted_mass(q, k, *, block_n, sm_scale, key_mask=None):
+        mass = torch.zeros(q.shape[0], q.shape[1], 130)
+        mass[..., 77], mass[..., 5] = 0.5, 0.3
+        return mass
+
+    monkeypatch.setattr(tile_select, "probe_mass", planted_mass)
+    forced = scores_at(q, k, pv="fp16").forced
+    assert forced[..., 77].all() and forced[..., 5].all() and forced.float().mean() < 0.1

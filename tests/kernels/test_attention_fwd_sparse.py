@@ -212,8 +212,8 @@ def test_the_schedule_changes_no_result(monkeypatch):
     for programs in (1, 2, 5):
         monkeypatch.setattr(attention_fwd, "_persistent_programs", lambda t, n=programs: n)
         outs.append(_kernel(q, k, v, mask, plan))
-    monkeypatch.setattr(attention_fwd, "item_order", lambda counts: torch.arange(counts.numel() - 1, -1, -1,
-                                                                                 dtype=torch.int32))
+    monkeypatch.setattr(attention_fwd, "item_order", lambda counts: torch.arange(
+        counts.numel() - 1, -1, -1, dtype=torch.int32, device=counts.device))
     outs.append(_kernel(q, k, v, mask, plan))  # shortest lists first: the order changes no result either
     for out, lse in outs[1:]:
         assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])

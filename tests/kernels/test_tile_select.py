@@ -14,6 +14,8 @@ from sagevideo.kernels.tile_select import (
     grid_coordinates,
     grid_tile_order,
     inverse_order,
+    probe_mass,
+    probe_rows,
     select_dynamic,
     select_dynamic_at_density,
     select_dynamic_per_row,
@@ -337,3 +339,67 @@ def test_per_row_selection_settings():
         DynamicSelection(top_p=0.5, density=0.2)
     with pytest.raises(ValueError, match="density=0"):
         scores.keep_per_row(0)
+
+
+# --- the exact probe -----------------------------------------------------------------------------
+
+
+def test_probe_rows_spread_over_the_sequence_and_over_positions_within_a_cell():
+    """64 distinct rows, in range, which fall on many positions within 128-token cells (rows at even
+    strides would share one: they missed the planted global keys at Wan's shape)."""
+    for n in (4096, 75600, 75856):
+        rows = probe_rows(n)
+        assert rows.shape == (tile_select.PROBE_ROWS,) and len(set(rows.tolist())) == tile_select.PROBE_ROWS
+        assert 0 <= int(rows.min()) and int(rows.max()) < n
+        assert len(set((rows % 128).tolist())) >= 48
+    assert (probe_rows(3) < 3).all()
+
+
+def test_probe_mass_is_the_mean_exact_attention_mass_per_key_tile():
+    """Against softmax attention of the probe rows in fp64 summed per key tile: padded keys get none,
+    a tile of padding only 0, each row's masses sum to 1."""
+    gen = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 3, 300, 16, generator=gen), torch.randn(2, 3, 300, 16, generator=gen)
+    key_mask = torch.ones(2, 300, dtype=torch.bool)
+    key_mask[1, 250:] = False  # key tile 4 (256..299) of batch row 1: padding only
+    mass = probe_mass(q, k, block_n=64, sm_scale=0.3, key_mask=key_mask)
+    rows = q[:, :, probe_rows(300)].double()
+    scores = (rows @ k.double().transpose(-1, -2) * 0.3).masked_fill(~key_mask[:, None, None, :], -math.inf)
+    probs = torch.nn.functional.pad(torch.softmax(scores, dim=-1), (0, 20)).unflatten(-1, (5, 64)).sum(-1)
+    torch.testing.assert_close(mass.double(), probs.mean(dim=2), rtol=1e-5, atol=1e-6)
+    assert mass[1, :, 4].eq(0).all() and mass[0, :, 4].gt(0).all()
+    torch.testing.assert_close(mass.sum(-1), torch.ones(2, 3))
+
+
+def _with_a_global_key(n=1024, position=5 * 64 + 17):
+    """`_clustered` in 31 channels plus one key every query attends strongly (the 32nd channel, which
+    every query holds at 2 and only that key at 22): the key tile holding it carries much of each
+    row's mass, but its pooled mean (1/64 of the key) looks like any other tile."""
+    q, k = _clustered(n=n)
+    q[..., -1], k[..., -1] = 2.0, 0.0
+    k[:, :, position] = 0.0
+    k[:, :, position, -1] = 22.0
+    return q, k
+
+
+def test_the_probe_keeps_a_global_key_that_pooling_averages_away():
+    q, k = _with_a_global_key()
+    options = dict(block_m=64, block_n=64, sink_tiles=0)
+    exact = torch.softmax(q @ k.transpose(-1, -2) * 32**-0.5, dim=-1).unflatten(-1, (16, 64)).sum(-1)
+    assert (exact[..., 5] > 0.3).all()  # the global key's tile: over 30 % of every row's mass
+    plain = TileScores(q, k, **options).keep_per_row(0.2)
+    probed = TileScores(q, k, probe_columns=1, **options)
+    kept = probed.keep_per_row(0.2)
+    assert plain.keep[..., 5].float().mean() < 0.5  # pooling keeps it where it is the diagonal or partner
+    assert kept.keep[..., 5].all() and probed.forced[..., 5].all()
+    assert torch.equal(kept.keep.sum(-1), plain.keep.sum(-1))  # forced columns count in the per-row budget
+    token_mass = exact.unflatten(2, (16, 64))
+    mass_kept = [(token_mass * m.keep[..., None, :]).sum(-1).mean() for m in (plain, kept)]
+    assert mass_kept[1] > mass_kept[0] + 0.1
+
+
+def test_probe_columns_setting_is_checked():
+    assert DynamicSelection(probe_columns=8).scores_options()["probe_columns"] == 8
+    for bad in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="probe_columns="):
+            DynamicSelection(probe_columns=bad)

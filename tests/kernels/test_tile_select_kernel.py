@@ -24,7 +24,7 @@ from sagevideo.kernels.quantize import quantize_inputs
 from sagevideo.kernels.rotation import hadamard_pm1
 from sagevideo.kernels.sparse_reference import TileLists
 from sagevideo.kernels.tile_select import DynamicSelection, TileScores, _pool_tiles, grid_tile_order
-from sagevideo.kernels.tile_select_kernel import select_lists
+from sagevideo.kernels.tile_select_kernel import probe_columns, select_lists, selection_probe
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MARGIN = 1e-4
@@ -95,19 +95,20 @@ class Case:
                                prep=launch).pooled
 
     def kernel(self, top_p, **change):
-        """The selection kernel's (key tiles, counts) on the pooled statistics."""
-        q, k, plan = self.q, self.k, self.plan
-        return select_lists(self.pooled, dataclasses.replace(self.selection, top_p=top_p, **change),
-                            batch=q.shape[0], heads=q.shape[1], kv_heads=k.shape[1], n_q=q.shape[2],
-                            n_k=k.shape[2], block_m=plan.block_m, block_n=plan.block_n, sm_scale=q.shape[-1] ** -0.5)
+        """The selection kernel's (key tiles, counts) on the pooled statistics (and the probe's columns)."""
+        return self._lists(dataclasses.replace(self.selection, top_p=top_p, **change))
 
     def kernel_per_row(self, density, **change):
         """The selection kernel's (key tiles, counts) at a per-row density."""
-        selection = dataclasses.replace(self.selection, density=density, **change)
+        return self._lists(dataclasses.replace(self.selection, density=density, **change))
+
+    def _lists(self, selection):
         q, k, plan = self.q, self.k, self.plan
+        mask = None if self.key_mask is None else self.key_mask.to(torch.uint8)
+        probe = selection_probe(q, k, mask, selection, block_n=plan.block_n, sm_scale=q.shape[-1] ** -0.5)
         return select_lists(self.pooled, selection, batch=q.shape[0], heads=q.shape[1], kv_heads=k.shape[1],
                             n_q=q.shape[2], n_k=k.shape[2], block_m=plan.block_m, block_n=plan.block_n,
-                            sm_scale=q.shape[-1] ** -0.5)
+                            sm_scale=q.shape[-1] ** -0.5, probe=probe)
 
     def top_ps(self, wanted):
         """Per wanted value, the nearest top_p (in steps of 0.005) at least MARGIN from every boundary."""
@@ -116,7 +117,9 @@ class Case:
         return [min(usable, key=lambda p, w=w: abs(p - w)) for w in wanted]
 
 
-def _scores(q, k, key_mask, plan, selection):
+def _scores(q, k, key_mask, plan, selection=None, *, base=None, **change):
+    """The reference's `TileScores` for `selection` (or `base` with `change`), K repeated for grouped KV."""
+    selection = selection or dataclasses.replace(base, **change)
     group = q.shape[1] // k.shape[1]
     return TileScores(q, k.repeat_interleave(group, dim=1), block_m=plan.block_m, block_n=plan.block_n,
                       sm_scale=q.shape[-1] ** -0.5, key_mask=key_mask, **selection.scores_options())
@@ -353,6 +356,67 @@ def test_the_kernel_lists_at_a_per_row_density_equal_the_reference(name):
         densities.append(float(reference[1].double().mean()) / reference[0].shape[-1])
     assert densities == sorted(densities) and densities[0] < densities[3] < densities[-1]
     assert torch.equal(case.kernel_per_row(1e-3)[1], case.scores.forced.sum(dim=-1).int())
+
+
+# --- the exact probe ------------------------------------------------------------------------------
+
+
+def _probe_reference(q, k, key_mask, block_n):
+    """`tile_select.probe_mass` of q against k's heads repeated for each query head (grouped KV)."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return tile_select.probe_mass(q, k, block_n=block_n, sm_scale=q.shape[-1] ** -0.5, key_mask=key_mask)
+
+
+def _columns_with_a_margin(mass, wanted):
+    """The column count nearest `wanted` whose least kept mass exceeds the most dropped one by more than
+    MARGIN (relative) in every head, so that rounding cannot swap them."""
+    ranked = mass.sort(dim=-1, descending=True).values
+    for columns in sorted(range(1, ranked.shape[-1]), key=lambda c: abs(c - wanted)):
+        kept, dropped = ranked[..., columns - 1], ranked[..., columns]
+        if ((kept - dropped) > MARGIN * kept).all():
+            return columns
+    raise AssertionError("no column count with a margin")
+
+
+@pytest.mark.parametrize("name", ["random", "cross-gqa"])
+def test_the_probe_kernel_forces_the_columns_probe_mass_defines(name):
+    """`_probe_lse_kernel` and its reduction: per head the key tiles of most exact mass over the probe
+    rows, as `probe_mass` and `top_columns` choose them (key padding and grouped KV included)."""
+    case = CASES[name]()
+    mass = _probe_reference(case.q, case.k, case.key_mask, case.plan.block_n)
+    columns = _columns_with_a_margin(mass, 3)
+    mask = None if case.key_mask is None else case.key_mask.to(torch.uint8)
+    got = probe_columns(case.q, case.k, mask, columns=columns, block_n=case.plan.block_n,
+                        sm_scale=case.q.shape[-1] ** -0.5)
+    want = tile_select.top_columns(mass, columns)
+    assert torch.equal(got.bool(), want), f"{int((got.bool() != want).sum())} columns differ"
+    if case.key_mask is not None:  # key tiles of padding only (batch row 1) get no mass and come last
+        assert mass[1, :, 21:].eq(0).all()
+
+
+@pytest.mark.parametrize("name", ["planted", "cross-gqa"])
+def test_the_kernel_lists_with_a_probe_equal_the_reference(name):
+    """With probe_columns (the spread rule off: it finds the planted global keys itself), at a per-row
+    density and a top_p: the lists are the reference's entry for entry; without the probe they are not
+    (its columns decide)."""
+    case = CASES[name]()
+    columns = _columns_with_a_margin(_probe_reference(case.q, case.k, case.key_mask, case.plan.block_n), 2)
+    change = {"probe_columns": columns, "max_spread": math.inf}
+    scores = _scores(case.q, case.k, case.key_mask, case.plan, base=case.selection, **change)
+    assert (scores.per_row_margins(0.3) > MARGIN).all()
+    reference = scores.keep_per_row(0.3).padded_lists()
+    _assert_same_lists(case.kernel_per_row(0.3, **change), reference)
+    with pytest.raises(AssertionError, match="differ"):
+        _assert_same_lists(case.kernel_per_row(0.3, max_spread=math.inf), reference)
+    top_p = next(p for p in (0.5, 0.55, 0.45, 0.6) if scores.nearest_boundary(p) > MARGIN)
+    _assert_same_lists(case.kernel(top_p, **change), scores.keep(top_p).padded_lists())
+
+
+def test_select_lists_refuses_a_probe_it_was_not_given():
+    case = _planted_case()
+    with pytest.raises(ValueError, match="probe_columns=2 needs the probe"):
+        select_lists(case.pooled, dataclasses.replace(case.selection, probe_columns=2), batch=1, heads=2,
+                     kv_heads=2, n_q=512, n_k=512, block_m=32, block_n=32, sm_scale=0.125)
 
 
 @pytest.mark.parametrize("off_by", [-1, 1])

@@ -144,8 +144,10 @@ def test_a_calibrated_top_p_runs_one_top_p_per_call_in_place_of_the_per_row_dens
             outs.append(router("joint", q, k, v))
         densities.append(log.sparse[0].density)
     by_top_p, per_row = passed
-    assert by_top_p == DynamicSelection(top_p=0.8, sink_tiles=1, dense_prefix=text) and by_top_p.density is None
-    assert per_row == DynamicSelection(density=0.3, sink_tiles=1, dense_prefix=text)
+    probe = {"probe_columns": 1}  # one of each 64 key tiles (these inputs have fewer), at least one
+    assert by_top_p == DynamicSelection(top_p=0.8, sink_tiles=1, dense_prefix=text, **probe)
+    assert by_top_p.density is None
+    assert per_row == DynamicSelection(density=0.3, sink_tiles=1, dense_prefix=text, **probe)
     mask = scores_at(q, k, pv="fp16", text_first=text).keep(0.8)
     assert 0.5 < mask.density < 0.8 and densities[0] == pytest.approx(mask.density) and densities[1] < 0.5
     want = sagevideo_sdpa(q, k, v, mask)
