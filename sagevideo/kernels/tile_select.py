@@ -16,8 +16,11 @@ Two ways, both returning a `sparse_reference.TileMask` (its `density` = kept / a
   over the mean distance above `max_spread` (a single global key in a tile of 64-128 barely moves
   the mean, so mean pooling alone drops the mass every query gives it; docs/sparse.md). Or
   (`probe_columns`) the columns of each head's key tiles of most exact attention mass over a probe:
-  PROBE_ROWS query rows at a fixed low-discrepancy draw (`probe_rows`), attended exactly
-  (`probe_mass`): what pooling averages away, a probe sees.
+  PROBE_ROWS query rows at a fixed pseudo-random draw (`probe_rows`), attended exactly, the median
+  over them of each key tile's mass (`probe_mass`): what pooling averages away, a probe sees. The
+  median, not the mean: a tile most rows attend (a global key) ranks by what a typical row gives it,
+  while a probe row's own neighbourhood, which only that row attends, ranks nowhere (with the mean,
+  64 rows' neighbourhoods took the places of planted global keys at Wan's shape).
 - static (`select_static`): spatio-temporal windows on the model's latent grid (frames, height,
   width): a query tile keeps the key tiles holding a token within the window of one of its own, with
   tiles in a token order that makes 3-D neighbourhoods contiguous (`grid_tile_order`).
@@ -136,7 +139,7 @@ def probe_hash(x):
 
 def probe_mass(q: torch.Tensor, k: torch.Tensor, *, block_n: int, sm_scale: float,
                key_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 (B, H, N_tiles): per head, the mean over the probe rows (`probe_rows`) of q (B, H, Nq, D)
+    """fp32 (B, H, N_tiles): per head, the median over the probe rows (`probe_rows`) of q (B, H, Nq, D)
     of the exact attention mass each key tile of k (B, H, Nk, D) receives (key_mask (B', Nk) bool,
     True = valid; a tile without a valid key receives 0). In fp32: each row's logsumexp per key tile,
     then a softmax over the tiles (what the device kernel computes)."""
@@ -152,9 +155,9 @@ def probe_mass(q: torch.Tensor, k: torch.Tensor, *, block_n: int, sm_scale: floa
 
 
 def mass_from_tile_lse(tile_lse: torch.Tensor) -> torch.Tensor:
-    """fp32 (..., N_tiles) from per-row, per-key-tile logsumexps (..., rows, N_tiles): the mean over
-    rows of the softmax over tiles (0 for a row without a valid key)."""
-    return torch.nan_to_num(torch.softmax(tile_lse, dim=-1), nan=0.0).mean(dim=-2)
+    """fp32 (..., N_tiles) from per-row, per-key-tile logsumexps (..., rows, N_tiles): the median over
+    rows (the lower one of an even count) of the softmax over tiles (0 for a row without a valid key)."""
+    return torch.nan_to_num(torch.softmax(tile_lse, dim=-1), nan=0.0).median(dim=-2).values
 
 
 def top_columns(mass: torch.Tensor, columns: int) -> torch.Tensor:

@@ -35,7 +35,7 @@ Two launches:
 With `probe_columns`, a third launch before them, `_probe_lse_kernel`, grid (key tiles, B·H): the
 probe rows (`tile_select.probe_rows`, computed in the kernel) of q against one key tile of k, each
 row's logsumexp over the tile's valid keys (16-bit dot, fp32 accumulation) into (B·H, N_TILES, ROWS);
-a softmax over the tiles, the mean over rows and a stable sort then give each head's forced columns
+a softmax over the tiles, the median over rows and a stable sort then give each head's forced columns
 (`tile_select.probe_mass`, `top_columns`): on the device, no host read.
 One launch for both was the first design (ROWS = 16 rows of scores from one tl.dot): compiled for
 sm_90 at Wan's 591-1,182 key tiles it spilled, and at 2,048 needed more shared memory than an SM has.
