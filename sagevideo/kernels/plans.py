@@ -41,7 +41,8 @@ KERNELS = ("triton", "gluon")
 # The device kernels' function names (attention and its preparation), for profilers that attribute
 # kernel time by name (`sagevideo profile` under torch.compile, where no sagevideo op surrounds them).
 DEVICE_KERNELS = ("_attn_fwd_kernel", "_attn_fwd_sm90_kernel", "_kv_stats_kernel", "_kv_stats_finalize_kernel",
-                  "_quantize_kv_kernel", "_quantize_q_kernel", "_tile_scores_kernel", "_select_tiles_kernel")
+                  "_quantize_kv_kernel", "_quantize_q_kernel", "_tile_scores_kernel", "_select_tiles_kernel",
+                  "_probe_lse_kernel")
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,31 @@
-"""bench/bench_sparse_rows.py at a small size on CPU: the probe finds the planted global keys' tiles,
-the oracle keeps its exact count per sampled row, and every selection reports metrics in range."""
+"""bench/bench_sparse_rows.py at a small size on CPU: the installed probe keeps the planted global
+keys' tiles, the oracle keeps its exact count per sampled row, and every selection reports metrics in
+range."""
 
 import torch
 
 from bench import bench_sparse_rows
 from bench.bench_sparse_select import cell_for
 from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
-from sagevideo.kernels.tile_select import grid_tile_order
+from sagevideo.kernels.tile_select import grid_tile_order, probe_mass, top_columns
 
 
 def test_the_probe_forces_the_tiles_of_the_planted_global_keys():
-    spec = PlantedSpec(1, 4, 4, 16, 32, 64, global_tokens=3)
-    x = planted_inputs(spec, order=grid_tile_order(4, 16, 32, *cell_for(64)))
+    """What the rows+probe arm runs (`DynamicSelection.probe_columns`): the top 4 tiles of the probe
+    include the 3 holding planted global keys in every head, local and temporal-stripe alike."""
+    spec = PlantedSpec(1, 4, 8, 16, 32, 64, global_tokens=3)  # 4 frames: local windows outrank one global key
+    x = planted_inputs(spec, order=grid_tile_order(8, 16, 32, *cell_for(64)))
     global_tiles = set(((x.k[0, 0, :, -1] > 3).nonzero().flatten() // 64).tolist())  # the global channel's keys
     assert len(global_tiles) == 3
-    columns = bench_sparse_rows.probe_columns(x.q, x.k, x.sm_scale, rows=64, columns=4, block_n=64)
-    assert columns.shape == (1, 4, 1, 32) and columns.sum(-1).flatten().tolist() == [4] * 4
+    columns = top_columns(probe_mass(x.q, x.k, block_n=64, sm_scale=x.sm_scale), 4)
+    assert columns.shape == (1, 4, 64) and columns.sum(-1).flatten().tolist() == [4] * 4
     for head in range(4):
-        assert global_tiles <= set(columns[0, head, 0].nonzero().flatten().tolist()), head
+        assert global_tiles <= set(columns[0, head].nonzero().flatten().tolist()), head
 
 
 def test_small_run_reports_every_selection(monkeypatch):
     monkeypatch.setitem(bench_sparse_rows.SHAPES, "tiny", (1, 2, (4, 16, 32), 64, 0, 0))
-    rows = bench_sparse_rows.run("tiny", 0.25, heads=None, samples=4, probe_rows=32, probe_cols=2)
+    rows = bench_sparse_rows.run("tiny", 0.25, heads=None, samples=4, probe_cols=2)
     assert [row["selection"] for row in rows] == ["oracle", "dynamic", "dynamic-rows", "rows+probe"]
     for row in rows:
         assert 0 < row["density"] <= 1 and 0 <= row["mass_worst_row"] <= row["mass_mean"] <= 1 + 1e-9
