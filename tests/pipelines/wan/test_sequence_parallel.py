@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -203,7 +204,7 @@ ray = pytest.importorskip("ray")
 from typer.testing import CliRunner  # noqa: E402
 
 from sagevideo.cli.app import app  # noqa: E402
-from tests.helpers.sp_tolerance import JOBS, assert_same_videos  # noqa: E402
+from tests.helpers.sp_tolerance import JOBS, MEAN_LEVELS, assert_same_videos, frames  # noqa: E402
 from tests.scheduling.conftest import own_addresses  # noqa: E402  (its import keeps Ray private and quiet)
 
 
@@ -215,22 +216,28 @@ def allowed_hosts() -> set[str]:
 @pytest.mark.slow  # a local Ray instance and a group of 2 gloo ranks
 def test_generate_on_ray_with_two_ranks_per_job_matches_one_process(tmp_path, monkeypatch, no_ray):
     """tiny-wan22 (both denoisers split), `--address auto` with no cluster here: a local Ray
-    instance; then the same command again resumes (nothing runs twice)."""
+    instance; a job with a sparse setting reaches both ranks (each selects over its own heads, so
+    rank 0 notes the one process's densities); then the same command again resumes (nothing runs
+    twice)."""
     import json
 
     import sagevideo
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     jobs = tmp_path / "jobs.yaml"
-    jobs.write_text(JOBS)
+    # 128x128: 3 x 8 x 8 latent tokens, enough tiles for static windows to skip some
+    jobs.write_text(JOBS + "  - prompt: a quiet lake\n    output: sparse\n    sparse: static:0.3\n"
+                    "    height: 128\n    width: 128\n")
     one = sagevideo.generate(jobs, out=tmp_path / "one", model="tiny-wan22", device="cpu", progress=False)
     args = ["generate", str(jobs), "--model", "tiny-wan22", "--out", str(tmp_path / "sp"), "--device", "cpu",
             "--gpus-per-job", "2", "--address", "auto", "--no-progress"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "3 done, 0 skipped, 0 failed" in result.stdout and "Ray group(s) of 2 ranks" in result.stdout
+    assert "4 done, 0 skipped, 0 failed" in result.stdout and "Ray group(s) of 2 ranks" in result.stdout
     assert "a local Ray instance" in result.stdout
     assert_same_videos(tmp_path / "sp", tmp_path / "one")
+    a, b = frames(tmp_path / "sp" / "sparse.mp4"), frames(tmp_path / "one" / "sparse.mp4")
+    assert a.shape == b.shape and np.abs(a - b).mean() <= MEAN_LEVELS
     records = [json.loads(line) for line in (tmp_path / "sp" / "manifest.jsonl").read_text().splitlines()]
     by_id = {r.job_id: r for r in one}
     for r in records:
@@ -238,5 +245,9 @@ def test_generate_on_ray_with_two_ranks_per_job_matches_one_process(tmp_path, mo
         # rank 0 counts every call (2 steps x 2 forwards x 4 layers); "full" runs SDPA inside Ulysses
         expected = {"sdpa": 16} if r["attention"] == "full" else by_id[r["job_id"]].backends["counts"]
         assert r["backends"]["counts"] == expected, r["prompt"]
+    sparse = next(r for r in records if r["sparse"] == "static:0.3")
+    layers = sparse["backends"]["sparse"]["layers"]
+    assert layers == by_id[sparse["job_id"]].backends["sparse"]["layers"]
+    assert min(layer.get("sparse_density", 1.0) for layer in layers.values()) < 1.0
     again = CliRunner().invoke(app, args)
-    assert again.exit_code == 0 and "0 done, 3 skipped, 0 failed" in again.stdout, again.output
+    assert again.exit_code == 0 and "0 done, 4 skipped, 0 failed" in again.stdout, again.output
