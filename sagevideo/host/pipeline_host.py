@@ -26,6 +26,7 @@ import contextlib
 import os
 import socket
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,12 @@ from sagevideo.jobs.sparse import is_sparse
 from sagevideo.jobs.specs import JobSpec
 from sagevideo.outputs.manifest import Handoff, ManifestRecord, now_iso
 from sagevideo.pipelines.loading import ModelSource
+
+RETRACE_ON_SWITCH = (
+    "sagevideo: jobs of this batch switch attention (e.g. 'full' and 'sage', or another pv, plan or sparse "
+    "setting) under a compile recipe: at each switch torch.compile traces the blocks again; put jobs of one "
+    "attention setting together, or run them as separate batches, to compile once"
+)
 
 
 @dataclass(frozen=True)
@@ -223,6 +230,7 @@ class PipelineHost:
         self._handle = None
         self._started_timed = False  # process_to_first_step_s recorded (on the host's first job)
         self._attention: tuple[str | None, str | None, str | None] | None = None  # (backend, pv, plan) now
+        self._told_retrace = False  # a switch of attention under this host's own compile was said
 
     @property
     def family(self) -> Any:
@@ -372,8 +380,18 @@ class PipelineHost:
             self._handle.remove()
             self._handle = None
         self._attention = None  # stays None if the hook raises: the next job tries again
-        self._handle = self.attention(self.pipe, backend, pv, plan)
+        from sagevideo.pipelines.compiled import CompiledBeforeInstallWarning
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CompiledBeforeInstallWarning)
+            self._handle = self.attention(self.pipe, backend, pv, plan)
         self._attention = (backend, pv, plan)
+        for warning in caught:
+            if self.recipe is None or not issubclass(warning.category, CompiledBeforeInstallWarning):
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+            elif not self._told_retrace:  # the blocks this host compiled itself: say what the user can do
+                self._told_retrace = True
+                warnings.warn(RETRACE_ON_SWITCH, CompiledBeforeInstallWarning, stacklevel=2)
 
     def _apply_recipe(self, steps: int) -> None:
         """The batch's recipe on the pipeline, once, after its attention is installed (install, then

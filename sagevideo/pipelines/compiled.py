@@ -20,6 +20,10 @@ from typing import Any
 import torch
 
 
+class CompiledBeforeInstallWarning(UserWarning):
+    """`install` found compiled code that had run without its hooks and made it trace again."""
+
+
 def unwrap_compiled(module: Any) -> Any:
     """The module a `torch.compile(module)` wrapper (an OptimizedModule) holds; anything else as is."""
     while isinstance(module, torch._dynamo.eval_frame.OptimizedModule):
@@ -68,6 +72,7 @@ def retrace_compiled(label: str, parts: list[str], action: str) -> bool:
             f"sagevideo.install: {label} was compiled and run before install ({shown}); so that its attention "
             "routes through sagevideo, torch.compile's in-memory code caches were cleared and compiled code in "
             "this process traces again on its next call (install before compiling to avoid the extra compile)",
+            CompiledBeforeInstallWarning,
             stacklevel=4,
         )
     return True

@@ -111,3 +111,29 @@ def test_run_rank_is_the_run_as_rank_0s_result(host):
     assert result.rank == 0 and result.status == "done" and result.record.done
     assert result.record.handoff.staged  # staged for the driver to commit
     (host.ctx.out / result.record.handoff.staged).unlink()
+
+
+def test_switching_attention_under_its_own_compile_recipe_says_so_once_not_compiled_before_install(tmp_path):
+    """A batch with a compile recipe and jobs of two attention settings: each switch re-installs and
+    torch.compile traces the blocks again. The host compiled them itself, so `install`'s warning (which
+    tells a user who compiled first to install first) is replaced by one that says what helps."""
+    import warnings
+
+    import torch
+
+    from sagevideo.host.pipeline_host import RETRACE_ON_SWITCH
+    from sagevideo.jobs.recipe import Recipe
+    from sagevideo.pipelines.compiled import CompiledBeforeInstallWarning
+
+    host = PipelineHost(RunContext(out=tmp_path, source=resolve_model("tiny"), device="cpu", dtype="float32", fps=8,
+                                   recipe=Recipe(compile="regional", compile_backend="eager")))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for backend in ("reference", None, "reference", None):  # sage, full, sage, full
+                host.generate(planned(backend=backend, steps=1), decode=False)
+    finally:
+        host.close()
+        torch._dynamo.reset()
+    said = [str(w.message) for w in caught if issubclass(w.category, CompiledBeforeInstallWarning)]
+    assert said == [RETRACE_ON_SWITCH] and host.recipe.compiled_blocks == 2
