@@ -198,7 +198,7 @@ def sdpa_mask(attn_mask: torch.Tensor | None, call: SparseCall, n_q: int, n_k: i
 DYNAMIC_RULES = ("per-row", "global")
 # Installed dynamic calls force, per head, one key tile in KEY_TILES_PER_PROBE_COLUMN (at least one)
 # of most exact mass over the probe rows (`DynamicSelection.probe_columns`): global keys, which pooled
-# scores average away. Wan 720p's 591 key tiles: 9 columns, a sixteenth of a 0.15 budget; on planted
+# scores average away. Wan 720p's 591 key tiles: 9 columns, a tenth of a 0.15 budget (89); on planted
 # inputs at that shape 4-16 columns keep the same mass (docs/sparse.md, "Global columns by an exact probe").
 KEY_TILES_PER_PROBE_COLUMN = 64
 
