@@ -517,7 +517,8 @@ def test_the_op_selects_and_attends_in_one_call(rule):
     key_mask = torch.ones(2, 256, dtype=torch.bool, device=DEVICE)
     key_mask[1, 200:] = False
     plan = plain_triton(select_plan(q.device, 64, "fp16").plan)
-    selection = DynamicSelection(dense_prefix=16, **({"top_p": 0.5} if rule == "top_p" else {"density": 0.4}))
+    selection = DynamicSelection(dense_prefix=16, **({"top_p": 0.5} if rule == "top_p"
+                                                     else {"density": 0.4, "probe_columns": 1}))
     out, lse, _, (indices, counts) = _one_go(q, k, v, plan, selection, key_mask)
     lists = dispatch.select_tiles(q, k, selection, pv="fp16", sm_scale=0.125, key_mask=key_mask)
     assert torch.equal(indices, lists.indices) and torch.equal(counts, lists.counts)
@@ -538,7 +539,8 @@ def test_the_one_go_op_compiles_into_one_graph(rule):
     q, k = _tiled(1, (1.0, 2.0), 192, seed=9, block_m=128, block_n=64)
     v = torch.randn_like(k)
     plan = plain_triton(select_plan(q.device, 64, "fp16").plan)
-    selection = DynamicSelection(**({"top_p": 0.6} if rule == "top_p" else {"density": 0.5}))
+    # the per-row density with the probe's columns, as installed calls select
+    selection = DynamicSelection(**({"top_p": 0.6} if rule == "top_p" else {"density": 0.5, "probe_columns": 1}))
 
     def attend(q, k, v):
         out, _, _, (indices, counts) = _one_go(q, k, v, plan, selection)
