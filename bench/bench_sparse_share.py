@@ -10,7 +10,10 @@ target density; then, side by side in one process (median of interleaved rounds,
 - `select+attend`: `sageattn(tile_mask=DynamicSelection(top_p))`, the one op that pools, selects and attends;
 - `select`: `attention.sparse.select_tile_lists` alone (quantization with pooling, scores, selection).
 
-share = (select+attend - lists) / select+attend: what choosing the tiles adds to the call.
+share = (select+attend - lists) / select+attend: what choosing the tiles adds to the call, in wall
+time. On a GPU the same in device time too (`device_share`, from torch.profiler over 3 calls of each
+arm: the kernels' time alone, whatever the host does between calls), with the kernels that the
+selection adds (`select_kernels_ms`, per call).
 
     python -m bench.bench_sparse_share --shape wan-720p --pv fp8 --density 0.15 [--probe-columns 8]
 """
@@ -46,6 +49,22 @@ def top_p_for_density(q, k, density: float, pv: str, sm_scale: float, steps: int
         else:
             low = middle
     return best
+
+
+def device_ms(fn, calls: int = 3) -> tuple[float, dict[str, float]]:
+    """(device time per call in ms, {kernel name: ms per call}) of fn over `calls` calls, after one
+    warm-up call (torch.profiler's CUDA activity)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = {event.key: event.device_time_total / 1e3 / calls for event in prof.key_averages()}
+    return sum(kernels.values()), kernels
 
 
 def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cuda", probe_columns: int = 0) -> dict:
@@ -84,6 +103,14 @@ def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cu
            "share": round((ms["select+attend"] - ms["lists"]) / ms["select+attend"], 4),
            "select_over_call": round(ms["select"] / ms["select+attend"], 4),
            "x_dense": round(ms["dense"] / ms["select+attend"], 3)}
+    if device == "cuda":
+        lists_ms, lists_kernels = device_ms(arms["lists"])
+        both_ms, both_kernels = device_ms(arms["select+attend"])
+        row["device_ms"] = {"lists": round(lists_ms, 3), "select+attend": round(both_ms, 3)}
+        row["device_share"] = round((both_ms - lists_ms) / both_ms, 4)
+        added = {name: ms - lists_kernels.get(name, 0.0) for name, ms in both_kernels.items()}
+        row["select_kernels_ms"] = {name: round(ms, 3) for name, ms in sorted(added.items(), key=lambda kv: -kv[1])
+                                    if ms > 0.01}
     return row
 
 
@@ -108,6 +135,11 @@ def main(argv=None) -> int:
                   + "  ".join(f"{name} {value:.2f} ms" for name, value in row["ms"].items())
                   + f"  | selection share {row['share']:.1%}, select alone {row['select_over_call']:.1%} of the call, "
                   f"{row['x_dense']:.2f}x dense", flush=True)
+            if "device_share" in row:
+                print(f"  device time: lists {row['device_ms']['lists']:.2f} ms, select+attend "
+                      f"{row['device_ms']['select+attend']:.2f} ms: selection share {row['device_share']:.1%}; "
+                      "added per call: " + ", ".join(f"{k} {v:.2f}" for k, v in row["select_kernels_ms"].items()),
+                      flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
