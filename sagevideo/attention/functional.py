@@ -296,8 +296,10 @@ def sageattn(
     kernel plan's tiles (`plans.tiles(pv, head_dim)`) or in multiples of them (refined here). Each
     query tile attends only the key tiles it keeps; rows left with no valid key are 0 (LSE -inf).
     The Triton kernel never loads the skipped tiles; the reference emulates it; SDPA runs with the
-    mask's token mask (B·H·Nq·Nk bytes). Density 1 runs dense. The record carries the density
-    (`BackendChoice.density`); eagerly a mask's is read once per call (a host sync).
+    mask's token mask (B·H·Nq·Nk bytes). A mask known to keep every tile (`TileMask.full`,
+    `known_density` 1) runs dense. The record carries the density (`BackendChoice.density`): the
+    mask's `known_density`, else taken on the device and read only when the record is (a mask is
+    never read on the host in the call).
     A `DynamicSelection` (`sagevideo.kernels.tile_select`) instead has the call choose its tiles from
     q and k in the plan's tiles (docs/sparse.md, stage 3): the Triton kernels select on the device
     inside the preparation, in the same op as the attention (no host sync; the record's density stays

@@ -49,10 +49,10 @@ from sagevideo.kernels.tile_select import (
 @dataclass(frozen=True)
 class SparseCall:
     """A call's tile mask (a TileMask or TileLists that fits its q and k, or the DynamicSelection that
-    makes one from them) and its density (visited / all key tiles), None inside a torch.compile graph:
-    reading it syncs with the device, which a graph cannot do without breaking (there the sparse path
-    runs at any density, bit for bit the dense one at density 1); None for a dynamic selection and the
-    mask it selected too (`density_of` gives any call's on the device)."""
+    makes one from them) and its density (visited / all key tiles) where known on the host without
+    reading the mask (`TileMask.known_density`), else None — always inside a torch.compile graph
+    (there the sparse path runs at any density, bit for bit the dense one at density 1), and for a
+    dynamic selection and the mask it selected (`density_of` gives any call's on the device)."""
 
     tile_mask: TileMask | TileLists | DynamicSelection
     density: float | None
@@ -71,7 +71,10 @@ class SparseCall:
 def sparse_call(tile_mask: object, q: torch.Tensor, k: torch.Tensor) -> SparseCall | None:
     """The call of `tile_mask` (None: dense attention) on HND q (B, H, Nq, D), k (B, H_kv, Nk, D);
     TypeError/ValueError, before any launch, for a mask that is not one or was built for other inputs.
-    Eagerly, its density is read once (one host sync per sparse call)."""
+    Its density is the mask's `known_density` (a full mask, a static selection), else None: not read
+    on the host (a sync per call would leave the device idle while the next call is prepared); the
+    record then takes it on the device (`density_of`), and a mask that happens to keep every tile
+    runs the sparse path, whose full lists compute dense attention."""
     if tile_mask is None:
         return None
     if isinstance(tile_mask, DynamicSelection):
@@ -84,7 +87,8 @@ def sparse_call(tile_mask: object, q: torch.Tensor, k: torch.Tensor) -> SparseCa
     if held.device != q.device:
         raise ValueError(f"sageattn: tile_mask is on {held.device}, q on {q.device}")
     tile_mask.check_inputs(q, k)
-    return SparseCall(tile_mask, None if torch.compiler.is_compiling() else tile_mask.density)
+    known = getattr(tile_mask, "known_density", None)
+    return SparseCall(tile_mask, None if torch.compiler.is_compiling() else known)
 
 
 def kernel_operand(call: SparseCall, block_m: int,
@@ -257,7 +261,9 @@ def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: floa
         raise ValueError(f"tile selection: {text_first} + {video} ({'x'.join(map(str, grid))}) + {text_last} tokens "
                          f"do not make the call's {q.shape[2]}")
     keep = _static_constant(tuple(grid), float(density), block_m, block_n, text_first, text_last, q.device)
-    return TileMask(keep, block_m, block_n, q.shape[2], q.shape[2])
+    known = None if torch.compiler.is_compiling() else _static_on_host(tuple(grid), float(density), block_m, block_n,
+                                                                         text_first, text_last).density
+    return TileMask(keep, block_m, block_n, q.shape[2], q.shape[2], known_density=known)
 
 
 def static_mask(grid: tuple[int, int, int], density: float, *, block_m: int, block_n: int,
@@ -267,7 +273,8 @@ def static_mask(grid: tuple[int, int, int], density: float, *, block_m: int, blo
     (1, 1, M, N), one for every batch row and head (`select_tiles`' static rule at chosen tiles)."""
     n = math.prod(grid)
     keep = _static_keep(tuple(grid), float(density), block_m, block_n, 0, 0, torch.device(device))
-    return TileMask(keep, block_m, block_n, n, n)
+    return TileMask(keep, block_m, block_n, n, n,
+                    known_density=_static_on_host(tuple(grid), float(density), block_m, block_n, 0, 0).density)
 
 
 def dynamic_selection(density: float, *, key_tiles: int, top_p: float | None = None, text_first: int = 0,
@@ -309,6 +316,13 @@ def _static_constant(grid: tuple[int, int, int], density: float, block_m: int, b
 def _static_keep(grid: tuple[int, int, int], density: float, block_m: int, block_n: int, text_first: int,
                  text_last: int, device: torch.device) -> torch.Tensor:
     """The static selection's bool (1, 1, M, N) tiles on `device` (one per setting: it depends on no input)."""
+    return _static_on_host(grid, density, block_m, block_n, text_first, text_last).keep.to(device)
+
+
+@functools.lru_cache(maxsize=32)
+def _static_on_host(grid: tuple[int, int, int], density: float, block_m: int, block_n: int, text_first: int,
+                    text_last: int) -> TileMask:
+    """The static selection's mask, made on the host (its density read there, without a device sync)."""
     mask, _ = select_static_at_density(grid, density, block_m=block_m, block_n=block_n, dense_prefix=text_first,
                                        dense_suffix=text_last, sink_tiles=1)
-    return mask.keep.to(device)
+    return mask

@@ -53,13 +53,16 @@ def _check_fits(n_q: int, n_k: int, lead: tuple[int, ...], q: torch.Tensor, k: t
 @dataclass(frozen=True)
 class TileMask:
     """Dense form. keep: bool (B or 1, H or 1, ceil(n_q/block_m), ceil(n_k/block_n)); block_m/block_n:
-    tokens per query/key tile; n_q/n_k: sequence lengths (the last tile may be partial)."""
+    tokens per query/key tile; n_q/n_k: sequence lengths (the last tile may be partial).
+    known_density: its `density` where the maker knows it without reading `keep` (`full`, a static
+    selection made on the host): a call then needs no host sync to record it or to see density 1."""
 
     keep: torch.Tensor
     block_m: int
     block_n: int
     n_q: int
     n_k: int
+    known_density: float | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_geometry(self.block_m, self.block_n, self.n_q, self.n_k)
@@ -83,10 +86,10 @@ class TileMask:
     @classmethod
     def full(cls, batch: int, heads: int, n_q: int, n_k: int, block_m: int, block_n: int,
              device: torch.device | str | None = None) -> TileMask:
-        """Every tile visited (density 1)."""
+        """Every tile visited (density 1, known without reading the mask)."""
         keep = torch.ones(batch, heads, math.ceil(n_q / block_m), math.ceil(n_k / block_n), dtype=torch.bool,
                           device=device)
-        return cls(keep, block_m, block_n, n_q, n_k)
+        return cls(keep, block_m, block_n, n_q, n_k, known_density=1.0)
 
     @property
     def density(self) -> float:
@@ -102,7 +105,8 @@ class TileMask:
         b, h = self.keep.shape[:2]
         if b not in (1, batch) or h not in (1, heads):
             raise ValueError(f"tile mask: its (B, H) = ({b}, {h}) does not broadcast to ({batch}, {heads})")
-        return TileMask(self.keep.expand(batch, heads, -1, -1), self.block_m, self.block_n, self.n_q, self.n_k)
+        return TileMask(self.keep.expand(batch, heads, -1, -1), self.block_m, self.block_n, self.n_q, self.n_k,
+                        known_density=self.known_density)
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """ValueError unless the mask fits q (B, H, Nq, D) and k (B, H, Nk, D)."""
