@@ -263,7 +263,7 @@ def select_tiles(q: torch.Tensor, k: torch.Tensor, *, method: str, density: floa
     keep = _static_constant(tuple(grid), float(density), block_m, block_n, text_first, text_last, q.device)
     known = None if torch.compiler.is_compiling() else _static_on_host(tuple(grid), float(density), block_m, block_n,
                                                                          text_first, text_last).density
-    return TileMask(keep, block_m, block_n, q.shape[2], q.shape[2], known_density=known)
+    return TileMask(keep, block_m, block_n, q.shape[2], q.shape[2]).with_known_density(known)
 
 
 def static_mask(grid: tuple[int, int, int], density: float, *, block_m: int, block_n: int,
@@ -273,8 +273,8 @@ def static_mask(grid: tuple[int, int, int], density: float, *, block_m: int, blo
     (1, 1, M, N), one for every batch row and head (`select_tiles`' static rule at chosen tiles)."""
     n = math.prod(grid)
     keep = _static_keep(tuple(grid), float(density), block_m, block_n, 0, 0, torch.device(device))
-    return TileMask(keep, block_m, block_n, n, n,
-                    known_density=_static_on_host(tuple(grid), float(density), block_m, block_n, 0, 0).density)
+    known = _static_on_host(tuple(grid), float(density), block_m, block_n, 0, 0).density
+    return TileMask(keep, block_m, block_n, n, n).with_known_density(known)
 
 
 def dynamic_selection(density: float, *, key_tiles: int, top_p: float | None = None, text_first: int = 0,

@@ -54,15 +54,16 @@ def _check_fits(n_q: int, n_k: int, lead: tuple[int, ...], q: torch.Tensor, k: t
 class TileMask:
     """Dense form. keep: bool (B or 1, H or 1, ceil(n_q/block_m), ceil(n_k/block_n)); block_m/block_n:
     tokens per query/key tile; n_q/n_k: sequence lengths (the last tile may be partial).
-    known_density: its `density` where the maker knows it without reading `keep` (`full`, a static
-    selection made on the host): a call then needs no host sync to record it or to see density 1."""
+    known_density: its `density` where sagevideo made the mask and knows it without reading `keep`
+    (`full`, a static selection made on the host; set by `with_known_density`, never by a caller, whose
+    claim nothing would check): a call then needs no host sync to record it or to see density 1."""
 
     keep: torch.Tensor
     block_m: int
     block_n: int
     n_q: int
     n_k: int
-    known_density: float | None = field(default=None, repr=False, compare=False)
+    known_density: float | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_geometry(self.block_m, self.block_n, self.n_q, self.n_k)
@@ -89,7 +90,7 @@ class TileMask:
         """Every tile visited (density 1, known without reading the mask)."""
         keep = torch.ones(batch, heads, math.ceil(n_q / block_m), math.ceil(n_k / block_n), dtype=torch.bool,
                           device=device)
-        return cls(keep, block_m, block_n, n_q, n_k, known_density=1.0)
+        return cls(keep, block_m, block_n, n_q, n_k).with_known_density(1.0)
 
     @property
     def density(self) -> float:
@@ -105,8 +106,14 @@ class TileMask:
         b, h = self.keep.shape[:2]
         if b not in (1, batch) or h not in (1, heads):
             raise ValueError(f"tile mask: its (B, H) = ({b}, {h}) does not broadcast to ({batch}, {heads})")
-        return TileMask(self.keep.expand(batch, heads, -1, -1), self.block_m, self.block_n, self.n_q, self.n_k,
-                        known_density=self.known_density)
+        expanded = TileMask(self.keep.expand(batch, heads, -1, -1), self.block_m, self.block_n, self.n_q, self.n_k)
+        return expanded.with_known_density(self.known_density)
+
+    def with_known_density(self, density: float | None) -> TileMask:
+        """This mask, carrying `density` as its known density: only for masks whose density their maker
+        computed itself (a wrong value would make a call skip or keep tiles the mask does not say)."""
+        object.__setattr__(self, "known_density", density)
+        return self
 
     def check_inputs(self, q: torch.Tensor, k: torch.Tensor) -> None:
         """ValueError unless the mask fits q (B, H, Nq, D) and k (B, H, Nk, D)."""

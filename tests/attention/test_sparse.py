@@ -132,6 +132,8 @@ def test_full_and_static_masks_know_their_density_without_reading_it():
     full = TileMask.full(1, 2, N, N, 128, 128, device=DEVICE)
     assert full.known_density == 1.0 and full.expand(1, 2).known_density == 1.0
     assert _coarse_mask().known_density is None
+    with pytest.raises(TypeError):  # a caller cannot claim one: nothing would check it
+        TileMask(_coarse_mask().keep, 128, 128, N, N, known_density=1.0)
     q, k, _ = _qkv((1, 2, 4 * 16 * 32, 64))
     static = select_tiles(q, k, method="static", density=0.25, pv="fp8", grid=(4, 16, 32))
     assert static.known_density == pytest.approx(static.density) and static.known_density < 1
