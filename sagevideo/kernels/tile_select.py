@@ -82,9 +82,9 @@ def _pool_tiles(x: torch.Tensor, block: int, valid: torch.Tensor | None) -> tupl
     return mean, count, torch.where(count > 0, similarity, 1.0), spread
 
 
-def _check_counts(local_tiles: int, sink_tiles: int, dense_prefix: int, dense_suffix: int) -> None:
-    for name, value in (("local_tiles", local_tiles), ("sink_tiles", sink_tiles), ("dense_prefix", dense_prefix),
-                        ("dense_suffix", dense_suffix)):
+def _check_counts(**counts: int) -> None:
+    """ValueError naming the first of `counts` (name=value) that is not an int >= 0."""
+    for name, value in counts.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"tile selection: {name}={value!r} must be an int >= 0")
 
@@ -103,7 +103,8 @@ def forced_tiles(
     holding a query tile's own positions, widened by `local_tiles` each side) only for self-attention
     (n_q == n_k); the first `sink_tiles` key tiles; every tile of a query or key tile that holds one
     of the first `dense_prefix` or last `dense_suffix` tokens (text), rows and columns."""
-    _check_counts(local_tiles, sink_tiles, dense_prefix, dense_suffix)
+    _check_counts(local_tiles=local_tiles, sink_tiles=sink_tiles, dense_prefix=dense_prefix,
+                  dense_suffix=dense_suffix)
     _check_text(dense_prefix, dense_suffix, n_q, n_k)
     m_tiles, n_tiles = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
     forced = torch.zeros(m_tiles, n_tiles, dtype=torch.bool, device=device)
@@ -206,9 +207,8 @@ class DynamicSelection:
             raise ValueError(f"tile selection: min_similarity={self.min_similarity!r} must be a finite number")
         if not isinstance(self.max_spread, int | float) or not self.max_spread > 0:
             raise ValueError(f"tile selection: max_spread={self.max_spread!r} must be a number > 0 (inf: off)")
-        _check_counts(self.local_tiles, self.sink_tiles, self.dense_prefix, self.dense_suffix)
-        if not isinstance(self.probe_columns, int) or isinstance(self.probe_columns, bool) or self.probe_columns < 0:
-            raise ValueError(f"tile selection: probe_columns={self.probe_columns!r} must be an int >= 0 (0: off)")
+        _check_counts(local_tiles=self.local_tiles, sink_tiles=self.sink_tiles, dense_prefix=self.dense_prefix,
+                      dense_suffix=self.dense_suffix, probe_columns=self.probe_columns)
 
     @property
     def per_row(self) -> bool:
