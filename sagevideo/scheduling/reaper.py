@@ -20,11 +20,13 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 POLL_S = 0.5
 KILL_AFTER_S = 1.0
+STOP_POLL_S = 0.02
 FINISH_S = 10.0  # how long the driver waits for the watcher at its normal end
 
 
@@ -85,7 +87,7 @@ def _follow(tracked: set) -> None:
 
     for process in list(tracked):
         try:
-            if process.status() == psutil.STATUS_ZOMBIE:
+            if not _running(process):
                 raise psutil.NoSuchProcess(process.pid)
             tracked.update(process.children(recursive=True))
         except psutil.Error:
@@ -101,10 +103,24 @@ def _stop(tracked: set) -> None:
         with contextlib.suppress(psutil.Error):
             process.terminate()  # psutil checks it is still the same process (pid and start time)
             running.append(process)
-    _, alive = psutil.wait_procs(running, timeout=KILL_AFTER_S)
-    for process in alive:
+    # Not psutil.wait_procs: a process that exited but that its parent (the driver, for Ray's GCS and
+    # raylet) has not reaped yet stays a zombie, which wait_procs counts as running to its timeout.
+    deadline = time.monotonic() + KILL_AFTER_S
+    while (running := [process for process in running if _running(process)]) and time.monotonic() < deadline:
+        time.sleep(STOP_POLL_S)
+    for process in running:
         with contextlib.suppress(psutil.Error):
             process.kill()
+
+
+def _running(process) -> bool:
+    """Whether a psutil.Process still runs: the same process (pid and start time), not a zombie."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 if __name__ == "__main__":
