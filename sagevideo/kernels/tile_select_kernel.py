@@ -6,7 +6,7 @@ the shapes), the counts stay on the device.
 
 Two launches:
 1. `_tile_scores_kernel`, grid (query-tile blocks, key-tile blocks, B·H): the tile scores
-   pooled q · pooled k · sm_scale + log(valid keys), a small GEMM (fp32 dot, `input_precision="ieee"`:
+   pooled q · pooled k · sm_scale + log(valid keys), a small GEMM (fp32 dot, `SCORE_PRECISION` "ieee":
    TF32 would move the probabilities by ~1e-3, enough to flip tiles near the threshold), into an
    fp32 (B·H, M_TILES, N_TILES) buffer (as large as the lists);
 2. `_select_tiles_kernel`, grid (query-tile groups, B·H): each program holds ROWS whole rows of
@@ -79,6 +79,10 @@ MASK_32_CONST = tl.constexpr(MASK_32)
 DENSITY_SLACK_CONST = tl.constexpr(DENSITY_SLACK)
 SCORE_M, SCORE_N, SCORE_D = 32, 64, 16  # the scores GEMM's blocks (query tiles, key tiles, channels)
 SCORE_WARPS = 4
+# The scores GEMM's tl.dot precision: "ieee" (fp32 FMAs) or "tf32x3" (each operand a TF32 part plus
+# a TF32 remainder, three tensor-core products summed in fp32: near fp32); plain "tf32" moves the
+# probabilities by ~1e-3 (module docstring). The GPU also takes "bf16x3"/"bf16x6"; the interpreter not.
+SCORE_PRECISION = "ieee"
 SELECT_ELEMENTS = 4096  # scores a selection program holds (ROWS x T_PAD): 16 fp32 registers a thread
 MAX_ROWS = 16
 SELECT_WARPS = 8
@@ -164,6 +168,7 @@ def _tile_scores_kernel(
     QMean, KMean, KCount, Scores,
     H, H_KV, M_TILES, N_TILES, sm_scale,
     BLOCK_D: tl.constexpr, SCORE_M: tl.constexpr, SCORE_N: tl.constexpr, SCORE_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Scores (bh, M_TILES, N_TILES) fp32 = pooled q · pooled k · sm_scale + log(valid keys) (-inf for
     a key tile without any) of SCORE_M query tiles against SCORE_N key tiles of head bh."""
@@ -180,7 +185,7 @@ def _tile_scores_kernel(
         offs_d = d0 + tl.arange(0, SCORE_D)
         q = tl.load(QMean + q_rows[:, None] * BLOCK_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         k = tl.load(KMean + k_cols[None, :] * BLOCK_D + offs_d[:, None], mask=col_ok[None, :], other=0.0)
-        acc += tl.dot(q, k, input_precision="ieee")
+        acc += tl.dot(q, k, input_precision=PRECISION)
     count = tl.load(KCount + k_cols, mask=col_ok, other=0.0)
     # a tile with no valid key: log 0 = -inf, probability 0 (the maximum keeps log off 0: no warning)
     log_count = tl.where(count > 0, tl.log(tl.maximum(count, 1.0)), float("-inf"))
@@ -358,7 +363,8 @@ def select_lists(
     scores = torch.empty(batch * heads, m_tiles, n_tiles, device=dev, dtype=torch.float32)
     wrap_triton(_tile_scores_kernel)[(triton.cdiv(m_tiles, SCORE_M), triton.cdiv(n_tiles, SCORE_N), batch * heads)](
         pooled.q_mean, pooled.k_mean, pooled.k_count, scores, heads, kv_heads, m_tiles, n_tiles, sm_scale,
-        BLOCK_D=block_d, SCORE_M=SCORE_M, SCORE_N=SCORE_N, SCORE_D=min(SCORE_D, block_d), num_warps=SCORE_WARPS,
+        BLOCK_D=block_d, SCORE_M=SCORE_M, SCORE_N=SCORE_N, SCORE_D=min(SCORE_D, block_d), PRECISION=SCORE_PRECISION,
+        num_warps=SCORE_WARPS,
     )
     indices = torch.empty(batch, heads, m_tiles, n_tiles, device=dev, dtype=torch.int32)
     counts = torch.empty(batch, heads, m_tiles, device=dev, dtype=torch.int32)
