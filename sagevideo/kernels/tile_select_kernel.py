@@ -397,15 +397,30 @@ def select_tiles(
     key_mask (B', Nk) uint8) in `plan`'s tiles, on the device, as `TileLists` of width ceil(Nk/block_n)
     (not read back). This runs the whole preparation for its pooled statistics and drops the codes;
     a call that also attends selects inside its own preparation instead (`op.sageattn_fwd_select`)."""
+    pooled, probe = selection_inputs(q, k, plan, selection, sm_scale=sm_scale, key_mask=key_mask)
+    batch, heads, n_q, _ = q.shape
+    n_k = k.shape[2]
+    indices, counts = select_lists(pooled, selection, batch=batch, heads=heads, kv_heads=k.shape[1],
+                                   n_q=n_q, n_k=n_k, block_m=plan.block_m, block_n=plan.block_n, sm_scale=sm_scale,
+                                   probe=probe)
+    return TileLists.from_device(indices, counts, plan.block_m, plan.block_n, n_q, n_k)
+
+
+def selection_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    plan: KernelPlan,
+    selection: DynamicSelection,
+    *,
+    sm_scale: float,
+    key_mask: torch.Tensor | None = None,
+) -> tuple[PooledTiles, torch.Tensor | None]:
+    """What `select_lists` takes for q and k (as `select_tiles`): the pooled statistics of the
+    preparation in `plan`'s tiles, and the probe's forced columns where the selection probes."""
     # the 16-bit-PV preparation (no FP8 V pass; V's range is taken of k and dropped) with the plan's own
     # launch shape: its K/V-stats split sets mean(K)'s last bits, so the pooled K is the attending call's
     prep_for = dataclasses.replace(plan, pv="fp16", kernel="triton")
     prepared = quantize_inputs(q, k, k, key_mask, None, prep_for, sm_scale=sm_scale, per_token=False, smooth_k=True,
                                need_shift=False, pool=True, pool_spread=selection.uses_spread, prep=prep_plan(plan))
-    batch, heads, n_q, _ = q.shape
-    n_k = k.shape[2]
     probe = selection_probe(q, k, key_mask, selection, block_n=plan.block_n, sm_scale=sm_scale)
-    indices, counts = select_lists(prepared.pooled, selection, batch=batch, heads=heads, kv_heads=k.shape[1],
-                                   n_q=n_q, n_k=n_k, block_m=plan.block_m, block_n=plan.block_n, sm_scale=sm_scale,
-                                   probe=probe)
-    return TileLists.from_device(indices, counts, plan.block_m, plan.block_n, n_q, n_k)
+    return prepared.pooled, probe
