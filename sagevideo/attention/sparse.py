@@ -30,6 +30,7 @@ import torch
 from sagevideo.attention import backends
 from sagevideo.attention.backends import AttentionCall, Backend
 from sagevideo.kernels import plans
+from sagevideo.kernels.compile_constant import constant_under_compile
 from sagevideo.kernels.sparse_reference import (
     TileLists,
     TileMask,
@@ -304,7 +305,7 @@ def scores_at(q: torch.Tensor, k: torch.Tensor, *, pv: str, text_first: int = 0,
                       **settings.scores_options())
 
 
-@torch.compiler.assume_constant_result  # no input decides it: a constant to torch.compile, no graph break
+@constant_under_compile  # no input decides it: a constant to torch.compile, no graph break
 def _static_constant(grid: tuple[int, int, int], density: float, block_m: int, block_n: int, text_first: int,
                      text_last: int, device: torch.device) -> torch.Tensor:
     """`_static_keep`, which torch.compile calls while tracing and keeps as a constant (a cached function

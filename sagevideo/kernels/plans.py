@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sagevideo.kernels.compile_constant import constant_under_compile
+
 PV_MODES = ("fp16", "fp8")
 MAX_HEAD_DIM = 128
 KERNELS = ("triton", "gluon")
@@ -275,7 +277,7 @@ def gluon_sm90_compile_problem(block_d: int, num_stages: int) -> str:
     return ""
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def gluon_problem(block_d: int, num_stages: int) -> str:
     """'' when the Gluon sm90 kernel can run at `block_d` with `num_stages` ring stages (this Triton
     has its API and compiles it), else why not: `gluon_sm90_problem`, then
