@@ -124,15 +124,37 @@ def test_stale_ray_start_record_falls_back_to_a_local_instance_loudly(monkeypatc
     assert not ray.is_initialized()
 
 
+@pytest.fixture
+def own_ray_tmpdir():
+    """A Ray temp folder of the test's own (short: Ray puts unix sockets there), so that `--address
+    auto` finds no cluster another test started and falls back to a local instance."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="svr-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _local_ray_driver(out: Path, ray_tmpdir: str) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) of a `sagevideo generate` driver of 8 one-step jobs on a local Ray
+    instance of its own (`--address auto` with no cluster recorded) with one worker: the instance,
+    not the worker count, is what these tests follow."""
+    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), HF_HUB_OFFLINE="1",
+               RAY_TMPDIR=ray_tmpdir)
+    prompts = [arg for i in range(8) for arg in ("-p", f"shot {i}")]
+    command = [sys.executable, "-m", "sagevideo", "generate", *prompts, "--out", str(out), "--address", "auto",
+               "--workers", "1", "--steps", "1", "--attention", "full", "--no-progress"]
+    return command, env
+
+
 @pytest.mark.slow
-def test_sigterm_to_a_driver_with_ray_workers_stops_it_like_ctrl_c(tmp_path):
+def test_sigterm_to_a_driver_with_ray_workers_stops_it_like_ctrl_c(tmp_path, own_ray_tmpdir):
     """Before, Ray's C++ signal handler in the driver printed `*** SIGTERM received` and a stack
     dump and aborted (exit 134), with no summary."""
     out = tmp_path / "out"
-    prompts = [arg for i in range(8) for arg in ("-p", f"shot {i}")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "sagevideo", "generate", *prompts, "--out", str(out), "--workers", "2",
-               "--steps", "1", "--attention", "full", "--no-progress"]
+    command, env = _local_ray_driver(out, own_ray_tmpdir)
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     manifest = out / "manifest.jsonl"
     deadline = time.monotonic() + 240
@@ -182,8 +204,8 @@ def _left_running(seen: dict, within_s: float) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_local_ray_instance_ends_with_its_driver_however_it_ends(tmp_path):
-    """Three runs of one batch on a local Ray instance (2 workers), each resuming the last. kill -9
+def test_the_local_ray_instance_ends_with_its_driver_however_it_ends(tmp_path, own_ray_tmpdir):
+    """Three runs of one batch on a local Ray instance (`_local_ray_driver`), each resuming the last. kill -9
     of the first driver mid-batch: within seconds no process of its instance runs (before, Ray's
     DashboardAgent and RuntimeEnvAgent stayed 35-80 s), and its `.sagevideo-run-*` marker stays
     (nothing in it could run). SIGHUP to the second's process group, as a closed terminal sends it:
@@ -192,11 +214,7 @@ def test_the_local_ray_instance_ends_with_its_driver_however_it_ends(tmp_path):
     out = tmp_path / "out"
     manifest = out / "manifest.jsonl"
     lines = lambda: len(manifest.read_text().splitlines()) if manifest.exists() else 0
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "HF_HUB_OFFLINE": "1"}
-    prompts = [arg for i in range(8) for arg in ("-p", f"shot {i}")]
-    command = [sys.executable, "-m", "sagevideo", "generate", *prompts, "--out", str(out), "--workers", "2",
-               "--steps", "1", "--attention", "full", "--no-progress"]
+    command, env = _local_ray_driver(out, own_ray_tmpdir)
     start = lambda: subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      start_new_session=True)  # its own process group, as a terminal's job
 
