@@ -113,6 +113,7 @@ def test_run_rank_is_the_run_as_rank_0s_result(host):
     (host.ctx.out / result.record.handoff.staged).unlink()
 
 
+@pytest.mark.slow  # two regional compiles of the tiny model
 def test_switching_attention_under_its_own_compile_recipe_says_so_once_not_compiled_before_install(tmp_path):
     """A batch with a compile recipe and jobs of two attention settings: each switch re-installs and
     torch.compile traces the blocks again. The host compiled them itself, so `install`'s warning (which

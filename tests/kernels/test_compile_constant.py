@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from sagevideo.kernels.compile_constant import constant_under_compile
@@ -39,6 +40,7 @@ def test_torch_compile_calls_a_marked_function_instead_of_tracing_it():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_planning_imports_no_dynamo():
     """What a batch's driver imports to plan (kernel plans, the sparse settings) leaves torch._dynamo
     out: about a second of every `sagevideo` process that never compiles."""

@@ -6,6 +6,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from sagevideo.scheduling import reaper
 
@@ -27,6 +28,7 @@ def test_stop_ends_at_once_when_what_it_stopped_waits_unreaped_as_a_zombie():
     assert elapsed < reaper.KILL_AFTER_S / 2
 
 
+@pytest.mark.slow  # waits out the SIGKILL deadline
 def test_stop_kills_what_outlives_sigterm_after_the_deadline():
     ignores_sigterm = ("import signal, time; "
                        "signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(9)")
