@@ -247,7 +247,12 @@ class TileScores:
     """The dynamic selection's estimate of each key tile's attention mass for q (B, H, Nq, D) and
     k (B, H, Nk, D) (key_mask (B', Nk) bool, True = valid), sorted per query tile with the forced
     tiles first; `keep(top_p)` is the selection at one threshold, cheap to repeat (a density is
-    reached by trying several)."""
+    reached by trying several).
+
+    probe_column_mass: with `probe_columns`, fp32 (B, H): the exact mass the probe's columns carry
+    beyond the columns every query tile keeps anyway (sinks, text), summed over them, each its median
+    over the probe rows: a few percent where attention is local, more where a few keys draw every
+    query (global keys); None without a probe."""
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, *, block_m: int, block_n: int,
                  sm_scale: float | None = None, key_mask: torch.Tensor | None = None, local_tiles: int = 0,
@@ -276,9 +281,14 @@ class TileScores:
                               dense_prefix=dense_prefix, dense_suffix=dense_suffix, device=q.device)
         forced = (forced | (q_similarity < min_similarity)[..., :, None]
                   | ((k_similarity < min_similarity) | (k_spread > max_spread))[..., None, :])
+        self.probe_column_mass = None
         if probe_columns:
             mass = probe_mass(q, k, block_n=block_n, sm_scale=scale, key_mask=valid)
-            forced = forced | top_columns(mass, probe_columns)[..., None, :]
+            probed = top_columns(mass, probe_columns)
+            # what the probe adds: its columns that no rule keeps for every query tile already (sinks, text)
+            added = probed & ~forced.all(dim=-2).expand_as(probed)
+            self.probe_column_mass = (mass * added).sum(dim=-1)
+            forced = forced | probed[..., None, :]
         has_keys = (k_count > 0)[:, :, None, :].expand_as(probs)
         forced = forced & has_keys  # a tile of padding only is never worth a visit
         self.probs = probs

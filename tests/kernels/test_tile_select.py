@@ -355,6 +355,25 @@ def test_probe_rows_spread_over_the_sequence_and_over_positions_within_a_cell():
     assert (probe_rows(3) < 3).all()
 
 
+def test_the_probe_column_mass_shows_global_keys_beyond_the_columns_kept_anyway():
+    """Planted inputs (small shape, 4 heads): with 4 global keys the probe's 2 columns carry about ten
+    times the mass they carry without them; the sink tile, which every query tile keeps, is left out
+    (counted when no sink tile is forced); None without a probe."""
+    from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
+
+    def column_mass(global_tokens: int, sink_tiles: int = 1, probe_columns: int = 2):
+        spec = PlantedSpec(1, 4, 8, 16, 32, 64, global_tokens=global_tokens)
+        x = planted_inputs(spec, order=grid_tile_order(8, 16, 32, 1, 8, 8))
+        return TileScores(x.q, x.k, block_m=64, block_n=64, sm_scale=x.sm_scale, sink_tiles=sink_tiles,
+                          probe_columns=probe_columns).probe_column_mass
+
+    local, global_ = column_mass(0), column_mass(4)
+    assert local.shape == global_.shape == (1, 4)
+    assert global_.min() > 5 * local.max() and local.max() < 0.005
+    assert column_mass(0, sink_tiles=0).max() > 5 * local.max()  # the sinks' column, not kept anyway
+    assert column_mass(4, probe_columns=0) is None
+
+
 def test_probe_mass_is_the_median_exact_attention_mass_per_key_tile():
     """Against softmax attention of the probe rows in fp64 summed per key tile, the lower median over
     rows: padded keys get none, a tile of padding only 0."""
