@@ -101,16 +101,30 @@ TOP_P_STEPS = 2**16
 
 class TopPCurve:
     """The density each top_p j / TOP_P_STEPS (j = 0..TOP_P_STEPS) reaches, summed over the calls
-    `add` saw (`TileScores.density_curve`, fp64 on the CPU: 0.5 MB whatever the call's size)."""
+    `add` saw (`TileScores.density_curve`, fp64 on the CPU: 0.5 MB whatever the call's size), and the
+    mass the installed probe's columns carry (`TileScores.probe_column_mass`: large where a few keys
+    draw every query, global keys)."""
 
     def __init__(self) -> None:
         self.sums = torch.zeros(TOP_P_STEPS + 1, dtype=torch.float64)
         self.calls = 0
+        self.column_mass_sum, self.column_mass_max, self.column_mass_calls = 0.0, 0.0, 0
 
     def add(self, scores: Any) -> None:
         """One call's `TileScores` (the installed settings, the mode's tiles)."""
         self.sums += scores.density_curve(TOP_P_STEPS)
         self.calls += 1
+        if scores.probe_column_mass is not None:
+            self.column_mass_sum += float(scores.probe_column_mass.mean())
+            self.column_mass_max = max(self.column_mass_max, float(scores.probe_column_mass.max()))
+            self.column_mass_calls += 1
+
+    @property
+    def column_mass(self) -> tuple[float, float] | None:
+        """(mean over calls and heads, worst head of any call) of the probe columns' mass; None without a probe."""
+        if not self.column_mass_calls:
+            return None
+        return self.column_mass_sum / self.column_mass_calls, self.column_mass_max
 
     def top_p_for(self, density: float) -> tuple[float, float]:
         """(top_p, the mean density it reaches over the calls): the grid top_p in (0, 1] whose mean
@@ -144,6 +158,7 @@ class SparseProposal:
     chosen: dict[str, Sparse] = field(default_factory=dict)
     dense: dict[str, str] = field(default_factory=dict)
     modes: dict[str, str] = field(default_factory=dict)  # layer -> the mode label its error is read on
+    column_mass: dict[str, tuple[float, float]] = field(default_factory=dict)  # `TopPCurve.column_mass`
 
     def worst(self) -> tuple[str, SparseWorst] | None:
         """The sparse layer with the lowest worst cosine at its chosen density, None when none is sparse."""
@@ -168,16 +183,20 @@ class SparseProposal:
 
     def table(self) -> str:
         """One line per sparse layer: target density, its top_p (dynamic), the density reached on the
-        captured calls, worst cosine and rel-L1 against the same mode dense, the mode ('' when none)."""
+        captured calls, worst cosine and rel-L1 against the same mode dense, the mass the probe's
+        columns carry (mean/worst head, dynamic), the mode ('' when none)."""
         if not self.chosen:
             return ""
-        header = f"{'layer':40s} {'density':>7s} {'top_p':>9s} {'reached':>7s} {'cosine':>8s} {'rel-L1':>7s}   mode"
+        header = (f"{'layer':40s} {'density':>7s} {'top_p':>9s} {'reached':>7s} {'cosine':>8s} {'rel-L1':>7s} "
+                  f"{'probe cols':>11s}   mode")
         lines = [header, "-" * len(header)]
         for name, sparse in self.chosen.items():
             w = self.errors[name][self.modes[name]][sparse.density]
             top_p = "-" if sparse.top_p is None else f"{sparse.top_p:.6f}"
-            lines.append(f"{name:40s} {sparse.density:7g} {top_p:>9s} {w.density:7.3f} {w.cos:8.5f} {w.rel_l1:7.4f}"
-                         f"   {self.modes[name]}")
+            mass = self.column_mass.get(name)
+            columns = "-" if mass is None else f"{mass[0]:.3f}/{mass[1]:.3f}"
+            lines.append(f"{name:40s} {sparse.density:7g} {top_p:>9s} {w.density:7.3f} {w.cos:8.5f} {w.rel_l1:7.4f} "
+                         f"{columns:>11s}   {self.modes[name]}")
         return "\n".join(lines)
 
     def dense_note(self) -> str:
@@ -412,6 +431,9 @@ def choose_sparse(probe: ProbingRouter, chosen: dict[str, Choice], budget: float
             proposal.dense[layer] = "no captured call at a step the plan would make sparse"
         else:
             proposal.modes[layer] = choice.label
+            curve = probe.curves.get(layer, {}).get(choice.mode.pv)
+            if curve is not None and curve.column_mass is not None:
+                proposal.column_mass[layer] = curve.column_mass
             ok = [s for s in probe.ladder if s.density in measured and measured[s.density].cos >= budget]
             if ok and measured[ok[0].density].density >= 1.0:  # e.g. text and diagonal tiles cover a small call
                 proposal.dense[layer] = f"nothing to skip: the selection kept every tile at density {ok[0].density:g}"

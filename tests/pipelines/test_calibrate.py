@@ -232,3 +232,8 @@ def test_calibrated_top_ps_reach_the_proposed_density_on_the_captured_calls_and_
         worst = min(worst, error_stats(sageattn(q, k, v, **kwargs), sparse_out).cos_worst)
     assert measured.cos == pytest.approx(worst) and measured.cos < 1.0
     assert f"top_p {sparse.top_p:g}" in proposal.note() and f"{sparse.top_p:.6f}" in proposal.table()
+    # the installed probe's columns: their mass per call and head, mean and worst, shown in the table
+    column_masses = [scores_at(q, k, pv=pv).probe_column_mass for q, k, _ in calls.values()]
+    mean, worst_head = sum(float(m.mean()) for m in column_masses) / 2, max(float(m.max()) for m in column_masses)
+    assert proposal.column_mass[layer] == pytest.approx((mean, worst_head)) and 0 < mean <= worst_head < 1
+    assert f"{mean:.3f}/{worst_head:.3f}" in proposal.table()
