@@ -6,9 +6,9 @@ On planted-structure inputs at a real shape (`eval/numerics/planted.py`), the pr
 pooling and the probe run once; then `select_lists` (the scores GEMM and the selection kernel, the two
 launches the selection adds after the preparation) runs with each variant of the module's launch
 constants, interleaved over rounds (median, CUDA events). Each variant's lists are compared with
-those of the constants in the module: the selection kernel's variants (rows per program, warps) must
-keep every list identical; a scores precision other than "ieee" may move ties near the cut, so the
-rows whose list differs are counted.
+those of the constants in the module: the selection kernel's variants (rows per program, warps, the
+per-row density's threshold search) must keep every list identical; a scores precision other than
+"ieee" may move ties near the cut, so the rows whose list differs are counted.
 
     python -m bench.sweep_select_launch --shape wan-720p --heads 40 [--density 0.15] [--top-p 0.9]
 
@@ -41,6 +41,8 @@ VARIANTS = {
     "rows<=2 w4": {"MAX_ROWS": 2, "SELECT_WARPS": 4},
     "rows<=4 w4": {"MAX_ROWS": 4, "SELECT_WARPS": 4},
     "8192 elements w8": {"SELECT_ELEMENTS": 8192},
+    "count 4-way": {"COUNT_SEARCH": "4-way"},  # the per-row density's search (no effect on --top-p)
+    "count 4-way rows<=1 w4": {"COUNT_SEARCH": "4-way", "MAX_ROWS": 1, "SELECT_WARPS": 4},
 }
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
-from sagevideo.kernels import dispatch, tile_select
+from sagevideo.kernels import dispatch, tile_select, tile_select_kernel
 from sagevideo.kernels.plans import plain_triton, prep_plan, select_plan
 from sagevideo.kernels.quantize import quantize_inputs
 from sagevideo.kernels.rotation import hadamard_pm1
@@ -340,13 +340,16 @@ def test_ties_rank_the_lower_key_tile_first():
 
 
 # "random" runs in `make test` only, as above
+@pytest.mark.parametrize("search", ["bisection", "4-way"])
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "random" else name
                                   for name in sorted(CASES)])
-def test_the_kernel_lists_at_a_per_row_density_equal_the_reference(name):
+def test_the_kernel_lists_at_a_per_row_density_equal_the_reference(name, search, monkeypatch):
     """BY_COUNT: per query tile the forced tiles and the most probable others up to max(1, ceil(density x
     valid key tiles)), entry for entry as `TileScores.keep_per_row` (no query tile has two free tiles
     within MARGIN of each other at its count's edge: `per_row_margins`), from a density below one tile
-    (the forced tiles alone) to 1 (every tile with a valid key)."""
+    (the forced tiles alone) to 1 (every tile with a valid key); with either threshold search
+    (`tile_select_kernel.COUNT_SEARCH`)."""
+    monkeypatch.setattr(tile_select_kernel, "COUNT_SEARCH", search)
     case = CASES[name]()
     densities = []
     for density in (1e-3, 0.2, 0.35, 0.5, 0.8, 1.0):
