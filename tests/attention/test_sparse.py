@@ -420,6 +420,41 @@ def test_a_dynamic_selection_meets_the_contract_on_gpu(pv):
     assert stats.nonfinite == 0 and stats.cos_worst >= {"fp16": 0.999, "fp8": 0.998}[pv], stats
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_an_installed_dynamic_call_replays_in_a_cuda_graph(pv):
+    """What an installed model's dynamic call passes (`dynamic_selection`: a per-row density, the probe)
+    selects and attends with no host read, so a CUDA graph captures it: the replay on new inputs copied
+    into the captured ones gives the eager call's output on them, bit for bit."""
+    from sagevideo.attention.sparse import dynamic_selection, key_tiles_of
+    from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
+    from sagevideo.kernels.tile_select import grid_tile_order
+
+    def inputs(seed):
+        spec = PlantedSpec(1, 4, 8, 16, 64, 128, seed=seed)
+        x = planted_inputs(spec, order=grid_tile_order(8, 16, 64, 2, 8, 8), device=DEVICE)
+        return [t.to(torch.bfloat16) for t in (x.q, x.k, x.v)]
+
+    first, second = inputs(0), inputs(1)
+    selection = dynamic_selection(0.3, key_tiles=key_tiles_of(first[1], pv))
+    attend = lambda q, k, v: sageattn(q, k, v, tile_mask=selection, pv=pv, backend="triton")
+    static = [t.clone() for t in first]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: Triton compiles, the allocator settles
+        attend(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attend(*static)
+    for fresh in (second, first):
+        for into, value in zip(static, fresh, strict=True):
+            into.copy_(value)
+        graph.replay()
+        assert torch.equal(captured, attend(*fresh))
+    assert last_backend().ran == "triton" and 0 < last_backend().density < 1
+
+
 def test_installed_dynamic_calls_probe_one_column_in_64_key_tiles(monkeypatch):
     """`dynamic_selection` sizes the probe by the call's key tiles (Wan 720p's 591: 9 columns), and
     `scores_at` (what calibration reads) selects with the same settings: the probe's top columns forced."""
