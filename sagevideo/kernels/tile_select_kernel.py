@@ -154,7 +154,8 @@ def _count_threshold(probs, free, budget, ROWS: tl.constexpr):
 def _count_threshold_4way(probs, free, budget, ROWS: tl.constexpr):
     """`_count_threshold` in 16 steps instead of 31: each step counts at three points of the interval
     at once (a quarter, a half, three quarters), the three counts packed in 21-bit fields of one int64
-    (a count is at most T_PAD <= 2^20), so one row reduction per step narrows the interval fourfold.
+    (a count is at most the key tiles, below 2^21: `select_lists` refuses more), so one row reduction
+    per step narrows the interval fourfold.
     The same t, exactly: the smallest bit pattern whose count is below the budget."""
     lo = tl.zeros((ROWS,), dtype=tl.int64)
     hi = tl.full((ROWS,), INF_BITS_CONST, dtype=tl.int64)
@@ -395,6 +396,9 @@ def select_lists(
         raise ValueError(f"tile selection: probe_columns={selection.probe_columns} needs the probe's columns "
                          "(`probe_columns`), and only it takes them")
     m_tiles, n_tiles = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
+    if COUNT_SEARCH == "4-way" and selection.per_row and n_tiles > COUNT_FIELD_CONST.value:
+        raise ValueError(f"tile selection: {n_tiles} key tiles overflow the 4-way search's 21-bit counts; "
+                         "set tile_select_kernel.COUNT_SEARCH = 'bisection'")
     block_d = pooled.q_mean.shape[-1]
     dev = pooled.q_mean.device
     scores = torch.empty(batch * heads, m_tiles, n_tiles, device=dev, dtype=torch.float32)

@@ -602,3 +602,12 @@ def test_selecting_and_attending_never_synchronize_on_gpu():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(out).all() and 0 < lists.density < 1
+
+
+def test_the_4way_search_refuses_more_key_tiles_than_its_packed_counts_hold(monkeypatch):
+    """Its counts are 21-bit fields: 2^21 - 1 key tiles at most; more is refused before any launch."""
+    monkeypatch.setattr(tile_select_kernel, "COUNT_SEARCH", "4-way")
+    selection = DynamicSelection(density=0.1)
+    with pytest.raises(ValueError, match="overflow the 4-way search's 21-bit counts"):
+        select_lists(None, selection, batch=1, heads=1, kv_heads=1, n_q=64, n_k=64 * 2**21, block_m=64,
+                     block_n=64, sm_scale=0.1)
