@@ -104,12 +104,11 @@ def selection_kernels(block_d: int, pv: str, key_tiles=(591, 1182, 2048, 4096)):
          "M_TILES": "i32", "N_TILES": "i32", "sm_scale": "fp32"},
         dict(BLOCK_D=block_d, SCORE_M=ts.SCORE_M, SCORE_N=ts.SCORE_N, SCORE_D=ts.SCORE_D,
              PRECISION=ts.SCORE_PRECISION), ts.SCORE_WARPS))]
-    # top_p; a per-row density by bisection; by the 4-way search (`COUNT_SEARCH`)
-    rules = ((False, False, ""), (True, False, ", per-row density"), (True, True, ", per-row density, 4-way"))
+    rules = ((False, ""), (True, ", per-row density"))  # top_p; a per-row density
     for count in key_tiles:
         t_pad = triton.next_power_of_2(count)
         rows = max(1, min(ts.MAX_ROWS, ts.SELECT_ELEMENTS // t_pad))
-        for by_count, four_way, label in rules:
+        for by_count, label in rules:
             found.append((f"select_tiles ({count} key tiles, {rows} rows{label})", compile_sm90(
                 ts._select_tiles_kernel,
                 {"Scores": "*fp32", "QSim": "*fp32", "KSim": "*fp32", "KSpread": "*fp32", "KCount": "*fp32",
@@ -118,7 +117,7 @@ def selection_kernels(block_d: int, pv: str, key_tiles=(591, 1182, 2048, 4096)):
                  **dict.fromkeys(("top_p", "min_similarity", "max_spread", "density"), "fp32"),
                  **dict.fromkeys(("LOCAL", "SINKS", "PREFIX_Q", "PREFIX_K", "SUFFIX_Q", "SUFFIX_K"), "i32")},
                 dict(BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=True, BY_COUNT=by_count,
-                     HAS_PROBE=True, COUNT_4WAY=four_way),
+                     HAS_PROBE=True),
                 ts.SELECT_WARPS)))
     return found
 

@@ -28,8 +28,7 @@ Two launches:
    - or (BY_COUNT, `DynamicSelection.density`) a count per query tile, `TileScores.keep_per_row`:
      the forced tiles and the free tiles (with a valid key) of the highest probabilities up to k =
      max(1, ceil(density · valid key tiles)) in all. The same bisection on t's bits, now on the count
-     of free tiles above t (monotone too; or a 4-way search, `COUNT_SEARCH`: three counts a step in
-     one packed reduction, 16 steps), finds the budget-th largest probability; the tied tiles at
+     of free tiles above t (monotone too), finds the budget-th largest probability; the tied tiles at
      it are kept in key order while a prefix count leaves room. No mass is summed, so the count is
      exact and only ranks within rounding of each other may differ from the reference;
    - the kept tiles compacted in ascending order (a prefix count gives each its slot), -1 after them.
@@ -78,16 +77,12 @@ LOG2E_CONST = tl.constexpr(LOG2E)
 PROBE_HASH_MUL_CONST = tl.constexpr(PROBE_HASH_MUL)
 MASK_32_CONST = tl.constexpr(MASK_32)
 DENSITY_SLACK_CONST = tl.constexpr(DENSITY_SLACK)
-COUNT_FIELD_CONST = tl.constexpr((1 << 21) - 1)  # one packed count of `_count_threshold_4way`
 SCORE_M, SCORE_N, SCORE_D = 32, 64, 16  # the scores GEMM's blocks (query tiles, key tiles, channels)
 SCORE_WARPS = 4
 # The scores GEMM's tl.dot precision: "ieee" (fp32 FMAs) or "tf32x3" (each operand a TF32 part plus
 # a TF32 remainder, three tensor-core products summed in fp32: near fp32); plain "tf32" moves the
 # probabilities by ~1e-3 (module docstring). The GPU also takes "bf16x3"/"bf16x6"; the interpreter not.
 SCORE_PRECISION = "ieee"
-# The per-row density's threshold search: "bisection" (31 steps, a row reduction each) or "4-way"
-# (16 steps, three counts packed in one reduction each: `_count_threshold_4way`); the same lists.
-COUNT_SEARCH = "bisection"
 SELECT_ELEMENTS = 4096  # scores a selection program holds (ROWS x T_PAD): 16 fp32 registers a thread
 MAX_ROWS = 16
 SELECT_WARPS = 8
@@ -151,37 +146,7 @@ def _count_threshold(probs, free, budget, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _count_threshold_4way(probs, free, budget, ROWS: tl.constexpr):
-    """`_count_threshold` in 16 steps instead of 31: each step counts at three points of the interval
-    at once (a quarter, a half, three quarters), the three counts packed in 21-bit fields of one int64
-    (a count is at most the key tiles, below 2^21: `select_lists` refuses more), so one row reduction
-    per step narrows the interval fourfold.
-    The same t, exactly: the smallest bit pattern whose count is below the budget."""
-    lo = tl.zeros((ROWS,), dtype=tl.int64)
-    hi = tl.full((ROWS,), INF_BITS_CONST, dtype=tl.int64)
-    for _ in range(16):  # 4^16 = 2^32 > INF_BITS: the interval closes
-        span = hi - lo
-        m1 = lo + span // 4
-        m2 = lo + span // 2
-        m3 = lo + (3 * span) // 4
-        t1 = m1.to(tl.int32).to(tl.float32, bitcast=True)
-        t2 = m2.to(tl.int32).to(tl.float32, bitcast=True)
-        t3 = m3.to(tl.int32).to(tl.float32, bitcast=True)
-        packed = ((free & (probs > t1[:, None])).to(tl.int64)
-                  + ((free & (probs > t2[:, None])).to(tl.int64) << 21)
-                  + ((free & (probs > t3[:, None])).to(tl.int64) << 42))
-        counts = tl.sum(packed, axis=1)
-        below1 = (counts & COUNT_FIELD_CONST) < budget
-        below2 = ((counts >> 21) & COUNT_FIELD_CONST) < budget
-        below3 = (counts >> 42) < budget
-        new_hi = tl.where(below1, m1, tl.where(below2, m2, tl.where(below3, m3, hi)))
-        lo = tl.where(below1, lo, tl.where(below2, m1 + 1, tl.where(below3, m2 + 1, m3 + 1)))
-        hi = new_hi
-    return lo.to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr, COUNT_4WAY: tl.constexpr):
+def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr):
     """bool (ROWS, T_PAD): `TileScores.keep_per_row`: the forced tiles, then free tiles (with a valid
     key, not forced) in descending probability, ties to the lower key tile, up to k = max(1,
     ceil(density · valid key tiles · DENSITY_SLACK)) tiles in all (fp32, as `tiles_at_density`)."""
@@ -189,10 +154,7 @@ def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr, COUNT_4WA
     valid = tl.sum(useful.to(tl.int32), axis=0).to(tl.float32)
     k = tl.maximum(tl.ceil(density * valid * DENSITY_SLACK_CONST), 1.0).to(tl.int32)
     budget = tl.maximum(k - tl.sum(forced.to(tl.int32), axis=1), 0)
-    if COUNT_4WAY:
-        t = _count_threshold_4way(probs, free, budget, ROWS)
-    else:
-        t = _count_threshold(probs, free, budget, ROWS)
+    t = _count_threshold(probs, free, budget, ROWS)
     above = free & (probs > t[:, None])
     is_tied = free & (probs == t[:, None])
     tied = is_tied.to(tl.int32)
@@ -280,7 +242,7 @@ def _select_tiles_kernel(
     H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity, max_spread, density,
     LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, T_PAD: tl.constexpr,
-    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr, HAS_PROBE: tl.constexpr, COUNT_4WAY: tl.constexpr,
+    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr, HAS_PROBE: tl.constexpr,
 ):
     """Lists of query tiles group·ROWS .. +ROWS of head bh from their scores (module docstring); the
     free tiles by top_p, or with BY_COUNT by a per-row density (`_keep_by_count`); with HAS_PROBE the
@@ -315,7 +277,7 @@ def _select_tiles_kernel(
     forced = _forced_tiles(rows, cols, q_sim, k_sim, k_spread, probe, useful, min_similarity, max_spread, N_Q,
                            LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
     if BY_COUNT:
-        kept = _keep_by_count(probs, forced, useful, density, ROWS, COUNT_4WAY)
+        kept = _keep_by_count(probs, forced, useful, density, ROWS)
     else:
         free = ~forced & col_ok
         forced_mass = tl.sum(tl.where(forced, probs, 0.0), axis=1)
@@ -396,9 +358,6 @@ def select_lists(
         raise ValueError(f"tile selection: probe_columns={selection.probe_columns} needs the probe's columns "
                          "(`probe_columns`), and only it takes them")
     m_tiles, n_tiles = math.ceil(n_q / block_m), math.ceil(n_k / block_n)
-    if COUNT_SEARCH == "4-way" and selection.per_row and n_tiles > COUNT_FIELD_CONST.value:
-        raise ValueError(f"tile selection: {n_tiles} key tiles overflow the 4-way search's 21-bit counts; "
-                         "set tile_select_kernel.COUNT_SEARCH = 'bisection'")
     block_d = pooled.q_mean.shape[-1]
     dev = pooled.q_mean.device
     scores = torch.empty(batch * heads, m_tiles, n_tiles, device=dev, dtype=torch.float32)
@@ -420,7 +379,7 @@ def select_lists(
         math.ceil(prefix / block_m), math.ceil(prefix / block_n),
         (n_q - suffix) // block_m if suffix else m_tiles, (n_k - suffix) // block_n if suffix else n_tiles,
         BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=n_q == n_k, BY_COUNT=selection.per_row,
-        HAS_PROBE=probe is not None, COUNT_4WAY=COUNT_SEARCH == "4-way", num_warps=SELECT_WARPS,
+        HAS_PROBE=probe is not None, num_warps=SELECT_WARPS,
     )
     return indices, counts
 

@@ -276,7 +276,6 @@ def test_the_kernel_lists_equal_the_reference_selection(name):
 def test_rows_per_program_change_no_list(monkeypatch):
     """A selection program holds SELECT_ELEMENTS scores (fewer query tiles per program at longer
     sequences): one query tile per program gives the same lists."""
-    from sagevideo.kernels import tile_select_kernel
 
     case = _random_case()
     top_p = case.top_ps((0.7,))[0]
@@ -340,16 +339,13 @@ def test_ties_rank_the_lower_key_tile_first():
 
 
 # "random" runs in `make test` only, as above
-@pytest.mark.parametrize("search", ["bisection", "4-way"])
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "random" else name
                                   for name in sorted(CASES)])
-def test_the_kernel_lists_at_a_per_row_density_equal_the_reference(name, search, monkeypatch):
+def test_the_kernel_lists_at_a_per_row_density_equal_the_reference(name):
     """BY_COUNT: per query tile the forced tiles and the most probable others up to max(1, ceil(density x
     valid key tiles)), entry for entry as `TileScores.keep_per_row` (no query tile has two free tiles
     within MARGIN of each other at its count's edge: `per_row_margins`), from a density below one tile
-    (the forced tiles alone) to 1 (every tile with a valid key); with either threshold search
-    (`tile_select_kernel.COUNT_SEARCH`)."""
-    monkeypatch.setattr(tile_select_kernel, "COUNT_SEARCH", search)
+    (the forced tiles alone) to 1 (every tile with a valid key)."""
     case = CASES[name]()
     densities = []
     for density in (1e-3, 0.2, 0.35, 0.5, 0.8, 1.0):
@@ -602,12 +598,3 @@ def test_selecting_and_attending_never_synchronize_on_gpu():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(out).all() and 0 < lists.density < 1
-
-
-def test_the_4way_search_refuses_more_key_tiles_than_its_packed_counts_hold(monkeypatch):
-    """Its counts are 21-bit fields: 2^21 - 1 key tiles at most; more is refused before any launch."""
-    monkeypatch.setattr(tile_select_kernel, "COUNT_SEARCH", "4-way")
-    selection = DynamicSelection(density=0.1)
-    with pytest.raises(ValueError, match="overflow the 4-way search's 21-bit counts"):
-        select_lists(None, selection, batch=1, heads=1, kv_heads=1, n_q=64, n_k=64 * 2**21, block_m=64,
-                     block_n=64, sm_scale=0.1)
