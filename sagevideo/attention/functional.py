@@ -58,6 +58,7 @@ def scaled_dot_product_attention(
     tile_mask: TileMask | TileLists | DynamicSelection | None = None,
     _guard_counter: torch.Tensor | None = None,
     _sparse_counter: torch.Tensor | None = None,
+    _kept_tiles: sparse.KeptTiles | None = None,
 ) -> torch.Tensor:
     """`torch.nn.functional.scaled_dot_product_attention` with sagevideo's quantized attention.
 
@@ -83,7 +84,9 @@ def scaled_dot_product_attention(
     form); every backend computes it, SDPA with its token mask. A call the kernels' form cannot take
     (dropout, shapes that do not broadcast) raises ValueError with it: it is never run dense silently.
     _sparse_counter: an installed layer's block-sparse statistics (`sparse.add_call`) a sparse call
-    adds its density to, on the device.
+    adds its density to, on the device. _kept_tiles: an installed layer's lists kept over steps: a call
+    that selects (a `DynamicSelection`) keeps the lists it ran there; any other call is counted as one
+    on reused lists.
     """
     _check_options("HND", qk_granularity, "fp16" if pv == "auto" else pv, backend)
     for name, t in (("query", query), ("key", key), ("value", value)):
@@ -110,13 +113,18 @@ def scaled_dot_product_attention(
         out, _ = _attend(form.q, form.k, form.v, form.mask, is_causal=is_causal,
                          scale=_check_scale(scale, form.q.shape[-1]), qk_granularity=qk_granularity, pv=pv,
                          smooth_k=True, return_lse=False, rotate_qk=True, requested=backend, chosen=chosen,
-                         reason=reason, counter=_guard_counter, tiles=tiles, sparse_counter=_sparse_counter)
+                         reason=reason, counter=_guard_counter, tiles=tiles, sparse_counter=_sparse_counter,
+                         kept=_kept_tiles)
         return out.reshape(form.out_shape)
     if tiles is not None:  # full precision restricted to the same tiles (its token mask)
+        selecting = tiles.dynamic
         tiles = _selected_for_sdpa(tiles, form, _check_scale(scale, form.q.shape[-1]), pv)
         out, _ = _sdpa(form.q, form.k, form.v, form.mask, is_causal, _check_scale(scale, form.q.shape[-1]), False,
                        form.k.shape[1] != form.q.shape[1], None if tiles.dense else tiles)
-        _record(backend, chosen.value, None, reason, _sparse_density(tiles, None, 0, _sparse_counter))
+        if _kept_tiles is not None and selecting:
+            _kept_tiles.keep_mask(tiles.tile_mask, form.q.shape[2], form.k.shape[2])
+        density = _sparse_density(tiles, None, 0, _sparse_counter, reused=_kept_tiles is not None and not selecting)
+        _record(backend, chosen.value, None, reason, density)
         return out.reshape(form.out_shape)
     if isinstance(attn_mask, torch.Tensor) and attn_mask.dim() < query.dim():
         # the same mask under broadcasting; torch's own kernels reject a 1-D one (IndexError)
@@ -353,6 +361,7 @@ def _attend(
     counter: torch.Tensor | None = None,
     tiles: sparse.SparseCall | None = None,
     sparse_counter: torch.Tensor | None = None,
+    kept: sparse.KeptTiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The `chosen` backend's attention on validated HND q (B, H, Nq, D), k/v (B, H_kv, Nk, D) with
     H_kv dividing H, attn_mask after `broadcast_dims_dropped` (a key-padding one unless SDPA runs),
@@ -360,12 +369,15 @@ def _attend(
     counter: an installed layer's guard counter (int32 0-dim) the call adds its count to; None for a
     direct call, whose count its record keeps (`records.note_flagged`).
     tiles: a block-sparse call's tile mask (`sparse.sparse_call`), or None; sparse_counter: an
-    installed layer's block-sparse statistics the call adds its density to (`sparse.add_call`)."""
+    installed layer's block-sparse statistics the call adds its density to (`sparse.add_call`); kept: an
+    installed layer's lists kept over steps, where a selecting call keeps the lists it ran (any other
+    sparse call counts as reusing them)."""
     heads, n_k, head_dim = q.shape[1], k.shape[2], q.shape[3]
     gqa = k.shape[1] != heads
     # the quantized backends take the mask as (B', Nk) key padding (their checks passed)
     key_mask = None if attn_mask is None or chosen is Backend.SDPA else _as_key_mask(attn_mask, n_k)
     active = None if tiles is None or tiles.dense else tiles  # density 1 runs the dense path
+    selecting = tiles is not None and tiles.dynamic
     if tiles is not None and tiles.dynamic and chosen is not Backend.TRITON:
         # the PyTorch selection (the kernels' definition) in the tiles the backend computes in
         padding = _selection_padding(attn_mask, n_k, "sageattn")
@@ -376,7 +388,7 @@ def _attend(
     # the mask in the backend's tiles: one the plan's tiles cannot take raises here (at any density),
     # before any launch
     operand = _sparse_operand(tiles, chosen, plan, pv, head_dim)
-    made: list[torch.Tensor] = []  # a dynamic selection's counts, as the kernels made them
+    made: list[tuple[torch.Tensor, torch.Tensor]] = []  # a dynamic selection's lists, as the kernels made them
 
     def compute(q, k, v):
         if chosen is Backend.SDPA:
@@ -395,8 +407,8 @@ def _attend(
         call = dict(sm_scale=scale, is_causal=is_causal, key_mask=key_mask, per_token=qk_granularity == "token",
                     smooth_k=smooth_k, rotate_qk=rotate_qk, return_lse=return_lse)
         if isinstance(operand, DynamicSelection):
-            out, lse, flagged, (_, counts) = sageattn_triton_select(q, k, v, plan, operand, **call)
-            made.append(counts)
+            out, lse, flagged, lists = sageattn_triton_select(q, k, v, plan, operand, **call)
+            made.append(lists)
             return out, lse, flagged
         return sageattn_triton(q, k, v, plan, tile_lists=operand, **call)
 
@@ -405,8 +417,13 @@ def _attend(
         lse = lse if return_lse else None
     else:
         out, lse, flagged = compute(q, k, v)
-    density = _sparse_density(tiles, made[0] if made else None, -(-n_k // plan.block_n) if made else 0,
-                              sparse_counter)
+    if kept is not None and selecting:
+        if made:
+            kept.keep(*made[0], plan.block_m, plan.block_n, q.shape[2], n_k)
+        else:
+            kept.keep_mask(tiles.tile_mask, q.shape[2], n_k)
+    density = _sparse_density(tiles, made[0][1] if made else None, -(-n_k // plan.block_n) if made else 0,
+                              sparse_counter, reused=kept is not None and not selecting)
     _record(requested, ran, None if chosen is Backend.SDPA else pv, reason, density, note)
     if flagged is not None:
         # The guard's count stays on the device: an installed model's layer accumulates it and reads
@@ -418,18 +435,18 @@ def _attend(
 
 
 def _sparse_density(tiles: sparse.SparseCall | None, counts: torch.Tensor | None, n_tiles: int,
-                    counter: torch.Tensor | None) -> float | torch.Tensor | None:
+                    counter: torch.Tensor | None, reused: bool = False) -> float | torch.Tensor | None:
     """A call's density for its record: None for dense attention, the float where the call read it
     (a mask, eagerly), else a float64 0-dim device tensor (from the kernels' `counts` of `n_tiles` key
     tiles each where they selected, else from the mask), not read. A sparse call adds it to an
-    installed layer's `counter` on the device."""
+    installed layer's `counter` on the device (`reused`: a call on lists kept from an earlier step)."""
     if tiles is None:
         return None
     density: float | torch.Tensor | None = tiles.density
     if counter is not None or (density is None and not torch.compiler.is_compiling()):
         on_device = sparse.kernel_density(counts, n_tiles) if counts is not None else sparse.density_of(tiles)
         if counter is not None:
-            sparse.add_call(counter, on_device)
+            sparse.add_call(counter, on_device, reused)
         density = on_device if density is None else density
     return math.nan if density is None else density
 

@@ -149,13 +149,15 @@ class SparseNote:
     """One attention call of an installed model under a plan with block-sparse choices: its layer,
     denoising step (None outside a tracked run), the density that ran (visited / all key tiles; 1.0
     dense) and, for a call its plan made sparse that ran dense, why ('' otherwise). planned: whether
-    the plan made the call sparse (False: a step or layer the plan keeps dense)."""
+    the plan made the call sparse (False: a step or layer the plan keeps dense); reused: it attended on
+    lists kept from an earlier step (`plans.Sparse.reuse_steps`)."""
 
     layer: str
     step: int | None
     density: float
     reason: str = ""
     planned: bool = False
+    reused: bool = False
 
 
 @dataclass
@@ -199,7 +201,8 @@ class BackendLog:
     def sparse_summary(self) -> dict[str, object]:
         """The block-sparse notes in short: "layers" (layer -> {"calls", "density": mean, "min"}, and
         where the plan made calls sparse, "sparse_calls" and "sparse_density" (their mean), and
-        "dense" (reason -> those of them that ran dense) when any did), "steps" (step -> mean density
+        "dense" (reason -> those of them that ran dense) when any did, "reused" (calls on lists kept
+        from an earlier step) when any were), "steps" (step -> mean density
         over its calls; "none" outside a tracked run) and "dense" (reason -> calls the plan made sparse
         that ran dense). Densities rounded to 4 digits."""
         layers: dict[str, list[SparseNote]] = {}
@@ -225,6 +228,9 @@ def _layer_summary(notes: list[SparseNote]) -> dict[str, object]:
     reasons = Counter(note.reason for note in planned if note.reason)
     if reasons:
         entry["dense"] = dict(reasons)
+    reused = sum(note.reused for note in notes)
+    if reused:
+        entry["reused"] = reused
     return entry
 
 
@@ -243,8 +249,10 @@ def _active_logs() -> list[BackendLog]:
 
 
 def report(choice: BackendChoice) -> None:
-    """Record one dispatch decision (called by `sageattn`); first reads the previous direct call's guard count."""
-    read_direct_counts()
+    """Record one dispatch decision (called by `sageattn`); first reads the previous direct calls' guard
+    counts that have landed (not while a CUDA graph is being captured: querying an event is not allowed then)."""
+    if not capturing():
+        read_direct_counts()
     _state.last = choice
     for log in _active_logs():
         log.choices.append(choice)
@@ -262,12 +270,19 @@ def note_flagged(count: torch.Tensor, direct: str | None) -> None:
     if choice is None or choice.flagged is None:
         return
     choice.flagged.set(count)
-    if direct:
+    # A call captured in a CUDA graph writes its count on each replay, where no host code runs: nothing
+    # is copied or queued for it (the choice's `flagged` reads the last replay's count when asked).
+    if direct and not capturing():
         pending = _pending_direct()
         if len(pending) >= _PINNED_SLOTS:  # the ring's oldest slot is still unread: read it first
             read_direct_counts(wait_for=1)
         choice.flagged.start_copy(_pinned_slot())
         pending.append((choice, direct))
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False where CUDA is not initialized)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 _PINNED_SLOTS = 256

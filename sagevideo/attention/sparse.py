@@ -16,7 +16,9 @@ density not read); the reference and SDPA with the PyTorch selection, its defini
 tiles. `select_tile_lists` makes the lists alone, to reuse or inspect.
 
 An installed layer's calls add their density to its statistics on the device (`add_call`: sum,
-calls, least), which its router reads once per forward: nothing is read inside a call.
+calls, least, reused), which its router reads once per forward: nothing is read inside a call.
+A layer whose plan reuses lists over steps keeps a selecting call's lists in a `KeptTiles`, which
+later calls attend on.
 """
 
 from __future__ import annotations
@@ -131,21 +133,59 @@ def kernel_density(counts: torch.Tensor, n_tiles: int) -> torch.Tensor:
     return counts.double().mean() / n_tiles
 
 
-# A layer's running block-sparse statistics (`add_call`): float64 (3,) on the model's device.
-SPARSE_SUM, SPARSE_CALLS, SPARSE_MIN = range(3)
+# A layer's running block-sparse statistics (`add_call`): float64 (4,) on the model's device.
+SPARSE_SUM, SPARSE_CALLS, SPARSE_MIN, SPARSE_REUSED = range(4)
 
 
 def empty_stats(device: torch.device | str | None = None) -> torch.Tensor:
-    """Statistics before any call: sum of densities 0, calls 0, least density +inf."""
-    return torch.tensor([0.0, 0.0, math.inf], dtype=torch.float64, device=device)
+    """Statistics before any call: sum of densities 0, calls 0, least density +inf, reused calls 0."""
+    return torch.tensor([0.0, 0.0, math.inf, 0.0], dtype=torch.float64, device=device)
 
 
-def add_call(stats: torch.Tensor, density: torch.Tensor) -> None:
-    """Add one sparse call of `density` (float64 0-dim, `density_of`) to `stats` (float64 (3,):
-    [sum of the calls' densities, calls, least density]), on the device: nothing is read, so a
-    compiled graph stays whole (an in-place update of its input, like the guard's counter)."""
+def add_call(stats: torch.Tensor, density: torch.Tensor, reused: bool = False) -> None:
+    """Add one sparse call of `density` (float64 0-dim, `density_of`) to `stats` (float64 (4,):
+    [sum of the calls' densities, calls, least density, calls on reused lists]), on the device:
+    nothing is read, so a compiled graph stays whole (an in-place update of its input, like the
+    guard's counter)."""
     stats.copy_(torch.stack([stats[SPARSE_SUM] + density, stats[SPARSE_CALLS] + 1,
-                             torch.minimum(stats[SPARSE_MIN], density)]))
+                             torch.minimum(stats[SPARSE_MIN], density), stats[SPARSE_REUSED] + float(reused)]))
+
+
+class KeptTiles:
+    """One layer's tile lists kept from a call that selected them, for its calls of later steps
+    (`plans.Sparse.reuse_steps`): indices (B, H, M_tiles, N_tiles), ascending then -1, and int32 counts
+    (B, H, M_tiles) on the device, in (block_m, block_n) tiles of a call of n_q queries and n_k keys.
+    The indices are kept as int16 where the key tiles fit (half the memory: they are as wide as the key
+    tiles; one conversion back per reusing call). Plain attributes only: a compiled call stores and
+    reads them like a module's buffers (one graph for every layer), and nothing is read on the host."""
+
+    def __init__(self) -> None:
+        self.indices: torch.Tensor | None = None
+        self.counts: torch.Tensor | None = None
+        self.tiles: tuple[int, int, int, int] = (0, 0, 0, 0)  # block_m, block_n, n_q, n_k
+
+    def keep(self, indices: torch.Tensor, counts: torch.Tensor, block_m: int, block_n: int, n_q: int,
+             n_k: int) -> None:
+        narrow = indices.shape[-1] <= torch.iinfo(torch.int16).max
+        self.indices = indices.to(torch.int16) if narrow else indices
+        self.counts, self.tiles = counts, (block_m, block_n, n_q, n_k)
+
+    def keep_mask(self, mask: TileMask, n_q: int, n_k: int) -> None:
+        """Keep the lists of a `TileMask` (the PyTorch selection's form), made on the device."""
+        self.keep(*mask.padded_lists(), mask.block_m, mask.block_n, n_q, n_k)
+
+    def lists_for(self, q: torch.Tensor, k: torch.Tensor) -> TileLists | None:
+        """The kept lists as a `TileLists` for HND q (B, H, Nq, D), k (B, H_kv, Nk, D), or None when none
+        are kept or they were made for another shape or device (the call then selects afresh)."""
+        if self.indices is None or self.indices.device != q.device:
+            return None
+        block_m, block_n, n_q, n_k = self.tiles
+        if tuple(self.counts.shape[:2]) != tuple(q.shape[:2]) or (n_q, n_k) != (q.shape[2], k.shape[2]):
+            return None
+        return TileLists.from_device(self.indices.to(torch.int32), self.counts, block_m, block_n, n_q, n_k)
+
+    def clear(self) -> None:
+        self.indices = self.counts = None
 
 
 def select_tile_lists(q: torch.Tensor, k: torch.Tensor, selection: DynamicSelection, *, pv: str = "fp16",

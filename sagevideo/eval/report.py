@@ -198,14 +198,14 @@ def _sparse_section(result: dict[str, Any]) -> str:
         return ""
     probed = any("probe_cos_worst" in row for row in sparse["layers"])
     head = ("<tr><th>layer</th><th>calls</th><th>sparse calls</th><th>density (sparse calls)</th><th>least density</th>"
-            "<th>density (all calls)</th><th>planned sparse, ran dense</th>"
+            "<th>density (all calls)</th><th>planned sparse, ran dense</th><th>on reused lists</th>"
             + ("<th>cosine worst vs fp32 dense</th><th>rel-L1 worst</th><th>floor cosine worst</th>" if probed else "")
             + "</tr>")
     rows = [head]
     for row in sparse["layers"]:
         dense = "; ".join(f"{n}× {reason}" for reason, n in row["dense"].items()) or "–"
         cells = [_e(row["layer"]), row["calls"], row["sparse_calls"], _num(row["sparse_density"], 4),
-                 _num(row["min_density"], 4), _num(row["density"], 4), _e(dense)]
+                 _num(row["min_density"], 4), _num(row["density"], 4), _e(dense), row.get("reused", 0)]
         if probed:
             cells += [_num(row.get("probe_cos_worst"), 6), _num(row.get("probe_rel_l1_worst")),
                       _num(row.get("probe_floor_cos_worst"), 6)]

@@ -80,7 +80,7 @@ SPARSE_HONESTY = (
 def sparse_layers(arm: Arm, probe: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Per layer of an arm that ran block-sparse layers (its manifests' `backends.sparse`, summed over
     videos): calls, the calls the plan made sparse and their mean density, the least density, why
-    planned calls ran dense, and with the attention probe the layer's error against fp32 dense
+    planned calls ran dense, the calls on lists kept from an earlier step, and with the attention probe the layer's error against fp32 dense
     attention (quantization and sparsity together) beside the full-precision floor. None when no
     record has sparse notes."""
     merged = _merged_sparse_layers(arm)
@@ -115,13 +115,14 @@ def _merged_sparse_layers(arm: Arm) -> dict[str, dict[str, Any]]:
     for video in arm.videos.values():
         for name, entry in (((video.record.backends or {}).get("sparse") or {}).get("layers") or {}).items():
             row = merged.setdefault(name, {"layer": name, "calls": 0, "sparse_calls": 0, "_sum": 0.0,
-                                           "_sparse_sum": 0.0, "min_density": 1.0, "dense": {}})
+                                           "_sparse_sum": 0.0, "min_density": 1.0, "dense": {}, "reused": 0})
             planned = entry.get("sparse_calls", 0)
             row["calls"] += entry["calls"]
             row["_sum"] += entry["density"] * entry["calls"]
             row["sparse_calls"] += planned
             row["_sparse_sum"] += entry.get("sparse_density", 0.0) * planned
             row["min_density"] = min(row["min_density"], entry["min"])
+            row["reused"] += entry.get("reused", 0)
             for reason, n in (entry.get("dense") or {}).items():
                 row["dense"][reason] = row["dense"].get(reason, 0) + n
     return merged

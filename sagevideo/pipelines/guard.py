@@ -65,11 +65,12 @@ class AttentionGuard:
 
     def collect(self) -> dict[str, int]:
         """Layer -> query tiles flagged since the last read (one device-to-host transfer), reported
-        to the active logs and warned once per layer."""
-        from sagevideo.attention.records import PEAKY_ADVICE, report_peaky
+        to the active logs and warned once per layer. Nothing while a CUDA graph is being captured (no
+        host read then: the counts keep adding up on the device, and the next read notes them)."""
+        from sagevideo.attention.records import PEAKY_ADVICE, capturing, report_peaky
 
         routes = list(self.router.routes.values())
-        if not routes:
+        if not routes or capturing():
             return {}
         totals = torch.stack([route.flagged.to(routes[0].flagged.device) for route in routes]).tolist()
         new = {}

@@ -73,12 +73,17 @@ class Sparse(BaseModel):
     tile keeps the fewest tiles whose estimated mass reaches it, so query tiles with diffuse attention
     keep more than sharp ones, with no host read. `calibrate --sparse dynamic:D` finds it per layer
     on the captured calls (`pipelines.calibrate`); `density` then stays the target it was found for
-    (reports). Without it a dynamic call keeps `density` of each query tile's key tiles (per row)."""
+    (reports). Without it a dynamic call keeps `density` of each query tile's key tiles (per row).
+
+    `reuse_steps` (dynamic only, >= 1; None or 1: select at every call): a layer's call selects its
+    tiles at one step and its calls of the next `reuse_steps - 1` steps of the same choice attend on
+    those lists (`routing.LayerRoute.kept`), skipping the selection's work (docs/sparse.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     method: SparseMethod
     density: float
     top_p: float | None = None
+    reuse_steps: int | None = None
 
     @field_validator("density")
     @classmethod
@@ -95,11 +100,20 @@ class Sparse(BaseModel):
                              "keeps), e.g. 0.9; leave it out for the per-row density")
         return top_p
 
+    @field_validator("reuse_steps")
+    @classmethod
+    def _check_reuse_steps(cls, reuse_steps: int | None) -> int | None:
+        if reuse_steps is not None and reuse_steps < 1:
+            raise ValueError(f"reuse_steps {reuse_steps} must be at least 1 (the steps one selection serves, "
+                             "e.g. 2: select every other step); leave it out to select at every step")
+        return None if reuse_steps == 1 else reuse_steps  # 1 is the default: not written
+
     @model_validator(mode="after")
     def _check_method(self):
-        if self.top_p is not None and self.method != "dynamic":
-            raise ValueError(f"top_p: only dynamic selection takes a top_p (static windows depend on no input); "
-                             f"remove top_p or give method 'dynamic' (got {self.method!r})")
+        for name in ("top_p", "reuse_steps"):
+            if getattr(self, name) is not None and self.method != "dynamic":
+                raise ValueError(f"{name}: only dynamic selection takes a {name} (static windows depend on no "
+                                 f"input); remove {name} or give method 'dynamic' (got {self.method!r})")
         return self
 
     @property
@@ -109,8 +123,9 @@ class Sparse(BaseModel):
 
     @property
     def label(self) -> str:
-        """The text form, with the top_p when set: 'dynamic:0.15 top_p 0.93'."""
-        return self.text if self.top_p is None else f"{self.text} top_p {self.top_p:g}"
+        """The text form, with the top_p and reuse when set: 'dynamic:0.15 top_p 0.93 reuse 2'."""
+        top_p = "" if self.top_p is None else f" top_p {self.top_p:g}"
+        return f"{self.text}{top_p}" + ("" if self.reuse_steps is None else f" reuse {self.reuse_steps}")
 
     @classmethod
     def parse(cls, text: str) -> Sparse | None:

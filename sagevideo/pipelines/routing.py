@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from sagevideo.attention.functional import BACKENDS, key_padding_problem, scaled_dot_product_attention
-from sagevideo.attention.sparse import empty_stats
+from sagevideo.attention.sparse import DynamicSelection, KeptTiles, empty_stats
 from sagevideo.choices import PVS as PV_MODES
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
 from sagevideo.pipelines.sparse import SparseRouting
@@ -130,7 +130,11 @@ class LayerRoute:
     Under a plan with sparse choices, `sparse_stats` (float64 (3,) on the model's device: sum of
     densities, sparse calls, least density), which each sparse call adds to on the device,
     `dense_calls` ((reason, planned) -> dense calls, on the host) and `sparse_key` (the route's key,
-    int64 0-dim on the CPU, by which a compiled call notes a dense one): `pipelines.sparse_notes`."""
+    int64 0-dim on the CPU, by which a compiled call notes a dense one): `pipelines.sparse_notes`.
+    Under a dynamic choice with `reuse_steps`, `reuse` (whether this step's calls attend on kept lists)
+    and `kept` (the `KeptTiles` of the running forward's call of the step: guidance may call the
+    transformer twice a step) are set outside compiled code, when the clock moves and before each
+    forward (`AttentionRouter.advance_routes`, `bind_kept`)."""
 
     def __init__(self, name: str, choice: Choice):
         self.name = name
@@ -142,6 +146,11 @@ class LayerRoute:
         self.sparse_stats = empty_stats()
         self.sparse_key = route_key(self)
         self.dense_calls: Counter[tuple[str, bool]] = Counter()
+        self.reuse = False
+        self.kept = KeptTiles()
+        self.kept_by_forward: dict[int, KeptTiles] = {}  # the step's n-th forward -> its lists
+        self.run = 0  # steps in a row under the same choice, counted from 0
+        self._step: int | None = None
 
     def counter_on(self, device: torch.device) -> torch.Tensor:
         """`flagged`, moved to `device` first if the model moved (outside compiled code only)."""
@@ -157,6 +166,30 @@ class LayerRoute:
 
     def set(self, choice: Choice) -> None:
         self.mode, self.granularity, self.sparse = choice.mode, choice.granularity, choice.sparse
+
+    @property
+    def reuse_steps(self) -> int | None:
+        """The steps one selection serves under the current choice (None: select at every call)."""
+        return self.sparse.reuse_steps if self.sparse is not None and self.sparse.method == "dynamic" else None
+
+    def advance(self, choice: Choice, step: int | None) -> None:
+        """The clock moved to `step`, where the plan's choice is `choice` (not yet `set`): count the steps
+        in a row under one choice (a step that does not follow the last, or no step, starts afresh), and
+        whether this one reuses the lists of the run's last selecting step."""
+        same = (choice.mode, choice.granularity, choice.sparse) == (self.mode, self.granularity, self.sparse)
+        follows = step is not None and self._step is not None and step == self._step + 1
+        self.run = self.run + 1 if same and follows else 0
+        self._step = step
+        reuse = choice.sparse.reuse_steps if choice.sparse is not None and choice.sparse.method == "dynamic" else None
+        self.reuse = bool(reuse) and self.run % reuse != 0
+        if not reuse:
+            self.kept_by_forward.clear()
+            self.kept = KeptTiles()
+
+    def bind_kept(self, forward: int) -> None:
+        """Before the step's `forward`-th forward (0 first): its kept lists become `kept`."""
+        if self.reuse_steps:
+            self.kept = self.kept_by_forward.setdefault(forward, KeptTiles())
 
     def __repr__(self) -> str:
         return f"LayerRoute({self.name!r}, {self.mode.value}/{self.granularity.value})"
@@ -182,8 +215,10 @@ class AttentionRouter:
         self.clock = StepClock()
         self._routes: dict[str, LayerRoute] = {}
         self.forced_full: set[str] = set()  # layers the run-time guard moved to full precision
-        self.clock.on_change.append(self._resolve_routes)
+        self.clock.on_change.append(self.advance_routes)
         self.sparse = SparseRouting() if plan.uses_sparse else None
+        if self.sparse is not None:
+            self.sparse.on_forward.append(self.bind_kept)
 
     def choice(self, layer: str) -> Choice:
         if layer in self.forced_full:
@@ -215,6 +250,21 @@ class AttentionRouter:
         for route in self._routes.values():
             route.set(self.choice(route.name))
             route.text = self._text_of(route.name)
+
+    def advance_routes(self) -> None:
+        """The clock moved: each route's run of steps under one choice (`LayerRoute.advance`), then its
+        choice at the new step; the step's forwards count from 0 again."""
+        for route in self._routes.values():
+            route.advance(self.choice(route.name), self.clock.step)
+        self._resolve_routes()
+        if self.sparse is not None:
+            self.sparse.forwards = 0
+
+    def bind_kept(self, forward: int) -> None:
+        """Before the step's `forward`-th forward (`SparseRouting.forward_started`): each route's kept
+        lists for it (outside compiled code; a compiled call reads `route.kept` as a graph input)."""
+        for route in self._routes.values():
+            route.bind_kept(forward)
 
     def sparse_layers_changed(self) -> None:
         """Bring the routes' text positions up to date after `sparse.text` changed (install)."""
@@ -263,7 +313,7 @@ class AttentionRouter:
     def _attend_with(self, mode: Mode, granularity: str, q, k, v, *, route: LayerRoute, attn_mask=None,
                      is_causal=False, sm_scale=None, dropout_p=0.0, enable_gqa=False, sparse: Sparse | None = None,
                      text: str | None = None) -> torch.Tensor:
-        tile_mask = self._tile_mask(mode, route, text, sparse, q, k, attn_mask, plain=not dropout_p)
+        tile_mask, kept = self._tile_mask(mode, route, text, sparse, q, k, attn_mask, plain=not dropout_p)
         if mode is Mode.full:  # torch's SDPA on the call as made (sageattn would refuse what SDPA broadcasts)
             return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
                                                 backend="sdpa")
@@ -274,25 +324,30 @@ class AttentionRouter:
             q, k, v, attn_mask, dropout_p, is_causal, sm_scale, enable_gqa,
             pv=mode.pv, qk_granularity=granularity, backend=backend, tile_mask=tile_mask,
             _guard_counter=route.counter_on(q.device),
-            _sparse_counter=None if tile_mask is None else route.sparse_on(q.device),
+            _sparse_counter=None if tile_mask is None else route.sparse_on(q.device), _kept_tiles=kept,
         )
         return out
 
     def _tile_mask(self, mode: Mode, route: LayerRoute, text: str | None, sparse: Sparse | None, q, k, attn_mask,
-                   plain: bool) -> Any:
-        """A sparse call's tile mask (`SparseRouting.call_mask`; `text`: the layer's text position), else
-        None, noting dense calls under a plan with sparse choices on the route (`sparse_notes.note_dense`,
-        also inside a compiled graph: the reason is decided here, on the host)."""
+                   plain: bool) -> tuple[Any, KeptTiles | None]:
+        """(a sparse call's tile mask (`SparseRouting.call_mask`; `text`: the layer's text position), else
+        None; the route's `KeptTiles` where the choice reuses lists over steps, else None), noting
+        dense calls under a plan with sparse choices on the route (`sparse_notes.note_dense`, also
+        inside a compiled graph: the reason is decided here, on the host). A reusing step's call
+        attends on the kept lists where they fit it, else selects afresh (and keeps those)."""
         if self.sparse is None:
-            return None
+            return None, None
         if sparse is None or mode is Mode.full:
             note_dense(route, "", planned=False)
-            return None
+            return None, None
         mask = self.sparse.call_mask(text, sparse, q, k, pv=mode.pv, attn_mask=attn_mask, plain=plain)
         if isinstance(mask, str):  # why this call cannot be sparse: it runs dense
             note_dense(route, mask, planned=True)
-            return None
-        return mask
+            return None, None
+        if not (isinstance(mask, DynamicSelection) and route.reuse_steps):
+            return mask, None
+        kept = route.kept.lists_for(q, k) if route.reuse else None
+        return (mask if kept is None else kept), route.kept
 
 
 def plan_router_of(router: Any) -> Any:

@@ -65,6 +65,14 @@ class SparseRouting:
     def __init__(self, text: dict[str, str | None] | None = None):
         self.text: dict[str, str | None] = dict(text or {})
         self.grid: tuple[int, int, int] | None = None
+        self.forwards = 0  # forwards of the current step so far (the router resets it when the clock moves)
+        self.on_forward: list[Any] = []  # callbacks(forward index in the step), before each forward
+
+    def forward_started(self) -> None:
+        """A denoiser forward starts (outside compiled code): the callbacks get its index in the step."""
+        for callback in self.on_forward:
+            callback(self.forwards)
+        self.forwards += 1
 
     def text_of(self, layer: str) -> str | None:
         """The text position of `layer` (prefixed name): TEXT_FIRST, TEXT_LAST, None (no text), or
@@ -154,6 +162,7 @@ class GridHook:
     @torch.compiler.disable  # bookkeeping outside any graph (it may read the inputs on the host)
     def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.routing.grid = self.layout.grid(module, args, kwargs)
+        self.routing.forward_started()
 
 
 def sparse_layers(transformer: Any, prefix: str = "") -> dict[str, str | None]:

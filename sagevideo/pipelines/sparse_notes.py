@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from sagevideo.attention.records import SparseNote, register_effect, report_sparse
-from sagevideo.attention.sparse import SPARSE_CALLS, SPARSE_MIN, SPARSE_SUM, empty_stats
+from sagevideo.attention.records import SparseNote, capturing, register_effect, report_sparse
+from sagevideo.attention.sparse import SPARSE_CALLS, SPARSE_MIN, SPARSE_REUSED, SPARSE_SUM, empty_stats
 
 _ROUTES: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # key -> LayerRoute
 _KEYS = itertools.count()
@@ -67,8 +67,10 @@ register_effect("note_dense_call")
 
 def collect(routes: list[Any], step: int | None) -> None:
     """Note the calls `routes` made since the last collection (one device-to-host transfer for their
-    statistics) at denoising `step`, and start their statistics afresh. Outside compiled code."""
-    if not routes:
+    statistics) at denoising `step`, and start their statistics afresh. Outside compiled code; not
+    while a CUDA graph is being captured (no host read then: the statistics keep adding up on the
+    device, each replay's too, and the next collection outside the capture notes them)."""
+    if not routes or capturing():
         return
     device = routes[0].sparse_stats.device
     stats = torch.stack([route.sparse_stats.to(device) for route in routes]).tolist()
@@ -76,8 +78,9 @@ def collect(routes: list[Any], step: int | None) -> None:
         calls = int(row[SPARSE_CALLS])
         if calls:
             route.sparse_stats.copy_(_empty_on(route.sparse_stats.device))
-            for density in _densities(row[SPARSE_SUM], calls, row[SPARSE_MIN]):
-                report_sparse(SparseNote(route.name, step, density, planned=True))
+            reused = int(row[SPARSE_REUSED])
+            for index, density in enumerate(_densities(row[SPARSE_SUM], calls, row[SPARSE_MIN])):
+                report_sparse(SparseNote(route.name, step, density, planned=True, reused=index < reused))
         dense: Counter = route.dense_calls
         for (reason, planned), count in dense.items():
             for _ in range(count):

@@ -276,6 +276,7 @@ def test_a_sparse_arm_reports_per_layer_density_and_the_probes_error(tmp_path):
     assert (first["calls"], first["sparse_calls"], first["density"], first["sparse_density"]) == (3, 0, 1.0, None)
     assert later["calls"] == 3 and later["sparse_calls"] == 2 and 0 < later["sparse_density"] < 1  # steps 1, 2
     assert later["density"] == pytest.approx((1 + 2 * later["sparse_density"]) / 3, abs=1e-3) and later["dense"] == {}
+    assert first["reused"] == later["reused"] == 0  # a static plan reuses nothing
     assert later["probe_cos_worst"] < 1.0 and later["probe_floor_cos_worst"] == pytest.approx(1.0, abs=1e-9)
     assert "judged on your own model" in data["sparse"]["note"]
     html = (out / "report.html").read_text()

@@ -42,6 +42,17 @@ def test_choices_last_match_wins():
     assert plan.choice_for(LAYERS[1], None) == Choice(mode=Mode.int8_fp8)  # step-ranged entries need a step
 
 
+def test_reuse_steps_round_trips_and_one_is_the_default_left_unwritten(tmp_path):
+    reusing = {**SPARSE, "reuse_steps": 3}
+    plan = AttentionPlan.model_validate(_plan(default={"mode": "int8-fp8", "sparse": reusing}))
+    loaded = AttentionPlan.load(plan.save(tmp_path / "reuse.json"))
+    assert loaded == plan and loaded.default.sparse.reuse_steps == 3
+    assert json.loads((tmp_path / "reuse.json").read_text())["default"]["sparse"] == reusing
+    assert loaded.default.label == "int8-fp8/block+sparse dynamic:0.15 reuse 3"
+    once = AttentionPlan.model_validate(_plan(default={"mode": "int8-fp8", "sparse": {**SPARSE, "reuse_steps": 1}}))
+    assert once.default.sparse == Sparse(**SPARSE) and "reuse_steps" not in once.to_json()
+
+
 @pytest.mark.parametrize(
     "change, match",
     [
@@ -178,6 +189,10 @@ def test_a_calibrated_top_p_round_trips_in_version_2_and_plans_without_it_load_u
          r"default\.sparse\.top_p: top_p 1\.5 must lie in \(0, 1\]"),
         ({"default": {"mode": "int8-fp8", "sparse": {"method": "static", "density": 0.3, "top_p": 0.9}}},
          r"default\.sparse: top_p: only dynamic selection takes a top_p"),
+        ({"default": {"mode": "int8-fp8", "sparse": {**SPARSE, "reuse_steps": 0}}},
+         r"default\.sparse\.reuse_steps: reuse_steps 0 must be at least 1"),
+        ({"default": {"mode": "int8-fp8", "sparse": {"method": "static", "density": 0.3, "reuse_steps": 2}}},
+         r"default\.sparse: reuse_steps: only dynamic selection takes a reuse_steps"),
     ],
 )
 def test_bad_sparse_settings_name_the_field_and_the_fix(change, match):

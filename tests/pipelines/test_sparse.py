@@ -105,13 +105,13 @@ def test_a_call_that_cannot_be_sparse_runs_dense_with_the_reason(case):
 PLANTED_GRID = (4, 16, 32)
 
 
-def _planted(text: int = 0):
+def _planted(text: int = 0, seed: int = 0, grid: tuple[int, int, int] = PLANTED_GRID):
     """Planted q, k, v (1, 2, text + 2048, 64) on PLANTED_GRID with `text` tokens first, windows wide
     enough that raster tiles are self-similar (the selection judges them rather than keeping them)."""
     from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
 
-    spec = PlantedSpec(batch=1, heads=2, frames=PLANTED_GRID[0], height=PLANTED_GRID[1], width=PLANTED_GRID[2],
-                       head_dim=64, text_prefix=text, stripe_every=2, lengthscale=(3.0, 32.0, 32.0))
+    spec = PlantedSpec(batch=1, heads=2, frames=grid[0], height=grid[1], width=grid[2], head_dim=64,
+                       text_prefix=text, stripe_every=2, lengthscale=(3.0, 32.0, 32.0), seed=seed)
     made = planted_inputs(spec)
     return made.q, made.k, made.v
 
@@ -159,6 +159,60 @@ def sagevideo_sdpa(q, k, v, mask):
     from sagevideo.attention.functional import scaled_dot_product_attention
 
     return scaled_dot_product_attention(q, k, v, pv="fp16", backend="sdpa", tile_mask=mask)
+
+
+def _reusing_router(reuse_steps: int) -> AttentionRouter:
+    sparse = Sparse(method="dynamic", density=0.3, reuse_steps=reuse_steps)
+    router = AttentionRouter(AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=sparse)), backend="sdpa")
+    router.sparse.text.update({"joint": TEXT_FIRST})
+    router.sparse.grid = PLANTED_GRID
+    return router
+
+
+@pytest.mark.parametrize("reuse_steps", [2, 3])
+def test_a_plan_that_reuses_lists_attends_on_those_its_forward_selected_at_the_runs_selecting_step(reuse_steps):
+    """reuse_steps=R: at steps 0, R, ... each of a step's two forwards (guidance) selects on its own
+    inputs; at the steps between, each attends on the lists its own forward selected last (not on
+    fresh ones), noted as reused. A step that does not follow the last (the clock back at 0: a new
+    video) selects again, as does a call whose shape the kept lists do not fit."""
+    from sagevideo.attention.sparse import dynamic_selection, key_tiles_of, select_tile_lists
+
+    text = 40
+    router = _reusing_router(reuse_steps)
+    route = router.route("joint")
+
+    def lists(q, k):
+        selection = dynamic_selection(0.3, key_tiles=key_tiles_of(k, "fp16"), text_first=text)
+        return select_tile_lists(q, k, selection, pv="fp16")
+
+    selected_at = {}
+    for step in (0, 1, 2, 3, 0):
+        router.clock.step = step
+        for forward in range(2):
+            q, k, v = _planted(text, seed=10 * step + forward)
+            router.sparse.forward_started()
+            with record_backends() as log:
+                out = router.attend(route, q, k, v)
+                router.collect_sparse()
+            reused = step % reuse_steps != 0
+            if not reused:
+                selected_at[forward] = lists(q, k)
+            want = sagevideo_sdpa(q, k, v, selected_at[forward])
+            assert torch.equal(out, want), (step, forward)
+            assert [note.reused for note in log.sparse] == [reused]
+            if reused:  # the fresh lists differ: attending on the kept ones is seen
+                fresh = lists(q, k)
+                assert not torch.equal(fresh.indices, selected_at[forward].indices)
+                assert not torch.equal(out, sagevideo_sdpa(q, k, v, fresh))
+                assert log.summary()["sparse"]["layers"]["joint"]["reused"] == 1
+    router.clock.step = 1  # follows 0: a reusing step, but a call of another shape selects afresh
+    router.sparse.forward_started()
+    router.sparse.grid = (2, 16, 32)
+    q, k, v = _planted(text, seed=99, grid=router.sparse.grid)
+    with record_backends() as log:
+        out = router.attend(route, q, k, v)
+        router.collect_sparse()
+    assert [note.reused for note in log.sparse] == [False] and torch.equal(out, sagevideo_sdpa(q, k, v, lists(q, k)))
 
 
 def test_a_dense_plan_notes_nothing_and_installs_no_sparse_routing():
@@ -258,6 +312,50 @@ def test_a_model_its_user_compiles_runs_a_sparse_plan_in_whole_graphs(tiny_pipe,
 
 
 @pytest.mark.slow  # torch.compile
+def test_a_compiled_model_reuses_lists_over_steps_in_whole_graphs(tiny_pipe):
+    """Regional compile of a plan that reuses lists every other step: whether a step selects or reuses is
+    set when the clock moves, outside the graphs, and the kept lists are graph inputs: no graph break,
+    one more graph per block class at most (selecting, reusing), outputs bit for bit eager's at each
+    step, the same calls noted reused."""
+    from torch._dynamo.utils import counters
+
+    import sagevideo
+    from sagevideo.pipelines.routing import plan_router_of
+
+    *_, dense_graphs = _eager_and_compiled(tiny_pipe, AttentionPlan.uniform("int8-fp16"), forwards=1)
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=Sparse(method="dynamic", density=0.3,
+                                                                           reuse_steps=2)))
+    transformer, inputs = tiny_pipe.transformer, _tiny_inputs()
+
+    def steps(router):
+        outs, reused = [], []
+        for step in range(3):
+            router.clock.step = step
+            with torch.no_grad(), record_backends() as log:
+                outs.append(transformer(**inputs, return_dict=False)[0])
+            reused.append(sum(note.reused for note in log.sparse))
+        return outs, reused
+
+    torch._dynamo.reset()
+    counters.clear()
+    with sagevideo.install(transformer, plan, backend="reference") as handle:
+        router = plan_router_of(handle.router)
+        eager, eager_reused = steps(router)
+        router.clock.step = None  # a new run: the compiled steps select afresh at step 0
+        try:
+            for block in transformer.transformer_blocks:
+                block.compile(backend="eager", fullgraph=True)
+            compiled, compiled_reused = steps(router)
+        finally:
+            for block in transformer.transformer_blocks:
+                block._compiled_call_impl = None
+    assert eager_reused == compiled_reused == [0, 2, 0]  # two sparse layers reuse at step 1
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled, strict=True))
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] <= 2 * dense_graphs
+
+
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("case", ["static", "dynamic", "no-grid"])
 def test_compiled_calls_kept_dense_are_noted_as_eager_ones_with_their_reasons(tiny_pipe, monkeypatch, case):
     """A plan that keeps a layer dense, and (no-grid) calls that cannot be sparse: compiled forwards note
@@ -284,6 +382,47 @@ def test_compiled_calls_kept_dense_are_noted_as_eager_ones_with_their_reasons(ti
         assert "dense" not in planned and summary["dense"] == {}
     for log in compiled_logs:
         assert log.summary()["sparse"] == summary
+
+
+@pytest.mark.gpu
+def test_an_installed_sparse_forward_replays_in_a_cuda_graph(tiny_pipe):
+    """A whole forward of a model under a dynamic sparse plan (the kernels' one-go selection, the guard,
+    the sparse notes) captured in a CUDA graph: nothing reads the host while it is captured (the
+    end-of-forward reads wait for a forward outside the capture), and the replay on new inputs equals
+    an eager forward on them, bit for bit."""
+    import copy
+
+    import sagevideo
+
+    transformer = copy.deepcopy(tiny_pipe.transformer).to("cuda", torch.bfloat16)
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=Sparse(method="dynamic", density=0.3)))
+
+    def inputs(seed):
+        gen = torch.Generator().manual_seed(seed)
+        made = dict(hidden_states=torch.randn(2, 3, 4, 24, 24, generator=gen),
+                    encoder_hidden_states=torch.randn(2, 32, 32, generator=gen))
+        return {**{k: t.to("cuda", torch.bfloat16) for k, t in made.items()},
+                "timestep": torch.tensor([500, 500], device="cuda")}
+
+    static = inputs(0)
+    with sagevideo.install(transformer, plan, backend="triton"), torch.no_grad():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture: Triton compiles, the allocator settles
+            transformer(**static, return_dict=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = transformer(**static, return_dict=False)[0]
+        for seed in (1, 0):
+            fresh = inputs(seed)
+            for name, tensor in fresh.items():
+                static[name].copy_(tensor)
+            graph.replay()
+            with record_backends() as log:
+                eager = transformer(**fresh, return_dict=False)[0]
+            assert torch.equal(captured, eager), seed
+            assert log.summary()["sparse"]["layers"] and {c.ran for c in log.choices} == {"triton"}
 
 
 def test_an_installed_dynamic_call_reads_nothing_on_the_host(tiny_pipe, monkeypatch):
