@@ -80,9 +80,9 @@ SPARSE_HONESTY = (
 def sparse_layers(arm: Arm, probe: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Per layer of an arm that ran block-sparse layers (its manifests' `backends.sparse`, summed over
     videos): calls, the calls the plan made sparse and their mean density, the least density, why
-    planned calls ran dense, the calls on lists kept from an earlier step, and with the attention probe the layer's error against fp32 dense
-    attention (quantization and sparsity together) beside the full-precision floor. None when no
-    record has sparse notes."""
+    planned calls ran dense, the calls on lists kept from an earlier step, and with the attention
+    probe the layer's error against fp32 dense attention (quantization and sparsity together) beside
+    the full-precision floor. None when no record has sparse notes."""
     merged = _merged_sparse_layers(arm)
     if not merged:
         return None

@@ -75,6 +75,11 @@ class SparseBudgetOptions(BaseModel):
         None, description="With --sparse: the worst cosine (over heads, calls and captured steps) a layer's sparse "
         "output must keep against the same mode's dense output; per layer the sparsest of DENSITY, 2x and 4x "
         "DENSITY that meets it is proposed, dense where none does (default 0.99).")
+    sparse_reuse: int | None = Field(
+        None, ge=2, description="With --sparse dynamic:DENSITY: also measure each layer attending on the tile lists "
+        "it selected at a step over this many steps (selecting every N-th), and propose that reuse per layer "
+        "where its worst cosine meets the budget too (needs every step of the run captured; default: select "
+        "at every step).")
 
 
 def is_sparse(value: str | None) -> bool:

@@ -159,6 +159,8 @@ class SparseProposal:
     dense: dict[str, str] = field(default_factory=dict)
     modes: dict[str, str] = field(default_factory=dict)  # layer -> the mode label its error is read on
     column_mass: dict[str, tuple[float, float]] = field(default_factory=dict)  # `TopPCurve.column_mass`
+    reuse_steps: int | None = None  # the reuse measured (`top_p_router`), None: none
+    reused: dict[str, SparseWorst] = field(default_factory=dict)  # layer -> its chosen density on kept lists
 
     def worst(self) -> tuple[str, SparseWorst] | None:
         """The sparse layer with the lowest worst cosine at its chosen density, None when none is sparse."""
@@ -172,6 +174,9 @@ class SparseProposal:
         line = (f"block-sparse ({self.ladder[0].method}, densities {', '.join(f'{s.density:g}' for s in self.ladder)}"
                 f"; budget: worst cosine >= {self.budget:g} against the same mode dense): {len(self.chosen)} "
                 f"layer(s) sparse ({at}), {len(self.dense)} dense")
+        if self.reuse_steps:
+            reusing = sum(s.reuse_steps is not None for s in self.chosen.values())
+            line += f"; {reusing} of them reuse their lists for {self.reuse_steps} steps"
         worst = self.worst()
         if worst is not None:
             name, w = worst
@@ -184,19 +189,22 @@ class SparseProposal:
     def table(self) -> str:
         """One line per sparse layer: target density, its top_p (dynamic), the density reached on the
         captured calls, worst cosine and rel-L1 against the same mode dense, the mass the probe's
-        columns carry (mean/worst head, dynamic), the mode ('' when none)."""
+        columns carry (mean/worst head, dynamic), with a reuse measured the worst cosine on the lists
+        kept from the step before (a '*' where the plan reuses them), the mode ('' when none)."""
         if not self.chosen:
             return ""
         header = (f"{'layer':40s} {'density':>7s} {'top_p':>9s} {'reached':>7s} {'cosine':>8s} {'rel-L1':>7s} "
-                  f"{'probe cols':>11s}   mode")
+                  f"{'probe cols':>11s} {'reused cos':>10s}   mode")
         lines = [header, "-" * len(header)]
         for name, sparse in self.chosen.items():
             w = self.errors[name][self.modes[name]][sparse.density]
             top_p = "-" if sparse.top_p is None else f"{sparse.top_p:.6f}"
             mass = self.column_mass.get(name)
             columns = "-" if mass is None else f"{mass[0]:.3f}/{mass[1]:.3f}"
+            reused = self.reused.get(name)
+            on_kept = "-" if reused is None else f"{reused.cos:.5f}" + ("*" if sparse.reuse_steps else " ")
             lines.append(f"{name:40s} {sparse.density:7g} {top_p:>9s} {w.density:7.3f} {w.cos:8.5f} {w.rel_l1:7.4f} "
-                         f"{columns:>11s}   {self.modes[name]}")
+                         f"{columns:>11s} {on_kept:>10s}   {self.modes[name]}")
         return "\n".join(lines)
 
     def dense_note(self) -> str:
@@ -270,6 +278,9 @@ class ProbingRouter(AttentionRouter):
         self.sparse_errors: dict[str, dict[str, dict[float, SparseWorst]]] = {}
         self.not_sparse: dict[str, str] = {}  # layer -> why its calls cannot be sparse
         self.curves: dict[str, dict[str, TopPCurve]] = {}  # dynamic: layer -> P·V mode -> its top_p curve
+        self.reuse_steps: int | None = None  # `top_p_router`'s: the reuse its second pass measures
+        # layer -> mode label -> density -> the error on lists kept from the run's last selecting step
+        self.reuse_errors: dict[str, dict[str, dict[float, SparseWorst]]] = {}
         if ladder:  # install gives it the layers' text positions and each forward's grid
             self.sparse = SparseRouting()
 
@@ -357,12 +368,16 @@ class TopPRouter(AttentionRouter):
     pass's run again) and, at the probe's captured sparse steps, runs each layer of `settings` (layer
     -> (its chosen mode, its ladder with calibrated top_p's)) on the tiles each top_p selects (the
     installed settings, in PyTorch), against the same mode's dense output, into the probe's
-    `sparse_errors` with the density reached."""
+    `sparse_errors` with the density reached. With `probe.reuse_steps` R, the steps between the
+    selecting ones (every R-th from `sparse_from`, as an installed plan's run counts them) also run the
+    lists the same forward of the step (guidance: one a forward) selected last, into
+    `probe.reuse_errors`: what the plan with reuse would run there."""
 
     def __init__(self, probe: ProbingRouter, settings: dict[str, tuple[Choice, tuple[Sparse, ...]]]):
         super().__init__(AttentionPlan.uniform(Mode.full), probe.backend)
         self.probe, self.settings = probe, settings
         self.sparse = SparseRouting()  # install gives it the layers' text positions and each forward's grid
+        self.kept: dict[tuple[str, int, float], Any] = {}  # (layer, forward of the step, density) -> its mask
 
     def __call__(self, layer, q, k, v, *, attn_mask=None, is_causal=False, sm_scale=None, dropout_p=0.0,
                  enable_gqa=False):
@@ -378,27 +393,40 @@ class TopPRouter(AttentionRouter):
         call = dict(attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale, enable_gqa=enable_gqa)
         dense = _attend(self.backend, choice, q, k, v, call)
         errs = probe.sparse_errors.setdefault(layer, {}).setdefault(choice.label, {})
+        reuse = probe.reuse_steps
+        selecting = not reuse or step is None or (step - probe.sparse_from) % reuse == 0
         for setting in ladder:
+            key = (layer, self.sparse.forwards - 1, setting.density)
+            kept = None if selecting else self.kept.get(key)
+            if kept is not None and kept.n_q == q.shape[2] and kept.n_k == k.shape[2]:
+                worst = probe.reuse_errors.setdefault(layer, {}).setdefault(choice.label, {}).setdefault(
+                    setting.density, SparseWorst(top_p=setting.top_p))
+                worst.update(dense, _attend(self.backend, choice, q, k, v, call, kept), step)
+                worst.density_sum += kept.density
             mask = self.sparse.select(layer, setting, q, k, pv=choice.mode.pv, attn_mask=attn_mask,
                                       plain=not dropout_p, sm_scale=sm_scale)
             if isinstance(mask, str):
                 probe.not_sparse[layer] = mask
                 break
+            if reuse and selecting:
+                self.kept[key] = mask
             worst = errs.setdefault(setting.density, SparseWorst(top_p=setting.top_p))
             worst.update(dense, _attend(self.backend, choice, q, k, v, call, mask), step)
             worst.density_sum += mask.density
         return out
 
 
-def top_p_router(probe: ProbingRouter, *, threshold: float = 0.999,
-                 dense_layers: tuple[str, ...] = ()) -> TopPRouter | None:
+def top_p_router(probe: ProbingRouter, *, threshold: float = 0.999, dense_layers: tuple[str, ...] = (),
+                 reuse_steps: int | None = None) -> TopPRouter | None:
     """The second pass of a dynamic ladder (module docstring), None for any other probe: per layer that
     may be sparse (a quantized chosen mode, not in `dense_layers` (each denoiser's first sparse layer),
     a top_p curve on its mode's tiles), each ladder density's calibrated top_p (`TopPCurve.top_p_for`),
     to measure by running the same prompts under it; `calibration_result` (same threshold) then
-    proposes from what it measured."""
+    proposes from what it measured. reuse_steps (> 1): also measure the layers reusing their lists
+    over that many steps (`TopPRouter`), which `choose_sparse` proposes where it meets the budget."""
     if not probe.ladder or probe.ladder[0].method != "dynamic" or not probe.errors:
         return None
+    probe.reuse_steps = reuse_steps if reuse_steps and reuse_steps > 1 else None
     _, chosen = choose_plan(probe.errors, threshold, None, None)
     skip = set(dense_layers)
     settings = {}
@@ -415,8 +443,10 @@ def choose_sparse(probe: ProbingRouter, chosen: dict[str, Choice], budget: float
                   dense_layers: tuple[str, ...]) -> SparseProposal:
     """Per layer, on its chosen mode, the sparsest ladder density whose worst cosine against dense
     meets `budget`; dense (with the reason) where none does, where the layer runs full precision or
-    cannot be sparse, and in `dense_layers` (each denoiser's first sparse layer)."""
-    proposal = SparseProposal(budget, probe.ladder, probe.sparse_errors)
+    cannot be sparse, and in `dense_layers` (each denoiser's first sparse layer). Where a reuse was
+    measured (`probe.reuse_steps`), a sparse layer reuses its lists when its worst cosine on kept lists
+    at that density meets the budget too."""
+    proposal = SparseProposal(budget, probe.ladder, probe.sparse_errors, reuse_steps=probe.reuse_steps)
     for layer, choice in chosen.items():
         measured = probe.sparse_errors.get(layer, {}).get(choice.label, {})
         if choice.mode is Mode.full:
@@ -438,7 +468,13 @@ def choose_sparse(probe: ProbingRouter, chosen: dict[str, Choice], budget: float
             if ok and measured[ok[0].density].density >= 1.0:  # e.g. text and diagonal tiles cover a small call
                 proposal.dense[layer] = f"nothing to skip: the selection kept every tile at density {ok[0].density:g}"
             elif ok:
-                proposal.chosen[layer] = ok[0].model_copy(update={"top_p": measured[ok[0].density].top_p})
+                density = ok[0].density
+                reused = probe.reuse_errors.get(layer, {}).get(choice.label, {}).get(density)
+                reuse = probe.reuse_steps if reused is not None and reused.cos >= budget else None
+                proposal.chosen[layer] = ok[0].model_copy(update={"top_p": measured[density].top_p,
+                                                                  "reuse_steps": reuse})
+                if reused is not None:
+                    proposal.reused[layer] = reused
             else:
                 densest = probe.ladder[-1].density
                 proposal.dense[layer] = (f"over budget: worst cosine {measured[densest].cos:.5f} < {budget:g} even at "

@@ -237,3 +237,47 @@ def test_calibrated_top_ps_reach_the_proposed_density_on_the_captured_calls_and_
     mean, worst_head = sum(float(m.mean()) for m in column_masses) / 2, max(float(m.max()) for m in column_masses)
     assert proposal.column_mass[layer] == pytest.approx((mean, worst_head)) and 0 < mean <= worst_head < 1
     assert f"{mean:.3f}/{worst_head:.3f}" in proposal.table()
+
+
+@pytest.mark.parametrize("reuse_meets_budget", [True, False])
+def test_a_measured_reuse_runs_the_selecting_steps_lists_and_is_proposed_within_the_budget(reuse_meets_budget):
+    """With reuse over 2 steps from sparse_from 1: step 1 selects, step 2 also attends on step 1's lists
+    (the same forward's), and that error (against step 2's dense output) is what decides: within the
+    budget the layer's proposal reuses (reuse_steps 2, '*' in the table), else it selects every step."""
+    from sagevideo.attention.accuracy import error_stats
+    from sagevideo.attention.functional import sageattn
+    from sagevideo.pipelines.calibrate import ProbingRouter, choose_plan, choose_sparse, sparse_ladder, top_p_router
+    from sagevideo.pipelines.plans import Sparse
+
+    layer = "blocks.1.attn1"
+    calls = {1: _planted_call(6.0, 0), 2: _planted_call(14.0, 1)}
+    probe = ProbingRouter("sdpa", None, ladder=sparse_ladder(Sparse(method="dynamic", density=0.5)), sparse_from=1)
+
+    def run(router):
+        router.sparse.text[layer] = None
+        router.sparse.grid = PLANTED_GRID
+        for step, (q, k, v) in calls.items():
+            router.clock.step = step
+            router(layer, q, k, v)
+
+    run(probe)
+    second = top_p_router(probe, threshold=0.999, reuse_steps=2)
+    run(second)
+    _, chosen = choose_plan(probe.errors, 0.999, None, None)
+    label = chosen[layer].label
+    reused, fresh = probe.reuse_errors[layer][label][0.5], probe.sparse_errors[layer][label][0.5]
+    budget = reused.cos if reuse_meets_budget else (reused.cos + fresh.cos) / 2  # fresh lists meet both
+    proposal = choose_sparse(probe, chosen, budget, dense_layers=())
+    kept_mask = second.kept[(layer, -1, 0.5)]  # step 1's selection (no forward hook here: forward -1)
+    q, k, v = calls[2]
+    kwargs = dict(pv=chosen[layer].mode.pv, qk_granularity=chosen[layer].granularity.value, backend="sdpa")
+    want = error_stats(sageattn(q, k, v, **kwargs), sageattn(q, k, v, tile_mask=kept_mask, **kwargs)).cos_worst
+    assert reused.calls == 1 and reused.step == 2 and reused.cos == pytest.approx(want)
+    assert reused.cos < fresh.cos < 1.0  # stale lists cost more here
+    assert proposal.chosen[layer].density == 0.5 and proposal.reused[layer] is reused
+    if reuse_meets_budget:
+        assert proposal.chosen[layer].reuse_steps == 2 and f"{reused.cos:.5f}*" in proposal.table()
+        assert "1 of them reuse their lists for 2 steps" in proposal.note()
+    else:
+        assert proposal.chosen[layer].reuse_steps is None and f"{reused.cos:.5f} " in proposal.table()
+        assert "0 of them reuse their lists" in proposal.note()
