@@ -127,8 +127,8 @@ class LayerRoute:
     INT8's accuracy (the run-time guard's, int32 0-dim on the model's device): every quantized
     call adds its count on the device (a graph input like a buffer, so one graph still serves every
     layer); `pipelines.guard` reads the counts at the end of each forward.
-    Under a plan with sparse choices, `sparse_stats` (float64 (3,) on the model's device: sum of
-    densities, sparse calls, least density), which each sparse call adds to on the device,
+    Under a plan with sparse choices, `sparse_stats` (float64 (4,) on the model's device: sum of
+    densities, sparse calls, least density, calls on reused lists), which each sparse call adds to on the device,
     `dense_calls` ((reason, planned) -> dense calls, on the host) and `sparse_key` (the route's key,
     int64 0-dim on the CPU, by which a compiled call notes a dense one): `pipelines.sparse_notes`.
     Under a dynamic choice with `reuse_steps`, `reuse` (whether this step's calls attend on kept lists)
@@ -170,7 +170,7 @@ class LayerRoute:
     @property
     def reuse_steps(self) -> int | None:
         """The steps one selection serves under the current choice (None: select at every call)."""
-        return self.sparse.reuse_steps if self.sparse is not None and self.sparse.method == "dynamic" else None
+        return None if self.sparse is None else self.sparse.reuse_steps  # only dynamic choices take one
 
     def advance(self, choice: Choice, step: int | None) -> None:
         """The clock moved to `step`, where the plan's choice is `choice` (not yet `set`): count the steps
@@ -180,7 +180,7 @@ class LayerRoute:
         follows = step is not None and self._step is not None and step == self._step + 1
         self.run = self.run + 1 if same and follows else 0
         self._step = step
-        reuse = choice.sparse.reuse_steps if choice.sparse is not None and choice.sparse.method == "dynamic" else None
+        reuse = None if choice.sparse is None else choice.sparse.reuse_steps
         self.reuse = bool(reuse) and self.run % reuse != 0
         if not reuse:
             self.kept_by_forward.clear()

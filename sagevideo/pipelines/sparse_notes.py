@@ -2,7 +2,8 @@
 
 Compiled blocks share one graph across layers (routes carry their layer's text position, never its
 name), and nothing in a call may read the device. So each layer's route (`routing.LayerRoute`) holds
-- `sparse_stats`: float64 (3,) on the model's device, [sum of densities, sparse calls, least density],
+- `sparse_stats`: float64 (4,) on the model's device, [sum of densities, sparse calls, least density,
+  calls on reused lists],
   which each of its sparse calls adds to on the device (`attention.sparse.add_call`, through
   `sageattn`'s `_sparse_counter`, a graph input like the guard's counter);
 - `dense_calls`: on the host, (reason, planned) -> calls that ran dense under the sparse plan. The
