@@ -78,29 +78,41 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def parse_sparse(text: str) -> tuple[str, float] | None:
-    """A block-sparse setting's text form -> (method, density), or None for "off": METHOD:DENSITY
-    with METHOD one of SPARSE_METHODS and DENSITY in (0, 1] (kept / all key tiles), e.g.
-    "dynamic:0.15". ValueError naming the bad part and the fix."""
-    fix = f"give METHOD:DENSITY with METHOD {' or '.join(SPARSE_METHODS)} and DENSITY in (0, 1], e.g. dynamic:0.15, " \
-          f"or {SPARSE_OFF}"
+def parse_sparse(text: str) -> tuple[str, float, int | None] | None:
+    """A block-sparse setting's text form -> (method, density, reuse steps or None), or None for "off":
+    METHOD:DENSITY[:reuseN] with METHOD one of SPARSE_METHODS, DENSITY in (0, 1] (kept / all key
+    tiles) and, for dynamic selection, N >= 1 the steps one selection serves (1, or none given:
+    select at every step), e.g. "dynamic:0.15", "dynamic:0.15:reuse2". ValueError naming the bad part
+    and the fix."""
+    fix = f"give METHOD:DENSITY with METHOD {' or '.join(SPARSE_METHODS)} and DENSITY in (0, 1], e.g. dynamic:0.15 " \
+          f"(dynamic:0.15:reuse2 selects every other step), or {SPARSE_OFF}"
     if not isinstance(text, str):
         raise ValueError(f"{text!r} is not a sparse setting; {fix}")
     value = text.strip().lower()
     if value == SPARSE_OFF:
         return None
-    method, sep, density_text = value.partition(":")
+    method, sep, rest = value.partition(":")
     if not sep or method not in SPARSE_METHODS:
         raise ValueError(f"{text!r}: unknown method {method!r}; {fix}" if sep else f"{text!r}: {fix}")
+    density_text, _, reuse_text = rest.partition(":")
     try:
         density = float(density_text)
     except ValueError:
         raise ValueError(f"{text!r}: density {density_text!r} is not a number; {fix}") from None
     if not 0 < density <= 1:  # also NaN
         raise ValueError(f"{text!r}: density {density_text} is outside (0, 1] (kept / all key tiles); {fix}")
-    return method, density
+    if not reuse_text:
+        return method, density, None
+    steps = reuse_text.removeprefix("reuse")
+    if not reuse_text.startswith("reuse") or not steps.isdigit() or int(steps) < 1:
+        raise ValueError(f"{text!r}: {reuse_text!r} is not reuseN with N >= 1 (the steps one selection serves); {fix}")
+    if method != "dynamic":
+        raise ValueError(f"{text!r}: only dynamic selection reuses its tiles over steps (static windows depend on no "
+                         f"input); remove :{reuse_text} or give dynamic:{density_text}")
+    return method, density, None if int(steps) == 1 else int(steps)
 
 
-def sparse_text(method: str, density: float) -> str:
-    """The text form `parse_sparse` reads back exactly: 'dynamic:0.15'."""
-    return f"{method}:{float(density)!r}"
+def sparse_text(method: str, density: float, reuse_steps: int | None = None) -> str:
+    """The text form `parse_sparse` reads back exactly: 'dynamic:0.15', 'dynamic:0.15:reuse2'."""
+    reuse = "" if reuse_steps is None or reuse_steps == 1 else f":reuse{reuse_steps}"
+    return f"{method}:{float(density)!r}{reuse}"

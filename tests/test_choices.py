@@ -22,12 +22,19 @@ def test_sparse_text_reads_back_and_bad_settings_say_the_fix():
 
     from sagevideo.choices import parse_sparse, sparse_text
 
-    assert parse_sparse("dynamic:0.15") == ("dynamic", 0.15)
-    assert parse_sparse(" Static:1 ") == ("static", 1.0)
+    assert parse_sparse("dynamic:0.15") == ("dynamic", 0.15, None)
+    assert parse_sparse(" Static:1 ") == ("static", 1.0, None)
     assert parse_sparse("off") is None
-    assert parse_sparse(sparse_text("static", 0.123456789)) == ("static", 0.123456789)
+    assert parse_sparse(sparse_text("static", 0.123456789)) == ("static", 0.123456789, None)
+    assert parse_sparse("dynamic:0.15:Reuse2") == ("dynamic", 0.15, 2) and sparse_text("dynamic", 0.15, 2) == \
+        "dynamic:0.15:reuse2"
+    once = parse_sparse(sparse_text("dynamic", 0.15, 1))
+    assert parse_sparse("dynamic:0.15:reuse1") == ("dynamic", 0.15, None) == once
     for bad, match in (("dense:0.1", "unknown method 'dense'"), ("dynamic", "give METHOD:DENSITY"),
                        ("dynamic:x", "'x' is not a number"), ("dynamic:0", r"outside \(0, 1\]"),
-                       ("static:1.5", r"outside \(0, 1\]"), ("dynamic:nan", r"outside \(0, 1\]")):
+                       ("static:1.5", r"outside \(0, 1\]"), ("dynamic:nan", r"outside \(0, 1\]"),
+                       ("dynamic:0.15:reuse0", "'reuse0' is not reuseN with N >= 1"),
+                       ("dynamic:0.15:twice", "'twice' is not reuseN"),
+                       ("static:0.3:reuse2", "only dynamic selection reuses")):
         with pytest.raises(ValueError, match=match):
             parse_sparse(bad)

@@ -161,7 +161,7 @@ def calibrate(config: CalibrateConfig | list[str] | None = None, /, **options: A
     _check_sparse(config, n_steps, captured)
     return _run(source, jobs, out, captured, config.threshold, device, n_steps, save_qkv, config.progress,
                 image_shas, measured, recipe_record(config.recipe, measured), config.sparse,
-                config.sparse_budget, config.sparse_reuse)
+                config.sparse_budget)
 
 
 def _check_sparse(config: CalibrateConfig, n_steps: int, captured: set[int] | None) -> None:
@@ -169,12 +169,9 @@ def _check_sparse(config: CalibrateConfig, n_steps: int, captured: set[int] | No
     no sparse step, or captured steps that are all in the dense first fifth."""
     from sagevideo.pipelines.plans import dense_steps
 
-    if config.sparse_reuse is not None and not str(config.sparse).startswith("dynamic:"):
-        raise InputError(f"--sparse-reuse {config.sparse_reuse}: only with --sparse dynamic:DENSITY (static windows "
-                         "depend on no input: nothing to reuse); give --sparse dynamic:DENSITY or leave it out")
-    if config.sparse_reuse is not None and captured is not None:
-        raise InputError(f"--sparse-reuse {config.sparse_reuse} with --capture-steps: a reusing step needs the step "
-                         "that selected its lists measured too; leave --capture-steps out")
+    if ":reuse" in str(config.sparse) and captured is not None:
+        raise InputError(f"--sparse {config.sparse} with --capture-steps: a reusing step needs the step that selected "
+                         "its lists measured too; leave --capture-steps out (or :reuseN out of --sparse)")
     if not is_sparse(config.sparse):
         if config.sparse_budget is not None:
             raise InputError(f"--sparse-budget {config.sparse_budget}: only with --sparse METHOD:DENSITY (the "
@@ -251,12 +248,12 @@ def _generate_all(host, attention, jobs, backend, image_shas, bar) -> None:
 
 
 def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, progress, image_shas=None,
-         recipe=None, plan_recipe=None, sparse=None, sparse_budget=None, sparse_reuse=None):
+         recipe=None, plan_recipe=None, sparse=None, sparse_budget=None):
     """Generate every prompt's latents through the one generation path (a `PipelineHost` whose
     attention hook installs the probing router; `recipe`'s FP8 linears applied after it, before the
     first step), then choose and save the plan (its `recipe`: `plan_recipe`; `sparse`: `--sparse`'s
-    text, whose ladder is measured and proposed per layer under `sparse_budget`, with lists reused over
-    `sparse_reuse` steps where that meets it too)."""
+    text, whose ladder is measured and proposed per layer under `sparse_budget`; with :reuseN, lists
+    reused over N steps where that meets it too)."""
     import sys
 
     from tqdm.auto import tqdm
@@ -280,13 +277,13 @@ def _run(source, jobs, out, captured, threshold, device, n_steps, save_qkv, prog
         context = RunContext(out=out.parent, source=source, device=device, dtype=dtype, fps=source.default_fps,
                              recipe=recipe)
         host = PipelineHost(context)
+        setting = Sparse.parse(sparse) if is_sparse(sparse) else None
         probe = probing_router(host.pipe, capture_steps=captured, save_qkv=tensors,
-                               on_measure=measured if progress else None,
-                               sparse=Sparse.parse(sparse) if is_sparse(sparse) else None, num_steps=n_steps)
+                               on_measure=measured if progress else None, sparse=setting, num_steps=n_steps)
         try:
             _generate_all(host, RouterAttention(probe), jobs, probe.backend, image_shas, bar)
             second = top_p_router(probe, threshold=threshold, dense_layers=first_sparse_layers(host.pipe),
-                                  reuse_steps=sparse_reuse)
+                                  reuse_steps=setting.reuse_steps if setting else None)
             if second is not None:  # dynamic: the same prompts again, each layer on its calibrated top_p's
                 bar.total += len(jobs) * n_steps
                 host.close()  # the probe's router out, the second pass's in (the recipe stays applied)

@@ -2,9 +2,10 @@
 
 One option, declared once in `SparseOptions`, which the configs of generate, ab and calibrate
 inherit as they inherit the recipe's options; a job file gives it per job (`sparse:` in `defaults:`
-or a job, a `JobSpec` field). Its text form is `sagevideo.choices.parse_sparse`'s: METHOD:DENSITY
-("dynamic:0.15", "static:0.25") or "off" (the default: dense, nothing changes). Values are kept in
-their canonical text (`sparse_text`), so equal settings compare equal.
+or a job, a `JobSpec` field). Its text form is `sagevideo.choices.parse_sparse`'s:
+METHOD:DENSITY[:reuseN] ("dynamic:0.15", "static:0.25", "dynamic:0.15:reuse2") or "off" (the
+default: dense, nothing changes). Values are kept in their canonical text (`sparse_text`), so equal
+settings compare equal.
 
 With it and no plan file, a job runs the plan `sagevideo.pipelines.sparse.job_plan` builds: its
 quantized attention block-sparse, but for the first ceil(steps/5) steps and each denoiser's first
@@ -35,7 +36,8 @@ def _canonical(value: Any) -> Any:
     if value is False:
         return SPARSE_OFF
     if not isinstance(value, str):
-        raise ValueError(f"sparse {value!r}: give METHOD:DENSITY (e.g. dynamic:0.15, static:0.25) or off")
+        raise ValueError(f"sparse {value!r}: give METHOD:DENSITY (e.g. dynamic:0.15, static:0.25; dynamic:0.15:reuse2 "
+                         "selects every other step) or off")
     parsed = parse_sparse(value)
     return SPARSE_OFF if parsed is None else sparse_text(*parsed)
 
@@ -47,8 +49,9 @@ SPARSE_HELP = (
     "tile's key tiles) or static (3-D windows on the latent grid), DENSITY in (0, 1] the share of key tiles kept, "
     "e.g. dynamic:0.15; off: dense. Without a plan the first ceil(steps/5) steps and each denoiser's first "
     "attention layer stay dense, and text rows and columns always do; recorded per layer in the manifest (eager "
-    "calls). dynamic keeps about DENSITY of each query tile's key tiles (its most probable ones). Not with --plan "
-    "(put sparse in the plan) or --attention full (docs/sparse.md)."
+    "calls). dynamic keeps about DENSITY of each query tile's key tiles (its most probable ones); dynamic:DENSITY:"
+    "reuseN selects every N-th step and attends on those tiles in between (calibrate measures it per layer). Not "
+    "with --plan (put sparse in the plan) or --attention full (docs/sparse.md)."
 )
 
 
@@ -75,11 +78,6 @@ class SparseBudgetOptions(BaseModel):
         None, description="With --sparse: the worst cosine (over heads, calls and captured steps) a layer's sparse "
         "output must keep against the same mode's dense output; per layer the sparsest of DENSITY, 2x and 4x "
         "DENSITY that meets it is proposed, dense where none does (default 0.99).")
-    sparse_reuse: int | None = Field(
-        None, ge=2, description="With --sparse dynamic:DENSITY: also measure each layer attending on the tile lists "
-        "it selected at a step over this many steps (selecting every N-th), and propose that reuse per layer "
-        "where its worst cosine meets the budget too (needs every step of the run captured; default: select "
-        "at every step).")
 
 
 def is_sparse(value: str | None) -> bool:

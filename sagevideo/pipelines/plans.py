@@ -118,20 +118,20 @@ class Sparse(BaseModel):
 
     @property
     def text(self) -> str:
-        """The text form `--sparse` takes: 'dynamic:0.15' (a top_p has none: it comes from calibrate)."""
-        return sparse_text(self.method, self.density)
+        """The text form `--sparse` takes: 'dynamic:0.15', 'dynamic:0.15:reuse2' (a top_p has none: it
+        comes from calibrate)."""
+        return sparse_text(self.method, self.density, self.reuse_steps)
 
     @property
     def label(self) -> str:
-        """The text form, with the top_p and reuse when set: 'dynamic:0.15 top_p 0.93 reuse 2'."""
-        top_p = "" if self.top_p is None else f" top_p {self.top_p:g}"
-        return f"{self.text}{top_p}" + ("" if self.reuse_steps is None else f" reuse {self.reuse_steps}")
+        """The text form, with the top_p when set: 'dynamic:0.15:reuse2 top_p 0.93'."""
+        return self.text if self.top_p is None else f"{self.text} top_p {self.top_p:g}"
 
     @classmethod
     def parse(cls, text: str) -> Sparse | None:
         """`--sparse` text -> a Sparse, None for "off"; ValueError naming the fix."""
         parsed = parse_sparse(text)
-        return None if parsed is None else cls(method=parsed[0], density=parsed[1])
+        return None if parsed is None else cls(method=parsed[0], density=parsed[1], reuse_steps=parsed[2])
 
 
 def _no_sparse_in_full(mode: Mode, sparse: Sparse | None) -> None:

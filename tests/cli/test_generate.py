@@ -345,7 +345,8 @@ def test_a_yaml_job_file_named_txt_exits_2_and_makes_no_video(tmp_path):
     "extra, message",
     [
         (["--sparse", "dense:0.2"], "--sparse dense:0.2: 'dense:0.2': unknown method 'dense'; give METHOD:DENSITY with "
-         "METHOD dynamic or static and DENSITY in (0, 1], e.g. dynamic:0.15, or off"),
+         "METHOD dynamic or static and DENSITY in (0, 1], e.g. dynamic:0.15 (dynamic:0.15:reuse2 selects every other "
+         "step), or off"),
         (["--sparse", "dynamic:1.5"], "--sparse dynamic:1.5: 'dynamic:1.5': density 1.5 is outside (0, 1]"),
         (["--sparse", "static:0.2", "--attention", "full"], "--sparse static:0.2: static:0.2 with attention full: full "
          "precision runs stock SDPA, which is never block-sparse; use sparse off or attention sage"),

@@ -110,12 +110,10 @@ def test_sparse_budget_values_are_refused_before_loading(tmp_path, no_model_load
     with pytest.raises(InputError, match=r"--capture-steps \[0\] with --sparse static:0.3: the plan is sparse from "
                                          r"step 1 on"):
         run(sparse="static:0.3", capture_steps=[0])
-    with pytest.raises(InputError, match=r"--sparse-reuse 2: only with --sparse dynamic:DENSITY"):
-        run(sparse="static:0.3", sparse_reuse=2)
-    with pytest.raises(InputError, match=r"--sparse-reuse 2 with --capture-steps: a reusing step needs"):
-        run(sparse="dynamic:0.3", sparse_reuse=2, capture_steps=[1, 2])
-    with pytest.raises(InputError, match="sparse-reuse|sparse_reuse"):
-        run(sparse="dynamic:0.3", sparse_reuse=1)  # 1 is no reuse: at least 2
+    with pytest.raises(InputError, match=r"only dynamic selection reuses its tiles over steps"):
+        run(sparse="static:0.3:reuse2")
+    with pytest.raises(InputError, match=r"--sparse dynamic:0.3:reuse2 with --capture-steps: a reusing step needs"):
+        run(sparse="dynamic:0.3:reuse2", capture_steps=[1, 2])
     assert not (tmp_path / "plan.json").exists()
 
 

@@ -115,6 +115,21 @@ def test_sparse_runs_through_generate_and_is_recorded_per_layer_and_step(tmp_pat
     assert sparse["steps"]["0"] == 1.0 and sparse["steps"]["1"] < 1.0 and sparse["dense"] == {}
 
 
+@pytest.mark.slow  # the quantization emulation at 658 tokens
+def test_a_sparse_setting_with_reuse_selects_every_other_step_and_records_the_reused_calls(tmp_path):
+    """`--sparse dynamic:0.3:reuse2` over 4 steps: step 0 dense (the first fifth), then each sparse layer
+    selects at steps 1 and 3 and attends on step 1's lists at step 2 (the tiny CogVideoX batches
+    guidance in one forward a step): one reused call per sparse layer in the manifest."""
+    (record,) = sagevideo.generate("a red panda", out=tmp_path / "out", steps=4, height=192, width=192,
+                                   sparse="dynamic:0.3:reuse2", progress=False)
+    assert record["status"] == "done", record["error"]
+    assert record["sparse"] == "dynamic:0.3:reuse2"
+    layers = record["backends"]["sparse"]["layers"]
+    assert "reused" not in layers["transformer_blocks.0.attn1"]  # kept dense: the first sparse layer
+    assert layers["transformer_blocks.1.attn1"]["sparse_calls"] == 3 and layers["transformer_blocks.1.attn1"][
+        "reused"] == 1
+
+
 @pytest.mark.slow  # the quantization emulation at 658 tokens, twice
 def test_a_compiled_sparse_run_records_the_eager_runs_densities_per_layer_and_step(tmp_path):
     """`generate --compile regional --sparse static:0.3`: compiled blocks note each call as eager ones do

@@ -48,7 +48,8 @@ def test_reuse_steps_round_trips_and_one_is_the_default_left_unwritten(tmp_path)
     loaded = AttentionPlan.load(plan.save(tmp_path / "reuse.json"))
     assert loaded == plan and loaded.default.sparse.reuse_steps == 3
     assert json.loads((tmp_path / "reuse.json").read_text())["default"]["sparse"] == reusing
-    assert loaded.default.label == "int8-fp8/block+sparse dynamic:0.15 reuse 3"
+    assert loaded.default.label == "int8-fp8/block+sparse dynamic:0.15:reuse3"
+    assert Sparse.parse("dynamic:0.15:reuse3") == loaded.default.sparse
     once = AttentionPlan.model_validate(_plan(default={"mode": "int8-fp8", "sparse": {**SPARSE, "reuse_steps": 1}}))
     assert once.default.sparse == Sparse(**SPARSE) and "reuse_steps" not in once.to_json()
 
