@@ -182,7 +182,7 @@ class LayerRoute:
         self._step = step
         reuse = None if choice.sparse is None else choice.sparse.reuse_steps
         self.reuse = bool(reuse) and self.run % reuse != 0
-        if not reuse:
+        if not self.reuse:  # a selecting step makes new lists: the old ones need not stay in memory
             self.kept_by_forward.clear()
             self.kept = KeptTiles()
 
