@@ -35,14 +35,14 @@ VARIANTS = {
     "module": {},
     "scores tf32x3": {"SCORE_PRECISION": "tf32x3"},
     "scores 64x64x32": {"SCORE_M": 64, "SCORE_N": 64, "SCORE_D": 32},
-    "scores 64x128x32 w8": {"SCORE_M": 64, "SCORE_N": 128, "SCORE_D": 32, "SCORE_WARPS": 8},
     "rows<=1 w2": {"MAX_ROWS": 1, "SELECT_WARPS": 2},
     "rows<=1 w4": {"MAX_ROWS": 1, "SELECT_WARPS": 4},
     "rows<=2 w4": {"MAX_ROWS": 2, "SELECT_WARPS": 4},
     "rows<=4 w4": {"MAX_ROWS": 4, "SELECT_WARPS": 4},
-    "8192 elements w8": {"SELECT_ELEMENTS": 8192},
-    "count 4-way": {"COUNT_SEARCH": "4-way"},  # the per-row density's search (no effect on --top-p)
-    "count 4-way rows<=1 w4": {"COUNT_SEARCH": "4-way", "MAX_ROWS": 1, "SELECT_WARPS": 4},
+    # the two fastest changes together, and with fewer rows where the key tiles are few (CogVideoX: 276)
+    "tf32x3 rows<=1 w4": {"SCORE_PRECISION": "tf32x3", "MAX_ROWS": 1, "SELECT_WARPS": 4},
+    "tf32x3 rows<=4 w4 1024": {"SCORE_PRECISION": "tf32x3", "MAX_ROWS": 4, "SELECT_WARPS": 4,
+                               "SELECT_ELEMENTS": 1024},
 }
 
 
