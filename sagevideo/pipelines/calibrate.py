@@ -398,7 +398,7 @@ class TopPRouter(AttentionRouter):
         for setting in ladder:
             key = (layer, self.sparse.forwards - 1, setting.density)
             kept = None if selecting else self.kept.get(key)
-            if kept is not None and kept.n_q == q.shape[2] and kept.n_k == k.shape[2]:
+            if kept is not None and _fits(kept, q, k):  # else the installed call selects afresh: nothing to add
                 worst = probe.reuse_errors.setdefault(layer, {}).setdefault(choice.label, {}).setdefault(
                     setting.density, SparseWorst(top_p=setting.top_p))
                 worst.update(dense, _attend(self.backend, choice, q, k, v, call, kept), step)
@@ -414,6 +414,15 @@ class TopPRouter(AttentionRouter):
             worst.update(dense, _attend(self.backend, choice, q, k, v, call, mask), step)
             worst.density_sum += mask.density
         return out
+
+
+def _fits(mask: Any, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether a tile mask fits the call (`TileMask.check_inputs`), as kept lists must to be reused."""
+    try:
+        mask.check_inputs(q, k)
+    except ValueError:
+        return False
+    return True
 
 
 def top_p_router(probe: ProbingRouter, *, threshold: float = 0.999, dense_layers: tuple[str, ...] = (),
