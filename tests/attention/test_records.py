@@ -57,6 +57,24 @@ def test_a_later_call_reads_the_previous_ones_count_without_waiting():
     assert sum(log.peaky.values()) > 0
 
 
+def test_a_call_made_while_a_cuda_graph_is_captured_queues_and_reads_nothing(monkeypatch):
+    """While a graph is captured no host code may query or copy (it would end the capture): a direct call
+    then neither reads earlier counts nor queues its own; its record still holds the count, read when
+    asked after the capture. (`records.capturing` is what torch says on a GPU; set here.)"""
+    read = []
+    monkeypatch.setattr(records, "read_direct_counts", lambda wait_for=0: read.append(wait_for))
+    monkeypatch.setattr(records, "capturing", lambda: True)
+    with record_backends():
+        sageattn(*_qkv(30.0, seed=4), backend="reference")
+        captured = last_backend()
+        assert records._pending_direct() == [] and read == []
+        monkeypatch.setattr(records, "capturing", lambda: False)
+        sageattn(*_qkv(seed=5), backend="reference")  # outside a capture: reads, and queues its own
+        assert read == [0] and len(records._pending_direct()) == 1
+    assert captured.peaky_tiles == 4
+    records._pending_direct().clear()
+
+
 @pytest.mark.slow  # torch.compile
 def test_a_compiled_function_calling_sageattn_records_its_count():
     torch._dynamo.reset()

@@ -79,6 +79,33 @@ def test_a_forwards_calls_noted_at_its_end_read_as_each_call_noted_at_once():
     assert at_end.summary()["sparse"]["layers"]["joint"]["calls"] == 3
 
 
+def test_statistics_are_not_read_while_a_cuda_graph_is_captured_and_are_noted_at_the_next_read(monkeypatch):
+    """The end-of-forward reads (sparse notes, the guard's counts) would end a CUDA-graph capture: while one
+    is captured they read nothing, and the next read outside it notes every call since (each replay's
+    too). (`records.capturing` is what torch says on a GPU; set here.)"""
+    import sagevideo.attention.records as records
+    import sagevideo.pipelines.sparse_notes as sparse_notes
+    from sagevideo.pipelines.guard import AttentionGuard
+
+    router = _router({"joint": TEXT_LAST})
+    guard = AttentionGuard(router, "warn")
+    qkv = tuple(_qkv(40 + math.prod(GRID)))
+    for module in (records, sparse_notes):
+        monkeypatch.setattr(module, "capturing", lambda: True)
+    with record_backends() as log:
+        for _ in range(2):
+            router.attend(router.route("joint"), *qkv)
+            router.collect_sparse()
+            assert guard.collect() == {} and guard.read == {}  # nothing read
+        assert log.sparse == []
+        for module in (records, sparse_notes):
+            monkeypatch.setattr(module, "capturing", lambda: False)
+        router.collect_sparse()
+        guard.collect()
+    assert guard.read == {"joint": 0}
+    assert [note.layer for note in log.sparse] == ["joint", "joint"] and all(n.density < 1 for n in log.sparse)
+
+
 @pytest.mark.parametrize("case", ["not-a-sparse-layer", "no-grid", "mismatch", "text-in-a-video-layer", "dropout",
                                   "grouped-heads"])
 def test_a_call_that_cannot_be_sparse_runs_dense_with_the_reason(case):
