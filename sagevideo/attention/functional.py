@@ -122,7 +122,7 @@ def scaled_dot_product_attention(
         out, _ = _sdpa(form.q, form.k, form.v, form.mask, is_causal, _check_scale(scale, form.q.shape[-1]), False,
                        form.k.shape[1] != form.q.shape[1], None if tiles.dense else tiles)
         if _kept_tiles is not None and selecting:
-            _kept_tiles.keep_mask(tiles.tile_mask, form.q.shape[2], form.k.shape[2])
+            _kept_tiles.keep_mask(tiles.tile_mask)
         density = _sparse_density(tiles, None, 0, _sparse_counter, reused=_kept_tiles is not None and not selecting)
         _record(backend, chosen.value, None, reason, density)
         return out.reshape(form.out_shape)
@@ -421,7 +421,7 @@ def _attend(
         if made:
             kept.keep(*made[0], plan.block_m, plan.block_n, q.shape[2], n_k)
         else:
-            kept.keep_mask(tiles.tile_mask, q.shape[2], n_k)
+            kept.keep_mask(tiles.tile_mask)
     density = _sparse_density(tiles, made[0][1] if made else None, -(-n_k // plan.block_n) if made else 0,
                               sparse_counter, reused=kept is not None and not selecting)
     _record(requested, ran, None if chosen is Backend.SDPA else pv, reason, density, note)

@@ -170,9 +170,9 @@ class KeptTiles:
         self.indices = indices.to(torch.int16) if narrow else indices
         self.counts, self.tiles = counts, (block_m, block_n, n_q, n_k)
 
-    def keep_mask(self, mask: TileMask, n_q: int, n_k: int) -> None:
+    def keep_mask(self, mask: TileMask) -> None:
         """Keep the lists of a `TileMask` (the PyTorch selection's form), made on the device."""
-        self.keep(*mask.padded_lists(), mask.block_m, mask.block_n, n_q, n_k)
+        self.keep(*mask.padded_lists(), mask.block_m, mask.block_n, mask.n_q, mask.n_k)
 
     def lists_for(self, q: torch.Tensor, k: torch.Tensor) -> TileLists | None:
         """The kept lists as a `TileLists` for HND q (B, H, Nq, D), k (B, H_kv, Nk, D), or None when none
@@ -183,9 +183,6 @@ class KeptTiles:
         if tuple(self.counts.shape[:2]) != tuple(q.shape[:2]) or (n_q, n_k) != (q.shape[2], k.shape[2]):
             return None
         return TileLists.from_device(self.indices.to(torch.int32), self.counts, block_m, block_n, n_q, n_k)
-
-    def clear(self) -> None:
-        self.indices = self.counts = None
 
 
 def select_tile_lists(q: torch.Tensor, k: torch.Tensor, selection: DynamicSelection, *, pv: str = "fp16",
