@@ -33,16 +33,15 @@ from bench.bench_sparse_select import SHAPES, cell_for  # noqa: E402
 # 1,024 at Wan 720p: 4 rows with the module's 4,096 elements)
 VARIANTS = {
     "module": {},
-    "scores tf32x3": {"SCORE_PRECISION": "tf32x3"},
-    "scores 64x64x32": {"SCORE_M": 64, "SCORE_N": 64, "SCORE_D": 32},
+    # the earlier constants (fp32 scores, up to 16 rows a program on 8 warps), each change alone
+    "ieee rows<=16 w8": {"SCORE_PRECISION": "ieee", "MAX_ROWS": 16, "SELECT_WARPS": 8},
+    "ieee": {"SCORE_PRECISION": "ieee"},
+    "rows<=16 w8": {"MAX_ROWS": 16, "SELECT_WARPS": 8},
     "rows<=1 w2": {"MAX_ROWS": 1, "SELECT_WARPS": 2},
-    "rows<=1 w4": {"MAX_ROWS": 1, "SELECT_WARPS": 4},
     "rows<=2 w4": {"MAX_ROWS": 2, "SELECT_WARPS": 4},
-    "rows<=4 w4": {"MAX_ROWS": 4, "SELECT_WARPS": 4},
-    # the two fastest changes together, and with fewer rows where the key tiles are few (CogVideoX: 276)
-    "tf32x3 rows<=1 w4": {"SCORE_PRECISION": "tf32x3", "MAX_ROWS": 1, "SELECT_WARPS": 4},
-    "tf32x3 rows<=4 w4 1024": {"SCORE_PRECISION": "tf32x3", "MAX_ROWS": 4, "SELECT_WARPS": 4,
-                               "SELECT_ELEMENTS": 1024},
+    # more rows where the key tiles are few (CogVideoX-5B: 276 key tiles, 512 padded)
+    "rows<=4 w4 1024": {"MAX_ROWS": 4, "SELECT_ELEMENTS": 1024},
+    "scores 64x64x32": {"SCORE_M": 64, "SCORE_N": 64, "SCORE_D": 32},
 }
 
 

@@ -6,12 +6,14 @@ the shapes), the counts stay on the device.
 
 Two launches:
 1. `_tile_scores_kernel`, grid (query-tile blocks, key-tile blocks, B·H): the tile scores
-   pooled q · pooled k · sm_scale + log(valid keys), a small GEMM (fp32 dot, `SCORE_PRECISION` "ieee":
-   TF32 would move the probabilities by ~1e-3, enough to flip tiles near the threshold), into an
-   fp32 (B·H, M_TILES, N_TILES) buffer (as large as the lists);
+   pooled q · pooled k · sm_scale + log(valid keys), a small GEMM (`SCORE_PRECISION` "tf32x3": three
+   tensor-core products per pair, near fp32 and 1.46x faster than fp32 FMAs at Wan 720p; plain TF32
+   would move the probabilities by ~1e-3, enough to flip tiles near the threshold), into an fp32
+   (B·H, M_TILES, N_TILES) buffer (as large as the lists);
 2. `_select_tiles_kernel`, grid (query-tile groups, B·H): each program holds ROWS whole rows of
-   scores in registers (T_PAD, the key tiles rounded up to a power of two; ROWS·T_PAD fixed, so
-   registers do not grow with the sequence) and does the rest:
+   scores in registers (T_PAD, the key tiles rounded up to a power of two; ROWS at most MAX_ROWS and
+   ROWS·T_PAD at most SELECT_ELEMENTS, so registers do not grow with the sequence; one row a program
+   on 4 warps was the fastest at Wan 720p and CogVideoX-5B, bench/sweep_select_launch.py) and does the rest:
    - the softmax over the key tiles;
    - forced tiles (`tile_select.forced_tiles`: diagonal ± local, sinks, text rows and columns; and
      the rows and columns of tiles that are not self-similar, the columns of key tiles where one
@@ -82,10 +84,10 @@ SCORE_WARPS = 4
 # The scores GEMM's tl.dot precision: "ieee" (fp32 FMAs) or "tf32x3" (each operand a TF32 part plus
 # a TF32 remainder, three tensor-core products summed in fp32: near fp32); plain "tf32" moves the
 # probabilities by ~1e-3 (module docstring). The GPU also takes "bf16x3"/"bf16x6"; the interpreter not.
-SCORE_PRECISION = "ieee"
-SELECT_ELEMENTS = 4096  # scores a selection program holds (ROWS x T_PAD): 16 fp32 registers a thread
-MAX_ROWS = 16
-SELECT_WARPS = 8
+SCORE_PRECISION = "tf32x3"
+SELECT_ELEMENTS = 4096  # scores a selection program holds at most (ROWS x T_PAD)
+MAX_ROWS = 1
+SELECT_WARPS = 4
 
 
 @triton.jit
