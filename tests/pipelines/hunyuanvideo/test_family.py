@@ -293,32 +293,28 @@ def test_ab_with_the_attention_probe(tmp_path):
     assert probe["summary"]["worst_at"]["cos"]["layer"] in {layer["layer"] for layer in blocks}
 
 
-@pytest.mark.slow  # a local Ray instance; two batches (one worker, then a group of 2 gloo ranks)
-def test_on_ray_and_over_two_ranks_the_videos_are_one_process_s(generated, ray_local):
-    """`--address auto` (the running local instance) and `--gpus-per-job 2 --device cpu` (Ulysses over
-    2 gloo processes) make the videos this process made: within tests/helpers/sp_tolerance.py's
-    bound (full attention byte-identical, quantized frames within a mean of 1.5 levels of 255;
-    measured here: byte-identical too)."""
-    from typer.testing import CliRunner
-
-    from sagevideo.cli.app import app
+@pytest.mark.slow  # two gloo ranks
+def test_over_two_ranks_the_videos_are_one_process_s(generated, two_ranks):
+    """The batch over 2 gloo ranks, as `--gpus-per-job 2 --device cpu` runs it in each rank
+    (tests/helpers/torchrun_ranks.py: Ulysses), makes the videos this process made: within
+    tests/helpers/sp_tolerance.py's bound (full attention byte-identical, quantized frames within a
+    mean of 1.5 levels of 255; measured here: byte-identical too)."""
+    from tests.helpers.torchrun_ranks import torchrun_on_two_ranks
 
     root, records = generated
-    for out, extra, where in (("ray", ["--address", "auto"], "1 Ray worker(s)"),
-                              ("sp", ["--gpus-per-job", "2"], "1 Ray group(s) of 2 ranks")):
-        args = ["generate", str(root / "jobs.yaml"), "--model", TINY, "--out", str(root / out), "--device", "cpu",
-                "--no-progress", *extra]
-        result = CliRunner().invoke(app, args)
-        assert result.exit_code == 0, result.output
-        assert "2 done, 0 skipped, 0 failed" in result.stdout and where in result.stdout
-        lines = [json.loads(line) for line in (root / out / "manifest.jsonl").read_text().splitlines()]
-        assert {(r["family"], r["fps"]) for r in lines} == {("hunyuanvideo", 24)}
-        for name in ("sage", "full"):
-            a, b = frames(root / out / f"{name}.mp4"), frames(root / "one" / f"{name}.mp4")
-            assert a.shape == b.shape == (9, 64, 64, 3), name
-            if name == "full":
-                assert (root / out / "full.mp4").read_bytes() == (root / "one" / "full.mp4").read_bytes()
-            assert np.abs(a - b).mean() <= MEAN_LEVELS, (out, name)
+    out = root / "sp"
+    args = [str(root / "jobs.yaml"), "--model", TINY, "--out", str(out), "--device", "cpu", "--no-progress"]
+    ranks = torchrun_on_two_ranks(two_ranks, args, root / "logs")
+    assert [rank["code"] for rank in ranks] == [0, 0], ranks[0]["stderr"]
+    assert "2 done, 0 skipped, 0 failed" in ranks[0]["stdout"]
+    lines = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert {(r["family"], r["fps"]) for r in lines} == {("hunyuanvideo", 24)}
+    for name in ("sage", "full"):
+        a, b = frames(out / f"{name}.mp4"), frames(root / "one" / f"{name}.mp4")
+        assert a.shape == b.shape == (9, 64, 64, 3), name
+        if name == "full":
+            assert (out / "full.mp4").read_bytes() == (root / "one" / "full.mp4").read_bytes()
+        assert np.abs(a - b).mean() <= MEAN_LEVELS, name
     sharded = {r["name"] or Path(r["outputs"][0]).stem: r for r in lines}
     assert all(r["worker"]["ranks"] == 2 for r in sharded.values())
     # rank 0 records every call, as one process does: the quantized job's calls are the same

@@ -1,6 +1,6 @@
-"""Open-Sora 2.0 under Ulysses sequence parallelism through the product: `sagevideo generate
---model tiny-opensora` on a local Ray instance, one group of 2 gloo ranks per job (`--gpus-per-job
-2 --device cpu`), against this process.
+"""Open-Sora 2.0 under Ulysses sequence parallelism through the product: a `--model tiny-opensora`
+batch over 2 gloo ranks, as `sagevideo generate --gpus-per-job 2 --device cpu` runs it in each rank
+(tests/helpers/torchrun_ranks.py), against this process.
 
 Tolerance (`tests/helpers/sp_tolerance.py`, the CogVideoX test's): with attention "full" the mp4
 is byte-identical; with sagevideo's quantized attention the decoded frames agree to a mean of
@@ -17,11 +17,10 @@ import json
 import numpy as np
 import pytest
 from PIL import Image
-from typer.testing import CliRunner
 
 import sagevideo
-from sagevideo.cli.app import app
 from tests.helpers.sp_tolerance import MEAN_LEVELS, frames
+from tests.helpers.torchrun_ranks import torchrun_on_two_ranks
 
 
 def manifest(out):
@@ -30,12 +29,11 @@ def manifest(out):
     return {r["outputs"][0]: r for r in map(json.loads, lines)}
 
 
-@pytest.mark.slow  # two batches: this process, then Ray groups of 2 ranks (each imports torch)
-def test_two_ranks_on_ray_make_the_one_process_videos(tmp_path, ray_local):
-    """Open-Sora's Ulysses processors over a Ray group of 2 gloo ranks, text-to-video and
-    image-to-video, make this process's videos. What no family decides is tested once elsewhere:
-    one job per Ray worker (tests/pipelines/hunyuanvideo/test_family.py), a killed rank restarting
-    its group (tests/scheduling/test_group.py)."""
+@pytest.mark.slow  # two batches: this process, then 2 gloo ranks
+def test_two_ranks_make_the_one_process_videos(tmp_path, two_ranks):
+    """Open-Sora's Ulysses processors over 2 gloo ranks, text-to-video and image-to-video, make this
+    process's videos. What no family decides is tested once elsewhere: Ray groups of ranks, and a
+    killed rank restarting its group (tests/scheduling/test_group.py)."""
     still = tmp_path / "still.png"
     Image.fromarray((np.random.default_rng(0).random((64, 112, 3)) * 255).astype(np.uint8)).save(still)
     jobs = tmp_path / "jobs.yaml"
@@ -49,10 +47,10 @@ def test_two_ranks_on_ray_make_the_one_process_videos(tmp_path, ray_local):
                                                           device="cpu", progress=False)}
     assert sorted(one) == ["full.mp4", "i2v.mp4", "sage.mp4"]
 
-    base = ["generate", str(jobs), "--model", "tiny-opensora", "--device", "cpu", "--no-progress"]
-    result = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "sp"), "--gpus-per-job", "2"])
-    assert result.exit_code == 0, result.output
-    assert "3 done, 0 skipped, 0 failed" in result.stdout and "Ray group(s) of 2 ranks" in result.stdout
+    args = [str(jobs), "--model", "tiny-opensora", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "sp")]
+    ranks = torchrun_on_two_ranks(two_ranks, args, tmp_path / "logs")
+    assert [rank["code"] for rank in ranks] == [0, 0], ranks[0]["stderr"]
+    assert "3 done, 0 skipped, 0 failed" in ranks[0]["stdout"]
     sharded = manifest(tmp_path / "sp")
     for name in ("full.mp4", "i2v.mp4"):
         assert (tmp_path / "sp" / name).read_bytes() == (tmp_path / "one" / name).read_bytes(), name

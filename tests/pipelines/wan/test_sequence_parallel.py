@@ -1,6 +1,7 @@
 """Wan under Ulysses sequence parallelism (`pipelines/wan/sequence_parallel.py`): 2 CPU processes (gloo)
 against one process, for the transformer of each Wan layout and for a Wan 2.2 pipeline's two
-denoisers, then `sagevideo generate --gpus-per-job 2 --device cpu` on a local Ray instance.
+denoisers, then a batch over 2 ranks as `sagevideo generate --gpus-per-job 2 --device cpu` runs it in
+each rank.
 
 Tolerance: the all-to-all moves activations exactly and each head's attention, quantization groups
 included, sees the inputs of one process (cross-attention queries are exchanged too when Q is
@@ -197,44 +198,30 @@ def test_a_wan_transformer_with_another_attention_processor_is_refused():
         shard_wan(model)
 
 
-# --- `sagevideo generate --gpus-per-job 2 --device cpu` on Ray -----------------------------------
+# --- a batch over 2 ranks: what `generate --gpus-per-job 2 --device cpu` runs in each rank ----------
 
-ray = pytest.importorskip("ray")
-
-from typer.testing import CliRunner  # noqa: E402
-
-from sagevideo.cli.app import app  # noqa: E402
 from tests.helpers.sp_tolerance import JOBS, MEAN_LEVELS, assert_same_videos, frames  # noqa: E402
-from tests.scheduling.conftest import own_addresses  # noqa: E402  (its import keeps Ray private and quiet)
+from tests.helpers.torchrun_ranks import torchrun_on_two_ranks  # noqa: E402
 
 
-@pytest.fixture
-def allowed_hosts() -> set[str]:
-    return own_addresses()  # Ray rewrites 127.0.0.1 to this machine's address
-
-
-@pytest.mark.slow  # a local Ray instance and a group of 2 gloo ranks
-def test_generate_on_ray_with_two_ranks_per_job_matches_one_process(tmp_path, monkeypatch, no_ray):
-    """tiny-wan22 (both denoisers split), `--address auto` with no cluster here: a local Ray
-    instance; a job with a sparse setting reaches both ranks (each selects over its own heads, so
-    rank 0 notes the one process's densities); then the same command again resumes (nothing runs
-    twice)."""
+@pytest.mark.slow  # two gloo ranks
+def test_a_batch_over_two_ranks_matches_one_process(tmp_path, two_ranks):
+    """tiny-wan22 (both denoisers split) through the ranks' batch path (tests/helpers/torchrun_ranks.py);
+    a job with a sparse setting reaches both ranks (each selects over its own heads, so rank 0 notes the
+    one process's densities); then the same command again resumes (nothing runs twice)."""
     import json
 
     import sagevideo
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     jobs = tmp_path / "jobs.yaml"
     # 128x128: 3 x 8 x 8 latent tokens, enough tiles for static windows to skip some
     jobs.write_text(JOBS + "  - prompt: a quiet lake\n    output: sparse\n    sparse: static:0.3\n"
                     "    height: 128\n    width: 128\n")
     one = sagevideo.generate(jobs, out=tmp_path / "one", model="tiny-wan22", device="cpu", progress=False)
-    args = ["generate", str(jobs), "--model", "tiny-wan22", "--out", str(tmp_path / "sp"), "--device", "cpu",
-            "--gpus-per-job", "2", "--address", "auto", "--no-progress"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert "4 done, 0 skipped, 0 failed" in result.stdout and "Ray group(s) of 2 ranks" in result.stdout
-    assert "a local Ray instance" in result.stdout
+    args = [str(jobs), "--model", "tiny-wan22", "--out", str(tmp_path / "sp"), "--device", "cpu", "--no-progress"]
+    ranks = torchrun_on_two_ranks(two_ranks, args, tmp_path / "logs")
+    assert [rank["code"] for rank in ranks] == [0, 0], ranks[0]["stderr"]
+    assert "4 done, 0 skipped, 0 failed" in ranks[0]["stdout"] and "2 ranks; rank 0 decodes" in ranks[0]["stderr"]
     assert_same_videos(tmp_path / "sp", tmp_path / "one")
     a, b = frames(tmp_path / "sp" / "sparse.mp4"), frames(tmp_path / "one" / "sparse.mp4")
     assert a.shape == b.shape and np.abs(a - b).mean() <= MEAN_LEVELS
@@ -249,5 +236,5 @@ def test_generate_on_ray_with_two_ranks_per_job_matches_one_process(tmp_path, mo
     layers = sparse["backends"]["sparse"]["layers"]
     assert layers == by_id[sparse["job_id"]].backends["sparse"]["layers"]
     assert min(layer.get("sparse_density", 1.0) for layer in layers.values()) < 1.0
-    again = CliRunner().invoke(app, args)
-    assert again.exit_code == 0 and "0 done, 4 skipped, 0 failed" in again.stdout, again.output
+    again = torchrun_on_two_ranks(two_ranks, args, tmp_path / "logs-again")
+    assert again[0]["code"] == 0 and "0 done, 4 skipped, 0 failed" in again[0]["stdout"], again[0]["stderr"]
