@@ -108,7 +108,7 @@ def kernel_breakdown(forward) -> dict:
     return {k: round(v, 1) for k, v in sorted(totals.items())}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     import sagevideo
     from sagevideo.parallel.launch import init_from_env
     from sagevideo.pipelines.cogvideox.sequence_parallel import shard_cogvideox
@@ -126,7 +126,7 @@ def main() -> int:
     parser.add_argument("--each-gpu", action="store_true",
                         help="run the 1-GPU baseline on every rank (per-GPU speed), started together only roughly "
                              "(no barrier); rank 0's stays the baseline, measured then with the other GPUs busy")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     if args.chunks is not None:
         from sagevideo.parallel import ulysses
