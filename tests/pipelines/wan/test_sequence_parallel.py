@@ -207,24 +207,29 @@ from tests.helpers.torchrun_ranks import torchrun_on_two_ranks  # noqa: E402
 @pytest.mark.slow  # two gloo ranks
 def test_a_batch_over_two_ranks_matches_one_process(tmp_path, two_ranks):
     """tiny-wan22 (both denoisers split) through the ranks' batch path (tests/helpers/torchrun_ranks.py);
-    a job with a sparse setting reaches both ranks (each selects over its own heads, so rank 0 notes the
-    one process's densities); then the same command again resumes (nothing runs twice)."""
+    jobs with a sparse setting reach both ranks (each selects over its own heads, so rank 0 notes the
+    one process's densities; with reuse, each rank attends on the lists its own forward kept); then the
+    same command again resumes (nothing runs twice)."""
     import json
 
     import sagevideo
 
     jobs = tmp_path / "jobs.yaml"
     # 128x128: 3 x 8 x 8 latent tokens, enough tiles for static windows to skip some
+    # 5 steps: the first dense, then lists selected at steps 1 and 3 and reused at steps 2 and 4
     jobs.write_text(JOBS + "  - prompt: a quiet lake\n    output: sparse\n    sparse: static:0.3\n"
-                    "    height: 128\n    width: 128\n")
+                    "    height: 128\n    width: 128\n"
+                    "  - prompt: a still pond\n    output: reused\n    sparse: dynamic:0.3:reuse2\n"
+                    "    height: 128\n    width: 128\n    steps: 5\n")
     one = sagevideo.generate(jobs, out=tmp_path / "one", model="tiny-wan22", device="cpu", progress=False)
     args = [str(jobs), "--model", "tiny-wan22", "--out", str(tmp_path / "sp"), "--device", "cpu", "--no-progress"]
     ranks = torchrun_on_two_ranks(two_ranks, args, tmp_path / "logs")
     assert [rank["code"] for rank in ranks] == [0, 0], ranks[0]["stderr"]
-    assert "4 done, 0 skipped, 0 failed" in ranks[0]["stdout"] and "2 ranks; rank 0 decodes" in ranks[0]["stderr"]
+    assert "5 done, 0 skipped, 0 failed" in ranks[0]["stdout"] and "2 ranks; rank 0 decodes" in ranks[0]["stderr"]
     assert_same_videos(tmp_path / "sp", tmp_path / "one")
-    a, b = frames(tmp_path / "sp" / "sparse.mp4"), frames(tmp_path / "one" / "sparse.mp4")
-    assert a.shape == b.shape and np.abs(a - b).mean() <= MEAN_LEVELS
+    for name in ("sparse", "reused"):
+        a, b = frames(tmp_path / "sp" / f"{name}.mp4"), frames(tmp_path / "one" / f"{name}.mp4")
+        assert a.shape == b.shape and np.abs(a - b).mean() <= MEAN_LEVELS, name
     records = [json.loads(line) for line in (tmp_path / "sp" / "manifest.jsonl").read_text().splitlines()]
     by_id = {r.job_id: r for r in one}
     for r in records:
@@ -236,5 +241,9 @@ def test_a_batch_over_two_ranks_matches_one_process(tmp_path, two_ranks):
     layers = sparse["backends"]["sparse"]["layers"]
     assert layers == by_id[sparse["job_id"]].backends["sparse"]["layers"]
     assert min(layer.get("sparse_density", 1.0) for layer in layers.values()) < 1.0
+    reused = next(r for r in records if r["sparse"] == "dynamic:0.3:reuse2")
+    layers = reused["backends"]["sparse"]["layers"]
+    assert layers == by_id[reused["job_id"]].backends["sparse"]["layers"]
+    assert sum(layer.get("reused", 0) for layer in layers.values()) > 0
     again = torchrun_on_two_ranks(two_ranks, args, tmp_path / "logs-again")
-    assert again[0]["code"] == 0 and "0 done, 4 skipped, 0 failed" in again[0]["stdout"], again[0]["stderr"]
+    assert again[0]["code"] == 0 and "0 done, 5 skipped, 0 failed" in again[0]["stdout"], again[0]["stderr"]
