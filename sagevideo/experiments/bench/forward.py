@@ -30,20 +30,23 @@ that many small dense calls do not make a sparse model read as a dense one. Comp
 noted too: they run sparse in whole graphs and their calls are noted as eager ones
 (`pipelines.sparse_notes`). Random weights make attention near-uniform, so the density dynamic
 selection reaches here says nothing of a real model's (static windows reach the density asked);
-the time is what matters here.
+the time is what matters here. With `dynamic:D:reuseN` a timed unit is a run of N denoising steps
+(the step clock moved before each forward: the first selects, the N-1 after it attend on the kept
+lists) and ms is its time over N, the mean step of such a run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from sagevideo.choices import CompileBackend, DType
+from sagevideo.choices import CompileBackend, DType, parse_sparse
 from sagevideo.errors import InputError
 from sagevideo.experiments.bench.attention import SageBackend
 from sagevideo.experiments.bench.timing import (
@@ -200,6 +203,7 @@ class RecipeResult(BaseModel):
     sparse: str | None = None  # a sage recipe's block-sparse setting (`--sparse`)
     density: float | None = None  # ... the mean density of the calls its plan made sparse
     sparse_calls: int | None = None  # ... how many calls those were
+    reused_calls: int | None = None  # ... of which attended on lists kept from an earlier step (reuseN)
     dense_calls: int | None = None  # ... and the calls under the plan that ran dense (kept dense or could not)
     skipped: str | None = None
 
@@ -268,7 +272,8 @@ def recipe_table(results: list[RecipeResult]) -> list[str]:
         ran = r.backends or (f"stock SDPA {r.sdpa_backends}" if r.sdpa_backends else "none (stock SDPA)")
         if r.sparse:
             ran = (f"{ran}; sparse {r.sparse}, density {number(r.density, '5.3f').strip()} over {r.sparse_calls} "
-                   f"sparse calls, {r.dense_calls} dense")
+                   f"sparse calls" + (f" ({r.reused_calls} on reused lists)" if r.reused_calls else "")
+                   + f", {r.dense_calls} dense")
         lines.append(f"{r.name:18s} {number(r.ms, '9.1f')} {number(r.x_eager_cudnn, '14.2f')} "
                      f"{number(r.x_compile_cudnn, '16.2f')} " + (f"{number(r.x_eager_sdpa, '13.2f')} " if sdpa else "")
                      + f"{number(r.output_cos_vs_eager_cudnn, '13.5f')} {number(r.first_call_s, '13.1f')}  {ran}")
@@ -389,8 +394,10 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
 
     results, outputs = [], {}
     sync = synchronizer(device)
-    steps_bar = tqdm(total=len(names) * (2 + repeats), desc="bench forward", unit="step", file=sys.stderr,
-                     disable=not bar, dynamic_ncols=True)
+    reuse = (parse_sparse(sparse)[2] or 1) if is_sparse(sparse) else 1
+    sage = sum(parse_recipe_name(name)["attention"] == "sage" for name in names)
+    steps_bar = tqdm(total=(len(names) - sage + sage * reuse) * (2 + repeats), desc="bench forward", unit="step",
+                     file=sys.stderr, disable=not bar, dynamic_ncols=True)
     for name in names:
         spec = parse_recipe_name(name)
         problem = fp8_linear_problem(device, dtype) if spec["linear"] == "fp8" else None
@@ -403,6 +410,9 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
         handle, applied = apply_recipe_name(step.model, name, backend=backend, compile_backend=compile_backend,
                                             sparse=sage_sparse)
         run = _counted(step.run, steps_bar.update)
+        steps = reuse if sage_sparse else 1
+        if steps > 1:
+            run = _steps_of_a_run(run, handle.router.clock, steps)
         recipe = applied.recipe
         order = stock_attention_order(spec["attention"], device)
         picked: dict[str, int] = {}
@@ -414,7 +424,7 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
             sync()
             first_call_s = time.perf_counter() - start
             lookups = applied.compile_cache_lookups() if recipe.compile != "none" else {}
-            seconds = median_seconds(run, repeats, device)
+            seconds = median_seconds(run, repeats, device) / steps
         outputs[name] = torch.cat([o.float().flatten().cpu() for o in out])
         result = RecipeResult(name=name, recipe=recipe.label(), ms=seconds * 1e3, first_call_s=first_call_s,
                               backends=dict(log.counts), sdpa_backends=picked, fp8_layers=len(applied.fp8_layers),
@@ -453,11 +463,29 @@ def run_recipes(names: list[str], build: Callable[[], Any], *, device: str, dtyp
 
 def _sparse_counts(log: Any) -> dict[str, Any]:
     """From a `record_backends` log's sparse notes: the mean density of the calls that ran sparse
-    (None if none), how many they were, and how many calls under the plan ran dense (kept dense by
-    the plan or unable to be sparse)."""
+    (None if none), how many they were and of them on reused lists, and how many calls under the plan
+    ran dense (kept dense by the plan or unable to be sparse)."""
     ran_sparse = [note.density for note in log.sparse if note.planned and not note.reason]
+    reused = sum(note.reused for note in log.sparse if note.planned and not note.reason)
     return {"density": sum(ran_sparse) / len(ran_sparse) if ran_sparse else None, "sparse_calls": len(ran_sparse),
-            "dense_calls": len(log.sparse) - len(ran_sparse)}
+            "reused_calls": reused, "dense_calls": len(log.sparse) - len(ran_sparse)}
+
+
+def _steps_of_a_run(run: Callable[[], Any], clock: Any, steps: int) -> Callable[[], Any]:
+    """`steps` calls of `run` as consecutive denoising steps (the install's step clock moved before
+    each, counting on from 1 over every call: step 0 is a sparse plan's dense one), returning the last
+    call's output. Under a plan that reuses lists every `steps` steps, each unit selects once and
+    attends on the kept lists `steps - 1` times."""
+    counter = itertools.count(1)
+
+    def unit():
+        out = None
+        for _ in range(steps):
+            clock.step = next(counter)
+            out = run()
+        return out
+
+    return unit
 
 
 def _counted(fn: Callable[[], Any], done: Callable[[], Any]) -> Callable[[], Any]:

@@ -189,3 +189,17 @@ def test_each_recipes_model_is_released_before_the_next_is_built():
     run_recipes(["eager-cudnn", "eager-sage", "eager-cudnn"], build, device="cpu", dtype="float32", repeats=1,
                 compile_backend="eager", backend="reference")
     assert alive_at_build == [0, 0, 0]
+
+
+def test_a_sparse_setting_with_reuse_times_a_run_of_steps_whose_later_calls_reuse_the_lists():
+    """dynamic:0.3:reuse2: each timed unit is two steps (the clock moved before each forward), the first
+    selecting, the second on the kept lists; ms is the mean step."""
+    config = BenchForwardConfig.build(model="tiny-wan", recipes=["eager-sage"], sparse="dynamic:0.3:reuse2",
+                                      repeats=2, frames=33, resolution="128x128")
+    report = run_bench_forward(config)
+    (sage,) = report.recipes
+    # first call, warm-up and 2 timed: 4 units of 2 steps of 2 forwards (guidance), one sparse layer each;
+    # the second step of each unit reuses
+    assert report.forwards_per_step == 2
+    assert (sage.sparse_calls, sage.reused_calls) == (16, 8) and sage.ms > 0
+    assert "over 16 sparse calls (8 on reused lists)" in report.table()
