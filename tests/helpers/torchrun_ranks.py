@@ -19,8 +19,9 @@ from typing import Any
 
 
 def _rank(rank: int, world: int, port: int, main: Callable[[list[str]], int], argv: list[str], logs: str) -> None:
-    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    from sagevideo.scheduling.group import torchrun_env
+
+    env = torchrun_env(rank, [{"ip": "127.0.0.1", "port": port}, *({} for _ in range(world - 1))])
     before = {name: os.environ.get(name) for name in env}
     stdout, stderr = io.StringIO(), io.StringIO()
     os.environ.update(env)
