@@ -465,10 +465,10 @@ def _sparse_counts(log: Any) -> dict[str, Any]:
     """From a `record_backends` log's sparse notes: the mean density of the calls that ran sparse
     (None if none), how many they were and of them on reused lists, and how many calls under the plan
     ran dense (kept dense by the plan or unable to be sparse)."""
-    ran_sparse = [note.density for note in log.sparse if note.planned and not note.reason]
-    reused = sum(note.reused for note in log.sparse if note.planned and not note.reason)
-    return {"density": sum(ran_sparse) / len(ran_sparse) if ran_sparse else None, "sparse_calls": len(ran_sparse),
-            "reused_calls": reused, "dense_calls": len(log.sparse) - len(ran_sparse)}
+    ran_sparse = [note for note in log.sparse if note.planned and not note.reason]
+    return {"density": sum(note.density for note in ran_sparse) / len(ran_sparse) if ran_sparse else None,
+            "sparse_calls": len(ran_sparse), "reused_calls": sum(note.reused for note in ran_sparse),
+            "dense_calls": len(log.sparse) - len(ran_sparse)}
 
 
 def _steps_of_a_run(run: Callable[[], Any], clock: Any, steps: int) -> Callable[[], Any]:
