@@ -29,8 +29,8 @@ if not __package__:  # run as a file: `bench` from the repo root, as with -m
 from bench.bench_sparse_select import SHAPES, cell_for  # noqa: E402
 
 # name -> the module constants it sets (those it leaves keep the module's values). A selection program
-# holds min(MAX_ROWS, SELECT_ELEMENTS // T_PAD) query tiles (T_PAD: the key tiles to a power of two,
-# 1,024 at Wan 720p: 4 rows with the module's 4,096 elements)
+# holds min(MAX_ROWS, SELECT_ELEMENTS // T_PAD) query tiles on a GPU (T_PAD: the key tiles to a power of
+# two, 1,024 at Wan 720p: at most 4 rows with 4,096 elements; the interpreter takes INTERPRETER_MAX_ROWS)
 VARIANTS = {
     "module": {},
     # the earlier constants (fp32 scores, up to 16 rows a program on 8 warps), each change alone
