@@ -190,6 +190,7 @@ def test_padding_with_huge_values_does_not_change_valid_result(backend):
     assert error_stats(ref, out).cos_worst > 0.999
 
 
+@pytest.mark.slow  # torch.compile
 def test_compile_fullgraph_does_not_break():
     q, k, v = _qkv()
 
@@ -318,6 +319,7 @@ def test_bfloat16_under_the_interpreter_is_refused_not_garbage(monkeypatch):
     assert error_stats(F.scaled_dot_product_attention(q.float(), k.float(), v.float()), out).cos_worst > 0.999
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("backend", ["triton", "reference", "sdpa"])
 def test_records_hold_inside_a_compiled_graph(backend):
     """Each run of a compiled graph reports what it calls, not only the trace (aot_eager: AOT autograd
@@ -338,6 +340,7 @@ def test_records_hold_inside_a_compiled_graph(backend):
     assert log.counts == {("sdpa" if backend == "sdpa" else f"{backend}/fp16"): 2}
 
 
+@pytest.mark.slow  # torch.compile
 def test_a_fallback_inside_a_compiled_graph_warns_when_the_graph_runs_without_breaking_it(monkeypatch):
     """A fallback's warning is given by the record op at run time: a warnings.warn while Dynamo
     traces would break the graph (fullgraph=True raises on a break)."""
@@ -421,6 +424,7 @@ def test_model_code_runs_under_the_global_replacement(sdpa_replaced, dtype):
         assert error_stats(want.float(), out).cos_worst > 0.998
 
 
+@pytest.mark.slow  # torch.compile
 def test_a_compiled_fallback_under_the_global_replacement_does_not_recurse(sdpa_replaced):
     q, k, v = (t.float() for t in _qkv())
 
@@ -555,6 +559,7 @@ def test_grouped_heads_at_rank_3_and_shapes_sdpa_refuses():
                                                backend="triton")
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_a_broadcast_call_compiles_into_one_graph(backend):
     """One K/V head, a broadcast batch and a key mask: fullgraph=True traces the kernel form (aot_eager;

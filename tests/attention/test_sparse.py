@@ -193,6 +193,7 @@ def hopper_on_cpu(monkeypatch):
     plan_cpu_calls_as_h200(monkeypatch)
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("given", ["lists", "per-row density"])
 def test_a_compiled_sparse_call_is_one_graph_and_records_an_unread_density(given):
     """torch.compile(fullgraph=True): the lists go into the op, or the call selects at a per-row density

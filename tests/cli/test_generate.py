@@ -58,6 +58,7 @@ def test_the_summary_says_the_recipe_its_warm_up_and_what_the_cache_skipped(tmp_
            in line
 
 
+@pytest.mark.slow  # torch.compile
 def test_the_summary_says_how_many_compiled_graphs_came_from_the_compile_cache(tmp_path, monkeypatch):
     """The compile backend eager looks nothing up, so the caches' counters are stood in for: each
     reading finds one more graph loaded from the cache and one more compiled afresh every second

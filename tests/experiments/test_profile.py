@@ -110,7 +110,7 @@ def test_fp8_activation_scales_count_as_linears(name, part):
     assert kernel_category(name) == part
 
 
-@pytest.mark.parametrize("recipe", ["eager-sage", "compile-cudnn"])
+@pytest.mark.parametrize("recipe", ["eager-sage", pytest.param("compile-cudnn", marks=pytest.mark.slow)])
 def test_a_recipe_on_the_cpu(recipe):
     """The reference attention (eager-sage) is named for the profiler; compile-cudnn's SDPA stays an
     aten op in the compiled graph (the eager compile backend on the CPU)."""

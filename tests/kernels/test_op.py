@@ -110,7 +110,8 @@ def test_eager_calls_on_h200_run_the_gluon_op_and_record_gluon(simulated_h200, m
     assert torch.equal(out, plain)  # the plain kernel stands in for the Gluon one on the same preparation
 
 
-@pytest.mark.parametrize("kind", ["eager", "aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.slow  # torch.compile
+@pytest.mark.parametrize("kind", ["eager", "aot_eager", "inductor"])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_compiled_graphs_call_the_gluon_op_and_record_what_they_call(simulated_h200, kind, layout):
     """Under torch.compile the Gluon kernel's plan is taken as eagerly: one graph, no break, the opaque
@@ -146,6 +147,7 @@ def test_compiled_graphs_call_the_gluon_op_and_record_what_they_call(simulated_h
         assert torch.equal(out, eager)
 
 
+@pytest.mark.slow  # torch.compile
 def test_calls_the_gluon_kernel_does_not_take_compile_to_the_triton_op(simulated_h200):
     """A causal call, a key mask or the LSE: the plain-Triton kernel, in the graph and in the record
     (the triton_op under the interpreter traces with Dynamo's "eager" only)."""

@@ -14,6 +14,8 @@ from sagevideo.pipelines.loading import resolve_model
 from sagevideo.pipelines.recipe import apply_recipe, transformer_blocks
 from tests.helpers.recipe import cached_latents, forward, fresh_pipe, is_compiled
 
+pytestmark = pytest.mark.slow  # torch.compile
+
 
 def test_regional_compile_equals_eager_and_keeps_every_attention_record():
     pipe = fresh_pipe()
