@@ -27,6 +27,7 @@ def test_the_edges_arm_needs_fp8_linears_in_the_recipe(capsys):
     assert exc.value.code == 2 and "--arms sage-edges: runs steps in bf16 beside FP8 linears" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # an end-to-end benchmark run, seconds
 def test_tiny_video_per_arm_on_cpu(tmp_path, capsys):
     out = tmp_path / "video.json"
     results = tmp_path / "results.jsonl"
@@ -54,6 +55,7 @@ def test_tiny_video_per_arm_on_cpu(tmp_path, capsys):
     assert "sage_x_stock_video" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # an end-to-end benchmark run, seconds
 def test_the_noise_first_arm_is_stock_with_sagevideos_scheduler(tmp_path):
     out = tmp_path / "video.json"
     assert bench_video.main(["--tiny", "--steps", "3", "--arms", "stock,stock-noise-first,sage", "--videos", "1",

@@ -1,8 +1,11 @@
 import json
 
+import pytest
+
 from bench import first_call
 
 
+@pytest.mark.slow  # an end-to-end benchmark run, seconds
 def test_times_each_block_of_the_first_call_and_profiles_it(tmp_path, capsys):
     assert first_call.main(["--tiny", "--layers", "2", "--linear", "bf16", "--compile-backend", "eager",
                             "--out", str(tmp_path)]) == 0

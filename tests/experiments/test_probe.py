@@ -26,6 +26,7 @@ def test_the_probe_names_layers_too_peaky_for_int8():
     assert "full precision" in summary["peaky_advice"]
 
 
+@pytest.mark.slow  # an end-to-end benchmark run, seconds
 def test_a_rerun_takes_the_arms_recipe_and_reproduces_its_videos(tmp_path, monkeypatch):
     """An arm made with a step cache re-runs with that cache (its skipped forwards skipped again),
     so the probed videos are the arm's; compile is left out of the re-run (the probe is Python)."""

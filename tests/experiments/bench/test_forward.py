@@ -62,6 +62,7 @@ def test_record_sdpa_choices_names_the_backend_torch_picks_and_changes_nothing()
     assert counts == {"math": 2} and torch.allclose(got, want, atol=1e-6)
 
 
+@pytest.mark.slow  # an end-to-end benchmark run, seconds
 def test_eager_sdpa_is_a_baseline_beside_cudnn_and_records_torchs_pick(tmp_path):
     config = BenchForwardConfig(model="tiny-cogvideox", recipes=["eager-cudnn,eager-sdpa,eager-sage,compile-sdpa"],
                                 repeats=1)
@@ -77,6 +78,7 @@ def test_eager_sdpa_is_a_baseline_beside_cudnn_and_records_torchs_pick(tmp_path)
     assert "eager SDPA (torch's pick)" in report.summary()
 
 
+@pytest.mark.slow  # an end-to-end benchmark run, seconds
 def test_recipes_run_side_by_side_with_ratios_from_their_times(tmp_path):
     path = tmp_path / "bench.json"
     # eager cuDNN not first: the recipes before it get their cosine once it has run
