@@ -2,7 +2,7 @@
 #   make generate   set up .venv, then run `sagevideo generate` on the built-in tiny model (CPU is fine)
 #   make test       set up .venv, then run the test suite (all of it: what CI runs)
 #   make test-fast  the edit-test loop: the suite without the tests marked slow (Ray, subprocess and
-#                   multi-process runs, torch.compile; `make test` still runs them)
+#                   multi-process runs, torch.compile, end-to-end benchmark runs; `make test` still runs them)
 #
 # Both spread the tests over TEST_WORKERS pytest-xdist processes (work stealing: a worker that runs
 # out takes tests from the other), each torch at one thread (OMP_NUM_THREADS=1: two workers of two
