@@ -1,13 +1,16 @@
 #!/usr/bin/env python
 """One whole video: stock diffusers against sagevideo's recipe, through the product (issue 21).
 
-Writes a random-weight CogVideoX-5B folder (`bench.random_models`: the released transformer and
-VAE configs, CogVideoX-5B's scheduler settings, a 2-layer T5 of width 4096), then makes one video
-of --frames frames at --height x --width, --steps steps, CFG (guidance 6: batch 2 per forward),
-decode included, in arms run one after another in this process:
+Writes a random-weight folder of --config (`bench.random_models`): CogVideoX-5B (the released
+transformer and VAE configs, its scheduler settings, a 2-layer T5 of width 4096; 49 frames at
+480x720, guidance 6) or Wan 2.1 14B text-to-video (the 14B transformer, Wan 2.1's VAE, UniPC with
+720p's flow shift 5.0, a 2-layer umT5 of width 4096; 81 frames at 720x1280, guidance 5). Then makes
+one video of --frames frames at --height x --width (the config's size by default), --steps steps,
+CFG, decode included, in arms run one after another in this process:
 
-- stock: `CogVideoXPipeline.from_pretrained(folder)` as diffusers ships it, eager, SDPA with
-  cuDNN first (the best 16-bit attention on Hopper; flash, efficient after it: `sdpa_cudnn_first`);
+- stock: `DiffusionPipeline.from_pretrained(folder)` as diffusers ships it (Wan's VAE in float32,
+  as Wan's diffusers examples load it and sagevideo does), eager, SDPA with cuDNN first (the best
+  16-bit attention on Hopper; flash, efficient after it: `sdpa_cudnn_first`);
 - sage: `sagevideo.generate(..., recipe=--recipe)` on the same folder, --videos videos in one call:
   quantized attention plus the recipe (default regional compile + FP8 linears), timings from the
   manifest records: the first video (compilation lands in its first step) and the later ones;
@@ -21,7 +24,7 @@ decode included, in arms run one after another in this process:
   sage arm filled the compile cache: a worker start with a warm cache, to the first step;
 - stock-compiled: stock with each transformer block `torch.compile`d (what a user who already
   compiles runs);
-- stock-noise-first: stock with the scheduler sagevideo loads CogVideoX-5B with
+- stock-noise-first (CogVideoX): stock with the scheduler sagevideo loads CogVideoX-5B with
   (`sagevideo.pipelines.cogvideox.noise_first`: the step noise drawn before the step waits for the
   device), attention as shipped: what that alone gives.
 
@@ -34,7 +37,8 @@ keeps what it measured.
 
     python -m bench.bench_video --json video.json [--arms sage,stock,second-worker,sage-cache]
     python -m bench.bench_video --json video.json --arms stock,sage,sage-sparse --sparse dynamic:0.15
-    python -m bench.bench_video --tiny              # CPU smoke test (built-in tiny model)
+    python -m bench.bench_video --config wan-14b --arms stock,sage-sparse --json wan.json   # tens of minutes
+    python -m bench.bench_video --tiny [--config wan-14b]   # CPU smoke test (the family's built-in tiny model)
     python -m bench.bench_video --arms stock --steps 12 --profile-steps 4   # where a step's idle time goes
 
 --profile-steps N (stock arms; no rows: the profiler slows the arm) wraps N steps in torch.profiler
@@ -63,7 +67,8 @@ ARMS = ("sage", "stock", "second-worker", "sage-cache", "sage-sparse", "sage-edg
 DEFAULT_ARMS = "sage,stock,second-worker,sage-cache"
 DEFAULT_RECIPE = "compile=regional,linear=fp8"
 TINY_RECIPE = "compile=regional,compile_backend=eager"
-GUIDANCE = 6.0
+# --config -> the guidance scale its model card uses (CFG: two transformer passes a step)
+GUIDANCE = {"cogvideox-5b": 6.0, "wan-14b": 5.0}
 # CogVideoX-5B's released VAE settings (diffusers' defaults otherwise).
 VAE_5B = dict(scaling_factor=0.7)
 
@@ -74,13 +79,23 @@ def say(line: str) -> None:
 
 
 def write_model(folder: Path, args: argparse.Namespace) -> None:
-    """The model folder both sides load: CogVideoX-5B at the job's size, or the built-in tiny model
-    (both with CogVideoX-5B's DPM scheduler)."""
+    """The model folder both sides load: --config at the job's size, or the family's built-in tiny
+    model (CogVideoX's with CogVideoX-5B's DPM scheduler, as the full-size folder)."""
+    if args.config == "wan-14b":
+        from bench.random_models import write_wan_folder
+
+        if args.tiny:
+            from sagevideo.pipelines.wan.tiny import tiny_pipeline
+
+            tiny_pipeline().save_pretrained(folder, safe_serialization=True)
+        else:
+            write_wan_folder(folder, {}, {}, device=args.device)
+        return
     from diffusers import CogVideoXDPMScheduler
 
     from sagevideo.pipelines.forwards import COGVIDEOX_5B, COGVIDEOX_5B_SCHEDULER
 
-    if args.tiny:  # with the 5B's scheduler, as the full-size folder
+    if args.tiny:
         from sagevideo.pipelines.cogvideox.tiny import tiny_pipeline
 
         pipe = tiny_pipeline()
@@ -100,16 +115,22 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False,
     """diffusers' pipeline as shipped (SDPA cuDNN first on CUDA); with compiled, each block compiled;
     with noise_first, sagevideo's `NoiseFirstDPMScheduler` in place of its scheduler."""
     import torch
-    from diffusers import CogVideoXPipeline
+    from diffusers import DiffusionPipeline
 
     from sagevideo.experiments.bench.forward import sdpa_cudnn_first
     from sagevideo.experiments.bench.timing import synchronizer
+    from sagevideo.pipelines.recipe import transformer_blocks
 
     start = time.perf_counter()
-    pipe = CogVideoXPipeline.from_pretrained(folder, dtype=args.dtype).to(args.device)
+    parts = {}
+    if args.config == "wan-14b":
+        from diffusers import AutoencoderKLWan
+
+        parts["vae"] = AutoencoderKLWan.from_pretrained(folder, subfolder="vae", torch_dtype=torch.float32)
+    pipe = DiffusionPipeline.from_pretrained(folder, dtype=args.dtype, **parts).to(args.device)
     pipe.set_progress_bar_config(disable=True)
     if compiled:
-        for block in pipe.transformer.transformer_blocks:
+        for _, block in transformer_blocks(pipe.transformer):
             block.compile(backend=args.compile_backend)
     if noise_first:
         from sagevideo.pipelines.cogvideox.noise_first import use_noise_first
@@ -137,17 +158,18 @@ def stock_arm(folder: Path, args: argparse.Namespace, *, compiled: bool = False,
         sync()
         start = time.perf_counter()
         frames = pipe(PROMPT, num_frames=args.frames, height=args.height, width=args.width,
-                      num_inference_steps=args.steps, guidance_scale=GUIDANCE,
+                      num_inference_steps=args.steps, guidance_scale=GUIDANCE[args.config],
                       generator=torch.Generator("cpu").manual_seed(0), output_type="np",
                       callback_on_step_end=on_step).frames
         sync()
         video_s = time.perf_counter() - start
     finite = bool(torch.isfinite(torch.as_tensor(frames)).all())
     first_step_s, denoise_s = step_ends[0] - start, step_ends[-1] - start
-    scheduler = type(pipe.scheduler).__name__
+    scheduler, pipeline = type(pipe.scheduler).__name__, type(pipe).__name__
     del pipe
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    return {"load_s": load_s, "video_s": video_s, "first_step_s": first_step_s, "decode_s": video_s - denoise_s,
+    return {"pipeline": pipeline, "load_s": load_s, "video_s": video_s, "first_step_s": first_step_s,
+            "decode_s": video_s - denoise_s,
             "steady_step_s": _steady(denoise_s, first_step_s, args.steps), "frames_finite": finite,
             "attention": "SDPA (cuDNN first)" if args.device == "cuda" else "SDPA",
             "scheduler": scheduler,
@@ -174,7 +196,8 @@ def sage_arm(folder: Path, out: Path, args: argparse.Namespace, recipe: str, spa
     jobs = [{"prompt": PROMPT, "seed": seed} for seed in range(args.videos)]
     start = time.perf_counter()
     records = sagevideo.generate(jobs, model=str(folder), out=out, frames=args.frames, height=args.height,
-                                 width=args.width, steps=args.steps, guidance=GUIDANCE, device=args.device,
+                                 width=args.width, steps=args.steps, guidance=GUIDANCE[args.config],
+                                 device=args.device,
                                  recipe=recipe, progress=False, **({"sparse": sparse} if sparse else {}))
     wall = time.perf_counter() - start
     failed = [r for r in records if r["status"] != "done"]
@@ -203,7 +226,7 @@ def second_worker_arm(folder: Path, out: Path, args: argparse.Namespace, recipe:
             flags += [f"--{name.replace('_', '-')}", str(item)]
     command = [sys.executable, "-m", "sagevideo", "generate", "--prompt", PROMPT, "--model", str(folder),
                "--out", str(out), "--frames", str(args.frames), "--height", str(args.height), "--width",
-               str(args.width), "--steps", "2", "--guidance", str(GUIDANCE), "--device", args.device,
+               str(args.width), "--steps", "2", "--guidance", str(GUIDANCE[args.config]), "--device", args.device,
                "--no-progress", *flags]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     start = time.perf_counter()
@@ -298,7 +321,9 @@ def result_rows(run, shape: str, report: dict):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="built-in tiny model on CPU (smoke test)")
+    parser.add_argument("--config", choices=sorted(GUIDANCE), default="cogvideox-5b",
+                        help="the model whose random-weight folder is written (or the family of --model's folder)")
+    parser.add_argument("--tiny", action="store_true", help="the family's built-in tiny model on CPU (smoke test)")
     parser.add_argument("--arms", default=DEFAULT_ARMS, help=f"comma-separated, in order, of {', '.join(ARMS)}")
     parser.add_argument("--recipe", help=f"sage arm's recipe (default {DEFAULT_RECIPE}; --tiny: {TINY_RECIPE})")
     parser.add_argument("--cache-threshold", type=float, default=0.05, help="sage-cache arm's first-block threshold")
@@ -309,10 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="stock arms: torch.profiler over this many steps, the device's idle gaps and the CPU "
                              "ops in them (a diagnosis: the arm's timings then include the profiler)")
-    parser.add_argument("--frames", type=int, default=49)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--width", type=int, default=720)
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--frames", type=int, help="default: the config's (49 for CogVideoX-5B, 81 for Wan; --tiny: 9)")
+    parser.add_argument("--height", type=int, help="default: the config's (480; Wan 14B 720; --tiny: 64)")
+    parser.add_argument("--width", type=int, help="default: the config's (720; Wan 14B 1280; --tiny: 64)")
+    parser.add_argument("--steps", type=int, help="default 50 (--tiny: 3)")
     parser.add_argument("--model", type=Path, help="use this model folder (default: write one under --work)")
     parser.add_argument("--work", type=Path, help="folder for the model and outputs (default: a new temp dir)")
     parser.add_argument("--json", type=Path)
@@ -322,8 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         parser.error(f"--arms: {unknown[0]!r} is not one of {', '.join(ARMS)}")
-    if args.tiny:
-        args.frames, args.height, args.width, args.steps = 9, 64, 64, min(args.steps, 3)
+    if "stock-noise-first" in arms and args.config != "cogvideox-5b":
+        parser.error("--arms stock-noise-first: that scheduler is CogVideoX's; --config wan-14b has none")
+    from sagevideo.pipelines.forwards import CONFIGS
+
+    frames, height, width, steps = (9, 64, 64, 3) if args.tiny else (*CONFIGS[args.config][1:], 50)
+    args.frames, args.height, args.width = args.frames or frames, args.height or height, args.width or width
+    args.steps = args.steps or steps
 
     if args.profile_steps and args.append_results:
         parser.error("--profile-steps is a diagnosis (the profiler slows the arm): no --append-results with it")
@@ -351,8 +381,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"model written to {folder} in {time.perf_counter() - start:.0f} s")
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     size = f"{args.frames}f-{args.height}x{args.width}-{args.steps}steps"
-    shape = "cogvideox-tiny" if args.tiny else f"cogvideox-5b-{size}"
-    report: dict = {"model": "tiny" if args.tiny else "CogVideoX-5B config, random weights", "shape": shape,
+    family = args.config.split("-")[0]
+    shape = f"{family}-tiny" if args.tiny else f"{args.config}-{size}"
+    report: dict = {"model": f"tiny-{family}" if args.tiny else f"{args.config} config, random weights", "shape": shape,
                     "gpu": gpu, "recipe": recipe, "cache_threshold": args.cache_threshold, "arms": {}, "ratios": {}}
     for name in arms:
         say(f"{name} ...")

@@ -110,3 +110,28 @@ def test_the_sparse_arm_runs_a_block_sparse_plan(tmp_path):
     layers = arm["backends"]["sparse"]["layers"]
     # the first sparse layer stays dense; the other one runs the plan's sparse calls after the first step
     assert layers["transformer_blocks.1.attn1"]["sparse_calls"] == 2 and arm["video_s"] > 0
+
+
+def test_the_noise_first_arm_is_refused_for_wan(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_video.main(["--tiny", "--config", "wan-14b", "--arms", "stock-noise-first"])
+    assert exc.value.code == 2 and "that scheduler is CogVideoX's" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # an end-to-end benchmark run, seconds
+def test_a_wan_video_runs_stock_and_a_sparse_plan_whose_first_fifth_of_steps_is_dense(tmp_path):
+    """--config wan-14b on the tiny Wan: stock is diffusers' WanPipeline (VAE in float32, as its
+    examples load it); sage-sparse goes through generate, its first step of five dense (256 px: 768
+    video tokens, several key tiles, so a window keeps fewer than all)."""
+    path = tmp_path / "r.json"
+    assert bench_video.main(["--tiny", "--config", "wan-14b", "--steps", "5", "--height", "256", "--width", "256",
+                             "--videos", "1", "--arms",
+                             "stock,sage-sparse", "--sparse", "static:0.5", "--recipe", "compile=none",
+                             "--work", str(tmp_path), "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    stock, sparse = report["arms"]["stock"], report["arms"]["sage-sparse"]
+    assert (report["shape"], stock["pipeline"], stock["scheduler"]) == ("wan-tiny", "WanPipeline",
+                                                                        "UniPCMultistepScheduler")
+    assert stock["frames_finite"] and sparse["video_s"] > 0
+    steps = sparse["backends"]["sparse"]["steps"]
+    assert len(steps) == 5 and list(steps.values())[0] == 1.0 and min(steps.values()) < 1.0, steps
