@@ -7,15 +7,15 @@ the shapes), the counts stay on the device.
 Two launches:
 1. `_tile_scores_kernel`, grid (query-tile blocks, key-tile blocks, B·H): the tile scores
    pooled q · pooled k · sm_scale + log(valid keys), a small GEMM (`SCORE_PRECISION` "tf32x3": three
-   tensor-core products per pair, near fp32; alone it made the selection 1.46x faster than fp32 FMAs
-   at Wan 720p on an H100; plain TF32
+   tensor-core products per pair, near fp32; plain TF32
    would move the probabilities by ~1e-3, enough to flip tiles near the threshold), into an fp32
    (B·H, M_TILES, N_TILES) buffer (as large as the lists);
 2. `_select_tiles_kernel`, grid (query-tile groups, B·H): each program holds ROWS whole rows of
    scores in registers (T_PAD, the key tiles rounded up to a power of two; ROWS at most MAX_ROWS and
-   ROWS·T_PAD at most SELECT_ELEMENTS, so registers do not grow with the sequence; one row a program
-   on 4 warps, alone, made it 1.34x faster at Wan 720p on an H100: bench/sweep_select_launch.py; the
-   two together are not yet timed) and does the rest:
+   ROWS·T_PAD at most SELECT_ELEMENTS, so registers do not grow with the sequence) and does the rest.
+   With tf32x3 scores and one row a program on 4 warps the two launches take 1.16 ms at Wan 720p on
+   an H100, 2.3x fp32 FMAs with up to 16 rows on 8 warps, the same lists; at CogVideoX-5B every
+   variant is within 2 % (`python -m bench.sweep_select_launch`, docs/sparse.md). Per program:
    - the softmax over the key tiles;
    - forced tiles (`tile_select.forced_tiles`: diagonal ± local, sinks, text rows and columns; and
      the rows and columns of tiles that are not self-similar, the columns of key tiles where one
