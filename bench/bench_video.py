@@ -81,15 +81,15 @@ def say(line: str) -> None:
 def write_model(folder: Path, args: argparse.Namespace) -> None:
     """The model folder both sides load: --config at the job's size, or the family's built-in tiny
     model (CogVideoX's with CogVideoX-5B's DPM scheduler, as the full-size folder)."""
+    if args.config == "wan-14b" and args.tiny:
+        from sagevideo.pipelines.wan.tiny import tiny_pipeline
+
+        tiny_pipeline().save_pretrained(folder, safe_serialization=True)
+        return
     if args.config == "wan-14b":
         from bench.random_models import write_wan_folder
 
-        if args.tiny:
-            from sagevideo.pipelines.wan.tiny import tiny_pipeline
-
-            tiny_pipeline().save_pretrained(folder, safe_serialization=True)
-        else:
-            write_wan_folder(folder, {}, {}, device=args.device)
+        write_wan_folder(folder, {}, {}, device=args.device)  # the 14B's and Wan 2.1's VAE's configs
         return
     from diffusers import CogVideoXDPMScheduler
 
