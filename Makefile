@@ -7,8 +7,6 @@
 # Both spread the tests over TEST_WORKERS pytest-xdist processes (work stealing: a worker that runs
 # out takes tests from the other), each torch at one thread (OMP_NUM_THREADS=1: two workers of two
 # threads each on two cores would fight over them). A single-process run is plain `pytest`.
-# They write bytecode even where the environment says not to (PYTHONDONTWRITEBYTECODE): otherwise
-# each worker compiles the package and rewrites every test module's asserts again on every run.
 #
 # The pins below only apply to this development venv: they take the CPU build of torch and the
 # triton wheel that lie on the CPU machines' disk (an unpinned torch pulls a multi-GB CUDA build).
@@ -31,11 +29,11 @@ generate: $(VENV)/.installed
 	HF_HUB_OFFLINE=1 $(VENV)/bin/sagevideo generate --out $(OUT)
 
 test: $(VENV)/.installed
-	PYTHONDONTWRITEBYTECODE= HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL)
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL)
 
 # A command-line -m replaces the one in pyproject's addopts, so "not sass" is repeated here.
 test-fast: $(VENV)/.installed
-	PYTHONDONTWRITEBYTECODE= HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not sass"
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not sass"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
