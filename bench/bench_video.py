@@ -351,6 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--arms stock-noise-first: that scheduler is CogVideoX's; --config wan-14b has none")
     from sagevideo.pipelines.forwards import CONFIGS
 
+    if args.model is not None and (args.model / "model_index.json").is_file():
+        from sagevideo.pipelines.loading import resolve_model
+
+        family = resolve_model(str(args.model)).family
+        if family != CONFIGS[args.config][0]:  # else the other family's guidance, size and stock loading
+            fitting = " or ".join(c for c in sorted(GUIDANCE) if CONFIGS[c][0] == family)
+            parser.error(f"--model {args.model} is a {family} folder; "
+                         + (f"give --config {fitting}" if fitting else f"--config takes {', '.join(sorted(GUIDANCE))}"))
     frames, height, width, steps = (9, 64, 64, 3) if args.tiny else (*CONFIGS[args.config][1:], 50)
     args.frames, args.height, args.width = args.frames or frames, args.height or height, args.width or width
     args.steps = args.steps or steps

@@ -112,6 +112,15 @@ def test_the_sparse_arm_runs_a_block_sparse_plan(tmp_path):
     assert layers["transformer_blocks.1.attn1"]["sparse_calls"] == 2 and arm["video_s"] > 0
 
 
+def test_a_model_folder_of_another_family_than_the_config_is_refused(tmp_path, capsys):
+    from sagevideo.pipelines.wan.tiny import tiny_pipeline
+
+    tiny_pipeline().save_pretrained(tmp_path, safe_serialization=True)
+    with pytest.raises(SystemExit) as exc:
+        bench_video.main(["--model", str(tmp_path), "--arms", "stock"])
+    assert exc.value.code == 2 and "is a wan folder; give --config wan-14b" in capsys.readouterr().err
+
+
 def test_the_noise_first_arm_is_refused_for_wan(capsys):
     with pytest.raises(SystemExit) as exc:
         bench_video.main(["--tiny", "--config", "wan-14b", "--arms", "stock-noise-first"])
