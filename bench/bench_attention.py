@@ -52,6 +52,7 @@ SHAPES = {
     # protocol flatters the d128 ratios").
     "opensora-256px": (1, 24, 8828, 128),
     "opensora-768px": (1, 24, 76544, 128),
+    "wan-720p": (1, 40, 75600, 128),  # Wan 2.1 14B, 81 frames at 720p: the sparse targets' shape
 }
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 DEFAULT_SHAPES = "cogvideox-2b,cogvideox-5b,d128-8k,d128-32k"

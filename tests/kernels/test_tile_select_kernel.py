@@ -16,6 +16,8 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
 from sagevideo.kernels import dispatch, tile_select, tile_select_kernel
@@ -429,6 +431,48 @@ def test_a_per_row_count_one_off_fails_the_comparison(monkeypatch, off_by):
     monkeypatch.setattr(tile_select, "tiles_at_density", lambda d, valid: right(d, valid) + off_by)
     with pytest.raises(AssertionError, match="query tiles keep another number"):
         _assert_same_lists(kernel, case.scores.keep_per_row(0.5).padded_lists())
+
+
+@triton.jit
+def _count_threshold_probe(Probs, Free, Budget, Out, ROWS: tl.constexpr, T: tl.constexpr, EARLY_EXIT: tl.constexpr):
+    """Out (ROWS,) = `tile_select_kernel._count_threshold` of Probs (ROWS, T) fp32, Free (ROWS, T) uint8,
+    Budget (ROWS,) int32."""
+    rows, cols = tl.arange(0, ROWS), tl.arange(0, T)
+    probs = tl.load(Probs + rows[:, None] * T + cols[None, :])
+    free = tl.load(Free + rows[:, None] * T + cols[None, :]) != 0
+    budget = tl.load(Budget + rows)
+    tl.store(Out + rows, tile_select_kernel._count_threshold(probs, free, budget, ROWS, EARLY_EXIT))
+
+
+def test_the_count_threshold_is_the_budget_th_largest_free_probability_with_or_without_early_exit():
+    """Both threshold searches (all 31 bisection steps; stopping once one candidate is left) return the
+    budget-th largest free probability, 0 where fewer tiles are free, +inf at budget 0: with ties (at the
+    cut and elsewhere), zeros, tiles that are not free, budgets from 0 to past the free tiles."""
+    gen = torch.Generator().manual_seed(11)
+    rows, width = 16, 32
+    probs = torch.rand(rows, width, generator=gen) ** 4
+    probs[1, 5:20] = probs[1, 3]  # a run of ties at the cut
+    probs[2, :] = probs[2, 0]  # every tile tied
+    probs[3, ::2] = 0.0  # zeros (an underflowed softmax)
+    probs[4, 7] = probs[4, 3].nextafter(torch.zeros(()))  # one ulp below another probability...
+    free = torch.rand(rows, width, generator=gen) > 0.2
+    free[4, 3] = free[4, 7] = True
+    free[5] = False  # nothing free
+    n_free = free.sum(dim=1)
+    budget = torch.randint(1, width, (rows,), generator=gen)
+    budget[4] = int((free[4] & (probs[4] >= probs[4, 3])).sum())  # ...and the cut between the two
+    budget[6], budget[7], budget[8], budget[9] = 0, 1, n_free[8], n_free[9] + 1
+    ranked = torch.where(free, probs, -1.0).sort(dim=1, descending=True).values
+    want = torch.where(budget <= n_free, ranked.gather(1, (budget - 1).clamp(min=0)[:, None])[:, 0], 0.0)
+    want = torch.where(budget <= 0, torch.inf, want)
+    for early_exit in (True, False):
+        out = torch.empty(rows, device=DEVICE)
+        _count_threshold_probe[(1,)](probs.to(DEVICE), free.to(DEVICE, torch.uint8), budget.int().to(DEVICE), out,
+                                     ROWS=rows, T=width, EARLY_EXIT=early_exit)
+        got = out.cpu()
+        if not early_exit:  # all 31 steps overshoot past +inf at budget 0 (NaN: compares like +inf there)
+            got = torch.where(budget <= 0, got.nan_to_num(nan=torch.inf), got)
+        assert torch.equal(got, want), f"early_exit={early_exit}: {got - want}"
 
 
 def test_a_per_row_density_ranks_tied_tiles_by_key_tile():
