@@ -10,6 +10,11 @@ quickly.
 
     python -m bench.bench_sm90 --check
     python -m bench.bench_sm90 --json sm90.json [--shapes cogvideox-2b,d128-8k] [--stages 2,3] [--reps 5]
+    python -m bench.bench_sm90 --shapes wan-720p --stages 2 --density 0.15 --density 0.5   # block-sparse too
+
+`--density D`: both kernels also on block-sparse lists of that density (`experiments.bench.attention.
+random_tile_mask`, one mask for every head, in the plan's tiles), timed in the same round-robin
+("triton-dD", "sD-dD"); max |diff| of the Gluon lists' output against the plain kernel's on the same lists.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ def parse_stages(spec: str) -> dict[str, int]:
     return out
 
 
-def run_shape(name: str, shape, timed: bool, variants: dict[str, int], reps: int = 1) -> dict:
+def run_shape(name: str, shape, timed: bool, variants: dict[str, int], reps: int = 1,
+              densities: tuple[float, ...] = ()) -> dict:
     from torch._library.triton import set_wrap_triton_enabled
 
     from sagevideo.kernels.attention_fwd import attention_forward
@@ -91,6 +97,8 @@ def run_shape(name: str, shape, timed: bool, variants: dict[str, int], reps: int
                 fns[label] = gluon_kernel
             except Exception as exc:  # record and go on: one variant's failure is a fact, not the end
                 row["errors"][label] = f"{type(exc).__name__}: " + " | ".join(str(exc).splitlines()[:4])[:400]
+        for density in densities:
+            add_sparse_arms(fns, row, prepared, plan, v, density, variants)
         if timed:  # round-robin: the H200 drifts by several percent within a run
             row["ms"], row["ms_reps"], errors = bench_interleaved(fns, reps)
             row["errors"].update(errors)
@@ -100,6 +108,39 @@ def run_shape(name: str, shape, timed: bool, variants: dict[str, int], reps: int
     return row
 
 
+def add_sparse_arms(fns: dict, row: dict, prepared, plan, v, density: float, variants: dict[str, int]) -> None:
+    """Both kernels on one random tile mask of `density` (the prepared inputs' plan tiles) into `fns`;
+    the Gluon arms' max |diff| against the plain kernel's sparse output into `row`."""
+    from bench.bench_attention import square
+    from sagevideo.experiments.bench.attention import random_tile_mask
+    from sagevideo.kernels.attention_fwd import attention_forward
+    from sagevideo.kernels.attention_sm90 import attention_forward_sm90
+
+    n = v.shape[2]
+    mask = random_tile_mask(square(tuple(v.shape)), density, "cuda").at_tiles(plan.block_m, plan.block_n)
+    lists = mask.padded_lists()
+    row.setdefault("density", {})[f"d{density:g}"] = mask.density
+    base = torch.empty_like(v)
+
+    def triton_sparse():
+        attention_forward(prepared, v, None, base, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n,
+                          tile_lists=lists)
+
+    triton_sparse()
+    fns[f"triton-d{density:g}"] = triton_sparse
+    for label, stages in variants.items():
+        out = torch.full_like(base, float("nan"))
+
+        def gluon_sparse(out=out, stages=stages):
+            attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n, n_k=n, num_stages=stages,
+                                   tile_lists=lists)
+
+        gluon_sparse()
+        torch.cuda.synchronize()
+        row["max_diff_vs_triton"][f"{label}-d{density:g}"] = (out.float() - base.float()).abs().max().item()
+        fns[f"{label}-d{density:g}"] = gluon_sparse
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="small correctness shapes only, untimed")
@@ -107,13 +148,16 @@ def main() -> int:
     parser.add_argument("--stages", default=STAGES, help="comma list of the Gluon kernel's K/V ring stages")
     parser.add_argument("--untimed", action="store_true", help="one launch per kernel (for a profiler), no timing")
     parser.add_argument("--reps", type=int, default=3, help="round-robin repetitions (median reported)")
+    parser.add_argument("--density", type=float, action="append", default=[],
+                        help="also both kernels on random tile lists of this density (repeatable)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     variants = parse_stages(args.stages)
     shapes = CHECK_SHAPES if args.check else {name: SHAPES[name] for name in args.shapes.split(",")}
     rows = []
     for name, shape in shapes.items():
-        rows.append(run_shape(name, shape, not (args.check or args.untimed), variants, args.reps))
+        rows.append(run_shape(name, shape, not (args.check or args.untimed), variants, args.reps,
+                              tuple(args.density)))
         r = rows[-1]
         print(f"{name:14s} cos " + " ".join(f"{k}={v:.5f}" for k, v in r["cos_worst"].items())
               + " | maxdiff " + " ".join(f"{k}={v:.2e}" for k, v in r["max_diff_vs_triton"].items())

@@ -37,6 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from sagevideo.kernels import constants
+from sagevideo.kernels.attention_fwd import item_order
 from sagevideo.kernels.quantize import QuantizedInputs
 
 LOG2_FP8_MAX = gl.constexpr(constants.LOG2_FP8_MAX)
@@ -50,21 +51,32 @@ PRODUCER_REGS = 24
 
 
 @gluon.jit
+def _key_tile_index(key_list, j, n_tiles, SPARSE: gl.constexpr):
+    """The j-th key tile the CTA visits: j (dense), or entry j of its list (SPARSE; 0 past the count)."""
+    if SPARSE:
+        return gl.load(key_list + j, mask=j < n_tiles, other=0)
+    else:
+        return j
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, SPARSE: gl.constexpr):
     """One warp: the CTA's Q tile once, then K/Vᵀ tiles into the ring, NUM_STAGES ahead."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
     q_row, k_row, v_row, n_tiles = dims[0], dims[1], dims[2], dims[3]
+    key_list = ptrs[5]
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
     for j in range(n_tiles):
+        start_n = _key_tile_index(key_list, j, n_tiles, SPARSE) * BLOCK_N
         stage = j % NUM_STAGES
         mbarrier.wait(empty.index(stage), ((j // NUM_STAGES) & 1) ^ 1)  # first pass through the ring: free
         bar = ready.index(stage)
         mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [k_row + j * BLOCK_N, 0], bar, k_smem.index(stage))
-        tma.async_copy_global_to_shared(v_desc, [v_row, j * BLOCK_N], bar, v_smem.index(stage))
+        tma.async_copy_global_to_shared(k_desc, [k_row + start_n, 0], bar, k_smem.index(stage))
+        tma.async_copy_global_to_shared(v_desc, [v_row, start_n], bar, v_smem.index(stage))
 
 
 @gluon.jit
@@ -113,40 +125,44 @@ def _p_operand(p, p_layout: gl.constexpr):
 
 
 @gluon.jit
-def _next_k_scale(KScale, k_scale_row, j, n_tiles, BLOCK_N: gl.constexpr):
-    """Tile j's K scale, loaded one tile ahead of its use: an L2 round trip on the critical path of
-    every tile otherwise (the mbarrier/wgmma waits are volatile, so the load cannot move above them)."""
-    return gl.load(KScale + k_scale_row + j * BLOCK_N, mask=j < n_tiles, other=0.0)
+def _next_k_scale(KScale, k_scale_row, key_list, j, n_tiles, BLOCK_N: gl.constexpr, SPARSE: gl.constexpr):
+    """(the j-th visited key tile's first key, its K scale), loaded one tile ahead of their use: an L2
+    round trip on the critical path of every tile otherwise (the mbarrier/wgmma waits are volatile, so
+    the loads cannot move above them)."""
+    start_n = _key_tile_index(key_list, j, n_tiles, SPARSE) * BLOCK_N
+    return start_n, gl.load(KScale + k_scale_row + start_n, mask=j < n_tiles, other=0.0)
 
 
 @gluon.jit
-def _key_tile(j, acc, m_i, l_i, k_scale_next, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-              KScale, k_scale_row, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
-              s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr):
-    """Key tile j: wait for its ring stage, S = Q·K_jᵀ, softmax, P·V, each waited for; the stage
-    handed back after it. Returns (acc, m, l, tile j+1's K scale)."""
-    k_scale = k_scale_next
-    k_scale_next = _next_k_scale(KScale, k_scale_row, j + 1, n_tiles, BLOCK_N)
+def _key_tile(j, acc, m_i, l_i, start_n, k_scale, q_tile, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+              KScale, k_scale_row, key_list, n_tiles, N_K, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr,
+              s_layout: gl.constexpr, p_layout: gl.constexpr, o_rows: gl.constexpr, MASKED: gl.constexpr,
+              SPARSE: gl.constexpr):
+    """The j-th visited key tile (its first key start_n, its K scale): wait for its ring stage,
+    S = Q·Kᵀ, softmax, P·V, each waited for; the stage handed back after it. Returns (acc, m, l,
+    the (j+1)-th tile's first key and K scale)."""
+    next_start, next_scale = _next_k_scale(KScale, k_scale_row, key_list, j + 1, n_tiles, BLOCK_N, SPARSE)
     stage = j % NUM_STAGES
     mbarrier.wait(ready.index(stage), (j // NUM_STAGES) & 1)
     s = warpgroup_mma(q_tile, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, j * BLOCK_N, N_K, s_layout, MASKED)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, k_scale, q_scale, start_n, N_K, s_layout, MASKED)
     pv = warpgroup_mma(_p_operand(p, p_layout), v_smem.index(stage).permute((1, 0)), o_zero, use_acc=False,
                        is_async=True)
     pv = warpgroup_mma_wait(num_outstanding=0, deps=(pv,))
     acc = acc * gl.convert_layout(alpha, o_rows)[:, None] + pv  # two-level accumulation
     mbarrier.arrive(empty.index(stage), count=1)
-    return acc, m_i, l_i, k_scale_next
+    return acc, m_i, l_i, next_start, next_scale
 
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """One warpgroup: the CTA's 64 query rows against every key tile, then the normalised 16-bit store."""
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, SPARSE: gl.constexpr):
+    """One warpgroup: the CTA's 64 query rows against every key tile (SPARSE: its list's), then the
+    normalised 16-bit store."""
     q_smem, k_smem, v_smem = bufs
     q_bar, ready, empty = bars
-    QScale, KScale, VScale, Out, VRange = ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4]
+    QScale, KScale, VScale, Out, VRange, key_list = ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5]
     n_tiles, N_Q, N_K = dims[3], dims[4], dims[5]
     scale_row, k_scale_row, o_offset, stride_om = dims[6], dims[7], dims[8], dims[9]
     v_scale_row, M_PAD, m_start, D_OUT = dims[10], dims[11], dims[12], dims[13]
@@ -166,29 +182,45 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
     s_zero = gl.zeros([WG_ROWS, BLOCK_N], gl.int32, s_layout)
     o_zero = gl.zeros([WG_ROWS, HEAD_D], gl.float32, o_layout)
     mbarrier.wait(q_bar, 0)
+    # The partial last key tile (keys past N_K), visited last if at all (a list ascends).
     n_full = N_K // BLOCK_N
+    if SPARSE:
+        last = gl.load(key_list + gl.maximum(n_tiles - 1, 0))
+        n_full = n_tiles - ((n_tiles > 0) & (last == n_full) & (N_K % BLOCK_N != 0)).to(gl.int32)
 
     # Full key tiles, then the partial last one (if any) in a loop of its own. With one loop and a
     # branch per tile between the two softmax paths, P (packed 8-bit values) crossed the branch's
     # merge point, which cost byte permutes, and the loop carried both paths.
-    k_scale_next = _next_k_scale(KScale, k_scale_row, 0, n_tiles, BLOCK_N)
+    start_n, k_scale = _next_k_scale(KScale, k_scale_row, key_list, 0, n_tiles, BLOCK_N, SPARSE)
     for j in range(n_full):
-        acc, m_i, l_i, k_scale_next = _key_tile(
-            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False)
+        acc, m_i, l_i, start_n, k_scale = _key_tile(
+            j, acc, m_i, l_i, start_n, k_scale, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, key_list, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, False,
+            SPARSE)
     for j in range(n_full, n_tiles):
-        acc, m_i, l_i, k_scale_next = _key_tile(
-            j, acc, m_i, l_i, k_scale_next, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
-            KScale, k_scale_row, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True)
+        acc, m_i, l_i, start_n, k_scale = _key_tile(
+            j, acc, m_i, l_i, start_n, k_scale, q_smem, k_smem, v_smem, ready, empty, s_zero, o_zero, q_scale,
+            KScale, k_scale_row, key_list, n_tiles, N_K, BLOCK_N, NUM_STAGES, s_layout, p_layout, o_rows, True,
+            SPARSE)
 
     o_cols: gl.constexpr = gl.SliceLayout(0, o_layout)
     d = gl.arange(0, HEAD_D, layout=o_cols)
-    out = acc / gl.convert_layout(l_i, o_rows)[:, None] * gl.load(VScale + v_scale_row + d)[None, :]
-    # Kept inside V's per-channel range (P is rounded to e4m3 for P·V, l is not: `bounds.py`); every
-    # row has keys here; comparisons keep a NaN.
+    l_o = gl.convert_layout(l_i, o_rows)
+    if SPARSE:
+        # l = 0 exactly where a list is empty (output 0, as the plain kernel's); a NaN l stays NaN
+        has_keys = (l_o != 0.0)[:, None]
+        out = acc / gl.where(has_keys, l_o[:, None], 1.0) * gl.load(VScale + v_scale_row + d)[None, :]
+    else:
+        out = acc / l_o[:, None] * gl.load(VScale + v_scale_row + d)[None, :]
+    # Kept inside V's per-channel range (P is rounded to e4m3 for P·V, l is not: `bounds.py`);
+    # comparisons keep a NaN. Every row has keys in a dense call.
     v_lo = gl.load(VRange + 2 * v_scale_row + d)[None, :]
     v_hi = gl.load(VRange + 2 * v_scale_row + HEAD_D + d)[None, :]
-    out = gl.where(out > v_hi, v_hi, gl.where(out < v_lo, v_lo, out))
+    clamped = gl.where(out > v_hi, v_hi, gl.where(out < v_lo, v_lo, out))
+    if SPARSE:
+        out = gl.where(has_keys, clamped, out)
+    else:
+        out = clamped
     r = gl.arange(0, WG_ROWS, layout=o_rows)  # within the CTA (o_offset: its first row)
     ptrs_o = Out + o_offset + r[:, None] * stride_om + d[None, :]
     gl.store(ptrs_o, out.to(Out.dtype.element_ty), mask=(m_start + r < N_Q)[:, None] & (d < D_OUT)[None, :])
@@ -196,19 +228,35 @@ def _consumer(q_desc, k_desc, v_desc, bufs, bars, ptrs, dims,
 
 @gluon.jit
 def _attn_fwd_sm90_kernel(
-    q_desc, k_desc, v_desc, QScale, KScale, VScale, VRange, Out,
+    q_desc, k_desc, v_desc, QScale, KScale, VScale, VRange, Out, KeyTiles, Counts, Order,
     stride_ob, stride_oh, stride_om,
+    stride_tb, stride_th, stride_tm, stride_cb, stride_ch, stride_cm,
     H, H_KV, N_Q, N_K, M_PAD, N_PAD, D_OUT,
     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, NUM_STAGES: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    SPARSE: gl.constexpr,
 ):
-    """Grid (query tiles of 64 rows, B·H): one consumer warpgroup and one producer warp per CTA."""
-    tile = gl.program_id(0)
-    bh = gl.program_id(1)
+    """Grid (query tiles of 64 rows, B·H): one consumer warpgroup and one producer warp per CTA.
+    SPARSE (block-sparse lists in 64-row query tiles): grid (items,), CTA i takes item Order[i]
+    (bh·M_TILES + tile, longest list first: `attention_fwd.item_order`) and visits the key tiles of
+    its list, KeyTiles/Counts at (b, h, tile) through their strides (0: one list for every batch row
+    or head); the others are never loaded."""
+    if SPARSE:
+        item = gl.load(Order + gl.program_id(0))
+        bh = item // (M_PAD // WG_ROWS)
+        tile = item % (M_PAD // WG_ROWS)
+    else:
+        tile = gl.program_id(0)
+        bh = gl.program_id(1)
     b = bh // H
     h = bh % H
     bh_kv = b * H_KV + h // (H // H_KV)  # grouped-query attention: the K/V head of query head h
     m_start = tile * WG_ROWS
-    n_tiles = gl.cdiv(N_K, BLOCK_N)
+    if SPARSE:
+        key_list = KeyTiles + b * stride_tb + h * stride_th + tile * stride_tm
+        n_tiles = gl.load(Counts + b * stride_cb + h * stride_ch + tile * stride_cm)
+    else:
+        key_list = KeyTiles  # never read
+        n_tiles = gl.cdiv(N_K, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -223,9 +271,9 @@ def _attn_fwd_sm90_kernel(
 
     bufs = (q_smem, k_smem, v_smem)
     bars = (q_bar, ready, empty)
-    ptrs = (QScale, KScale, VScale, Out, VRange)
+    ptrs = (QScale, KScale, VScale, Out, VRange, key_list)
     # Scalars the partitions share, by position (worker partitions take no keyword structs):
-    # 0 first Q-code row, 1 first K-code row, 2 first Vᵀ row, 3 key tiles, 4 N_Q, 5 N_K, 6 Q-scale
+    # 0 first Q-code row, 1 first K-code row, 2 first Vᵀ row, 3 key tiles visited, 4 N_Q, 5 N_K, 6 Q-scale
     # row, 7 K-scale row, 8 output offset of the CTA's first row, 9 output row stride, 10 V-scale row,
     # 11 M_PAD, 12 first query row of the CTA within the head, 13 head dim written.
     # The output offset is int64 (B·H·N·D may pass 2^31); TMA coordinates are rows, far below 2^31.
@@ -235,8 +283,8 @@ def _attn_fwd_sm90_kernel(
     # One argument list for both partitions (worker partitions must share a signature; spelled out
     # in each entry: a tuple assigned to a name first would turn the constexprs into tensors).
     gl.warp_specialize([
-        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
-        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES)),
+        (_consumer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES, SPARSE)),
+        (_producer, (q_desc, k_desc, v_desc, bufs, bars, ptrs, dims, BLOCK_N, HEAD_D, NUM_STAGES, SPARSE)),
     ], [1], [PRODUCER_REGS])
 
 
@@ -257,29 +305,53 @@ def _descriptor(t: torch.Tensor, block: list[int], dtype):
 
 
 def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, block_n: int, n_q: int, n_k: int,
-                           num_stages: int = 2) -> None:
+                           num_stages: int = 2, tile_lists: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Launch on `prepared` (FP8 V, the plan's tiles) writing `out` (B, H, Nq, D), a view with unit
-    head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's)."""
+    head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's).
+    tile_lists (block-sparse, `sparse_reference.TileLists`' tensors in 64-row query tiles): key tiles
+    int32 (B or 1, H or 1, M_TILES, W) ascending, then anything; counts int32 (B or 1, H or 1, M_TILES).
+    Query tiles run longest list first (`attention_fwd.item_order`, on the device: no host sync)."""
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     bh_kv, n_pad, _ = prepared.k_codes.shape
     q_desc = _descriptor(prepared.q_codes.view(bh * m_pad, block_d), [WG_ROWS.value, block_d], gl.int8)
     k_desc = _descriptor(prepared.k_codes.view(bh_kv * n_pad, block_d), [block_n, block_d], gl.int8)
     v_desc = _descriptor(prepared.v_fp8_t.view(bh_kv * block_d, n_pad), [block_d, block_n], gl.float8e4nv)
-    grid = (triton.cdiv(m_pad, WG_ROWS.value), bh)
+    m_tiles = m_pad // WG_ROWS.value
+    if tile_lists is None:
+        grid = (m_tiles, bh)
+        indices = counts = order = prepared.q_scale  # never read
+        list_strides = (0,) * 6
+    else:
+        indices, counts = tile_lists
+        if indices.shape[-2] != m_tiles or m_pad % WG_ROWS.value:
+            raise ValueError(f"the Gluon sm90 kernel takes lists in {WG_ROWS.value}-row query tiles: "
+                             f"{m_tiles} of them here, not {indices.shape[-2]}")
+        if indices.shape[-1] == 0:  # no query tile lists any key tile: the kernel loads no entry
+            indices = torch.full((*indices.shape[:-1], 1), -1, device=indices.device, dtype=torch.int32)
+        if indices.stride(-1) != 1:
+            indices = indices.contiguous()
+        indices = indices.expand(batch, heads, m_tiles, indices.shape[-1])
+        counts = counts.expand(batch, heads, m_tiles)
+        order = item_order(counts.reshape(-1))
+        grid = (order.numel(),)
+        list_strides = (*indices.stride()[:3], *counts.stride())
     _attn_fwd_sm90_kernel[grid](
         q_desc, k_desc, v_desc, prepared.q_scale, prepared.k_scale, prepared.v_scale, prepared.v_range, out,
-        out.stride(0), out.stride(1), out.stride(2),
+        indices, counts, order,
+        out.stride(0), out.stride(1), out.stride(2), *list_strides,
         heads, bh_kv // batch, n_q, n_k, m_pad, n_pad, head_dim,
         BLOCK_N=block_n, HEAD_D=block_d, NUM_STAGES=num_stages, PRODUCER_REGS=PRODUCER_REGS,
-        num_warps=4, maxnreg=MAXNREG,
+        SPARSE=tile_lists is not None, num_warps=4, maxnreg=MAXNREG,
     )
 
 
-def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16"):
+def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, out_dtype: str = "bf16",
+                     sparse: bool = False):
     """Compile the kernel for sm_90 without a GPU (no driver needed): the compiled kernel, with
     `.asm["ptx"]`, `.asm["cubin"]` and `.metadata.shared`. Layout and type errors surface here on any
-    machine. out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype."""
+    machine. out_dtype: "bf16" or "fp16", the output's (= the inputs') dtype; sparse: the block-sparse
+    variant (tile lists)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -292,10 +364,12 @@ def compile_for_sm90(head_d: int, *, block_n: int = 128, num_stages: int = 2, ou
         "k_desc": desc_type("i8", [block_n, head_d], gl.int8),
         "v_desc": desc_type("fp8e4nv", [head_d, block_n], gl.float8e4nv),
         "QScale": "*fp32", "KScale": "*fp32", "VScale": "*fp32", "VRange": "*fp32", "Out": f"*{out_dtype}",
-        **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD",
-                         "D_OUT"), "i32"),
+        "KeyTiles": "*i32", "Counts": "*i32", "Order": "*i32",
+        **dict.fromkeys(("stride_ob", "stride_oh", "stride_om", "stride_tb", "stride_th", "stride_tm", "stride_cb",
+                         "stride_ch", "stride_cm", "H", "H_KV", "N_Q", "N_K", "M_PAD", "N_PAD", "D_OUT"), "i32"),
     }
-    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS}
+    constexprs = {"BLOCK_N": block_n, "HEAD_D": head_d, "NUM_STAGES": num_stages, "PRODUCER_REGS": PRODUCER_REGS,
+                  "SPARSE": sparse}
     signature.update(dict.fromkeys(constexprs, "constexpr"))
     source = GluonASTSource(fn=_attn_fwd_sm90_kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "maxnreg": MAXNREG})

@@ -19,19 +19,20 @@ import torch.nn.functional as F
 _COMPILE = """
 import json, sys
 from sagevideo.kernels import attention_sm90
-kernel = attention_sm90.compile_for_sm90(int(sys.argv[1]), out_dtype=sys.argv[2])
+kernel = attention_sm90.compile_for_sm90(int(sys.argv[1]), out_dtype=sys.argv[2], sparse=sys.argv[3] == "sparse")
 print(json.dumps({"ptx": kernel.asm["ptx"], "shared": kernel.metadata.shared}))
 """
 
 
 @pytest.mark.slow  # a fresh process compiles the Gluon kernel
-@pytest.mark.parametrize("head_d, out_dtype", [(64, "bf16"), (128, "fp16")])
-def test_compiles_for_sm90_on_any_machine(head_d, out_dtype):
+@pytest.mark.parametrize("head_d, out_dtype, variant", [(64, "bf16", "dense"), (128, "fp16", "dense"),
+                                                        (128, "bf16", "sparse")])
+def test_compiles_for_sm90_on_any_machine(head_d, out_dtype, variant):
     # A fresh process without TRITON_INTERPRET: under the CPU interpreter (root conftest) jit
     # functions are interpreted Python, which the Gluon compiler refuses.
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE, str(head_d), out_dtype], env=env, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", _COMPILE, str(head_d), out_dtype, variant], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = json.loads(done.stdout)
     # Q·Kᵀ as INT8 and P·V as e4m3 warpgroup MMAs, K/V through TMA, registers moved to the consumer.
@@ -110,6 +111,57 @@ def test_scores_by_add_matches_i2f(shape):
         assert _worst_cosine(plain_i2f, out) >= 0.99999
         assert (out.float() - plain_i2f.float()).abs().max().item() <= 8e-3
     assert _worst_cosine(_fp32_sdpa(q, k, v), plain_add) >= 0.998
+
+
+def _padded_lists(keep):
+    """(indices int32 (..., M, N): the kept key tiles ascending, then -1; counts int32 (..., M))."""
+    counts = keep.sum(dim=-1, dtype=torch.int32)
+    order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices
+    slot = torch.arange(keep.shape[-1], device=keep.device)
+    return torch.where(slot < counts[..., None], order, -1).to(torch.int32).contiguous(), counts
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU")
+@pytest.mark.parametrize("shape, lists_batch", [((1, 2, 1000, 128), 1), ((2, 3, 777, 128), 2),
+                                               ((2, 3, 777, 128), 1), ((1, 4, 8192, 128), 1)])
+def test_block_sparse_matches_the_plain_kernel_on_the_same_lists(shape, lists_batch):
+    """Tile lists (one per batch row, or one for every row): the Gluon kernel visits the listed key
+    tiles as the plain kernel does, the partial last key tile listed or not, an empty list gives 0."""
+    from sagevideo.kernels.attention_fwd import attention_forward
+    from sagevideo.kernels.attention_sm90 import attention_forward_sm90
+    from sagevideo.kernels.plans import gluon_stages, plain_triton, select_plan
+    from sagevideo.kernels.quantize import quantize_inputs
+    from sagevideo.kernels.rotation import hadamard_pm1
+
+    gen = torch.Generator("cuda").manual_seed(2)
+    q, k, v = (torch.randn(shape, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+    b, h, n, d = shape
+    plan = plain_triton(select_plan(q.device, d, "fp8").plan)
+    m_tiles, n_tiles = -(-n // plan.block_m), -(-n // plan.block_n)
+    keep = torch.rand(lists_batch, h, m_tiles, n_tiles, device="cuda", generator=gen) < 0.4
+    keep[..., ::3, -1] = True  # the partial last key tile in some lists
+    keep[..., 1::3, -1] = False  # and not in others
+    keep[0, 0, 0] = False  # an empty list
+    keep[0, -1, -1] = True  # a full one
+    lists = _padded_lists(keep)
+    prepared = quantize_inputs(q, k, v, None, hadamard_pm1(plan.block_d, q.device, q.dtype), plan, sm_scale=d**-0.5,
+                               per_token=False, smooth_k=True, need_shift=False)
+    plain = torch.empty_like(q)
+    attention_forward(prepared, v, None, plain, None, plan, is_causal=False, per_token=False, n_q=n, n_k=n,
+                      tile_lists=lists)
+    gluon = torch.full_like(q, float("nan"))
+    attention_forward_sm90(prepared, gluon, block_n=plan.block_n, n_q=n, n_k=n, num_stages=gluon_stages(d),
+                           tile_lists=lists)
+    assert torch.isfinite(gluon).all(), "rows or columns left unwritten"
+    assert (gluon[:, 0, : plan.block_m] == 0).all() and (plain[:, 0, : plan.block_m] == 0).all()
+    assert (gluon.float() - plain.float()).abs().max().item() <= 8e-3
+    assert _worst_cosine(plain[:, :, plan.block_m:], gluon[:, :, plan.block_m:]) >= 0.99999
+    dense = torch.empty_like(q)
+    attention_forward_sm90(prepared, dense, block_n=plan.block_n, n_q=n, n_k=n, num_stages=gluon_stages(d))
+    last_tile = slice((m_tiles - 1) * plan.block_m, n)
+    assert (gluon[0, -1, last_tile].float() - dense[0, -1, last_tile].float()).abs().max().item() <= 8e-3  # full list
+    assert (gluon.float() - dense.float()).abs().max().item() > 1e-2  # the lists do skip tiles
 
 
 def _fp32_sdpa(q, k, v):
