@@ -376,15 +376,13 @@ def _attend(
     gqa = k.shape[1] != heads
     # the quantized backends take the mask as (B', Nk) key padding (their checks passed)
     key_mask = None if attn_mask is None or chosen is Backend.SDPA else _as_key_mask(attn_mask, n_k)
-    active = None if tiles is None or tiles.dense else tiles  # density 1 runs the dense path
     selecting = tiles is not None and tiles.dynamic
     if tiles is not None and tiles.dynamic and chosen is not Backend.TRITON:
         # the PyTorch selection (the kernels' definition) in the tiles the backend computes in
         padding = _selection_padding(attn_mask, n_k, "sageattn")
-        tiles = active = sparse.selected(tiles, q, k, padding, scale, *plans.tiles(pv, head_dim))
-    plan, ran, note = _kernel_plan(chosen, q.device, head_dim, pv, active, is_causal=is_causal,
-                                   has_mask=key_mask is not None, per_token=qk_granularity == "token",
-                                   return_lse=return_lse)
+        tiles = sparse.selected(tiles, q, k, padding, scale, *plans.tiles(pv, head_dim))
+    plan, ran = _kernel_plan(chosen, q.device, head_dim, pv, is_causal=is_causal, has_mask=key_mask is not None,
+                             per_token=qk_granularity == "token", return_lse=return_lse)
     # the mask in the backend's tiles: one the plan's tiles cannot take raises here (at any density),
     # before any launch
     operand = _sparse_operand(tiles, chosen, plan, pv, head_dim)
@@ -424,7 +422,7 @@ def _attend(
             kept.keep_mask(tiles.tile_mask)
     density = _sparse_density(tiles, made[0][1] if made else None, -(-n_k // plan.block_n) if made else 0,
                               sparse_counter, reused=kept is not None and not selecting)
-    _record(requested, ran, None if chosen is Backend.SDPA else pv, reason, density, note)
+    _record(requested, ran, None if chosen is Backend.SDPA else pv, reason, density)
     if flagged is not None:
         # The guard's count stays on the device: an installed model's layer accumulates it and reads
         # it at the end of the forward; a direct call's is read at the next call.
@@ -451,19 +449,18 @@ def _sparse_density(tiles: sparse.SparseCall | None, counts: torch.Tensor | None
     return math.nan if density is None else density
 
 
-def _kernel_plan(chosen: Backend, device: torch.device, head_dim: int, pv: str, active: sparse.SparseCall | None,
-                 **call: bool) -> tuple[plans.KernelPlan | None, str, str]:
-    """(the Triton plan or None, the backend recorded as ran, the record's note): on a Gluon plan, the
-    Gluon kernel computes the call where it takes it ("gluon"); a block-sparse call runs the plain
-    kernel, noted with the reason (`dispatch.kernel_for`)."""
+def _kernel_plan(chosen: Backend, device: torch.device, head_dim: int, pv: str,
+                 **call: bool) -> tuple[plans.KernelPlan | None, str]:
+    """(the Triton plan or None, the backend recorded as ran): on a Gluon plan, the Gluon kernel
+    computes the call where it takes it ("gluon"), dense or block-sparse (`dispatch.kernel_for`)."""
     if chosen is not Backend.TRITON:
-        return None, chosen.value, ""
+        return None, chosen.value
     from sagevideo.kernels.dispatch import kernel_for
 
-    choice = kernel_for(device, head_dim, pv, sparse=active is not None, **call)
+    choice = kernel_for(device, head_dim, pv, **call)
     # recorded: the warp-specialized sm90 kernel computed this call
     ran = GLUON if choice.plan.kernel == "gluon" else chosen.value
-    return choice.plan, ran, choice.reason if active is not None else ""
+    return choice.plan, ran
 
 
 def _sparse_operand(tiles: sparse.SparseCall | None, chosen: Backend, plan: plans.KernelPlan | None, pv: str,

@@ -9,8 +9,10 @@ preparation (smoothing, rotation, INT8/FP8 quantization) and the attention launc
   selection kernel (`tile_select_kernel`) writes the lists, the block-sparse launch reads them; the
   lists come back too (for the record, or to reuse at a neighbouring step). No host sync.
 - `torch.ops.sagevideo.sageattn_fwd_gluon`, a `torch.library.custom_op` with a fake (shapes only):
-  the warp-specialized Gluon sm90 kernel (FP8 PV; no mask, causal, per-token K scales, LSE or tile lists).
-  Opaque to torch.compile: Inductor calls it as an extern kernel and does not trace into it. The
+  the warp-specialized Gluon sm90 kernel (FP8 PV; no mask, causal, per-token K scales or LSE), dense
+  or on given tile lists; `torch.ops.sagevideo.sageattn_fwd_select_gluon` the same with the lists
+  chosen in the call, as `sageattn_fwd_select` does for the plain kernel.
+  Opaque to torch.compile: Inductor calls them as extern kernels and does not trace into them. The
   Gluon launch cannot go through `wrap_triton`: Inductor re-emits a user kernel's source under
   `@triton.jit` (not `@gluon.jit`), and its arguments here are Gluon tensor descriptors with shared-
   memory layouts, which Inductor's TMA support does not model. Eager calls take the same op, so
@@ -40,17 +42,13 @@ def attention_kernel(prepared, v: torch.Tensor, key_mask: torch.Tensor | None, o
                      lse: torch.Tensor | None, plan: KernelPlan, *, is_causal: bool, per_token: bool,
                      n_q: int, n_k: int, tile_lists: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """The attention kernel `plan.kernel` names, on prepared inputs (no quantization): the plain
-    Triton one, or the Gluon sm90 one (callers ensure `gluon_runs`). Eager only for "gluon" (the
-    benchmarks time kernels with it); compiled code reaches the Gluon kernel through
-    `sageattn_fwd_gluon`. tile_lists (block-sparse): the plain kernel only."""
+    Triton one, or the Gluon sm90 one (callers ensure `gluon_runs`), dense or on tile_lists
+    (block-sparse). Compiled code reaches the Gluon kernel through its opaque ops."""
     if plan.kernel == "gluon":
-        if tile_lists is not None:
-            raise ValueError("the Gluon sm90 kernel takes no tile lists: run block-sparse calls with "
-                             "plans.plain_triton(plan)")
         from sagevideo.kernels import attention_sm90
 
         attention_sm90.attention_forward_sm90(prepared, out, block_n=plan.block_n, n_q=n_q, n_k=n_k,
-                                              num_stages=plan.num_stages)
+                                              num_stages=plan.num_stages, tile_lists=tile_lists)
     else:
         attention_forward(prepared, v, key_mask, out, lse, plan, is_causal=is_causal, per_token=per_token,
                           n_q=n_q, n_k=n_k, tile_lists=tile_lists)
@@ -235,13 +233,13 @@ def sageattn_triton(
         from sagevideo.kernels.attention_sm90 import supports
 
         problem = supports(pv=plan.pv, is_causal=is_causal, has_mask=key_mask is not None, per_token=per_token,
-                           return_lse=return_lse) or (GLUON_TAKES_NO_LISTS if tile_lists is not None else "")
+                           return_lse=return_lse)
         if problem:
             raise ValueError(f"sageattn_triton: a Gluon plan for a call the Gluon kernel does not take ({problem}); "
                              "check gluon_runs and pass plans.plain_triton(plan) instead")
         out, flagged = torch.ops.sagevideo.sageattn_fwd_gluon(
             q, k, v, rotation, sm_scale, smooth_k, plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n,
-            plan.num_warps, plan.num_stages,
+            plan.num_warps, plan.num_stages, *(tile_lists or (None, None)),
         )
         return out, None, flagged
     mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
@@ -268,36 +266,43 @@ def sageattn_triton_select(
     rotate_qk: bool,
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """`sageattn_triton` for a call that chooses its own tiles (`sageattn_fwd_select`, a plain-kernel
-    plan). Returns (out, lse or None, flagged, (key tiles, counts) as the selection made them)."""
-    if plan.kernel != "triton":
-        raise ValueError(f"sageattn_triton_select: {GLUON_TAKES_NO_LISTS}; pass plans.plain_triton(plan)")
+    """`sageattn_triton` for a call that chooses its own tiles (`sageattn_fwd_select`, or
+    `sageattn_fwd_select_gluon` on a Gluon plan, which `gluon_runs` must have allowed). Returns (out,
+    lse or None, flagged, (key tiles, counts) as the selection made them)."""
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype) if rotate_qk else None
+    fields = (float(selection.top_p), selection.local_tiles, selection.sink_tiles, float(selection.min_similarity),
+              selection.dense_prefix, selection.dense_suffix, float(selection.max_spread),
+              None if selection.density is None else float(selection.density), selection.probe_columns)
+    if plan.kernel == "gluon":
+        from sagevideo.kernels.attention_sm90 import supports
+
+        problem = supports(pv=plan.pv, is_causal=is_causal, has_mask=key_mask is not None, per_token=per_token,
+                           return_lse=return_lse)
+        if problem:
+            raise ValueError(f"sageattn_triton_select: a Gluon plan for a call the Gluon kernel does not take "
+                             f"({problem}); check gluon_runs and pass plans.plain_triton(plan) instead")
+        out, flagged, indices, counts = torch.ops.sagevideo.sageattn_fwd_select_gluon(
+            q, k, v, rotation, sm_scale, smooth_k, plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n,
+            plan.num_warps, plan.num_stages, *fields,
+        )
+        return out, None, flagged, (indices, counts)
     mask = None if key_mask is None else key_mask.to(device=q.device, dtype=torch.uint8).contiguous()
     out, lse, flagged, indices, counts = torch.ops.sagevideo.sageattn_fwd_select(
         q, k, v, mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,
         plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n, plan.num_warps, plan.num_stages, plan.kernel,
-        plan.scores_by_add, plan.max_registers or 0, float(selection.top_p), selection.local_tiles,
-        selection.sink_tiles, float(selection.min_similarity), selection.dense_prefix, selection.dense_suffix,
-        float(selection.max_spread), None if selection.density is None else float(selection.density),
-        selection.probe_columns,
+        plan.scores_by_add, plan.max_registers or 0, *fields,
     )
     return out, (lse if return_lse else None), flagged, (indices, counts)
 
 
-GLUON_TAKES_NO_LISTS = "the Gluon sm90 kernel takes no tile lists yet: block-sparse calls run the plain Triton kernel"
-
-
-def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool,
-               sparse: bool = False) -> bool:
+def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> bool:
     """Whether the Gluon sm90 kernel computes this call under `plan` (else the plain-Triton one):
-    the plan names it and the kernel implements the call (`attention_sm90.supports`; no block-sparse
-    lists, `GLUON_TAKES_NO_LISTS`). The same
-    answer eagerly and while torch.compile traces: compiled graphs call the Gluon kernel through the
-    opaque op `sageattn_fwd_gluon`, so the backend recorded ("gluon") is what the graph runs.
+    the plan names it and the kernel implements the call (`attention_sm90.supports`), dense or
+    block-sparse. The same answer eagerly and while torch.compile traces: compiled graphs call the
+    Gluon kernel through its opaque ops, so the backend recorded ("gluon") is what the graph runs.
     """
-    if plan.kernel != "gluon" or sparse:
+    if plan.kernel != "gluon":
         return False
     from sagevideo.kernels.attention_sm90 import supports
 
@@ -331,30 +336,78 @@ def sageattn_fwd_gluon(
     block_n: int,
     num_warps: int,
     num_stages: int,
+    key_tiles: torch.Tensor | None = None,
+    tile_counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Gluon sm90 kernel's call: q/k/v (B, H, N, D) views with unit head-dim stride (k/v may have
     fewer heads, a divisor of q's). Returns (out like q (`torch.empty_like`), the guard's flagged
-    query tiles, int32 0-dim).
+    query tiles, int32 0-dim). key_tiles/tile_counts: block-sparse lists as `sageattn_fwd` takes them.
 
     Only what the kernel implements (`attention_sm90.supports`): FP8 PV (pv must be "fp8"), per-block K
     scales, no key mask, not causal, no LSE; the caller (`sageattn_triton`) checks. The plan travels
     as its fields, its kernel "gluon" (num_stages: the K/V ring stages). Opaque to torch.compile
     (a custom op, not a triton_op): its fake gives the output's shape, dtype and strides."""
     plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, "gluon")
-    from sagevideo.kernels import attention_sm90
-
-    n_q, n_k = q.shape[2], k.shape[2]
-    prepared = quantize_inputs(q, k, v, None, rotation, plan, sm_scale=sm_scale, per_token=False, smooth_k=smooth_k,
-                               need_shift=False)
-    out = torch.empty_like(q)
-    attention_sm90.attention_forward_sm90(prepared, out, block_n=block_n, n_q=n_q, n_k=n_k, num_stages=num_stages)
-    return out, _flagged(prepared, plan, q.shape[3], per_token=False)
+    tile_lists = _checked_lists(key_tiles, tile_counts, q, block_m)
+    out, _, flagged, _ = _forward(q, k, v, None, rotation, plan, sm_scale=sm_scale, is_causal=False, per_token=False,
+                                  smooth_k=smooth_k, return_lse=False, tile_lists=tile_lists)
+    return out, flagged
 
 
 @sageattn_fwd_gluon.register_fake
 def _fake_sageattn_fwd_gluon(q, k, v, rotation, sm_scale, smooth_k, pv, arch, block_d, block_m, block_n, num_warps,
-                             num_stages):
+                             num_stages, key_tiles=None, tile_counts=None):
+    _checked_lists(key_tiles, tile_counts, q, block_m)
     return torch.empty_like(q), q.new_empty((), dtype=torch.int32)
+
+
+@torch.library.custom_op("sagevideo::sageattn_fwd_select_gluon", mutates_args=(), **_EXACT_STRIDES)
+def sageattn_fwd_select_gluon(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rotation: torch.Tensor | None,
+    sm_scale: float,
+    smooth_k: bool,
+    pv: str,
+    arch: str,
+    block_d: int,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+    top_p: float,
+    local_tiles: int,
+    sink_tiles: int,
+    min_similarity: float,
+    dense_prefix: int,
+    dense_suffix: int,
+    max_spread: float,
+    density: float | None = None,
+    probe_columns: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sageattn_fwd_gluon` whose tile lists the call chooses itself on the device, as
+    `sageattn_fwd_select` does for the plain kernel. Returns (out, flagged, key tiles int32 (B, H,
+    ceil(Nq/block_m), ceil(Nk/block_n)) ascending then -1, counts int32 (B, H, ceil(Nq/block_m)))."""
+    plan = KernelPlan(arch, block_d, pv, block_m, block_n, num_warps, num_stages, "gluon")
+    selection = DynamicSelection(top_p=top_p, local_tiles=local_tiles, sink_tiles=sink_tiles,
+                                 min_similarity=min_similarity, dense_prefix=dense_prefix, dense_suffix=dense_suffix,
+                                 max_spread=max_spread, density=density, probe_columns=probe_columns)
+    out, _, flagged, (indices, counts) = _forward(q, k, v, None, rotation, plan, sm_scale=sm_scale, is_causal=False,
+                                                  per_token=False, smooth_k=smooth_k, return_lse=False,
+                                                  selection=selection)
+    return out, flagged, indices, counts
+
+
+@sageattn_fwd_select_gluon.register_fake
+def _fake_sageattn_fwd_select_gluon(q, k, v, rotation, sm_scale, smooth_k, pv, arch, block_d, block_m, block_n,
+                                    num_warps, num_stages, top_p, local_tiles, sink_tiles, min_similarity,
+                                    dense_prefix, dense_suffix, max_spread, density=None, probe_columns=0):
+    batch, heads, n_q, _ = q.shape
+    m_tiles, n_tiles = -(-n_q // block_m), -(-k.shape[2] // block_n)
+    return (torch.empty_like(q), q.new_empty((), dtype=torch.int32),
+            q.new_empty(batch, heads, m_tiles, n_tiles, dtype=torch.int32),
+            q.new_empty(batch, heads, m_tiles, dtype=torch.int32))
 
 
 def _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k, return_lse,

@@ -166,33 +166,6 @@ def test_masks_that_do_not_fit_the_call_are_refused_before_any_launch(monkeypatc
     assert log.choices == []  # nothing recorded: nothing ran
 
 
-def test_a_gluon_plan_runs_a_sparse_call_on_the_plain_kernel_and_records_why(hopper_on_cpu):
-    """FP8 PV at d128 on an H200 names the Gluon kernel, which takes no lists: the plain kernel (its plan,
-    the same tiles) computes the sparse call, recorded "triton" with the reason in its note."""
-    from sagevideo.kernels.op import GLUON_TAKES_NO_LISTS
-
-    q, k, v = _qkv((1, 1, 128, 128), seed=4)
-    keep = torch.tensor([[True], [False]], device=DEVICE)[None, None]  # 64x128 tiles: query tile 1 visits none
-    mask = TileMask(keep, 64, 128, 128, 128)
-    out = sageattn(q, k, v, tile_mask=mask, pv="fp8", backend="triton")
-    choice = last_backend()
-    assert (choice.label, choice.note, choice.density) == ("triton/fp8", GLUON_TAKES_NO_LISTS, 0.5)
-    want, _ = sparse_sageattn_reference(q, k, v, mask, pv="fp8", rotate_qk=True)
-    assert error_stats(want.masked_fill(want == 0, 1), out.masked_fill(out == 0, 1)).cos_worst > 0.99
-    assert (out[:, :, 64:] == 0).all()
-
-
-@pytest.fixture
-def hopper_on_cpu(monkeypatch):
-    """CPU tensors planned as on an H200 (sm90: the Gluon kernel for FP8 PV at d128), computed by the
-    interpreter (`tests.helpers.hopper`, without the Gluon launch: a sparse call never reaches it)."""
-    if torch.cuda.is_available():
-        pytest.skip("simulates an H200 on CPU under TRITON_INTERPRET")
-    from tests.helpers.hopper import plan_cpu_calls_as_h200
-
-    plan_cpu_calls_as_h200(monkeypatch)
-
-
 @pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("given", ["lists", "per-row density"])
 def test_a_compiled_sparse_call_is_one_graph_and_records_an_unread_density(given):

@@ -24,16 +24,10 @@ def test_a_call_the_gluon_kernel_does_not_implement_runs_plain_triton_with_the_s
     assert (choice.plan.block_m, choice.plan.block_n) == (gluon.block_m, gluon.block_n)
 
 
-def test_a_block_sparse_call_on_a_gluon_plan_runs_plain_triton_and_says_why(hopper):
-    """The Gluon kernel takes no tile lists: the plain kernel's plan with the same tiles, and the reason
-    (the record's note); dense calls keep the Gluon kernel."""
-    from sagevideo.kernels.op import GLUON_TAKES_NO_LISTS
-
-    gluon = plans.select_plan(CUDA, 128, "fp8").plan
-    choice = kernel_for(CUDA, 128, "fp8", **PLAIN_CALL, sparse=True)
-    assert choice.plan == plans.plain_triton(gluon) and choice.reason == GLUON_TAKES_NO_LISTS
-    assert kernel_for(CUDA, 128, "fp8", **PLAIN_CALL, sparse=False).kernel == "gluon"
-    assert kernel_for(CUDA, 64, "fp16", sparse=True).reason == ""  # a plain plan: nothing to say
+def test_a_block_sparse_call_takes_the_plan_a_dense_one_takes(hopper):
+    """Both kernels take tile lists in the plan's tiles: a sparse call needs no other plan."""
+    assert kernel_for(CUDA, 128, "fp8", **PLAIN_CALL).kernel == "gluon"
+    assert kernel_for(CUDA, 128, "fp8", has_mask=True).kernel == "triton"  # a key mask: the plain kernel
 
 
 def test_plans_that_name_plain_triton_are_kept_and_say_why_not_gluon(hopper, monkeypatch):

@@ -40,14 +40,14 @@ def simulated_h200(monkeypatch):
     plan_cpu_calls_as_h200(monkeypatch)
     launches = []
 
-    def plain_kernel_instead(prepared, out, *, block_n, n_q, n_k, num_stages):
+    def plain_kernel_instead(prepared, out, *, block_n, n_q, n_k, num_stages, tile_lists=None):
         head_dim = prepared.q_codes.shape[-1]
         plan = plans.plain_triton(plans.select_plan(out.device, head_dim, "fp8").plan)
         assert (plan.block_n, num_stages) == (block_n, plans.gluon_stages(head_dim))
-        launches.append((tuple(out.shape), n_q, n_k))
+        launches.append((tuple(out.shape), n_q, n_k) + (("sparse",) if tile_lists is not None else ()))
         # FP8 PV reads V from the prepared e4m3 copy: `out` only stands in for the 16-bit V pointer
         attention_fwd.attention_forward(prepared, out, None, out, None, plan, is_causal=False, per_token=False,
-                                        n_q=n_q, n_k=n_k)
+                                        n_q=n_q, n_k=n_k, tile_lists=tile_lists)
 
     monkeypatch.setattr(attention_sm90, "attention_forward_sm90", plain_kernel_instead)
     torch._dynamo.reset()
@@ -194,6 +194,56 @@ def test_the_gluon_op_fake_matches_the_op(simulated_h200, layout, kv_heads):
     assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype) == (
         q.shape, q.stride(), q.dtype)
     assert (fake_flagged.shape, fake_flagged.dtype) == (real_flagged.shape, real_flagged.dtype) == ((), torch.int32)
+
+
+@pytest.mark.parametrize("given", ["mask", "selection"])
+def test_sparse_calls_on_h200_run_the_gluon_op_on_their_lists(simulated_h200, monkeypatch, given):
+    """A tile mask, or a selection the call makes (`sageattn_fwd_select_gluon`): the Gluon kernel takes
+    the lists (recorded "gluon", the density too) and computes what the plain kernel computes on them;
+    a query tile that visits nothing gives 0."""
+    from sagevideo.attention.sparse import TileMask
+    from sagevideo.kernels.tile_select import DynamicSelection
+
+    q, k, v = _qkv((1, 2, 256, 128), seed=4)
+    keep = torch.rand(1, 2, 4, 2, generator=torch.Generator().manual_seed(1)) < 0.6  # 64x128 tiles
+    keep[0, 0, 1] = False  # query tile 1 of head 0 visits none
+    keep[..., 2:, 1] = True
+    selection = DynamicSelection(density=0.25, sink_tiles=0, local_tiles=0, min_similarity=0.0)
+    tile_mask = TileMask(keep, 64, 128, 256, 256) if given == "mask" else selection
+    out = sageattn(q, k, v, tile_mask=tile_mask, pv="fp8")
+    choice = last_backend()
+    assert choice.label == "gluon/fp8" and simulated_h200 == [((1, 2, 256, 128), 256, 256, "sparse")]
+    monkeypatch.setenv(plans.SM90_KERNEL_ENV, "triton")
+    plain = sageattn(q, k, v, tile_mask=tile_mask, pv="fp8")
+    assert last_backend().label == "triton/fp8" and len(simulated_h200) == 1
+    assert torch.equal(out, plain)  # the plain kernel stands in for the Gluon one on the same lists
+    assert choice.density == last_backend().density < 1
+    if given == "mask":
+        assert choice.density == pytest.approx(float(keep.float().mean()))
+        assert (out[:, 0, 64:128] == 0).all() and (out[:, 1, 64:128] != 0).any()
+
+
+@pytest.mark.parametrize("op", ["lists", "select"])
+def test_the_sparse_gluon_ops_fakes_match_the_ops(simulated_h200, op):
+    """`torch.library.opcheck` of the Gluon op with tile lists and of `sageattn_fwd_select_gluon`:
+    schema, fake (shapes, dtypes, strides of the output and the lists) and AOT dispatch agree."""
+    from sagevideo.kernels.rotation import hadamard_pm1
+
+    q, k, v = _qkv((1, 2, 200, 128))
+    plan = plans.select_plan(q.device, 128, "fp8").plan
+    args = (q, k, v, hadamard_pm1(128, q.device, q.dtype), 128**-0.5, True, plan.pv, plan.arch, plan.block_d,
+            plan.block_m, plan.block_n, plan.num_warps, plan.num_stages)
+    if op == "lists":
+        keep = torch.ones(1, 1, 4, 2, dtype=torch.bool)
+        keep[..., 0, 1] = False
+        counts = keep.sum(dim=-1, dtype=torch.int32)
+        lists = torch.tensor([[0, -1], [0, 1], [0, 1], [0, 1]], dtype=torch.int32)[None, None]
+        target, args = torch.ops.sagevideo.sageattn_fwd_gluon.default, (*args, lists, counts)
+    else:
+        target = torch.ops.sagevideo.sageattn_fwd_select_gluon.default
+        args = (*args, 0.9, 1, 1, 0.5, 0, 0, float("inf"), 0.5, 0)
+    torch.library.opcheck(target, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    assert all(launch[-1] == "sparse" for launch in simulated_h200) and simulated_h200
 
 
 def test_a_gluon_plan_for_a_call_it_does_not_take_is_refused(simulated_h200):

@@ -94,7 +94,6 @@ def test_gluon_takes_only_the_calls_it_implements(hopper, monkeypatch):
     assert gluon_runs(plan, **plain)
     for feature in plain:
         assert not gluon_runs(plan, **{**plain, feature: True}), feature
-    assert not gluon_runs(plan, **plain, sparse=True)  # no block-sparse tile lists
     assert not gluon_runs(plans.plain_triton(plan), **plain)
 
 
