@@ -7,11 +7,10 @@ so its last bits. Direct launches, as the registered op runs them in eager mode.
 
     python -m bench.bench_prep --shapes cogvideox-2b,d128-8k --warps auto,4,8 --tiles 1,2,4,8 --json prep.json
     python -m bench.bench_prep --warps auto --stats 256:64:4,1024:64:4,512:128:8   # tokens/split:chunk:warps
-    python -m bench.bench_prep --shapes wan-720p --warps auto,4,8 --pool off,rowwise,summed --no-rotate
+    python -m bench.bench_prep --shapes wan-720p,cogvideox-5b --warps auto,4,8 --pool off,on
 
---pool: also the tile selection's pooled statistics (as a sparse call asks for them), their similarity
-"rowwise" (each row's cosine to the tile mean, then the mean) or "summed" (the unit rows summed, then
-one dot with the mean: `quantize.POOL_COSINE_SUMMED`); "off" is the dense call's preparation.
+--pool on: also the tile selection's pooled statistics, as a dynamic sparse call asks for them;
+off: the dense call's preparation.
 
 "auto" keeps the plan's value. Tiles per program stay capped so that each head gets at least the
 plan's `min_programs_per_head` programs (which binds only on short sequences).
@@ -63,15 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stats", default="auto",
                         help="comma list of K/V-stats program shapes MIN_TOKENS_PER_SPLIT:CHUNK:WARPS, "
                              "or auto (the plan's)")
-    parser.add_argument("--pool", default="off", help="comma list of off, rowwise, summed (module docstring)")
-    parser.add_argument("--no-rotate", action="store_true", help="no Hadamard rotation (the default install's)")
+    parser.add_argument("--pool", default="off", help="comma list of off, on (module docstring)")
+    parser.add_argument("--no-rotate", action="store_true", help="no Hadamard rotation (installed calls rotate)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
 
     def counts(spec: str) -> list[int | None]:
         return [None if item == "auto" else int(item) for item in spec.split(",")]
 
-    module_summed = quantize.POOL_COSINE_SUMMED
     rows = []
     for name in args.shapes.split(","):
         b, h, n, d = SHAPES[name]
@@ -85,12 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                 prep = prep_variant(prep_plan(plan), warps, tiles, stats, q_tiles)
                 prepare = functools.partial(quantize.quantize_inputs, q, k, v, None, rot, plan, sm_scale=d**-0.5,
                                             per_token=False, smooth_k=True, need_shift=False, prep=prep,
-                                            pool=pool != "off")
-                quantize.POOL_COSINE_SUMMED = pool == "summed"
+                                            pool=pool == "on")
                 with set_wrap_triton_enabled(False):
                     times = prep_kernel_times(prepare)
                     wall = bench_ms(prepare)  # whole preparation between events: gaps and small launches too
-                quantize.POOL_COSINE_SUMMED = module_summed
                 times = {key: ms for key, ms in times.items() if key.startswith("_")}
                 rows.append({"shape": name, "pv": pv, "warps": warps, "tiles_per_program": tiles, "stats": stats,
                              "q_tiles": q_tiles, "pool": pool, "rotate": rot is not None,

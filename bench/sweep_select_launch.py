@@ -42,8 +42,6 @@ VARIANTS = {
     # more rows where the key tiles are few (CogVideoX-5B: 276 key tiles, 512 padded)
     "rows<=4 w4 1024": {"MAX_ROWS": 4, "SELECT_ELEMENTS": 1024},
     "scores 64x64x32": {"SCORE_M": 64, "SCORE_N": 64, "SCORE_D": 32},
-    # the per-row density's threshold search: all 31 bisection steps against stopping once one is left
-    "count bisection 31": {"COUNT_EARLY_EXIT": False},
 }
 
 

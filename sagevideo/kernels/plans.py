@@ -213,20 +213,19 @@ def gluon_stages(block_d: int) -> int:
     return _GLUON_STAGES[block_d]
 
 
-def quant_warps(rows: int, block_d: int, kind: str) -> int:
-    """Warps of a quantization program over a `rows` x `block_d` tile (`kind` "kv" or "q"); speed only.
-    H200 sweep `bench/bench_prep.py --warps 2,4,8` (docs/benchmarks-history.md, "a division-free
-    preparation"): 4 for 64-row Q tiles and 64x64 K/V tiles, 8 elsewhere (equal or better)."""
-    small = rows * block_d <= 4096 if kind == "kv" else rows <= 64
-    return 4 if small else 8
+# Warps of the K/V and Q quantization programs, every tile; speed only. 4 on the H100 at Wan 720p,
+# CogVideoX-5B and d128-8k, both PV modes, with and without the selection's pooling: equal or faster
+# than 8 everywhere, by 25 % on FP8 K/V tiles of 128x128 and 10-35 % with pooling
+# (`python -m bench.bench_prep --shapes wan-720p,cogvideox-5b,d128-8k --warps auto,4 --pool off,on`,
+# docs/sparse.md); an earlier H200 sweep had 8 equal or better on tiles above 64x64.
+QUANT_WARPS = 4
 
 
 def prep_plan(plan: KernelPlan) -> PrepPlan:
     """The preparation kernels' launch shape for `plan` (its tiles and PV mode decide it)."""
     min_tokens, chunk, warps = _STATS_SHAPE[(plan.block_d, plan.pv == "fp8")]
     return PrepPlan(stats_min_tokens=min_tokens, stats_chunk=chunk, stats_warps=warps,
-                    kv_warps=quant_warps(plan.block_n, plan.block_d, "kv"),
-                    q_warps=quant_warps(plan.block_m, plan.block_d, "q"))
+                    kv_warps=QUANT_WARPS, q_warps=QUANT_WARPS)
 
 
 def sm90_kernel_wanted() -> str:

@@ -57,7 +57,6 @@ TINY_AMAX_CONST = tl.constexpr(TINY_AMAX)
 INT8_MAX_CONST = tl.constexpr(INT8_MAX)
 FP8_MAX_CONST = tl.constexpr(FP8_MAX)
 COSINE_EPS_CONST = tl.constexpr(COSINE_EPS)
-POOL_COSINE_SUMMED = True  # the pooled similarity from the sum of unit rows (`_pool_tile`)
 
 
 @triton.jit
@@ -131,7 +130,7 @@ def mma_key_order(x):
 
 
 @triton.jit
-def _pool_tile(x, ok, SPREAD: tl.constexpr, SUMMED: tl.constexpr):
+def _pool_tile(x, ok, SPREAD: tl.constexpr):
     """`tile_select._pool_tiles` of one tile held in registers: x (ROWS, BLOCK_D) fp32, ok (ROWS,)
     its valid rows. Returns (mean over valid rows (BLOCK_D,), valid count, mean cosine of the valid
     rows to the mean, spread: the largest distance of a valid row from the mean over the mean
@@ -144,13 +143,8 @@ def _pool_tile(x, ok, SPREAD: tl.constexpr, SUMMED: tl.constexpr):
     mean = tl.math.div_rn(tl.sum(x, axis=0), denom)
     x_norm = tl.maximum(tl.sqrt_rn(tl.sum(x * x, axis=1)), COSINE_EPS_CONST)
     m_norm = tl.maximum(tl.sqrt_rn(tl.sum(mean * mean, axis=0)), COSINE_EPS_CONST)
-    if SUMMED:
-        # Σ_i cos(x_i, m) = (Σ_i x_i / |x_i|) · m / |m|: the sum over rows does not wait for the mean
-        unit_sum = tl.sum(x * tl.math.div_rn(1.0, x_norm)[:, None], axis=0)
-        similarity = tl.math.div_rn(tl.sum(unit_sum * mean, axis=0), m_norm * denom)
-    else:
-        cos = tl.math.div_rn(tl.sum(x * mean[None, :], axis=1), x_norm * m_norm)
-        similarity = tl.math.div_rn(tl.sum(tl.where(ok, cos, 0.0), axis=0), denom)
+    cos = tl.math.div_rn(tl.sum(x * mean[None, :], axis=1), x_norm * m_norm)
+    similarity = tl.math.div_rn(tl.sum(tl.where(ok, cos, 0.0), axis=0), denom)
     spread = 1.0
     if SPREAD:
         # from the differences themselves, not |x|² - 2x·m + |m|², which cancels in tight tiles
@@ -269,7 +263,7 @@ def _quantize_kv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     HAS_MASK: tl.constexpr, SMOOTH_K: tl.constexpr, ROTATE: tl.constexpr,
     PER_TOKEN: tl.constexpr, FP8_V: tl.constexpr, TRACK_MAX: tl.constexpr, POOL: tl.constexpr = False,
-    POOL_SPREAD: tl.constexpr = False, POOL_SUMMED: tl.constexpr = True,
+    POOL_SPREAD: tl.constexpr = False,
 ):
     """TRACK_MAX: also raise KScaleMax[head] (int32 bits of a non-negative fp32, zero-initialised) to
     the largest K scale of the head (NaN counts as 0), for the attention kernel's scores-by-add guard.
@@ -325,7 +319,7 @@ def _quantize_kv_kernel(
             if POOL:
                 # the tile as the selection pools it: smoothed, not rotated, padded keys left out
                 pooled, count, similarity, spread = _pool_tile(k16.to(tl.float32) - pool_shift[None, :], ok,
-                                                               POOL_SPREAD, POOL_SUMMED)
+                                                               POOL_SPREAD)
                 tile = bh * (N_PAD // BLOCK_N) + start_n // BLOCK_N
                 tl.store(KPoolMean + tile * BLOCK_D + offs_d, pooled)
                 tl.store(KPoolSim + tile, similarity)
@@ -392,7 +386,6 @@ def _quantize_q_kernel(
     H, H_KV, N_Q, M_PAD, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_SHIFT: tl.constexpr, POOL: tl.constexpr = False,
-    POOL_SUMMED: tl.constexpr = True,
 ):
     """H_KV: K/V heads (mean(K) of query head h is K/V head h // (H // H_KV)'s).
     POOL: also write each tile's `_pool_tile` statistics of Q (as given: not rotated, not scaled) to
@@ -418,7 +411,7 @@ def _quantize_q_kernel(
             tl.store(QShift + bh * M_PAD + offs_m, shift, mask=in_pad)
         if POOL:
             if start_m < M_PAD:
-                pooled, _, similarity, _ = _pool_tile(q16.to(tl.float32), offs_m < N_Q, False, POOL_SUMMED)
+                pooled, _, similarity, _ = _pool_tile(q16.to(tl.float32), offs_m < N_Q, False)
                 tile = bh * (M_PAD // BLOCK_M) + start_m // BLOCK_M
                 tl.store(QPoolMean + tile * BLOCK_D + offs_d, pooled)
                 tl.store(QPoolSim + tile, similarity)
@@ -568,7 +561,7 @@ def quantize_inputs(
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TILES_PER_PROGRAM=kv_per_program,
         HAS_MASK=key_mask is not None, SMOOTH_K=smooth_k, ROTATE=rotation is not None,
         PER_TOKEN=per_token, FP8_V=fp8_v, TRACK_MAX=track_k_scale_max, POOL=pool, POOL_SPREAD=pool and pool_spread,
-        POOL_SUMMED=POOL_COSINE_SUMMED, num_warps=prep.kv_warps,
+        num_warps=prep.kv_warps,
     )
 
     q_codes = torch.empty(bh, m_pad, bd, device=dev, dtype=torch.int8)
@@ -583,7 +576,7 @@ def quantize_inputs(
         heads, kv_heads, n_q, m_pad, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm, TILES_PER_PROGRAM=q_per_program,
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift, POOL=pool,
-        POOL_SUMMED=POOL_COSINE_SUMMED, num_warps=prep.q_warps,
+        num_warps=prep.q_warps,
     )
     return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, v_range,
                            k_scale_max, pooled)

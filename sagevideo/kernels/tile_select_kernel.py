@@ -90,7 +90,6 @@ SCORE_PRECISION = "tf32x3"
 SELECT_ELEMENTS = 4096  # scores a selection program holds at most (ROWS x T_PAD)
 MAX_ROWS = 1
 SELECT_WARPS = 4
-COUNT_EARLY_EXIT = True  # the per-row density's threshold search stops once one candidate is left
 # Triton's CPU interpreter runs the programs one after another, each row block as one numpy array:
 # its cost is per program, so it takes up to 16 rows a program (9x faster there; the lists are the same)
 INTERPRETER_MAX_ROWS = 16
@@ -137,49 +136,39 @@ def _threshold(probs, free, forced_mass, top_p, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _count_threshold(probs, free, budget, ROWS: tl.constexpr, EARLY_EXIT: tl.constexpr):
+def _count_threshold(probs, free, budget, ROWS: tl.constexpr):
     """Per row (ROWS,) fp32: the smallest probability value t with fewer than `budget` (int32 (ROWS,))
-    free tiles above it, i.e. the budget-th largest free probability (bisection on t's bits, as
-    `_threshold`; 0 where fewer tiles are free, +inf where budget is 0).
-    EARLY_EXIT: stop once the bits [lo, hi] still open hold at most one free probability: the answer is
-    then that probability (or lo), the same t as all 31 steps (the counts at both ends say it exactly)."""
+    free tiles above it, i.e. the budget-th largest free probability (0 where fewer tiles are free,
+    +inf where budget is 0). A bisection on t's bits, as `_threshold`, that stops once the bits [lo, hi]
+    still open hold at most one free probability: the answer is then that probability (or lo), the
+    same t as all 31 steps give, since the counts at both ends decide it exactly."""
     lo = tl.zeros((ROWS,), dtype=tl.int32)
     hi = tl.full((ROWS,), INF_BITS_CONST, dtype=tl.int32)
-    if EARLY_EXIT:
-        # invariant while open: at_or_above_lo = #free >= lo (>= budget once lo has moved),
-        # above_hi = #free > hi (< budget); so the answer lies in [lo, hi]
-        at_or_above_lo = tl.sum((free & (probs >= 0.0)).to(tl.int32), axis=1)
-        above_hi = tl.zeros((ROWS,), dtype=tl.int32)
-        open_rows = (budget > 0) & (at_or_above_lo - above_hi > 1)
-        while tl.max(open_rows.to(tl.int32), axis=0) > 0:
-            mid = lo + (hi - lo) // 2
-            count = tl.sum((free & (probs > mid.to(tl.float32, bitcast=True)[:, None])).to(tl.int32), axis=1)
-            below = count < budget
-            hi = tl.where(open_rows & below, mid, hi)
-            above_hi = tl.where(open_rows & below, count, above_hi)
-            lo = tl.where(open_rows & ~below, mid + 1, lo)
-            at_or_above_lo = tl.where(open_rows & ~below, count, at_or_above_lo)
-            open_rows = open_rows & (lo < hi) & (at_or_above_lo - above_hi > 1)
-        lo_value = lo.to(tl.float32, bitcast=True)
-        inside = free & (probs >= lo_value[:, None]) & (probs <= hi.to(tl.float32, bitcast=True)[:, None])
-        lone = tl.max(tl.where(inside, probs, -1.0), axis=1)
-        # one free probability left in [lo, hi] with at least budget at or above lo: the count drops
-        # below budget exactly at it; otherwise lo (closed, or 0 with fewer than budget free tiles)
-        settled = (lo < hi) & (at_or_above_lo - above_hi == 1) & (at_or_above_lo >= budget)
-        return tl.where(budget > 0, tl.where(settled, lone, lo_value), float("inf"))
-    else:
-        for _ in range(31):
-            mid = lo + (hi - lo) // 2
-            t = mid.to(tl.float32, bitcast=True)
-            count = tl.sum((free & (probs > t[:, None])).to(tl.int32), axis=1)
-            below = count < budget
-            hi = tl.where(below, mid, hi)
-            lo = tl.where(below, lo, mid + 1)
-        return lo.to(tl.float32, bitcast=True)
+    # while open: at_or_above_lo = #free >= lo (>= budget once lo has moved), above_hi = #free > hi
+    # (< budget); so the answer lies in [lo, hi]
+    at_or_above_lo = tl.sum((free & (probs >= 0.0)).to(tl.int32), axis=1)
+    above_hi = tl.zeros((ROWS,), dtype=tl.int32)
+    open_rows = (budget > 0) & (at_or_above_lo - above_hi > 1)
+    while tl.max(open_rows.to(tl.int32), axis=0) > 0:
+        mid = lo + (hi - lo) // 2
+        count = tl.sum((free & (probs > mid.to(tl.float32, bitcast=True)[:, None])).to(tl.int32), axis=1)
+        below = count < budget
+        hi = tl.where(open_rows & below, mid, hi)
+        above_hi = tl.where(open_rows & below, count, above_hi)
+        lo = tl.where(open_rows & ~below, mid + 1, lo)
+        at_or_above_lo = tl.where(open_rows & ~below, count, at_or_above_lo)
+        open_rows = open_rows & (lo < hi) & (at_or_above_lo - above_hi > 1)
+    lo_value = lo.to(tl.float32, bitcast=True)
+    inside = free & (probs >= lo_value[:, None]) & (probs <= hi.to(tl.float32, bitcast=True)[:, None])
+    lone = tl.max(tl.where(inside, probs, -1.0), axis=1)
+    # one free probability left in [lo, hi] with at least budget at or above lo: the count drops below
+    # budget exactly at it; otherwise lo (closed, or 0 with fewer than budget free tiles)
+    settled = (lo < hi) & (at_or_above_lo - above_hi == 1) & (at_or_above_lo >= budget)
+    return tl.where(budget > 0, tl.where(settled, lone, lo_value), float("inf"))
 
 
 @triton.jit
-def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr, EARLY_EXIT: tl.constexpr):
+def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr):
     """bool (ROWS, T_PAD): `TileScores.keep_per_row`: the forced tiles, then free tiles (with a valid
     key, not forced) in descending probability, ties to the lower key tile, up to k = max(1,
     ceil(density · valid key tiles · DENSITY_SLACK)) tiles in all (fp32, as `tiles_at_density`)."""
@@ -187,7 +176,7 @@ def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr, EARLY_EXI
     valid = tl.sum(useful.to(tl.int32), axis=0).to(tl.float32)
     k = tl.maximum(tl.ceil(density * valid * DENSITY_SLACK_CONST), 1.0).to(tl.int32)
     budget = tl.maximum(k - tl.sum(forced.to(tl.int32), axis=1), 0)
-    t = _count_threshold(probs, free, budget, ROWS, EARLY_EXIT)
+    t = _count_threshold(probs, free, budget, ROWS)
     above = free & (probs > t[:, None])
     is_tied = free & (probs == t[:, None])
     tied = is_tied.to(tl.int32)
@@ -275,7 +264,7 @@ def _select_tiles_kernel(
     H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity, max_spread, density,
     LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, T_PAD: tl.constexpr,
-    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr, HAS_PROBE: tl.constexpr, EARLY_EXIT: tl.constexpr,
+    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr, HAS_PROBE: tl.constexpr,
 ):
     """Lists of query tiles group·ROWS .. +ROWS of head bh from their scores (module docstring); the
     free tiles by top_p, or with BY_COUNT by a per-row density (`_keep_by_count`); with HAS_PROBE the
@@ -310,7 +299,7 @@ def _select_tiles_kernel(
     forced = _forced_tiles(rows, cols, q_sim, k_sim, k_spread, probe, useful, min_similarity, max_spread, N_Q,
                            LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
     if BY_COUNT:
-        kept = _keep_by_count(probs, forced, useful, density, ROWS, EARLY_EXIT)
+        kept = _keep_by_count(probs, forced, useful, density, ROWS)
     else:
         free = ~forced & col_ok
         forced_mass = tl.sum(tl.where(forced, probs, 0.0), axis=1)
@@ -413,7 +402,7 @@ def select_lists(
         math.ceil(prefix / block_m), math.ceil(prefix / block_n),
         (n_q - suffix) // block_m if suffix else m_tiles, (n_k - suffix) // block_n if suffix else n_tiles,
         BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=n_q == n_k, BY_COUNT=selection.per_row,
-        HAS_PROBE=probe is not None, EARLY_EXIT=COUNT_EARLY_EXIT, num_warps=SELECT_WARPS,
+        HAS_PROBE=probe is not None, num_warps=SELECT_WARPS,
     )
     return indices, counts
 

@@ -434,20 +434,21 @@ def test_a_per_row_count_one_off_fails_the_comparison(monkeypatch, off_by):
 
 
 @triton.jit
-def _count_threshold_probe(Probs, Free, Budget, Out, ROWS: tl.constexpr, T: tl.constexpr, EARLY_EXIT: tl.constexpr):
+def _count_threshold_probe(Probs, Free, Budget, Out, ROWS: tl.constexpr, T: tl.constexpr):
     """Out (ROWS,) = `tile_select_kernel._count_threshold` of Probs (ROWS, T) fp32, Free (ROWS, T) uint8,
     Budget (ROWS,) int32."""
     rows, cols = tl.arange(0, ROWS), tl.arange(0, T)
     probs = tl.load(Probs + rows[:, None] * T + cols[None, :])
     free = tl.load(Free + rows[:, None] * T + cols[None, :]) != 0
     budget = tl.load(Budget + rows)
-    tl.store(Out + rows, tile_select_kernel._count_threshold(probs, free, budget, ROWS, EARLY_EXIT))
+    tl.store(Out + rows, tile_select_kernel._count_threshold(probs, free, budget, ROWS))
 
 
-def test_the_count_threshold_is_the_budget_th_largest_free_probability_with_or_without_early_exit():
-    """Both threshold searches (all 31 bisection steps; stopping once one candidate is left) return the
-    budget-th largest free probability, 0 where fewer tiles are free, +inf at budget 0: with ties (at the
-    cut and elsewhere), zeros, tiles that are not free, budgets from 0 to past the free tiles."""
+def test_the_count_threshold_is_the_budget_th_largest_free_probability():
+    """The per-row density's threshold search (a bisection that stops once one candidate is left) returns
+    the budget-th largest free probability, 0 where fewer tiles are free, +inf at budget 0: with ties (at
+    the cut and elsewhere), zeros, tiles that are not free, budgets from 0 to past the free tiles, a cut
+    between two probabilities one ulp apart."""
     gen = torch.Generator().manual_seed(11)
     rows, width = 16, 32
     probs = torch.rand(rows, width, generator=gen) ** 4
@@ -465,14 +466,10 @@ def test_the_count_threshold_is_the_budget_th_largest_free_probability_with_or_w
     ranked = torch.where(free, probs, -1.0).sort(dim=1, descending=True).values
     want = torch.where(budget <= n_free, ranked.gather(1, (budget - 1).clamp(min=0)[:, None])[:, 0], 0.0)
     want = torch.where(budget <= 0, torch.inf, want)
-    for early_exit in (True, False):
-        out = torch.empty(rows, device=DEVICE)
-        _count_threshold_probe[(1,)](probs.to(DEVICE), free.to(DEVICE, torch.uint8), budget.int().to(DEVICE), out,
-                                     ROWS=rows, T=width, EARLY_EXIT=early_exit)
-        got = out.cpu()
-        if not early_exit:  # all 31 steps overshoot past +inf at budget 0 (NaN: compares like +inf there)
-            got = torch.where(budget <= 0, got.nan_to_num(nan=torch.inf), got)
-        assert torch.equal(got, want), f"early_exit={early_exit}: {got - want}"
+    out = torch.empty(rows, device=DEVICE)
+    _count_threshold_probe[(1,)](probs.to(DEVICE), free.to(DEVICE, torch.uint8), budget.int().to(DEVICE), out,
+                                 ROWS=rows, T=width)
+    assert torch.equal(out.cpu(), want), out.cpu() - want
 
 
 def test_a_per_row_density_ranks_tied_tiles_by_key_tile():
