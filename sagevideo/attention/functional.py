@@ -504,20 +504,20 @@ class _ForwardOnly(torch.autograd.Function):
         raise RuntimeError(BACKWARD_ERROR)
 
 
-def _record(requested: str, ran: str, pv: str | None, reason: str, density: float | torch.Tensor | None = None,
-            note: str = "") -> None:
+def _record(requested: str, ran: str, pv: str | None, reason: str,
+            density: float | torch.Tensor | None = None) -> None:
     """Report one dispatch decision (`records`), and warn once per fallback reason. Inside a graph
     torch.compile traces, an effectful op reports (and warns) each time the compiled graph runs.
     density: a block-sparse call's (`_sparse_density`; a device tensor is read when the record is asked,
-    NaN inside a graph), None for dense attention; note: `BackendChoice.note`."""
+    NaN inside a graph), None for dense attention."""
     if torch.compiler.is_compiling():
         records.report_from_graph(requested, ran, pv, reason,
-                                  math.nan if isinstance(density, torch.Tensor) else density, note)
+                                  math.nan if isinstance(density, torch.Tensor) else density)
     else:
         flagged = records.FlaggedTiles() if pv is not None else None  # quantized calls count for the guard
         if isinstance(density, torch.Tensor):
             density = records.DeviceDensity(density)
-        records.report(records.BackendChoice(requested, ran, pv, reason, flagged, density, note))
+        records.report(records.BackendChoice(requested, ran, pv, reason, flagged, density))
         records.warn_fallback_once(reason)
 
 

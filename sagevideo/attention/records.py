@@ -111,8 +111,6 @@ class BackendChoice:
     density: a block-sparse call's tile-mask density (visited / all key tiles; 1.0 ran dense), NaN
     where a compiled graph ran it (reading it there would sync each run), None for dense attention;
     a dynamic call's is read from the device when asked (`DeviceDensity`), not by the call.
-    note: why the kernel that ran is not the plan's first choice, where that is no fallback (a
-    block-sparse call on a Gluon plan runs the plain Triton kernel), else ''.
     """
 
     requested: str
@@ -121,7 +119,6 @@ class BackendChoice:
     reason: str = ""
     flagged: FlaggedTiles | None = field(default=None, compare=False, repr=False)
     _density: float | DeviceDensity | None = None
-    note: str = ""
 
     @property
     def density(self) -> float | None:
@@ -366,16 +363,16 @@ def warn_fallback_once(reason: str) -> None:
 
 
 @torch.library.custom_op("sagevideo::record_backend", mutates_args=())
-def _record_backend_op(requested: str, ran: str, pv: str, reason: str, density: float = -1.0, note: str = "") -> None:
+def _record_backend_op(requested: str, ran: str, pv: str, reason: str, density: float = -1.0) -> None:
     # Runs each time the compiled graph does: the warning is given here, at run time, because a
     # warnings.warn while Dynamo traces would break the graph. density -1: dense attention.
     report(BackendChoice(requested, ran, pv or None, reason, FlaggedTiles() if ran != "sdpa" else None,
-                         None if density == -1.0 else density, note))
+                         None if density == -1.0 else density))
     warn_fallback_once(reason)
 
 
 @_record_backend_op.register_fake
-def _(requested: str, ran: str, pv: str, reason: str, density: float = -1.0, note: str = "") -> None:
+def _(requested: str, ran: str, pv: str, reason: str, density: float = -1.0) -> None:
     return None
 
 
@@ -414,10 +411,9 @@ def allow_caching_graphs_with_records() -> None:
     inductor_config.unsafe_marked_cacheable_functions = marked
 
 
-def report_from_graph(requested: str, ran: str, pv: str | None, reason: str, density: float | None = None,
-                      note: str = "") -> None:
+def report_from_graph(requested: str, ran: str, pv: str | None, reason: str, density: float | None = None) -> None:
     """`report`, called while torch.compile traces: puts the reporting op into the graph."""
-    torch.ops.sagevideo.record_backend(requested, ran, pv or "", reason, -1.0 if density is None else density, note)
+    torch.ops.sagevideo.record_backend(requested, ran, pv or "", reason, -1.0 if density is None else density)
 
 
 def report_unrouted(reason: str) -> None:
