@@ -223,6 +223,36 @@ def test_sparse_calls_on_h200_run_the_gluon_op_on_their_lists(simulated_h200, mo
         assert (out[:, 0, 64:128] == 0).all() and (out[:, 1, 64:128] != 0).any()
 
 
+@pytest.mark.slow  # torch.compile
+@pytest.mark.parametrize("given", ["mask", "selection"])
+def test_a_compiled_sparse_call_on_h200_is_one_graph_calling_the_gluon_op(simulated_h200, given):
+    """torch.compile (aot_eager, fullgraph) of a sparse call: one graph, no break, the Gluon op (with
+    lists, or the one that selects) in it, recorded "gluon", the eager call's output."""
+    from torch._dynamo.utils import counters
+
+    from sagevideo.attention.sparse import TileMask
+    from sagevideo.kernels.tile_select import DynamicSelection
+
+    q, k, v = _qkv((1, 2, 256, 128), seed=5)
+    keep = torch.ones(1, 1, 4, 2, dtype=torch.bool)
+    keep[..., 0, 1] = False
+    tile_mask = (TileMask(keep, 64, 128, 256, 256) if given == "mask"
+                 else DynamicSelection(density=0.25, sink_tiles=0, local_tiles=0, min_similarity=0.0))
+
+    def attend(q, k, v):
+        return sageattn(q, k, v, tile_mask=tile_mask, pv="fp8") * 2
+
+    eager = attend(q, k, v)
+    compiled, graphs = _compiled(attend, "aot_eager")
+    with record_backends() as log:
+        out = compiled(q, k, v)
+    assert dict(counters["graph_break"]) == {} and len(graphs.code) == 1
+    op = "sageattn_fwd_gluon" if given == "mask" else "sageattn_fwd_select_gluon"
+    assert f"sagevideo.{op}" in graphs.code[0] and "sagevideo.sageattn_fwd." not in graphs.code[0]
+    assert log.counts == {"gluon/fp8": 1} and all(launch[-1] == "sparse" for launch in simulated_h200)
+    assert torch.equal(out, eager)
+
+
 @pytest.mark.parametrize("op", ["lists", "select"])
 def test_the_sparse_gluon_ops_fakes_match_the_ops(simulated_h200, op):
     """`torch.library.opcheck` of the Gluon op with tile lists and of `sageattn_fwd_select_gluon`:
