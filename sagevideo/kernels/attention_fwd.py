@@ -399,8 +399,17 @@ def _launch_sparse(prepared: QuantizedInputs, v: torch.Tensor, masks: tuple[torc
     second, exact pass. Inside the persistent loop that would inline the whole tile loop twice (one
     copy per conversion) for a gain not measured under the sparse schedule; the exact conversion is
     also what the reference computes, so sparse results match it as the dense exact path does."""
-    batch, heads = out.shape[:2]
-    m_tiles = prepared.q_codes.shape[1] // plan.block_m
+    lists = scheduled_lists(tile_lists, *out.shape[:2], prepared.q_codes.shape[1] // plan.block_m)
+    claimed = torch.zeros(1, device=out.device, dtype=torch.int32)
+    _launch(prepared, v, masks, out, lse, plan, "sparse", claimed, (min(lists[2].numel(), _persistent_programs(out)),),
+            lists=lists, **shape)
+
+
+def scheduled_lists(tile_lists: tuple[torch.Tensor, torch.Tensor], batch: int, heads: int,
+                    m_tiles: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a block-sparse launch (either kernel) reads, from (key tiles int32 (B or 1, H or 1, M_TILES, W),
+    counts int32 (B or 1, H or 1, M_TILES)): the lists broadcast to (batch, heads, m_tiles, W or 1)
+    with unit stride along W, the counts to (batch, heads, m_tiles), and the items' `item_order`."""
     indices, counts = tile_lists
     if indices.shape[-1] == 0:  # no query tile lists any key tile: the kernel loads no entry
         indices = torch.full((*indices.shape[:-1], 1), -1, device=indices.device, dtype=torch.int32)
@@ -408,10 +417,7 @@ def _launch_sparse(prepared: QuantizedInputs, v: torch.Tensor, masks: tuple[torc
         indices = indices.contiguous()
     indices = indices.expand(batch, heads, m_tiles, indices.shape[-1])
     counts = counts.expand(batch, heads, m_tiles)
-    order = item_order(counts.reshape(-1))
-    claimed = torch.zeros(1, device=out.device, dtype=torch.int32)
-    _launch(prepared, v, masks, out, lse, plan, "sparse", claimed, (min(order.numel(), _persistent_programs(out)),),
-            lists=(indices, counts, order), **shape)
+    return indices, counts, item_order(counts.reshape(-1))
 
 
 def item_order(counts: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from sagevideo.kernels import constants
-from sagevideo.kernels.attention_fwd import item_order
+from sagevideo.kernels.attention_fwd import scheduled_lists
 from sagevideo.kernels.quantize import QuantizedInputs
 
 LOG2_FP8_MAX = gl.constexpr(constants.LOG2_FP8_MAX)
@@ -310,7 +310,7 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
     head-dim stride in the inputs' 16-bit dtype. num_stages: K/V ring stages (the plan's).
     tile_lists (block-sparse, `sparse_reference.TileLists`' tensors in 64-row query tiles): key tiles
     int32 (B or 1, H or 1, M_TILES, W) ascending, then anything; counts int32 (B or 1, H or 1, M_TILES).
-    Query tiles run longest list first (`attention_fwd.item_order`, on the device: no host sync)."""
+    Query tiles run longest list first (`attention_fwd.scheduled_lists`, on the device: no host sync)."""
     batch, heads, _, head_dim = out.shape
     bh, m_pad, block_d = prepared.q_codes.shape
     bh_kv, n_pad, _ = prepared.k_codes.shape
@@ -323,17 +323,10 @@ def attention_forward_sm90(prepared: QuantizedInputs, out: torch.Tensor, *, bloc
         indices = counts = order = prepared.q_scale  # never read
         list_strides = (0,) * 6
     else:
-        indices, counts = tile_lists
-        if indices.shape[-2] != m_tiles or m_pad % WG_ROWS.value:
+        if tile_lists[0].shape[-2] != m_tiles or m_pad % WG_ROWS.value:
             raise ValueError(f"the Gluon sm90 kernel takes lists in {WG_ROWS.value}-row query tiles: "
-                             f"{m_tiles} of them here, not {indices.shape[-2]}")
-        if indices.shape[-1] == 0:  # no query tile lists any key tile: the kernel loads no entry
-            indices = torch.full((*indices.shape[:-1], 1), -1, device=indices.device, dtype=torch.int32)
-        if indices.stride(-1) != 1:
-            indices = indices.contiguous()
-        indices = indices.expand(batch, heads, m_tiles, indices.shape[-1])
-        counts = counts.expand(batch, heads, m_tiles)
-        order = item_order(counts.reshape(-1))
+                             f"{m_tiles} of them here, not {tile_lists[0].shape[-2]}")
+        indices, counts, order = scheduled_lists(tile_lists, batch, heads, m_tiles)
         grid = (order.numel(),)
         list_strides = (*indices.stride()[:3], *counts.stride())
     _attn_fwd_sm90_kernel[grid](
