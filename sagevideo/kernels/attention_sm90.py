@@ -17,10 +17,14 @@ at head dim 128, not at 64; the schedules it was measured against (FA3's intra-w
 two consumer warpgroups per CTA, ring stages released in pairs) are in git history, their figures in
 docs/benchmarks-history.md ("the pipelined schedule had never overlapped").
 
-Numerics equal the plain-Triton kernel's for the same plan (bit for bit on the H200): the Q scale
-is per row (constant over the plan's BLOCK_M rows), K's per BLOCK_N tile, V's per channel. Only what
-the video transformers run is implemented: FP8 PV, per-block K scales, no causal mask, no key mask,
-no LSE; the dispatch (`op.gluon_runs`) sends anything else to the plain-Triton kernel (`supports`).
+Block-sparse calls (`SPARSE`): one CTA per listed (batch·head, query tile) item, longest list first,
+visiting only the key tiles of its list; the producer loads just those by TMA.
+
+Numerics equal the plain-Triton kernel's for the same plan (bit for bit on the H200, and on the H100
+with the same lists): the Q scale is per row (constant over the plan's BLOCK_M rows), K's per BLOCK_N
+tile, V's per channel. Only what the video transformers run is implemented: FP8 PV, per-block K
+scales, no causal mask, no key mask, no LSE, dense or on tile lists; the dispatch (`op.gluon_runs`)
+sends anything else to the plain-Triton kernel (`supports`).
 
 Gluon cannot run under TRITON_INTERPRET; `compile_for_sm90` compiles this kernel for sm90 on a
 CPU-only machine (tests, `tools/gluon_compile_check.py`); the `gpu` tests check it against the
