@@ -2,8 +2,11 @@
 """The device tile selection's share of a dynamic block-sparse call, at a real shape.
 
 On planted-structure inputs (`eval/numerics/planted.py`; random inputs are not self-similar, so the
-selection keeps every tile of them), a top_p is chosen by bisection so that the selection keeps the
-target density; then, side by side in one process (median of interleaved rounds, CUDA events):
+selection keeps every tile of them), the selection keeps the target density: with `--rule top-p` (the
+default) one top_p for the whole call, chosen by bisection (calibrated plans' rule); with `--rule per-row`
+each query tile's count at that density with the probe sized by the key tiles (`attention.sparse.
+dynamic_selection`, what installed dynamic plans pass). Then, side by side in one process (median of
+interleaved rounds, CUDA events):
 
 - `dense`: `sageattn` without a tile mask;
 - `lists`: `sageattn(tile_mask=lists)` with the selection's lists computed beforehand;
@@ -16,6 +19,7 @@ arm: the kernels' time alone, whatever the host does between calls), with the ke
 selection adds (`select_kernels_ms`, per call).
 
     python -m bench.bench_sparse_share --shape wan-720p --pv fp8 --density 0.15 [--probe-columns 8]
+    python -m bench.bench_sparse_share --shape wan-720p --pv fp8 --pv fp16 --density 0.15 --rule per-row
 """
 
 from __future__ import annotations
@@ -67,11 +71,12 @@ def device_ms(fn, calls: int = 3) -> tuple[float, dict[str, float]]:
     return sum(kernels.values()), kernels
 
 
-def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cuda", probe_columns: int = 0) -> dict:
+def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cuda", probe_columns: int = 0,
+        rule: str = "top-p") -> dict:
     import torch
 
     from sagevideo import sageattn
-    from sagevideo.attention.sparse import select_tile_lists
+    from sagevideo.attention.sparse import dynamic_selection, key_tiles_of, select_tile_lists
     from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs
     from sagevideo.experiments.bench.timing import median, median_ms
     from sagevideo.kernels.plans import tiles
@@ -83,8 +88,12 @@ def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cu
     inputs = planted_inputs(spec, order=grid_tile_order(*grid, *cell_for(max(block_m, block_n))), device=device)
     q, k, v = (t.to(torch.bfloat16) for t in (inputs.q, inputs.k, inputs.v))
     scale = inputs.sm_scale
-    top_p, lists = top_p_for_density(q, k, density, pv, scale, probe_columns=probe_columns)
-    selection = DynamicSelection(top_p=top_p, probe_columns=probe_columns)
+    if rule == "per-row":
+        top_p, selection = None, dynamic_selection(density, key_tiles=key_tiles_of(k, pv))
+        lists = select_tile_lists(q, k, selection, pv=pv, sm_scale=scale)
+    else:
+        top_p, lists = top_p_for_density(q, k, density, pv, scale, probe_columns=probe_columns)
+        selection = DynamicSelection(top_p=top_p, probe_columns=probe_columns)
     arms = {
         "dense": lambda: sageattn(q, k, v, pv=pv, sm_scale=scale),
         "lists": lambda: sageattn(q, k, v, pv=pv, sm_scale=scale, tile_mask=lists),
@@ -97,7 +106,8 @@ def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cu
             times[name].append(median_ms(fn, device, budget_ms=200))
     ms = {name: median(values) for name, values in times.items()}
     row = {"shape": shape_name, "q": list(q.shape), "pv": pv, "target": density, "density": round(lists.density, 4),
-           "top_p": round(top_p, 5), "tiles": f"{block_m}x{block_n}", "probe_columns": probe_columns,
+           "rule": rule, "top_p": None if top_p is None else round(top_p, 5), "tiles": f"{block_m}x{block_n}",
+           "probe_columns": selection.probe_columns,
            "device": torch.cuda.get_device_name() if device == "cuda" else device,
            "ms": {name: round(value, 3) for name, value in ms.items()},
            "share": round((ms["select+attend"] - ms["lists"]) / ms["select+attend"], 4),
@@ -123,22 +133,25 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median is reported)")
     parser.add_argument("--probe-columns", type=int, default=0,
                         help="key tiles per head the exact probe forces (DynamicSelection.probe_columns; 0: off)")
+    parser.add_argument("--rule", choices=("top-p", "per-row"), default="top-p",
+                        help="one top_p for the call (bisected to the density), or the installed per-row density "
+                             "(its probe sized by the key tiles; --probe-columns is then ignored)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = []
     for pv in args.pv or ["fp8"]:
         for density in args.density or [0.15]:
-            rows.append(run(args.shape, density, pv, args.rounds, args.device, args.probe_columns))
+            rows.append(run(args.shape, density, pv, args.rounds, args.device, args.probe_columns, args.rule))
             row = rows[-1]
-            print(f"{row['shape']} pv={pv} probe {args.probe_columns} density {row['density']:.3f} "
-                  f"(top_p {row['top_p']}): "
+            rule = f"top_p {row['top_p']}" if row["top_p"] is not None else "per-row"
+            print(f"{row['shape']} pv={pv} probe {row['probe_columns']} density {row['density']:.3f} ({rule}): "
                   + "  ".join(f"{name} {value:.2f} ms" for name, value in row["ms"].items())
                   + f"  | selection share {row['share']:.1%}, select alone {row['select_over_call']:.1%} of the call, "
                   f"{row['x_dense']:.2f}x dense", flush=True)
             if "device_share" in row:
                 print(f"  device time: lists {row['device_ms']['lists']:.2f} ms, select+attend "
                       f"{row['device_ms']['select+attend']:.2f} ms: selection share {row['device_share']:.1%}; "
-                      "added per call: " + ", ".join(f"{k} {v:.2f}" for k, v in row["select_kernels_ms"].items()),
+                      "added per call: " + ", ".join(f"{k[:40]} {v:.2f}" for k, v in row["select_kernels_ms"].items()),
                       flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
