@@ -230,13 +230,8 @@ def sageattn_triton(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     rotation = hadamard_pm1(plan.block_d, q.device, q.dtype) if rotate_qk else None
     if plan.kernel == "gluon":
-        from sagevideo.kernels.attention_sm90 import supports
-
-        problem = supports(pv=plan.pv, is_causal=is_causal, has_mask=key_mask is not None, per_token=per_token,
-                           return_lse=return_lse)
-        if problem:
-            raise ValueError(f"sageattn_triton: a Gluon plan for a call the Gluon kernel does not take ({problem}); "
-                             "check gluon_runs and pass plans.plain_triton(plan) instead")
+        _refuse_what_gluon_cannot("sageattn_triton", plan, is_causal=is_causal, has_mask=key_mask is not None,
+                                  per_token=per_token, return_lse=return_lse)
         out, flagged = torch.ops.sagevideo.sageattn_fwd_gluon(
             q, k, v, rotation, sm_scale, smooth_k, plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n,
             plan.num_warps, plan.num_stages, *(tile_lists or (None, None)),
@@ -275,13 +270,8 @@ def sageattn_triton_select(
               selection.dense_prefix, selection.dense_suffix, float(selection.max_spread),
               None if selection.density is None else float(selection.density), selection.probe_columns)
     if plan.kernel == "gluon":
-        from sagevideo.kernels.attention_sm90 import supports
-
-        problem = supports(pv=plan.pv, is_causal=is_causal, has_mask=key_mask is not None, per_token=per_token,
-                           return_lse=return_lse)
-        if problem:
-            raise ValueError(f"sageattn_triton_select: a Gluon plan for a call the Gluon kernel does not take "
-                             f"({problem}); check gluon_runs and pass plans.plain_triton(plan) instead")
+        _refuse_what_gluon_cannot("sageattn_triton_select", plan, is_causal=is_causal,
+                                  has_mask=key_mask is not None, per_token=per_token, return_lse=return_lse)
         out, flagged, indices, counts = torch.ops.sagevideo.sageattn_fwd_select_gluon(
             q, k, v, rotation, sm_scale, smooth_k, plan.pv, plan.arch, plan.block_d, plan.block_m, plan.block_n,
             plan.num_warps, plan.num_stages, *fields,
@@ -294,6 +284,17 @@ def sageattn_triton_select(
         plan.scores_by_add, plan.max_registers or 0, *fields,
     )
     return out, (lse if return_lse else None), flagged, (indices, counts)
+
+
+def _refuse_what_gluon_cannot(caller: str, plan: KernelPlan, **call: bool) -> None:
+    """ValueError where a Gluon plan reaches `caller` with a call the Gluon kernel does not implement
+    (`attention_sm90.supports`): running another kernel would record the wrong one."""
+    from sagevideo.kernels.attention_sm90 import supports
+
+    problem = supports(pv=plan.pv, **call)
+    if problem:
+        raise ValueError(f"{caller}: a Gluon plan for a call the Gluon kernel does not take ({problem}); "
+                         "check gluon_runs and pass plans.plain_triton(plan) instead")
 
 
 def gluon_runs(plan: KernelPlan, *, is_causal: bool, has_mask: bool, per_token: bool, return_lse: bool) -> bool:
@@ -403,10 +404,14 @@ def sageattn_fwd_select_gluon(
 def _fake_sageattn_fwd_select_gluon(q, k, v, rotation, sm_scale, smooth_k, pv, arch, block_d, block_m, block_n,
                                     num_warps, num_stages, top_p, local_tiles, sink_tiles, min_similarity,
                                     dense_prefix, dense_suffix, max_spread, density=None, probe_columns=0):
+    return (torch.empty_like(q), q.new_empty((), dtype=torch.int32), *_fake_lists(q, k, block_m, block_n))
+
+
+def _fake_lists(q, k, block_m: int, block_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selecting ops' lists as fakes: key tiles int32 (B, H, M_TILES, N_TILES), counts (B, H, M_TILES)."""
     batch, heads, n_q, _ = q.shape
     m_tiles, n_tiles = -(-n_q // block_m), -(-k.shape[2] // block_n)
-    return (torch.empty_like(q), q.new_empty((), dtype=torch.int32),
-            q.new_empty(batch, heads, m_tiles, n_tiles, dtype=torch.int32),
+    return (q.new_empty(batch, heads, m_tiles, n_tiles, dtype=torch.int32),
             q.new_empty(batch, heads, m_tiles, dtype=torch.int32))
 
 
@@ -426,10 +431,7 @@ def _fake_sageattn_fwd_select(q, k, v, key_mask, rotation, sm_scale, is_causal, 
     out, lse, flagged = _fake_sageattn_fwd(q, k, v, key_mask, rotation, sm_scale, is_causal, per_token, smooth_k,
                                            return_lse, pv, arch, block_d, block_m, block_n, num_warps, num_stages,
                                            kernel, scores_by_add, max_registers)
-    batch, heads, n_q, _ = q.shape
-    m_tiles, n_tiles = -(-n_q // block_m), -(-k.shape[2] // block_n)
-    return (out, lse, flagged, q.new_empty(batch, heads, m_tiles, n_tiles, dtype=torch.int32),
-            q.new_empty(batch, heads, m_tiles, dtype=torch.int32))
+    return (out, lse, flagged, *_fake_lists(q, k, block_m, block_n))
 
 
 def _register_interpreter_fake() -> None:

@@ -113,14 +113,6 @@ def test_scores_by_add_matches_i2f(shape):
     assert _worst_cosine(_fp32_sdpa(q, k, v), plain_add) >= 0.998
 
 
-def _padded_lists(keep):
-    """(indices int32 (..., M, N): the kept key tiles ascending, then -1; counts int32 (..., M))."""
-    counts = keep.sum(dim=-1, dtype=torch.int32)
-    order = torch.sort((~keep).to(torch.int8), dim=-1, stable=True).indices
-    slot = torch.arange(keep.shape[-1], device=keep.device)
-    return torch.where(slot < counts[..., None], order, -1).to(torch.int32).contiguous(), counts
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not _on_hopper(), reason="needs an sm90 GPU")
 @pytest.mark.parametrize("shape, lists_batch", [((1, 2, 1000, 128), 1), ((2, 3, 777, 128), 2),
@@ -133,6 +125,7 @@ def test_block_sparse_matches_the_plain_kernel_on_the_same_lists(shape, lists_ba
     from sagevideo.kernels.plans import gluon_stages, plain_triton, select_plan
     from sagevideo.kernels.quantize import quantize_inputs
     from sagevideo.kernels.rotation import hadamard_pm1
+    from sagevideo.kernels.sparse_reference import TileMask
 
     gen = torch.Generator("cuda").manual_seed(2)
     q, k, v = (torch.randn(shape, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
@@ -144,7 +137,7 @@ def test_block_sparse_matches_the_plain_kernel_on_the_same_lists(shape, lists_ba
     keep[..., 1::3, -1] = False  # and not in others
     keep[0, 0, 0] = False  # an empty list
     keep[0, -1, -1] = True  # a full one
-    lists = _padded_lists(keep)
+    lists = TileMask(keep, plan.block_m, plan.block_n, n, n).padded_lists()
     prepared = quantize_inputs(q, k, v, None, hadamard_pm1(plan.block_d, q.device, q.dtype), plan, sm_scale=d**-0.5,
                                per_token=False, smooth_k=True, need_shift=False)
     plain = torch.empty_like(q)
