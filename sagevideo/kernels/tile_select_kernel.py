@@ -25,8 +25,9 @@ Two launches:
      is below top_p. That mass, as a function of a probability value t, G(t) = forced mass + the
      mass of the non-forced tiles above t, only falls as t rises, also in fp32 (a fixed-order sum
      of non-negative terms with more of them zeroed cannot grow). A bisection on t's bit pattern
-     (31 steps: non-negative fp32 values order like their bits) finds the smallest t with
-     G(t) < top_p exactly; the tiles above it are kept, and among tiles of exactly that probability
+     (at most 31 steps: non-negative fp32 values order like their bits; it stops once one free
+     probability is left between its ends) finds the smallest t with G(t) < top_p exactly; the tiles
+     above it are kept, and among tiles of exactly that probability
      (ties) the reference's stable sort keeps the lower key tiles first, which a prefix sum over
      the tied tiles in key order reproduces;
    - or (BY_COUNT, `DynamicSelection.density`) a count per query tile, `TileScores.keep_per_row`:
@@ -121,18 +122,37 @@ def _forced_tiles(
 
 @triton.jit
 def _threshold(probs, free, forced_mass, top_p, ROWS: tl.constexpr):
-    """Per row (ROWS,) fp32: the smallest probability value t with forced_mass + Σ free probs > t
-    below top_p (bisection on t's bits; +inf where none: the forced tiles already reach top_p)."""
+    """Per row (ROWS,) fp32: the smallest probability value t with G(t) = forced_mass + Σ free probs > t
+    below top_p (+inf where none: the forced tiles already reach top_p). A bisection on t's bits that
+    stops, as `_count_threshold`, once the bits [lo, hi] still open hold at most one free probability p:
+    G is then G(hi) (< top_p) from p on and G(lo) below it, so the answer is lo if G(lo) < top_p, else
+    p; G(lo) is summed as every step sums it, so this is the same t as all 31 steps give."""
     lo = tl.zeros((ROWS,), dtype=tl.int32)
     hi = tl.full((ROWS,), INF_BITS_CONST, dtype=tl.int32)
-    for _ in range(31):  # 2^31 > INF_BITS: the interval closes
+    # while open: G(lo - 1) >= top_p (or lo = 0), G(hi) < top_p; at_or_above_lo = #free >= lo,
+    # above_hi = #free > hi
+    reachable = forced_mass < top_p
+    at_or_above_lo = tl.sum((free & (probs >= 0.0)).to(tl.int32), axis=1)
+    above_hi = tl.zeros((ROWS,), dtype=tl.int32)
+    open_rows = reachable & (at_or_above_lo - above_hi > 1)
+    while tl.max(open_rows.to(tl.int32), axis=0) > 0:
         mid = lo + (hi - lo) // 2
-        t = mid.to(tl.float32, bitcast=True)
-        mass = forced_mass + tl.sum(tl.where(free & (probs > t[:, None]), probs, 0.0), axis=1)
-        below = mass < top_p
-        hi = tl.where(below, mid, hi)
-        lo = tl.where(below, lo, mid + 1)
-    return lo.to(tl.float32, bitcast=True)
+        over = free & (probs > mid.to(tl.float32, bitcast=True)[:, None])
+        count = tl.sum(over.to(tl.int32), axis=1)
+        below = forced_mass + tl.sum(tl.where(over, probs, 0.0), axis=1) < top_p
+        hi = tl.where(open_rows & below, mid, hi)
+        above_hi = tl.where(open_rows & below, count, above_hi)
+        lo = tl.where(open_rows & ~below, mid + 1, lo)
+        at_or_above_lo = tl.where(open_rows & ~below, count, at_or_above_lo)
+        open_rows = open_rows & (lo < hi) & (at_or_above_lo - above_hi > 1)
+    lo_value = lo.to(tl.float32, bitcast=True)
+    over_lo = free & (probs > lo_value[:, None])
+    mass_lo = forced_mass + tl.sum(tl.where(over_lo, probs, 0.0), axis=1)
+    inside = free & (probs >= lo_value[:, None]) & (probs <= hi.to(tl.float32, bitcast=True)[:, None])
+    lone = tl.max(tl.where(inside, probs, -1.0), axis=1)
+    # lo when the interval closed or holds no free probability (G constant on it) or G(lo) < top_p
+    settled = (lo < hi) & (at_or_above_lo - above_hi == 1) & (mass_lo >= top_p)
+    return tl.where(reachable, tl.where(settled, lone, lo_value), float("inf"))
 
 
 @triton.jit

@@ -472,6 +472,85 @@ def test_the_count_threshold_is_the_budget_th_largest_free_probability():
     assert torch.equal(out.cpu(), want), out.cpu() - want
 
 
+@triton.jit
+def _threshold_probe(Probs, Free, ForcedMass, TopP, Out, ROWS: tl.constexpr, T: tl.constexpr,
+                     ALL_STEPS: tl.constexpr):
+    """Out (ROWS,) = `tile_select_kernel._threshold` of Probs (ROWS, T) fp32, Free (ROWS, T) uint8,
+    ForcedMass (ROWS,) and TopP (ROWS,) fp32; ALL_STEPS: the plain 31-step bisection instead (the
+    named reference: the same masked sum at every step, no early exit)."""
+    rows, cols = tl.arange(0, ROWS), tl.arange(0, T)
+    probs = tl.load(Probs + rows[:, None] * T + cols[None, :])
+    free = tl.load(Free + rows[:, None] * T + cols[None, :]) != 0
+    forced_mass = tl.load(ForcedMass + rows)
+    top_p = tl.load(TopP + rows)
+    if ALL_STEPS:
+        lo = tl.zeros((ROWS,), dtype=tl.int32)
+        hi = tl.full((ROWS,), 0x7F800000, dtype=tl.int32)
+        for _ in range(31):
+            mid = lo + (hi - lo) // 2
+            over = free & (probs > mid.to(tl.float32, bitcast=True)[:, None])
+            below = forced_mass + tl.sum(tl.where(over, probs, 0.0), axis=1) < top_p
+            hi = tl.where(below, mid, hi)
+            lo = tl.where(below, lo, mid + 1)
+        # a row the forced tiles already settle overshoots +inf by one bit (NaN): both keep no free tile
+        t = tl.minimum(lo, 0x7F800000).to(tl.float32, bitcast=True)
+    else:
+        t = tile_select_kernel._threshold(probs, free, forced_mass, top_p, ROWS)
+    tl.store(Out + rows, t)
+
+
+def test_the_top_p_threshold_stops_early_at_the_same_t():
+    """The top-p threshold search (a bisection that stops once one candidate is left) returns what all
+    31 steps return, bit for bit, and the float64 definition's answer (the smallest free probability,
+    or 0, with forced mass + the free mass above it below top_p; +inf where the forced mass reaches
+    top_p) where top_p lies clear of every partial sum: with ties, zeros, tiles that are not free, a
+    cut between two probabilities one ulp apart, top_p 0 and 1, rows with nothing free."""
+    gen = torch.Generator().manual_seed(12)
+    rows, width = 32, 64
+    probs = torch.rand(rows, width, generator=gen) ** 4
+    probs[1, 5:30] = probs[1, 3]  # a run of ties
+    probs[2, :] = probs[2, 0]  # every tile tied
+    probs[3, ::2] = 0.0  # zeros (an underflowed softmax)
+    probs[4, 7] = probs[4, 3].nextafter(torch.zeros(()))  # one ulp below another probability
+    probs = probs / probs.sum(dim=1, keepdim=True)
+    # from almost every tile free to one or two: the search's last steps differ with few candidates
+    free = torch.rand(rows, width, generator=gen) < torch.linspace(0.9, 0.02, rows)[:, None]
+    free[4, 3] = free[4, 7] = True
+    free[5] = False  # nothing free
+    free[9], free[10], free[11] = False, False, False
+    free[9, 5] = True  # one free tile, top_p above all the mass: t = 0
+    free[10, [2, 9]] = True  # two free tiles, top_p between them
+    free[11, [1, 4, 6]] = True  # three
+    forced_mass = torch.where(free, 0.0, probs).sum(dim=1)
+    top_p = torch.rand(rows, generator=gen) * 0.9 + 0.05
+    top_p[6], top_p[7], top_p[8] = 0.0, 1.0, forced_mass[8] * 0.5  # reached by the forced tiles alone
+    top_p[9] = forced_mass[9] + probs[9, 5] + 1e-3
+    top_p[10] = forced_mass[10] + probs[10, [2, 9]].max() + 1e-3 * probs[10, [2, 9]].min()
+    top_p[11] = forced_mass[11] + probs[11, [1, 4, 6]].max() + 1e-3 * probs[11, [1, 4, 6]].min()
+    # row 4: top_p right between keeping the upper of the two and keeping both
+    ranked = torch.where(free[4], probs[4], -1.0).sort(descending=True).values
+    upper = int((ranked > probs[4, 3]).sum()) + 1
+    top_p[4] = forced_mass[4] + ranked[:upper].sum() - probs[4, 3] * 0.25
+    out, full = torch.empty(rows, device=DEVICE), torch.empty(rows, device=DEVICE)
+    args = (probs.to(DEVICE), free.to(DEVICE, torch.uint8), forced_mass.to(DEVICE), top_p.to(DEVICE))
+    _threshold_probe[(1,)](*args, out, ROWS=rows, T=width, ALL_STEPS=False)
+    _threshold_probe[(1,)](*args, full, ROWS=rows, T=width, ALL_STEPS=True)
+    assert torch.equal(out.cpu(), full.cpu()), (out - full).cpu()
+
+    checked = 0
+    for row in range(rows):
+        candidates = [0.0] + sorted({float(p) for p, f in zip(probs[row], free[row]) if f})
+        p64, f = probs[row].double(), free[row]
+        mass = [float(forced_mass[row]) + float(p64[f & (probs[row] > c)].sum()) for c in candidates]
+        if min(abs(m - float(top_p[row])) for m in mass) < MARGIN:
+            continue  # within rounding of a partial sum: fp32 may decide the other way
+        below = [c for c, m in zip(candidates, mass) if m < float(top_p[row])]
+        want = min(below) if below else math.inf
+        assert float(out[row]) == pytest.approx(want, rel=0, abs=0), row
+        checked += 1
+    assert checked >= rows // 2
+
+
 def test_a_per_row_density_ranks_tied_tiles_by_key_tile():
     """Key tile 9 a copy of key tile 3: at a density where the reference keeps one of the two, it is
     tile 3, and the kernel's count bisection and prefix count over the tied tiles keep the same."""
