@@ -38,6 +38,8 @@ VARIANTS = {
     "ieee": {"SCORE_PRECISION": "ieee"},
     "rows<=16 w8": {"MAX_ROWS": 16, "SELECT_WARPS": 8},
     "rows<=1 w2": {"MAX_ROWS": 1, "SELECT_WARPS": 2},
+    "rows<=1 w1": {"MAX_ROWS": 1, "SELECT_WARPS": 1},  # every reduction within one warp: no shared memory
+    "rows<=2 w2": {"MAX_ROWS": 2, "SELECT_WARPS": 2},
     "rows<=2 w4": {"MAX_ROWS": 2, "SELECT_WARPS": 4},
     # more rows where the key tiles are few (CogVideoX-5B: 276 key tiles, 512 padded)
     "rows<=4 w4 1024": {"MAX_ROWS": 4, "SELECT_ELEMENTS": 1024},
