@@ -44,7 +44,6 @@ VARIANTS = {
     # more rows where the key tiles are few (CogVideoX-5B: 276 key tiles, 512 padded)
     "rows<=4 w4 1024": {"MAX_ROWS": 4, "SELECT_ELEMENTS": 1024},
     "scores 64x64x32": {"SCORE_M": 64, "SCORE_N": 64, "SCORE_D": 32},
-    "top-p bisection 31": {"TOP_P_EARLY_EXIT": False},
 }
 
 

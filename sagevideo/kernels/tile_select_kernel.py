@@ -94,7 +94,6 @@ SELECT_WARPS = 4
 # Triton's CPU interpreter runs the programs one after another, each row block as one numpy array:
 # its cost is per program, so it takes up to 16 rows a program (9x faster there; the lists are the same)
 INTERPRETER_MAX_ROWS = 16
-TOP_P_EARLY_EXIT = True  # measurement switch: False runs all 31 bisection steps
 
 
 @triton.jit
@@ -122,50 +121,38 @@ def _forced_tiles(
 
 
 @triton.jit
-def _threshold(probs, free, forced_mass, top_p, ROWS: tl.constexpr, EARLY_EXIT: tl.constexpr = True):
+def _threshold(probs, free, forced_mass, top_p, ROWS: tl.constexpr):
     """Per row (ROWS,) fp32: the smallest probability value t with G(t) = forced_mass + Σ free probs > t
     below top_p (+inf where none: the forced tiles already reach top_p). A bisection on t's bits that
     stops, as `_count_threshold`, once the bits [lo, hi] still open hold at most one free probability p:
     G is then G(hi) (< top_p) from p on and G(lo) below it, so the answer is lo if G(lo) < top_p, else
     p; G(lo) is summed as every step sums it, so this is the same t as all 31 steps give."""
-    if EARLY_EXIT:
-        lo = tl.zeros((ROWS,), dtype=tl.int32)
-        hi = tl.full((ROWS,), INF_BITS_CONST, dtype=tl.int32)
-        # while open: G(lo - 1) >= top_p (or lo = 0), G(hi) < top_p; at_or_above_lo = #free >= lo,
-        # above_hi = #free > hi
-        reachable = forced_mass < top_p
-        at_or_above_lo = tl.sum((free & (probs >= 0.0)).to(tl.int32), axis=1)
-        above_hi = tl.zeros((ROWS,), dtype=tl.int32)
-        open_rows = reachable & (at_or_above_lo - above_hi > 1)
-        while tl.max(open_rows.to(tl.int32), axis=0) > 0:
-            mid = lo + (hi - lo) // 2
-            over = free & (probs > mid.to(tl.float32, bitcast=True)[:, None])
-            count = tl.sum(over.to(tl.int32), axis=1)
-            below = forced_mass + tl.sum(tl.where(over, probs, 0.0), axis=1) < top_p
-            hi = tl.where(open_rows & below, mid, hi)
-            above_hi = tl.where(open_rows & below, count, above_hi)
-            lo = tl.where(open_rows & ~below, mid + 1, lo)
-            at_or_above_lo = tl.where(open_rows & ~below, count, at_or_above_lo)
-            open_rows = open_rows & (lo < hi) & (at_or_above_lo - above_hi > 1)
-        lo_value = lo.to(tl.float32, bitcast=True)
-        over_lo = free & (probs > lo_value[:, None])
-        mass_lo = forced_mass + tl.sum(tl.where(over_lo, probs, 0.0), axis=1)
-        inside = free & (probs >= lo_value[:, None]) & (probs <= hi.to(tl.float32, bitcast=True)[:, None])
-        lone = tl.max(tl.where(inside, probs, -1.0), axis=1)
-        # lo when the interval closed or holds no free probability (G constant on it) or G(lo) < top_p
-        settled = (lo < hi) & (at_or_above_lo - above_hi == 1) & (mass_lo >= top_p)
-        t = tl.where(reachable, tl.where(settled, lone, lo_value), float("inf"))
-    else:
-        lo = tl.zeros((ROWS,), dtype=tl.int32)
-        hi = tl.full((ROWS,), INF_BITS_CONST, dtype=tl.int32)
-        for _ in range(31):
-            mid = lo + (hi - lo) // 2
-            over = free & (probs > mid.to(tl.float32, bitcast=True)[:, None])
-            below = forced_mass + tl.sum(tl.where(over, probs, 0.0), axis=1) < top_p
-            hi = tl.where(below, mid, hi)
-            lo = tl.where(below, lo, mid + 1)
-        t = lo.to(tl.float32, bitcast=True)
-    return t
+    lo = tl.zeros((ROWS,), dtype=tl.int32)
+    hi = tl.full((ROWS,), INF_BITS_CONST, dtype=tl.int32)
+    # while open: G(lo - 1) >= top_p (or lo = 0), G(hi) < top_p; at_or_above_lo = #free >= lo,
+    # above_hi = #free > hi
+    reachable = forced_mass < top_p
+    at_or_above_lo = tl.sum((free & (probs >= 0.0)).to(tl.int32), axis=1)
+    above_hi = tl.zeros((ROWS,), dtype=tl.int32)
+    open_rows = reachable & (at_or_above_lo - above_hi > 1)
+    while tl.max(open_rows.to(tl.int32), axis=0) > 0:
+        mid = lo + (hi - lo) // 2
+        over = free & (probs > mid.to(tl.float32, bitcast=True)[:, None])
+        count = tl.sum(over.to(tl.int32), axis=1)
+        below = forced_mass + tl.sum(tl.where(over, probs, 0.0), axis=1) < top_p
+        hi = tl.where(open_rows & below, mid, hi)
+        above_hi = tl.where(open_rows & below, count, above_hi)
+        lo = tl.where(open_rows & ~below, mid + 1, lo)
+        at_or_above_lo = tl.where(open_rows & ~below, count, at_or_above_lo)
+        open_rows = open_rows & (lo < hi) & (at_or_above_lo - above_hi > 1)
+    lo_value = lo.to(tl.float32, bitcast=True)
+    over_lo = free & (probs > lo_value[:, None])
+    mass_lo = forced_mass + tl.sum(tl.where(over_lo, probs, 0.0), axis=1)
+    inside = free & (probs >= lo_value[:, None]) & (probs <= hi.to(tl.float32, bitcast=True)[:, None])
+    lone = tl.max(tl.where(inside, probs, -1.0), axis=1)
+    # lo when the interval closed or holds no free probability (G constant on it) or G(lo) < top_p
+    settled = (lo < hi) & (at_or_above_lo - above_hi == 1) & (mass_lo >= top_p)
+    return tl.where(reachable, tl.where(settled, lone, lo_value), float("inf"))
 
 
 @triton.jit
@@ -297,7 +284,7 @@ def _select_tiles_kernel(
     H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity, max_spread, density,
     LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, T_PAD: tl.constexpr,
-    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr, HAS_PROBE: tl.constexpr, EARLY_EXIT: tl.constexpr,
+    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr, HAS_PROBE: tl.constexpr,
 ):
     """Lists of query tiles group·ROWS .. +ROWS of head bh from their scores (module docstring); the
     free tiles by top_p, or with BY_COUNT by a per-row density (`_keep_by_count`); with HAS_PROBE the
@@ -336,7 +323,7 @@ def _select_tiles_kernel(
     else:
         free = ~forced & col_ok
         forced_mass = tl.sum(tl.where(forced, probs, 0.0), axis=1)
-        t = _threshold(probs, free, forced_mass, top_p, ROWS, EARLY_EXIT)
+        t = _threshold(probs, free, forced_mass, top_p, ROWS)
         above = free & (probs > t[:, None])
         mass_above = forced_mass + tl.sum(tl.where(above, probs, 0.0), axis=1)
         is_tied = free & (probs == t[:, None])
@@ -435,7 +422,7 @@ def select_lists(
         math.ceil(prefix / block_m), math.ceil(prefix / block_n),
         (n_q - suffix) // block_m if suffix else m_tiles, (n_k - suffix) // block_n if suffix else n_tiles,
         BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=n_q == n_k, BY_COUNT=selection.per_row,
-        HAS_PROBE=probe is not None, EARLY_EXIT=TOP_P_EARLY_EXIT, num_warps=SELECT_WARPS,
+        HAS_PROBE=probe is not None, num_warps=SELECT_WARPS,
     )
     return indices, counts
 
