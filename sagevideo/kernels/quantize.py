@@ -346,32 +346,28 @@ def _quantize_kv_kernel(
 
 
 @triton.jit
-def _load_q_tile(
-    Q, b, h, start_m, offs_d, stride_qb, stride_qh, stride_qn, N_Q,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+def _quantize_q_tile(
+    Q, mean, rot, b, h, start_m, offs_d,
+    stride_qb, stride_qh, stride_qn,
+    N_Q, qk_scale, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr,
+    NEED_SHIFT: tl.constexpr,
 ):
-    """One Q tile as stored: 16-bit (BLOCK_M, BLOCK_D), rows past N_Q and channels past HEAD_DIM zero."""
+    """INT8 codes (BLOCK_M, BLOCK_D), scales (BLOCK_M,) of one Q tile, in log2 score units
+    (sm_scale·log2(e) folded in, and 1/BLOCK_D when rotated: R Rᵀ = BLOCK_D·I); rows past N_Q are
+    zero. mean (BLOCK_D,) mean(K) when NEED_SHIFT; rot (BLOCK_D, BLOCK_D) when ROTATE.
+    shift (BLOCK_M,): sm_scale·q·mean(K) when NEED_SHIFT (LSE), else zeros. Also returns the tile
+    as loaded (16-bit, rows past N_Q zero), which the caller pools when selecting tiles."""
     rows = tl.arange(0, BLOCK_M)
     m_ok = start_m + rows < N_Q
     # the tile's first row in int64 (the token stride may be H·D); offsets within the tile in int32
     q_tile = Q + b * stride_qb + h * stride_qh + start_m.to(tl.int64) * stride_qn
-    return tl.load(q_tile + rows[:, None] * stride_qn + offs_d[None, :],
-                   mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-
-
-@triton.jit
-def _quantize_q_tile(
-    q16, mean, rot, qk_scale, sm_scale,
-    ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, NEED_SHIFT: tl.constexpr,
-):
-    """INT8 codes (BLOCK_M, BLOCK_D), scales (BLOCK_M,) of one Q tile q16 (`_load_q_tile`), in log2
-    score units (sm_scale·log2(e) folded in, and 1/BLOCK_D when rotated: R Rᵀ = BLOCK_D·I).
-    mean (BLOCK_D,) mean(K) when NEED_SHIFT; rot (BLOCK_D, BLOCK_D) when ROTATE.
-    shift (BLOCK_M,): sm_scale·q·mean(K) when NEED_SHIFT (LSE), else zeros."""
+    q16 = tl.load(q_tile + rows[:, None] * stride_qn + offs_d[None, :],
+                  mask=m_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if NEED_SHIFT:
         shift = tl.sum(q16.to(tl.float32) * mean[None, :], axis=1) * sm_scale
     else:
-        shift = tl.zeros((q16.shape[0],), dtype=tl.float32)
+        shift = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if ROTATE:
         # ±1 rotation of 16-bit Q on the tensor cores: exact products, fp32 sums.
         q = tl.dot(q16, rot.to(q16.dtype), out_dtype=tl.float32)
@@ -380,7 +376,7 @@ def _quantize_q_tile(
     # qk_scale goes into the scale, not into each element (the codes of q and q·qk_scale are the
     # same up to rounding); fp32 even when a compiler passes the scalar as fp64
     codes, scale = _quantize_int8(q, tl.cast(qk_scale, tl.float32), PER_TOKEN, ROW_LOCAL_NONFINITE=True)
-    return codes, scale, shift.to(tl.float32)
+    return codes, scale, shift.to(tl.float32), q16
 
 
 @triton.jit
@@ -404,21 +400,21 @@ def _quantize_q_kernel(
     for t in range(0, TILES_PER_PROGRAM):
         start_m = (group * TILES_PER_PROGRAM + t) * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q16 = _load_q_tile(Q, bh // H, bh % H, start_m, offs_d, stride_qb, stride_qh, stride_qn, N_Q,
-                           HEAD_DIM, BLOCK_M)
-        if POOL:
-            # pooled before the rotation: its fp32 copy of the tile is dead before the rotated one lives
-            if start_m < M_PAD:
-                pooled, _, similarity, _ = _pool_tile(q16.to(tl.float32), offs_m < N_Q, False)
-                tile = bh * (M_PAD // BLOCK_M) + start_m // BLOCK_M
-                tl.store(QPoolMean + tile * BLOCK_D + offs_d, pooled)
-                tl.store(QPoolSim + tile, similarity)
-        codes, scale, shift = _quantize_q_tile(q16, mean, rot, qk_scale, sm_scale, ROTATE, PER_TOKEN, STORE_SHIFT)
+        codes, scale, shift, q16 = _quantize_q_tile(
+            Q, mean, rot, bh // H, bh % H, start_m, offs_d, stride_qb, stride_qh, stride_qn,
+            N_Q, qk_scale, sm_scale, HEAD_DIM, BLOCK_M, ROTATE, PER_TOKEN, STORE_SHIFT,
+        )
         in_pad = offs_m < M_PAD  # the last program's tiles may run past the padded buffer
         tl.store(QQ + bh * M_PAD * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :], codes, mask=in_pad[:, None])
         tl.store(QScale + bh * M_PAD + offs_m, scale, mask=in_pad)
         if STORE_SHIFT:
             tl.store(QShift + bh * M_PAD + offs_m, shift, mask=in_pad)
+        if POOL:
+            if start_m < M_PAD:
+                pooled, _, similarity, _ = _pool_tile(q16.to(tl.float32), offs_m < N_Q, False)
+                tile = bh * (M_PAD // BLOCK_M) + start_m // BLOCK_M
+                tl.store(QPoolMean + tile * BLOCK_D + offs_d, pooled)
+                tl.store(QPoolSim + tile, similarity)
 
 
 @dataclass
