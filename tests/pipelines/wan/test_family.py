@@ -18,6 +18,7 @@ import sagevideo
 from sagevideo.errors import InputError
 from sagevideo.generation.plan import plan_batch
 from sagevideo.jobs.specs import JobSpec
+from sagevideo.outputs.video import read_frames
 from sagevideo.pipelines import families
 from sagevideo.pipelines.loading import load_pipeline, resolve_model
 from sagevideo.pipelines.runner import run_job
@@ -147,8 +148,13 @@ def test_a_saved_tiny_model_loads_back_through_the_folder_path(saved22, wan_pipe
     jobs = [{"prompt": "a cat on a red sofa", **SMALL}, {"prompt": "a dog", "attention": "full", **SMALL}]
     built = sagevideo.generate(jobs, out=tmp_path / "tiny", model="tiny-wan22", progress=False)
     loaded = sagevideo.generate(jobs, out=tmp_path / "folder", model=str(saved22), progress=False)
+    # Not byte for byte: safetensors' memory map leaves the loaded weights off 64-byte alignment, and on
+    # some processors torch's CPU kernels then round differently (seen: up to 5 of 255, 0.14 on average);
+    # another prompt's video differs by 1.6 on average, another seed's by 12
     for a, b in zip(built, loaded, strict=True):
-        assert (tmp_path / "tiny" / a.outputs[0]).read_bytes() == (tmp_path / "folder" / b.outputs[0]).read_bytes()
+        want, got = (read_frames(tmp_path / where / r.outputs[0]).astype(np.int16)
+                     for where, r in (("tiny", a), ("folder", b)))
+        assert want.shape == got.shape and np.abs(want - got).max() <= 8 and np.abs(want - got).mean() < 0.5
     sage, full = loaded
     assert {r.family for r in loaded} == {"wan"} and {r.fps for r in loaded} == {16}
     assert sage.status == full.status == "done" and sage.model == str(saved22)
