@@ -12,7 +12,8 @@ name), and nothing in a call may read the device. So each layer's route (`routin
   tensor (reading it syncs nothing, and as a graph input it keeps one graph for every layer).
 
 `collect` reads the routes' statistics in one transfer at the end of each forward (the guard's forward
-hook, outside compiled code) and notes them at the clock's step (`records.report_sparse`). A layer's n
+hook, outside compiled code) and notes them at the clock's step (`records.report_sparse`); in a
+sequence-parallel job, over every rank's heads (`over_ranks`). A layer's n
 sparse calls of one forward become n notes with their mean and least density (one at the least, the
 others at the mean of the rest), so that `BackendLog.sparse_summary` (per layer: calls, mean, least;
 per step: mean) reads as if each call had been noted; dense calls are noted each with density 1.
@@ -74,7 +75,7 @@ def collect(routes: list[Any], step: int | None) -> None:
     if not routes or capturing():
         return
     device = routes[0].sparse_stats.device
-    stats = torch.stack([route.sparse_stats.to(device) for route in routes]).tolist()
+    stats = over_ranks(torch.stack([route.sparse_stats.to(device) for route in routes])).tolist()
     for route, row in zip(routes, stats, strict=True):
         calls = int(row[SPARSE_CALLS])
         if calls:
@@ -87,6 +88,27 @@ def collect(routes: list[Any], step: int | None) -> None:
             for _ in range(count):
                 report_sparse(SparseNote(route.name, step, 1.0, reason, planned=planned))
         dense.clear()
+
+
+def over_ranks(stats: torch.Tensor) -> torch.Tensor:
+    """Layers' statistics (float64 (layers, 4), `sparse_stats` rows) over every rank of a sequence-parallel
+    job, the same on each rank: the default process group, as sagevideo launches such a job (`parallel.
+    launch`); one process: as they are. Under Ulysses each rank attends to an equal share of every layer's
+    heads over the whole sequence, so a call's density over all heads is the mean of the ranks' (the sums
+    are averaged), and the least is the least any rank's share reached (a lower bound of the calls'
+    least); calls and calls on reused lists are the same on every rank. Every rank collects at the same
+    points (they run the same forwards and calls in step), so the two reductions pair up."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return stats
+    summed, least = stats[:, SPARSE_SUM].contiguous(), stats[:, SPARSE_MIN].contiguous()
+    dist.all_reduce(summed)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    stats = stats.clone()
+    stats[:, SPARSE_SUM] = summed / dist.get_world_size()
+    stats[:, SPARSE_MIN] = least
+    return stats
 
 
 def _densities(total: float, calls: int, least: float) -> list[float]:
