@@ -92,22 +92,17 @@ def collect(routes: list[Any], step: int | None) -> None:
 
 def over_ranks(stats: torch.Tensor) -> torch.Tensor:
     """Layers' statistics (float64 (layers, 4), `sparse_stats` rows) over every rank of a sequence-parallel
-    job, the same on each rank: the default process group, as sagevideo launches such a job (`parallel.
-    launch`); one process: as they are. Under Ulysses each rank attends to an equal share of every layer's
-    heads over the whole sequence, so a call's density over all heads is the mean of the ranks' (the sums
-    are averaged), and the least is the least any rank's share reached (a lower bound of the calls'
-    least); calls and calls on reused lists are the same on every rank. Every rank collects at the same
-    points (they run the same forwards and calls in step), so the two reductions pair up."""
-    import torch.distributed as dist
+    job, the same on each rank (`parallel.launch.mean_and_least_over_ranks`; one process: as they are).
+    Under Ulysses each rank attends to an equal share of every layer's heads over the whole sequence, so
+    a call's density over all heads is the mean of the ranks' (the sums are averaged), and the least is
+    the least any rank's share reached (a lower bound of the calls' least); calls and calls on reused
+    lists are the same on every rank. Every rank collects at the same points (they run the same forwards
+    and calls in step), so the reductions pair up."""
+    from sagevideo.parallel.launch import mean_and_least_over_ranks
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return stats
-    summed, least = stats[:, SPARSE_SUM].contiguous(), stats[:, SPARSE_MIN].contiguous()
-    dist.all_reduce(summed)
-    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    summed, least = mean_and_least_over_ranks(stats[:, SPARSE_SUM], stats[:, SPARSE_MIN])
     stats = stats.clone()
-    stats[:, SPARSE_SUM] = summed / dist.get_world_size()
-    stats[:, SPARSE_MIN] = least
+    stats[:, SPARSE_SUM], stats[:, SPARSE_MIN] = summed, least
     return stats
 
 
