@@ -299,8 +299,10 @@ class AttentionRouter:
         out = self._attend_with(choice.mode, choice.granularity.value, q, k, v, attn_mask=attn_mask,
                                 is_causal=is_causal, sm_scale=sm_scale, dropout_p=dropout_p, enable_gqa=enable_gqa,
                                 route=route, sparse=choice.sparse, text=self._text_of(layer))
-        if self.sparse is not None and not torch.compiler.is_compiling():
-            collect([route], self.clock.step)  # a call by name (direct use, probing) is noted at once
+        if self.sparse is not None and not self.sparse.in_forward and not torch.compiler.is_compiling():
+            # a call by name outside an installed forward (direct use, probing) is noted at once; inside
+            # one (sequence-parallel routers call by name) at its end: no host read per call
+            collect([route], self.clock.step)
         return out
 
     def collect_sparse(self) -> None:
@@ -309,6 +311,7 @@ class AttentionRouter:
         models call it at the end of each forward, outside compiled code."""
         if self.sparse is not None:
             collect(list(self._routes.values()), self.clock.step)
+            self.sparse.in_forward = False
 
     def _attend_with(self, mode: Mode, granularity: str, q, k, v, *, route: LayerRoute, attn_mask=None,
                      is_causal=False, sm_scale=None, dropout_p=0.0, enable_gqa=False, sparse: Sparse | None = None,

@@ -67,12 +67,16 @@ class SparseRouting:
         self.grid: tuple[int, int, int] | None = None
         self.forwards = 0  # forwards of the current step so far (the router resets it when the clock moves)
         self.on_forward: list[Any] = []  # callbacks(forward index in the step), before each forward
+        # between an installed denoiser's forward start and its end-of-forward collection: calls by
+        # name (Ulysses routes every call so) are then noted at that collection, not one by one
+        self.in_forward = False
 
     def forward_started(self) -> None:
         """A denoiser forward starts (outside compiled code): the callbacks get its index in the step."""
         for callback in self.on_forward:
             callback(self.forwards)
         self.forwards += 1
+        self.in_forward = True
 
     def text_of(self, layer: str) -> str | None:
         """The text position of `layer` (prefixed name): TEXT_FIRST, TEXT_LAST, None (no text), or

@@ -539,12 +539,12 @@ def test_the_top_p_threshold_stops_early_at_the_same_t():
 
     checked = 0
     for row in range(rows):
-        candidates = [0.0] + sorted({float(p) for p, f in zip(probs[row], free[row]) if f})
+        candidates = [0.0] + sorted({float(p) for p, f in zip(probs[row], free[row], strict=True) if f})
         p64, f = probs[row].double(), free[row]
         mass = [float(forced_mass[row]) + float(p64[f & (probs[row] > c)].sum()) for c in candidates]
         if min(abs(m - float(top_p[row])) for m in mass) < MARGIN:
             continue  # within rounding of a partial sum: fp32 may decide the other way
-        below = [c for c, m in zip(candidates, mass) if m < float(top_p[row])]
+        below = [c for c, m in zip(candidates, mass, strict=True) if m < float(top_p[row])]
         want = min(below) if below else math.inf
         assert float(out[row]) == pytest.approx(want, rel=0, abs=0), row
         checked += 1

@@ -481,3 +481,43 @@ def test_an_installed_dynamic_call_reads_nothing_on_the_host(tiny_pipe, monkeypa
 
 def _refuse(self, *args, **kwargs):
     raise AssertionError("a host read inside an attention call")
+
+
+def test_calls_by_name_inside_an_installed_forward_are_noted_once_at_its_end(monkeypatch):
+    """Sequence-parallel routers call every layer by name: inside an installed forward those calls are
+    noted by the end-of-forward collection, one host read per forward (with Ulysses also one reduction
+    over the ranks), not one per call; the notes are those of the installed path."""
+    from diffusers import WanTransformer3DModel
+
+    import sagevideo
+    import sagevideo.pipelines.routing as routing
+    from sagevideo.pipelines.install import install_router
+    from sagevideo.pipelines.routing import AttentionRouter
+    from sagevideo.pipelines.sparse import job_plan
+    from sagevideo.pipelines.wan.tiny import TRANSFORMER_CONFIG
+
+    class ByName(AttentionRouter):
+        def __call__(self, layer, q, k, v, **kwargs):
+            return super().__call__(layer, q, k, v, **kwargs)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = WanTransformer3DModel(**TRANSFORMER_CONFIG).eval()
+    gen = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(1, TRANSFORMER_CONFIG["in_channels"], 3, 24, 24, generator=gen),
+                  timestep=torch.tensor([700.0]), encoder_hidden_states=torch.randn(1, 512, 32, generator=gen),
+                  return_dict=False)
+    plan = job_plan(model, "fp16", "static:0.3", steps=5)
+    collected: list[int] = []
+    real = routing.collect
+    monkeypatch.setattr(routing, "collect", lambda routes, step: (collected.append(len(routes)), real(routes, step)))
+    runs = []
+    for router_class in (AttentionRouter, ByName):
+        collected.clear()
+        with torch.no_grad(), install_router(model, router_class(plan, "sdpa"), backend="sdpa"), \
+                sagevideo.record_backends() as log:
+            model(**inputs)
+        runs.append((log.summary()["sparse"], list(collected)))
+    (installed, installed_collections), (by_name, by_name_collections) = runs
+    assert by_name == installed and min(layer["density"] for layer in installed["layers"].values()) < 1
+    assert by_name_collections == installed_collections and len(installed_collections) == 1
