@@ -121,6 +121,27 @@ def _forced_tiles(
 
 
 @triton.jit
+def _narrow(open_rows, below, mid, count, lo, hi, at_or_above_lo, above_hi):
+    """One step of the thresholds' bisection on t's bits, for the rows still open: [lo, mid] where
+    `below` (the answer is at most mid), else [mid + 1, hi]; `count` (the free tiles above mid) becomes
+    the count at the end that moved. A row closes once its interval holds at most one free probability
+    (or none: lo = hi). Returns (lo, hi, at_or_above_lo, above_hi, open_rows)."""
+    hi = tl.where(open_rows & below, mid, hi)
+    above_hi = tl.where(open_rows & below, count, above_hi)
+    lo = tl.where(open_rows & ~below, mid + 1, lo)
+    at_or_above_lo = tl.where(open_rows & ~below, count, at_or_above_lo)
+    open_rows = open_rows & (lo < hi) & (at_or_above_lo - above_hi > 1)
+    return lo, hi, at_or_above_lo, above_hi, open_rows
+
+
+@triton.jit
+def _largest_between(probs, free, lo_value, hi):
+    """Per row: the largest free probability in [lo_value, hi's value] (-1 where none)."""
+    inside = free & (probs >= lo_value[:, None]) & (probs <= hi.to(tl.float32, bitcast=True)[:, None])
+    return tl.max(tl.where(inside, probs, -1.0), axis=1)
+
+
+@triton.jit
 def _threshold(probs, free, forced_mass, top_p, ROWS: tl.constexpr):
     """Per row (ROWS,) fp32: the smallest probability value t with G(t) = forced_mass + Σ free probs > t
     below top_p (+inf where none: the forced tiles already reach top_p). A bisection on t's bits that
@@ -140,16 +161,12 @@ def _threshold(probs, free, forced_mass, top_p, ROWS: tl.constexpr):
         over = free & (probs > mid.to(tl.float32, bitcast=True)[:, None])
         count = tl.sum(over.to(tl.int32), axis=1)
         below = forced_mass + tl.sum(tl.where(over, probs, 0.0), axis=1) < top_p
-        hi = tl.where(open_rows & below, mid, hi)
-        above_hi = tl.where(open_rows & below, count, above_hi)
-        lo = tl.where(open_rows & ~below, mid + 1, lo)
-        at_or_above_lo = tl.where(open_rows & ~below, count, at_or_above_lo)
-        open_rows = open_rows & (lo < hi) & (at_or_above_lo - above_hi > 1)
+        lo, hi, at_or_above_lo, above_hi, open_rows = _narrow(open_rows, below, mid, count, lo, hi, at_or_above_lo,
+                                                              above_hi)
     lo_value = lo.to(tl.float32, bitcast=True)
     over_lo = free & (probs > lo_value[:, None])
     mass_lo = forced_mass + tl.sum(tl.where(over_lo, probs, 0.0), axis=1)
-    inside = free & (probs >= lo_value[:, None]) & (probs <= hi.to(tl.float32, bitcast=True)[:, None])
-    lone = tl.max(tl.where(inside, probs, -1.0), axis=1)
+    lone = _largest_between(probs, free, lo_value, hi)
     # lo when the interval closed or holds no free probability (G constant on it) or G(lo) < top_p
     settled = (lo < hi) & (at_or_above_lo - above_hi == 1) & (mass_lo >= top_p)
     return tl.where(reachable, tl.where(settled, lone, lo_value), float("inf"))
@@ -172,15 +189,10 @@ def _count_threshold(probs, free, budget, ROWS: tl.constexpr):
     while tl.max(open_rows.to(tl.int32), axis=0) > 0:
         mid = lo + (hi - lo) // 2
         count = tl.sum((free & (probs > mid.to(tl.float32, bitcast=True)[:, None])).to(tl.int32), axis=1)
-        below = count < budget
-        hi = tl.where(open_rows & below, mid, hi)
-        above_hi = tl.where(open_rows & below, count, above_hi)
-        lo = tl.where(open_rows & ~below, mid + 1, lo)
-        at_or_above_lo = tl.where(open_rows & ~below, count, at_or_above_lo)
-        open_rows = open_rows & (lo < hi) & (at_or_above_lo - above_hi > 1)
+        lo, hi, at_or_above_lo, above_hi, open_rows = _narrow(open_rows, count < budget, mid, count, lo, hi,
+                                                              at_or_above_lo, above_hi)
     lo_value = lo.to(tl.float32, bitcast=True)
-    inside = free & (probs >= lo_value[:, None]) & (probs <= hi.to(tl.float32, bitcast=True)[:, None])
-    lone = tl.max(tl.where(inside, probs, -1.0), axis=1)
+    lone = _largest_between(probs, free, lo_value, hi)
     # one free probability left in [lo, hi] with at least budget at or above lo: the count drops below
     # budget exactly at it; otherwise lo (closed, or 0 with fewer than budget free tiles)
     settled = (lo < hi) & (at_or_above_lo - above_hi == 1) & (at_or_above_lo >= budget)
