@@ -147,7 +147,9 @@ class SparseNote:
     denoising step (None outside a tracked run), the density that ran (visited / all key tiles; 1.0
     dense) and, for a call its plan made sparse that ran dense, why ('' otherwise). planned: whether
     the plan made the call sparse (False: a step or layer the plan keeps dense); reused: it attended on
-    lists kept from an earlier step (`plans.Sparse.reuse_steps`)."""
+    lists kept from an earlier step (`plans.Sparse.reuse_steps`); rank_spread: in a sequence-parallel
+    job, the layer's most loaded rank's density over the ranks' mean in that forward (1 = balanced;
+    None in one process)."""
 
     layer: str
     step: int | None
@@ -155,6 +157,7 @@ class SparseNote:
     reason: str = ""
     planned: bool = False
     reused: bool = False
+    rank_spread: float | None = None
 
 
 @dataclass
@@ -199,7 +202,8 @@ class BackendLog:
         """The block-sparse notes in short: "layers" (layer -> {"calls", "density": mean, "min"}, and
         where the plan made calls sparse, "sparse_calls" and "sparse_density" (their mean), and
         "dense" (reason -> those of them that ran dense) when any did, "reused" (calls on lists kept
-        from an earlier step) when any were), "steps" (step -> mean density
+        from an earlier step) when any were, "rank_spread" (the largest `SparseNote.rank_spread`) in a
+        sequence-parallel job), "steps" (step -> mean density
         over its calls; "none" outside a tracked run) and "dense" (reason -> calls the plan made sparse
         that ran dense). Densities rounded to 4 digits."""
         layers: dict[str, list[SparseNote]] = {}
@@ -228,6 +232,9 @@ def _layer_summary(notes: list[SparseNote]) -> dict[str, object]:
     reused = sum(note.reused for note in notes)
     if reused:
         entry["reused"] = reused
+    spreads = [note.rank_spread for note in notes if note.rank_spread is not None]
+    if spreads:
+        entry["rank_spread"] = round(max(spreads), 4)
     return entry
 
 

@@ -1,7 +1,7 @@
 """Process groups from torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT).
 
 The same code runs under `torchrun` and under Ray actors that set those variables. Code outside
-`sagevideo.parallel` asks here (`rank_and_world`, `leave_group`, `mean_and_least_over_ranks`) instead of calling
+`sagevideo.parallel` asks here (`rank_and_world`, `leave_group`, `job_size`, `reduce_over_ranks`) instead of calling
 torch.distributed itself.
 """
 
@@ -47,13 +47,17 @@ def leave_group() -> None:
         dist.destroy_process_group()
 
 
-def mean_and_least_over_ranks(mean: torch.Tensor, least: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(`mean` averaged over the ranks of the default process group, the least of `least` over them),
-    elementwise, new tensors equal on every rank; in one process (no group, or a group of one) `mean` and
-    `least` themselves. Every rank of the group must call it at the same point (two all-reduces)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return mean, least
-    mean, least = (torch.clone(t, memory_format=torch.contiguous_format) for t in (mean, least))
-    dist.all_reduce(mean)
-    dist.all_reduce(least, op=dist.ReduceOp.MIN)
-    return mean / dist.get_world_size(), least
+
+def job_size() -> int:
+    """The ranks of the default process group (the job's, as sagevideo launches one); 1 without a group."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def reduce_over_ranks(t: torch.Tensor, op: str) -> torch.Tensor:
+    """`t` reduced elementwise over the ranks of the default process group ("sum", "min" or "max"): a new
+    tensor, equal on every rank; `t` itself in one process. Every rank must call it at the same point."""
+    if job_size() == 1:
+        return t
+    out = torch.clone(t, memory_format=torch.contiguous_format)
+    dist.all_reduce(out, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+    return out

@@ -13,9 +13,9 @@ name), and nothing in a call may read the device. So each layer's route (`routin
 
 `collect` reads the routes' statistics in one transfer at the end of each forward (the guard's forward
 hook, outside compiled code) and notes them at the clock's step (`records.report_sparse`); in a
-sequence-parallel job, over every rank's heads (`over_ranks`). A layer's n
-sparse calls of one forward become n notes with their mean and least density (one at the least, the
-others at the mean of the rest), so that `BackendLog.sparse_summary` (per layer: calls, mean, least;
+sequence-parallel job, over every rank's heads, with how unevenly the ranks were loaded (`over_ranks`).
+A layer's n sparse calls of one forward become n notes with their mean and least density (one at the
+least, the others at the mean of the rest), so that `BackendLog.sparse_summary` (per layer: calls, mean, least;
 per step: mean) reads as if each call had been noted; dense calls are noted each with density 1.
 """
 
@@ -75,14 +75,15 @@ def collect(routes: list[Any], step: int | None) -> None:
     if not routes or capturing():
         return
     device = routes[0].sparse_stats.device
-    stats = over_ranks(torch.stack([route.sparse_stats.to(device) for route in routes])).tolist()
-    for route, row in zip(routes, stats, strict=True):
+    stats, spreads = over_ranks(torch.stack([route.sparse_stats.to(device) for route in routes]))
+    for route, row, spread in zip(routes, stats.tolist(), spreads, strict=True):
         calls = int(row[SPARSE_CALLS])
         if calls:
             route.sparse_stats.copy_(_empty_on(route.sparse_stats.device))
             reused = int(row[SPARSE_REUSED])
             for index, density in enumerate(_densities(row[SPARSE_SUM], calls, row[SPARSE_MIN])):
-                report_sparse(SparseNote(route.name, step, density, planned=True, reused=index < reused))
+                report_sparse(SparseNote(route.name, step, density, planned=True, reused=index < reused,
+                                         rank_spread=spread))
         dense: Counter = route.dense_calls
         for (reason, planned), count in dense.items():
             for _ in range(count):
@@ -90,20 +91,27 @@ def collect(routes: list[Any], step: int | None) -> None:
         dense.clear()
 
 
-def over_ranks(stats: torch.Tensor) -> torch.Tensor:
+def over_ranks(stats: torch.Tensor) -> tuple[torch.Tensor, list[float | None]]:
     """Layers' statistics (float64 (layers, 4), `sparse_stats` rows) over every rank of a sequence-parallel
-    job, the same on each rank (`parallel.launch.mean_and_least_over_ranks`; one process: as they are).
+    job, the same on each rank, and each layer's rank spread: its most loaded rank's density sum over
+    the ranks' mean (1 = balanced; None in one process, where the statistics are returned as they are).
     Under Ulysses each rank attends to an equal share of every layer's heads over the whole sequence, so
     a call's density over all heads is the mean of the ranks' (the sums are averaged), and the least is
     the least any rank's share reached (a lower bound of the calls' least); calls and calls on reused
     lists are the same on every rank. Every rank collects at the same points (they run the same forwards
-    and calls in step), so the reductions pair up."""
-    from sagevideo.parallel.launch import mean_and_least_over_ranks
+    and calls in step), so the reductions (`parallel.launch.reduce_over_ranks`) pair up."""
+    from sagevideo.parallel.launch import job_size, reduce_over_ranks
 
-    summed, least = mean_and_least_over_ranks(stats[:, SPARSE_SUM], stats[:, SPARSE_MIN])
+    world = job_size()
+    if world == 1:
+        return stats, [None] * len(stats)
+    summed = reduce_over_ranks(stats[:, SPARSE_SUM], "sum") / world
+    most = reduce_over_ranks(stats[:, SPARSE_SUM], "max")
+    least = reduce_over_ranks(stats[:, SPARSE_MIN], "min")
+    spread = torch.where(summed > 0, most / summed.clamp(min=1e-30), 1.0)
     stats = stats.clone()
     stats[:, SPARSE_SUM], stats[:, SPARSE_MIN] = summed, least
-    return stats
+    return stats, spread.tolist()
 
 
 def _densities(total: float, calls: int, least: float) -> list[float]:

@@ -237,12 +237,17 @@ def test_a_batch_over_two_ranks_matches_one_process(tmp_path, two_ranks):
         # rank 0 counts every call (2 steps x 2 forwards x 4 layers); "full" runs SDPA inside Ulysses
         expected = {"sdpa": 16} if r["attention"] == "full" else by_id[r["job_id"]].backends["counts"]
         assert r["backends"]["counts"] == expected, r["prompt"]
+    # the ranks' records say how evenly their heads were loaded (every head keeps the same tiles here)
     sparse = next(r for r in records if r["sparse"] == "static:0.3")
     layers = sparse["backends"]["sparse"]["layers"]
+    spreads = [layer.pop("rank_spread") for layer in layers.values() if "rank_spread" in layer]
+    assert spreads and set(spreads) == {1.0}
     assert layers == by_id[sparse["job_id"]].backends["sparse"]["layers"]
     assert min(layer.get("sparse_density", 1.0) for layer in layers.values()) < 1.0
     reused = next(r for r in records if r["sparse"] == "dynamic:0.3:reuse2")
     layers = reused["backends"]["sparse"]["layers"]
+    spreads = [layer.pop("rank_spread") for layer in layers.values() if "rank_spread" in layer]
+    assert spreads and set(spreads) == {1.0}
     assert layers == by_id[reused["job_id"]].backends["sparse"]["layers"]
     assert sum(layer.get("reused", 0) for layer in layers.values()) > 0
     again = torchrun_on_two_ranks(two_ranks, args, tmp_path / "logs-again")
