@@ -22,6 +22,7 @@ per step: mean) reads as if each call had been noted; dense calls are noted each
 from __future__ import annotations
 
 import itertools
+import math
 import weakref
 from collections import Counter
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 from sagevideo.attention.records import SparseNote, capturing, register_effect, report_sparse
 from sagevideo.attention.sparse import SPARSE_CALLS, SPARSE_MIN, SPARSE_REUSED, SPARSE_SUM, empty_stats
 
+RANK_SPREAD = 4  # the column `over_ranks` adds
 _ROUTES: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()  # key -> LayerRoute
 _KEYS = itertools.count()
 
@@ -75,8 +77,9 @@ def collect(routes: list[Any], step: int | None) -> None:
     if not routes or capturing():
         return
     device = routes[0].sparse_stats.device
-    stats, spreads = over_ranks(torch.stack([route.sparse_stats.to(device) for route in routes]))
-    for route, row, spread in zip(routes, stats.tolist(), spreads, strict=True):
+    rows = over_ranks(torch.stack([route.sparse_stats.to(device) for route in routes])).tolist()
+    for route, row in zip(routes, rows, strict=True):
+        spread = None if math.isnan(row[RANK_SPREAD]) else row[RANK_SPREAD]
         calls = int(row[SPARSE_CALLS])
         if calls:
             route.sparse_stats.copy_(_empty_on(route.sparse_stats.device))
@@ -91,10 +94,11 @@ def collect(routes: list[Any], step: int | None) -> None:
         dense.clear()
 
 
-def over_ranks(stats: torch.Tensor) -> tuple[torch.Tensor, list[float | None]]:
+def over_ranks(stats: torch.Tensor) -> torch.Tensor:
     """Layers' statistics (float64 (layers, 4), `sparse_stats` rows) over every rank of a sequence-parallel
-    job, the same on each rank, and each layer's rank spread: its most loaded rank's density sum over
-    the ranks' mean (1 = balanced; None in one process, where the statistics are returned as they are).
+    job, the same on each rank, with a fifth column (`RANK_SPREAD`): each layer's most loaded rank's
+    density sum over the ranks' mean (1 = balanced; NaN in one process, where the statistics are as
+    they were). One tensor, so that `collect` still reads everything in one transfer.
     Under Ulysses each rank attends to an equal share of every layer's heads over the whole sequence, so
     a call's density over all heads is the mean of the ranks' (the sums are averaged), and the least is
     the least any rank's share reached (a lower bound of the calls' least); calls and calls on reused
@@ -104,14 +108,14 @@ def over_ranks(stats: torch.Tensor) -> tuple[torch.Tensor, list[float | None]]:
 
     world = job_size()
     if world == 1:
-        return stats, [None] * len(stats)
+        return torch.cat([stats, torch.full_like(stats[:, :1], math.nan)], dim=1)
     summed = reduce_over_ranks(stats[:, SPARSE_SUM], "sum") / world
     most = reduce_over_ranks(stats[:, SPARSE_SUM], "max")
     least = reduce_over_ranks(stats[:, SPARSE_MIN], "min")
     spread = torch.where(summed > 0, most / summed.clamp(min=1e-30), 1.0)
-    stats = stats.clone()
+    stats = torch.cat([stats, spread[:, None]], dim=1)
     stats[:, SPARSE_SUM], stats[:, SPARSE_MIN] = summed, least
-    return stats, spread.tolist()
+    return stats
 
 
 def _densities(total: float, calls: int, least: float) -> list[float]:
