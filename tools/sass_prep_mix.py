@@ -81,7 +81,7 @@ def kernels(block_d: int, pv: str, rotate: bool, pool: bool = False, spread: boo
          "M_PAD": "i32",
          "qk_scale": "fp32", "sm_scale": "fp32"},
         dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_M=block_m, TILES_PER_PROGRAM=prep.q_tiles_per_program,
-             ROTATE=rotate, PER_TOKEN=False, STORE_SHIFT=False, POOL=pool, POOL_GRAM=pool),
+             ROTATE=rotate, PER_TOKEN=False, STORE_SHIFT=False, POOL=pool),
         prep.q_warps,
     )
     # the split length is a runtime argument: the loop body is what is counted
