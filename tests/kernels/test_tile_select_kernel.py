@@ -700,6 +700,29 @@ def test_the_kernel_lists_equal_the_reference_on_gpu(pv):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("pv", ["fp16", "fp8"])
+def test_the_pooling_at_the_real_plans_with_the_rotation_is_what_pool_tiles_defines_on_gpu(pv, head_dim):
+    """Installed sparse calls pool inside the preparation of the plan they run (its tiles, warps and the
+    Hadamard rotation), not the small plans the interpreter tests use: per tile, the same statistics as
+    `_pool_tiles` there too, 1,000 tokens (a partial last tile), bf16. (A Gram-product pooling of Q that
+    matched without the rotation gave half the similarities with it: only the real plans showed it.)"""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 3, 1000, head_dim, generator=gen).to(DEVICE, torch.bfloat16) + 0.5 for _ in range(3))
+    plan = select_plan(q.device, head_dim, pv).plan
+    pooled = quantize_inputs(q, k, v, None, hadamard_pm1(plan.block_d, q.device, q.dtype), plan,
+                             sm_scale=head_dim**-0.5, per_token=False, smooth_k=True, need_shift=False,
+                             pool=True).pooled
+    q_mean, _, q_similarity, _ = _pool_tiles(q.float(), plan.block_m, None)
+    k_mean, _, k_similarity, _ = _pool_tiles(_smoothed(k, None), plan.block_n, None)
+    close = dict(rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(pooled.q_mean.reshape(q_mean.shape), q_mean, **close)
+    torch.testing.assert_close(pooled.q_similarity.reshape(q_similarity.shape), q_similarity, **close)
+    torch.testing.assert_close(pooled.k_mean.reshape(k_mean.shape), k_mean, **close)
+    torch.testing.assert_close(pooled.k_similarity.reshape(k_similarity.shape), k_similarity, **close)
+
+
+@pytest.mark.gpu
 def test_selecting_and_attending_never_synchronize_on_gpu():
     """torch's sync debug mode raises on any device-to-host synchronization: none while selecting, nor in
     the call that selects and attends."""
