@@ -704,11 +704,12 @@ def test_the_kernel_lists_equal_the_reference_on_gpu(pv):
 @pytest.mark.parametrize("pv", ["fp16", "fp8"])
 def test_the_pooling_at_the_real_plans_with_the_rotation_is_what_pool_tiles_defines_on_gpu(pv, head_dim):
     """Installed sparse calls pool inside the preparation of the plan they run (its tiles, warps and the
-    Hadamard rotation), not the small plans the interpreter tests use: per tile, the same statistics as
-    `_pool_tiles` there too, 1,000 tokens (a partial last tile), bf16. (A Gram-product pooling of Q that
-    matched without the rotation gave half the similarities with it: only the real plans showed it.)"""
+    Hadamard rotation, several tiles per program), not the small plans the interpreter tests use: per
+    tile, the same statistics as `_pool_tiles` there too; 8,200 tokens (a partial last tile, and enough
+    tiles that each program loops over four), bf16. (A Gram-product pooling of Q matched on the first
+    tile of each program and was wrong on the others with the rotation on.)"""
     gen = torch.Generator().manual_seed(5)
-    q, k, v = (torch.randn(1, 3, 1000, head_dim, generator=gen).to(DEVICE, torch.bfloat16) + 0.5 for _ in range(3))
+    q, k, v = (torch.randn(1, 3, 8200, head_dim, generator=gen).to(DEVICE, torch.bfloat16) + 0.5 for _ in range(3))
     plan = select_plan(q.device, head_dim, pv).plan
     pooled = quantize_inputs(q, k, v, None, hadamard_pm1(plan.block_d, q.device, q.dtype), plan,
                              sm_scale=head_dim**-0.5, per_token=False, smooth_k=True, need_shift=False,
