@@ -196,6 +196,21 @@ def _assert_same_lists(kernel, reference, rows=None):
 # --- the pooled statistics ----------------------------------------------------------------------
 
 
+POOL_CLOSE = dict(rtol=1e-5, atol=2e-6)
+
+
+def _assert_pools_as_defined(pooled, q, k, plan, key_mask):
+    """The preparation's pooled Q and K means and similarities (`PooledTiles`) equal `_pool_tiles` of
+    q and of k smoothed (key_mask (B, Nk) bool or None) in the plan's tiles, within POOL_CLOSE.
+    Returns the reference's (k_count, k_similarity, k_spread)."""
+    q_mean, _, q_similarity, _ = _pool_tiles(q.float(), plan.block_m, None)
+    k_mean, k_count, k_similarity, k_spread = _pool_tiles(_smoothed(k, key_mask), plan.block_n, key_mask)
+    for got, want in ((pooled.q_mean, q_mean), (pooled.q_similarity, q_similarity), (pooled.k_mean, k_mean),
+                      (pooled.k_similarity, k_similarity)):
+        torch.testing.assert_close(got.reshape(want.shape), want, **POOL_CLOSE)
+    return k_count, k_similarity, k_spread
+
+
 @pytest.mark.parametrize("case", ["rotated-key-padding", "unsmoothed-grouped-kv"])
 def test_the_quantization_pass_pools_what_pool_tiles_defines(case):
     """Per tile: Q's mean token and mean cosine to it (rows past Nq left out), and K's (minus its mean
@@ -216,14 +231,8 @@ def test_the_quantization_pass_pools_what_pool_tiles_defines(case):
         hadamard_pm1(64, q.device, q.dtype) if case == "rotated-key-padding" else None, plan, sm_scale=0.125,
         per_token=False, smooth_k=case == "rotated-key-padding", need_shift=True, pool=True, pool_spread=True)
     pooled = prepared.pooled
-    q_mean, _, q_similarity, _ = _pool_tiles(q.float(), plan.block_m, None)
-    k_mean, k_count, k_similarity, k_spread = _pool_tiles(_smoothed(k, key_mask), plan.block_n, key_mask)
-    close = dict(rtol=1e-5, atol=2e-6)
-    torch.testing.assert_close(pooled.q_mean.reshape(q_mean.shape), q_mean, **close)
-    torch.testing.assert_close(pooled.q_similarity.reshape(q_similarity.shape), q_similarity, **close)
-    torch.testing.assert_close(pooled.k_mean.reshape(k_mean.shape), k_mean, **close)
-    torch.testing.assert_close(pooled.k_similarity.reshape(k_similarity.shape), k_similarity, **close)
-    torch.testing.assert_close(pooled.k_spread.reshape(k_spread.shape), k_spread, **close)
+    k_count, k_similarity, k_spread = _assert_pools_as_defined(pooled, q, k, plan, key_mask)
+    torch.testing.assert_close(pooled.k_spread.reshape(k_spread.shape), k_spread, **POOL_CLOSE)
     assert torch.equal(pooled.k_count.reshape(batch, heads, -1), k_count.expand(batch, heads, -1))
     assert (k_similarity < 0.5).any() and (k_similarity > 0.9).any()  # both kinds of tile are there
     if key_mask is not None:
@@ -714,13 +723,7 @@ def test_the_pooling_at_the_real_plans_with_the_rotation_is_what_pool_tiles_defi
     pooled = quantize_inputs(q, k, v, None, hadamard_pm1(plan.block_d, q.device, q.dtype), plan,
                              sm_scale=head_dim**-0.5, per_token=False, smooth_k=True, need_shift=False,
                              pool=True).pooled
-    q_mean, _, q_similarity, _ = _pool_tiles(q.float(), plan.block_m, None)
-    k_mean, _, k_similarity, _ = _pool_tiles(_smoothed(k, None), plan.block_n, None)
-    close = dict(rtol=1e-5, atol=2e-6)
-    torch.testing.assert_close(pooled.q_mean.reshape(q_mean.shape), q_mean, **close)
-    torch.testing.assert_close(pooled.q_similarity.reshape(q_similarity.shape), q_similarity, **close)
-    torch.testing.assert_close(pooled.k_mean.reshape(k_mean.shape), k_mean, **close)
-    torch.testing.assert_close(pooled.k_similarity.reshape(k_similarity.shape), k_similarity, **close)
+    _assert_pools_as_defined(pooled, q, k, plan, None)
 
 
 @pytest.mark.gpu
