@@ -80,8 +80,9 @@ def kernels(block_d: int, pv: str, rotate: bool, pool: bool = False, spread: boo
          "stride_qb": "i32", "stride_qh": "i32", "stride_qn": "i32", "H": "i32", "H_KV": "i32", "N_Q": "i32",
          "M_PAD": "i32",
          "qk_scale": "fp32", "sm_scale": "fp32"},
-        dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_M=block_m, TILES_PER_PROGRAM=prep.q_tiles_per_program,
-             ROTATE=rotate, PER_TOKEN=False, STORE_SHIFT=False, POOL=pool),
+        dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_M=block_m,
+             TILES_PER_PROGRAM=1 if pool else prep.q_tiles_per_program,
+             ROTATE=rotate, PER_TOKEN=False, STORE_SHIFT=False, POOL=pool, POOL_GRAM=pool),
         prep.q_warps,
     )
     # the split length is a runtime argument: the loop body is what is counted
