@@ -81,10 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                                      args.pool.split(","))
             for warps, tiles, stats, q_tiles, pool in grid:
                 prep = prep_variant(prep_plan(plan), warps, tiles, stats, q_tiles)
-                quantize.Q_POOL_GRAM = pool != "on-elementwise"
                 prepare = functools.partial(quantize.quantize_inputs, q, k, v, None, rot, plan, sm_scale=d**-0.5,
                                             per_token=False, smooth_k=True, need_shift=False, prep=prep,
-                                            pool=pool != "off")
+                                            pool=pool == "on")
                 with set_wrap_triton_enabled(False):
                     times = prep_kernel_times(prepare)
                     wall = bench_ms(prepare)  # whole preparation between events: gaps and small launches too

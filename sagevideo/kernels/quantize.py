@@ -21,8 +21,9 @@ Four launches before the attention kernel:
    "the preparation pass").
 
 Block-sparse tile selection (`POOL`, off for dense calls: their launches are unchanged): steps 3
-and 4 also write each tile's pooled statistics (`PooledTiles`, `_pool_tile`) from the tile they
-already hold in registers, for `tile_select_kernel` (docs/sparse.md, stage 3).
+and 4 also write each tile's pooled statistics (`PooledTiles`: K's by `_pool_tile`, Q's by
+`_pool_tile_gram`) from the tile they already hold in registers, for `tile_select_kernel`
+(docs/sparse.md, stage 3).
 
 Launch shapes (warps, splits, tiles per program) come from a `plans.PrepPlan`, never from module state.
 
@@ -57,7 +58,6 @@ TINY_AMAX_CONST = tl.constexpr(TINY_AMAX)
 INT8_MAX_CONST = tl.constexpr(INT8_MAX)
 FP8_MAX_CONST = tl.constexpr(FP8_MAX)
 COSINE_EPS_CONST = tl.constexpr(COSINE_EPS)
-Q_POOL_GRAM = __import__("os").environ.get("SAGEVIDEO_Q_POOL", "gram") == "gram"  # temporary switch, to measure
 
 
 @triton.jit
@@ -162,11 +162,13 @@ def _pool_tile_gram(x16, ok):
     """`_pool_tile` (no spread) of a 16-bit tile x16 (ROWS, BLOCK_D) whose rows that are not `ok` are
     zero, with its sums on the tensor cores: the column sum as a product with a one-hot ones row, and
     every row's dot with the column sum and its squared norm from the Gram matrix x16·x16ᵀ (exact
-    16-bit products, fp32 sums): the same formula as `_pool_tile`, summed in another order."""
+    16-bit products, fp32 sums): the same formula as `_pool_tile`, summed in another order; a third
+    fewer instructions than its elementwise sums across warps. Returns (mean, count, similarity)."""
     ROWS: tl.constexpr = x16.shape[0]
     count = tl.sum(ok.to(tl.float32), axis=0)
     denom = tl.maximum(count, 1.0)
     pick = tl.arange(0, 16)
+    # a product needs 16 rows: one of ones, the others zero, so summing the 16 is the column sum itself
     ones = tl.where(pick[:, None] == 0, 1.0, 0.0) + tl.zeros((16, ROWS), tl.float32)
     column_sum = tl.sum(tl.dot(ones.to(x16.dtype), x16, out_dtype=tl.float32), axis=0)
     mean = tl.math.div_rn(column_sum, denom)
@@ -175,7 +177,9 @@ def _pool_tile_gram(x16, ok):
     dot_sum = tl.sum(gram, axis=1)  # x_i · Σ_j x_j
     norm2 = tl.sum(tl.where(rows[:, None] == rows[None, :], gram, 0.0), axis=1)
     x_norm = tl.maximum(tl.sqrt_rn(norm2), COSINE_EPS_CONST)
-    m_norm = tl.maximum(tl.math.div_rn(tl.sqrt_rn(tl.sum(dot_sum, axis=0)), denom), COSINE_EPS_CONST)
+    # |Σ x|² summed from the rows' dots can round below 0 when the sum is near 0: no sqrt of a negative
+    m_norm = tl.maximum(tl.math.div_rn(tl.sqrt_rn(tl.maximum(tl.sum(dot_sum, axis=0), 0.0)), denom),
+                        COSINE_EPS_CONST)
     cos = tl.math.div_rn(dot_sum, x_norm * (m_norm * denom))
     similarity = tl.math.div_rn(tl.sum(tl.where(ok, cos, 0.0), axis=0), denom)
     return mean, count, tl.where(count > 0, similarity, 1.0)
@@ -411,10 +415,9 @@ def _quantize_q_kernel(
     H, H_KV, N_Q, M_PAD, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
     ROTATE: tl.constexpr, PER_TOKEN: tl.constexpr, STORE_SHIFT: tl.constexpr, POOL: tl.constexpr = False,
-    POOL_GRAM: tl.constexpr = False,
 ):
     """H_KV: K/V heads (mean(K) of query head h is K/V head h // (H // H_KV)'s).
-    POOL: also write each tile's `_pool_tile` statistics of Q (as given: not rotated, not scaled) to
+    POOL: also write each tile's `_pool_tile_gram` statistics of Q (as given: not rotated, not scaled) to
     QPoolMean (bh, M_PAD/BLOCK_M, BLOCK_D) and QPoolSim (bh, M_PAD/BLOCK_M), fp32."""
     group = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)  # int64 bases: B·H·N·D may pass 2^31
@@ -437,10 +440,7 @@ def _quantize_q_kernel(
             tl.store(QShift + bh * M_PAD + offs_m, shift, mask=in_pad)
         if POOL:
             if start_m < M_PAD:
-                if POOL_GRAM:
-                    pooled, _, similarity = _pool_tile_gram(q16, offs_m < N_Q)
-                else:
-                    pooled, _, similarity, _ = _pool_tile(q16.to(tl.float32), offs_m < N_Q, False)
+                pooled, _, similarity = _pool_tile_gram(q16, offs_m < N_Q)
                 tile = bh * (M_PAD // BLOCK_M) + start_m // BLOCK_M
                 tl.store(QPoolMean + tile * BLOCK_D + offs_d, pooled)
                 tl.store(QPoolSim + tile, similarity)
@@ -597,8 +597,10 @@ def quantize_inputs(
     q_scale = torch.empty(bh, m_pad, device=dev, dtype=torch.float32)
     q_shift = torch.empty(bh, m_pad, device=dev, dtype=torch.float32) if need_shift else None
     qk_scale = sm_scale * LOG2E / (bd if rotation is not None else 1)
-    gram_pool = pool and Q_POOL_GRAM
-    q_per_program = 1 if gram_pool else prep.tiles_per_program(m_pad // bm, prep.q_tiles_per_program)
+    # A pooling program takes one Q tile: looping over several, the Gram pooling under the rotation
+    # compiled for sm_90 gave wrong similarities on every tile after a program's first (docs/sparse.md,
+    # "The Q pooling's sums on the tensor cores"); one tile a program measured no slower.
+    q_per_program = 1 if pool else prep.tiles_per_program(m_pad // bm, prep.q_tiles_per_program)
     wrap_triton(_quantize_q_kernel)[(triton.cdiv(m_pad // bm, q_per_program), bh)](
         q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
         *((pooled.q_mean, pooled.q_similarity) if pool else (q_scale,) * 2),
@@ -606,7 +608,7 @@ def quantize_inputs(
         heads, kv_heads, n_q, m_pad, qk_scale, sm_scale,
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_M=bm, TILES_PER_PROGRAM=q_per_program,
         ROTATE=rotation is not None, PER_TOKEN=per_token, STORE_SHIFT=need_shift, POOL=pool,
-        POOL_GRAM=gram_pool, num_warps=prep.q_warps,
+        num_warps=prep.q_warps,
     )
     return QuantizedInputs(q_codes, q_scale, q_shift, k_codes, k_scale, k_mean, v_fp8_t, v_scale, v_range,
                            k_scale_max, pooled)
