@@ -14,7 +14,10 @@ cosine against dense attention per head (over the sampled rows' outputs). Select
 - `dynamic-rows`: the per-row density installed models run (`select_dynamic_per_row`);
 - `rows+probe`: the per-row density with `--probe-columns` key tiles per head forced for every query
   tile (`DynamicSelection.probe_columns`: those of most exact mass over the probe's fixed
-  pseudo-random query rows, `tile_select.probe_rows`): global keys, which pooling averages away.
+  pseudo-random query rows, `tile_select.probe_rows`): global keys, which pooling averages away;
+- `pairs+probe`: the same, chosen per pair of query tiles (2·block_m rows pooled as one) and the
+  pair's list taken by both: what a selection at half the rows (half the scores and threshold
+  searches) would cost in quality.
 
     python -m bench.bench_sparse_rows --heads 8 --density 0.15 --json rows.json
 """
@@ -112,12 +115,15 @@ def run(shape_name: str, density: float, *, heads: int | None, samples: int, pro
         "dynamic": select_dynamic_at_density(inputs.q, inputs.k, density, **options).keep,
         "dynamic-rows": select_dynamic_per_row(inputs.q, inputs.k, density, **options).keep,
         "rows+probe": select_dynamic_per_row(inputs.q, inputs.k, density, probe_columns=probe_cols, **options).keep,
+        "pairs+probe": select_dynamic_per_row(inputs.q, inputs.k, density, probe_columns=probe_cols,
+                                              **{**options, "block_m": 2 * block_m}).keep
+        .repeat_interleave(2, dim=2)[:, :, :m_tiles],
     }
     rows = []
     for name, keep in masks.items():
         density_of = float(keep.float().mean()) if name != "oracle" else density
         row = {"shape": shape_name, "heads": spec.heads, "samples": samples, "selection": name, "target": density,
-               "density": density_of, "probe_columns": probe_cols if name == "rows+probe" else None,
+               "density": density_of, "probe_columns": probe_cols if name.endswith("+probe") else None,
                **sampled.quality(keep)}
         rows.append(row)
         print(f"{name:<13} density {row['density']:.3f}  mass mean {row['mass_mean']:.4f} worst row "

@@ -26,7 +26,9 @@ def test_the_probe_forces_the_tiles_of_the_planted_global_keys():
 def test_small_run_reports_every_selection(monkeypatch):
     monkeypatch.setitem(bench_sparse_rows.SHAPES, "tiny", (1, 2, (4, 16, 32), 64, 0, 0))
     rows = bench_sparse_rows.run("tiny", 0.25, heads=None, samples=4, probe_cols=2)
-    assert [row["selection"] for row in rows] == ["oracle", "dynamic", "dynamic-rows", "rows+probe"]
+    assert [row["selection"] for row in rows] == ["oracle", "dynamic", "dynamic-rows", "rows+probe", "pairs+probe"]
+    rows_probe, pairs = rows[3], rows[4]  # a pair shares one list: no more than the per-tile density's slack apart
+    assert abs(pairs["density"] - rows_probe["density"]) < 0.05 and pairs["probe_columns"] == 2
     for row in rows:
         assert 0 < row["density"] <= 1 and 0 <= row["mass_worst_row"] <= row["mass_mean"] <= 1 + 1e-9
         assert len(row["cos_per_head"]) == 2 and -1 <= row["cos_worst_head"] <= 1 + 1e-9
