@@ -47,7 +47,6 @@ def leave_group() -> None:
         dist.destroy_process_group()
 
 
-
 def job_size() -> int:
     """The ranks of the default process group (the job's, as sagevideo launches one); 1 without a group."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
