@@ -110,14 +110,14 @@ def run(shape_name: str, density: float, *, heads: int | None, samples: int, pro
                           block_m, block_n)
     options = dict(block_m=block_m, block_n=block_n, sm_scale=inputs.sm_scale, dense_prefix=prefix,
                    dense_suffix=suffix)
+    pairs = select_dynamic_per_row(inputs.q, inputs.k, density, probe_columns=probe_cols,
+                                   **{**options, "block_m": 2 * block_m}).keep
     masks = {
         "oracle": sampled.oracle(density, spec.heads, m_tiles),
         "dynamic": select_dynamic_at_density(inputs.q, inputs.k, density, **options).keep,
         "dynamic-rows": select_dynamic_per_row(inputs.q, inputs.k, density, **options).keep,
         "rows+probe": select_dynamic_per_row(inputs.q, inputs.k, density, probe_columns=probe_cols, **options).keep,
-        "pairs+probe": select_dynamic_per_row(inputs.q, inputs.k, density, probe_columns=probe_cols,
-                                              **{**options, "block_m": 2 * block_m}).keep
-        .repeat_interleave(2, dim=2)[:, :, :m_tiles],
+        "pairs+probe": pairs.repeat_interleave(2, dim=2)[:, :, :m_tiles],  # each half takes its pair's list
     }
     rows = []
     for name, keep in masks.items():
