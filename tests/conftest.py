@@ -108,19 +108,24 @@ def no_ray(shared_ray):
 
 
 @pytest.fixture
-def sigint_delivered():
-    """SIGINT as an interactive session has it (Python's handler, not blocked), for the tests that
-    signal their own process. A suite started in the background by a shell inherits SIGINT ignored
-    (POSIX shells ignore it for asynchronous jobs, and Python keeps an inherited SIG_IGN): the
-    signal would never arrive. Put back afterwards; yields the state found, for failure messages."""
+def stop_signals_delivered():
+    """SIGINT, SIGTERM and SIGHUP as an interactive session has them (Python's SIGINT handler, the
+    others' defaults, none blocked), for the tests that signal their own process or a child they
+    start. A suite started in the background by a shell inherits SIGINT ignored (POSIX shells ignore
+    it for asynchronous jobs), one started under `nohup` SIGHUP ignored, and Python and its children
+    keep an inherited SIG_IGN: the signal would never arrive (sagevideo leaves an ignored signal
+    ignored, as `nohup` asks). Put back afterwards; yields the state found, for failure messages."""
     import signal
 
-    handler = signal.getsignal(signal.SIGINT)
-    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    found = f"SIGINT handler {handler!r}, blocked {signal.SIGINT in blocked}"
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    handlers = {signum: signal.getsignal(signum) for signum in stops}
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+    for signum in stops:
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    found = ", ".join(f"{signal.Signals(s).name} handler {h!r} blocked {s in blocked}" for s, h in handlers.items())
     yield found
-    signal.signal(signal.SIGINT, handler)
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 

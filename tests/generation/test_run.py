@@ -289,7 +289,7 @@ def test_changed_job_keeps_the_earlier_render_under_a_new_name(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_like_ctrl_c_with_summary_and_its_exit_status(tmp_path):
+def test_sigterm_stops_like_ctrl_c_with_summary_and_its_exit_status(tmp_path, stop_signals_delivered):
     """What SLURM and Kubernetes send: the run stops between (or in the middle of) jobs, keeps every
     finished video with its line, prints the summary with the resume hint, exits 143 (128 + 15) as a
     shell reports it. Before, the process died at once (no summary, no hint). SIGHUP takes the same
@@ -318,7 +318,7 @@ def test_sigterm_stops_like_ctrl_c_with_summary_and_its_exit_status(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pseudo-terminal closed under the run")
-def test_a_closed_terminal_stops_the_run_with_exit_129_and_keeps_what_finished(tmp_path):
+def test_a_closed_terminal_stops_the_run_with_exit_129_and_keeps_what_finished(tmp_path, stop_signals_delivered):
     """The run's terminal (a pseudo-terminal here) closes, as when an ssh session drops: the kernel
     sends SIGHUP, and every later write to the terminal fails (EIO). The run stops as for SIGTERM,
     exits 129, keeps each finished video with its line and leaves nothing staged. Before, SIGHUP
@@ -369,7 +369,7 @@ STOP_S = 10.0  # from the signal to the process's end: the stop itself takes wel
 
 @pytest.mark.slow
 def test_a_signal_at_any_stage_of_a_job_stops_the_run_within_seconds_and_nothing_is_recorded_failed(
-    tmp_path, monkeypatch, sigint_delivered
+    tmp_path, monkeypatch, stop_signals_delivered
 ):
     """Run after run of one batch, each signalled once at one stage of its next job
     (tests/helpers/signal_stage.py), and each resuming the last: every run exits 128 + the signal
@@ -393,7 +393,7 @@ def test_a_signal_at_any_stage_of_a_job_stops_the_run_within_seconds_and_nothing
             signal_stage.arm(stage, name, f"job{i}", sent, patched.setattr, patched.setenv)
             run = CliRunner().invoke(app, args)
         ended = time.time()
-        assert run.exit_code == 128 + getattr(signal, name), (stage, run.output, run.exception, sigint_delivered)
+        assert run.exit_code == 128 + getattr(signal, name), (stage, run.output, run.exception, stop_signals_delivered)
         assert isinstance(run.exception, SystemExit), (stage, run.exception)  # no other exception escaped
         assert ended - float(sent.read_text()) < STOP_S, stage
         assert "Traceback" not in run.output, (stage, run.output)
@@ -411,6 +411,25 @@ def test_a_signal_at_any_stage_of_a_job_stops_the_run_within_seconds_and_nothing
     records = manifest_lines(out)
     assert [r["status"] for r in records] == ["done"] * len(SIGNAL_STAGES)
     assert len({r["job_id"] for r in records}) == len(SIGNAL_STAGES)
+
+
+def test_a_run_under_nohup_goes_on_through_a_hangup(tmp_path, monkeypatch, stop_signals_delivered):
+    """`nohup sagevideo generate ...` starts the run with SIGHUP ignored: a hangup in the middle of a
+    job (the terminal closing) must not stop it, since the user asked for exactly that. The run leaves
+    an ignored stop signal ignored, finishes every job and exits 0; SIGHUP stays ignored afterwards."""
+    from tests.helpers import signal_stage
+
+    out = tmp_path / "out"
+    args = ["generate", "-p", "job0 a red fox", "-p", "job1 a red fox", "--out", str(out), "--steps", "2",
+            "--attention", "full", "--no-progress"]
+    sent = tmp_path / "sent"
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it (the fixture puts it back)
+    signal_stage.arm("denoise", "SIGHUP", "job0", sent, monkeypatch.setattr, monkeypatch.setenv)
+    run = CliRunner().invoke(app, args)
+    assert sent.exists(), "the hangup was never sent"
+    assert run.exit_code == 0, (run.output, run.exception)
+    assert [r["status"] for r in manifest_lines(out)] == ["done", "done"]
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
 
 
 def test_a_killed_runs_marker_is_removed_by_the_next_run(tmp_path):

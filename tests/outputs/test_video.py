@@ -141,7 +141,7 @@ def test_a_decoder_that_cannot_start_is_named_not_counted_as_zero_frames(tmp_pat
     assert os.listdir(tmp_path) == []
 
 
-def test_a_signal_while_the_encoder_starts_stops_it_and_leaves_nothing(tmp_path, monkeypatch, sigint_delivered):
+def test_a_signal_while_the_encoder_starts_stops_it_and_leaves_nothing(tmp_path, monkeypatch, stop_signals_delivered):
     """Ctrl-C (or SIGTERM, with the batch's handler) landing inside Popen, after the child started:
     before, the KeyboardInterrupt came out of Popen without the process, and the encoder ran on,
     unseen, writing its partial file after the run's clean-up."""
@@ -159,7 +159,7 @@ def test_a_signal_while_the_encoder_starts_stops_it_and_leaves_nothing(tmp_path,
     monkeypatch.setattr(subprocess, "Popen", popen_then_signal)
     with pytest.raises(KeyboardInterrupt):
         write_mp4(_frames(), tmp_path / "v.mp4")
-        pytest.fail(f"no KeyboardInterrupt; SIGINT at the test's start: {sigint_delivered}")
+        pytest.fail(f"no KeyboardInterrupt; SIGINT at the test's start: {stop_signals_delivered}")
     assert len(started) == 1 and started[0].poll() is not None  # the encoder was stopped, not left running
     assert os.listdir(tmp_path) == []
 

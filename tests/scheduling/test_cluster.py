@@ -183,7 +183,7 @@ def _left_running(seen: dict, within_s: float) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_local_ray_instance_ends_with_its_driver_however_it_ends(tmp_path, own_ray_tmpdir):
+def test_the_local_ray_instance_ends_with_its_driver_however_it_ends(tmp_path, own_ray_tmpdir, stop_signals_delivered):
     """Three runs of one batch on a local Ray instance (`_local_ray_driver`), each resuming the last. kill -9
     of the first driver mid-batch: within seconds no process of its instance runs (before, Ray's
     DashboardAgent and RuntimeEnvAgent stayed 35-80 s), and its `.sagevideo-run-*` marker stays
