@@ -23,7 +23,8 @@ rounds by more than a selection kernel takes (about 1 ms of 20 for identical lis
 on an H100); its two medians are in `attention_ms`.
 
     python -m bench.bench_sparse_share --shape wan-720p --pv fp8 --density 0.15 [--probe-columns 8]
-    python -m bench.bench_sparse_share --shape wan-720p --pv fp8 --pv fp16 --density 0.15 --rule per-row
+    python -m bench.bench_sparse_share --shape wan-720p --pv fp8 --pv fp16 --density 0.15 --rule per-row \
+        --append-results   # the rows into bench/results.jsonl (`result_rows`)
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pathlib import Path
 if not __package__:  # run as a file: `bench` from the repo root, as with -m
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_sparse_select import SHAPES, cell_for  # noqa: E402
+from bench.results import add_results_option, gpu_name, start_run  # noqa: E402
 
 
 def top_p_for_density(q, k, density: float, pv: str, sm_scale: float, steps: int = 14,
@@ -142,6 +144,29 @@ def run(shape_name: str, density: float, pv: str, rounds: int, device: str = "cu
     return row
 
 
+def result_rows(results, rows: list[dict]) -> None:
+    """Each run row as results-file rows on `results` (a `bench.results.Run`): variant
+    "PV[rule=...,target=...,probe_columns=...]", metrics density, share, select_over_call, x_dense,
+    the arms' ms (select+attend as select_and_attend), and on a GPU device_share with the arms'
+    device ms and each added kernel's ms."""
+    for row in rows:
+        settings = f"rule={row['rule']},target={row['target']},probe_columns={row['probe_columns']}"
+        where = (row["shape"], f"{row['pv']}[{settings}]")
+        results.add(*where, "density", row["density"], top_p=row["top_p"], tiles=row["tiles"])
+        for metric in ("share", "select_over_call", "x_dense"):
+            results.add(*where, metric, row[metric])
+        for arm, ms in row["ms"].items():
+            results.add(*where, f"{_metric(arm)}_ms", ms, unit="ms")
+        if "device_share" in row:
+            results.add(*where, "device_share", row["device_share"], kernels_ms=row["select_kernels_ms"])
+            for arm, ms in row["device_ms"].items():
+                results.add(*where, f"device_{_metric(arm)}_ms", ms, unit="ms")
+
+
+def _metric(arm: str) -> str:
+    return arm.replace("+", "_and_")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="wan-720p")
@@ -155,6 +180,7 @@ def main(argv=None) -> int:
                         help="one top_p for the call (bisected to the density), or the installed per-row density "
                              "(its probe sized by the key tiles; --probe-columns is then ignored)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    add_results_option(parser)
     args = parser.parse_args(argv)
     rows = []
     for pv in args.pv or ["fp8"]:
@@ -175,6 +201,10 @@ def main(argv=None) -> int:
                       flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
+    if args.append_results:
+        results = start_run("bench_sparse_share", gpu_name() if args.device.startswith("cuda") else "cpu", argv)
+        result_rows(results, rows)
+        results.append(args.append_results)
     return 0
 
 
