@@ -1,8 +1,9 @@
 """What a batch run did: `BatchReport`, its counts and its one summary line.
 
 The driver (`sagevideo.generation.run`) adds each finished job's manifest record to the report
-(`BatchReport.add`); the report sums what ran (attention backends, SDPA fallbacks, the recipe's
-warm-up, compile-cache hits, step-cache skips, reuse of finished videos) and says it all in
+(`BatchReport.add`); the report sums what ran (attention backends, SDPA fallbacks, block-sparse
+calls and their density, the recipe's warm-up, compile-cache hits, step-cache skips, reuse of
+finished videos) and says it all in
 `summary_line()`, the line `sagevideo generate` prints last.
 """
 
@@ -53,6 +54,7 @@ class BatchReport:
     cache_forwards: int = 0
     cache_skipped: int = 0
     graph_cache: Counter = field(default_factory=Counter)  # compiled graphs: "hit" (from the cache) / "miss" (not)
+    sparse: SparseTally | None = None  # the block-sparse calls, under plans with sparse choices
 
     @property
     def ok(self) -> bool:
@@ -74,6 +76,9 @@ class BatchReport:
         backends = record.backends or {}
         self.attention.update(backends.get("counts", {}))
         self.fallbacks.update(backends.get("fallbacks", {}))
+        if backends.get("sparse"):
+            self.sparse = self.sparse or SparseTally()
+            self.sparse.add(backends["sparse"])
         timings, recipe = record.timings or {}, record.recipe or {}
         if timings.get("recipe_s") is not None and timings.get("first_step_s") is not None:
             self.warmups.append(timings["first_step_s"])
@@ -109,6 +114,8 @@ class BatchReport:
             f"sagevideo: {state}{self.done} done, {self.skipped} skipped, {self.failed} failed → "
             f"{self.plan.out} ({MANIFEST_NAME}); attention: {attention}"
         )
+        if self.sparse is not None:
+            line += self.sparse.text()
         line += self._recipe_part()
         line += self._reuse_part()
         if self.workers:
@@ -165,6 +172,43 @@ class BatchReport:
         if self.cache_forwards:
             notes.append(f"cache skipped {self.cache_skipped} of {self.cache_forwards} forwards")
         return f"; recipe {recipe.label()}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+@dataclass
+class SparseTally:
+    """Block-sparse calls summed over jobs' records (`backends["sparse"]`, `BackendLog.sparse_summary`):
+    every call of the layers under a sparse plan, those the plan made sparse, and of those the ones
+    that ran dense all the same (with why). A call that ran dense has density 1 by definition."""
+
+    calls: int = 0
+    planned: int = 0
+    planned_density: float = 0.0  # the planned calls' densities, summed
+    ran_dense: Counter = field(default_factory=Counter)  # reason -> planned calls that ran dense
+
+    def add(self, summary: dict[str, Any]) -> None:
+        for layer in summary.get("layers", {}).values():
+            self.calls += layer.get("calls", 0)
+            planned = layer.get("sparse_calls", 0)
+            self.planned += planned
+            self.planned_density += planned * layer.get("sparse_density", 1.0)
+            self.ran_dense.update(layer.get("dense", {}))
+
+    def text(self) -> str:
+        """'; block-sparse: 156 of 240 calls at density 0.16 (the others dense by the plan)', with the
+        planned calls that ran dense and why, or that every tile was kept."""
+        dense = sum(self.ran_dense.values())
+        sparse = self.planned - dense
+        if sparse <= 0:
+            why = f": {self.ran_dense.most_common(1)[0][0]}" if dense else ""
+            return f"; block-sparse: none of {self.calls} calls ran sparse{why}"
+        density = (self.planned_density - dense) / sparse
+        text = f"; block-sparse: {sparse} of {self.calls} calls at density {density:.2f}"
+        text += " (every tile kept at this size or on these inputs)" if density >= 0.9995 else ""
+        if self.calls > self.planned:
+            text += f", {self.calls - self.planned} dense by the plan"
+        if dense:
+            text += f", {dense} planned sparse that ran dense ({self.ran_dense.most_common(1)[0][0]})"
+        return text
 
 
 def stale_text(stale: list[Stale], fingerprint: str) -> str:

@@ -40,6 +40,17 @@ def test_generate_writes_videos_and_prints_summary(tmp_path):
     assert again.exit_code == 0 and "0 done, 3 skipped, 0 failed" in again.stdout
 
 
+def test_the_summary_says_what_the_sparse_setting_skipped(tmp_path):
+    """At the tiny model's default size a 64-token tile holds most of the video, so the static windows
+    keep every tile: the summary says so, instead of leaving a user to think tiles were skipped."""
+    out = tmp_path / "out"
+    result = invoke("--out", out, "-p", "a fox", "--steps", "4", "--sparse", "static:0.3", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().endswith(
+        "attention: reference/fp16 x8; block-sparse: 3 of 8 calls at density 1.00 (every tile kept at this size or "
+        "on these inputs), 5 dense by the plan")
+
+
 def test_the_summary_says_the_recipe_its_warm_up_and_what_the_cache_skipped(tmp_path):
     out = tmp_path / "out"
     result = invoke("--out", out, "-p", "a fox", "-p", "a cat", "--steps", "3", "--compile", "regional",
