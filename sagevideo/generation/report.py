@@ -184,18 +184,26 @@ class SparseTally:
     planned: int = 0
     planned_density: float = 0.0  # the planned calls' densities, summed
     ran_dense: Counter = field(default_factory=Counter)  # reason -> planned calls that ran dense
+    rank_spread: tuple[float, str] | None = None  # sequence-parallel jobs: the largest, and its layer
+
+    # Ranks this much busier than their mean in some layer are worth balancing (docs/sparse.md).
+    UNEVEN_RANKS = 1.1
 
     def add(self, summary: dict[str, Any]) -> None:
-        for layer in summary.get("layers", {}).values():
+        for name, layer in summary.get("layers", {}).items():
             self.calls += layer.get("calls", 0)
             planned = layer.get("sparse_calls", 0)
             self.planned += planned
             self.planned_density += planned * layer.get("sparse_density", 1.0)
             self.ran_dense.update(layer.get("dense", {}))
+            spread = layer.get("rank_spread")
+            if spread is not None and (self.rank_spread is None or spread > self.rank_spread[0]):
+                self.rank_spread = (spread, name)
 
     def text(self) -> str:
         """'; block-sparse: 312 of 960 calls at density 0.16, 328 dense by the plan', then the planned
-        calls that ran dense and the commonest reason, or that every tile was kept."""
+        calls that ran dense and the commonest reason, or that every tile was kept; and where
+        sequence-parallel ranks were unevenly loaded (`rank_spread` above UNEVEN_RANKS), by how much."""
         dense = sum(self.ran_dense.values())
         sparse = self.planned - dense
         if sparse <= 0:
@@ -208,6 +216,9 @@ class SparseTally:
             text += f", {self.calls - self.planned} dense by the plan"
         if dense:
             text += f", {dense} planned sparse that ran dense ({self.ran_dense.most_common(1)[0][0]})"
+        if self.rank_spread is not None and self.rank_spread[0] > self.UNEVEN_RANKS:
+            spread, layer = self.rank_spread
+            text += f", sequence-parallel ranks unevenly loaded (up to {spread:.2f}x their mean, {layer})"
         return text
 
 

@@ -68,3 +68,20 @@ def test_a_run_without_sparse_choices_says_nothing_of_them(tmp_path):
     report.add(0, ManifestRecord(job_id=plan.jobs[0].job_id, status="done",
                                  backends={"counts": {"reference/fp16": 4}, "fallbacks": {}}), print)
     assert "block-sparse" not in report.summary_line()
+
+
+def test_the_summary_says_when_sequence_parallel_ranks_were_unevenly_loaded(tmp_path):
+    """`rank_spread` (the most loaded rank's density over the ranks' mean, per layer) above 1.1 is
+    said with its layer; balanced ranks say nothing."""
+    plan = plan_batch(["a"], out=tmp_path, sparse="dynamic:0.15")
+    layer = {"calls": 2, "density": 0.3, "min": 0.3, "sparse_calls": 2, "sparse_density": 0.3}
+    layers = {"blocks.1.attn1": dict(layer, rank_spread=1.04), "blocks.2.attn1": dict(layer, rank_spread=1.42)}
+    report = BatchReport(plan=plan, records=[None])
+    report.add(0, _sparse_record(plan, 0, layers), print)
+    assert report.summary_line().endswith(
+        "; block-sparse: 4 of 4 calls at density 0.30, sequence-parallel ranks unevenly loaded (up to 1.42x their "
+        "mean, blocks.2.attn1)")
+    layers["blocks.2.attn1"]["rank_spread"] = 1.05
+    report = BatchReport(plan=plan, records=[None])
+    report.add(0, _sparse_record(plan, 0, layers), print)
+    assert "unevenly" not in report.summary_line()
