@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -231,6 +232,21 @@ def largest_kernels(kernels: dict[str, list], count: int = TOP_KERNELS) -> list[
     return [dict(name=name, category=kind, ms=secs * 1e3, calls=calls) for name, (kind, secs, calls) in ranked]
 
 
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Kineto (torch.profiler's library) writes stage lines ('USDT: ... profiler_start') to the
+    process's stderr from C++ at its default log level; level 6 keeps them back for the profile. A
+    level the user set stays theirs."""
+    if "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    os.environ["KINETO_LOG_LEVEL"] = "6"
+    try:
+        yield
+    finally:
+        os.environ.pop("KINETO_LOG_LEVEL", None)
+
+
 def run_profile(config: ProfileConfig) -> ProfileReport:
     """Build the model and profile its steps (see the module doc). Raises InputError, before
     building, for a recipe this machine cannot run, an unwritable --json or --plot, and a run that
@@ -273,7 +289,7 @@ def run_profile(config: ProfileConfig) -> ProfileReport:
         sync()  # else the warm-up's queued kernels run inside the profiled window
         bar.update()
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if use_device else [])
-        with profile(activities=activities) as prof:
+        with _quiet_kineto(), profile(activities=activities) as prof:
             start = time.perf_counter()
             for _ in range(config.steps):
                 step.run()

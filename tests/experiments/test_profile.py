@@ -1,6 +1,7 @@
 """`experiments/profile`: the time split of one denoising step and the Amdahl bounds of each lever."""
 
 import math
+import os
 
 import pytest
 
@@ -32,8 +33,14 @@ def test_ops_count_under_their_outermost_classified_caller():
     assert category_of(["aten::add"]) == "rest"
 
 
-def test_a_tiny_step_on_the_cpu(tmp_path):
+def test_a_tiny_step_on_the_cpu(tmp_path, capfd, monkeypatch):
+    """The profile's table and files, and nothing of torch.profiler's own on the process's stderr
+    (kineto's 'USDT: ... profiler_start' lines, written from C++ at its default log level)."""
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
     report = run_profile(ProfileConfig(model="tiny-wan", json_out=tmp_path / "p.json", plot=tmp_path / "p.png"))
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "SyncActivityProfilerHandler" not in err, err
+    assert "KINETO_LOG_LEVEL" not in os.environ
     assert math.isclose(sum(report.shares.values()), 1.0)
     assert report.shares["attention"] > 0 and report.shares["linear"] > 0
     assert report.forwards_per_step == 2  # Wan runs each guidance branch as its own forward
