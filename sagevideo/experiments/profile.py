@@ -235,8 +235,9 @@ def largest_kernels(kernels: dict[str, list], count: int = TOP_KERNELS) -> list[
 @contextlib.contextmanager
 def _quiet_kineto() -> Iterator[None]:
     """Kineto (torch.profiler's library) writes stage lines ('USDT: ... profiler_start') to the
-    process's stderr from C++ at its default log level; level 6 keeps them back for the profile. A
-    level the user set stays theirs."""
+    process's stderr from C++ at its default log level; level 6 keeps them back. Kineto reads the
+    level once, at its first use in a process: a `sagevideo profile` run is that; a process that
+    profiled before keeps the level it had. A level the user set stays theirs."""
     if "KINETO_LOG_LEVEL" in os.environ:
         yield
         return
