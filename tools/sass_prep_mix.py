@@ -45,7 +45,7 @@ def kernels(block_d: int, pv: str, rotate: bool, pool: bool = False, spread: boo
     """(name, compiled kernel, elements per program) of each preparation kernel for the sm90 plan,
     launched as `plans.prep_plan` says (one K/V tile and the most Q tiles per program); pool: the K and
     Q programs also pool each tile for the tile selection (`quantize._pool_tile`, Q's `_pool_tile_gram`, one
-    Q tile per pooling program as `quantize_inputs` launches it)."""
+    Q tile per pooling program: `PrepPlan.most_q_tiles`)."""
     from sagevideo.kernels import quantize as qz
     from sagevideo.kernels.plans import plain_plan, prep_plan, tiles
 
@@ -82,7 +82,7 @@ def kernels(block_d: int, pv: str, rotate: bool, pool: bool = False, spread: boo
          "M_PAD": "i32",
          "qk_scale": "fp32", "sm_scale": "fp32"},
         dict(HEAD_DIM=block_d, BLOCK_D=block_d, BLOCK_M=block_m,
-             TILES_PER_PROGRAM=1 if pool else prep.q_tiles_per_program,
+             TILES_PER_PROGRAM=prep.most_q_tiles(pool),
              ROTATE=rotate, PER_TOKEN=False, STORE_SHIFT=False, POOL=pool),
         prep.q_warps,
     )

@@ -127,6 +127,13 @@ class PrepPlan:
         `min_programs_per_head` programs."""
         return max(1, min(most, n_tiles // self.min_programs_per_head))
 
+    def most_q_tiles(self, pool: bool) -> int:
+        """The most Q tiles one program quantizes: one when it also pools them for the tile selection.
+        Looping over several, the Gram pooling under the rotation compiled for sm_90 gave wrong
+        similarities on every tile after a program's first (docs/sparse.md, "The Q pooling's sums on
+        the tensor cores"); a program per tile costs ~0.03 ms at Wan 720p."""
+        return 1 if pool else self.q_tiles_per_program
+
 
 # (PV mode, block_d) -> (BLOCK_M, BLOCK_N), identical on every arch so that results do not depend
 # on the GPU model. From the H200 tile sweeps (docs/benchmarks-history.md, "Tile sweep" and "P in the MMA

@@ -597,10 +597,7 @@ def quantize_inputs(
     q_scale = torch.empty(bh, m_pad, device=dev, dtype=torch.float32)
     q_shift = torch.empty(bh, m_pad, device=dev, dtype=torch.float32) if need_shift else None
     qk_scale = sm_scale * LOG2E / (bd if rotation is not None else 1)
-    # A pooling program takes one Q tile: looping over several, the Gram pooling under the rotation
-    # compiled for sm_90 gave wrong similarities on every tile after a program's first (docs/sparse.md,
-    # "The Q pooling's sums on the tensor cores"); a program per tile costs ~0.03 ms at Wan 720p.
-    q_per_program = 1 if pool else prep.tiles_per_program(m_pad // bm, prep.q_tiles_per_program)
+    q_per_program = prep.tiles_per_program(m_pad // bm, prep.most_q_tiles(pool))
     wrap_triton(_quantize_q_kernel)[(triton.cdiv(m_pad // bm, q_per_program), bh)](
         q, k_mean, rot_arg, q_codes, q_scale, q_shift if need_shift else q_scale,
         *((pooled.q_mean, pooled.q_similarity) if pool else (q_scale,) * 2),

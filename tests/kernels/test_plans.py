@@ -186,3 +186,11 @@ def test_device_kernel_names_are_the_kernel_modules_jitted_kernels():
             if name.endswith("_kernel") and hasattr(value, "fn"):  # a triton / gluon JITFunction
                 found.add(name)
     assert found == set(plans.DEVICE_KERNELS)
+
+
+def test_a_pooling_q_program_quantizes_one_tile():
+    """The Gram pooling looping over Q tiles miscompiled for sm_90 (docs/sparse.md): with pool, one
+    tile a program, whatever the plan allows; without, the plan's most."""
+    prep = plans.prep_plan(plans.KernelPlan("interpreter", 64, "fp16", 128, 64, 4, 1))
+    assert prep.most_q_tiles(pool=True) == 1 and prep.tiles_per_program(10_000, prep.most_q_tiles(True)) == 1
+    assert prep.most_q_tiles(pool=False) == prep.q_tiles_per_program == 4
