@@ -713,10 +713,11 @@ def test_the_kernel_lists_equal_the_reference_on_gpu(pv):
 @pytest.mark.parametrize("pv", ["fp16", "fp8"])
 def test_the_pooling_at_the_real_plans_with_the_rotation_is_what_pool_tiles_defines_on_gpu(pv, head_dim):
     """Installed sparse calls pool inside the preparation of the plan they run (its tiles, warps and the
-    Hadamard rotation, several tiles per program), not the small plans the interpreter tests use: per
-    tile, the same statistics as `_pool_tiles` there too; 8,200 tokens (a partial last tile, and enough
-    tiles that each program loops over four), bf16. (A Gram-product pooling of Q matched on the first
-    tile of each program and was wrong on the others with the rotation on.)"""
+    Hadamard rotation), not the small plans the interpreter tests use: per tile, the same statistics
+    as `_pool_tiles` there too; bf16, 8,200 tokens (a partial last tile, and enough tiles that a Q
+    program taking the plan's most tiles would loop over four). A Gram-product pooling of Q looping so
+    matched on each program's first tile and was wrong on the others with the rotation on: pooling
+    programs take one Q tile (`PrepPlan.most_q_tiles`)."""
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 3, 8200, head_dim, generator=gen).to(DEVICE, torch.bfloat16) + 0.5 for _ in range(3))
     plan = select_plan(q.device, head_dim, pv).plan
