@@ -2,7 +2,9 @@
 #   make generate   set up .venv, then run `sagevideo generate` on the built-in tiny model (CPU is fine)
 #   make test       set up .venv, then run the test suite (all of it: what CI runs)
 #   make test-fast  the edit-test loop: the suite without the tests marked slow (Ray, subprocess and
-#                   multi-process runs, torch.compile, end-to-end benchmark runs; `make test` still runs them)
+#                   multi-process runs, torch.compile, end-to-end benchmark runs) or kernels (the Triton
+#                   kernels' own tests, interpreted on a CPU: `pytest tests/kernels` after changing a
+#                   kernel); `make test` still runs them all
 #
 # Both spread the tests over TEST_WORKERS pytest-xdist processes (work stealing: a worker that runs
 # out takes tests from the other), each torch at one thread (OMP_NUM_THREADS=1: two workers of two
@@ -33,7 +35,7 @@ test: $(VENV)/.installed
 
 # A command-line -m replaces the one in pyproject's addopts, so "not sass" is repeated here.
 test-fast: $(VENV)/.installed
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not sass"
+	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(VENV)/bin/python -m pytest -q $(PYTEST_PARALLEL) -m "not slow and not kernels and not sass"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -72,8 +72,14 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
 
 
 def pytest_collection_modifyitems(config, items):
+    """Marks `kernels` every test parametrized with backend="triton" (it runs the Triton kernels, as the
+    modules marked `kernels` do), and skips `gpu` tests without a GPU."""
     import pytest
 
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("backend") == "triton":
+            item.add_marker(pytest.mark.kernels)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200: pytest -m gpu)")

@@ -15,6 +15,8 @@ from sagevideo.attention.accuracy import attention_fp64, error_stats
 from sagevideo.eval.numerics.floors import CONTRACT, METRICS, Floors, shortfall
 from sagevideo.eval.numerics.presets import CONTRACT_PRESETS, make_inputs
 
+pytestmark = pytest.mark.kernels  # Triton kernels, interpreted on a CPU: make test-fast leaves them out
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPE = (1, 4, 256, 64)
 

@@ -16,6 +16,8 @@ from sagevideo.eval.numerics.presets import make_inputs
 from sagevideo.kernels.plans import select_plan
 from tests.helpers import extreme_v
 
+pytestmark = pytest.mark.kernels  # Triton kernels, interpreted on a CPU: make test-fast leaves them out
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"
 

@@ -27,6 +27,8 @@ from sagevideo.kernels.sparse_reference import (
     sparse_sageattn_reference,
 )
 
+pytestmark = pytest.mark.kernels  # Triton kernels, interpreted on a CPU: make test-fast leaves them out
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = DEVICE == "cpu"
 FP8_FLOOR = 0.99 if INTERPRETED else 0.9998  # kernel against reference, worst (batch, head); see above

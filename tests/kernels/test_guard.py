@@ -12,6 +12,8 @@ from sagevideo.eval.numerics.presets import CONTRACT_PRESETS, make_inputs, score
 from sagevideo.kernels.guard import flagged_tiles, score_std_limit
 from sagevideo.kernels.plans import tiles as plan_tiles
 
+pytestmark = pytest.mark.kernels  # Triton kernels, interpreted on a CPU: make test-fast leaves them out
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FLOORS = {"fp16": 0.999, "fp8": 0.998}
 MODES = [(g, pv) for g in ("block", "token") for pv in ("fp16", "fp8")]

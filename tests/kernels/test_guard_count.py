@@ -6,6 +6,8 @@ import torch
 from sagevideo.kernels.guard import ZERO_GROUP_SCALE, flagged_tiles, score_std_limit, score_std_per_scale
 from sagevideo.kernels.guard_count import count_flagged_tiles
 
+pytestmark = pytest.mark.kernels  # Triton kernels, interpreted on a CPU: make test-fast leaves them out
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

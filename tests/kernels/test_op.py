@@ -20,6 +20,8 @@ from sagevideo import last_backend, record_backends, sageattn
 from sagevideo.kernels import plans
 from tests.helpers.hopper import plan_cpu_calls_as_h200
 
+pytestmark = pytest.mark.kernels  # Triton kernels, interpreted on a CPU: make test-fast leaves them out
+
 INTERPRETED = not torch.cuda.is_available()
 
 

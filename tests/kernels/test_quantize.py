@@ -10,13 +10,9 @@ from sagevideo.kernels.plans import select_plan
 from sagevideo.kernels.reference import LOG2E, mma_key_permutation, quantize_symmetric, smoothed_k
 from sagevideo.kernels.rotation import hadamard_pm1
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-INTERPRETED = DEVICE == "cpu"
-
+pytestmark = pytest.mark.kernels  # Triton kernels, interpreted on a CPU: make test-fast leaves them out
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
 INTERPRETED = DEVICE == "cpu"
 
 

@@ -28,6 +28,8 @@ from sagevideo.kernels.sparse_reference import TileLists
 from sagevideo.kernels.tile_select import DynamicSelection, TileScores, _pool_tiles, grid_tile_order
 from sagevideo.kernels.tile_select_kernel import probe_columns, select_lists, selection_probe
 
+pytestmark = pytest.mark.kernels  # Triton kernels, interpreted on a CPU: make test-fast leaves them out
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MARGIN = 1e-4
 
@@ -268,9 +270,7 @@ def test_pooling_leaves_every_other_output_of_the_preparation_bit_identical():
 # --- the selection ------------------------------------------------------------------------------
 
 
-# "random" (the largest case, 4 s in the interpreter) runs in `make test` only; the others in test-fast too
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name == "random" else name
-                                  for name in sorted(CASES)])
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_the_kernel_lists_equal_the_reference_selection(name):
     """Several top_p (with a margin to every boundary), 0 (forced tiles and each query tile's top one)
     and 1 (every tile with a valid key): the device lists equal `TileScores.keep`'s, entry for entry."""
