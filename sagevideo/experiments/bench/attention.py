@@ -401,6 +401,8 @@ def flashinfer_block_sparse(q: Any, k: Any, v: Any, tile_mask: Any) -> Callable[
     """flashinfer's block-sparse attention (BlockSparseAttentionWrapper) on q, k, v (1, H, N, D) with
     `tile_mask` (one for all heads) as its BSR mask of block_m x block_n blocks; planned here, once.
     ImportError where flashinfer is not installed."""
+    import inspect
+
     import flashinfer
     import torch
 
@@ -411,8 +413,10 @@ def flashinfer_block_sparse(q: Any, k: Any, v: Any, tile_mask: Any) -> Callable[
     indices = keep.nonzero()[:, 1].to(torch.int32)  # row-major: each row's kept key tiles, ascending
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device=q.device)
     wrapper = flashinfer.BlockSparseAttentionWrapper(workspace)
+    # its output dtype defaults to fp16 whatever the inputs' (0.7.x), so it is named where it is taken
+    output = {"o_data_type": q.dtype} if "o_data_type" in inspect.signature(wrapper.plan).parameters else {}
     wrapper.plan(indptr, indices, q.shape[2], k.shape[2], tile_mask.block_m, tile_mask.block_n, q.shape[1],
-                 k.shape[1], q.shape[3], q_data_type=q.dtype, kv_data_type=k.dtype)
+                 k.shape[1], q.shape[3], q_data_type=q.dtype, kv_data_type=k.dtype, **output)
     qn, kn, vn = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))  # (N, H, D): its NHD layout
 
     def run():
