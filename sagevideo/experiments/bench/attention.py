@@ -408,6 +408,11 @@ def flashinfer_block_sparse(q: Any, k: Any, v: Any, tile_mask: Any) -> Callable[
 
     if q.shape[0] != 1:
         raise ValueError("flashinfer's block-sparse arm takes batch 1")
+    # its BSR layout reshapes q and k into whole blocks: a partial last tile fails deep inside it
+    for name, n, block in (("Nq", q.shape[2], tile_mask.block_m), ("Nk", k.shape[2], tile_mask.block_n)):
+        if n % block:
+            raise ValueError(f"flashinfer's BSR mask needs {name} a multiple of its {block}-token blocks ({n} is not; "
+                             f"e.g. {-(-n // block) * block})")
     keep = tile_mask.keep[0, 0]
     indptr = torch.cat([keep.new_zeros(1, dtype=torch.int32), keep.sum(dim=1).cumsum(0).to(torch.int32)])
     indices = keep.nonzero()[:, 1].to(torch.int32)  # row-major: each row's kept key tiles, ascending

@@ -12,6 +12,7 @@ from sagevideo.experiments.bench.attention import (
     AttentionShape,
     BenchAttentionConfig,
     bench_shape,
+    flashinfer_block_sparse,
     parse_shape,
     random_tile_mask,
     resolve,
@@ -115,6 +116,41 @@ def test_density_arms_time_sageattn_on_the_mask_and_say_why_flashinfer_did_not_r
         flashinfer = shape.arm(f"flashinfer-d{density:g}")
         assert flashinfer.ms is None and flashinfer.note.startswith("not run: ")
     assert dense.density is None and dense.x_dense is None
+
+
+class _FakeBlockSparseWrapper:
+    """flashinfer 0.7's BlockSparseAttentionWrapper as the arm calls it: plan() records its arguments."""
+
+    planned: dict = {}
+
+    def __init__(self, workspace):
+        pass
+
+    def plan(self, indptr, indices, M, N, R, C, num_qo_heads, num_kv_heads, head_dim, *, q_data_type="float16",
+             kv_data_type=None, o_data_type="float16"):
+        type(self).planned = dict(indptr=indptr, indices=indices, blocks=(M, N, R, C), o_data_type=o_data_type)
+
+
+def test_the_flashinfer_arm_plans_the_mask_in_whole_blocks_with_the_inputs_dtype(monkeypatch):
+    """The arm refuses, by name, a sequence that is not whole blocks (flashinfer's BSR reshape failed on
+    Wan's 75,600 tokens with an unreadable error) and names the output dtype (flashinfer's default: fp16)."""
+    import sys
+    import types
+
+    fake = types.SimpleNamespace(BlockSparseAttentionWrapper=_FakeBlockSparseWrapper)
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    q = torch.zeros(1, 2, 256, 32, dtype=torch.bfloat16)
+    mask = random_tile_mask(AttentionShape(1, 2, 256, 256, 32), 0.5, "cpu")
+    flashinfer_block_sparse(q, q, q, mask)
+    planned = _FakeBlockSparseWrapper.planned
+    assert planned["blocks"] == (256, 256, 128, 128) and planned["o_data_type"] == torch.bfloat16
+    keep = mask.keep[0, 0]
+    assert planned["indptr"].tolist() == [0, *keep.sum(dim=1).cumsum(0).tolist()]
+    assert planned["indices"].tolist() == keep.nonzero()[:, 1].tolist()
+    partial = torch.zeros(1, 2, 300, 32, dtype=torch.bfloat16)
+    partial_mask = random_tile_mask(AttentionShape(1, 2, 300, 300, 32), 0.5, "cpu")
+    with pytest.raises(ValueError, match=r"Nq a multiple of its 128-token blocks \(300 is not; e.g. 384\)"):
+        flashinfer_block_sparse(partial, partial, partial, partial_mask)
 
 
 def test_static_grid_arms_time_the_static_window_closest_to_each_density(tmp_path):
