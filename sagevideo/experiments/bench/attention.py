@@ -13,7 +13,8 @@ Shapes come as text ("2x48x17776x64": B x H x N x D, or B x H x Nq x Nk x D) or 
 config (`pipelines.forwards.attention_calls`: the calls one denoising step really makes).
 
 Block-sparse arms (`--density D`, docs/sparse.md): `sageattn(tile_mask=...)` per P·V mode at that
-density, and flashinfer's block-sparse attention where it is installed (a GPU), on one tile mask
+density, and flashinfer's block-sparse attention where it is installed (a GPU; its mask takes whole
+128-token blocks, so Nq and Nk must be multiples of 128: Wan 720p's 75,600 is not), on one tile mask
 of 128x128 tiles shared by every head (flashinfer's BSR mask is one for all heads): each query tile
 keeps its diagonal tile and random others, the same number per row. Random tiles give the kernels no
 locality that real selections (3-D windows) would: a conservative mask for timing. With
@@ -122,7 +123,8 @@ class BenchAttentionConfig(BenchOptions, ModelSizeOptions):
     dtype: DType | None = Field(None, description="inputs' dtype (default bfloat16 on a GPU, float32 on the CPU)")
     density: list[float] = Field([], description="also time block-sparse attention at this density of 128x128 "
                                  "key tiles kept per query tile (0 < D < 1; repeatable): sageattn per P·V mode, and "
-                                 "flashinfer's block-sparse kernel on the same mask where it is installed")
+                                 "flashinfer's block-sparse kernel on the same mask where it is installed (and Nq, Nk are "
+                                 "multiples of 128: its mask takes whole blocks)")
     static_grid: str | None = Field(None, description="latent grid FxHxW, e.g. 21x45x80: the --density arms keep "
                                     "the static 3-D window on it closest to each density (tokens in raster order, "
                                     "as installed models run them) instead of random tiles; every shape's Nq and "
