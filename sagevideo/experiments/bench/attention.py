@@ -123,8 +123,8 @@ class BenchAttentionConfig(BenchOptions, ModelSizeOptions):
     dtype: DType | None = Field(None, description="inputs' dtype (default bfloat16 on a GPU, float32 on the CPU)")
     density: list[float] = Field([], description="also time block-sparse attention at this density of 128x128 "
                                  "key tiles kept per query tile (0 < D < 1; repeatable): sageattn per P·V mode, and "
-                                 "flashinfer's block-sparse kernel on the same mask where it is installed (and Nq, Nk are "
-                                 "multiples of 128: its mask takes whole blocks)")
+                                 "flashinfer's block-sparse kernel on the same mask where it is installed (and Nq, "
+                                 "Nk are multiples of 128: its mask takes whole blocks)")
     static_grid: str | None = Field(None, description="latent grid FxHxW, e.g. 21x45x80: the --density arms keep "
                                     "the static 3-D window on it closest to each density (tokens in raster order, "
                                     "as installed models run them) instead of random tiles; every shape's Nq and "
