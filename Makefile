@@ -21,8 +21,8 @@ TEST_WORKERS ?= 2
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist worksteal
 # The tests start many Python processes (CLI subprocesses, Ray workers, gloo and torchrun ranks) and
 # each imports sagevideo: with bytecode caching they share one compile of its sources, and a second
-# run reuses pytest's rewritten test modules (a repeat test-fast here: 100 s instead of 115). Some
-# machines set PYTHONDONTWRITEBYTECODE; it is lifted for the test runs only (__pycache__ is ignored).
+# run reuses pytest's rewritten test modules. Some machines set PYTHONDONTWRITEBYTECODE; it is
+# lifted for the test runs only (__pycache__ is ignored).
 TEST_ENV = env -u PYTHONDONTWRITEBYTECODE HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1
 
 .PHONY: generate test test-fast lint clean
