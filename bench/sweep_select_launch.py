@@ -44,6 +44,8 @@ VARIANTS = {
     # more rows where the key tiles are few (CogVideoX-5B: 276 key tiles, 512 padded)
     "rows<=4 w4 1024": {"MAX_ROWS": 4, "SELECT_ELEMENTS": 1024},
     "scores 64x64x32": {"SCORE_M": 64, "SCORE_N": 64, "SCORE_D": 32},
+    "scores 64x128x32 w8": {"SCORE_M": 64, "SCORE_N": 128, "SCORE_D": 32, "SCORE_WARPS": 8},
+    "scores 32x128x32": {"SCORE_M": 32, "SCORE_N": 128, "SCORE_D": 32},
     # the per-row density's threshold search: the plain bisection on the probabilities' bits
     "search bisect": {"COUNT_SEARCH": "bisect"},
     # the per-row density ranking the normalized probabilities (a sum and a division more per row)
