@@ -46,11 +46,6 @@ VARIANTS = {
     "scores 64x64x32": {"SCORE_M": 64, "SCORE_N": 64, "SCORE_D": 32},
     "scores 64x128x32 w8": {"SCORE_M": 64, "SCORE_N": 128, "SCORE_D": 32, "SCORE_WARPS": 8},
     "scores 32x128x32": {"SCORE_M": 32, "SCORE_N": 128, "SCORE_D": 32},
-    # the per-row density's threshold search: the plain bisection on the probabilities' bits
-    "search bisect": {"COUNT_SEARCH": "bisect"},
-    # the per-row density ranking the normalized probabilities (a sum and a division more per row)
-    "rank probability": {"COUNT_RANKS": "probability"},
-    "bisect, probability": {"COUNT_SEARCH": "bisect", "COUNT_RANKS": "probability"},
     "w8": {"SELECT_WARPS": 8},
 }
 

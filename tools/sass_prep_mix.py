@@ -119,8 +119,7 @@ def selection_kernels(block_d: int, pv: str, key_tiles=(591, 1182, 2048, 4096)):
                  **dict.fromkeys(("top_p", "min_similarity", "max_spread", "density"), "fp32"),
                  **dict.fromkeys(("LOCAL", "SINKS", "PREFIX_Q", "PREFIX_K", "SUFFIX_Q", "SUFFIX_K"), "i32")},
                 dict(BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=True, BY_COUNT=by_count,
-                     HAS_PROBE=True, SPLIT_SEARCH=ts.COUNT_SEARCH == "split" and count <= ts.SPLIT_SEARCH_MAX_TILES,
-                     RANK_UNNORMALIZED=ts.COUNT_RANKS == "exp"),
+                     HAS_PROBE=True),
                 ts.SELECT_WARPS)))
     return found
 

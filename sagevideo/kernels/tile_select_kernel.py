@@ -33,12 +33,11 @@ Two launches:
    - or (BY_COUNT, `DynamicSelection.density`) a count per query tile, `TileScores.keep_per_row`:
      the forced tiles and the free tiles (with a valid key) of the highest probabilities up to k =
      max(1, ceil(density · valid key tiles)) in all. Only the order counts, so it ranks exp(score -
-     peak) (`COUNT_RANKS`: no sum, no division). A search on the count of free tiles above t
-     (monotone) finds the budget-th largest: `COUNT_SEARCH` "split" cuts [lo, hi] three ways per step,
-     at the middle of its bits and of its values, from the smallest and largest free value
-     (`_count_threshold_split`); "bisect" halves the bits from [0, inf] (`_count_threshold`). The tied
-     tiles at it are kept in key order while a prefix count leaves room. No mass is summed, so the
-     count is exact and only ranks within rounding of each other may differ from the reference;
+     peak), the probabilities without the sum and the division (whose rounding can only merge
+     neighbours). The same bisection on t's bits, now on the count of free tiles above t (monotone
+     too), finds the budget-th largest; the tied tiles at it are kept in key order while a prefix
+     count leaves room. No mass is summed, so the count is exact and only ranks within rounding of
+     each other may differ from the reference;
    - the kept tiles compacted in ascending order (a prefix count gives each its slot), -1 after them.
 With `probe_columns`, a third launch before them, `_probe_lse_kernel`, grid (key tiles, B·H): the
 probe rows (`tile_select.probe_rows`, computed in the kernel) of q against one key tile of k, each
@@ -94,11 +93,6 @@ SCORE_PRECISION = "tf32x3"
 SELECT_ELEMENTS = 4096  # scores a selection program holds at most (ROWS x T_PAD)
 MAX_ROWS = 1
 SELECT_WARPS = 4
-# the per-row density's threshold search: "bisect" (`_count_threshold`) or "split" (`_count_threshold_split`)
-COUNT_SEARCH = "split"
-SPLIT_SEARCH_MAX_TILES = 2**15 - 1  # its two counts share an int32, 16 bits each
-# what the per-row density ranks: "exp" (exp(score - peak), the probabilities unnormalized) or "probability"
-COUNT_RANKS = "exp"
 # Triton's CPU interpreter runs the programs one after another, each row block as one numpy array:
 # its cost is per program, so it takes up to 16 rows a program (9x faster there; the lists are the same)
 INTERPRETER_MAX_ROWS = 16
@@ -208,53 +202,7 @@ def _count_threshold(probs, free, budget, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _count_threshold_split(probs, free, budget, ROWS: tl.constexpr):
-    """`_count_threshold`'s answer by a three-way split of [lo, hi] per step: one cut at the middle of the
-    bits (so each step at least halves the interval, as the bisection does) and one at the middle of
-    the values (probabilities spread evenly in value, not in bits: near the budget-th one the values
-    are far apart compared with the bits they span), both counts from one int32 sum (16 bits each:
-    fewer than 2^15 key tiles, `SPLIT_SEARCH_MAX_TILES`). The interval starts at the smallest and
-    largest free probability."""
-    ranked = free & (probs >= 0.0)  # a NaN probability is never above a cut: it takes no part
-    lo = tl.min(tl.where(ranked, probs, float("inf")), axis=1).to(tl.int32, bitcast=True)
-    hi = tl.max(tl.where(ranked, probs, -1.0), axis=1).to(tl.int32, bitcast=True)
-    n_ranked = tl.sum(ranked.to(tl.int32), axis=1)
-    lo = tl.where(n_ranked > 0, lo, 0)  # no free tile: an empty interval at 0, not [inf, -1]
-    hi = tl.where(n_ranked > 0, hi, 0)
-    at_or_above_lo = n_ranked
-    above_hi = tl.zeros((ROWS,), dtype=tl.int32)
-    open_rows = (budget > 0) & (lo < hi) & (n_ranked > 1)
-    while tl.max(open_rows.to(tl.int32), axis=0) > 0:
-        lo_value = lo.to(tl.float32, bitcast=True)
-        value_cut = (lo_value + (hi.to(tl.float32, bitcast=True) - lo_value) * 0.5).to(tl.int32, bitcast=True)
-        value_cut = tl.minimum(tl.maximum(value_cut, lo), hi - 1)
-        bits_cut = lo + (hi - lo) // 2
-        low_cut = tl.minimum(value_cut, bits_cut)
-        high_cut = tl.maximum(value_cut, bits_cut)
-        over_low = free & (probs > low_cut.to(tl.float32, bitcast=True)[:, None])
-        over_high = free & (probs > high_cut.to(tl.float32, bitcast=True)[:, None])
-        packed = tl.sum(over_low.to(tl.int32) + (over_high.to(tl.int32) << 16), axis=1)
-        count_low = packed & 0xFFFF
-        count_high = packed >> 16
-        # the answer is at most low_cut, else at most high_cut, else above it
-        in_low = count_low < budget
-        in_middle = ~in_low & (count_high < budget)
-        in_high = ~in_low & ~in_middle
-        hi = tl.where(open_rows & in_low, low_cut, tl.where(open_rows & in_middle, high_cut, hi))
-        above_hi = tl.where(open_rows & in_low, count_low, tl.where(open_rows & in_middle, count_high, above_hi))
-        lo = tl.where(open_rows & in_middle, low_cut + 1, tl.where(open_rows & in_high, high_cut + 1, lo))
-        at_or_above_lo = tl.where(open_rows & in_middle, count_low,
-                                  tl.where(open_rows & in_high, count_high, at_or_above_lo))
-        open_rows = open_rows & (lo < hi) & (at_or_above_lo - above_hi > 1)
-    lo_value = lo.to(tl.float32, bitcast=True)
-    lone = _largest_between(probs, free, lo_value, hi)
-    settled = (lo < hi) & (at_or_above_lo - above_hi == 1) & (at_or_above_lo >= budget)
-    t = tl.where(n_ranked < budget, 0.0, tl.where(settled, lone, lo_value))  # 0: every free tile is above or tied
-    return tl.where(budget > 0, t, float("inf"))
-
-
-@triton.jit
-def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr, SPLIT_SEARCH: tl.constexpr):
+def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr):
     """bool (ROWS, T_PAD): `TileScores.keep_per_row`: the forced tiles, then free tiles (with a valid
     key, not forced) in descending probability, ties to the lower key tile, up to k = max(1,
     ceil(density · valid key tiles · DENSITY_SLACK)) tiles in all (fp32, as `tiles_at_density`)."""
@@ -262,10 +210,7 @@ def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr, SPLIT_SEA
     valid = tl.sum(useful.to(tl.int32), axis=0).to(tl.float32)
     k = tl.maximum(tl.ceil(density * valid * DENSITY_SLACK_CONST), 1.0).to(tl.int32)
     budget = tl.maximum(k - tl.sum(forced.to(tl.int32), axis=1), 0)
-    if SPLIT_SEARCH:
-        t = _count_threshold_split(probs, free, budget, ROWS)
-    else:
-        t = _count_threshold(probs, free, budget, ROWS)
+    t = _count_threshold(probs, free, budget, ROWS)
     above = free & (probs > t[:, None])
     is_tied = free & (probs == t[:, None])
     tied = is_tied.to(tl.int32)
@@ -353,8 +298,7 @@ def _select_tiles_kernel(
     H, H_KV, M_TILES, N_TILES, N_Q, top_p, min_similarity, max_spread, density,
     LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr, T_PAD: tl.constexpr,
-    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr, HAS_PROBE: tl.constexpr, SPLIT_SEARCH: tl.constexpr,
-    RANK_UNNORMALIZED: tl.constexpr,
+    DIAGONAL: tl.constexpr, BY_COUNT: tl.constexpr, HAS_PROBE: tl.constexpr,
 ):
     """Lists of query tiles group·ROWS .. +ROWS of head bh from their scores (module docstring); the
     free tiles by top_p, or with BY_COUNT by a per-row density (`_keep_by_count`); with HAS_PROBE the
@@ -374,7 +318,7 @@ def _select_tiles_kernel(
     count = tl.load(KCount + k_cols, mask=col_ok, other=0.0)
     peak = tl.max(scores, axis=1)
     e = tl.exp(scores - tl.where(peak > float("-inf"), peak, 0.0)[:, None])
-    if BY_COUNT and RANK_UNNORMALIZED:
+    if BY_COUNT:
         # a count ranks the tiles only: exp(score - peak) is the probabilities' order without the sum
         # and the division (whose rounding can only merge neighbours, never reorder them)
         probs = e
@@ -394,7 +338,7 @@ def _select_tiles_kernel(
     forced = _forced_tiles(rows, cols, q_sim, k_sim, k_spread, probe, useful, min_similarity, max_spread, N_Q,
                            LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
     if BY_COUNT:
-        kept = _keep_by_count(probs, forced, useful, density, ROWS, SPLIT_SEARCH)
+        kept = _keep_by_count(probs, forced, useful, density, ROWS)
     else:
         free = ~forced & col_ok
         forced_mass = tl.sum(tl.where(forced, probs, 0.0), axis=1)
@@ -497,8 +441,7 @@ def select_lists(
         math.ceil(prefix / block_m), math.ceil(prefix / block_n),
         (n_q - suffix) // block_m if suffix else m_tiles, (n_k - suffix) // block_n if suffix else n_tiles,
         BLOCK_M=block_m, BLOCK_N=block_n, ROWS=rows, T_PAD=t_pad, DIAGONAL=n_q == n_k, BY_COUNT=selection.per_row,
-        HAS_PROBE=probe is not None, SPLIT_SEARCH=COUNT_SEARCH == "split" and n_tiles <= SPLIT_SEARCH_MAX_TILES,
-        RANK_UNNORMALIZED=COUNT_RANKS == "exp", num_warps=SELECT_WARPS,
+        HAS_PROBE=probe is not None, num_warps=SELECT_WARPS,
     )
     return indices, counts
 

@@ -443,27 +443,21 @@ def test_a_per_row_count_one_off_fails_the_comparison(monkeypatch, off_by):
 
 
 @triton.jit
-def _count_threshold_probe(Probs, Free, Budget, Out, ROWS: tl.constexpr, T: tl.constexpr, SPLIT: tl.constexpr):
-    """Out (ROWS,) = `tile_select_kernel._count_threshold` (SPLIT: `_count_threshold_split`) of Probs
-    (ROWS, T) fp32, Free (ROWS, T) uint8, Budget (ROWS,) int32."""
+def _count_threshold_probe(Probs, Free, Budget, Out, ROWS: tl.constexpr, T: tl.constexpr):
+    """Out (ROWS,) = `tile_select_kernel._count_threshold` of Probs (ROWS, T) fp32, Free (ROWS, T) uint8,
+    Budget (ROWS,) int32."""
     rows, cols = tl.arange(0, ROWS), tl.arange(0, T)
     probs = tl.load(Probs + rows[:, None] * T + cols[None, :])
     free = tl.load(Free + rows[:, None] * T + cols[None, :]) != 0
     budget = tl.load(Budget + rows)
-    if SPLIT:
-        t = tile_select_kernel._count_threshold_split(probs, free, budget, ROWS)
-    else:
-        t = tile_select_kernel._count_threshold(probs, free, budget, ROWS)
-    tl.store(Out + rows, t)
+    tl.store(Out + rows, tile_select_kernel._count_threshold(probs, free, budget, ROWS))
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["bisect", "split"])
-def test_the_count_threshold_is_the_budget_th_largest_free_probability(split):
-    """The per-row density's threshold search (a bisection, or a three-way split on bits and values, that
-    stops once one candidate is left) returns the budget-th largest free probability, 0 where fewer tiles
-    are free, +inf at budget 0: with ties (at the cut and elsewhere), zeros, tiles that are not free,
-    budgets from 0 to past the free tiles, a cut between two probabilities one ulp apart, a NaN (never
-    ranked), one far outlier (values spread over 30 decades)."""
+def test_the_count_threshold_is_the_budget_th_largest_free_probability():
+    """The per-row density's threshold search (a bisection that stops once one candidate is left) returns
+    the budget-th largest free probability, 0 where fewer tiles are free, +inf at budget 0: with ties (at
+    the cut and elsewhere), zeros, tiles that are not free, budgets from 0 to past the free tiles, a cut
+    between two probabilities one ulp apart, a NaN (never ranked), values spread over 30 decades."""
     gen = torch.Generator().manual_seed(11)
     rows, width = 16, 32
     probs = torch.rand(rows, width, generator=gen) ** 4
@@ -479,7 +473,7 @@ def test_the_count_threshold_is_the_budget_th_largest_free_probability(split):
     budget[4] = int((free[4] & (probs[4] >= probs[4, 3])).sum())  # ...and the cut between the two
     budget[6], budget[7], budget[8], budget[9] = 0, 1, n_free[8], n_free[9] + 1
     probs[10, 0], free[10, 0] = math.nan, True
-    probs[11, 1:] *= 1e-30  # one tile far above the rest: a cut at the middle of the values alone would crawl
+    probs[11, 1:] *= 1e-30  # one tile far above the rest
     free[11], budget[11] = True, 9
     n_free = (free & ~probs.isnan()).sum(dim=1)
     ranked = torch.where(free & ~probs.isnan(), probs, -1.0).sort(dim=1, descending=True).values
@@ -487,7 +481,7 @@ def test_the_count_threshold_is_the_budget_th_largest_free_probability(split):
     want = torch.where(budget <= 0, torch.inf, want)
     out = torch.empty(rows, device=DEVICE)
     _count_threshold_probe[(1,)](probs.to(DEVICE), free.to(DEVICE, torch.uint8), budget.int().to(DEVICE), out,
-                                 ROWS=rows, T=width, SPLIT=split)
+                                 ROWS=rows, T=width)
     assert torch.equal(out.cpu(), want), out.cpu() - want
 
 
