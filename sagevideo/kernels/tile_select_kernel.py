@@ -205,7 +205,8 @@ def _count_threshold(probs, free, budget, ROWS: tl.constexpr):
 def _keep_by_count(probs, forced, useful, density, ROWS: tl.constexpr):
     """bool (ROWS, T_PAD): `TileScores.keep_per_row`: the forced tiles, then free tiles (with a valid
     key, not forced) in descending probability, ties to the lower key tile, up to k = max(1,
-    ceil(density · valid key tiles · DENSITY_SLACK)) tiles in all (fp32, as `tiles_at_density`)."""
+    ceil(density · valid key tiles · DENSITY_SLACK)) tiles in all (fp32, as `tiles_at_density`).
+    probs: any non-negative values in the probabilities' order (the kernel passes them unnormalized)."""
     free = ~forced & useful[None, :]
     valid = tl.sum(useful.to(tl.int32), axis=0).to(tl.float32)
     k = tl.maximum(tl.ceil(density * valid * DENSITY_SLACK_CONST), 1.0).to(tl.int32)
@@ -318,15 +319,6 @@ def _select_tiles_kernel(
     count = tl.load(KCount + k_cols, mask=col_ok, other=0.0)
     peak = tl.max(scores, axis=1)
     e = tl.exp(scores - tl.where(peak > float("-inf"), peak, 0.0)[:, None])
-    if BY_COUNT:
-        # a count ranks the tiles only: exp(score - peak) is the probabilities' order without the sum
-        # and the division (whose rounding can only merge neighbours, never reorder them)
-        probs = e
-    else:
-        # the sum is >= 1 where a key tile has a valid key (its peak gives exp(0)); a row without any
-        # gets probabilities 0 instead of torch's NaN: neither keeps anything there
-        probs = tl.math.div_rn(e, tl.maximum(tl.sum(e, axis=1), 1.0)[:, None])
-
     useful = col_ok & (count > 0)
     q_sim = tl.load(QSim + q_rows, mask=row_ok, other=1.0)
     k_sim = tl.load(KSim + k_cols, mask=col_ok, other=1.0)
@@ -338,8 +330,13 @@ def _select_tiles_kernel(
     forced = _forced_tiles(rows, cols, q_sim, k_sim, k_spread, probe, useful, min_similarity, max_spread, N_Q,
                            LOCAL, SINKS, PREFIX_Q, PREFIX_K, SUFFIX_Q, SUFFIX_K, BLOCK_M, BLOCK_N, DIAGONAL)
     if BY_COUNT:
-        kept = _keep_by_count(probs, forced, useful, density, ROWS)
+        # a count ranks the tiles only: exp(score - peak) is the probabilities' order without the sum
+        # and the division (whose rounding can only merge neighbours, never reorder them)
+        kept = _keep_by_count(e, forced, useful, density, ROWS)
     else:
+        # the sum is >= 1 where a key tile has a valid key (its peak gives exp(0)); a row without any
+        # gets probabilities 0 instead of torch's NaN: neither keeps anything there
+        probs = tl.math.div_rn(e, tl.maximum(tl.sum(e, axis=1), 1.0)[:, None])
         free = ~forced & col_ok
         forced_mass = tl.sum(tl.where(forced, probs, 0.0), axis=1)
         t = _threshold(probs, free, forced_mass, top_p, ROWS)
