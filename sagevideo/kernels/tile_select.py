@@ -381,6 +381,21 @@ class TileScores:
         gaps = torch.where(decided, (self._mass_before - top_p).abs(), math.inf)
         return gaps.amin(dim=-1) if gaps.shape[-1] else gaps.sum(dim=-1)
 
+    def cut_gaps(self, top_p: float) -> torch.Tensor:
+        """fp32 (B, H, M_tiles): per query tile at top_p, the relative gap (p_kept - p_dropped) / p_kept
+        between the least probable tile it keeps of those it decides (not forced, with a valid key) and
+        the most probable one it drops; inf where it keeps or drops none of them, 0 for a tie.
+        `row_margins` says how far the count is from changing; this, how far two tiles at the cut are
+        from swapping at the same count: probabilities that differ by rounding (the device kernel)
+        can swap them where it is below their relative difference."""
+        decided = self._useful_sorted & ~self._forced_sorted
+        kept = self.keep(top_p).keep.gather(-1, self._order)
+        ranked = self.probs.gather(-1, self._order)
+        least_kept = torch.where(decided & kept, ranked, math.inf).amin(dim=-1)
+        most_dropped = torch.where(decided & ~kept, ranked, -math.inf).amax(dim=-1)
+        gap = torch.where(least_kept > 0, (least_kept - most_dropped) / least_kept, 0.0)  # both 0: a tie
+        return torch.where(least_kept.isinf() | most_dropped.isinf(), math.inf, gap)
+
     def nearest_boundary(self, top_p: float) -> float:
         """The smallest `row_margins` (inf where no query tile decides anything)."""
         margins = self.row_margins(top_p)

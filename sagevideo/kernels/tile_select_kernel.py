@@ -52,7 +52,8 @@ score dot, the softmax sum, the threshold's masses), so a query tile whose thres
 tile's similarity lies within rounding (~1e-6) of top_p or min_similarity may decide differently;
 the tests choose thresholds with a margin (`TileScores.nearest_boundary`) and then compare exactly.
 At a per-row density, two free tiles whose probabilities lie within rounding of each other at the
-count's edge may swap (`TileScores.per_row_margins`); exact ties do not.
+count's edge may swap (`TileScores.per_row_margins`); so may two at a top_p's cut, at the same count
+(`TileScores.cut_gaps`); exact ties do not.
 """
 
 from __future__ import annotations

@@ -324,6 +324,29 @@ def test_a_per_row_density_breaks_ties_toward_the_lower_key_tile():
                                                      ^ scores.keep_per_row(split[0]).keep[..., 9])] == 0).all()
 
 
+def test_the_cut_gap_is_zero_where_top_p_keeps_one_of_two_tied_tiles():
+    """Key tile 9 a copy of key tile 3: where a top_p keeps one of the two (tile 3: the stable sort), the
+    query tile's cut gap is 0 (rounding could swap them); elsewhere it is the relative gap between the
+    least probable kept and the most probable dropped tile it decides."""
+    q, k = _clustered(n=512)
+    k[:, :, 9 * 32:10 * 32] = k[:, :, 3 * 32:4 * 32]
+    scores = TileScores(q, k, block_m=64, block_n=32, sink_tiles=0, min_similarity=0.0)
+    free = ~scores.forced[..., 3] & ~scores.forced[..., 9]
+    split = [p for p in (i / 32 for i in range(1, 32))
+             if (scores.keep(p).keep[..., 3] ^ scores.keep(p).keep[..., 9])[free].any()]
+    assert split, "no top_p keeps one of the tied tiles without the other"
+    keep = scores.keep(split[0]).keep
+    one_of_two = free & (keep[..., 3] ^ keep[..., 9])
+    gaps = scores.cut_gaps(split[0])
+    assert (gaps[one_of_two] == 0).all()
+    decided = scores.has_keys & ~scores.forced
+    least_kept = torch.where(decided & keep, scores.probs, math.inf).amin(dim=-1)
+    most_dropped = torch.where(decided & ~keep, scores.probs, -math.inf).amax(dim=-1)
+    both = least_kept.isfinite() & most_dropped.isfinite() & (least_kept > 0)
+    assert both.any() and torch.allclose(gaps[both], ((least_kept - most_dropped) / least_kept)[both])
+    assert (gaps[~both & (least_kept > 0)] == math.inf).all()
+
+
 def test_per_row_selection_settings():
     q, k = _clustered()
     selection = DynamicSelection(density=0.25, sink_tiles=0)

@@ -700,14 +700,15 @@ def test_the_kernel_lists_equal_the_reference_on_gpu(pv):
     """Planted inputs at 1 x 8 x 8,192 tokens (d128, the plan's own tiles, 8 x 16 x 64 grid in 2 x 8 x 8
     cells, global keys kept by max_spread): the fused path's lists equal the reference's on every query
     tile whose threshold lies MARGIN from its boundaries (with a thousand query tiles, some have a
-    boundary near any top_p: those are left out, and must be under a tenth)."""
+    boundary near any top_p, or two tiles at its cut whose probabilities lie within MARGIN of each other,
+    which rounding can swap at the same count: those are left out, and must be under a tenth)."""
     spec = PlantedSpec(1, 8, 8, 16, 64, 128)
     x = planted_inputs(spec, order=grid_tile_order(8, 16, 64, 2, 8, 8), device=DEVICE)
     q, k = (t.to(torch.float16) for t in (x.q, x.k))
     plan = plain_triton(select_plan(q.device, 128, pv).plan)
     case = _case(q, k, None, plan, DynamicSelection(local_tiles=1), spread_near=1.9)
     for top_p in (0.5, 0.8, 0.95):
-        rows = case.scores.row_margins(top_p) > MARGIN
+        rows = (case.scores.row_margins(top_p) > MARGIN) & (case.scores.cut_gaps(top_p) > MARGIN)
         assert rows.float().mean() > 0.9
         _assert_same_lists(case.kernel(top_p), case.reference(top_p), rows)
 
