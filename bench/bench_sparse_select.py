@@ -21,6 +21,7 @@ CPU at small sizes, GPU at the real ones (the fp64 passes are minutes there):
     python -m bench.bench_sparse_select --shape wan-720p --heads 8 --device cuda  # a head subset
     python -m bench.bench_sparse_select --shape small --max-spread 1.9      # key tiles where one key stands out kept
     python -m bench.bench_sparse_select --shape wan-720p --heads 8 --device cuda --densities 0.15 --probe-columns 8
+    python -m bench.bench_sparse_select --shape small --probe-columns 1 --query-rows 128  # a list per 2 query tiles
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from bench.results import add_results_option, gpu_name, start_run  # noqa: E402
 SHAPES = {
     "small": (1, 2, (8, 16, 32), 64, 0, 0),
     "small-text": (1, 2, (8, 16, 32), 64, 100, 0),
+    "medium": (1, 4, (16, 16, 32), 128, 0, 0),  # 8,192 tokens at d128: a minute or two on a CPU
     "wan-720p": (1, 40, (21, 45, 80), 128, 0, 0),
     "cogvideox-5b": (1, 48, (13, 30, 45), 64, 226, 0),  # 720x480x49 frames, 226 text tokens first
 }
@@ -52,7 +54,7 @@ def cell_for(block: int) -> tuple[int, int, int]:
 
 
 def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, global_tokens: int | None,
-        seed: int, max_spread: float = math.inf, probe_columns: int = 0) -> list[dict]:
+        seed: int, max_spread: float = math.inf, probe_columns: int = 0, query_rows: int | None = None) -> list[dict]:
     from sagevideo.eval.numerics.planted import PlantedSpec, planted_inputs, selection_quality
     from sagevideo.kernels.plans import tiles
     from sagevideo.kernels.tile_select import (
@@ -64,6 +66,7 @@ def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, 
 
     batch, all_heads, grid, head_dim, prefix, suffix = SHAPES[shape_name]
     block_m, block_n = tiles(pv, head_dim)
+    block_m = query_rows or block_m
     extra = {} if global_tokens is None else {"global_tokens": global_tokens}
     spec = PlantedSpec(batch, heads or all_heads, *grid, head_dim, text_prefix=prefix, text_suffix=suffix, seed=seed,
                        **extra)
@@ -120,12 +123,15 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     parser.add_argument("--probe-columns", type=int, default=0,
                         help="also the per-row density with this many key tiles per head forced by the exact probe")
+    parser.add_argument("--query-rows", type=int, default=None,
+                        help="the query rows each selection decides for (default: the plan's BLOCK_M; 128 with "
+                             "the FP8 plan's 64 is one list per pair of query tiles)")
     add_results_option(parser)
     args = parser.parse_args(argv)
     densities = [float(d) for d in args.densities.split(",")]
     rows = run(args.shape, densities, device=args.device, heads=args.heads, pv=args.pv,
                global_tokens=args.global_tokens, seed=args.seed, max_spread=args.max_spread,
-               probe_columns=args.probe_columns)
+               probe_columns=args.probe_columns, query_rows=args.query_rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.append_results:

@@ -13,3 +13,11 @@ def test_small_run_reports_every_selection(monkeypatch):
         assert 0 < row["density"] <= 1 and 0 < row["mass_worst_row"] <= row["mass_mean"] <= 1 + 1e-9
         assert -1 <= row["cos_worst"] <= row["cos_mean"] <= 1 + 1e-9
     assert rows[0]["density"] <= 0.5 <= rows[1]["density"]
+
+
+def test_query_rows_set_the_query_tiles_the_selection_decides_for(monkeypatch):
+    """--query-rows: every selection decides per that many query rows (its rows say so in their tiles)."""
+    monkeypatch.setitem(bench_sparse_select.SHAPES, "tiny", (1, 1, (4, 16, 32), 32, 0, 0))
+    rows = bench_sparse_select.run("tiny", [0.5], device="cpu", heads=None, pv="fp16", global_tokens=0, seed=0,
+                                   query_rows=256)
+    assert {row["tiles"] for row in rows} == {"256x64"} and all(0 < row["density"] <= 1 for row in rows)
