@@ -362,14 +362,7 @@ class TileScores:
         / p_kept between the least probable free tile it keeps and the most probable one it drops; inf
         where it keeps none or drops none; 0 for a tie. A selection whose probabilities differ by rounding (the
         device kernel) agrees with `keep_per_row` on the query tiles where this exceeds it."""
-        free, rank, budget = self._per_row_ranks(density)
-        probs = torch.where(free, self.probs, math.nan)
-        ranked = torch.full_like(probs, math.nan).scatter_(-1, rank, probs)  # free probabilities, descending
-        at = budget[..., None]
-        kept = ranked.gather(-1, (at - 1).clamp(min=0)).squeeze(-1)
-        dropped = ranked.gather(-1, at.clamp(max=ranked.shape[-1] - 1)).squeeze(-1)
-        gap = torch.where(kept > 0, (kept - dropped) / kept, 0.0)  # both 0: a tie (underflow)
-        return torch.where((budget == 0) | (budget >= free.sum(dim=-1)), math.inf, gap)
+        return self._cut_gaps(self.keep_per_row(density).keep)
 
     def row_margins(self, top_p: float) -> torch.Tensor:
         """fp32 (B, H, M_tiles): per query tile, how far top_p lies from the nearest mass its threshold
@@ -388,11 +381,15 @@ class TileScores:
         `row_margins` says how far the count is from changing; this, how far two tiles at the cut are
         from swapping at the same count: probabilities that differ by rounding (the device kernel)
         can swap them where it is below their relative difference."""
-        decided = self._useful_sorted & ~self._forced_sorted
-        kept = self.keep(top_p).keep.gather(-1, self._order)
-        ranked = self.probs.gather(-1, self._order)
-        least_kept = torch.where(decided & kept, ranked, math.inf).amin(dim=-1)
-        most_dropped = torch.where(decided & ~kept, ranked, -math.inf).amax(dim=-1)
+        return self._cut_gaps(self.keep(top_p).keep)
+
+    def _cut_gaps(self, keep: torch.Tensor) -> torch.Tensor:
+        """`cut_gaps` and `per_row_margins` of the selection `keep` (bool like probs): over the free tiles
+        (a valid key, not forced), (least kept - most dropped) / least kept; inf where none is kept or
+        none dropped, 0 for a tie."""
+        free = self.has_keys & ~self.forced
+        least_kept = torch.where(free & keep, self.probs, math.inf).amin(dim=-1)
+        most_dropped = torch.where(free & ~keep, self.probs, -math.inf).amax(dim=-1)
         gap = torch.where(least_kept > 0, (least_kept - most_dropped) / least_kept, 0.0)  # both 0: a tie
         return torch.where(least_kept.isinf() | most_dropped.isinf(), math.inf, gap)
 
