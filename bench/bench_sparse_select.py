@@ -65,8 +65,8 @@ def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, 
     )
 
     batch, all_heads, grid, head_dim, prefix, suffix = SHAPES[shape_name]
-    block_m, block_n = tiles(pv, head_dim)
-    block_m = query_rows or block_m
+    plan_m, block_n = tiles(pv, head_dim)
+    block_m = query_rows or plan_m  # the dynamic arms'; static windows take the plan's tiles
     extra = {} if global_tokens is None else {"global_tokens": global_tokens}
     spec = PlantedSpec(batch, heads or all_heads, *grid, head_dim, text_prefix=prefix, text_suffix=suffix, seed=seed,
                        **extra)
@@ -89,7 +89,7 @@ def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, 
             mask = select_dynamic_per_row(inputs.q, inputs.k, density, probe_columns=probe_columns, **options)
             probed["dynamic-rows-probe"] = (mask, {"select_s": round(time.perf_counter() - started, 3),
                                                    "max_spread": spread, "probe_columns": probe_columns})
-        static, window = select_static_at_density(grid, density, block_m=block_m, block_n=block_n, order=order,
+        static, window = select_static_at_density(grid, density, block_m=plan_m, block_n=block_n, order=order,
                                                   dense_prefix=prefix, dense_suffix=suffix, sink_tiles=1,
                                                   device=device)
         arms = {"dynamic": (dynamic, {"select_s": round(selected, 3), "max_spread": spread}),
@@ -97,7 +97,7 @@ def run(shape_name: str, densities, *, device: str, heads: int | None, pv: str, 
                 **probed, "static": (static, {"window": list(window)})}
         for name, (mask, detail) in arms.items():
             quality = selection_quality(inputs, mask)
-            rows.append({"shape": shape_name, "heads": spec.heads, "tiles": f"{block_m}x{block_n}",
+            rows.append({"shape": shape_name, "heads": spec.heads, "tiles": f"{mask.block_m}x{mask.block_n}",
                          "selection": name, "target": density, **quality.as_dict(), **detail})
             print(_line(rows[-1]), flush=True)
     return rows
@@ -124,8 +124,9 @@ def main(argv=None) -> int:
     parser.add_argument("--probe-columns", type=int, default=0,
                         help="also the per-row density with this many key tiles per head forced by the exact probe")
     parser.add_argument("--query-rows", type=int, default=None,
-                        help="the query rows each selection decides for (default: the plan's BLOCK_M; 128 with "
-                             "the FP8 plan's 64 is one list per pair of query tiles)")
+                        help="the query rows each dynamic selection decides for (default: the plan's BLOCK_M; 128 "
+                             "with the FP8 plan's 64 is one list per pair of query tiles); static windows keep "
+                             "the plan's tiles")
     add_results_option(parser)
     args = parser.parse_args(argv)
     densities = [float(d) for d in args.densities.split(",")]

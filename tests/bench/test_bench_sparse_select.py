@@ -16,8 +16,11 @@ def test_small_run_reports_every_selection(monkeypatch):
 
 
 def test_query_rows_set_the_query_tiles_the_selection_decides_for(monkeypatch):
-    """--query-rows: every selection decides per that many query rows (its rows say so in their tiles)."""
+    """--query-rows: every dynamic selection decides per that many query rows (its rows say so in their
+    tiles); static windows stay in the plan's tiles, as installed static plans run them."""
     monkeypatch.setitem(bench_sparse_select.SHAPES, "tiny", (1, 1, (4, 16, 32), 32, 0, 0))
-    rows = bench_sparse_select.run("tiny", [0.5], device="cpu", heads=None, pv="fp16", global_tokens=0, seed=0,
+    rows = bench_sparse_select.run("tiny", [0.5], device="cpu", heads=None, pv="fp8", global_tokens=0, seed=0,
                                    query_rows=256)
-    assert {row["tiles"] for row in rows} == {"256x64"} and all(0 < row["density"] <= 1 for row in rows)
+    assert {row["selection"]: row["tiles"] for row in rows} == {"dynamic": "256x128", "dynamic-rows": "256x128",
+                                                                "static": "64x128"}
+    assert all(0 < row["density"] <= 1 for row in rows)
