@@ -49,3 +49,15 @@ def test_the_tile_selection_compiles_without_spilling_at_video_sizes():
         stack = int(line.split(" B stack")[0].rsplit(" ", 1)[1])
         shared = int(line.split(" B shared")[0].rsplit(" ", 1)[1])
         assert stack <= 16 and shared <= 64 * 1024, line
+
+
+@pytest.mark.parametrize("pv", ["fp8", "fp16"])
+def test_the_pooling_preparation_compiles_for_sm90(pv):
+    """With the tile selection's pooling (and the key tiles' spread) on, the three preparation programs
+    compile for sm_90 at d64 and d128: code the CPU interpreter runs can still fail to compile (a `None`
+    returned from a jit helper under a constexpr switch runs there and does not compile), and off a GPU
+    only this catches it."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--dims", "64,128", "--pv", pv, "--pool", "--spread"],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len([line for line in done.stdout.splitlines() if "registers" in line]) == 6
