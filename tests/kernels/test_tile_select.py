@@ -339,12 +339,18 @@ def test_the_cut_gap_is_zero_where_top_p_keeps_one_of_two_tied_tiles():
     one_of_two = free & (keep[..., 3] ^ keep[..., 9])
     gaps = scores.cut_gaps(split[0])
     assert (gaps[one_of_two] == 0).all()
+    # top_p keeps a query tile's decided tiles as a prefix of them in descending probability: the gap is
+    # between the c-th and the (c+1)-th, c the count it keeps
     decided = scores.has_keys & ~scores.forced
-    least_kept = torch.where(decided & keep, scores.probs, math.inf).amin(dim=-1)
-    most_dropped = torch.where(decided & ~keep, scores.probs, -math.inf).amax(dim=-1)
-    both = least_kept.isfinite() & most_dropped.isfinite() & (least_kept > 0)
-    assert both.any() and torch.allclose(gaps[both], ((least_kept - most_dropped) / least_kept)[both])
-    assert (gaps[~both & (least_kept > 0)] == math.inf).all()
+    ranked = torch.where(decided, scores.probs, -1.0).sort(dim=-1, descending=True).values
+    count = (decided & keep).sum(dim=-1, keepdim=True)
+    cut = ((count > 0) & (count < decided.sum(dim=-1, keepdim=True))).squeeze(-1)  # kept some, dropped some
+    kept = ranked.gather(-1, (count - 1).clamp(min=0))
+    dropped = ranked.gather(-1, count.clamp(max=ranked.shape[-1] - 1))
+    want = ((kept - dropped) / kept).squeeze(-1)
+    both = cut & (kept > 0).squeeze(-1)
+    assert both.any() and torch.allclose(gaps[both], want[both])
+    assert (gaps[~cut] == math.inf).all()
 
 
 def test_per_row_selection_settings():
