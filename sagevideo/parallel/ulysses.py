@@ -9,6 +9,11 @@ output goes back as it is (`ulysses_exchange`). Tokens replicated on every rank 
 in front of the video, HunyuanVideo's after it: `text_last`; CogVideoX shards its text with the
 video) skip the exchange: they are sliced to the rank's heads and their output is reassembled
 with `gather_heads`.
+
+`heads` (optional, every function alike): a head order, int64 (H,) on the inputs' device, so that
+rank r attends to heads heads[r·H/P : (r+1)·H/P] instead of r·H/P .. (r+1)·H/P - 1
+(`parallel.balance`: ranks balanced by block-sparse density); the output is in the heads' own order.
+It costs one gather of the video q/k/v and one scatter of the output.
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ def check_degree(heads: int, sharded_tokens: int, degree: int, what: str = "vide
         raise ValueError("Ulysses degree " + str(degree) + ": " + "; ".join(problems))
 
 
-def local_heads(x: torch.Tensor, group=None) -> torch.Tensor:
-    """(B, H, N, D) replicated tokens -> (B, H/P, N, D): this rank's head group."""
+def local_heads(x: torch.Tensor, group=None, heads: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, H, N, D) replicated tokens -> (B, H/P, N, D): this rank's head group (of `heads`' order)."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     h = x.shape[1] // world
+    if heads is not None:
+        return x.index_select(1, heads[rank * h : (rank + 1) * h])
     return x[:, rank * h : (rank + 1) * h]
 
 
@@ -101,25 +108,27 @@ def send_slot(send: torch.Tensor, i: int) -> torch.Tensor:
 
 
 def ulysses_attention(attend, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, text_len: int,
-                      group=None, chunks: int | None = None, text_last: bool = False) -> torch.Tensor:
+                      group=None, chunks: int | None = None, text_last: bool = False,
+                      heads: torch.Tensor | None = None) -> torch.Tensor:
     """Attention over [replicated text; sharded video] tokens, (B, H, T + n, D) per rank; with
     text_last, over [sharded video; replicated text] (B, H, n + T, D), attention's own order too.
 
-    Copies the video q/k/v into a `send_buffer` (once each) and runs `ulysses_exchange`;
-    callers that can produce q/k/v in place fill the buffer themselves.
+    Copies the video q/k/v into a `send_buffer` (once each; in `heads`' order where given) and runs
+    `ulysses_exchange`; callers that can produce q/k/v in place fill the buffer themselves.
     """
     n = query.shape[2] - text_len
     video, text_part = (slice(0, n), slice(n, None)) if text_last else (slice(text_len, None), slice(0, text_len))
     send = send_buffer(query, n, group, chunks)
     for i, t in enumerate((query, key, value)):
         slot = send_slot(send, i)
-        slot.copy_(t[:, :, video].unflatten(1, slot.shape[1:4]))
+        t = t[:, :, video]
+        slot.copy_((t if heads is None else t.index_select(1, heads)).unflatten(1, slot.shape[1:4]))
     text = tuple(t[:, :, text_part] for t in (query, key, value)) if text_len else None
-    return ulysses_exchange(attend, send, text, group, text_last=text_last)
+    return ulysses_exchange(attend, send, text, group, text_last=text_last, heads=heads)
 
 
 def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] | None = None,
-                     group=None, text_last: bool = False) -> torch.Tensor:
+                     group=None, text_last: bool = False, heads: torch.Tensor | None = None) -> torch.Tensor:
     """Exchange, attention and return exchange for a filled `send_buffer` -> (B, H, T + n, D).
 
     send holds this rank's n sharded tokens; text: None or replicated (B, H, T, D) q/k/v, sliced
@@ -127,7 +136,8 @@ def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] 
     runs on (B, hc, T + P·n, D) for each chunk of this rank's H/P heads; the output goes back
     to (B, H, T + n, D). Data movement only (bit-exact: attention is per head). text_last: the
     text comes after the video, in what `attend` sees ([all video; text]) and in the output
-    ((B, H, n + T, D)).
+    ((B, H, n + T, D)). heads: the order the send buffer holds the heads in (None: their own), which
+    the text's slices follow and the output is put back from.
 
     No copies on the attention side: the buffer is token-major, so the received q/k/v are
     strided (B, hc, S, D) views of it (unit stride on D, what the kernels take), and the kernels'
@@ -153,7 +163,7 @@ def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] 
     recv = send.new_empty(chunks, text_len + world * n, 3, b, hc, d)
     exchanges = [dist.all_to_all_single(recv[c, seen_video], send[c], group=group, async_op=True)
                  for c in range(chunks)]
-    for i, t in enumerate([local_heads(t, group) for t in text] if text_len else []):
+    for i, t in enumerate([local_heads(t, group, heads) for t in text] if text_len else []):
         for c in range(chunks):
             recv[c, seen_text, i].copy_(t[:, c * hc : (c + 1) * hc].permute(2, 0, 1, 3))
     # (B, H, T + n, D) view of (B, T + n, H, D) memory: the caller's transpose(1, 2).reshape to
@@ -170,12 +180,15 @@ def ulysses_exchange(attend, send: torch.Tensor, text: tuple[torch.Tensor, ...] 
         send_o = out[:, :, seen_video].permute(2, 0, 1, 3).contiguous()
         recv_o = torch.empty_like(send_o)
         returns.append((dist.all_to_all_single(recv_o, send_o, group=group, async_op=True), send_o, recv_o))
-    video = result[:, :, own_video].unflatten(1, (world, hp))
+    ordered = result if heads is None else torch.empty_like(result)  # heads in the send buffer's order
+    video = ordered[:, :, own_video].unflatten(1, (world, hp))
     for c, (work, _, recv_o) in enumerate(returns):
         work.wait()  # recv_o[p·n : (p+1)·n]: my tokens' output of chunk c of head group p
         video[:, :, c * hc : (c + 1) * hc].copy_(recv_o.unflatten(0, (world, n)).permute(2, 0, 3, 1, 4))
     if text_len:
-        result[:, :, own_text] = gather_heads(text_out, group)
+        ordered[:, :, own_text] = gather_heads(text_out, group)
+    if heads is not None:
+        result.index_copy_(1, heads, ordered)
     return result
 
 
