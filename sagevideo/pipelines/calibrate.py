@@ -84,14 +84,33 @@ class SparseWorst(WorstError):
     """`WorstError` of one (layer, mode, density) of the sparse ladder against the mode's dense output,
     the mean density the selection reached (static selection takes the closest window; a calibrated
     top_p, the mean over the calls it measured) and the top_p it ran (None: the per-row density or a
-    static window)."""
+    static window); for masks that differ per head, each head's mean density (`head_density`)."""
 
     density_sum: float = 0.0
     top_p: float | None = None
+    head_density_sum: torch.Tensor | None = None  # fp64 (H,): each head's densities summed over the calls
+    head_calls: int = 0
 
     @property
     def density(self) -> float:
         return self.density_sum / self.calls if self.calls else float("nan")
+
+    def add_mask(self, mask: Any, heads: int) -> None:
+        """Add a call's selected `mask` (`TileMask`, for `heads` query heads) to the density sums; its
+        per-head densities too when it has one row per head (masks broadcast over heads do not)."""
+        self.density_sum += mask.density
+        if mask.keep.shape[1] != heads or (self.head_density_sum is not None and len(self.head_density_sum) != heads):
+            return
+        per_head = mask.density_per_head().mean(dim=0).cpu()
+        self.head_density_sum = per_head if self.head_density_sum is None else self.head_density_sum + per_head
+        self.head_calls += 1
+
+    @property
+    def head_density(self) -> tuple[float, ...] | None:
+        """Each head's mean density over the calls whose masks were per head (4 decimals), None without any."""
+        if self.head_density_sum is None:
+            return None
+        return tuple(round(float(d), 4) for d in self.head_density_sum / self.head_calls)
 
 
 # The top_p grid a layer's top_p is chosen on: j / TOP_P_STEPS (a power of two, so each is exact in
@@ -412,7 +431,7 @@ class TopPRouter(AttentionRouter):
                 self.kept[key] = mask
             worst = errs.setdefault(setting.density, SparseWorst(top_p=setting.top_p))
             worst.update(dense, _attend(self.backend, choice, q, k, v, call, mask), step)
-            worst.density_sum += mask.density
+            worst.add_mask(mask, q.shape[1])
         return out
 
 
@@ -480,8 +499,9 @@ def choose_sparse(probe: ProbingRouter, chosen: dict[str, Choice], budget: float
                 density = ok[0].density
                 reused = probe.reuse_errors.get(layer, {}).get(choice.label, {}).get(density)
                 reuse = probe.reuse_steps if reused is not None and reused.cos >= budget else None
-                proposal.chosen[layer] = ok[0].model_copy(update={"top_p": measured[density].top_p,
-                                                                  "reuse_steps": reuse})
+                proposal.chosen[layer] = ok[0].model_copy(update={
+                    "top_p": measured[density].top_p, "reuse_steps": reuse,
+                    "head_density": measured[density].head_density if ok[0].method == "dynamic" else None})
                 if reused is not None:
                     proposal.reused[layer] = reused
             else:

@@ -26,7 +26,7 @@ from sagevideo.choices import auto_pv
 from sagevideo.pipelines.compiled import compiled_parts, retrace_compiled, unwrap_compiled
 from sagevideo.pipelines.guard import AttentionGuard
 from sagevideo.pipelines.intercept import SDPAInterception, UnroutedForwards, non_sdpa_backend_advice
-from sagevideo.pipelines.plans import AttentionPlan
+from sagevideo.pipelines.plans import AttentionPlan, PlanError
 from sagevideo.pipelines.routing import AttentionRouter
 
 _HANDLE_ATTR = "_sagevideo_attention"
@@ -341,6 +341,7 @@ def install_router(
         planned.append((InstalledDenoiser(component, transformer, prefix, originals, label=label, wrapped=wrapped),
                         layers))
     router.plan.validate_for([name for _, layers in planned for name in layers.values()])
+    _check_head_densities(router.plan, planned)
     grids = _sparse_grids(router, planned)
     router = _with_key_padding(router, planned)
 
@@ -414,6 +415,23 @@ def _with_key_padding(router: AttentionRouter, planned: list[tuple[InstalledDeno
 
     forms = {d.prefix + name: form for d, _ in planned for name, form in key_padding_layers(d.transformer).items()}
     return KeyPaddingRouter(router, forms) if forms else router
+
+
+def _check_head_densities(plan: AttentionPlan, planned: list[tuple[InstalledDenoiser, dict[str, str]]]) -> None:
+    """PlanError when a sparse choice's per-head densities do not match its layers' head counts (a plan
+    for another model), before anything changes; layers whose module has no `heads` are left out."""
+    layer_heads = {}
+    for denoiser, layers in planned:
+        for key, name in layers.items():
+            try:
+                heads = getattr(denoiser.transformer.get_submodule(key.removesuffix(".processor")), "heads", None)
+            except AttributeError:  # a processor key that names no module
+                heads = None
+            if isinstance(heads, int):
+                layer_heads[name] = heads
+    problems = plan.head_problems(layer_heads)
+    if problems:
+        raise PlanError("; ".join(problems))
 
 
 def _check_installable(transformer: Any, prefix: str) -> dict[str, Any]:

@@ -77,13 +77,19 @@ class Sparse(BaseModel):
 
     `reuse_steps` (dynamic only, >= 1; None or 1: select at every call): a layer's call selects its
     tiles at one step and its calls of the next `reuse_steps - 1` steps of the same choice attend on
-    those lists (`routing.LayerRoute.kept`), skipping the selection's work (docs/sparse.md)."""
+    those lists (`routing.LayerRoute.kept`), skipping the selection's work (docs/sparse.md).
+
+    `head_density` (dynamic only; one value in [0, 1] per head of the layer, None: not measured) is
+    the density each head reached where calibrate measured the setting. Only sequence parallelism
+    reads it: Ulysses ranks then take heads in an order that gives each about the same density sum
+    (`parallel.balance`), as one top_p per layer keeps more tiles in some heads than in others."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     method: SparseMethod
     density: float
     top_p: float | None = None
     reuse_steps: int | None = None
+    head_density: tuple[float, ...] | None = None
 
     @field_validator("density")
     @classmethod
@@ -108,9 +114,17 @@ class Sparse(BaseModel):
                              "e.g. 2: select every other step); leave it out to select at every step")
         return None if reuse_steps == 1 else reuse_steps  # 1 is the default: not written
 
+    @field_validator("head_density")
+    @classmethod
+    def _check_head_density(cls, head_density: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if head_density is not None and (not head_density or not all(0 <= d <= 1 for d in head_density)):
+            raise ValueError(f"head_density {list(head_density)} must list one density in [0, 1] per head of the "
+                             "layer (calibrate writes it); leave it out when unknown")
+        return head_density
+
     @model_validator(mode="after")
     def _check_method(self):
-        for name in ("top_p", "reuse_steps"):
+        for name in ("top_p", "reuse_steps", "head_density"):
             if getattr(self, name) is not None and self.method != "dynamic":
                 raise ValueError(f"{name}: only dynamic selection takes a {name} (static windows depend on no "
                                  f"input); remove {name} or give method 'dynamic' (got {self.method!r})")
@@ -324,6 +338,23 @@ class AttentionPlan(BaseModel):
                         f"plan overrides[{i}] starts at step {o.steps[0]} but the run has {num_steps} steps "
                         f"(0..{num_steps - 1}), so it would never apply; fix its steps or the job's steps"
                     )
+        return problems
+
+    def head_problems(self, layer_heads: dict[str, int]) -> list[str]:
+        """Why a sparse choice's `head_density` does not fit the layers it applies to (layer -> its
+        attention heads; layers left out are not checked); [] when every one fits."""
+        entries = [(None, self.default)] + [(o.layers, o) for o in self.overrides]
+        problems = []
+        for layers, entry in entries:
+            densities = entry.sparse.head_density if entry.sparse is not None else None
+            if densities is None:
+                continue
+            wrong = sorted(name for name, heads in layer_heads.items()
+                           if (layers is None or name in layers) and heads != len(densities))
+            if wrong:
+                problems.append(f"plan lists {len(densities)} head densities for layer(s) with another head count, "
+                                f"e.g. {wrong[0]} ({layer_heads[wrong[0]]} heads). Was the plan made for another "
+                                f"model ({self.model or 'unknown'})? Re-run `sagevideo calibrate` for this model.")
         return problems
 
     def to_json(self) -> str:

@@ -30,6 +30,7 @@ import torch
 from sagevideo.attention.functional import BACKENDS, key_padding_problem, scaled_dot_product_attention
 from sagevideo.attention.sparse import DynamicSelection, KeptTiles, empty_stats
 from sagevideo.choices import PVS as PV_MODES
+from sagevideo.parallel.balance import balanced_head_order
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
 from sagevideo.pipelines.sparse import SparseRouting
 from sagevideo.pipelines.sparse_notes import collect, note_dense, route_key
@@ -215,6 +216,7 @@ class AttentionRouter:
         self.clock = StepClock()
         self._routes: dict[str, LayerRoute] = {}
         self.forced_full: set[str] = set()  # layers the run-time guard moved to full precision
+        self._head_orders: dict[tuple, torch.Tensor | None] = {}  # (densities, world, device) -> `head_order`
         self.clock.on_change.append(self.advance_routes)
         self.sparse = SparseRouting() if plan.uses_sparse else None
         if self.sparse is not None:
@@ -224,6 +226,24 @@ class AttentionRouter:
         if layer in self.forced_full:
             return Choice(mode=Mode.full)
         return self.plan.choice_for(layer, self.clock.step)
+
+    def head_order(self, layer: str, heads: int, world: int, device: torch.device) -> torch.Tensor | None:
+        """The order in which `world` sequence-parallel ranks take `layer`'s `heads` heads at the current
+        step (`parallel.ulysses`' `heads`: int64 (heads,) on `device`): balanced by the densities its
+        sparse choice measured (`Sparse.head_density`), None for the heads' own order (a dense step, no
+        measured densities, or no better balance). ValueError when the plan's densities are for another
+        head count."""
+        sparse = self.choice(layer).sparse
+        if sparse is None or sparse.head_density is None or world == 1:
+            return None
+        if len(sparse.head_density) != heads:
+            raise ValueError(f"plan: layer {layer} lists {len(sparse.head_density)} head densities for its "
+                             f"{heads} heads; the plan was made for another model: re-run `sagevideo calibrate`")
+        key = (sparse.head_density, world, str(device))
+        if key not in self._head_orders:
+            order = balanced_head_order(sparse.head_density, world)
+            self._head_orders[key] = None if order is None else torch.tensor(order, dtype=torch.int64, device=device)
+        return self._head_orders[key]
 
     @property
     def routes(self) -> dict[str, LayerRoute]:

@@ -84,6 +84,8 @@ def _worker(rank, world, port, out_dir):
     torch.save(_sparse_runs(lambda m, plan: shard_cogvideox(m, plan=plan, backend="sdpa"),
                             lambda m, plan: shard_opensora(m, plan=plan, backend="sdpa")),
                os.path.join(out_dir, f"sparse-rank{rank}.pt"))
+    torch.save(_balanced_run(lambda m, plan: shard_cogvideox(m, plan=plan, backend="sdpa")),
+               os.path.join(out_dir, f"balanced-rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
@@ -104,6 +106,38 @@ def _sparse_runs(install_cogvideox, install_opensora):
             out = out[0] if family == "cogvideox" else out
             runs[family, setting] = out, layer_densities(log.summary())
     return runs
+
+
+BALANCED_HEADS = (0.9, 0.8, 0.1, 0.1)  # heads 0 and 1 on rank 0 would carry 1.7 of 1.9
+
+
+def _balanced_run(install):
+    """(output, head orders the exchanges took) of a 4-head CogVideoX under a calibrated top_p plan with
+    per-head densities (`Sparse.head_density`), the orders recorded where the processor passes them."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    from sagevideo.pipelines.cogvideox import sequence_parallel
+    from sagevideo.pipelines.cogvideox.tiny import TRANSFORMER_CONFIG
+    from sagevideo.pipelines.plans import AttentionPlan, Choice, Mode, Sparse
+
+    torch.manual_seed(0)
+    model = CogVideoXTransformer3DModel(**{**TRANSFORMER_CONFIG, "num_attention_heads": 4,
+                                           "attention_head_dim": 32}).eval()
+    sparse = Sparse(method="dynamic", density=0.3, top_p=0.9, head_density=BALANCED_HEADS)
+    plan = AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=sparse))
+    orders, exchange = [], sequence_parallel.ulysses_exchange
+
+    def recording(*args, heads=None, **kwargs):
+        orders.append(None if heads is None else heads.tolist())
+        return exchange(*args, heads=heads, **kwargs)
+
+    sequence_parallel.ulysses_exchange = recording
+    try:
+        with torch.no_grad(), install(model, plan):
+            out = model(**_inputs(model.config, SPARSE_SIZE))[0]
+    finally:
+        sequence_parallel.ulysses_exchange = exchange
+    return out, orders
 
 
 @pytest.mark.slow  # two processes (gloo)
@@ -134,6 +168,12 @@ def test_two_ranks_equal_one_process(tmp_path, two_ranks):
             sharded, rank_densities = torch.load(tmp_path / f"sparse-rank{rank}.pt")[family, setting]
             assert (sharded - single).abs().max() < 1e-5, (family, setting, rank)
             assert rank_densities == pytest.approx(densities), (family, setting, rank)
+    # per-head densities in the plan: the ranks take heads (0, 3) and (1, 2), the output is one process's
+    single, _ = _balanced_run(lambda m, plan: sagevideo.install(m, plan, backend="sdpa"))
+    for rank in range(2):
+        sharded, orders = torch.load(tmp_path / f"balanced-rank{rank}.pt")
+        assert orders == [[0, 3, 1, 2]] * 2  # both layers (the plan keeps none dense: no steps given)
+        assert (sharded - single).abs().max() < 1e-5, rank
 
 
 def _attention_worker(rank, world, port, out_dir):
@@ -181,8 +221,22 @@ def _attention_worker(rank, world, port, out_dir):
 
         out = ulysses_attention(attend_video_first, *video_first, text, chunks=chunks, text_last=True)
         torch.save((out, seen), os.path.join(out_dir, f"chunks{chunks}-text-last-rank{rank}.pt"))
+        # a head order (`parallel.balance`): rank r attends to heads HEAD_ORDER[4r : 4r + 4], either text order
+        for text_last, inputs in ((False, shard), (True, video_first)):
+            seen = []
+
+            def attend_recording(*qkv, seen=seen):
+                seen.append(qkv[0].clone())
+                return torch.nn.functional.scaled_dot_product_attention(*qkv)
+
+            out = ulysses_attention(attend_recording, *inputs, text, chunks=chunks, text_last=text_last,
+                                    heads=torch.tensor(HEAD_ORDER))
+            torch.save((out, seen), os.path.join(out_dir, f"chunks{chunks}-order-{text_last}-rank{rank}.pt"))
     torch.distributed.all_to_all_single = exchange  # this rank's process runs other tests' functions next
     torch.distributed.destroy_process_group()
+
+
+HEAD_ORDER = (5, 0, 3, 6, 1, 2, 4, 7)
 
 
 def _full_qkv():
@@ -219,6 +273,31 @@ def test_ulysses_attention_in_head_chunks_equals_full_attention(tmp_path, two_ra
             assert torch.equal(seen[0], first_heads)
             want = torch.cat([full[:, :, rank * 12 : (rank + 1) * 12], full[:, :, 24:]], dim=2)
             assert torch.equal(out, want), (chunks, rank)
+
+
+@pytest.mark.slow  # two processes (gloo)
+def test_ulysses_attention_in_a_head_order_gives_each_rank_those_heads_and_the_same_output(tmp_path, two_ranks):
+    """With a head order (`heads`), rank r attends to heads order[r·H/P : (r+1)·H/P] (the text's head
+    slices follow it), and the output is full attention in the heads' own order, bit for bit, for either
+    text order and any chunk count."""
+    from tests.parallel.test_ulysses import HEAD_ORDER, _attention_worker
+
+    two_ranks(_attention_worker, str(tmp_path))
+    q, k, v = _full_qkv()
+    full = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    video_first = [torch.cat([t[:, :, 5:], t[:, :, :5]], dim=2) for t in (q, k, v)]
+    full_video_first = torch.nn.functional.scaled_dot_product_attention(*video_first)
+    for chunks, per_call in ((1, 4), (2, 2), (4, 1)):
+        for rank in range(2):
+            mine = list(HEAD_ORDER[rank * 4 : (rank + 1) * 4])
+            out, seen = torch.load(tmp_path / f"chunks{chunks}-order-False-rank{rank}.pt")
+            assert torch.equal(out, torch.cat([full[:, :, :5], full[:, :, 5 + rank * 12 : 5 + (rank + 1) * 12]], 2))
+            assert torch.equal(torch.cat(seen, dim=1), q[:, mine]), (chunks, rank)  # [text; all video] of its heads
+            assert all(s.shape[1] == per_call for s in seen)
+            out, seen = torch.load(tmp_path / f"chunks{chunks}-order-True-rank{rank}.pt")
+            want = torch.cat([full_video_first[:, :, rank * 12 : (rank + 1) * 12], full_video_first[:, :, 24:]], 2)
+            assert torch.equal(out, want), (chunks, rank)
+            assert torch.equal(torch.cat(seen, dim=1), video_first[0][:, mine]), (chunks, rank)
 
 
 def test_degree_errors_are_clear():

@@ -223,6 +223,9 @@ def test_calibrated_top_ps_reach_the_proposed_density_on_the_captured_calls_and_
     assert abs(reached - target) <= abs(sum(step_down) / 2 - target) + 1e-9  # the closest on the grid
     assert abs(reached - target) < 0.02
     assert masks[0].density > masks[1].density + 0.02  # one top_p: the diffuse call keeps more
+    # each head's mean density over the calls, for balancing sequence-parallel ranks (4 decimals)
+    per_head = sum(m.density_per_head()[0] for m in masks) / len(masks)
+    assert sparse.head_density == pytest.approx(per_head.tolist(), abs=5e-5) and len(sparse.head_density) == 2
     measured = proposal.errors[layer][proposal.modes[layer]][target]
     assert measured.top_p == sparse.top_p and measured.calls == 2 and measured.density == pytest.approx(reached)
     worst = 1.0

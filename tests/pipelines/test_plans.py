@@ -171,6 +171,21 @@ def test_a_calibrated_top_p_round_trips_in_version_2_and_plans_without_it_load_u
     assert old.default.sparse.top_p is None and "top_p" not in old.to_json()
 
 
+def test_per_head_densities_round_trip_and_must_match_their_layers_head_counts(tmp_path):
+    """`head_density` (calibrate's, for balancing sequence-parallel ranks) is saved and read back as given,
+    and `head_problems` names a layer whose head count differs (a plan made for another model)."""
+    measured = {**SPARSE, "top_p": 0.9, "head_density": [0.31, 0.05, 0.12, 0.2]}
+    plan = AttentionPlan.model_validate(_plan(overrides=[{"layers": [LAYERS[1]], "steps": [1, None],
+                                                          "mode": "int8-fp8", "sparse": measured}]))
+    loaded = AttentionPlan.load(plan.save(tmp_path / "heads.json"))
+    assert loaded == plan and loaded.choice_for(LAYERS[1], 1).sparse.head_density == (0.31, 0.05, 0.12, 0.2)
+    assert json.loads((tmp_path / "heads.json").read_text())["overrides"][0]["sparse"] == measured
+    assert loaded.head_problems({LAYERS[0]: 2, LAYERS[1]: 4}) == []  # LAYERS[0] has no densities
+    problems = loaded.head_problems({LAYERS[0]: 4, LAYERS[1]: 8})
+    assert len(problems) == 1 and f"4 head densities for layer(s) with another head count, e.g. {LAYERS[1]} (8 heads)" \
+        in problems[0] and "Re-run `sagevideo calibrate`" in problems[0]
+
+
 @pytest.mark.parametrize(
     "change, match",
     [
@@ -194,6 +209,12 @@ def test_a_calibrated_top_p_round_trips_in_version_2_and_plans_without_it_load_u
          r"default\.sparse\.reuse_steps: reuse_steps 0 must be at least 1"),
         ({"default": {"mode": "int8-fp8", "sparse": {"method": "static", "density": 0.3, "reuse_steps": 2}}},
          r"default\.sparse: reuse_steps: only dynamic selection takes a reuse_steps"),
+        ({"default": {"mode": "int8-fp8", "sparse": {**SPARSE, "head_density": [0.2, 1.5]}}},
+         r"default\.sparse\.head_density: head_density \[0\.2, 1\.5\] must list one density in \[0, 1\] per head"),
+        ({"default": {"mode": "int8-fp8", "sparse": {**SPARSE, "head_density": []}}},
+         r"default\.sparse\.head_density: head_density \[\] must list one density"),
+        ({"default": {"mode": "int8-fp8", "sparse": {"method": "static", "density": 0.3, "head_density": [0.3]}}},
+         r"default\.sparse: head_density: only dynamic selection takes a head_density"),
     ],
 )
 def test_bad_sparse_settings_name_the_field_and_the_fix(change, match):

@@ -1,4 +1,5 @@
-"""`AttentionRouter`: a model's own mask that the kernels cannot take runs SDPA, recorded with its reason."""
+"""`AttentionRouter`: a model's own mask that the kernels cannot take runs SDPA, recorded with its reason;
+the head order sequence-parallel ranks take from a plan's per-head densities."""
 
 import pytest
 import torch
@@ -103,3 +104,43 @@ def test_every_plan_entry_computes_what_sdpa_broadcasts(plan):
         assert log.counts == {"reference/fp16": 1}
     want = TORCH_SDPA(q.double(), k.double(), v.double(), attn_mask=keep, scale=-0.125)
     assert F.cosine_similarity(out.double().flatten(), want.flatten(), dim=0) > 0.999
+
+
+def _balanced_plan(densities):
+    """Dense at step 0, then a calibrated top_p with per-head densities (`Sparse.head_density`)."""
+    from sagevideo.pipelines.plans import Choice, Mode, Override, Sparse
+
+    sparse = Sparse(method="dynamic", density=0.3, top_p=0.9, head_density=densities)
+    return AttentionPlan(default=Choice(mode=Mode.int8_fp16, sparse=sparse),
+                         overrides=(Override(steps=(0, 1), mode=Mode.int8_fp16),))
+
+
+def test_the_head_order_balances_ranks_only_where_a_sparse_step_measured_its_heads():
+    router = AttentionRouter(_balanced_plan((0.9, 0.8, 0.1, 0.1)), "sdpa")
+    layer = "transformer_blocks.0.attn1"
+    router.clock.step = 0
+    assert router.head_order(layer, 4, 2, torch.device("cpu")) is None  # a dense step: the heads' own order
+    router.clock.step = 1
+    order = router.head_order(layer, 4, 2, torch.device("cpu"))
+    assert order.dtype == torch.int64 and order.tolist() == [0, 3, 1, 2]
+    assert router.head_order(layer, 4, 2, torch.device("cpu")) is order  # made once per setting
+    assert router.head_order(layer, 4, 1, torch.device("cpu")) is None  # one rank
+    with pytest.raises(ValueError, match="lists 4 head densities for its 8 heads.*re-run `sagevideo calibrate`"):
+        router.head_order(layer, 8, 2, torch.device("cpu"))
+    # densities as balanced as the identity order: no order, so no gather
+    assert AttentionRouter(_balanced_plan((0.9, 0.1, 0.8, 0.2)), "sdpa").head_order(layer, 4, 2, "cpu") is None
+
+
+def test_install_refuses_per_head_densities_for_another_head_count_before_changing_anything(tiny_pipe):
+    """The tiny CogVideoX has 2 heads a layer: a plan measured on 4 is another model's."""
+    import sagevideo
+    from sagevideo.pipelines.plans import PlanError
+
+    transformer = tiny_pipe.transformer
+    before = dict(transformer.attn_processors)
+    with pytest.raises(PlanError, match=r"4 head densities for layer\(s\) with another head count, e\.g\. "
+                                        r"transformer_blocks\.0\.attn1 \(2 heads\)"):
+        sagevideo.install(transformer, _balanced_plan((0.9, 0.8, 0.1, 0.1)), backend="sdpa")
+    assert dict(transformer.attn_processors) == before
+    with sagevideo.install(transformer, _balanced_plan((0.4, 0.2)), backend="sdpa"):
+        pass

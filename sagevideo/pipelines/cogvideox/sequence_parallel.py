@@ -75,23 +75,25 @@ class UlyssesCogVideoXAttnProcessor(SageCogVideoXAttnProcessor):
         tokens (text_len, maybe 0) then its video tokens (maybe none), which the rotary tables cover.
 
         q/k/v are written once, straight into the all-to-all's send buffer: the text part of q/k
-        and v copied, the video part of q/k rotated into it (no rotated copy of q/k in between).
+        and v copied, the video part of q/k rotated into it (no rotated copy of q/k in between); in
+        the router's head order for the layer where its plan balances the ranks (`head_order`).
         """
         if mask is not None:
             raise NotImplementedError("Ulysses sequence parallelism takes no attention mask (CogVideoX uses none)")
         # Every token is in exactly one shard (text included): nothing is replicated, the whole
         # shard is the exchanged sequence.
         send = send_buffer(query, query.shape[2], self.group)
+        heads = self.router.head_order(self.name, query.shape[1], send.shape[1], query.device)
         rotated = 0 if image_rotary_emb is None else 1 if attn.is_cross_attention else 2  # q first, then k
         for i, t in enumerate((query, key, value)):
             slot = send_slot(send, i)
-            t = t.unflatten(1, slot.shape[1:4])
+            t = (t if heads is None else t.index_select(1, heads)).unflatten(1, slot.shape[1:4])
             if i < rotated:
                 slot[..., :text_len, :].copy_(t[..., :text_len, :])
                 rotary_into(slot[..., text_len:, :], t[..., text_len:, :], image_rotary_emb)
             else:
                 slot.copy_(t)
-        return ulysses_exchange(functools.partial(self.router, self.name), send, group=self.group)
+        return ulysses_exchange(functools.partial(self.router, self.name), send, group=self.group, heads=heads)
 
 
 def shard_cogvideox(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
 from sagevideo.pipelines.routing import AttentionRouter
 
@@ -79,6 +80,9 @@ class UlyssesRouter(AttentionRouter):
     def route(self, layer: str):
         return self.inner.route(layer)
 
+    def head_order(self, layer: str, heads: int, world: int, device: torch.device) -> torch.Tensor | None:
+        return self.inner.head_order(layer, heads, world, device)
+
     def __call__(self, layer, q, k, v, *, attn_mask=None, **kwargs):
         if not layer.startswith(SHARDED_PREFIXES) or "n" not in self.state:
             return self.inner(layer, q, k, v, attn_mask=attn_mask, **kwargs)
@@ -86,7 +90,8 @@ class UlyssesRouter(AttentionRouter):
         text = q.shape[2] - n
         mask = self.full_mask(attn_mask, n)
         attend = functools.partial(self._attend, layer, mask, kwargs)
-        return ulysses_attention(attend, q, k, v, text, self.group, text_last=True)
+        heads = self.head_order(layer, q.shape[1], rank_and_world(self.group)[1], q.device)
+        return ulysses_attention(attend, q, k, v, text, self.group, text_last=True, heads=heads)
 
     def _attend(self, layer, mask, kwargs, q, k, v):
         return self.inner(layer, q, k, v, attn_mask=mask, **kwargs)

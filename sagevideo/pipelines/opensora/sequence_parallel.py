@@ -13,6 +13,7 @@ import functools
 import inspect
 from typing import Any
 
+from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import SequenceParallelHandle, check_degree, gather_seq, ulysses_attention
 from sagevideo.pipelines.opensora.processor import SageOpenSoraAttnProcessor
 
@@ -29,7 +30,9 @@ class UlyssesOpenSoraAttnProcessor(SageOpenSoraAttnProcessor):
         self.state = state if state is not None else {}
 
     def attend(self, q, k, v):
-        return ulysses_attention(functools.partial(self.router, self.name), q, k, v, self.state["text"], self.group)
+        heads = self.router.head_order(self.name, q.shape[1], rank_and_world(self.group)[1], q.device)
+        return ulysses_attention(functools.partial(self.router, self.name), q, k, v, self.state["text"], self.group,
+                                 heads=heads)
 
 
 def shard_opensora(pipe_or_transformer: Any, *, group=None, plan=None, pv: str | None = None,

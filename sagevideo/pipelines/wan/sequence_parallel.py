@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from sagevideo.parallel.launch import rank_and_world
 from sagevideo.parallel.ulysses import (
     SequenceParallelHandle,
     check_degree,
@@ -61,7 +62,8 @@ class UlyssesWanRouter(AttentionRouter):
             return local(layer, q, k, v, attn_mask=attn_mask, **kwargs)
         if attn_mask is not None:
             raise NotImplementedError("Ulysses sequence parallelism takes no self-attention mask (Wan uses none)")
-        return ulysses_attention(functools.partial(local, layer, **kwargs), q, k, v, 0, self.group)
+        heads = self.head_order(layer, q.shape[1], rank_and_world(self.group)[1], q.device)
+        return ulysses_attention(functools.partial(local, layer, **kwargs), q, k, v, 0, self.group, heads=heads)
 
     def quantizes_query_blocks(self, layer: str) -> bool:
         """Whether `layer`'s attention at the current step scales Q per block of tokens."""
