@@ -40,6 +40,7 @@ import torch
 
 from sagevideo.attention.accuracy import PEAKY_SCORE_STD, error_stats, peaky_reason, score_std
 from sagevideo.attention.functional import TORCH_SDPA, sageattn
+from sagevideo.parallel.balance import balanced_head_order, rank_spread
 from sagevideo.pipelines.plans import AttentionPlan, Choice, Granularity, Mode, Override, Sparse, dense_steps
 from sagevideo.pipelines.routing import AttentionRouter
 from sagevideo.pipelines.sparse import SparseRouting
@@ -208,12 +209,14 @@ class SparseProposal:
     def table(self) -> str:
         """One line per sparse layer: target density, its top_p (dynamic), the density reached on the
         captured calls, worst cosine and rel-L1 against the same mode dense, the mass the probe's
-        columns carry (mean/worst head, dynamic), with a reuse measured the worst cosine on the lists
-        kept from the step before (a '*' where the plan reuses them), the mode ('' when none)."""
+        columns carry (mean/worst head, dynamic), the least and largest head's density (dynamic), with a
+        reuse measured the worst cosine on the lists kept from the step before (a '*' where the plan
+        reuses them), the mode; then how unevenly those densities would load sequence-parallel ranks
+        (`rank_balance`) ('' when no layer is sparse)."""
         if not self.chosen:
             return ""
         header = (f"{'layer':40s} {'density':>7s} {'top_p':>9s} {'reached':>7s} {'cosine':>8s} {'rel-L1':>7s} "
-                  f"{'probe cols':>11s} {'reused cos':>10s}   mode")
+                  f"{'probe cols':>11s} {'heads':>9s} {'reused cos':>10s}   mode")
         lines = [header, "-" * len(header)]
         for name, sparse in self.chosen.items():
             w = self.errors[name][self.modes[name]][sparse.density]
@@ -222,9 +225,30 @@ class SparseProposal:
             columns = "-" if mass is None else f"{mass[0]:.3f}/{mass[1]:.3f}"
             reused = self.reused.get(name)
             on_kept = "-" if reused is None else f"{reused.cos:.5f}" + ("*" if sparse.reuse_steps else " ")
+            heads = "-" if sparse.head_density is None else \
+                f"{min(sparse.head_density):.2f}-{max(sparse.head_density):.2f}"
             lines.append(f"{name:40s} {sparse.density:7g} {top_p:>9s} {w.density:7.3f} {w.cos:8.5f} {w.rel_l1:7.4f} "
-                         f"{columns:>11s} {on_kept:>10s}   {self.modes[name]}")
+                         f"{columns:>11s} {heads:>9s} {on_kept:>10s}   {self.modes[name]}")
+        balance = [f"{world} ranks {own:.2f} -> {balanced:.2f}"
+                   for world, (own, balanced) in self.rank_balance().items()]
+        if balance:
+            lines.append("ranks' load under Ulysses (the busiest rank's density sum over the mean, worst layer; "
+                         "heads' own order -> the balanced order the plan gives): " + ", ".join(balance))
         return "\n".join(lines)
+
+    def rank_balance(self, worlds: tuple[int, ...] = (2, 4, 8)) -> dict[int, tuple[float, float]]:
+        """Per rank count that splits every measured layer's heads: the largest `balance.rank_spread`
+        over the sparse layers with per-head densities, in the heads' own order and in the balanced
+        order (`balanced_head_order`; its own where that is None). {} without per-head densities."""
+        measured = [sparse.head_density for sparse in self.chosen.values() if sparse.head_density is not None]
+        out = {}
+        for world in worlds:
+            if not measured or any(len(d) % world for d in measured):
+                continue
+            own = max(rank_spread(d, range(len(d)), world) for d in measured)
+            balanced = max(rank_spread(d, balanced_head_order(d, world) or range(len(d)), world) for d in measured)
+            out[world] = (own, balanced)
+        return out
 
     def dense_note(self) -> str:
         """The layers kept dense and why, one per line ('' when none)."""

@@ -163,6 +163,20 @@ def test_the_sparsest_density_within_the_budget_is_chosen_on_the_layers_own_mode
     assert proposal.worst()[0] == "a" and "2 layer(s) sparse (1 at 0.1, 1 at 0.2), 5 dense" in proposal.note()
 
 
+def test_the_proposal_tells_how_unevenly_its_head_densities_would_load_ranks_and_what_the_order_does():
+    from sagevideo.pipelines.calibrate import SparseProposal
+    from sagevideo.pipelines.plans import Sparse
+
+    proposal = SparseProposal(0.99, (), {})
+    proposal.chosen = {"a": Sparse(method="dynamic", density=0.3, top_p=0.9, head_density=(0.9, 0.8, 0.1, 0.1)),
+                       "b": Sparse(method="dynamic", density=0.3, top_p=0.9, head_density=(0.2, 0.2, 0.2, 0.2)),
+                       "c": Sparse(method="dynamic", density=0.3)}  # no densities: not counted
+    balance = proposal.rank_balance()
+    assert set(balance) == {2, 4}  # 8 ranks do not split 4 heads
+    assert balance[2] == (pytest.approx(1.7 / 0.95), pytest.approx(1.0 / 0.95))  # layer a is the worst
+    assert balance[4] == (pytest.approx(0.9 / 0.475),) * 2  # one head a rank: no order helps
+
+
 PLANTED_GRID = (4, 16, 32)
 
 
