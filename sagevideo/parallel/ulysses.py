@@ -10,7 +10,7 @@ in front of the video, HunyuanVideo's after it: `text_last`; CogVideoX shards it
 video) skip the exchange: they are sliced to the rank's heads and their output is reassembled
 with `gather_heads`.
 
-`heads` (optional, every function alike): a head order, int64 (H,) on the inputs' device, so that
+`heads` (optional; `local_heads`, `ulysses_attention`, `ulysses_exchange`): a head order, int64 (H,) on the inputs' device, so that
 rank r attends to heads heads[r·H/P : (r+1)·H/P] instead of r·H/P .. (r+1)·H/P - 1
 (`parallel.balance`: ranks balanced by block-sparse density); the output is in the heads' own order.
 It costs one gather of the video q/k/v and one scatter of the output.
