@@ -10,10 +10,10 @@ in front of the video, HunyuanVideo's after it: `text_last`; CogVideoX shards it
 video) skip the exchange: they are sliced to the rank's heads and their output is reassembled
 with `gather_heads`.
 
-`heads` (optional; `local_heads`, `ulysses_attention`, `ulysses_exchange`): a head order, int64 (H,) on the inputs' device, so that
-rank r attends to heads heads[r·H/P : (r+1)·H/P] instead of r·H/P .. (r+1)·H/P - 1
-(`parallel.balance`: ranks balanced by block-sparse density); the output is in the heads' own order.
-It costs one gather of the video q/k/v and one scatter of the output.
+`heads` (optional; `local_heads`, `ulysses_attention`, `ulysses_exchange`): a head order, int64 (H,)
+on the inputs' device, so that rank r attends to heads heads[r·H/P : (r+1)·H/P] instead of
+r·H/P .. (r+1)·H/P - 1 (`parallel.balance`: ranks balanced by block-sparse density); the output is in
+the heads' own order. It costs one gather of the video q/k/v and one scatter of the output.
 """
 
 from __future__ import annotations
