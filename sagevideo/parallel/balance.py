@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# An order costs one gather of the video q/k/v and one scatter of the output per layer: by bandwidth
+# ~0.2 ms a layer at Wan 720p on 8 ranks, ~2 % of a step with guidance. Attention being ~80 % of a
+# step, the busiest rank's load must drop by more than ~3 % for it to pay: below MIN_GAIN, no order.
+MIN_GAIN = 0.05
+
 
 def group_sums(densities: Sequence[float], order: Sequence[int], world: int) -> list[float]:
     """Each rank's density sum when rank r takes the heads order[r·H/P : (r+1)·H/P]."""
@@ -27,8 +32,9 @@ def rank_spread(densities: Sequence[float], order: Sequence[int], world: int) ->
 
 
 def balanced_head_order(densities: Sequence[float], world: int) -> tuple[int, ...] | None:
-    """A head order whose `world` equal groups have about equal density sums, or None where the
-    identity order is as balanced (one rank, or nothing to gain: no copy is then made).
+    """A head order whose `world` equal groups have about equal density sums, or None where it would
+    lower the busiest group's sum by less than MIN_GAIN (one rank, or little to gain: the identity
+    order then, which makes no copy).
 
     Longest first: the heads by descending density (ties: the lower head first) each go to the group
     of least sum that still has room (ties: the lower group); each group lists its heads ascending.
@@ -46,7 +52,6 @@ def balanced_head_order(densities: Sequence[float], world: int) -> tuple[int, ..
         groups[target].append(head)
         sums[target] += densities[head]
     order = tuple(h for group in groups for h in sorted(group))
-    # the same sums in one order for both, and a margin: rounding alone never buys a copy
-    if max(group_sums(densities, order, world)) >= max(group_sums(densities, range(heads), world)) * (1 - 1e-9):
+    if max(group_sums(densities, order, world)) > max(group_sums(densities, range(heads), world)) * (1 - MIN_GAIN):
         return None
     return order
