@@ -85,7 +85,7 @@ LOG2E_CONST = tl.constexpr(LOG2E)
 PROBE_HASH_MUL_CONST = tl.constexpr(PROBE_HASH_MUL)
 MASK_32_CONST = tl.constexpr(MASK_32)
 DENSITY_SLACK_CONST = tl.constexpr(DENSITY_SLACK)
-SCORE_M, SCORE_N, SCORE_D = 32, 64, 16  # the scores GEMM's blocks (query tiles, key tiles, channels)
+SCORE_M, SCORE_N, SCORE_D = 64, 64, 32  # the scores GEMM's blocks (query tiles, key tiles, channels)
 SCORE_WARPS = 4
 # The scores GEMM's tl.dot precision: "ieee" (fp32 FMAs) or "tf32x3" (each operand a TF32 part plus
 # a TF32 remainder, three tensor-core products summed in fp32: near fp32); plain "tf32" moves the
