@@ -525,7 +525,7 @@ def choose_sparse(probe: ProbingRouter, chosen: dict[str, Choice], budget: float
                 reuse = probe.reuse_steps if reused is not None and reused.cos >= budget else None
                 proposal.chosen[layer] = ok[0].model_copy(update={
                     "top_p": measured[density].top_p, "reuse_steps": reuse,
-                    "head_density": measured[density].head_density if ok[0].method == "dynamic" else None})
+                    "head_density": measured[density].head_density})
                 if reused is not None:
                     proposal.reused[layer] = reused
             else:
